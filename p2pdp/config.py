@@ -1,0 +1,364 @@
+"""Scenario configuration: frozen, validated dataclasses, one per table of a scenario file.
+
+A :class:`ScenarioConfig` describes one simulated world (data, partition, training, privacy,
+groups, network, publication, evaluation) plus an optional ``sweep`` grid. Every value is
+validated on construction and an invalid one raises :class:`~p2pdp.errors.ConfigError` naming
+the dotted key and the value, e.g. ``privacy.epsilon must be > 0 and finite, got -1``.
+
+Section dataclasses are keyword-only and frozen; derive variants with :func:`with_value`,
+which takes a dotted key path such as ``"groups.group_size"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pdp.errors import ConfigError
+
+DATASETS = ("spambase", "australian", "adult", "synthetic")
+TRANSFORM_STEPS = ("log1p", "minmax", "bias", "project_unit_ball", "scale_sqrt_d")
+PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew")
+MECHANISM_NAMES = ("vector-laplace", "coordinate-laplace", "gaussian", "seed-laplace", "none")
+SENSITIVITY_MODES = ("group-mean", "pathak")
+ACCOUNTANTS = ("basic", "rdp")
+SAMPLERS = ("central", "gossip")
+LATENCY_MODELS = ("constant", "exponential", "lognormal")
+PUBLICATION_MODES = ("group", "full")
+VOTE_RULES = ("majority", "mean-margin")
+SPLITS = ("cv", "fixed")
+OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
+
+
+def _fail(key: str, requirement: str, value: object) -> ConfigError:
+    return ConfigError(f"{key} must be {requirement}, got {value!r}")
+
+
+def _positive(key: str, value: float, *, allow_inf: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    if not ok or math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise _fail(key, "> 0" + ("" if allow_inf else " and finite"), value)
+
+
+def _non_negative(key: str, value: float) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0:
+        raise _fail(key, ">= 0 and finite", value)
+
+
+def _int_at_least(key: str, value: int, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise _fail(key, f"an integer >= {low}", value)
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _probability(key: str, value: float, *, open_upper: bool = True) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not (0.0 <= value < 1.0 if open_upper else 0.0 <= value <= 1.0):
+        raise _fail(key, "in [0, 1)" if open_upper else "in [0, 1]", value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataConfig:
+    """Which data set, and how rows are transformed before training.
+
+    ``transform`` steps are applied in order (see :mod:`p2pdp.preprocess`); the last step must
+    bound every row's L2 norm by 1, which the privacy proof needs. ``bounds = "data"`` fits
+    min-max on the pooled training fold (a global, non-private step, recorded in results);
+    ``"manifest"`` uses the data set's data-independent feature bounds.
+    ``synthetic_*`` size the ``synthetic`` data set (a logistic model with Gaussian features).
+    """
+
+    dataset: str = "spambase"
+    path: str | None = None
+    transform: tuple[str, ...] = ("log1p", "minmax", "bias", "project_unit_ball")
+    bounds: str = "data"
+    synthetic_rows: int = 4000
+    synthetic_test_rows: int = 1000
+    synthetic_features: int = 57
+
+    def __post_init__(self) -> None:
+        _one_of("data.dataset", self.dataset, DATASETS)
+        if not self.transform:
+            raise _fail("data.transform", "a non-empty list of steps", list(self.transform))
+        for step in self.transform:
+            _one_of("data.transform", step, TRANSFORM_STEPS)
+        _one_of("data.bounds", self.bounds, ("data", "manifest"))
+        _int_at_least("data.synthetic_rows", self.synthetic_rows, 2)
+        _int_at_least("data.synthetic_test_rows", self.synthetic_test_rows, 1)
+        _int_at_least("data.synthetic_features", self.synthetic_features, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionConfig:
+    """How training rows are split into peer shards (``alpha`` for the skewed schemes)."""
+
+    n_peers: int = 100
+    scheme: str = "iid"
+    alpha: float = 0.5
+    min_shard_size: int = 1
+
+    def __post_init__(self) -> None:
+        _int_at_least("partition.n_peers", self.n_peers, 1)
+        _one_of("partition.scheme", self.scheme, PARTITION_SCHEMES)
+        _positive("partition.alpha", self.alpha)
+        _int_at_least("partition.min_shard_size", self.min_shard_size, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    """Local training: L2 regularisation ``lam`` (TOML key ``lambda``), optional simulated time.
+
+    ``seconds_per_row`` > 0 makes a peer available only after ``n_j * seconds_per_row`` seconds
+    of simulated training time.
+    """
+
+    lam: float = 1e-2
+    seconds_per_row: float = 0.0
+
+    def __post_init__(self) -> None:
+        _positive("training.lambda", self.lam)
+        _non_negative("training.seconds_per_row", self.seconds_per_row)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrivacyConfig:
+    """Per-peer budget and the aggregation mechanism.
+
+    Each peer has ``epsilon`` (and ``delta`` for the Gaussian mechanism) in total; every
+    aggregation it joins costs ``epsilon_per_aggregation`` (``delta_per_aggregation``).
+    ``sensitivity = "group-mean"`` calibrates on 2/(K n_min lambda); ``"pathak"`` on the
+    seed's 2/(n_min lambda). ``secure_aggregation`` hides individual models from the curator.
+    """
+
+    epsilon: float = 1.0
+    epsilon_per_aggregation: float = 0.1
+    delta: float = 0.0
+    delta_per_aggregation: float = 0.0
+    mechanism: str = "vector-laplace"
+    sensitivity: str = "group-mean"
+    accountant: str = "basic"
+    secure_aggregation: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("privacy.epsilon", self.epsilon)
+        _positive("privacy.epsilon_per_aggregation", self.epsilon_per_aggregation)
+        if self.epsilon_per_aggregation > self.epsilon * (1 + 1e-12):
+            raise ConfigError(
+                "privacy.epsilon_per_aggregation must be <= privacy.epsilon "
+                f"({self.epsilon!r}), got {self.epsilon_per_aggregation!r}"
+            )
+        _one_of("privacy.mechanism", self.mechanism, MECHANISM_NAMES)
+        _one_of("privacy.sensitivity", self.sensitivity, SENSITIVITY_MODES)
+        _one_of("privacy.accountant", self.accountant, ACCOUNTANTS)
+        if self.mechanism == "gaussian":
+            for key, value in (
+                ("privacy.delta", self.delta),
+                ("privacy.delta_per_aggregation", self.delta_per_aggregation),
+            ):
+                if not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
+                    raise _fail(key, "in (0, 1) for the gaussian mechanism", value)
+            if self.delta_per_aggregation > self.delta:
+                raise ConfigError(
+                    "privacy.delta_per_aggregation must be <= privacy.delta "
+                    f"({self.delta!r}), got {self.delta_per_aggregation!r}"
+                )
+        if self.accountant == "rdp" and self.mechanism != "gaussian":
+            raise ConfigError(
+                "privacy.accountant = 'rdp' needs privacy.mechanism = 'gaussian'; "
+                f"got mechanism {self.mechanism!r}"
+            )
+        if not isinstance(self.secure_aggregation, bool):
+            raise _fail("privacy.secure_aggregation", "true or false", self.secure_aggregation)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupsConfig:
+    """Group formation.
+
+    ``group_size`` peers per aggregation; ``max_concurrent_groups`` disjoint groups in flight
+    (1 = the seed's sequential loop). ``collect_timeout`` (simulated seconds) bounds how long a
+    curator waits for the members' models before aborting the group without charging anyone;
+    after ``max_failed_attempts`` consecutive aborted groups the run stops.
+    ``sampler = "gossip"`` forms groups from local views only (see :mod:`p2pdp.gossip`).
+    """
+
+    sampler: str = "central"
+    group_size: int = 10
+    max_concurrent_groups: int = 1
+    collect_timeout: float = 10.0
+    max_failed_attempts: int = 100
+
+    def __post_init__(self) -> None:
+        _one_of("groups.sampler", self.sampler, SAMPLERS)
+        _int_at_least("groups.group_size", self.group_size, 1)
+        _int_at_least("groups.max_concurrent_groups", self.max_concurrent_groups, 1)
+        _positive("groups.collect_timeout", self.collect_timeout)
+        _int_at_least("groups.max_failed_attempts", self.max_failed_attempts, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkConfig:
+    """Message transport: one-way latency (seconds), bandwidth (bytes/s), loss probability.
+
+    ``latency = "constant"`` uses ``latency_mean``; ``"exponential"`` draws with that mean;
+    ``"lognormal"`` has mean ``latency_mean`` and log-space std ``latency_sigma``.
+    ``bandwidth = inf`` means transfers take no time beyond the latency.
+    """
+
+    latency: str = "constant"
+    latency_mean: float = 0.05
+    latency_sigma: float = 0.5
+    bandwidth: float = math.inf
+    loss: float = 0.0
+
+    def __post_init__(self) -> None:
+        _one_of("network.latency", self.latency, LATENCY_MODELS)
+        _non_negative("network.latency_mean", self.latency_mean)
+        _non_negative("network.latency_sigma", self.latency_sigma)
+        _positive("network.bandwidth", self.bandwidth, allow_inf=True)
+        _probability("network.loss", self.loss)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublicationConfig:
+    """Who receives a published model: ``"group"`` (members) or ``"full"`` (every peer)."""
+
+    mode: str = "full"
+
+    def __post_init__(self) -> None:
+        _one_of("publication.mode", self.mode, PUBLICATION_MODES)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvaluationConfig:
+    """How runs are evaluated.
+
+    ``split = "cv"``: stratified ``cv_folds``-fold cross-validation; ``"fixed"``: the data
+    set's predefined train/test split (adult). ``folds`` limits which folds run (empty = all).
+    ``vote``: ensemble rule, ``"majority"`` of signs (ties broken by the summed margin, then
+    +1) or ``"mean-margin"`` (sign of the mean margin, 0 -> +1).
+    """
+
+    vote: str = "majority"
+    split: str = "cv"
+    cv_folds: int = 10
+    folds: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _one_of("evaluation.vote", self.vote, VOTE_RULES)
+        _one_of("evaluation.split", self.split, SPLITS)
+        _int_at_least("evaluation.cv_folds", self.cv_folds, 2)
+        for fold in self.folds:
+            if not isinstance(fold, int) or not 0 <= fold < self.cv_folds:
+                raise _fail("evaluation.folds", f"fold indices in [0, {self.cv_folds})", fold)
+
+    def fold_indices(self) -> tuple[int, ...]:
+        """Folds a run covers: ``(0,)`` for a fixed split, else ``folds`` or all."""
+        if self.split == "fixed":
+            return (0,)
+        return self.folds or tuple(range(self.cv_folds))
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "partition": PartitionConfig,
+    "training": TrainingConfig,
+    "privacy": PrivacyConfig,
+    "groups": GroupsConfig,
+    "network": NetworkConfig,
+    "publication": PublicationConfig,
+    "evaluation": EvaluationConfig,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScenarioConfig:
+    """One simulated world, plus an optional sweep grid.
+
+    ``sweep`` maps dotted keys (``"groups.group_size"``) to tuples of values; the cells of the
+    grid are the cartesian product (see :func:`p2pdp.experiment.grid`).
+    ``seed`` is the root of every random stream of every cell; ``repetitions`` repeats each
+    cell with independent streams.
+    """
+
+    name: str = "scenario"
+    seed: int = 0
+    repetitions: int = 1
+    data: DataConfig = field(default_factory=DataConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    groups: GroupsConfig = field(default_factory=GroupsConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    publication: PublicationConfig = field(default_factory=PublicationConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    sweep: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise _fail("name", "a non-empty string", self.name)
+        _int_at_least("seed", self.seed, 0)
+        _int_at_least("repetitions", self.repetitions, 1)
+        if self.groups.group_size > self.partition.n_peers:
+            raise ConfigError(
+                f"groups.group_size must be <= partition.n_peers ({self.partition.n_peers}), "
+                f"got {self.groups.group_size}"
+            )
+        if self.evaluation.split == "fixed" and self.data.dataset not in ("adult", "synthetic"):
+            raise ConfigError(
+                "evaluation.split = 'fixed' needs a data set with a predefined test split "
+                f"(adult, synthetic); got data.dataset = {self.data.dataset!r}"
+            )
+        if self.data.bounds == "manifest" and self.data.dataset != "adult":
+            raise ConfigError(
+                "data.bounds = 'manifest' needs data-independent bounds, which only adult has; "
+                f"got data.dataset = {self.data.dataset!r}"
+            )
+        for key, values in self.sweep:
+            section, _, name = key.partition(".")
+            if section not in SECTIONS or name not in _field_names(SECTIONS[section]):
+                raise ConfigError(f"sweep key {key!r} is not a scenario setting")
+            if len(values) == 0:
+                raise ConfigError(f"sweep.{key} must list at least one value, got []")
+
+    def without_sweep(self) -> ScenarioConfig:
+        return dataclasses.replace(self, sweep=())
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def with_value(config: ScenarioConfig, key: str, value: Any) -> ScenarioConfig:
+    """A copy of ``config`` with the dotted ``key`` (e.g. ``"privacy.epsilon"``) set.
+
+    Top-level keys (``"seed"``, ``"name"``) have no dot. Validation runs again, so an invalid
+    value raises :class:`ConfigError`.
+    """
+    section, dot, name = key.partition(".")
+    if not dot:
+        if section not in _field_names(ScenarioConfig) or section in SECTIONS:
+            raise ConfigError(f"unknown setting {key!r}")
+        return dataclasses.replace(config, **{section: value})
+    if section not in SECTIONS or name not in _field_names(SECTIONS[section]):
+        raise ConfigError(f"unknown setting {key!r}")
+    new_section = dataclasses.replace(getattr(config, section), **{name: value})
+    return dataclasses.replace(config, **{section: new_section})
+
+
+def flat_settings(config: ScenarioConfig) -> dict[str, Any]:
+    """Every setting as ``{"section.field": value}`` for results rows (tuples joined by ``+``)."""
+    row: dict[str, Any] = {"name": config.name, "seed": config.seed}
+    for section in SECTIONS:
+        for key, value in dataclasses.asdict(getattr(config, section)).items():
+            row[f"{section}.{key}"] = (
+                "+".join(map(str, value)) if isinstance(value, tuple) else value
+            )
+    return row

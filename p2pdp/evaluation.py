@@ -1,0 +1,205 @@
+"""Ensemble prediction and metrics, computed from shared work.
+
+Every peer classifies with an ensemble: its own unperturbed local model plus every published
+model it received (no pruning, as in the seed). With full publication all peers hold the same
+published models, so scoring each peer separately would cost ``P`` times the group case.
+Instead each published model is scored on the test rows once (one matrix product); a peer's
+tally is the *shared* tally of models everyone received plus the sum over the models only it
+received (a sparse peer x model incidence matrix) plus its own local model.
+
+Decision rules (``vote``):
+
+``"majority"``
+    score = (sum of signs of the ensemble's margins) + tanh(sum of margins). The integer vote
+    decides; a tie is broken by the summed margin, and an exact zero goes to +1.
+``"mean-margin"``
+    score = sum of margins (the sign of the mean margin).
+
+The predicted label is +1 where ``score >= 0`` and -1 elsewhere. The same score is the
+continuous output used for the ROC curve.
+
+Evaluation reads only test rows and released (published) models plus each peer's own model:
+it is post-processing and costs no privacy budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.metrics import auc, roc_curve
+
+from p2pdp.config import VOTE_RULES
+from p2pdp.errors import ConfigError
+
+_CHUNK_ELEMENTS = 4_000_000  # test rows x (models + peers) per chunk: bounds memory to ~100 MB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ensembles:
+    """Who holds which model, without materialising P lists.
+
+    Attributes
+    ----------
+    local_weights : (P, d) array
+        Each peer's own unperturbed model (in its own ensemble only).
+    published : (K, d) array
+        Every published (noisy) model, in publication order.
+    shared : (K,) bool array
+        True where the model reached every peer (full publication, no churn).
+    receipts : (P, K) sparse CSR matrix of 0/1
+        Models received by specific peers (group publication, or full publication to the
+        peers that were online). Rows of ``shared`` models are not stored here.
+    """
+
+    local_weights: np.ndarray
+    published: np.ndarray
+    shared: np.ndarray
+    receipts: sp.csr_matrix
+
+    @property
+    def n_peers(self) -> int:
+        return int(self.local_weights.shape[0])
+
+    def sizes(self) -> np.ndarray:
+        """Number of models in each peer's ensemble, (P,) int (own model included)."""
+        per_peer = np.asarray(self.receipts.sum(axis=1)).ravel()
+        return 1 + int(self.shared.sum()) + per_peer.astype(np.int64)
+
+
+def build_ensembles(
+    local_weights: np.ndarray,
+    published: np.ndarray,
+    shared: np.ndarray,
+    receipt_peers: np.ndarray,
+    receipt_models: np.ndarray,
+) -> Ensembles:
+    """Assemble :class:`Ensembles` from receipt pairs ``(peer, model index)``."""
+    n_peers, n_models = local_weights.shape[0], published.shape[0]
+    data = np.ones(len(receipt_peers), dtype=np.float64)
+    receipts = sp.csr_matrix(
+        (data, (np.asarray(receipt_peers), np.asarray(receipt_models))),
+        shape=(n_peers, n_models),
+    )
+    receipts.sum_duplicates()
+    if receipts.nnz and receipts.data.max() > 1:
+        raise ValueError("a peer received the same published model twice")
+    return Ensembles(
+        local_weights=local_weights,
+        published=published.reshape(n_models, local_weights.shape[1]),
+        shared=np.asarray(shared, dtype=bool),
+        receipts=receipts,
+    )
+
+
+def _votes(margins: np.ndarray, vote: str) -> np.ndarray:
+    return np.sign(margins) if vote == "majority" else margins
+
+
+def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str) -> np.ndarray:
+    """Decision score of every peer's ensemble on every row, (n_rows, P).
+
+    Memory grows with ``n_rows * P``: use :func:`evaluate_ensembles` for large runs, which
+    streams over row chunks.
+    """
+    if vote not in VOTE_RULES:
+        raise ConfigError(f"evaluation.vote must be one of {', '.join(VOTE_RULES)}; got {vote!r}")
+    own = X @ ensembles.local_weights.T
+    published = X @ ensembles.published.T
+    shared = ensembles.shared
+    margin_total = own + published[:, shared].sum(axis=1, keepdims=True)
+    margin_total += (ensembles.receipts @ published.T).T
+    if vote == "mean-margin":
+        return margin_total
+    signs = np.sign(published)
+    vote_total = np.sign(own) + signs[:, shared].sum(axis=1, keepdims=True)
+    vote_total += (ensembles.receipts @ signs.T).T
+    return vote_total + np.tanh(margin_total)
+
+
+def predict(scores: np.ndarray) -> np.ndarray:
+    """Labels in {-1, +1} from decision scores (``score >= 0`` -> +1)."""
+    return np.where(scores >= 0, 1, -1).astype(np.int8)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """Test metrics of every peer's ensemble.
+
+    ``errors`` is the per-peer error rate on the test rows (fraction in [0, 1]); ``confusion``
+    pools every peer's predictions: ``[[TN, FP], [FN, TP]]`` with label -1 first.
+    ``roc_fpr``/``roc_tpr``/``auc`` are those of the best peer (lowest error, lowest index on
+    ties), as in the seed.
+    """
+
+    errors: np.ndarray
+    confusion: np.ndarray
+    best_peer: int
+    roc_fpr: np.ndarray
+    roc_tpr: np.ndarray
+    auc: float
+
+    def summary(self) -> dict[str, float]:
+        e = self.errors
+        return {
+            "mean_error": float(e.mean()),
+            "std_error": float(e.std()),
+            "min_error": float(e.min()),
+            "median_error": float(np.median(e)),
+            "max_error": float(e.max()),
+            "best_peer_auc": float(self.auc),
+        }
+
+
+def evaluate_ensembles(ensembles: Ensembles, X: np.ndarray, y: np.ndarray, *, vote: str) -> Metrics:
+    """Per-peer errors, pooled confusion matrix, and the best peer's ROC, in row chunks."""
+    y = np.asarray(y)
+    n_rows, n_peers = X.shape[0], ensembles.n_peers
+    chunk = max(1, _CHUNK_ELEMENTS // (n_peers + ensembles.published.shape[0] + 1))
+    wrong = np.zeros(n_peers, dtype=np.int64)
+    predicted_positive_on_pos = 0
+    predicted_positive_on_neg = 0
+    for start in range(0, n_rows, chunk):
+        rows = slice(start, start + chunk)
+        labels = predict(ensemble_scores(ensembles, X[rows], vote=vote))
+        truth = y[rows][:, None]
+        wrong += (labels != truth).sum(axis=0)
+        positive = labels == 1
+        predicted_positive_on_pos += int(positive[y[rows] == 1].sum())
+        predicted_positive_on_neg += int(positive[y[rows] != 1].sum())
+    n_pos = int((y == 1).sum()) * n_peers
+    n_neg = n_rows * n_peers - n_pos
+    confusion = np.array(
+        [
+            [n_neg - predicted_positive_on_neg, predicted_positive_on_neg],
+            [n_pos - predicted_positive_on_pos, predicted_positive_on_pos],
+        ],
+        dtype=np.int64,
+    )
+    errors = wrong / n_rows
+    best = int(np.argmin(errors))
+    best_scores = ensemble_scores(_one_peer(ensembles, best), X, vote=vote)[:, 0]
+    if len(np.unique(y)) == 2:
+        fpr, tpr, _ = roc_curve(y, best_scores, pos_label=1)
+        area = float(auc(fpr, tpr))
+    else:  # a test set with one class has no ROC
+        fpr, tpr, area = np.array([0.0, 1.0]), np.array([0.0, 1.0]), float("nan")
+    return Metrics(
+        errors=errors, confusion=confusion, best_peer=best, roc_fpr=fpr, roc_tpr=tpr, auc=area
+    )
+
+
+def _one_peer(ensembles: Ensembles, peer: int) -> Ensembles:
+    return Ensembles(
+        local_weights=ensembles.local_weights[peer : peer + 1],
+        published=ensembles.published,
+        shared=ensembles.shared,
+        receipts=ensembles.receipts[peer : peer + 1],
+    )
+
+
+def linear_error(weights: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Test error of each linear model in ``weights`` (m, d) alone: (m,) fractions."""
+    labels = np.where(X @ np.atleast_2d(weights).T >= 0, 1, -1)
+    return (labels != np.asarray(y)[:, None]).mean(axis=0)

@@ -1,0 +1,166 @@
+"""Everything before the SimPy world: data -> fold -> preprocessing -> shards -> local models.
+
+Local models do not depend on the group size, epsilon, mechanism or publication mode (noise
+is added after training), so :func:`train_peers` is keyed by :func:`training_key` and an
+experiment shares one training between all cells with the same key.
+
+Random streams are derived by name from the scenario seed (:mod:`p2pdp.rng`): the folds from
+``("folds", repetition)``, the shards from ``("partition", fold, repetition)``, the synthetic
+data from ``("synthetic",)``. Two cells that differ only in, say, the publication mode
+therefore see the same folds, shards and local models (common random numbers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from p2pdp.config import DataConfig, EvaluationConfig, PartitionConfig, ScenarioConfig
+from p2pdp.datasets import load_dataset
+from p2pdp.errors import ConfigError
+from p2pdp.learning import LocalModels, fit_local_models
+from p2pdp.partition import partition, stratified_folds
+from p2pdp.preprocess import Preprocessor
+from p2pdp.rng import generator
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FoldData:
+    """Preprocessed training and test rows of one fold.
+
+    ``X_train``/``X_test`` rows have L2 norm <= 1 (bias included); labels are in {-1, +1}.
+    ``data_dependent_bounds`` is True when min-max bounds were fitted on the pooled training
+    fold, a global step outside the DP guarantee (as in the seed).
+    """
+
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    data_dependent_bounds: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainedPeers:
+    """A fold, its peer shards (index arrays into ``fold.X_train``) and the exact local models."""
+
+    fold: FoldData
+    shards: tuple[np.ndarray, ...]
+    models: LocalModels
+
+
+def make_synthetic(
+    n_rows: int, n_test_rows: int, n_features: int, *, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Synthetic logistic data with heavy-tailed non-negative features (count-like).
+
+    Features are lognormal (so the default ``log1p`` transform applies); labels are drawn
+    from a logistic model with a random weight vector. Returns
+    ``(X_train, y_train, X_test, y_test)``, labels in {-1, +1}.
+    """
+    n_total = n_rows + n_test_rows
+    X = rng.lognormal(mean=0.0, sigma=1.0, size=(n_total, n_features))
+    w = rng.normal(size=n_features) * (4.0 / np.sqrt(n_features))
+    logits = (np.log1p(X) - np.log1p(X).mean(axis=0)) @ w
+    y = np.where(rng.random(n_total) < 1.0 / (1.0 + np.exp(-logits)), 1, -1).astype(np.int8)
+    return X[:n_rows], y[:n_rows], X[n_rows:], y[n_rows:]
+
+
+def load_fold(
+    data: DataConfig, evaluation: EvaluationConfig, *, seed: int, fold: int, repetition: int = 0
+) -> FoldData:
+    """Load ``data.dataset``, take fold ``fold``'s train/test split and preprocess it.
+
+    The transform is fitted on the training rows only, then applied to the test rows.
+    """
+    feature_bounds = None
+    if data.dataset == "synthetic":
+        X_train, y_train, X_test, y_test = make_synthetic(
+            data.synthetic_rows,
+            data.synthetic_test_rows,
+            data.synthetic_features,
+            rng=generator(seed, "synthetic"),
+        )
+        if evaluation.split == "cv":
+            X, y = np.vstack([X_train, X_test]), np.concatenate([y_train, y_test])
+            X_train, y_train, X_test, y_test = _cv_split(X, y, evaluation, seed, fold, repetition)
+    else:
+        dataset = load_dataset(data.dataset, path=data.path)
+        feature_bounds = dataset.feature_bounds
+        if evaluation.split == "fixed":
+            if dataset.X_test is None:
+                raise ConfigError(
+                    f"evaluation.split = 'fixed' but data set {data.dataset!r} has no test split"
+                )
+            X_train, y_train, X_test, y_test = dataset.X, dataset.y, dataset.X_test, dataset.y_test
+        else:
+            X_train, y_train, X_test, y_test = _cv_split(
+                dataset.X, dataset.y, evaluation, seed, fold, repetition
+            )
+    bounds = feature_bounds if data.bounds == "manifest" else None
+    fitted = Preprocessor(steps=tuple(data.transform), bounds=bounds).fit(X_train)
+    return FoldData(
+        X_train=fitted.transform(X_train),
+        y_train=np.asarray(y_train, dtype=np.int8),
+        X_test=fitted.transform(X_test),
+        y_test=np.asarray(y_test, dtype=np.int8),
+        data_dependent_bounds=fitted.data_dependent,
+    )
+
+
+def _cv_split(
+    X: np.ndarray,
+    y: np.ndarray,
+    evaluation: EvaluationConfig,
+    seed: int,
+    fold: int,
+    repetition: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    folds = stratified_folds(y, evaluation.cv_folds, rng=generator(seed, "folds", repetition))
+    train, test = folds[fold]
+    return X[train], y[train], X[test], y[test]
+
+
+def train_peers(
+    fold: FoldData, partition_config: PartitionConfig, lam: float, *, rng: np.random.Generator
+) -> TrainedPeers:
+    """Split the fold's training rows into peer shards and fit every peer's exact model."""
+    shards = partition(
+        fold.y_train,
+        partition_config.n_peers,
+        scheme=partition_config.scheme,
+        alpha=partition_config.alpha,
+        min_shard_size=partition_config.min_shard_size,
+        rng=rng,
+    )
+    models = fit_local_models(fold.X_train, fold.y_train, shards, lam)
+    return TrainedPeers(fold=fold, shards=tuple(shards), models=models)
+
+
+def training_key(config: ScenarioConfig, *, fold: int, repetition: int) -> tuple:
+    """Everything :func:`prepare_peers` depends on: cells with equal keys share a training."""
+    evaluation = config.evaluation
+    return (
+        config.seed,
+        fold,
+        repetition,
+        config.data,
+        evaluation.split,
+        evaluation.cv_folds,
+        config.partition,
+        config.training.lam,
+    )
+
+
+def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> TrainedPeers:
+    """Load fold ``fold`` of ``config``'s data and train every peer's local model."""
+    data = load_fold(
+        config.data, config.evaluation, seed=config.seed, fold=fold, repetition=repetition
+    )
+    return train_peers(
+        data,
+        config.partition,
+        config.training.lam,
+        rng=generator(config.seed, "partition", fold, repetition),
+    )

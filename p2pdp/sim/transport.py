@@ -1,0 +1,119 @@
+"""Message transport between peers: latency, bandwidth, loss, and counters.
+
+A message is delivered by one SimPy timeout event whose callback hands it to the receiver:
+no process per message, so the per-message Python work is a few microseconds.
+Latencies and loss decisions are drawn from the transport's own generator in batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import simpy
+
+from p2pdp.config import NetworkConfig
+
+HEADER_BYTES = 64  # per message: ids, kind, group id
+FLOAT_BYTES = 8
+_BATCH = 4096
+
+
+def model_bytes(dim: int) -> int:
+    """Wire size of one model message: ``dim`` float64 values plus a header."""
+    return HEADER_BYTES + FLOAT_BYTES * dim
+
+
+class Transport:
+    """Delivers messages after ``latency + size / bandwidth`` seconds, or loses them.
+
+    Parameters
+    ----------
+    env : simpy.Environment
+    config : NetworkConfig
+    n_peers : int
+        Peers are numbered ``0 .. n_peers-1``; the sender ``-1`` is the central sampler,
+        whose messages are counted as ``control_messages``.
+    rng : numpy.random.Generator
+        Stream for latencies and losses.
+
+    Counters: ``messages_sent``/``bytes_sent`` per peer (attempts, lost ones included),
+    ``messages_lost``, ``control_messages``, ``broadcasts``.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        config: NetworkConfig,
+        n_peers: int,
+        *,
+        rng: np.random.Generator,
+    ) -> None:
+        self.env = env
+        self.config = config
+        self.rng = rng
+        self.messages_sent = np.zeros(n_peers, dtype=np.int64)
+        self.bytes_sent = np.zeros(n_peers, dtype=np.int64)
+        self.messages_lost = 0
+        self.control_messages = 0
+        self.broadcasts = 0
+        self._latencies: list[float] = []
+        self._uniforms: list[float] = []
+
+    def _latency(self) -> float:
+        if not self._latencies:
+            cfg, n = self.config, _BATCH
+            if cfg.latency == "constant":
+                batch = np.full(n, cfg.latency_mean)
+            elif cfg.latency == "exponential":
+                batch = self.rng.exponential(cfg.latency_mean, size=n)
+            else:  # lognormal with the given mean
+                mu = np.log(max(cfg.latency_mean, 1e-300)) - cfg.latency_sigma**2 / 2
+                batch = self.rng.lognormal(mu, cfg.latency_sigma, size=n)
+            self._latencies = batch.tolist()
+        return self._latencies.pop()
+
+    def _lost(self) -> bool:
+        if self.config.loss == 0.0:
+            return False
+        if not self._uniforms:
+            self._uniforms = self.rng.random(_BATCH).tolist()
+        return self._uniforms.pop() < self.config.loss
+
+    def delay(self, n_bytes: int) -> float:
+        """Simulated seconds for one message of ``n_bytes``: latency + size / bandwidth."""
+        return self._latency() + n_bytes / self.config.bandwidth
+
+    def _count(self, sender: int, n_bytes: int, n_messages: int = 1) -> None:
+        if sender < 0:
+            self.control_messages += n_messages
+        else:
+            self.messages_sent[sender] += n_messages
+            self.bytes_sent[sender] += n_bytes
+
+    def send(self, sender: int, deliver: Callable[[Any], None], message: Any, n_bytes: int) -> None:
+        """Send ``message`` (``n_bytes`` on the wire); ``deliver(message)`` runs on arrival.
+
+        A lost message is counted and never delivered: receivers rely on timeouts.
+        """
+        self._count(sender, n_bytes)
+        if self._lost():
+            self.messages_lost += 1
+            return
+        event = self.env.timeout(self.delay(n_bytes), value=message)
+        event.callbacks.append(lambda ev: deliver(ev.value))
+
+    def broadcast(
+        self, sender: int, n_recipients: int, n_bytes: int, deliver: Callable[[], None]
+    ) -> None:
+        """One dissemination of an ``n_bytes`` message to ``n_recipients`` peers.
+
+        Modelled as what it is, one event: every recipient gets it after one latency plus the
+        transfer time of all copies through the sender's link. Bytes count every copy; losses
+        are not modelled for a broadcast (an overlay flood retransmits).
+        """
+        self._count(sender, n_bytes * n_recipients, n_recipients)
+        self.broadcasts += 1
+        event = self.env.timeout(self._latency() + n_bytes * n_recipients / self.config.bandwidth)
+        event.callbacks.append(lambda ev: deliver())

@@ -1,0 +1,347 @@
+"""The SimPy world of seed 002: peers, a central group sampler, curators, a completion monitor.
+
+Protocol of one aggregation (the seed's Algorithms 1 and 2, with DESIGN.md's fixes):
+
+1. The :class:`CentralSampler` (the seed's GroupAgent) draws ``g`` peers uniformly at random
+   from the idle peers whose remaining budget covers one more aggregation, picks the curator
+   uniformly among them, and sends each member an ``ASSIGN`` message.
+2. A member that receives ``ASSIGN`` sends its local model and shard size to the curator.
+   (With secure aggregation, members exchange additive shares instead and the curator only
+   receives partial sums; see :mod:`p2pdp.secure_aggregation`.)
+3. The :func:`curator` process waits until all ``g`` models arrived (or ``collect_timeout``
+   passes: the group is aborted and nobody is charged, since nothing was released), averages
+   them, calibrates the noise on the group's sensitivity, **checks** every member's budget,
+   draws the noise, releases the model and **spends** every member's budget.
+4. The published model goes to the members (``group`` publication) or, as one broadcast, to
+   every peer (``full`` publication). Publication is post-processing: it costs no budget.
+5. The :class:`CompletionMonitor` (the seed's CompletionAgent) ends the run when fewer than
+   ``g`` peers can still afford an aggregation and no group is in flight.
+
+The noise draws come from a dedicated stream, so the same seed gives the same models whatever
+the publication mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from p2pdp.accounting import BudgetLedger
+from p2pdp.config import ScenarioConfig
+from p2pdp.mechanisms import Mechanism, group_sensitivity
+from p2pdp.sim.transport import HEADER_BYTES, Transport, model_bytes
+
+SAMPLER = -1  # sender id of the central sampler
+
+ASSIGN = "assign"
+SUBMIT = "submit"
+PUBLISH = "publish"
+
+
+@dataclass(slots=True)
+class Message:
+    kind: str
+    sender: int
+    group: int
+    payload: object = None
+
+
+@dataclass(slots=True)
+class Group:
+    """An aggregation in flight: members, curator, and what the curator has received."""
+
+    group_id: int
+    members: np.ndarray
+    curator: int
+    models: list[np.ndarray] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    complete: simpy.Event | None = None
+
+
+class Peer:
+    """A peer process: holds its model and shard size, and reacts to its inbox.
+
+    The peer's budget lives in the shared, vectorised :class:`BudgetLedger` (row ``peer_id``)
+    and its ensemble in the world's receipt log; both are read only through this peer's id.
+    """
+
+    __slots__ = ("inbox", "peer_id", "ready_at", "shard_size", "world")
+
+    def __init__(self, world: World, peer_id: int, shard_size: int, ready_at: float) -> None:
+        self.world = world
+        self.peer_id = peer_id
+        self.shard_size = shard_size
+        self.ready_at = ready_at
+        self.inbox = simpy.Store(world.env)
+        world.env.process(self.run())
+
+    def run(self):
+        world = self.world
+        if self.ready_at > 0:
+            yield world.env.timeout(self.ready_at)  # simulated local training
+            world.sampler.peer_ready(self.peer_id)
+        while True:
+            message = yield self.inbox.get()
+            if not world.online[self.peer_id]:  # arrived while this peer was offline
+                world.transport.messages_lost += 1
+            elif message.kind == ASSIGN:
+                world.submit(self.peer_id, message.payload)
+            elif message.kind == SUBMIT:
+                world.receive_submission(message)
+            elif message.kind == PUBLISH:
+                world.receipts.append((self.peer_id, message.payload))
+
+
+class CentralSampler:
+    """The seed's GroupAgent: uniform random disjoint groups from the idle, solvent peers."""
+
+    def __init__(self, world: World, *, rng: np.random.Generator) -> None:
+        self.world = world
+        self.rng = rng
+        self.pool: list[int] = []  # idle peers that can afford one more aggregation
+        self.in_flight = 0
+        self.not_ready = 0
+        self.failed_in_a_row = 0
+        self.stop_reason = ""
+        self._wake: simpy.Event | None = None
+        self.done = world.env.event()
+
+    def start(self, ready: list[int], n_not_ready: int) -> None:
+        """Begin with the peers ``ready`` at time 0; ``n_not_ready`` are still training."""
+        self.pool.extend(ready)
+        self.not_ready = n_not_ready
+        self.world.env.process(self.run())
+
+    def peer_ready(self, peer: int) -> None:
+        self.not_ready -= 1
+        self.pool.append(peer)
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _draw_group(self, g: int) -> np.ndarray:
+        picks = self.rng.choice(len(self.pool), size=g, replace=False)
+        members = np.array([self.pool[i] for i in picks], dtype=np.int64)
+        for i in sorted(picks.tolist(), reverse=True):  # swap-remove, O(g)
+            self.pool[i] = self.pool[-1]
+            self.pool.pop()
+        return members
+
+    def run(self):
+        world = self.world
+        g = world.config.groups.group_size
+        limit = world.config.groups.max_concurrent_groups
+        max_failed = world.config.groups.max_failed_attempts
+        while True:
+            while self.in_flight < limit and len(self.pool) >= g:
+                members = self._draw_group(g)
+                curator = int(members[self.rng.integers(g)])
+                self.in_flight += 1
+                world.start_group(members, curator)
+            if self.failed_in_a_row >= max_failed:
+                self.stop_reason = f"{max_failed} aggregations in a row failed"
+            elif self.in_flight == 0 and self.not_ready == 0 and len(self.pool) < g:
+                self.stop_reason = f"fewer than {g} peers can afford another aggregation"
+            if self.stop_reason and self.in_flight == 0:
+                self.done.succeed(self.stop_reason)
+                return
+            self._wake = world.env.event()
+            yield self._wake
+
+    def group_finished(self, group: Group, *, published: bool) -> None:
+        """Return the members that can still afford an aggregation to the idle pool."""
+        self.in_flight -= 1
+        self.failed_in_a_row = 0 if published else self.failed_in_a_row + 1
+        if not self.stop_reason:
+            solvent = self.world.ledger.can_afford(group.members)
+            self.pool.extend(group.members[solvent].tolist())
+        self._notify()
+
+
+class CompletionMonitor:
+    """The seed's CompletionAgent: counts published aggregations and records the end."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.aggregations = 0
+        self.aborted = 0
+        self.end_time = 0.0
+        self.stop_reason = ""
+        world.env.process(self.run())
+
+    def notify(self, *, published: bool) -> None:
+        if published:
+            self.aggregations += 1
+        else:
+            self.aborted += 1
+
+    def run(self):
+        self.stop_reason = yield self.world.sampler.done
+        self.end_time = float(self.world.env.now)
+
+
+class World:
+    """One simulated network: the environment, transport, peers, sampler, ledger and logs.
+
+    Parameters
+    ----------
+    config : ScenarioConfig
+    local_weights : (P, d) array
+        Exact local models (trained before the simulation starts).
+    shard_sizes : (P,) int array
+    mechanism : Mechanism
+        Noise added to every released aggregate, calibrated per group.
+    rngs : dict
+        Generators ``"protocol"`` (sampling, curator choice), ``"network"`` (latency, loss)
+        and ``"noise"`` (mechanism draws).
+    """
+
+    def __init__(
+        self,
+        config: ScenarioConfig,
+        local_weights: np.ndarray,
+        shard_sizes: np.ndarray,
+        mechanism: Mechanism,
+        *,
+        rngs: dict[str, np.random.Generator],
+    ) -> None:
+        self.config = config
+        self.env = simpy.Environment()
+        self.local_weights = local_weights
+        self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
+        self.mechanism = mechanism
+        self.noise_rng = rngs["noise"]
+        n_peers, dim = local_weights.shape
+        self.dim = dim
+        self.model_bytes = model_bytes(dim)
+        privacy = config.privacy
+        self.ledger = BudgetLedger(
+            n_peers,
+            epsilon_total=privacy.epsilon,
+            epsilon_per_aggregation=privacy.epsilon_per_aggregation,
+            delta_total=privacy.delta,
+            delta_per_aggregation=privacy.delta_per_aggregation,
+            accountant=privacy.accountant,
+        )
+        self.transport = Transport(self.env, config.network, n_peers, rng=rngs["network"])
+        self.online = np.ones(n_peers, dtype=bool)  # a group sampler with churn updates it
+        self.sampler = make_sampler(self, rng=rngs["protocol"])
+        self.monitor = CompletionMonitor(self)
+        self.groups: dict[int, Group] = {}
+        self.published: list[np.ndarray] = []
+        self.shared: list[bool] = []
+        self.receipts: list[tuple[int, int]] = []
+        self._next_group = 0
+        ready_at = self.shard_sizes * config.training.seconds_per_row
+        self.peers = [
+            Peer(self, j, int(self.shard_sizes[j]), float(ready_at[j])) for j in range(n_peers)
+        ]
+        ready = np.flatnonzero(ready_at <= 0).tolist() if self.ledger.max_aggregations else []
+        self.sampler.start(ready, int(np.count_nonzero(ready_at > 0)))
+
+    # -- group lifecycle --------------------------------------------------------------------
+    def start_group(self, members: np.ndarray, curator: int, *, announce: bool = True) -> Group:
+        """Start an aggregation of ``members`` led by ``curator``.
+
+        ``announce``: the central sampler tells every member its group with an ``ASSIGN``
+        message; a decentralised protocol whose members already agreed passes False and the
+        members submit at once.
+        """
+        group = Group(self._next_group, members, curator, complete=self.env.event())
+        self._next_group += 1
+        self.groups[group.group_id] = group
+        for member in members.tolist():
+            if announce:
+                message = Message(ASSIGN, SAMPLER, group.group_id, group)
+                self.transport.send(SAMPLER, self.peers[member].inbox.put, message, HEADER_BYTES)
+            else:
+                self.submit(member, group)
+        self.env.process(curator_process(self, group))
+        return group
+
+    def submit(self, member: int, group: Group) -> None:
+        """``member`` sends its local model and shard size to the group's curator."""
+        reply = Message(
+            SUBMIT,
+            member,
+            group.group_id,
+            (self.local_weights[member], int(self.shard_sizes[member])),
+        )
+        self.transport.send(member, self.peers[group.curator].inbox.put, reply, self.model_bytes)
+
+    def receive_submission(self, message: Message) -> None:
+        group = self.groups.get(message.group)
+        if group is None:  # the group already timed out
+            return
+        model, size = message.payload
+        group.models.append(model)
+        group.sizes.append(size)
+        if len(group.models) == len(group.members):
+            group.complete.succeed()
+
+    def publish(self, group: Group, model: np.ndarray) -> None:
+        """Release ``model`` to the group or to everyone (post-processing: no budget)."""
+        index = len(self.published)
+        self.published.append(model)
+        if self.config.publication.mode == "full":
+            everyone = bool(self.online.all())
+            recipients = [] if everyone else np.flatnonzero(self.online).tolist()
+            self.shared.append(everyone)
+
+            def deliver() -> None:  # offline peers miss a broadcast
+                self.receipts.extend((peer, index) for peer in recipients)
+
+            n_recipients = len(self.peers) if everyone else len(recipients)
+            self.transport.broadcast(group.curator, n_recipients - 1, self.model_bytes, deliver)
+            return
+        self.shared.append(False)
+        for member in group.members.tolist():
+            if member == group.curator:  # the curator already holds the model
+                self.receipts.append((member, index))
+                continue
+            message = Message(PUBLISH, group.curator, group.group_id, index)
+            self.transport.send(
+                group.curator, self.peers[member].inbox.put, message, self.model_bytes
+            )
+
+    def finish_group(self, group: Group, *, published: bool) -> None:
+        del self.groups[group.group_id]
+        self.monitor.notify(published=published)
+        self.sampler.group_finished(group, published=published)
+
+    def run(self) -> None:
+        """Run until no group can form and every message in flight has been delivered."""
+        self.env.run()
+
+
+def make_sampler(world: World, *, rng: np.random.Generator):
+    """The group sampler ``world.config.groups.sampler`` names."""
+    if world.config.groups.sampler == "gossip":
+        from p2pdp.gossip import GossipSampler
+
+        return GossipSampler(world, rng=rng)
+    return CentralSampler(world, rng=rng)
+
+
+def curator_process(world: World, group: Group):
+    """The seed's Algorithm 1 run by the group's curator, as a SimPy process."""
+    env = world.env
+    yield group.complete | env.timeout(world.config.groups.collect_timeout)
+    if not group.complete.triggered or not world.online[group.curator]:
+        # a message was lost or the curator crashed: abort, nothing released, nobody charged
+        world.finish_group(group, published=False)
+        return
+    privacy = world.config.privacy
+    sensitivity = group_sensitivity(
+        group.sizes, world.config.training.lam, mode=privacy.sensitivity
+    )
+    average = np.mean(group.models, axis=0)
+    world.ledger.check(group.members)  # before any noise is drawn
+    noisy = average + world.mechanism.sample(sensitivity, world.dim, rng=world.noise_rng)
+    world.ledger.spend(group.members)  # the release happens now
+    world.publish(group, noisy)
+    world.finish_group(group, published=True)

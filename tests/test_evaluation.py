@@ -1,0 +1,119 @@
+"""Shared-tally ensemble evaluation equals the naive per-peer computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from p2pdp.errors import ConfigError
+from p2pdp.evaluation import (
+    build_ensembles,
+    ensemble_scores,
+    evaluate_ensembles,
+    linear_error,
+    predict,
+)
+
+
+def _random_world(rng, n_peers=7, n_models=11, dim=5, n_rows=40, share_fraction=0.4):
+    local = rng.normal(size=(n_peers, dim))
+    published = rng.normal(size=(n_models, dim))
+    shared = rng.random(n_models) < share_fraction
+    pairs = [
+        (peer, model)
+        for model in np.flatnonzero(~shared)
+        for peer in rng.choice(n_peers, size=rng.integers(1, n_peers + 1), replace=False)
+    ]
+    pairs = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    X = rng.normal(size=(n_rows, dim))
+    y = np.where(rng.random(n_rows) < 0.5, 1, -1)
+    return local, published, shared, pairs, X, y
+
+
+def _naive_labels(local, published, shared, pairs, X, vote):
+    """Each peer builds its ensemble list explicitly and votes."""
+    labels = np.empty((X.shape[0], local.shape[0]), dtype=np.int8)
+    for peer in range(local.shape[0]):
+        members = [local[peer]] + [published[k] for k in np.flatnonzero(shared)]
+        members += [published[k] for p, k in pairs if p == peer]
+        margins = X @ np.array(members).T
+        if vote == "mean-margin":
+            decision = margins.mean(axis=1)
+            labels[:, peer] = np.where(decision >= 0, 1, -1)
+        else:
+            votes = np.sign(margins).sum(axis=1)
+            tie_break = np.where(margins.sum(axis=1) >= 0, 1, -1)
+            labels[:, peer] = np.where(votes > 0, 1, np.where(votes < 0, -1, tie_break))
+    return labels
+
+
+@pytest.mark.parametrize("vote", ["majority", "mean-margin"])
+@pytest.mark.parametrize("seed", range(5))
+def test_shared_tally_equals_naive_per_peer(vote, seed):
+    rng = np.random.default_rng(seed)
+    local, published, shared, pairs, X, y = _random_world(rng)
+    ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
+    fast = predict(ensemble_scores(ensembles, X, vote=vote))
+    naive = _naive_labels(local, published, shared, pairs, X, vote)
+    np.testing.assert_array_equal(fast, naive)
+    metrics = evaluate_ensembles(ensembles, X, y, vote=vote)
+    np.testing.assert_array_equal(metrics.errors, (naive != y[:, None]).mean(axis=0))
+    assert metrics.confusion.sum() == X.shape[0] * local.shape[0]
+    tp = int(((naive == 1) & (y[:, None] == 1)).sum())
+    assert metrics.confusion[1, 1] == tp
+
+
+def test_chunked_evaluation_equals_single_chunk(monkeypatch):
+    rng = np.random.default_rng(3)
+    local, published, shared, pairs, X, y = _random_world(rng, n_rows=97)
+    ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
+    whole = evaluate_ensembles(ensembles, X, y, vote="majority")
+    monkeypatch.setattr("p2pdp.evaluation._CHUNK_ELEMENTS", 50)
+    chunked = evaluate_ensembles(ensembles, X, y, vote="majority")
+    np.testing.assert_array_equal(whole.errors, chunked.errors)
+    np.testing.assert_array_equal(whole.confusion, chunked.confusion)
+
+
+def test_majority_tie_uses_margin():
+    local = np.array([[1.0, 0.0]])
+    published = np.array([[-0.5, 0.0]])
+    ensembles = build_ensembles(local, published, np.array([True]), np.array([]), np.array([]))
+    X = np.array([[1.0, 0.0], [-1.0, 0.0]])
+    # one vote each way; margins 1 - 0.5 > 0 on row 0 and -1 + 0.5 < 0 on row 1
+    np.testing.assert_array_equal(
+        predict(ensemble_scores(ensembles, X, vote="majority"))[:, 0], [1, -1]
+    )
+
+
+def test_best_peer_roc_and_sizes():
+    rng = np.random.default_rng(0)
+    local, published, shared, pairs, X, y = _random_world(rng)
+    ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
+    metrics = evaluate_ensembles(ensembles, X, y, vote="majority")
+    assert metrics.errors[metrics.best_peer] == metrics.errors.min()
+    assert 0.0 <= metrics.auc <= 1.0
+    expected_sizes = 1 + shared.sum() + np.bincount(pairs[:, 0], minlength=local.shape[0])
+    np.testing.assert_array_equal(ensembles.sizes(), expected_sizes)
+
+
+def test_duplicate_receipt_rejected():
+    local = np.zeros((2, 2))
+    with pytest.raises(ValueError, match="twice"):
+        build_ensembles(
+            local, np.ones((1, 2)), np.array([False]), np.array([0, 0]), np.array([0, 0])
+        )
+
+
+def test_unknown_vote_rule():
+    local = np.zeros((1, 2))
+    ensembles = build_ensembles(
+        local, np.ones((0, 2)), np.array([], bool), np.array([]), np.array([])
+    )
+    with pytest.raises(ConfigError, match="evaluation.vote"):
+        ensemble_scores(ensembles, np.ones((1, 2)), vote="plurality")
+
+
+def test_linear_error():
+    X = np.array([[1.0], [-1.0], [2.0]])
+    y = np.array([1, -1, -1])
+    np.testing.assert_allclose(linear_error(np.array([[1.0], [-1.0]]), X, y), [1 / 3, 2 / 3])

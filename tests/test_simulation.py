@@ -1,0 +1,218 @@
+"""The SimPy world: budget arithmetic, publication, determinism, faults, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from p2pdp.config import (
+    DataConfig,
+    EvaluationConfig,
+    GroupsConfig,
+    NetworkConfig,
+    PartitionConfig,
+    PrivacyConfig,
+    PublicationConfig,
+    ScenarioConfig,
+    TrainingConfig,
+)
+from p2pdp.errors import ConfigError
+from p2pdp.pipeline import prepare_peers
+from p2pdp.sim import world as world_module
+from p2pdp.simulation import simulate
+
+
+def synthetic(
+    *,
+    n_peers=20,
+    group_size=5,
+    epsilon=1.0,
+    epsilon_per_aggregation=0.25,
+    mode="full",
+    rows=400,
+    mechanism="vector-laplace",
+    seed=1,
+    **sections,
+) -> ScenarioConfig:
+    return ScenarioConfig(
+        seed=seed,
+        data=DataConfig(dataset="synthetic", synthetic_rows=rows, synthetic_test_rows=200),
+        partition=PartitionConfig(n_peers=n_peers),
+        privacy=PrivacyConfig(
+            epsilon=epsilon, epsilon_per_aggregation=epsilon_per_aggregation, mechanism=mechanism
+        ),
+        groups=sections.pop("groups", GroupsConfig(group_size=group_size)),
+        publication=PublicationConfig(mode=mode),
+        evaluation=EvaluationConfig(split="fixed"),
+        **sections,
+    )
+
+
+def test_seed_budget_arithmetic_100_peers():
+    """P = 100, g = 10, epsilon / epsilon_A = 10: between 91 and 100 aggregations."""
+    config = synthetic(n_peers=100, group_size=10, epsilon=1.0, epsilon_per_aggregation=0.1, rows=2000)
+    result = simulate(config)
+    assert 91 <= result.aggregations <= 100
+    assert result.aggregations_per_peer.max() <= 10
+    assert result.aggregations_per_peer.sum() == 10 * result.aggregations
+    np.testing.assert_allclose(result.epsilon_spent, result.aggregations_per_peer * 0.1)
+    # the run ends only when fewer than g peers can afford another aggregation
+    assert np.count_nonzero(result.aggregations_per_peer < 10) < 10
+    assert "fewer than 10 peers" in result.stop_reason
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n_peers=st.integers(2, 30),
+    group_fraction=st.floats(0.05, 1.0),
+    ratio=st.floats(1.0, 6.0),
+    concurrent=st.integers(1, 4),
+    loss=st.sampled_from([0.0, 0.0, 0.2]),
+    mode=st.sampled_from(["group", "full"]),
+    seed=st.integers(0, 1000),
+)
+def test_no_peer_ever_overspends(n_peers, group_fraction, ratio, concurrent, loss, mode, seed):
+    group_size = max(1, int(round(group_fraction * n_peers)))
+    config = synthetic(
+        n_peers=n_peers,
+        group_size=group_size,
+        epsilon=1.0,
+        epsilon_per_aggregation=1.0 / ratio,
+        mode=mode,
+        rows=max(200, 10 * n_peers),
+        seed=seed,
+        groups=GroupsConfig(
+            group_size=group_size, max_concurrent_groups=concurrent, max_failed_attempts=20
+        ),
+        network=NetworkConfig(loss=loss, latency="exponential"),
+    )
+    result = simulate(config)
+    assert np.all(result.epsilon_spent <= 1.0 + 1e-9)
+    assert result.aggregations_per_peer.max(initial=0) <= int(np.floor(ratio + 1e-9))
+    # charged exactly once per published aggregation joined, never for an aborted group
+    assert result.aggregations_per_peer.sum() == group_size * result.aggregations
+
+
+def test_peer_never_in_two_groups_at_once(monkeypatch):
+    busy: set[int] = set()
+    original_start, original_finish = world_module.World.start_group, world_module.World.finish_group
+
+    def start(self, members, curator, **kwargs):
+        assert busy.isdisjoint(members.tolist())
+        busy.update(members.tolist())
+        return original_start(self, members, curator, **kwargs)
+
+    def finish(self, group, *, published):
+        busy.difference_update(group.members.tolist())
+        return original_finish(self, group, published=published)
+
+    monkeypatch.setattr(world_module.World, "start_group", start)
+    monkeypatch.setattr(world_module.World, "finish_group", finish)
+    config = synthetic(
+        n_peers=40, groups=GroupsConfig(group_size=4, max_concurrent_groups=5),
+        network=NetworkConfig(latency="exponential"),
+    )  # fmt: skip
+    result = simulate(config)
+    assert result.aggregations >= 36
+
+
+def test_noise_free_full_group_reproduces_the_plain_average(monkeypatch):
+    config = synthetic(
+        n_peers=12, group_size=12, epsilon=1.0, epsilon_per_aggregation=1.0, mechanism="none"
+    )
+    published = []
+    original = world_module.World.publish
+    monkeypatch.setattr(
+        world_module.World,
+        "publish",
+        lambda self, group, model: published.append(model) or original(self, group, model),
+    )
+    trained = prepare_peers(config, fold=0)
+    result = simulate(config, trained=trained)
+    assert result.aggregations == 1
+    np.testing.assert_allclose(published[0], trained.models.weights.mean(axis=0), atol=1e-15)
+    assert np.all(result.ensemble_sizes == 2)
+
+
+def test_group_size_one_publishes_single_noisy_models():
+    config = synthetic(n_peers=10, group_size=1, epsilon=1.0, epsilon_per_aggregation=0.5, mode="group")
+    result = simulate(config)
+    assert result.aggregations == 20
+    assert np.all(result.aggregations_per_peer == 2)
+    assert np.all(result.ensemble_sizes == 3)  # own model + its own two noisy releases
+
+
+def test_group_vs_full_ensembles_and_determinism():
+    group = simulate(synthetic(mode="group"))
+    full = simulate(synthetic(mode="full"))
+    assert group.aggregations == full.aggregations  # same streams: same groups
+    np.testing.assert_array_equal(group.ensemble_sizes, 1 + group.aggregations_per_peer)
+    assert np.all(full.ensemble_sizes == 1 + full.aggregations)
+    again = simulate(synthetic(mode="group"))
+    np.testing.assert_array_equal(group.metrics.errors, again.metrics.errors)
+    assert group.sim_time == again.sim_time and group.bytes_sent == again.bytes_sent
+    other_seed = simulate(synthetic(mode="group", seed=2))
+    assert not np.array_equal(group.metrics.errors, other_seed.metrics.errors)
+
+
+def test_lost_messages_abort_groups_without_charging():
+    config = synthetic(
+        n_peers=20,
+        groups=GroupsConfig(group_size=4, max_failed_attempts=1000),
+        network=NetworkConfig(loss=0.2),
+    )
+    result = simulate(config)
+    assert result.messages_lost > 0 and result.aborted_groups > 0
+    assert result.aggregations_per_peer.sum() == 4 * result.aggregations
+
+
+def test_result_row_and_reference_errors():
+    result = simulate(synthetic())
+    row = result.row()
+    for key in ("mean_error", "centralized_error", "local_only_error", "aggregations",
+                "groups.group_size", "wall_simulation_s", "seed", "fold"):  # fmt: skip
+        assert key in row
+    assert 0.0 <= result.centralized_error <= 0.5
+    assert result.centralized_error <= result.local_only_error + 0.05
+    assert set(result.wall_times) == {"training", "simulation", "evaluation"}
+
+
+def test_simulated_training_time_delays_groups():
+    fast = simulate(synthetic())
+    slow = simulate(synthetic(training=TrainingConfig(seconds_per_row=0.5)))
+    assert slow.aggregations == fast.aggregations
+    assert slow.sim_time > fast.sim_time + 5.0
+
+
+def test_bad_inputs_fail_before_work():
+    with pytest.raises(ConfigError, match="groups.group_size"):
+        synthetic(n_peers=5, group_size=6)
+    with pytest.raises(ConfigError, match="epsilon_per_aggregation"):
+        synthetic(epsilon=0.1, epsilon_per_aggregation=0.2)
+    with pytest.raises(ConfigError, match="fold"):
+        simulate(dataclasses.replace(synthetic(), evaluation=EvaluationConfig()), fold=10)
+    with pytest.raises(ConfigError):
+        simulate(synthetic(n_peers=300, group_size=5, rows=100))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("dataset", "n_peers", "split"),
+    [("spambase", 100, "cv"), ("australian", 10, "cv"), ("adult", 200, "fixed")],
+)
+def test_seed_experiment_one_fold_on_real_data(real_data_home, dataset, n_peers, split):
+    config = ScenarioConfig(
+        data=DataConfig(dataset=dataset),
+        partition=PartitionConfig(n_peers=n_peers),
+        privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=0.1),
+        groups=GroupsConfig(group_size=min(10, n_peers)),
+        evaluation=EvaluationConfig(split=split),
+    )
+    result = simulate(config)
+    assert result.aggregations > 0
+    assert result.metrics.errors.mean() < 0.5
+    assert result.centralized_error < 0.25
