@@ -43,11 +43,16 @@ class FoldData:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainedPeers:
-    """A fold, its peer shards (index arrays into ``fold.X_train``) and the exact local models."""
+    """A fold, its peer shards (index arrays into ``fold.X_train``) and the exact local models.
+
+    ``centralized`` is the non-private model fitted on all of the fold's training rows, the
+    upper reference line of every accuracy result.
+    """
 
     fold: FoldData
     shards: tuple[np.ndarray, ...]
     models: LocalModels
+    centralized: np.ndarray
 
 
 def make_synthetic(
@@ -135,7 +140,10 @@ def train_peers(
         rng=rng,
     )
     models = fit_local_models(fold.X_train, fold.y_train, shards, lam)
-    return TrainedPeers(fold=fold, shards=tuple(shards), models=models)
+    everyone = fit_local_models(fold.X_train, fold.y_train, [np.arange(len(fold.y_train))], lam)
+    return TrainedPeers(
+        fold=fold, shards=tuple(shards), models=models, centralized=everyone.weights[0]
+    )
 
 
 def training_key(config: ScenarioConfig, *, fold: int, repetition: int) -> tuple:

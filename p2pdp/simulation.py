@@ -19,7 +19,6 @@ import numpy as np
 from p2pdp.config import ScenarioConfig, flat_settings
 from p2pdp.errors import ConfigError, PrivacyWarning
 from p2pdp.evaluation import Metrics, build_ensembles, evaluate_ensembles, linear_error
-from p2pdp.learning import fit_local_models
 from p2pdp.mechanisms import make_mechanism
 from p2pdp.pipeline import TrainedPeers, prepare_peers
 from p2pdp.rng import generator
@@ -139,10 +138,7 @@ def simulate(
         weights, published, np.array(world.shared), pairs[:, 0], pairs[:, 1]
     )
     metrics = evaluate_ensembles(ensembles, data.X_test, data.y_test, vote=config.evaluation.vote)
-    everyone = fit_local_models(
-        data.X_train, data.y_train, [np.arange(len(data.y_train))], config.training.lam
-    )
-    centralized_error = float(linear_error(everyone.weights, data.X_test, data.y_test)[0])
+    centralized_error = float(linear_error(trained.centralized, data.X_test, data.y_test)[0])
     local_only_error = float(linear_error(weights, data.X_test, data.y_test).mean())
     wall["evaluation"] = time.perf_counter() - start
 
