@@ -17,11 +17,107 @@ from p2pdp.errors import P2PDPError
 # --- datasets ---------------------------------------------------------------------------------
 def _add_datasets(subparsers: argparse._SubParsersAction) -> None:
     """Register ``p2pdp datasets list|info|fetch`` (owned by the datasets module's author)."""
+    parser = subparsers.add_parser(
+        "datasets",
+        help="list, inspect and download the benchmark data sets",
+        description="Data files are searched in --path, $P2PDP_DATA_HOME, then the user cache "
+        "($XDG_CACHE_HOME/p2pdp or ~/.cache/p2pdp), where `fetch` downloads them.",
+    )
+    actions = parser.add_subparsers(dest="datasets_action", metavar="ACTION", required=True)
+    actions.add_parser("list", help="the data sets and their shapes").set_defaults(
+        func=_cmd_datasets_list
+    )
+    info = actions.add_parser("info", help="rows, features, classes and where the files are")
+    info.add_argument("name", help="data set name (see `p2pdp datasets list`)")
+    info.add_argument("--json", action="store_true", help="print a JSON object")
+    info.add_argument("--path", help="a data file, or a directory holding the files (first)")
+    info.set_defaults(func=_cmd_datasets_info)
+    fetch = actions.add_parser("fetch", help="download into the user cache, checking sha256")
+    which = fetch.add_mutually_exclusive_group(required=True)
+    which.add_argument("name", nargs="?", help="data set name")
+    which.add_argument("--all", action="store_true", help="fetch every data set")
+    fetch.add_argument("--force", action="store_true", help="download even if already cached")
+    fetch.set_defaults(func=_cmd_datasets_fetch)
+
+
+def _cmd_datasets_list(args: argparse.Namespace) -> int:
+    from p2pdp.datasets import available_datasets, load_manifest
+
+    print(f"{'name':<12} {'rows':<15} {'features':>8}  title")
+    for name in available_datasets():
+        manifest = load_manifest(name)
+        rows = " + ".join(str(spec.rows) for spec in manifest.files)
+        print(f"{name:<12} {rows:<15} {manifest.n_features:>8}  {manifest.title}")
+    return 0
+
+
+def _cmd_datasets_info(args: argparse.Namespace) -> int:
+    import json
+
+    from p2pdp.datasets import dataset_info
+
+    info = dataset_info(args.name, path=args.path)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    bounds = "data-independent, from the manifest" if info["feature_bounds"] else "none known"
+    print(f"{info['name']}: {info['title']}")
+    print(f"  features  {info['features']} (bounds: {bounds})")
+    for label, prefix in (("train", ""), ("test", "test_")):
+        if info[f"{prefix}rows"] is not None:
+            print(
+                f"  {label:<8}  {info[f'{prefix}rows']} rows, {info[f'{prefix}positives']} "
+                f"positive, {info[f'{prefix}negatives']} negative"
+            )
+    for file in info["files"]:
+        check = {True: "sha256 ok", False: "sha256 MISMATCH", None: "sha256 not checked"}
+        print(f"  file      {file['path']} ({file['origin']}, {check[file['sha256_ok']]})")
+    return 0
+
+
+def _cmd_datasets_fetch(args: argparse.Namespace) -> int:
+    from p2pdp.datasets import available_datasets, fetch_dataset
+
+    for name in available_datasets() if args.all else [args.name]:
+        for path in fetch_dataset(name, force=args.force):
+            print(f"{name}: {path}")
+    return 0
 
 
 # --- audit ------------------------------------------------------------------------------------
 def _add_audit(subparsers: argparse._SubParsersAction) -> None:
     """Register ``p2pdp audit`` (owned by the privacy-core author)."""
+    parser = subparsers.add_parser(
+        "audit",
+        help="empirically lower-bound the epsilon of each privacy mechanism",
+        description="Threshold-test audit (Clopper-Pearson, 95%%) of the additive-noise "
+        "mechanisms in d = 58 at epsilon = 1, exact epsilon of randomized response and the "
+        "noisy count. seed-laplace and vector-laplace-exponential-norm are negative controls "
+        "that must fail. Exit status 1 if any outcome differs from its expectation.",
+    )
+    parser.add_argument(
+        "--mechanism", help="audit only this one (default: all; see the table for the names)"
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    parser.add_argument(
+        "--samples", type=int, default=100_000, help="outputs per side (default: 100000)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="root random seed (default: 0)")
+    parser.set_defaults(func=_cmd_audit)
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    import json
+
+    from p2pdp.audit import AUDIT_NAMES, format_audit_table, run_audit
+
+    names = AUDIT_NAMES if args.mechanism is None else (args.mechanism,)
+    results = run_audit(names, n_samples=args.samples, seed=args.seed)
+    if args.json:
+        print(json.dumps([result.as_dict() for result in results], indent=2))
+    else:
+        print(format_audit_table(results))
+    return 0 if all(result.as_expected for result in results) else 1
 
 
 # --- main -------------------------------------------------------------------------------------
