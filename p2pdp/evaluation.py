@@ -107,14 +107,13 @@ def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str) -> np.nda
         raise ConfigError(f"evaluation.vote must be one of {', '.join(VOTE_RULES)}; got {vote!r}")
     own = X @ ensembles.local_weights.T
     published = X @ ensembles.published.T
-    shared = ensembles.shared
-    margin_total = own + published[:, shared].sum(axis=1, keepdims=True)
-    margin_total += (ensembles.receipts @ published.T).T
+    shared = ensembles.shared.astype(np.float64)
+    receipts_t = ensembles.receipts.T
+    margin_total = own + (published @ shared)[:, None] + published @ receipts_t
     if vote == "mean-margin":
         return margin_total
     signs = np.sign(published)
-    vote_total = np.sign(own) + signs[:, shared].sum(axis=1, keepdims=True)
-    vote_total += (ensembles.receipts @ signs.T).T
+    vote_total = np.sign(own) + (signs @ shared)[:, None] + signs @ receipts_t
     return vote_total + np.tanh(margin_total)
 
 
@@ -162,7 +161,8 @@ def evaluate_ensembles(ensembles: Ensembles, X: np.ndarray, y: np.ndarray, *, vo
     predicted_positive_on_neg = 0
     for start in range(0, n_rows, chunk):
         rows = slice(start, start + chunk)
-        labels = predict(ensemble_scores(ensembles, X[rows], vote=vote))
+        scores = ensemble_scores(ensembles, X[rows], vote=vote)
+        labels = predict(scores)
         truth = y[rows][:, None]
         wrong += (labels != truth).sum(axis=0)
         positive = labels == 1
@@ -179,7 +179,10 @@ def evaluate_ensembles(ensembles: Ensembles, X: np.ndarray, y: np.ndarray, *, vo
     )
     errors = wrong / n_rows
     best = int(np.argmin(errors))
-    best_scores = ensemble_scores(_one_peer(ensembles, best), X, vote=vote)[:, 0]
+    if chunk >= n_rows:  # one chunk held every row: reuse its scores
+        best_scores = scores[:, best]
+    else:
+        best_scores = ensemble_scores(_one_peer(ensembles, best), X, vote=vote)[:, 0]
     if len(np.unique(y)) == 2:
         fpr, tpr, _ = roc_curve(y, best_scores, pos_label=1)
         area = float(auc(fpr, tpr))

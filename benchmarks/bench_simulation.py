@@ -1,0 +1,156 @@
+"""Benchmark the simulator: wall time and peak memory per phase, and growth with peers.
+
+Each configuration runs in a fresh child process so its peak resident memory (ru_maxrss) is
+its own. Phases: training (load, split, preprocess, partition, fit every local model and the
+centralized reference), simulation (SimPy world), evaluation (ensembles on the test rows).
+
+Usage::
+
+    python benchmarks/bench_simulation.py                      # the default table
+    python benchmarks/bench_simulation.py --dataset synthetic --peers 100000 --json
+
+Default table: Spambase (P = 100, g = 10, epsilon = 1, epsilon_A = 0.1, full publication, one
+fold), then synthetic data (d = 58 with the bias, 20 rows per peer) for P = 1,000, 10,000 and
+100,000, and the fitted growth exponent of wall time in P (least squares on log-log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import resource
+import sys
+import time
+
+import numpy as np
+
+ROWS_PER_PEER = 20
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def run_one(dataset: str, peers: int, group_size: int, publication: str) -> dict:
+    """One configuration, in the current process."""
+    from p2pdp.config import (
+        DataConfig,
+        EvaluationConfig,
+        GroupsConfig,
+        PartitionConfig,
+        PrivacyConfig,
+        PublicationConfig,
+        ScenarioConfig,
+    )
+    from p2pdp.pipeline import prepare_peers
+    from p2pdp.simulation import simulate
+
+    if dataset == "synthetic":
+        data = DataConfig(
+            dataset="synthetic",
+            synthetic_rows=ROWS_PER_PEER * peers,
+            synthetic_test_rows=2000,
+            synthetic_features=57,
+        )
+        evaluation = EvaluationConfig(split="fixed")
+    else:
+        data = DataConfig(dataset=dataset)
+        evaluation = EvaluationConfig(split="fixed" if dataset == "adult" else "cv")
+    config = ScenarioConfig(
+        seed=2026,
+        data=data,
+        partition=PartitionConfig(n_peers=peers),
+        privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=0.1),
+        groups=GroupsConfig(group_size=group_size),
+        publication=PublicationConfig(mode=publication),
+        evaluation=evaluation,
+    )
+    start = time.perf_counter()
+    trained = prepare_peers(config, fold=0)
+    training_s = time.perf_counter() - start
+    peak_training = _peak_mb()
+    result = simulate(config, fold=0, trained=trained)
+    wall = dict(result.wall_times, training=training_s)
+    return {
+        "dataset": dataset,
+        "peers": peers,
+        "group_size": group_size,
+        "publication": publication,
+        "aggregations": result.aggregations,
+        "mean_error": result.metrics.summary()["mean_error"],
+        "centralized_error": result.centralized_error,
+        "training_s": wall["training"],
+        "simulation_s": wall["simulation"],
+        "evaluation_s": wall["evaluation"],
+        "wall_s": sum(wall.values()),
+        "sim_time_s": result.sim_time,
+        "messages": result.messages_sent,
+        "peak_mb_after_training": peak_training,
+        "peak_mb": _peak_mb(),
+    }
+
+
+def _child(args: tuple, queue: mp.Queue) -> None:
+    queue.put(run_one(*args))
+
+
+def run_isolated(dataset: str, peers: int, group_size: int, publication: str) -> dict:
+    """One configuration in a fresh process, so peak memory is its own."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_child, args=((dataset, peers, group_size, publication), queue))
+    process.start()
+    result = queue.get()
+    process.join()
+    return result
+
+
+def growth_exponent(peers: list[int], seconds: list[float]) -> float:
+    """Slope of log(wall time) against log(P): 1.0 means linear growth."""
+    return float(np.polyfit(np.log(peers), np.log(seconds), 1)[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default=None, help="spambase, australian, adult or synthetic")
+    parser.add_argument("--peers", type=int, default=None, help="number of peers P")
+    parser.add_argument("--group-size", type=int, default=10)
+    parser.add_argument("--publication", choices=("group", "full"), default="full")
+    parser.add_argument("--json", action="store_true", help="one JSON object per configuration")
+    args = parser.parse_args(argv)
+
+    if args.dataset or args.peers:
+        dataset = args.dataset or "synthetic"
+        peers = args.peers or (100 if dataset != "synthetic" else 1000)
+        configs = [(dataset, peers, args.group_size, args.publication)]
+    else:
+        configs = [("spambase", 100, 10, args.publication)] + [
+            ("synthetic", p, args.group_size, args.publication) for p in (1000, 10_000, 100_000)
+        ]
+    rows = []
+    for config in configs:
+        row = run_isolated(*config)
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row), flush=True)
+        else:
+            print(
+                f"{row['dataset']:>9} P={row['peers']:>7} g={row['group_size']:>3} "
+                f"{row['publication']:>5}: aggregations={row['aggregations']:>6} "
+                f"mean error={row['mean_error']:.3f}  training={row['training_s']:.2f}s "
+                f"simulation={row['simulation_s']:.2f}s evaluation={row['evaluation_s']:.2f}s "
+                f"total={row['wall_s']:.2f}s  peak={row['peak_mb']:.0f} MB",
+                flush=True,
+            )
+    synthetic = [r for r in rows if r["dataset"] == "synthetic"]
+    if len(synthetic) >= 2 and not args.json:
+        peers = [r["peers"] for r in synthetic]
+        for phase in ("training_s", "simulation_s", "evaluation_s", "wall_s"):
+            exponent = growth_exponent(peers, [r[phase] for r in synthetic])
+            print(f"growth exponent of {phase[:-2]} time in P: {exponent:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
