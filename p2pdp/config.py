@@ -22,6 +22,7 @@ DATASETS = ("spambase", "australian", "adult", "synthetic")
 TRANSFORM_STEPS = ("log1p", "minmax", "bias", "project_unit_ball", "scale_sqrt_d")
 PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew")
 MECHANISM_NAMES = ("vector-laplace", "coordinate-laplace", "gaussian", "seed-laplace", "none")
+SPLITTABLE_MECHANISMS = ("coordinate-laplace", "gaussian", "seed-laplace", "none")
 SENSITIVITY_MODES = ("group-mean", "pathak")
 ACCOUNTANTS = ("basic", "rdp")
 SAMPLERS = ("central", "gossip")
@@ -176,6 +177,12 @@ class PrivacyConfig:
             )
         if not isinstance(self.secure_aggregation, bool):
             raise _fail("privacy.secure_aggregation", "true or false", self.secure_aggregation)
+        if self.secure_aggregation and self.mechanism not in SPLITTABLE_MECHANISMS:
+            raise ConfigError(
+                "privacy.secure_aggregation = true needs noise the members can split: "
+                f"privacy.mechanism must be one of {', '.join(SPLITTABLE_MECHANISMS)}; "
+                f"got {self.mechanism!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,6 +234,78 @@ class NetworkConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GossipConfig:
+    """Decentralised group formation (``groups.sampler = "gossip"``, see :mod:`p2pdp.gossip`).
+
+    Overlay (the peers' initial neighbours, :mod:`p2pdp.overlay`): ``overlay`` is one of
+    ``OVERLAYS``; ``degree`` is the degree of ``random-regular`` and the ring degree of
+    ``watts-strogatz`` (rewired with probability ``rewiring``); ``erdos-renyi`` links each pair
+    with ``edge_probability`` (None: ``degree / (P - 1)``, mean degree ``degree``);
+    ``barabasi-albert`` attaches each new peer to ``attachment`` peers. A disconnected overlay
+    is an error unless ``allow_disconnected``.
+
+    Peer sampling (Newscast): views of ``view_size`` entries exchanged every ``gossip_period``
+    simulated seconds. Group formation: a free peer initiates after an exponential backoff of
+    mean ``backoff`` seconds; each request waits ``invite_timeout`` seconds for replies and is
+    repeated at most ``max_retries`` times; an invited peer stays locked ``lock_timeout``
+    seconds after the last message of the group being formed.
+
+    Faults: with ``churn``, peers alternate lognormal online sessions (median
+    ``session_median`` s, log-space std ``session_sigma``) and offline periods (median
+    ``downtime_median`` s, ``downtime_sigma``). Each started aggregation loses its curator
+    with probability ``curator_crash_probability`` and one member with probability
+    ``member_crash_probability``; a crashed peer is offline for a downtime draw.
+    """
+
+    overlay: str = "random-regular"
+    degree: int = 10
+    edge_probability: float | None = None
+    rewiring: float = 0.1
+    attachment: int = 5
+    allow_disconnected: bool = False
+    view_size: int = 20
+    gossip_period: float = 1.0
+    backoff: float = 2.0
+    invite_timeout: float = 0.5
+    lock_timeout: float = 2.0
+    max_retries: int = 3
+    churn: bool = False
+    session_median: float = 60.0
+    session_sigma: float = 1.0
+    downtime_median: float = 20.0
+    downtime_sigma: float = 1.0
+    curator_crash_probability: float = 0.0
+    member_crash_probability: float = 0.0
+
+    def __post_init__(self) -> None:
+        _one_of("gossip.overlay", self.overlay, OVERLAYS)
+        _int_at_least("gossip.degree", self.degree, 1)
+        if self.edge_probability is not None:
+            _positive("gossip.edge_probability", self.edge_probability)
+            _probability("gossip.edge_probability", self.edge_probability, open_upper=False)
+        _probability("gossip.rewiring", self.rewiring, open_upper=False)
+        _int_at_least("gossip.attachment", self.attachment, 1)
+        for key in ("allow_disconnected", "churn"):
+            if not isinstance(getattr(self, key), bool):
+                raise _fail(f"gossip.{key}", "true or false", getattr(self, key))
+        _int_at_least("gossip.view_size", self.view_size, 1)
+        for key in (
+            "gossip_period",
+            "backoff",
+            "invite_timeout",
+            "lock_timeout",
+            "session_median",
+            "downtime_median",
+        ):
+            _positive(f"gossip.{key}", getattr(self, key))
+        _int_at_least("gossip.max_retries", self.max_retries, 0)
+        _non_negative("gossip.session_sigma", self.session_sigma)
+        _non_negative("gossip.downtime_sigma", self.downtime_sigma)
+        for key in ("curator_crash_probability", "member_crash_probability"):
+            _probability(f"gossip.{key}", getattr(self, key), open_upper=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PublicationConfig:
     """Who receives a published model: ``"group"`` (members) or ``"full"`` (every peer)."""
 
@@ -273,6 +352,7 @@ SECTIONS: dict[str, type] = {
     "privacy": PrivacyConfig,
     "groups": GroupsConfig,
     "network": NetworkConfig,
+    "gossip": GossipConfig,
     "publication": PublicationConfig,
     "evaluation": EvaluationConfig,
 }
@@ -297,6 +377,7 @@ class ScenarioConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     groups: GroupsConfig = field(default_factory=GroupsConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
     publication: PublicationConfig = field(default_factory=PublicationConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     sweep: tuple[tuple[str, tuple[Any, ...]], ...] = ()

@@ -123,7 +123,7 @@ def simulate(
         )
     rngs = {
         name: generator(config.seed, name, fold, repetition)
-        for name in ("protocol", "network", "noise")
+        for name in ("protocol", "network", "noise", "shares")
     }
     world = World(config, trained.models.weights, trained.models.shard_sizes, mechanism, rngs=rngs)
     world.run()

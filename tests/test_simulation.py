@@ -54,7 +54,9 @@ def synthetic(
 
 def test_seed_budget_arithmetic_100_peers():
     """P = 100, g = 10, epsilon / epsilon_A = 10: between 91 and 100 aggregations."""
-    config = synthetic(n_peers=100, group_size=10, epsilon=1.0, epsilon_per_aggregation=0.1, rows=2000)
+    config = synthetic(
+        n_peers=100, group_size=10, epsilon=1.0, epsilon_per_aggregation=0.1, rows=2000
+    )
     result = simulate(config)
     assert 91 <= result.aggregations <= 100
     assert result.aggregations_per_peer.max() <= 10
@@ -76,7 +78,7 @@ def test_seed_budget_arithmetic_100_peers():
     seed=st.integers(0, 1000),
 )
 def test_no_peer_ever_overspends(n_peers, group_fraction, ratio, concurrent, loss, mode, seed):
-    group_size = max(1, int(round(group_fraction * n_peers)))
+    group_size = max(1, round(group_fraction * n_peers))
     config = synthetic(
         n_peers=n_peers,
         group_size=group_size,
@@ -99,7 +101,10 @@ def test_no_peer_ever_overspends(n_peers, group_fraction, ratio, concurrent, los
 
 def test_peer_never_in_two_groups_at_once(monkeypatch):
     busy: set[int] = set()
-    original_start, original_finish = world_module.World.start_group, world_module.World.finish_group
+    original_start, original_finish = (
+        world_module.World.start_group,
+        world_module.World.finish_group,
+    )
 
     def start(self, members, curator, **kwargs):
         assert busy.isdisjoint(members.tolist())
@@ -139,7 +144,9 @@ def test_noise_free_full_group_reproduces_the_plain_average(monkeypatch):
 
 
 def test_group_size_one_publishes_single_noisy_models():
-    config = synthetic(n_peers=10, group_size=1, epsilon=1.0, epsilon_per_aggregation=0.5, mode="group")
+    config = synthetic(
+        n_peers=10, group_size=1, epsilon=1.0, epsilon_per_aggregation=0.5, mode="group"
+    )
     result = simulate(config)
     assert result.aggregations == 20
     assert np.all(result.aggregations_per_peer == 2)
@@ -216,3 +223,57 @@ def test_seed_experiment_one_fold_on_real_data(real_data_home, dataset, n_peers,
     assert result.aggregations > 0
     assert result.metrics.errors.mean() < 0.5
     assert result.centralized_error < 0.25
+
+
+def test_secure_aggregation_matches_plaintext_and_counts_its_messages(monkeypatch):
+    published: dict[bool, list[np.ndarray]] = {True: [], False: []}
+    original = world_module.World.publish
+
+    def record(self, group, model):
+        published[self.config.privacy.secure_aggregation].append(model)
+        return original(self, group, model)
+
+    monkeypatch.setattr(world_module.World, "publish", record)
+    results = {}
+    for secure in (False, True):
+        config = synthetic(n_peers=12, group_size=4, epsilon=1.0, epsilon_per_aggregation=0.5)
+        config = dataclasses.replace(
+            config,
+            privacy=PrivacyConfig(
+                epsilon=1.0, epsilon_per_aggregation=0.5, mechanism="none",
+                secure_aggregation=secure,
+            ),
+        )  # fmt: skip
+        results[secure] = simulate(config)
+    plain, secure = results[False], results[True]
+    assert plain.aggregations == secure.aggregations == 6
+    for a, b in zip(published[False], published[True], strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-9 * np.abs(a).max())
+    # plaintext: 3 submissions per group; secure: 4*3 shares + 3 partial sums per group
+    extra = secure.messages_sent - plain.messages_sent
+    assert extra == plain.aggregations * (4 * 3 + 3 - 3)
+    assert secure.sim_time > plain.sim_time  # one more message round per aggregation
+
+
+def test_secure_aggregation_rejects_unsplittable_noise():
+    with pytest.raises(ConfigError, match="coordinate-laplace, gaussian"):
+        PrivacyConfig(mechanism="vector-laplace", secure_aggregation=True)
+
+
+def test_secure_aggregation_under_loss_never_overcharges():
+    config = synthetic(
+        n_peers=20,
+        groups=GroupsConfig(group_size=4, max_failed_attempts=1000),
+        network=NetworkConfig(loss=0.05),
+    )
+    config = dataclasses.replace(
+        config,
+        privacy=PrivacyConfig(
+            epsilon=1.0, epsilon_per_aggregation=0.25, mechanism="coordinate-laplace",
+            secure_aggregation=True,
+        ),
+    )  # fmt: skip
+    result = simulate(config)
+    assert result.aborted_groups > 0 and result.aggregations > 0
+    assert result.aggregations_per_peer.sum() == 4 * result.aggregations
+    assert np.all(result.epsilon_spent <= 1.0 + 1e-9)

@@ -31,12 +31,15 @@ import simpy
 from p2pdp.accounting import BudgetLedger
 from p2pdp.config import ScenarioConfig
 from p2pdp.mechanisms import Mechanism, group_sensitivity
+from p2pdp.secure_aggregation import draw_noise_shares, secure_noisy_mean
 from p2pdp.sim.transport import HEADER_BYTES, Transport, model_bytes
 
 SAMPLER = -1  # sender id of the central sampler
 
 ASSIGN = "assign"
 SUBMIT = "submit"
+SHARE = "share"  # secure aggregation: one additive share of a member's masked contribution
+PARTIAL = "partial"  # secure aggregation: a member's sum of the shares it received
 PUBLISH = "publish"
 
 
@@ -58,6 +61,8 @@ class Group:
     total: np.ndarray | float = 0.0  # running sum of the received models
     sizes: list[int] = field(default_factory=list)
     complete: simpy.Event | None = None
+    shares_received: dict[int, int] = field(default_factory=dict)  # secure aggregation
+    partials: int = 0  # secure aggregation: partial sums the curator holds
 
 
 class Inbox:
@@ -108,6 +113,10 @@ class Peer:
             world.submit(self.peer_id, message.payload)
         elif message.kind == SUBMIT:
             world.receive_submission(message)
+        elif message.kind == SHARE:
+            world.receive_share(self.peer_id, message)
+        elif message.kind == PARTIAL:
+            world.receive_partial(message)
         elif message.kind == PUBLISH:
             world.receipts.append((self.peer_id, message.payload))
 
@@ -251,8 +260,8 @@ class World:
     mechanism : Mechanism
         Noise added to every released aggregate, calibrated per group.
     rngs : dict
-        Generators ``"protocol"`` (sampling, curator choice), ``"network"`` (latency, loss)
-        and ``"noise"`` (mechanism draws).
+        Generators ``"protocol"`` (sampling, curator choice), ``"network"`` (latency, loss),
+        ``"noise"`` (mechanism draws) and ``"shares"`` (secure-aggregation masks).
     """
 
     def __init__(
@@ -270,6 +279,7 @@ class World:
         self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
         n_peers, dim = local_weights.shape
         self.noise = NoiseStream(mechanism, dim, rng=rngs["noise"])
+        self.share_rng = rngs["shares"]
         self.dim = dim
         self.model_bytes = model_bytes(dim)
         privacy = config.privacy
@@ -318,14 +328,30 @@ class World:
         return group
 
     def submit(self, member: int, group: Group) -> None:
-        """``member`` sends its local model and shard size to the group's curator."""
+        """``member`` sends its local model and shard size to the group's curator.
+
+        With secure aggregation it instead sends one additive share of its noisy, fixed-point
+        encoded contribution to every other member (:mod:`p2pdp.secure_aggregation`).
+        """
+        if self.config.privacy.secure_aggregation:
+            others = [m for m in group.members.tolist() if m != member]
+            for other in others:
+                message = Message(SHARE, member, group.group_id)
+                self.transport.send(member, self.peers[other].inbox.put, message, self.model_bytes)
+            if not others:  # a group of one: its own contribution is its partial sum
+                self._partial_ready(member, group)
+            return
         reply = Message(
             SUBMIT,
             member,
             group.group_id,
             (self.local_weights[member], int(self.shard_sizes[member])),
         )
-        self.transport.send(member, self.peers[group.curator].inbox.put, reply, self.model_bytes)
+        if member == group.curator:  # the curator holds its own model: no message
+            self.receive_submission(reply)
+        else:
+            curator_inbox = self.peers[group.curator].inbox
+            self.transport.send(member, curator_inbox.put, reply, self.model_bytes)
 
     def receive_submission(self, message: Message) -> None:
         group = self.groups.get(message.group)
@@ -335,6 +361,35 @@ class World:
         group.total = group.total + model
         group.sizes.append(size)
         if len(group.sizes) == len(group.members):
+            group.complete.succeed()
+
+    def receive_share(self, member: int, message: Message) -> None:
+        """Secure aggregation: once a member holds a share from every other member (its own
+        share it keeps), it sends their sum, its partial sum, to the curator."""
+        group = self.groups.get(message.group)
+        if group is None:
+            return
+        count = group.shares_received.get(member, 0) + 1
+        group.shares_received[member] = count
+        if count == len(group.members) - 1:
+            self._partial_ready(member, group)
+
+    def _partial_ready(self, member: int, group: Group) -> None:
+        if member == group.curator:
+            self.receive_partial(Message(PARTIAL, member, group.group_id))
+        else:
+            message = Message(PARTIAL, member, group.group_id)
+            self.transport.send(
+                member, self.peers[group.curator].inbox.put, message, self.model_bytes
+            )
+
+    def receive_partial(self, message: Message) -> None:
+        group = self.groups.get(message.group)
+        if group is None:
+            return
+        group.partials += 1
+        if group.partials == len(group.members):
+            group.sizes = self.shard_sizes[group.members].tolist()  # known inside the group
             group.complete.succeed()
 
     def publish(self, group: Group, model: np.ndarray) -> None:
@@ -361,6 +416,27 @@ class World:
             self.transport.send(
                 group.curator, self.peers[member].inbox.put, message, self.model_bytes
             )
+
+    def secure_release(self, group: Group, sensitivity: float) -> np.ndarray:
+        """The arithmetic of the secure round whose messages the transport has carried.
+
+        Every member adds its noise share to ``w_i / K`` (any K - 1 shares carry the
+        mechanism's full noise), encodes it in fixed point, splits it into additive shares
+        mod 2^64; the curator adds the partial sums and decodes only the noisy mean.
+        """
+        members = group.members
+        shares = draw_noise_shares(
+            self.noise.mechanism,
+            sensitivity=sensitivity,
+            n_members=len(members),
+            dim=self.dim,
+            rng=self.noise.rng,
+        )
+        curator_index = int(np.flatnonzero(members == group.curator)[0])
+        result = secure_noisy_mean(
+            self.local_weights[members], shares, curator=curator_index, rng=self.share_rng
+        )
+        return result.total
 
     def finish_group(self, group: Group, *, published: bool) -> None:
         del self.groups[group.group_id]
@@ -393,9 +469,11 @@ def curator_process(world: World, group: Group):
     sensitivity = group_sensitivity(
         group.sizes, world.config.training.lam, mode=privacy.sensitivity
     )
-    average = group.total / len(group.sizes)
     world.ledger.check(group.members)  # before any noise is drawn
-    noisy = average + world.noise.draw(sensitivity)
+    if privacy.secure_aggregation:
+        noisy = world.secure_release(group, sensitivity)
+    else:
+        noisy = group.total / len(group.sizes) + world.noise.draw(sensitivity)
     world.ledger.spend(group.members)  # the release happens now
     world.publish(group, noisy)
     world.finish_group(group, published=True)
