@@ -120,6 +120,81 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return 0 if all(result.as_expected for result in results) else 1
 
 
+# --- run / report -------------------------------------------------------------------------------
+def _add_run(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``p2pdp run`` (owned by the experiment module's author)."""
+    parser = subparsers.add_parser(
+        "run",
+        help="run a scenario's sweep (folds x grid x repetitions) and write a report",
+        description="Cells sharing a local training run together; results are appended to "
+        "OUT/results.csv as they finish, so an interrupted run can be finished with --resume. "
+        "OUT/report.md and figures are written at the end.",
+    )
+    parser.add_argument("scenario", help="a scenario TOML file, or a shipped scenario's name")
+    parser.add_argument("--out", help="results folder (default: results/<scenario name>)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='override a setting, e.g. groups.group_size=20 or sweep."privacy.epsilon"=[1,10] '
+        "(repeatable; a plain setting also removes that key from the sweep)",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--jobs", type=int, help="local worker processes (default: all cores; 1 = in-process)"
+    )
+    where.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://host:8786")
+    parser.add_argument(
+        "--resume", action="store_true", help="finish an interrupted run of the same scenario"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="discard results already in the folder"
+    )
+    parser.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from p2pdp.experiment import default_out_dir, run_experiment
+    from p2pdp.report import write_report
+    from p2pdp.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    out = args.out or default_out_dir(scenario)
+    summary = run_experiment(
+        scenario,
+        out,
+        jobs=args.jobs,
+        scheduler=args.scheduler,
+        resume=args.resume,
+        force=args.force,
+        progress=sys.stderr,
+    )
+    print(
+        f"{summary.cells} cells ({summary.run} run, {summary.skipped} already done) in "
+        f"{summary.seconds:.1f} s; results in {summary.directory}"
+    )
+    print(f"report: {write_report(summary.directory)}")
+    return 0
+
+
+def _add_report(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``p2pdp report`` (owned by the report module's author)."""
+    parser = subparsers.add_parser(
+        "report", help="write figures and report.md from a results folder"
+    )
+    parser.add_argument("directory", help="a folder written by `p2pdp run`")
+    parser.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from p2pdp.report import write_report
+
+    print(f"report: {write_report(args.directory)}")
+    return 0
+
+
 # --- main -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -129,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"p2pdp {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for add in (_add_datasets, _add_audit):
+    for add in (_add_datasets, _add_audit, _add_run, _add_report):
         add(subparsers)
     return parser
 

@@ -1,0 +1,264 @@
+"""Tests of p2pdp.accounting: composition, affordable counts, the per-peer ledger."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import optimize, stats
+
+from p2pdp.accounting import (
+    BUDGET_TOLERANCE,
+    BudgetLedger,
+    affordable_aggregations,
+    budget_table,
+    composed_epsilon,
+    format_budget_table,
+)
+from p2pdp.errors import BudgetExhaustedError, ConfigError
+from p2pdp.mechanisms import analytic_gaussian_sigma
+
+
+def exact_gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
+    """Exact epsilon at ``delta`` of one Gaussian release with sensitivity 1 (scipy only)."""
+
+    def excess(epsilon: float) -> float:
+        a, b = 1 / (2 * noise_multiplier), epsilon * noise_multiplier
+        return stats.norm.cdf(a - b) - math.exp(epsilon) * stats.norm.cdf(-a - b) - delta
+
+    return optimize.brentq(excess, 0.0, 100.0, xtol=1e-12)
+
+
+# --- basic composition ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("epsilon_total", "epsilon_step", "expected"),
+    [(1.0, 0.1, 10), (0.3, 0.1, 3), (0.7, 0.1, 7), (1.0, 0.3, 3), (1.0, 1.0, 1), (2.0, 0.15, 13)],
+)
+def test_basic_affords_floor_of_the_ratio_despite_float_error(
+    epsilon_total, epsilon_step, expected
+):
+    assert affordable_aggregations(epsilon_total, epsilon_step) == expected
+
+
+@given(k=st.integers(1, 500), epsilon_total=st.floats(1e-3, 100.0))
+def test_basic_affords_exactly_k_when_the_step_divides_the_budget(k, epsilon_total):
+    assert affordable_aggregations(epsilon_total, epsilon_total / k) == k
+
+
+def test_basic_is_also_limited_by_delta():
+    assert affordable_aggregations(1.0, 0.1, 1e-5, 5e-6) == 2
+    assert affordable_aggregations(1.0, 0.1, 1e-5, 1e-6) == 10
+
+
+def test_basic_composed_epsilon_is_linear_and_infinite_past_the_delta_budget():
+    counts = np.array([[0, 1], [4, 9]])
+    spent = composed_epsilon(counts, epsilon_per_aggregation=0.2)
+    np.testing.assert_allclose(spent, 0.2 * counts)
+    over = composed_epsilon(
+        [2, 3], epsilon_per_aggregation=0.2, delta_total=1e-5, delta_per_aggregation=5e-6
+    )
+    assert over[0] == pytest.approx(0.4) and over[1] == math.inf
+
+
+# --- RDP ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("epsilon_step", "delta_step"), [(0.1, 1e-6), (0.5, 1e-6), (1.0, 1e-7)])
+@pytest.mark.parametrize("k", [1, 10, 100])
+def test_rdp_bounds_the_exact_composition_from_above_and_closely(epsilon_step, delta_step, k):
+    # k Gaussian releases with noise multiplier z compose exactly to one with z / sqrt(k)
+    delta_total = 1e-5
+    z = analytic_gaussian_sigma(epsilon_step, delta_step, 1.0)
+    exact = exact_gaussian_epsilon(z / math.sqrt(k), delta_total)
+    rdp = composed_epsilon(
+        k,
+        epsilon_per_aggregation=epsilon_step,
+        delta_total=delta_total,
+        delta_per_aggregation=delta_step,
+        accountant="rdp",
+    )
+    assert exact <= rdp <= 1.15 * exact
+    assert rdp <= k * epsilon_step * (1 + 1e-12)  # never worse than basic
+
+
+@pytest.mark.parametrize(
+    ("epsilon_total", "epsilon_step"), [(0.5, 0.1), (1.0, 0.1), (1.0, 0.2), (2.0, 0.2), (10.0, 1.0)]
+)
+def test_rdp_affords_more_than_basic_for_typical_settings(epsilon_total, epsilon_step):
+    basic_count = math.floor(epsilon_total / epsilon_step + 1e-9)
+    delta_step = 1e-5 / basic_count
+    basic = affordable_aggregations(epsilon_total, epsilon_step, 1e-5, delta_step, "basic")
+    rdp = affordable_aggregations(epsilon_total, epsilon_step, 1e-5, delta_step, "rdp")
+    assert basic == basic_count
+    assert rdp > 2 * basic
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    epsilon_total=st.floats(0.1, 10.0),
+    ratio=st.floats(0.01, 1.0),
+    accountant=st.sampled_from(["basic", "rdp"]),
+)
+def test_affordable_count_is_the_largest_within_budget(epsilon_total, ratio, accountant):
+    epsilon_step, delta_total, delta_step = epsilon_total * ratio, 1e-5, 1e-7
+    count = affordable_aggregations(
+        epsilon_total, epsilon_step, delta_total, delta_step, accountant
+    )
+    spent = composed_epsilon(
+        [count, count + 1],
+        epsilon_per_aggregation=epsilon_step,
+        delta_total=delta_total,
+        delta_per_aggregation=delta_step,
+        accountant=accountant,
+    )
+    assert spent[0] <= epsilon_total * (1 + BUDGET_TOLERANCE) < spent[1]
+
+
+def test_budget_table_rows_and_markdown():
+    rows = budget_table()
+    assert all(row["rdp"] > row["basic"] >= 1 for row in rows)
+    for row in rows:
+        ratio = row["epsilon_total"] / row["epsilon_per_aggregation"]
+        assert row["basic"] == math.floor(ratio + 1e-9)
+    markdown = format_budget_table(rows).splitlines()
+    assert len(markdown) == len(rows) + 2
+    assert markdown[2].endswith(f"| {rows[0]['basic']} | {rows[0]['rdp']} |")
+
+
+# --- ledger ---------------------------------------------------------------------------------------
+def test_ledger_refuses_to_overspend_and_leaves_state_unchanged():
+    ledger = BudgetLedger(5, epsilon_total=1.0, epsilon_per_aggregation=0.3)
+    assert ledger.max_aggregations == 3
+    for _ in range(3):
+        ledger.spend([0, 1])
+    before = ledger.aggregations()
+    with pytest.raises(BudgetExhaustedError, match=r"peers \[0, 1\]"):
+        ledger.spend([0, 1, 2])
+    np.testing.assert_array_equal(ledger.aggregations(), before)  # peer 2 not charged either
+    with pytest.raises(BudgetExhaustedError, match=r"peers \[1\]"):
+        ledger.check([3, 1])
+    ledger.check([2, 3])
+    np.testing.assert_array_equal(ledger.can_afford([0, 2, 1]), [False, True, False])
+    np.testing.assert_array_equal(ledger.active_mask(), [False, False, True, True, True])
+    np.testing.assert_allclose(ledger.spent_epsilon(), [0.9, 0.9, 0, 0, 0])
+    np.testing.assert_array_equal(ledger.aggregations(), [3, 3, 0, 0, 0])
+
+
+def test_ledger_aggregations_is_a_copy():
+    ledger = BudgetLedger(2, epsilon_total=1.0, epsilon_per_aggregation=0.5)
+    ledger.aggregations()[0] = 7
+    np.testing.assert_array_equal(ledger.aggregations(), [0, 0])
+
+
+def test_rdp_ledger_spends_within_budget():
+    ledger = BudgetLedger(
+        3,
+        epsilon_total=1.0,
+        epsilon_per_aggregation=0.1,
+        delta_total=1e-5,
+        delta_per_aggregation=1e-6,
+        accountant="rdp",
+    )
+    assert ledger.max_aggregations > 10
+    for _ in range(ledger.max_aggregations):
+        ledger.spend([0])
+    ledger.spend([1])
+    spent = ledger.spent_epsilon()
+    assert 0.9 < spent[0] <= 1.0 + 1e-9 and spent[2] == 0.0
+    assert 0 < spent[1] <= 0.1
+    with pytest.raises(BudgetExhaustedError, match=r"peers \[0\]"):
+        ledger.spend([0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    groups=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=5, unique=True), max_size=40)
+)
+def test_ledger_matches_a_reference_count_and_never_overspends(groups):
+    ledger = BudgetLedger(10, epsilon_total=1.0, epsilon_per_aggregation=0.25)
+    reference = [0] * 10
+    for group in groups:
+        if all(reference[peer] < 4 for peer in group):
+            ledger.spend(group)
+            for peer in group:
+                reference[peer] += 1
+        else:
+            with pytest.raises(BudgetExhaustedError):
+                ledger.spend(group)
+    np.testing.assert_array_equal(ledger.aggregations(), reference)
+    assert (ledger.spent_epsilon() <= 1.0 + 1e-12).all()
+
+
+def test_ledger_scales_to_100k_peers():
+    ledger = BudgetLedger(
+        100_000,
+        epsilon_total=2.0,
+        epsilon_per_aggregation=0.2,
+        delta_total=1e-5,
+        delta_per_aggregation=1e-6,
+        accountant="rdp",
+    )
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    for _ in range(20):
+        ledger.spend(rng.choice(100_000, size=5_000, replace=False))
+    spent = ledger.spent_epsilon()
+    assert time.perf_counter() - start < 2.0
+    assert spent.shape == (100_000,) and ledger.aggregations().sum() == 100_000
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epsilon_total": 0.0}, "epsilon_total must be > 0 and finite, got 0.0"),
+        ({"epsilon_total": math.nan}, "epsilon_total .*got nan"),
+        ({"epsilon_per_aggregation": -0.1}, "epsilon_per_aggregation .*got -0.1"),
+        ({"epsilon_per_aggregation": math.inf}, "epsilon_per_aggregation .*got inf"),
+        ({"epsilon_per_aggregation": 2.0}, r"epsilon_per_aggregation must be <= .*got 2.0"),
+        ({"delta_total": 1.0}, r"delta_total must be in \[0, 1\), got 1.0"),
+        ({"delta_per_aggregation": -1e-6}, "delta_per_aggregation .*got -1e-06"),
+        ({"delta_per_aggregation": 1e-3}, "delta_per_aggregation must be <= .*got 0.001"),
+        ({"accountant": "moments"}, "accountant must be one of .*got 'moments'"),
+        (
+            {"accountant": "rdp", "delta_per_aggregation": 0.0},
+            "rdp.*delta_per_aggregation.*got 0.0",
+        ),
+        ({"n_peers": 0}, "n_peers must be an integer >= 1, got 0"),
+    ],
+)
+def test_bad_ledger_configuration_is_rejected(kwargs, message):
+    arguments = {
+        "n_peers": 4,
+        "epsilon_total": 1.0,
+        "epsilon_per_aggregation": 0.1,
+        "delta_total": 1e-5,
+        "delta_per_aggregation": 1e-6,
+    } | kwargs
+    with pytest.raises(ConfigError, match=message):
+        BudgetLedger(arguments.pop("n_peers"), **arguments)
+
+
+@pytest.mark.parametrize(
+    ("peers", "message"),
+    [
+        ([0, 0], r"distinct ids, got \[0, 0\]"),
+        ([4], r"ids in \[0, 4\), got \[4\]"),
+        ([-1], r"ids in \[0, 4\), got \[-1\]"),
+        ([0.5], r"integer ids, got \[0.5\]"),
+        ([[0, 1]], r"1-D sequence"),
+    ],
+)
+def test_bad_peer_ids_are_rejected(peers, message):
+    ledger = BudgetLedger(4, epsilon_total=1.0, epsilon_per_aggregation=0.5)
+    with pytest.raises(ConfigError, match=message):
+        ledger.spend(peers)
+    np.testing.assert_array_equal(ledger.aggregations(), [0, 0, 0, 0])
+
+
+def test_bad_composed_epsilon_counts_are_rejected():
+    with pytest.raises(ConfigError, match=r"n_aggregations must be integers >= 0, got \[-1\]"):
+        composed_epsilon([-1], epsilon_per_aggregation=0.1)
+    with pytest.raises(ConfigError, match="n_aggregations .*got 1.5"):
+        composed_epsilon(1.5, epsilon_per_aggregation=0.1)
