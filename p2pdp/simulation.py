@@ -31,7 +31,9 @@ class RunResult:
 
     Errors are fractions of misclassified test rows in [0, 1]; times are seconds (``sim_time``
     simulated, ``wall_times`` real per phase: training, simulation, evaluation); epsilon is
-    the per-peer budget actually spent under the configured accountant.
+    the per-peer budget charged under the configured accountant. ``guarantee_per_aggregation``
+    is the (epsilon, delta) one release actually guarantees: the charged epsilon for every
+    mechanism except ``seed-laplace`` (sqrt(d) times it) and ``none`` (infinite).
     """
 
     config: ScenarioConfig
@@ -51,6 +53,7 @@ class RunResult:
     messages_lost: int
     stop_reason: str
     data_dependent_bounds: bool
+    guarantee_per_aggregation: tuple[float, float]
     wall_times: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = float("nan")
 
@@ -73,6 +76,8 @@ class RunResult:
             messages_lost=self.messages_lost,
             stop_reason=self.stop_reason,
             data_dependent_bounds=self.data_dependent_bounds,
+            guaranteed_epsilon_per_aggregation=self.guarantee_per_aggregation[0],
+            guaranteed_delta_per_aggregation=self.guarantee_per_aggregation[1],
         )
         row.update({f"wall_{phase}_s": seconds for phase, seconds in self.wall_times.items()})
         return row
@@ -165,6 +170,7 @@ def simulate(
         messages_lost=transport.messages_lost,
         stop_reason=world.monitor.stop_reason,
         data_dependent_bounds=data.data_dependent_bounds,
+        guarantee_per_aggregation=mechanism.guarantee(weights.shape[1]),
         wall_times=wall,
         peak_memory_mb=peak_mb,
     )
