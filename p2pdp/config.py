@@ -265,9 +265,9 @@ class GossipConfig:
     allow_disconnected: bool = False
     view_size: int = 20
     gossip_period: float = 1.0
-    backoff: float = 2.0
+    backoff: float = 10.0
     invite_timeout: float = 0.5
-    lock_timeout: float = 2.0
+    lock_timeout: float = 5.0
     max_retries: int = 3
     churn: bool = False
     session_median: float = 60.0
@@ -363,7 +363,7 @@ class ScenarioConfig:
     """One simulated world, plus an optional sweep grid.
 
     ``sweep`` maps dotted keys (``"groups.group_size"``) to tuples of values; the cells of the
-    grid are the cartesian product (see :func:`p2pdp.experiment.grid`).
+    grid are the cartesian product (see :attr:`p2pdp.scenario.Scenario.points`).
     ``seed`` is the root of every random stream of every cell; ``repetitions`` repeats each
     cell with independent streams.
     """

@@ -105,16 +105,18 @@ def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str) -> np.nda
     """
     if vote not in VOTE_RULES:
         raise ConfigError(f"evaluation.vote must be one of {', '.join(VOTE_RULES)}; got {vote!r}")
-    own = X @ ensembles.local_weights.T
-    published = X @ ensembles.published.T
+    # Work in (peers or models) x rows orientation: contiguous operands for the sparse product.
+    rows_t = np.ascontiguousarray(X.T)
+    own = ensembles.local_weights @ rows_t
+    published = ensembles.published @ rows_t
     shared = ensembles.shared.astype(np.float64)
-    receipts_t = ensembles.receipts.T
-    margin_total = own + (published @ shared)[:, None] + published @ receipts_t
+    receipts = ensembles.receipts
+    margin_total = own + (shared @ published)[None, :] + receipts @ published
     if vote == "mean-margin":
-        return margin_total
+        return margin_total.T
     signs = np.sign(published)
-    vote_total = np.sign(own) + (signs @ shared)[:, None] + signs @ receipts_t
-    return vote_total + np.tanh(margin_total)
+    vote_total = np.sign(own) + (shared @ signs)[None, :] + receipts @ signs
+    return (vote_total + np.tanh(margin_total)).T
 
 
 def predict(scores: np.ndarray) -> np.ndarray:

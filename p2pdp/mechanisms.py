@@ -104,6 +104,11 @@ def _as_binary(name: str, values: ArrayLike) -> np.ndarray:
     return array.astype(bool)
 
 
+def _is_count(n: object) -> bool:
+    number = isinstance(n, (int, float, np.integer, np.floating)) and not isinstance(n, bool)
+    return number and math.isfinite(n) and n >= 1 and n == int(n)
+
+
 # --- sensitivity --------------------------------------------------------------------------------
 def group_sensitivity(
     shard_sizes: Sequence[int] | np.ndarray, lam: float, *, mode: str = "group-mean"
@@ -130,17 +135,18 @@ def group_sensitivity(
     float
         ``Delta_2`` in the same units as the model weights.
     """
-    sizes = np.asarray(shard_sizes, dtype=float)
-    if sizes.ndim != 1 or sizes.size == 0:
+    # Plain Python on the (short) list: this runs once per aggregation in the simulator.
+    sizes = shard_sizes.tolist() if isinstance(shard_sizes, np.ndarray) else list(shard_sizes)
+    if not sizes or any(isinstance(n, (list, tuple)) for n in sizes):
         raise ConfigError(f"shard_sizes must be a non-empty 1-D sequence, got {shard_sizes!r}")
-    if not (np.isfinite(sizes).all() and (sizes >= 1).all() and (sizes == np.round(sizes)).all()):
+    if not all(_is_count(n) for n in sizes):
         raise ConfigError(f"shard_sizes must be integers >= 1, got {shard_sizes!r}")
     lam = require_positive("lam", lam)
-    pathak = 2.0 / (sizes.min() * lam)
+    pathak = 2.0 / (min(sizes) * lam)
     if mode == "pathak":
         return pathak
     if mode == "group-mean":
-        return pathak / sizes.size
+        return pathak / len(sizes)
     raise ConfigError(f"mode must be one of {SENSITIVITY_MODES}, got {mode!r}")
 
 
