@@ -162,15 +162,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario, args.overrides)
     out = args.out or default_out_dir(scenario)
-    summary = run_experiment(
-        scenario,
-        out,
-        jobs=args.jobs,
-        scheduler=args.scheduler,
-        resume=args.resume,
-        force=args.force,
-        progress=sys.stderr,
-    )
+    try:
+        summary = run_experiment(
+            scenario,
+            out,
+            jobs=args.jobs,
+            scheduler=args.scheduler,
+            resume=args.resume,
+            force=args.force,
+            progress=sys.stderr,
+        )
+    except KeyboardInterrupt:
+        print(f"\np2pdp: interrupted; finish with --resume --out {out}", file=sys.stderr)
+        return 130
     print(
         f"{summary.cells} cells ({summary.run} run, {summary.skipped} already done) in "
         f"{summary.seconds:.1f} s; results in {summary.directory}"

@@ -1,0 +1,145 @@
+"""Cells, task planning (shared training), backends giving identical rows, the `run` command."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from dask.distributed import LocalCluster
+
+from p2pdp import experiment
+from p2pdp.cli import main
+from p2pdp.errors import ConfigError
+from p2pdp.pipeline import training_key
+from p2pdp.results import read_results
+from p2pdp.scenario import load_scenario, parse_scenario
+
+TINY = """
+name = "tiny"
+seed = 7
+
+[data]
+dataset = "synthetic"
+synthetic_rows = 300
+synthetic_test_rows = 100
+synthetic_features = 5
+
+[partition]
+n_peers = 10
+
+[evaluation]
+cv_folds = 3
+
+[sweep]
+"groups.group_size" = [2, 5]
+"publication.mode" = ["group", "full"]
+"""
+
+
+def without_timing(rows):
+    return [{k: v for k, v in row.items() if not k.startswith("wall_")} for row in rows]
+
+
+def test_cells_cover_points_folds_and_repetitions():
+    scenario = parse_scenario(TINY, overrides=["repetitions=2"])
+    cells = experiment.make_cells(scenario)
+    assert len(cells) == 4 * 3 * 2
+    assert [c.cell_id for c in cells] == sorted(c.cell_id for c in cells)  # ids sort in grid order
+    assert cells[0].cell_id == "p0-f0-r0" and cells[-1].cell_id == "p3-f2-r1"
+    assert {(c.point, c.fold, c.repetition) for c in cells} == {
+        (p, f, r) for p in range(4) for f in range(3) for r in range(2)
+    }
+
+
+def test_seed_experiment_has_560_cells_in_10_shared_trainings():
+    cells = experiment.make_cells(load_scenario("spambase_group_vs_full"))
+    assert len(cells) == 560
+    tasks = experiment.plan_tasks(cells, workers=2)
+    assert sorted(len(task) for task in tasks) == [56] * 10
+    for task in tasks:
+        keys = {training_key(c.config, fold=c.fold, repetition=c.repetition) for c in task}
+        assert len(keys) == 1
+
+
+def test_groups_are_split_when_fewer_than_workers():
+    cells = experiment.make_cells(load_scenario("adult_group_vs_full", ["repetitions=1"]))
+    tasks = experiment.plan_tasks(cells, workers=3)
+    assert len(tasks) == 3
+    assert sorted(c.cell_id for task in tasks for c in task) == sorted(c.cell_id for c in cells)
+
+
+def test_a_task_trains_once(monkeypatch):
+    calls = []
+    original = experiment.prepare_peers
+
+    def counting(config, **kwargs):
+        calls.append(kwargs)
+        return original(config, **kwargs)
+
+    monkeypatch.setattr(experiment, "prepare_peers", counting)
+    cells = experiment.make_cells(parse_scenario(TINY))
+    task = experiment.plan_tasks(cells, workers=1)[0]
+    records = experiment.run_task(task)
+    assert len(calls) == 1 and len(records) == len(task) == 4
+    assert [r.row["cell_id"] for r in records] == [c.cell_id for c in task]
+    assert records[0].roc_tpr.shape == (101,)
+
+
+def test_backends_give_identical_rows(tmp_path):
+    """In-process, 2 local processes, Dask LocalCluster with threads and with processes."""
+    scenario = parse_scenario(TINY)
+    experiment.run_experiment(scenario, tmp_path / "inproc", jobs=1)
+    reference = without_timing(read_results(tmp_path / "inproc"))
+    assert len(reference) == 12
+    experiment.run_experiment(scenario, tmp_path / "procs", jobs=2)
+    assert without_timing(read_results(tmp_path / "procs")) == reference
+    for processes in (False, True):
+        with LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=processes, dashboard_address=None
+        ) as cluster:
+            out = tmp_path / f"dask-{processes}"
+            experiment.run_experiment(scenario, out, scheduler=cluster.scheduler_address)
+        assert without_timing(read_results(out)) == reference
+    assert (tmp_path / "inproc" / "roc.csv").read_text() == (
+        tmp_path / "procs" / "roc.csv"
+    ).read_text()
+
+
+def test_unreachable_scheduler_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiment, "SCHEDULER_TIMEOUT_S", 0.5)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="cannot reach the Dask scheduler"):
+        experiment.run_experiment(parse_scenario(TINY), out, scheduler="tcp://127.0.0.1:1")
+    assert not out.exists()
+
+
+def test_bad_jobs(tmp_path):
+    with pytest.raises(ConfigError, match="--jobs must be an integer >= 1, got 0"):
+        experiment.run_experiment(parse_scenario(TINY), tmp_path, jobs=0)
+    assert not list(tmp_path.iterdir())
+
+
+def test_progress_lines_without_a_tty(tmp_path):
+    stream = io.StringIO()
+    experiment.run_experiment(parse_scenario(TINY), tmp_path, jobs=1, progress=stream)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3  # one per finished task (one per fold)
+    assert lines[-1].startswith("p2pdp run: 12/12 cells") and "cells/s" in lines[-1]
+
+
+def test_quickstart_end_to_end(tmp_path, real_data_home, capsys):
+    out = tmp_path / "quick"
+    argv = ["run", "quickstart", "--out", str(out), "--jobs", "2", "--set", "evaluation.folds=[0]"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "8 cells (8 run, 0 already done)" in printed
+    rows = read_results(out)
+    assert len(rows) == 8
+    assert {row["groups.group_size"] for row in rows} == {"5", "25"}
+    assert all(0.0 <= float(row["mean_error"]) <= 1.0 for row in rows)
+    assert (out / "report.md").exists() and (out / "error_vs_group_size.png").exists()
+    # the same folder again: refused without --resume, nothing to do with it
+    assert main(argv) == 2
+    assert "use --resume" in capsys.readouterr().err
+    assert main([*argv, "--resume"]) == 0
+    assert "0 run, 8 already done" in capsys.readouterr().out
