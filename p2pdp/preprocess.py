@@ -51,6 +51,9 @@ def _signed_log1p(X: np.ndarray) -> np.ndarray:
     return np.sign(X) * np.log1p(np.abs(X))
 
 
+_ROW_BLOCK = 65_536  # rows transformed at a time
+
+
 def _as_finite_matrix(X: np.ndarray, name: str) -> np.ndarray:
     """``X`` as a float64 2-D array with at least one row and only finite values."""
     X = np.asarray(X, dtype=np.float64)
@@ -165,14 +168,18 @@ class Preprocessor:
                 steps=self.steps, n_features_in=shape[1], low=low, high=high, data_dependent=False
             )
         X = _as_finite_matrix(X_train, "X_train")
-        if "log1p" in self.steps:
-            X = _signed_log1p(X)
         has_minmax = "minmax" in self.steps
+        low = high = None
+        if has_minmax:
+            low, high = X.min(axis=0), X.max(axis=0)
+            if "log1p" in self.steps:  # monotone: the bounds of log1p(X) are log1p of X's
+                low, high = _signed_log1p(low), _signed_log1p(high)
+            low, high = _read_only(low), _read_only(high)
         return FittedPreprocessor(
             steps=self.steps,
             n_features_in=X.shape[1],
-            low=_read_only(X.min(axis=0)) if has_minmax else None,
-            high=_read_only(X.max(axis=0)) if has_minmax else None,
+            low=low,
+            high=high,
             data_dependent=has_minmax,
         )
 
@@ -218,11 +225,19 @@ class FittedPreprocessor:
         ndarray of shape (n, n_features_out), float64
             Every row has L2 norm <= 1 (up to rounding, ~1e-16).
         """
-        Z = _as_finite_matrix(X, "X")
-        if Z.shape[1] != self.n_features_in:
+        X = _as_finite_matrix(X, "X")
+        if X.shape[1] != self.n_features_in:
             raise ConfigError(
-                f"X must have {self.n_features_in} columns like the training rows, got {Z.shape[1]}"
+                f"X must have {self.n_features_in} columns like the training rows, got {X.shape[1]}"
             )
+        # Row blocks into one output array: peak memory is the input, the output and one block.
+        out = np.empty((X.shape[0], self.n_features_out))
+        for start in range(0, X.shape[0], _ROW_BLOCK):
+            rows = slice(start, start + _ROW_BLOCK)
+            out[rows] = self._transform_rows(X[rows])
+        return out
+
+    def _transform_rows(self, Z: np.ndarray) -> np.ndarray:
         if "log1p" in self.steps:
             Z = _signed_log1p(Z)
         if "minmax" in self.steps:
