@@ -43,6 +43,7 @@ METHODS: tuple[str, ...] = ("auto", "batched", "per_peer")
 #: ``method="auto"`` solves shards of at least this many rows one peer at a time: from about
 #: 2,000 rows per peer batching stopped paying (``benchmarks/bench_local_training.py``).
 PER_PEER_MIN_ROWS = 2048
+GRADIENT_TOLERANCE = 1e-9  # default bound on every peer's ||grad J_j||, see group_sensitivity
 #: Memory one batch of peers may use (rows, Gram or Hessian matrices, temporaries), in bytes.
 #: Larger batches amortise Python overhead but leave the cache; 16 MiB was fastest from 40 to
 #: 4,000 rows per peer (2-core machine, d = 58).
@@ -295,7 +296,7 @@ def fit_local_models(
     shards: Sequence[np.ndarray],
     lam: float,
     *,
-    tol: float = 1e-9,
+    tol: float = GRADIENT_TOLERANCE,
     max_iter: int = 50,
     method: str = "auto",
     chunk_size: int | None = None,

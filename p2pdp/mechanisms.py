@@ -111,7 +111,11 @@ def _is_count(n: object) -> bool:
 
 # --- sensitivity --------------------------------------------------------------------------------
 def group_sensitivity(
-    shard_sizes: Sequence[int] | np.ndarray, lam: float, *, mode: str = "group-mean"
+    shard_sizes: Sequence[int] | np.ndarray,
+    lam: float,
+    *,
+    mode: str = "group-mean",
+    gradient_tolerance: float = 0.0,
 ) -> float:
     """L2 sensitivity of a group's average of exact L2-regularised logistic-regression models.
 
@@ -129,6 +133,12 @@ def group_sensitivity(
         ``"group-mean"`` (default): ``2 / (K * n_min * lam)``, the sensitivity of the average.
         ``"pathak"``: ``2 / (n_min * lam)``, the seed's (Pathak et al. 2010) bound: valid but
         ``K`` times larger, i.e. ``K`` times more noise than needed.
+    gradient_tolerance : float
+        Bound ``tau >= 0`` on the gradient norm every local model was solved to. A model with
+        ``||grad J|| <= tau`` lies within ``tau / lam`` of the exact minimiser (lambda-strong
+        convexity), so a released model moves by at most ``2 (1/n_j + tau) / lam`` and the
+        bounds above become ``2 (1/n_min + tau) / (K lam)`` and ``2 (1/n_min + tau) / lam``.
+        The simulator passes the solver's tolerance (1e-9): a negligible, honest correction.
 
     Returns
     -------
@@ -142,7 +152,9 @@ def group_sensitivity(
     if not all(_is_count(n) for n in sizes):
         raise ConfigError(f"shard_sizes must be integers >= 1, got {shard_sizes!r}")
     lam = require_positive("lam", lam)
-    pathak = 2.0 / (min(sizes) * lam)
+    if not (math.isfinite(gradient_tolerance) and gradient_tolerance >= 0):
+        raise ConfigError(f"gradient_tolerance must be >= 0 and finite, got {gradient_tolerance!r}")
+    pathak = 2.0 * (1.0 / min(sizes) + gradient_tolerance) / lam
     if mode == "pathak":
         return pathak
     if mode == "group-mean":

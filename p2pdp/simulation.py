@@ -19,6 +19,7 @@ import numpy as np
 from p2pdp.config import ScenarioConfig, flat_settings
 from p2pdp.errors import ConfigError, PrivacyWarning
 from p2pdp.evaluation import Metrics, build_ensembles, evaluate_ensembles, linear_error
+from p2pdp.learning import GRADIENT_TOLERANCE
 from p2pdp.mechanisms import make_mechanism
 from p2pdp.pipeline import TrainedPeers, prepare_peers
 from p2pdp.rng import generator
@@ -115,6 +116,11 @@ def simulate(
     if trained is None:
         trained = prepare_peers(config, fold=fold, repetition=repetition)
     wall["training"] = time.perf_counter() - start
+    worst = float(trained.models.grad_norms.max())
+    if worst > GRADIENT_TOLERANCE:  # the sensitivity bound assumes it
+        raise ConfigError(
+            f"local models must be solved to gradient norm <= {GRADIENT_TOLERANCE}, got {worst}"
+        )
 
     start = time.perf_counter()
     privacy = config.privacy

@@ -403,3 +403,14 @@ def test_bad_sample_arguments_are_rejected(call, message):
 def test_bad_arguments_name_parameter_and_value(call, message):
     with pytest.raises(ConfigError, match=message):
         call()
+
+
+def test_group_sensitivity_adds_the_solver_tolerance():
+    from p2pdp.mechanisms import group_sensitivity
+
+    exact = group_sensitivity([40, 50], 0.01)
+    assert exact == pytest.approx(2 / (2 * 40 * 0.01))
+    slack = group_sensitivity([40, 50], 0.01, gradient_tolerance=1e-3)
+    assert slack == pytest.approx(2 * (1 / 40 + 1e-3) / (2 * 0.01))
+    with pytest.raises(ConfigError, match="gradient_tolerance"):
+        group_sensitivity([40], 0.01, gradient_tolerance=-1.0)

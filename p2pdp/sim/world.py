@@ -30,6 +30,7 @@ import simpy
 
 from p2pdp.accounting import BudgetLedger
 from p2pdp.config import ScenarioConfig
+from p2pdp.learning import GRADIENT_TOLERANCE
 from p2pdp.mechanisms import Mechanism, group_sensitivity
 from p2pdp.secure_aggregation import draw_noise_shares, secure_noisy_mean
 from p2pdp.sim.transport import HEADER_BYTES, Transport, model_bytes
@@ -332,7 +333,10 @@ class World:
 
         With secure aggregation it instead sends one additive share of its noisy, fixed-point
         encoded contribution to every other member (:mod:`p2pdp.secure_aggregation`).
+        An offline (crashed) member sends nothing.
         """
+        if not self.online[member]:
+            return
         if self.config.privacy.secure_aggregation:
             others = [m for m in group.members.tolist() if m != member]
             for other in others:
@@ -467,7 +471,10 @@ def curator_process(world: World, group: Group):
         return
     privacy = world.config.privacy
     sensitivity = group_sensitivity(
-        group.sizes, world.config.training.lam, mode=privacy.sensitivity
+        group.sizes,
+        world.config.training.lam,
+        mode=privacy.sensitivity,
+        gradient_tolerance=GRADIENT_TOLERANCE,
     )
     world.ledger.check(group.members)  # before any noise is drawn
     if privacy.secure_aggregation:
