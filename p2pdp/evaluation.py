@@ -157,12 +157,10 @@ def evaluate_ensembles(ensembles: Ensembles, X: np.ndarray, y: np.ndarray, *, vo
     """Per-peer errors, pooled confusion matrix, and the best peer's ROC, in row chunks."""
     y = np.asarray(y)
     n_rows, n_peers = X.shape[0], ensembles.n_peers
-    chunk = max(1, _CHUNK_ELEMENTS // (n_peers + ensembles.published.shape[0] + 1))
     wrong = np.zeros(n_peers, dtype=np.int64)
     predicted_positive_on_pos = 0
     predicted_positive_on_neg = 0
-    for start in range(0, n_rows, chunk):
-        rows = slice(start, start + chunk)
+    for rows in _row_blocks(n_rows, n_peers + ensembles.published.shape[0]):
         scores = ensemble_scores(ensembles, X[rows], vote=vote)
         labels = predict(scores)
         truth = y[rows][:, None]
@@ -181,10 +179,12 @@ def evaluate_ensembles(ensembles: Ensembles, X: np.ndarray, y: np.ndarray, *, vo
     )
     errors = wrong / n_rows
     best = int(np.argmin(errors))
-    if chunk >= n_rows:  # one chunk held every row: reuse its scores
+    if scores.shape[0] == n_rows:  # one block held every row: reuse its scores
         best_scores = scores[:, best]
     else:
-        best_scores = ensemble_scores(_one_peer(ensembles, best), X, vote=vote)[:, 0]
+        one = _one_peer(ensembles, best)
+        blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
+        best_scores = np.concatenate([ensemble_scores(one, X[r], vote=vote)[:, 0] for r in blocks])
     if len(np.unique(y)) == 2:
         fpr, tpr, _ = roc_curve(y, best_scores, pos_label=1)
         area = float(auc(fpr, tpr))
@@ -193,6 +193,12 @@ def evaluate_ensembles(ensembles: Ensembles, X: np.ndarray, y: np.ndarray, *, vo
     return Metrics(
         errors=errors, confusion=confusion, best_peer=best, roc_fpr=fpr, roc_tpr=tpr, auc=area
     )
+
+
+def _row_blocks(n_rows: int, width: int) -> list[slice]:
+    """Row slices such that a block times ``width`` columns stays under ``_CHUNK_ELEMENTS``."""
+    block = max(1, _CHUNK_ELEMENTS // (width + 1))
+    return [slice(start, start + block) for start in range(0, n_rows, block)]
 
 
 def _one_peer(ensembles: Ensembles, peer: int) -> Ensembles:
@@ -205,6 +211,14 @@ def _one_peer(ensembles: Ensembles, peer: int) -> Ensembles:
 
 
 def linear_error(weights: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Test error of each linear model in ``weights`` (m, d) alone: (m,) fractions."""
-    labels = np.where(X @ np.atleast_2d(weights).T >= 0, 1, -1)
-    return (labels != np.asarray(y)[:, None]).mean(axis=0)
+    """Test error of each linear model in ``weights`` (m, d) alone: (m,) fractions.
+
+    Computed in blocks of models, so memory stays bounded for 100,000 local models.
+    """
+    weights = np.atleast_2d(weights)
+    y = np.asarray(y)
+    errors = np.empty(weights.shape[0])
+    for models in _row_blocks(weights.shape[0], X.shape[0]):
+        labels = np.where(weights[models] @ X.T >= 0, 1, -1)
+        errors[models] = (labels != y[None, :]).mean(axis=1)
+    return errors

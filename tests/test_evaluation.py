@@ -72,6 +72,8 @@ def test_chunked_evaluation_equals_single_chunk(monkeypatch):
     chunked = evaluate_ensembles(ensembles, X, y, vote="majority")
     np.testing.assert_array_equal(whole.errors, chunked.errors)
     np.testing.assert_array_equal(whole.confusion, chunked.confusion)
+    np.testing.assert_allclose(chunked.roc_tpr, whole.roc_tpr)  # best peer scored in blocks
+    assert chunked.auc == pytest.approx(whole.auc)
 
 
 def test_majority_tie_uses_margin():
@@ -117,3 +119,12 @@ def test_linear_error():
     X = np.array([[1.0], [-1.0], [2.0]])
     y = np.array([1, -1, -1])
     np.testing.assert_allclose(linear_error(np.array([[1.0], [-1.0]]), X, y), [1 / 3, 2 / 3])
+
+
+def test_linear_error_in_blocks_equals_one_block(monkeypatch):
+    rng = np.random.default_rng(5)
+    weights, X = rng.normal(size=(23, 4)), rng.normal(size=(17, 4))
+    y = np.where(rng.random(17) < 0.5, 1, -1)
+    whole = linear_error(weights, X, y)
+    monkeypatch.setattr("p2pdp.evaluation._CHUNK_ELEMENTS", 40)
+    np.testing.assert_array_equal(linear_error(weights, X, y), whole)
