@@ -7,6 +7,7 @@ lifting is in the package modules, the CLI only parses, calls and prints.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -221,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except P2PDPError as exc:
         print(f"p2pdp: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `p2pdp datasets list | head -1`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ Protocol of one aggregation (the seed's Algorithms 1 and 2, with DESIGN.md's fix
 2. A member that receives ``ASSIGN`` sends its local model and shard size to the curator.
    (With secure aggregation, members exchange additive shares instead and the curator only
    receives partial sums; see :mod:`p2pdp.secure_aggregation`.)
-3. The :func:`curator` process waits until all ``g`` models arrived (or ``collect_timeout``
+3. The :func:`curator_process` waits until all ``g`` models arrived (or ``collect_timeout``
    passes: the group is aborted and nobody is charged, since nothing was released), averages
    them, calibrates the noise on the group's sensitivity, **checks** every member's budget,
    draws the noise, releases the model and **spends** every member's budget.

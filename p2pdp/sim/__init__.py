@@ -1,0 +1,1 @@
+"""SimPy orchestration: the transport and the world of peers, samplers and curators."""
