@@ -99,7 +99,9 @@ def run_isolated(dataset: str, peers: int, group_size: int, publication: str) ->
     """One configuration in a fresh process, so peak memory is its own."""
     context = mp.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_child, args=((dataset, peers, group_size, publication), queue))
+    process = context.Process(
+        target=_child, args=((dataset, peers, group_size, publication), queue)
+    )
     process.start()
     result = queue.get()
     process.join()
