@@ -31,10 +31,11 @@ class RunResult:
     """Outcome of one simulated run (one fold, one repetition).
 
     Errors are fractions of misclassified test rows in [0, 1]; times are seconds (``sim_time``
-    simulated, ``wall_times`` real per phase: training, simulation, evaluation); epsilon is
-    the per-peer budget charged under the configured accountant. ``guarantee_per_aggregation``
-    is the (epsilon, delta) one release actually guarantees: the charged epsilon for every
-    mechanism except ``seed-laplace`` (sqrt(d) times it) and ``none`` (infinite).
+    simulated, until the last group finished; ``wall_times`` real per phase: training,
+    simulation, evaluation); epsilon is the per-peer budget charged under the configured
+    accountant. ``guarantee_per_aggregation`` is the (epsilon, delta) one release actually
+    guarantees: the charged epsilon for every mechanism except ``seed-laplace`` (sqrt(d)
+    times it) and ``none`` (infinite).
     """
 
     config: ScenarioConfig
@@ -170,7 +171,7 @@ def simulate(
         aggregations_per_peer=world.ledger.aggregations(),
         epsilon_spent=world.ledger.spent_epsilon(),
         ensemble_sizes=ensembles.sizes(),
-        sim_time=float(world.env.now),
+        sim_time=world.monitor.end_time,
         messages_sent=int(transport.messages_sent.sum() + transport.control_messages),
         bytes_sent=int(transport.bytes_sent.sum()),
         messages_lost=transport.messages_lost,

@@ -176,7 +176,9 @@ class CentralSampler:
         limit = world.config.groups.max_concurrent_groups
         max_failed = world.config.groups.max_failed_attempts
         while True:
-            while self.in_flight < limit and len(self.pool) >= g:
+            while (
+                self.in_flight < limit and len(self.pool) >= g and self.failed_in_a_row < max_failed
+            ):
                 members = self._draw_group(g)
                 curator = int(members[int(self._uniform() * g)])
                 self.in_flight += 1
