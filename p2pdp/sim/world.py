@@ -66,39 +66,23 @@ class Group:
     partials: int = 0  # secure aggregation: partial sums the curator holds
 
 
-class Inbox:
-    """A peer's inbox. Delivery events call :meth:`put`, which hands the message to the peer.
-
-    Messages are handled when their delivery event fires (an actor served by the event loop)
-    instead of through a :class:`simpy.Store` and a waiting process: one event per message
-    instead of three, which is what lets 100,000 peers run in minutes.
-    """
-
-    __slots__ = ("peer",)
-
-    def __init__(self, peer: Peer) -> None:
-        self.peer = peer
-
-    def put(self, message: Message) -> None:
-        self.peer.receive(message)
-
-
 class Peer:
-    """A peer: holds its model and shard size, and reacts to the messages in its inbox.
+    """A peer: reacts to the messages delivered to it.
 
-    The peer's budget lives in the shared, vectorised :class:`BudgetLedger` (row ``peer_id``)
-    and its ensemble in the world's receipt log; both are read only through this peer's id.
-    A peer with simulated training time runs a SimPy process that makes it available to the
-    group sampler only when its training is done.
+    A message is handled when its delivery event fires (:meth:`receive`, an actor served by
+    the event loop) rather than through a :class:`simpy.Store` and a waiting process: one
+    event per message instead of three, which is what lets 100,000 peers run in a minute.
+    The peer's model and shard size are row ``peer_id`` of the world's arrays, its budget row
+    ``peer_id`` of the shared, vectorised :class:`BudgetLedger`, and its ensemble the world's
+    receipt log. A peer with simulated training time runs a SimPy process that makes it
+    available to the group sampler only when its training is done.
     """
 
-    __slots__ = ("inbox", "peer_id", "shard_size", "world")
+    __slots__ = ("peer_id", "world")
 
-    def __init__(self, world: World, peer_id: int, shard_size: int, ready_at: float) -> None:
+    def __init__(self, world: World, peer_id: int, ready_at: float) -> None:
         self.world = world
         self.peer_id = peer_id
-        self.shard_size = shard_size
-        self.inbox = Inbox(self)
         if ready_at > 0:
             world.env.process(self.train(ready_at))
 
@@ -304,9 +288,7 @@ class World:
         self.receipts: list[tuple[int, int]] = []
         self._next_group = 0
         ready_at = self.shard_sizes * config.training.seconds_per_row
-        self.peers = [
-            Peer(self, j, int(self.shard_sizes[j]), float(ready_at[j])) for j in range(n_peers)
-        ]
+        self.peers = [Peer(self, j, float(ready_at[j])) for j in range(n_peers)]
         ready = np.flatnonzero(ready_at <= 0).tolist() if self.ledger.max_aggregations else []
         self.sampler.start(ready, int(np.count_nonzero(ready_at > 0)))
 
@@ -324,7 +306,7 @@ class World:
         for member in members.tolist():
             if announce:
                 message = Message(ASSIGN, SAMPLER, group.group_id, group)
-                self.transport.send(SAMPLER, self.peers[member].inbox.put, message, HEADER_BYTES)
+                self.transport.send(SAMPLER, self.peers[member].receive, message, HEADER_BYTES)
             else:
                 self.submit(member, group)
         self.env.process(curator_process(self, group))
@@ -343,7 +325,7 @@ class World:
             others = [m for m in group.members.tolist() if m != member]
             for other in others:
                 message = Message(SHARE, member, group.group_id)
-                self.transport.send(member, self.peers[other].inbox.put, message, self.model_bytes)
+                self.transport.send(member, self.peers[other].receive, message, self.model_bytes)
             if not others:  # a group of one: its own contribution is its partial sum
                 self._partial_ready(member, group)
             return
@@ -356,8 +338,8 @@ class World:
         if member == group.curator:  # the curator holds its own model: no message
             self.receive_submission(reply)
         else:
-            curator_inbox = self.peers[group.curator].inbox
-            self.transport.send(member, curator_inbox.put, reply, self.model_bytes)
+            curator = self.peers[group.curator]
+            self.transport.send(member, curator.receive, reply, self.model_bytes)
 
     def receive_submission(self, message: Message) -> None:
         group = self.groups.get(message.group)
@@ -386,7 +368,7 @@ class World:
         else:
             message = Message(PARTIAL, member, group.group_id)
             self.transport.send(
-                member, self.peers[group.curator].inbox.put, message, self.model_bytes
+                member, self.peers[group.curator].receive, message, self.model_bytes
             )
 
     def receive_partial(self, message: Message) -> None:
@@ -420,7 +402,7 @@ class World:
                 continue
             message = Message(PUBLISH, group.curator, group.group_id, index)
             self.transport.send(
-                group.curator, self.peers[member].inbox.put, message, self.model_bytes
+                group.curator, self.peers[member].receive, message, self.model_bytes
             )
 
     def secure_release(self, group: Group, sensitivity: float) -> np.ndarray:
