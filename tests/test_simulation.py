@@ -35,6 +35,7 @@ def synthetic(
     mode="full",
     rows=400,
     mechanism="vector-laplace",
+    secure_aggregation=False,
     seed=1,
     **sections,
 ) -> ScenarioConfig:
@@ -43,7 +44,10 @@ def synthetic(
         data=DataConfig(dataset="synthetic", synthetic_rows=rows, synthetic_test_rows=200),
         partition=PartitionConfig(n_peers=n_peers),
         privacy=PrivacyConfig(
-            epsilon=epsilon, epsilon_per_aggregation=epsilon_per_aggregation, mechanism=mechanism
+            epsilon=epsilon,
+            epsilon_per_aggregation=epsilon_per_aggregation,
+            mechanism=mechanism,
+            secure_aggregation=secure_aggregation,
         ),
         groups=sections.pop("groups", GroupsConfig(group_size=group_size)),
         publication=PublicationConfig(mode=mode),
@@ -236,14 +240,14 @@ def test_secure_aggregation_matches_plaintext_and_counts_its_messages(monkeypatc
     monkeypatch.setattr(world_module.World, "publish", record)
     results = {}
     for secure in (False, True):
-        config = synthetic(n_peers=12, group_size=4, epsilon=1.0, epsilon_per_aggregation=0.5)
-        config = dataclasses.replace(
-            config,
-            privacy=PrivacyConfig(
-                epsilon=1.0, epsilon_per_aggregation=0.5, mechanism="none",
-                secure_aggregation=secure,
-            ),
-        )  # fmt: skip
+        config = synthetic(
+            n_peers=12,
+            group_size=4,
+            epsilon=1.0,
+            epsilon_per_aggregation=0.5,
+            mechanism="none",
+            secure_aggregation=secure,
+        )
         results[secure] = simulate(config)
     plain, secure = results[False], results[True]
     assert plain.aggregations == secure.aggregations == 6
@@ -263,16 +267,13 @@ def test_secure_aggregation_rejects_unsplittable_noise():
 def test_secure_aggregation_under_loss_never_overcharges():
     config = synthetic(
         n_peers=20,
+        epsilon=1.0,
+        epsilon_per_aggregation=0.25,
+        mechanism="coordinate-laplace",
+        secure_aggregation=True,
         groups=GroupsConfig(group_size=4, max_failed_attempts=1000),
         network=NetworkConfig(loss=0.05),
     )
-    config = dataclasses.replace(
-        config,
-        privacy=PrivacyConfig(
-            epsilon=1.0, epsilon_per_aggregation=0.25, mechanism="coordinate-laplace",
-            secure_aggregation=True,
-        ),
-    )  # fmt: skip
     result = simulate(config)
     assert result.aborted_groups > 0 and result.aggregations > 0
     assert result.aggregations_per_peer.sum() == 4 * result.aggregations
