@@ -23,17 +23,16 @@ into the epsilon spent, at ``delta_total``:
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
 from p2pdp.errors import BudgetExhaustedError, ConfigError
-from p2pdp.mechanisms import (
-    analytic_gaussian_sigma,
-    require_count,
-    require_positive,
-    require_probability,
-)
+from p2pdp.events import EpsilonDeltaEvent, GaussianEvent, PrivacyEvent
+from p2pdp.mechanisms import analytic_gaussian_sigma
+from p2pdp.validation import require_count, require_positive, require_probability
 
 ACCOUNTANTS: tuple[str, ...] = ("basic", "rdp")
 
@@ -81,6 +80,131 @@ def _validate_step(
     return eps_step, delta_total, delta_step
 
 
+def _counts(n_aggregations: int | np.ndarray) -> np.ndarray:
+    counts = np.asarray(n_aggregations)
+    if counts.size and not (np.issubdtype(counts.dtype, np.integer) and counts.min() >= 0):
+        raise ConfigError(f"n_aggregations must be integers >= 0, got {n_aggregations!r}")
+    return counts
+
+
+# --- accountants ----------------------------------------------------------------------------------
+class Accountant(ABC):
+    """How a peer's releases compose into the ``(epsilon, delta)`` it has spent.
+
+    Protocol of the ``accountant`` component kind (``privacy.accountant``). An accountant is
+    stateless: the :class:`BudgetLedger` counts releases per peer (every release of a run is
+    the same :class:`~p2pdp.events.PrivacyEvent`, declared by the run's mechanism) and asks
+    the accountant for the epsilon that ``k`` such releases cost at the peer's ``delta_total``.
+
+    Implement :meth:`supports` and :meth:`composed_epsilon`; the epsilon must be a valid
+    upper bound (an accountant may only err towards spending more) and increase with ``k``.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def supports(self, event: PrivacyEvent) -> bool:
+        """Whether this accountant can compose ``event``."""
+
+    @abstractmethod
+    def composed_epsilon(
+        self, event: PrivacyEvent, counts: np.ndarray, *, delta_total: float
+    ) -> np.ndarray:
+        """Epsilon at ``delta_total`` after ``counts`` releases of ``event`` (any int shape).
+
+        Returns floats of the same shape: 0 where the count is 0, ``inf`` where no epsilon
+        is valid at ``delta_total``.
+        """
+
+    def check(self, event: PrivacyEvent) -> None:
+        """ConfigError unless :meth:`supports` ``event``."""
+        if event.private and not self.supports(event):
+            raise ConfigError(
+                f"privacy.accountant = {self.name!r} cannot compose {type(event).__name__} "
+                f"releases; got {event!r}"
+            )
+
+
+class BasicAccountant(Accountant):
+    """Sequential composition: ``k`` releases of an ``(eps, delta)`` event cost ``k`` times that.
+
+    Composes every private event through its ``(epsilon, delta)`` guarantee; ``inf`` once
+    ``k delta`` exceeds ``delta_total``.
+    """
+
+    name: ClassVar[str] = "basic"
+
+    def supports(self, event: PrivacyEvent) -> bool:
+        return True
+
+    def composed_epsilon(self, event, counts, *, delta_total):
+        counts = _counts(counts)
+        if not event.private:
+            return np.where(counts == 0, 0.0, math.inf)
+        eps_step, delta_step = event.epsilon_delta()
+        unique, inverse = np.unique(counts, return_inverse=True)
+        steps = unique.astype(float)
+        within_delta = steps * delta_step <= delta_total * (1 + BUDGET_TOLERANCE)
+        spent = np.where(within_delta, steps * eps_step, math.inf)
+        spent = np.where(unique == 0, 0.0, spent)
+        return spent[inverse].reshape(counts.shape)
+
+
+class RdpAccountant(BasicAccountant):
+    """Renyi DP of the Gaussian mechanism, converted to ``(epsilon, delta_total)``.
+
+    ``k`` Gaussian releases with noise multiplier ``z`` (read from the
+    :class:`~p2pdp.events.GaussianEvent`) are ``(alpha, k alpha / (2 z^2))``-RDP for every
+    order ``alpha > 1``, converted with ``eps = rdp + log((alpha-1)/alpha) - (log delta +
+    log alpha)/(alpha-1)`` (Canonne, Kamath & Steinke 2020; Balle et al. 2020) minimised over
+    :data:`RDP_ORDERS`; the basic bound is used where it is smaller (both are valid).
+    """
+
+    name: ClassVar[str] = "rdp"
+
+    def supports(self, event: PrivacyEvent) -> bool:
+        return isinstance(event, GaussianEvent)
+
+    def composed_epsilon(self, event, counts, *, delta_total):
+        counts = _counts(counts)
+        basic = super().composed_epsilon(event, counts, delta_total=delta_total)
+        if not event.private:
+            return basic
+        self.check(event)
+        unique, inverse = np.unique(counts, return_inverse=True)
+        alpha = RDP_ORDERS
+        conversion = np.log1p(-1.0 / alpha) - (math.log(delta_total) + np.log(alpha)) / (alpha - 1)
+        rdp = unique.astype(float)[:, None] * alpha / (2.0 * event.noise_multiplier**2)
+        spent = np.maximum((rdp + conversion).min(axis=1), 0.0)
+        spent = np.where(unique == 0, 0.0, spent)[inverse].reshape(counts.shape)
+        return np.minimum(basic, spent)
+
+
+_ACCOUNTANTS: dict[str, Accountant] = {"basic": BasicAccountant(), "rdp": RdpAccountant()}
+
+
+def make_accountant(accountant: str | Accountant) -> Accountant:
+    """An accountant instance from a registered name, an import string or an instance."""
+    if isinstance(accountant, Accountant):
+        return accountant
+    if accountant in _ACCOUNTANTS:
+        return _ACCOUNTANTS[accountant]
+    from p2pdp.components import resolve
+
+    target = resolve("accountant", accountant, key="privacy.accountant")
+    return target() if isinstance(target, type) else target
+
+
+def step_event(
+    epsilon_per_aggregation: float, delta_per_aggregation: float, accountant: str
+) -> PrivacyEvent:
+    """The event of one release at ``(epsilon_A, delta_A)``: Gaussian for ``rdp``, else plain."""
+    if accountant == "rdp":
+        sigma = analytic_gaussian_sigma(epsilon_per_aggregation, delta_per_aggregation, 1.0)
+        return GaussianEvent(sigma, epsilon_per_aggregation, delta_per_aggregation)
+    return EpsilonDeltaEvent(epsilon_per_aggregation, delta_per_aggregation)
+
+
 def composed_epsilon(
     n_aggregations: int | np.ndarray,
     *,
@@ -90,6 +214,9 @@ def composed_epsilon(
     accountant: str = "basic",
 ) -> np.ndarray:
     """Epsilon spent, at ``delta_total``, after ``n_aggregations`` releases of one peer.
+
+    A convenience over :class:`Accountant` for releases calibrated to ``(epsilon_A,
+    delta_A)`` (``rdp``: the analytic Gaussian mechanism at that calibration).
 
     Parameters
     ----------
@@ -110,21 +237,34 @@ def composed_epsilon(
     eps_step, delta_total, delta_step = _validate_step(
         epsilon_per_aggregation, delta_total, delta_per_aggregation, accountant
     )
-    counts = np.asarray(n_aggregations)
-    if counts.size and not (np.issubdtype(counts.dtype, np.integer) and counts.min() >= 0):
-        raise ConfigError(f"n_aggregations must be integers >= 0, got {n_aggregations!r}")
-    unique, inverse = np.unique(counts, return_inverse=True)
-    steps = unique.astype(float)
-    within_delta = steps * delta_step <= delta_total * (1 + BUDGET_TOLERANCE)
-    spent = np.where(within_delta, steps * eps_step, math.inf)
-    if accountant == "rdp":
-        z = analytic_gaussian_sigma(eps_step, delta_step, 1.0)
-        alpha = RDP_ORDERS
-        conversion = np.log1p(-1.0 / alpha) - (math.log(delta_total) + np.log(alpha)) / (alpha - 1)
-        rdp = steps[:, None] * alpha / (2.0 * z**2) + conversion
-        spent = np.minimum(spent, np.maximum(rdp.min(axis=1), 0.0))
-    spent = np.where(unique == 0, 0.0, spent)
-    return spent[inverse].reshape(counts.shape)
+    counts = _counts(n_aggregations)
+    event = step_event(eps_step, delta_step, accountant)
+    return _ACCOUNTANTS[accountant].composed_epsilon(event, counts, delta_total=delta_total)
+
+
+def affordable(
+    accountant: Accountant, event: PrivacyEvent, *, epsilon_total: float, delta_total: float
+) -> int:
+    """Largest number of releases of ``event`` whose composed epsilon is <= ``epsilon_total``.
+
+    Up to the relative :data:`BUDGET_TOLERANCE`; 0 if not even one fits. Found by doubling
+    and bisection on ``k`` (the composed epsilon increases with ``k``).
+    """
+    limit = epsilon_total * (1 + BUDGET_TOLERANCE)
+
+    def fits(k: int) -> bool:
+        spent = accountant.composed_epsilon(event, np.array(k), delta_total=delta_total)
+        return bool(spent <= limit)
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while fits(high):
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def affordable_aggregations(
@@ -137,36 +277,25 @@ def affordable_aggregations(
     """Largest number of aggregations a peer can join within its budget.
 
     The largest ``k`` with :func:`composed_epsilon` ``(k) <= epsilon_total`` (up to the relative
-    :data:`BUDGET_TOLERANCE`), e.g. ``basic`` with ``(1.0, 0.1)`` gives 10. Found by doubling and
-    bisection on ``k``; the composed epsilon increases with ``k``.
+    :data:`BUDGET_TOLERANCE`), e.g. ``basic`` with ``(1.0, 0.1)`` gives 10.
     """
     eps_step, delta_total, delta_step = _validate_step(
         epsilon_per_aggregation, delta_total, delta_per_aggregation, accountant
     )
+    eps_total = _validate_total(epsilon_total, eps_step)
+    event = step_event(eps_step, delta_step, accountant)
+    return affordable(
+        _ACCOUNTANTS[accountant], event, epsilon_total=eps_total, delta_total=delta_total
+    )
+
+
+def _validate_total(epsilon_total: float, eps_step: float) -> float:
     eps_total = require_positive("epsilon_total", epsilon_total)
     if eps_step > eps_total * (1 + BUDGET_TOLERANCE):
         raise ConfigError(
             f"epsilon_per_aggregation must be <= epsilon_total ({eps_total!r}), got {eps_step!r}"
         )
-    limit = eps_total * (1 + BUDGET_TOLERANCE)
-
-    def affordable(k: int) -> bool:
-        spent = composed_epsilon(
-            k,
-            epsilon_per_aggregation=eps_step,
-            delta_total=delta_total,
-            delta_per_aggregation=delta_step,
-            accountant=accountant,
-        )
-        return bool(spent <= limit)
-
-    low, high = 1, 2  # affordable(1) holds: eps_step <= eps_total and delta_step <= delta_total
-    while affordable(high):
-        low, high = high, 2 * high
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if affordable(middle) else (low, middle)
-    return low
+    return eps_total
 
 
 def budget_table(
@@ -231,13 +360,18 @@ class BudgetLedger:
         Budget of each peer (``epsilon_total > 0``; ``delta_total`` in [0, 1)).
     epsilon_per_aggregation, delta_per_aggregation : float
         Cost of one aggregation (``0 < epsilon_A <= epsilon_total``; ``delta_A <= delta_total``).
-    accountant : {"basic", "rdp"}
-        See the module docstring; ``rdp`` only for the Gaussian mechanism.
+    accountant : str or Accountant
+        ``"basic"``, ``"rdp"`` (Gaussian only), or any :class:`Accountant`.
+    event : PrivacyEvent, optional
+        What one aggregation releases, as the run's mechanism declares it
+        (:meth:`p2pdp.mechanisms.Mechanism.budget_event`); the accountant composes it.
+        Default: the event of a release calibrated to ``(epsilon_A, delta_A)``
+        (:func:`step_event`).
 
     Attributes
     ----------
     max_aggregations : int
-        Aggregations every peer can afford (:func:`affordable_aggregations`).
+        Aggregations every peer can afford.
     """
 
     def __init__(
@@ -248,16 +382,24 @@ class BudgetLedger:
         epsilon_per_aggregation: float,
         delta_total: float = 0.0,
         delta_per_aggregation: float = 0.0,
-        accountant: str = "basic",
+        accountant: str | Accountant = "basic",
+        event: PrivacyEvent | None = None,
     ) -> None:
         self.n_peers = require_count("n_peers", n_peers)
-        self.epsilon_total = epsilon_total
-        self.epsilon_per_aggregation = epsilon_per_aggregation
+        name = accountant.name if isinstance(accountant, Accountant) else accountant
+        eps_step, delta_total, delta_step = _validate_step(
+            epsilon_per_aggregation,
+            delta_total,
+            delta_per_aggregation,
+            name if name in ACCOUNTANTS else "basic",
+        )
+        self.epsilon_total = _validate_total(epsilon_total, eps_step)
         self.delta_total = delta_total
-        self.delta_per_aggregation = delta_per_aggregation
-        self.accountant = accountant
-        self.max_aggregations = affordable_aggregations(
-            epsilon_total, epsilon_per_aggregation, delta_total, delta_per_aggregation, accountant
+        self.accountant = make_accountant(accountant)
+        self.event = event if event is not None else step_event(eps_step, delta_step, name)
+        self.accountant.check(self.event)
+        self.max_aggregations = affordable(
+            self.accountant, self.event, epsilon_total=self.epsilon_total, delta_total=delta_total
         )
         self._counts = np.zeros(self.n_peers, dtype=np.int64)
 
@@ -282,7 +424,7 @@ class BudgetLedger:
         if broke.size:
             raise BudgetExhaustedError(
                 f"peers {broke.tolist()} have used all {self.max_aggregations} aggregations of "
-                f"epsilon_total={self.epsilon_total} ({self.accountant} accountant)"
+                f"epsilon_total={self.epsilon_total} ({self.accountant.name} accountant)"
             )
 
     def spend(self, peers: np.ndarray | Sequence[int]) -> None:
@@ -295,12 +437,8 @@ class BudgetLedger:
 
     def spent_epsilon(self) -> np.ndarray:
         """Epsilon spent by each peer under the ledger's accountant, shape (P,)."""
-        return composed_epsilon(
-            self._counts,
-            epsilon_per_aggregation=self.epsilon_per_aggregation,
-            delta_total=self.delta_total,
-            delta_per_aggregation=self.delta_per_aggregation,
-            accountant=self.accountant,
+        return self.accountant.composed_epsilon(
+            self.event, self._counts, delta_total=self.delta_total
         )
 
     def aggregations(self) -> np.ndarray:

@@ -45,6 +45,8 @@ from scipy.optimize import brentq
 from scipy.special import expit, log_ndtr
 
 from p2pdp.errors import ConfigError, PrivacyWarning
+from p2pdp.events import EpsilonDeltaEvent, GaussianEvent, NonPrivateEvent, PrivacyEvent
+from p2pdp.validation import require_count, require_positive, require_probability
 
 MECHANISMS: tuple[str, ...] = (
     "vector-laplace",
@@ -54,44 +56,6 @@ MECHANISMS: tuple[str, ...] = (
     "none",
 )
 SENSITIVITY_MODES: tuple[str, ...] = ("group-mean", "pathak")
-
-
-# --- validation helpers (shared with p2pdp.accounting and p2pdp.audit) ----------------------------
-def require_positive(name: str, value: float) -> float:
-    """``value`` as a float, or ConfigError unless it is finite and > 0."""
-    number = float(value)
-    if not (math.isfinite(number) and number > 0):
-        raise ConfigError(f"{name} must be > 0 and finite, got {value!r}")
-    return number
-
-
-def require_probability(
-    name: str,
-    value: float,
-    *,
-    low: float = 0.0,
-    high: float = 1.0,
-    low_open: bool = False,
-    high_open: bool = False,
-) -> float:
-    """``value`` as a float, or ConfigError unless it lies in the interval ``low..high``.
-
-    ``low_open`` / ``high_open`` exclude the end points.
-    """
-    number = float(value)
-    above = number > low if low_open else number >= low
-    below = number < high if high_open else number <= high
-    if not (math.isfinite(number) and above and below):
-        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-        raise ConfigError(f"{name} must be in {interval}, got {value!r}")
-    return number
-
-
-def require_count(name: str, value: int, *, minimum: int = 1) -> int:
-    """``value`` as an int, or ConfigError unless it is an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _as_binary(name: str, values: ArrayLike) -> np.ndarray:
@@ -116,6 +80,7 @@ def group_sensitivity(
     *,
     mode: str = "group-mean",
     gradient_tolerance: float = 0.0,
+    lipschitz: float = 1.0,
 ) -> float:
     """L2 sensitivity of a group's average of exact L2-regularised logistic-regression models.
 
@@ -139,6 +104,9 @@ def group_sensitivity(
         convexity), so a released model moves by at most ``2 (1/n_j + tau) / lam`` and the
         bounds above become ``2 (1/n_min + tau) / (K lam)`` and ``2 (1/n_min + tau) / lam``.
         The simulator passes the solver's tolerance (1e-9): a negligible, honest correction.
+    lipschitz : float
+        Lipschitz constant ``L`` of the loss in ``w`` for rows of norm <= 1 (1 for the
+        logistic loss); the bounds scale as ``2 (L/n_min + tau) / ...``.
 
     Returns
     -------
@@ -154,7 +122,7 @@ def group_sensitivity(
     lam = require_positive("lam", lam)
     if not (math.isfinite(gradient_tolerance) and gradient_tolerance >= 0):
         raise ConfigError(f"gradient_tolerance must be >= 0 and finite, got {gradient_tolerance!r}")
-    pathak = 2.0 * (1.0 / min(sizes) + gradient_tolerance) / lam
+    pathak = 2.0 * (lipschitz / min(sizes) + gradient_tolerance) / lam
     if mode == "pathak":
         return pathak
     if mode == "group-mean":
@@ -287,6 +255,9 @@ class Mechanism(ABC):
     name: ClassVar[str]
     splittable: ClassVar[bool] = False
     approximate: ClassVar[bool] = False  # True when the guarantee needs delta > 0
+    #: ``sample(s)`` has the law of ``s * sample(1)``: the release path may then draw unit
+    #: noise in batches and rescale it (same distribution, much faster).
+    scale_family: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", require_positive("epsilon", self.epsilon))
@@ -352,10 +323,39 @@ class Mechanism(ABC):
     def noise_std(self, sensitivity: float, dim: int) -> float:
         """Standard deviation of one noise coordinate (same units as ``sensitivity``)."""
 
-    def guarantee(self, dim: int) -> tuple[float, float]:
-        """``(epsilon, delta)`` actually guaranteed for a release of dimension ``dim``."""
+    def noise_scale(self, sensitivity: float, dim: int) -> float:
+        """The scale parameter of the noise law at ``sensitivity`` (recorded per release).
+
+        Vector Laplace: ``b`` with ``||eta|| ~ Gamma(d, b)``; coordinate Laplace: the Laplace
+        scale per coordinate; Gaussian: ``sigma``. Defaults to :meth:`noise_std`.
+        """
+        return self.noise_std(sensitivity, dim)
+
+    def event(self, dim: int) -> PrivacyEvent:
+        """What one release of dimension ``dim`` actually guarantees, for the accountant.
+
+        A mechanism that makes a privacy claim overrides this and returns its event (e.g.
+        :class:`~p2pdp.events.EpsilonDeltaEvent` for pure epsilon-DP). The default declares
+        nothing: results record such a mechanism as non-private (epsilon = inf), never as
+        its nominal epsilon.
+        """
         require_count("dim", dim)
-        return self.epsilon, self.delta
+        return NonPrivateEvent(f"mechanism {self.name!r} declares no privacy guarantee")
+
+    def budget_event(self, dim: int) -> PrivacyEvent:
+        """What the budget ledger charges per release.
+
+        :meth:`event` for a mechanism with a guarantee. A mechanism without one (or with
+        a weaker one than its calibration suggests, ``seed-laplace``) is charged its nominal
+        ``(epsilon, delta)``, so runs keep the seed's schedule of aggregations, while results
+        report the real guarantee from :meth:`event`.
+        """
+        event = self.event(dim)
+        return event if event.private else EpsilonDeltaEvent(self.epsilon, self.delta)
+
+    def guarantee(self, dim: int) -> tuple[float, float]:
+        """``(epsilon, delta)`` actually guaranteed by one release of dimension ``dim``."""
+        return self.event(dim).epsilon_delta()
 
     @abstractmethod
     def _draw(self, sensitivity: float, dim: int, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -384,6 +384,13 @@ class VectorLaplace(Mechanism):
     def noise_std(self, sensitivity: float, dim: int) -> float:
         return math.sqrt(dim + 1) * sensitivity / self.epsilon
 
+    def noise_scale(self, sensitivity: float, dim: int) -> float:
+        return sensitivity / self.epsilon
+
+    def event(self, dim: int) -> PrivacyEvent:
+        require_count("dim", dim)
+        return EpsilonDeltaEvent(self.epsilon, 0.0)
+
     def _draw(self, sensitivity, dim, n, rng):
         direction = rng.standard_normal((n, dim))
         direction /= np.linalg.norm(direction, axis=1, keepdims=True)
@@ -407,6 +414,13 @@ class CoordinateLaplace(Mechanism):
 
     def noise_std(self, sensitivity: float, dim: int) -> float:
         return math.sqrt(2.0) * self.scale(sensitivity, dim)
+
+    def noise_scale(self, sensitivity: float, dim: int) -> float:
+        return self.scale(sensitivity, dim)
+
+    def event(self, dim: int) -> PrivacyEvent:
+        require_count("dim", dim)
+        return EpsilonDeltaEvent(self.epsilon, 0.0)
 
     def _draw(self, sensitivity, dim, n, rng):
         return rng.laplace(0.0, self.scale(sensitivity, dim), (n, dim))
@@ -439,8 +453,11 @@ class SeedLaplace(CoordinateLaplace):
     def scale(self, sensitivity: float, dim: int) -> float:
         return sensitivity / self.epsilon
 
-    def guarantee(self, dim: int) -> tuple[float, float]:
-        return math.sqrt(require_count("dim", dim)) * self.epsilon, 0.0
+    def event(self, dim: int) -> PrivacyEvent:
+        return EpsilonDeltaEvent(math.sqrt(require_count("dim", dim)) * self.epsilon, 0.0)
+
+    def budget_event(self, dim: int) -> PrivacyEvent:
+        return EpsilonDeltaEvent(self.epsilon, 0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -463,6 +480,10 @@ class Gaussian(Mechanism):
 
     def noise_std(self, sensitivity: float, dim: int) -> float:
         return self.noise_multiplier * sensitivity
+
+    def event(self, dim: int) -> PrivacyEvent:
+        require_count("dim", dim)
+        return GaussianEvent(self.noise_multiplier, self.epsilon, self.delta)
 
     def _draw(self, sensitivity, dim, n, rng):
         return rng.normal(0.0, self.noise_std(sensitivity, dim), (n, dim))
@@ -492,9 +513,9 @@ class NoNoise(Mechanism):
     def noise_std(self, sensitivity: float, dim: int) -> float:
         return 0.0
 
-    def guarantee(self, dim: int) -> tuple[float, float]:
+    def event(self, dim: int) -> PrivacyEvent:
         require_count("dim", dim)
-        return math.inf, 0.0
+        return NonPrivateEvent("mechanism 'none' adds no noise")
 
     def _draw(self, sensitivity, dim, n, rng):
         return np.zeros((n, dim))
@@ -508,15 +529,25 @@ _MECHANISM_CLASSES: dict[str, type[Mechanism]] = {
 }
 
 
-def make_mechanism(name: str, *, epsilon: float, delta: float | None = None) -> Mechanism:
-    """Build the mechanism ``name`` (one of :data:`MECHANISMS`) at ``epsilon`` (and ``delta``).
+def mechanism_class(name: str) -> type[Mechanism]:
+    """The mechanism class a config names: a built-in name or an import string."""
+    if name in _MECHANISM_CLASSES:
+        return _MECHANISM_CLASSES[name]
+    from p2pdp.components import resolve
 
-    ``delta`` is required for ``gaussian`` (in (0, 1)) and must be None or 0 otherwise.
+    return resolve("mechanism", name, key="privacy.mechanism")
+
+
+def make_mechanism(name: str, *, epsilon: float, delta: float | None = None) -> Mechanism:
+    """Build the mechanism ``name`` (a built-in or an import string) at ``epsilon`` (``delta``).
+
+    ``delta`` is required for approximate mechanisms (``gaussian``: in (0, 1)) and must be
+    None or 0 otherwise.
     """
-    if name not in _MECHANISM_CLASSES:
+    if name not in _MECHANISM_CLASSES and ":" not in str(name):
         raise ConfigError(f"mechanism must be one of {MECHANISMS}, got {name!r}")
-    cls = _MECHANISM_CLASSES[name]
-    if cls.approximate and delta is None:
+    cls = mechanism_class(name)
+    if getattr(cls, "approximate", False) and delta is None:
         raise ConfigError(f"delta is required for mechanism {name!r}, got None")
     return cls(epsilon=epsilon, delta=0.0 if delta is None else delta)
 

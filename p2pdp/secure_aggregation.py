@@ -52,7 +52,8 @@ from typing import Literal
 import numpy as np
 
 from p2pdp.errors import ConfigError, P2PDPError
-from p2pdp.mechanisms import Mechanism, require_count
+from p2pdp.mechanisms import Mechanism
+from p2pdp.validation import require_count
 
 RING_BYTES = 8
 """Bytes per ring element (one ``uint64``)."""
