@@ -117,7 +117,7 @@ def run_one(peers: int) -> dict:
         "aggregations": result.aggregations,
         "aborted_groups": result.aborted_groups,
         "stop_reason": result.stop_reason,
-        "mean_error": float(result.metrics.errors.mean()),
+        "mean_error": float(result.evaluation.metrics.errors.mean()),
         "wall_s": wall,
         "training_s": result.wall_times["training"],
         "simulation_s": simulation_s,

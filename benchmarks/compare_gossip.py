@@ -173,8 +173,8 @@ def run_cell(config: ScenarioConfig, fold: int) -> dict:
     broadcast_copies = len(world.published) * (config.partition.n_peers - 1)
     submissions = int(transport.messages_sent.sum()) - broadcast_copies - peer_to_peer
     return {
-        "error": float(result.metrics.errors.mean()),
-        "local_error": result.local_only_error,
+        "error": float(result.evaluation.metrics.errors.mean()),
+        "local_error": result.evaluation.local_only_error,
         "aggregations": result.aggregations,
         "aborted": result.aborted_groups,
         "sampler_messages": formation + gossip,

@@ -104,7 +104,7 @@ _BUILTINS: tuple[Component, ...] = tuple(
         (
             "model",
             "logistic",
-            "p2pdp.learning:LogisticRegression",
+            "p2pdp.learning:LogisticModel",
             "L2-regularised logistic regression solved exactly (batched Newton)",
         ),
         (

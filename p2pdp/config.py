@@ -16,19 +16,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2pdp import components
 from p2pdp.errors import ConfigError
 
+# Settings that name a component (data.dataset, training.model, privacy.mechanism,
+# privacy.accountant, groups.sampler, evaluation.vote, task.name) take their options from the
+# registry (p2pdp.components): a registered name or an import string 'package.module:Name'.
 DATASETS = ("spambase", "australian", "adult", "synthetic")
 TRANSFORM_STEPS = ("log1p", "minmax", "bias", "project_unit_ball", "scale_sqrt_d")
 PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew")
-MECHANISM_NAMES = ("vector-laplace", "coordinate-laplace", "gaussian", "seed-laplace", "none")
-SPLITTABLE_MECHANISMS = ("coordinate-laplace", "gaussian", "seed-laplace", "none")
 SENSITIVITY_MODES = ("group-mean", "pathak")
-ACCOUNTANTS = ("basic", "rdp")
-SAMPLERS = ("central", "gossip")
 LATENCY_MODELS = ("constant", "exponential", "lognormal")
 PUBLICATION_MODES = ("group", "full")
-VOTE_RULES = ("majority", "mean-margin")
 SPLITS = ("cv", "fixed")
 OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
 
@@ -116,15 +115,18 @@ class PartitionConfig:
 class TrainingConfig:
     """Local training: L2 regularisation ``lam`` (TOML key ``lambda``), optional simulated time.
 
-    ``seconds_per_row`` > 0 makes a peer available only after ``n_j * seconds_per_row`` seconds
-    of simulated training time.
+    ``model`` is the local learner (a ``model`` component: ``"logistic"`` or an import
+    string). ``seconds_per_row`` > 0 makes a peer available only after
+    ``n_j * seconds_per_row`` seconds of simulated training time.
     """
 
     lam: float = 1e-2
+    model: str = "logistic"
     seconds_per_row: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("training.lambda", self.lam)
+        components.check("model", self.model, "training.model")
         _non_negative("training.seconds_per_row", self.seconds_per_row)
 
 
@@ -155,9 +157,9 @@ class PrivacyConfig:
                 "privacy.epsilon_per_aggregation must be <= privacy.epsilon "
                 f"({self.epsilon!r}), got {self.epsilon_per_aggregation!r}"
             )
-        _one_of("privacy.mechanism", self.mechanism, MECHANISM_NAMES)
+        components.check("mechanism", self.mechanism, "privacy.mechanism")
         _one_of("privacy.sensitivity", self.sensitivity, SENSITIVITY_MODES)
-        _one_of("privacy.accountant", self.accountant, ACCOUNTANTS)
+        components.check("accountant", self.accountant, "privacy.accountant")
         if self.mechanism == "gaussian":
             for key, value in (
                 ("privacy.delta", self.delta),
@@ -177,10 +179,19 @@ class PrivacyConfig:
             )
         if not isinstance(self.secure_aggregation, bool):
             raise _fail("privacy.secure_aggregation", "true or false", self.secure_aggregation)
-        if self.secure_aggregation and self.mechanism not in SPLITTABLE_MECHANISMS:
+        if self.secure_aggregation and not getattr(
+            components.resolve("mechanism", self.mechanism, key="privacy.mechanism"),
+            "splittable",
+            False,
+        ):
+            splittable = [
+                name
+                for name in components.names("mechanism")
+                if getattr(components.resolve("mechanism", name), "splittable", False)
+            ]
             raise ConfigError(
                 "privacy.secure_aggregation = true needs noise the members can split: "
-                f"privacy.mechanism must be one of {', '.join(SPLITTABLE_MECHANISMS)}; "
+                f"privacy.mechanism must be one of {', '.join(splittable)}; "
                 f"got {self.mechanism!r}"
             )
 
@@ -203,7 +214,7 @@ class GroupsConfig:
     max_failed_attempts: int = 100
 
     def __post_init__(self) -> None:
-        _one_of("groups.sampler", self.sampler, SAMPLERS)
+        components.check("sampler", self.sampler, "groups.sampler")
         _int_at_least("groups.group_size", self.group_size, 1)
         _int_at_least("groups.max_concurrent_groups", self.max_concurrent_groups, 1)
         _positive("groups.collect_timeout", self.collect_timeout)
@@ -331,7 +342,7 @@ class EvaluationConfig:
     folds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _one_of("evaluation.vote", self.vote, VOTE_RULES)
+        components.check("ensemble", self.vote, "evaluation.vote")
         _one_of("evaluation.split", self.split, SPLITS)
         _int_at_least("evaluation.cv_folds", self.cv_folds, 2)
         for fold in self.folds:
@@ -345,7 +356,22 @@ class EvaluationConfig:
         return self.folds or tuple(range(self.cv_folds))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskConfig:
+    """The workload (a ``task`` component, see :mod:`p2pdp.tasks`).
+
+    ``name`` is a registered task (``"logistic"``: the seed's logistic-regression ensembles)
+    or an import string ``package.module:Class``.
+    """
+
+    name: str = "logistic"
+
+    def __post_init__(self) -> None:
+        components.check("task", self.name, "task.name")
+
+
 SECTIONS: dict[str, type] = {
+    "task": TaskConfig,
     "data": DataConfig,
     "partition": PartitionConfig,
     "training": TrainingConfig,
@@ -371,6 +397,7 @@ class ScenarioConfig:
     name: str = "scenario"
     seed: int = 0
     repetitions: int = 1
+    task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)

@@ -7,12 +7,12 @@ Instead each published model is scored on the test rows once (one matrix product
 tally is the *shared* tally of models everyone received plus the sum over the models only it
 received (a sparse peer x model incidence matrix) plus its own local model.
 
-Decision rules (``vote``):
+Decision rules (``evaluation.vote``: an :class:`EnsembleRule` component):
 
-``"majority"``
+``"majority"`` (:class:`MajorityVote`)
     score = (sum of signs of the ensemble's margins) + tanh(sum of margins). The integer vote
     decides; a tie is broken by the summed margin, and an exact zero goes to +1.
-``"mean-margin"``
+``"mean-margin"`` (:class:`MeanMargin`)
     score = sum of margins (the sign of the mean margin).
 
 The predicted label is +1 where ``score >= 0`` and -1 elsewhere. The same score is the
@@ -24,14 +24,13 @@ it is post-processing and costs no privacy budget.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.metrics import auc, roc_curve
-
-from p2pdp.config import VOTE_RULES
-from p2pdp.errors import ConfigError
 
 _CHUNK_ELEMENTS = 4_000_000  # test rows x (models + peers) per chunk: bounds memory to ~100 MB
 
@@ -51,12 +50,16 @@ class Ensembles:
     receipts : (P, K) sparse CSR matrix of 0/1
         Models received by specific peers (group publication, or full publication to the
         peers that were online). Rows of ``shared`` models are not stored here.
+    noise_std : (K,) array
+        Public per-coordinate noise standard deviation of each published model (from its
+        release record); zeros when unknown.
     """
 
     local_weights: np.ndarray
     published: np.ndarray
     shared: np.ndarray
     receipts: sp.csr_matrix
+    noise_std: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def n_peers(self) -> int:
@@ -74,6 +77,7 @@ def build_ensembles(
     shared: np.ndarray,
     receipt_peers: np.ndarray,
     receipt_models: np.ndarray,
+    noise_std: np.ndarray | None = None,
 ) -> Ensembles:
     """Assemble :class:`Ensembles` from receipt pairs ``(peer, model index)``."""
     n_peers, n_models = local_weights.shape[0], published.shape[0]
@@ -90,33 +94,108 @@ def build_ensembles(
         published=published.reshape(n_models, local_weights.shape[1]),
         shared=np.asarray(shared, dtype=bool),
         receipts=receipts,
+        noise_std=np.zeros(n_models) if noise_std is None else np.asarray(noise_std, float),
     )
 
 
-def _votes(margins: np.ndarray, vote: str) -> np.ndarray:
-    return np.sign(margins) if vote == "majority" else margins
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Margins:
+    """What an ensemble rule sees for a block of test rows (everything a peer may use).
+
+    Attributes
+    ----------
+    own : (P, n) array
+        Margin ``w_j . x`` of each peer's own model on each row.
+    published : (K, n) array
+        Margin of each published model on each row.
+    shared : (K,) float array of 0/1
+        1 where the published model reached every peer.
+    receipts : (P, K) sparse CSR matrix of 0/1
+        Published models received by specific peers.
+    noise_std : (K,) array
+        Public per-coordinate noise standard deviation of each published model.
+    """
+
+    own: np.ndarray
+    published: np.ndarray
+    shared: np.ndarray
+    receipts: sp.csr_matrix
+    noise_std: np.ndarray
+
+    def held_sum(self, values: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """``start`` (P, n) plus the sum of ``values`` (K, n) over the models each peer holds."""
+        return start + (self.shared @ values)[None, :] + self.receipts @ values
 
 
-def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str) -> np.ndarray:
+class EnsembleRule(ABC):
+    """The rule a peer classifies with (the ``ensemble`` component kind, ``evaluation.vote``).
+
+    A rule maps :class:`Margins` of a block of test rows to a decision score per row and
+    peer, shape (n, P); label +1 where the score is >= 0. It must be vectorised over peers
+    (full publication gives every peer the same published models: use
+    :meth:`Margins.held_sum` instead of per-peer loops). A rule reads only a peer's own
+    model and the published models with their public release records: post-processing, so
+    it costs no privacy. Rules are constructed without arguments.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def scores(self, margins: Margins) -> np.ndarray:
+        """Decision scores, shape (n_rows, P)."""
+
+
+class MajorityVote(EnsembleRule):
+    """Majority of the signs of every model a peer holds, ties broken by the summed margin.
+
+    score = (sum of signs) + tanh(sum of margins): the integer vote decides, a tie goes to
+    the sign of the summed margin, an exact zero to +1 (the seed's rule).
+    """
+
+    name: ClassVar[str] = "majority"
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        margin_total = margins.held_sum(margins.published, margins.own)
+        vote_total = margins.held_sum(np.sign(margins.published), np.sign(margins.own))
+        return (vote_total + np.tanh(margin_total)).T
+
+
+class MeanMargin(EnsembleRule):
+    """Sign of the mean margin of every model a peer holds (0 -> +1)."""
+
+    name: ClassVar[str] = "mean-margin"
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        return margins.held_sum(margins.published, margins.own).T
+
+
+def make_ensemble_rule(vote: str | EnsembleRule) -> EnsembleRule:
+    """The rule ``evaluation.vote`` names (a built-in, an import string, or an instance)."""
+    if isinstance(vote, EnsembleRule):
+        return vote
+    from p2pdp.components import resolve
+
+    target = resolve("ensemble", vote, key="evaluation.vote")
+    return target() if isinstance(target, type) else target
+
+
+def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str | EnsembleRule) -> np.ndarray:
     """Decision score of every peer's ensemble on every row, (n_rows, P).
 
     Memory grows with ``n_rows * P``: use :func:`evaluate_ensembles` for large runs, which
     streams over row chunks.
     """
-    if vote not in VOTE_RULES:
-        raise ConfigError(f"evaluation.vote must be one of {', '.join(VOTE_RULES)}; got {vote!r}")
+    rule = make_ensemble_rule(vote)
     # Work in (peers or models) x rows orientation: contiguous operands for the sparse product.
     rows_t = np.ascontiguousarray(X.T)
-    own = ensembles.local_weights @ rows_t
-    published = ensembles.published @ rows_t
-    shared = ensembles.shared.astype(np.float64)
-    receipts = ensembles.receipts
-    margin_total = own + (shared @ published)[None, :] + receipts @ published
-    if vote == "mean-margin":
-        return margin_total.T
-    signs = np.sign(published)
-    vote_total = np.sign(own) + (shared @ signs)[None, :] + receipts @ signs
-    return (vote_total + np.tanh(margin_total)).T
+    margins = Margins(
+        own=ensembles.local_weights @ rows_t,
+        published=ensembles.published @ rows_t,
+        shared=ensembles.shared.astype(np.float64),
+        receipts=ensembles.receipts,
+        noise_std=ensembles.noise_std,
+    )
+    return rule.scores(margins)
 
 
 def predict(scores: np.ndarray) -> np.ndarray:
@@ -153,8 +232,11 @@ class Metrics:
         }
 
 
-def evaluate_ensembles(ensembles: Ensembles, X: np.ndarray, y: np.ndarray, *, vote: str) -> Metrics:
+def evaluate_ensembles(
+    ensembles: Ensembles, X: np.ndarray, y: np.ndarray, *, vote: str | EnsembleRule
+) -> Metrics:
     """Per-peer errors, pooled confusion matrix, and the best peer's ROC, in row chunks."""
+    vote = make_ensemble_rule(vote)
     y = np.asarray(y)
     n_rows, n_peers = X.shape[0], ensembles.n_peers
     wrong = np.zeros(n_peers, dtype=np.int64)
@@ -207,6 +289,7 @@ def _one_peer(ensembles: Ensembles, peer: int) -> Ensembles:
         published=ensembles.published,
         shared=ensembles.shared,
         receipts=ensembles.receipts[peer : peer + 1],
+        noise_std=ensembles.noise_std,
     )
 
 

@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.errors import ConfigError
-from p2pdp.pipeline import prepare_peers, training_key
+from p2pdp.tasks import make_task
 from p2pdp.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.scenario import Scenario
 from p2pdp.simulation import simulate
@@ -98,7 +98,7 @@ def plan_tasks(cells: Sequence[Cell], *, workers: int) -> list[Task]:
     """Group ``cells`` by training key into tasks, splitting groups if fewer than ``workers``."""
     groups: dict[tuple, list[Cell]] = {}
     for cell in cells:
-        key = training_key(cell.config, fold=cell.fold, repetition=cell.repetition)
+        key = make_task(cell.config).training_key(fold=cell.fold, repetition=cell.repetition)
         groups.setdefault(key, []).append(cell)
     split = -(-workers // max(len(groups), 1))  # ceil: every worker gets at least one task
     return [
@@ -120,7 +120,8 @@ def run_task(cells: Task) -> list[CellRecord]:
     records = []
     with threadpool_limits(limits=1):  # parallelism comes from workers, not BLAS threads
         start = time.perf_counter()
-        trained = prepare_peers(first.config, fold=first.fold, repetition=first.repetition)
+        task = make_task(first.config)
+        trained = task.prepare(fold=first.fold, repetition=first.repetition)
         prepare_seconds = time.perf_counter() - start
         for cell in cells:
             start = time.perf_counter()
@@ -129,7 +130,8 @@ def run_task(cells: Task) -> list[CellRecord]:
             )
             row: dict[str, Any] = {"cell_id": cell.cell_id, "point": cell.point, **result.row()}
             row.update(wall_prepare_s=prepare_seconds, wall_cell_s=time.perf_counter() - start)
-            roc = roc_on_grid(result.metrics.roc_fpr, result.metrics.roc_tpr)
+            curve = result.evaluation.roc() if hasattr(result.evaluation, "roc") else None
+            roc = roc_on_grid(*curve) if curve is not None else None
             records.append(CellRecord(cell_id=cell.cell_id, row=row, roc_tpr=roc))
     return records
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from scipy.special import expit, log_expit
@@ -453,3 +454,56 @@ def fit_local_models_sklearn(
     return LocalModels(
         weights=weights, grad_norms=grad_norms, iterations=iterations, shard_sizes=sizes
     )
+
+
+# --- the local-model component --------------------------------------------------------------------
+class LocalModel(Protocol):
+    """A local learner (the ``model`` component kind, ``training.model``).
+
+    Every peer minimises an L2-regularised empirical risk on its own shard; the group
+    sensitivity the engine adds noise for (:func:`p2pdp.mechanisms.group_sensitivity`) is
+    ``2 (L / n_min + tau) / (K lam)``, which holds when
+
+    * the loss is convex and ``L``-Lipschitz in ``w`` for rows with ``||x||_2 <= 1``
+      (:attr:`lipschitz`; the rows are projected onto the unit ball by preprocessing),
+    * the objective is ``lam``-strongly convex over every coordinate, and
+    * every returned model has ``||grad J_j||_2 <= tau`` (:attr:`gradient_tolerance`): the
+      engine refuses models that do not (``LocalModels.grad_norms``).
+
+    A learner that cannot promise these must not be used with the output-perturbation
+    mechanisms. It is constructed without arguments.
+    """
+
+    lipschitz: float
+    gradient_tolerance: float
+
+    def fit(
+        self, X: np.ndarray, y: np.ndarray, shards: Sequence[np.ndarray], lam: float
+    ) -> LocalModels:
+        """Every peer's model: ``X`` (N, d), ``y`` (N,) in {-1, +1}, P index arrays."""
+        ...
+
+
+class LogisticModel:
+    """L2-regularised logistic regression solved exactly by batched Newton (the seed's model).
+
+    The logistic loss is 1-Lipschitz for rows of norm <= 1; every model is solved to
+    ``||grad J_j|| <= 1e-9`` (:data:`GRADIENT_TOLERANCE`).
+    """
+
+    lipschitz: float = 1.0
+    gradient_tolerance: float = GRADIENT_TOLERANCE
+
+    def fit(
+        self, X: np.ndarray, y: np.ndarray, shards: Sequence[np.ndarray], lam: float
+    ) -> LocalModels:
+        return fit_local_models(X, y, shards, lam, tol=self.gradient_tolerance)
+
+
+def make_model(name: str) -> LocalModel:
+    """The learner ``training.model`` names (a built-in name or an import string)."""
+    if name == "logistic":
+        return LogisticModel()
+    from p2pdp.components import resolve
+
+    return resolve("model", name, key="training.model")()

@@ -19,7 +19,7 @@ import numpy as np
 from p2pdp.config import DataConfig, EvaluationConfig, PartitionConfig, ScenarioConfig
 from p2pdp.datasets import load_dataset
 from p2pdp.errors import ConfigError
-from p2pdp.learning import LocalModels, fit_local_models
+from p2pdp.learning import LocalModel, LocalModels, LogisticModel, make_model
 from p2pdp.partition import partition, stratified_folds
 from p2pdp.preprocess import Preprocessor
 from p2pdp.rng import generator
@@ -46,13 +46,15 @@ class TrainedPeers:
     """A fold, its peer shards (index arrays into ``fold.X_train``) and the exact local models.
 
     ``centralized`` is the non-private model fitted on all of the fold's training rows, the
-    upper reference line of every accuracy result.
+    upper reference line of every accuracy result. ``key`` is the :func:`training_key` it was
+    prepared for (``None`` if built by hand): a simulation refuses models of another key.
     """
 
     fold: FoldData
     shards: tuple[np.ndarray, ...]
     models: LocalModels
     centralized: np.ndarray
+    key: tuple | None = None
 
 
 def make_synthetic(
@@ -130,9 +132,19 @@ def _cv_split(
 
 
 def train_peers(
-    fold: FoldData, partition_config: PartitionConfig, lam: float, *, rng: np.random.Generator
+    fold: FoldData,
+    partition_config: PartitionConfig,
+    lam: float,
+    *,
+    rng: np.random.Generator,
+    model: LocalModel | None = None,
+    key: tuple | None = None,
 ) -> TrainedPeers:
-    """Split the fold's training rows into peer shards and fit every peer's exact model."""
+    """Split the fold's training rows into peer shards and fit every peer's exact model.
+
+    ``model`` is the local learner (default: exact logistic regression).
+    """
+    model = model if model is not None else LogisticModel()
     shards = partition(
         fold.y_train,
         partition_config.n_peers,
@@ -141,10 +153,10 @@ def train_peers(
         min_shard_size=partition_config.min_shard_size,
         rng=rng,
     )
-    models = fit_local_models(fold.X_train, fold.y_train, shards, lam)
-    everyone = fit_local_models(fold.X_train, fold.y_train, [np.arange(len(fold.y_train))], lam)
+    models = model.fit(fold.X_train, fold.y_train, shards, lam)
+    everyone = model.fit(fold.X_train, fold.y_train, [np.arange(len(fold.y_train))], lam)
     return TrainedPeers(
-        fold=fold, shards=tuple(shards), models=models, centralized=everyone.weights[0]
+        fold=fold, shards=tuple(shards), models=models, centralized=everyone.weights[0], key=key
     )
 
 
@@ -160,6 +172,7 @@ def training_key(config: ScenarioConfig, *, fold: int, repetition: int) -> tuple
         evaluation.cv_folds,
         config.partition,
         config.training.lam,
+        config.training.model,
     )
 
 
@@ -173,4 +186,6 @@ def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> 
         config.partition,
         config.training.lam,
         rng=generator(config.seed, "partition", fold, repetition),
+        model=make_model(config.training.model),
+        key=training_key(config, fold=fold, repetition=repetition),
     )

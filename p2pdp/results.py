@@ -56,7 +56,7 @@ class CellRecord:
 
     cell_id: str
     row: dict[str, Any]
-    roc_tpr: np.ndarray
+    roc_tpr: np.ndarray | None
 
 
 def roc_on_grid(fpr: np.ndarray, tpr: np.ndarray) -> np.ndarray:
@@ -142,6 +142,7 @@ class ResultsStore:
             [
                 (record.cell_id, repr(float(x)), repr(float(y)))
                 for record in records
+                if record.roc_tpr is not None
                 for x, y in zip(ROC_FPR, record.roc_tpr, strict=True)
             ],
         )

@@ -8,6 +8,7 @@ shards, local models, group draws and noise streams (common random numbers).
 
 from __future__ import annotations
 
+import math
 import time
 import tracemalloc
 import warnings
@@ -16,39 +17,44 @@ from typing import Any
 
 import numpy as np
 
+from p2pdp.accounting import make_accountant
 from p2pdp.config import ScenarioConfig, flat_settings
 from p2pdp.errors import ConfigError, PrivacyWarning
-from p2pdp.evaluation import Metrics, build_ensembles, evaluate_ensembles, linear_error
-from p2pdp.learning import GRADIENT_TOLERANCE
 from p2pdp.mechanisms import make_mechanism
-from p2pdp.pipeline import TrainedPeers, prepare_peers
+from p2pdp.release import Releaser
 from p2pdp.rng import generator
-from p2pdp.sim.world import World
+from p2pdp.sim.world import World, WorldObserver
+from p2pdp.tasks import Evaluation, Outcome, make_task
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
     """Outcome of one simulated run (one fold, one repetition).
 
-    Errors are fractions of misclassified test rows in [0, 1]; times are seconds (``sim_time``
-    simulated, until the last group finished; ``wall_times`` real per phase: training,
-    simulation, evaluation); epsilon is the per-peer budget charged under the configured
-    accountant. ``guarantee_per_aggregation`` is the (epsilon, delta) one release actually
-    guarantees: the charged epsilon for every mechanism except ``seed-laplace`` (sqrt(d)
-    times it) and ``none`` (infinite).
+    ``evaluation`` is the task's scores (for the logistic task:
+    :class:`~p2pdp.tasks.logistic.LogisticEvaluation`, errors as fractions of misclassified
+    test rows). Times are seconds (``sim_time`` simulated, until the last group finished;
+    ``wall_times`` real per phase: training, simulation, evaluation).
+
+    Privacy, per peer: ``epsilon_spent`` is what the budget ledger charged under the
+    configured accountant (the nominal schedule); ``guaranteed_epsilon`` is what the
+    releases really guarantee, composed by the same accountant from the mechanism's declared
+    event: equal for every honest mechanism, ``sqrt(d)`` times larger for ``seed-laplace``,
+    ``inf`` for ``none`` or a mechanism that declares no guarantee.
+    ``guarantee_per_aggregation`` is one release's real ``(epsilon, delta)``.
+    ``releases`` has one row per release (:mod:`p2pdp.release` records, plus cell time).
     """
 
     config: ScenarioConfig
     fold: int
     repetition: int
-    metrics: Metrics
-    centralized_error: float
-    local_only_error: float
+    evaluation: Evaluation
     aggregations: int
     aborted_groups: int
     aggregations_per_peer: np.ndarray
     epsilon_spent: np.ndarray
-    ensemble_sizes: np.ndarray
+    guaranteed_epsilon: np.ndarray
+    shard_sizes: np.ndarray
     sim_time: float
     messages_sent: int
     bytes_sent: int
@@ -56,6 +62,7 @@ class RunResult:
     stop_reason: str
     data_dependent_bounds: bool
     guarantee_per_aggregation: tuple[float, float]
+    releases: list[dict[str, Any]] = field(default_factory=list)
     wall_times: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = float("nan")
 
@@ -63,15 +70,13 @@ class RunResult:
         """Flat results row: every config setting, the seed, and the scalar metrics."""
         row = flat_settings(self.config)
         row.update(fold=self.fold, repetition=self.repetition)
-        row.update(self.metrics.summary())
+        row.update(self.evaluation.summary())
         row.update(
-            centralized_error=self.centralized_error,
-            local_only_error=self.local_only_error,
             aggregations=self.aggregations,
             aborted_groups=self.aborted_groups,
             mean_aggregations_per_peer=float(self.aggregations_per_peer.mean()),
             max_epsilon_spent=float(self.epsilon_spent.max()),
-            mean_ensemble_size=float(self.ensemble_sizes.mean()),
+            max_guaranteed_epsilon=float(self.guaranteed_epsilon.max()),
             sim_time=self.sim_time,
             messages_sent=self.messages_sent,
             bytes_sent=self.bytes_sent,
@@ -84,14 +89,43 @@ class RunResult:
         row.update({f"wall_{phase}_s": seconds for phase, seconds in self.wall_times.items()})
         return row
 
+    def peer_rows(self) -> dict[str, np.ndarray]:
+        """The ``peers`` table of this run as columns of shape (P,)."""
+        return {
+            "peer": np.arange(self.shard_sizes.size),
+            "shard_size": self.shard_sizes,
+            "aggregations": self.aggregations_per_peer,
+            "epsilon_spent": self.epsilon_spent,
+            "guaranteed_epsilon": self.guaranteed_epsilon,
+            **self.evaluation.peer_columns(),
+        }
+
+
+class ReleaseLog(WorldObserver):
+    """Observer that records one row per release: the public record plus the time."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def released(self, world, group, record) -> None:
+        self.rows.append(
+            {
+                "time": float(world.env.now),
+                "group": group.group_id,
+                "curator": group.curator,
+                **{name: getattr(record, name) for name in record.__slots__},
+            }
+        )
+
 
 def simulate(
     config: ScenarioConfig,
     *,
     fold: int = 0,
     repetition: int = 0,
-    trained: TrainedPeers | None = None,
+    trained: Any = None,
     track_memory: bool = False,
+    observers: tuple[WorldObserver, ...] = (),
 ) -> RunResult:
     """Simulate fold ``fold`` of ``config`` (its ``sweep`` is ignored) and evaluate it.
 
@@ -102,26 +136,34 @@ def simulate(
         Cross-validation fold in ``[0, evaluation.cv_folds)`` (0 for a fixed split).
     repetition : int
         Independent repetition index (>= 0): changes every random stream.
-    trained : TrainedPeers, optional
-        Local models from :func:`p2pdp.pipeline.prepare_peers` for the same training key,
-        to share one training between cells.
+    trained : optional
+        What the task's ``prepare`` returned for the same training key (e.g.
+        :func:`p2pdp.pipeline.prepare_peers` for the logistic task), to share one training
+        between cells. Refused if it was prepared for another key (say, another lambda:
+        its sensitivity would be wrong).
     track_memory : bool
         Measure peak Python/numpy memory with :mod:`tracemalloc` (slower; for benchmarks).
+    observers : tuple of WorldObserver
+        Extra observers of the world (a release log is always attached).
     """
     if fold < 0 or (config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds):
         raise ConfigError(f"fold must be in [0, {config.evaluation.cv_folds}), got {fold}")
     if track_memory:
         tracemalloc.start()
+    task = make_task(config)
     wall: dict[str, float] = {}
     start = time.perf_counter()
+    key = task.training_key(fold=fold, repetition=repetition)
     if trained is None:
-        trained = prepare_peers(config, fold=fold, repetition=repetition)
-    wall["training"] = time.perf_counter() - start
-    worst = float(trained.models.grad_norms.max())
-    if worst > GRADIENT_TOLERANCE:  # the sensitivity bound assumes it
+        trained = task.prepare(fold=fold, repetition=repetition)
+    elif getattr(trained, "key", None) is not None and trained.key != key:
         raise ConfigError(
-            f"local models must be solved to gradient norm <= {GRADIENT_TOLERANCE}, got {worst}"
+            "trained was prepared for another training key (data, fold, repetition, "
+            "partition, lambda or model differ): its sensitivity would not match this config; "
+            f"expected {key!r}, got {trained.key!r}"
         )
+    statistics, sizes = task.statistics(trained)
+    wall["training"] = time.perf_counter() - start
 
     start = time.perf_counter()
     privacy = config.privacy
@@ -133,25 +175,42 @@ def simulate(
             epsilon=privacy.epsilon_per_aggregation,
             delta=privacy.delta_per_aggregation if privacy.mechanism == "gaussian" else None,
         )
+    dim = statistics.shape[1]
     rngs = {
         name: generator(config.seed, name, fold, repetition)
         for name in ("protocol", "network", "noise", "shares")
     }
-    world = World(config, trained.models.weights, trained.models.shard_sizes, mechanism, rngs=rngs)
+    releaser = Releaser(
+        mechanism,
+        dim,
+        aggregate=task.aggregate,
+        secure=privacy.secure_aggregation,
+        noise_rng=rngs["noise"],
+        share_rng=rngs["shares"],
+    )
+    log = ReleaseLog()
+    world = World(
+        config,
+        statistics,
+        sizes,
+        releaser=releaser,
+        sensitivity=task.sensitivity,
+        rngs=rngs,
+        observers=(log, *observers),
+    )
     world.run()
     wall["simulation"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    data = trained.fold
-    weights = trained.models.weights
-    published = np.array(world.published).reshape(len(world.published), weights.shape[1])
     pairs = np.array(world.receipts, dtype=np.int64).reshape(-1, 2)
-    ensembles = build_ensembles(
-        weights, published, np.array(world.shared), pairs[:, 0], pairs[:, 1]
+    outcome = Outcome(
+        published=np.array(world.published).reshape(len(world.published), dim),
+        shared=np.array(world.shared, dtype=bool),
+        receipt_peers=pairs[:, 0],
+        receipt_models=pairs[:, 1],
+        releases=tuple(world.releases),
     )
-    metrics = evaluate_ensembles(ensembles, data.X_test, data.y_test, vote=config.evaluation.vote)
-    centralized_error = float(linear_error(trained.centralized, data.X_test, data.y_test)[0])
-    local_only_error = float(linear_error(weights, data.X_test, data.y_test).mean())
+    evaluation = task.evaluate(trained, outcome)
     wall["evaluation"] = time.perf_counter() - start
 
     peak_mb = float("nan")
@@ -159,25 +218,41 @@ def simulate(
         peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
         tracemalloc.stop()
     transport = world.transport
+    counts = world.ledger.aggregations()
     return RunResult(
         config=config,
         fold=fold,
         repetition=repetition,
-        metrics=metrics,
-        centralized_error=centralized_error,
-        local_only_error=local_only_error,
+        evaluation=evaluation,
         aggregations=world.monitor.aggregations,
         aborted_groups=world.monitor.aborted,
-        aggregations_per_peer=world.ledger.aggregations(),
+        aggregations_per_peer=counts,
         epsilon_spent=world.ledger.spent_epsilon(),
-        ensemble_sizes=ensembles.sizes(),
+        guaranteed_epsilon=_guaranteed_epsilon(mechanism, dim, counts, config),
+        shard_sizes=np.asarray(sizes),
         sim_time=world.monitor.end_time,
         messages_sent=int(transport.messages_sent.sum() + transport.control_messages),
         bytes_sent=int(transport.bytes_sent.sum()),
         messages_lost=transport.messages_lost,
         stop_reason=world.monitor.stop_reason,
-        data_dependent_bounds=data.data_dependent_bounds,
-        guarantee_per_aggregation=mechanism.guarantee(weights.shape[1]),
+        data_dependent_bounds=bool(
+            getattr(getattr(trained, "fold", None), "data_dependent_bounds", False)
+        ),
+        guarantee_per_aggregation=mechanism.guarantee(dim),
+        releases=log.rows,
         wall_times=wall,
         peak_memory_mb=peak_mb,
     )
+
+
+def _guaranteed_epsilon(
+    mechanism: Any, dim: int, counts: np.ndarray, config: ScenarioConfig
+) -> np.ndarray:
+    """Per-peer epsilon the releases really guarantee (the accountant on the true event)."""
+    event = mechanism.event(dim)
+    if not event.private:
+        return np.where(counts == 0, 0.0, math.inf)
+    accountant = make_accountant(config.privacy.accountant)
+    if not accountant.supports(event):  # e.g. rdp on a non-Gaussian true event
+        accountant = make_accountant("basic")
+    return accountant.composed_epsilon(event, counts, delta_total=config.privacy.delta)

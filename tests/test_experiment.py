@@ -8,6 +8,7 @@ import pytest
 from dask.distributed import LocalCluster
 
 from p2pdp import experiment
+from p2pdp.tasks.logistic import LogisticEnsembles
 from p2pdp.cli import main
 from p2pdp.errors import ConfigError
 from p2pdp.pipeline import training_key
@@ -70,13 +71,13 @@ def test_groups_are_split_when_fewer_than_workers():
 
 def test_a_task_trains_once(monkeypatch):
     calls = []
-    original = experiment.prepare_peers
+    original = LogisticEnsembles.prepare
 
-    def counting(config, **kwargs):
+    def counting(self, **kwargs):
         calls.append(kwargs)
-        return original(config, **kwargs)
+        return original(self, **kwargs)
 
-    monkeypatch.setattr(experiment, "prepare_peers", counting)
+    monkeypatch.setattr(LogisticEnsembles, "prepare", counting)
     cells = experiment.make_cells(parse_scenario(TINY))
     task = experiment.plan_tasks(cells, workers=1)[0]
     records = experiment.run_task(task)

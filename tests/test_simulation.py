@@ -144,7 +144,7 @@ def test_noise_free_full_group_reproduces_the_plain_average(monkeypatch):
     result = simulate(config, trained=trained)
     assert result.aggregations == 1
     np.testing.assert_allclose(published[0], trained.models.weights.mean(axis=0), atol=1e-12)
-    assert np.all(result.ensemble_sizes == 2)
+    assert np.all(result.evaluation.ensemble_sizes == 2)
 
 
 def test_group_size_one_publishes_single_noisy_models():
@@ -154,20 +154,20 @@ def test_group_size_one_publishes_single_noisy_models():
     result = simulate(config)
     assert result.aggregations == 20
     assert np.all(result.aggregations_per_peer == 2)
-    assert np.all(result.ensemble_sizes == 3)  # own model + its own two noisy releases
+    assert np.all(result.evaluation.ensemble_sizes == 3)  # own model + its own two noisy releases
 
 
 def test_group_vs_full_ensembles_and_determinism():
     group = simulate(synthetic(mode="group"))
     full = simulate(synthetic(mode="full"))
     assert group.aggregations == full.aggregations  # same streams: same groups
-    np.testing.assert_array_equal(group.ensemble_sizes, 1 + group.aggregations_per_peer)
-    assert np.all(full.ensemble_sizes == 1 + full.aggregations)
+    np.testing.assert_array_equal(group.evaluation.ensemble_sizes, 1 + group.aggregations_per_peer)
+    assert np.all(full.evaluation.ensemble_sizes == 1 + full.aggregations)
     again = simulate(synthetic(mode="group"))
-    np.testing.assert_array_equal(group.metrics.errors, again.metrics.errors)
+    np.testing.assert_array_equal(group.evaluation.metrics.errors, again.evaluation.metrics.errors)
     assert group.sim_time == again.sim_time and group.bytes_sent == again.bytes_sent
     other_seed = simulate(synthetic(mode="group", seed=2))
-    assert not np.array_equal(group.metrics.errors, other_seed.metrics.errors)
+    assert not np.array_equal(group.evaluation.metrics.errors, other_seed.evaluation.metrics.errors)
 
 
 def test_lost_messages_abort_groups_without_charging():
@@ -187,8 +187,8 @@ def test_result_row_and_reference_errors():
     for key in ("mean_error", "centralized_error", "local_only_error", "aggregations",
                 "groups.group_size", "wall_simulation_s", "seed", "fold"):  # fmt: skip
         assert key in row
-    assert 0.0 <= result.centralized_error <= 0.5
-    assert result.centralized_error <= result.local_only_error + 0.05
+    assert 0.0 <= result.evaluation.centralized_error <= 0.5
+    assert result.evaluation.centralized_error <= result.evaluation.local_only_error + 0.05
     assert set(result.wall_times) == {"training", "simulation", "evaluation"}
 
 
@@ -225,8 +225,8 @@ def test_seed_experiment_one_fold_on_real_data(real_data_home, dataset, n_peers,
     )
     result = simulate(config)
     assert result.aggregations > 0
-    assert result.metrics.errors.mean() < 0.5
-    assert result.centralized_error < 0.25
+    assert result.evaluation.metrics.errors.mean() < 0.5
+    assert result.evaluation.centralized_error < 0.25
 
 
 def test_secure_aggregation_matches_plaintext_and_counts_its_messages(monkeypatch):

@@ -58,6 +58,8 @@ class Transport:
         self.messages_lost = 0
         self.control_messages = 0
         self.broadcasts = 0
+        #: Called with the sender of every lost message (the world's observers), if set.
+        self.on_lost: Callable[[int], None] | None = None
         self._latencies: list[float] = []
         self._uniforms: list[float] = []
 
@@ -100,6 +102,8 @@ class Transport:
         self._count(sender, n_bytes)
         if self._lost():
             self.messages_lost += 1
+            if self.on_lost is not None:
+                self.on_lost(sender)
             return
         event = self.env.timeout(self.delay(n_bytes), value=message)
         event.callbacks.append(lambda ev: deliver(ev.value))

@@ -9,9 +9,10 @@ Protocol of one aggregation (the seed's Algorithms 1 and 2, with DESIGN.md's fix
    (With secure aggregation, members exchange additive shares instead and the curator only
    receives partial sums; see :mod:`p2pdp.secure_aggregation`.)
 3. The :func:`curator_process` waits until all ``g`` models arrived (or ``collect_timeout``
-   passes: the group is aborted and nobody is charged, since nothing was released), averages
-   them, calibrates the noise on the group's sensitivity, **checks** every member's budget,
-   draws the noise, releases the model and **spends** every member's budget.
+   passes: the group is aborted and nobody is charged, since nothing was released), asks the
+   task for the group's sensitivity, **checks** every member's budget, releases the aggregate
+   through the one release path (:class:`p2pdp.release.Releaser`: plaintext or secure) and
+   **spends** every member's budget.
 4. The published model goes to the members (``group`` publication) or, as one broadcast, to
    every peer (``full`` publication). Publication is post-processing: it costs no budget.
 5. The :class:`CompletionMonitor` (the seed's CompletionAgent) ends the run when fewer than
@@ -19,20 +20,25 @@ Protocol of one aggregation (the seed's Algorithms 1 and 2, with DESIGN.md's fix
 
 The noise draws come from a dedicated stream, so the same seed gives the same models whatever
 the publication mode.
+
+The world is task-agnostic: it moves each peer's statistic (a row of ``statistics``: a model,
+a count, ...) and never looks inside it; the task (:mod:`p2pdp.tasks`) gives the group's
+sensitivity and the aggregate, and scores the run afterwards. Observers
+(:class:`WorldObserver`) are told of every group started, released and aborted, every lost
+message and every peer going offline or online, without reading the world's internals.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
-from p2pdp.accounting import BudgetLedger
+from p2pdp.accounting import BudgetLedger, make_accountant
 from p2pdp.config import ScenarioConfig
-from p2pdp.learning import GRADIENT_TOLERANCE
-from p2pdp.mechanisms import Mechanism, group_sensitivity
-from p2pdp.secure_aggregation import draw_noise_shares, secure_noisy_mean
+from p2pdp.release import Releaser, ReleaseRecord
 from p2pdp.sim.transport import HEADER_BYTES, Transport, model_bytes
 
 SAMPLER = -1  # sender id of the central sampler
@@ -46,10 +52,18 @@ PUBLISH = "publish"
 
 @dataclass(slots=True)
 class Message:
+    """A protocol message: ``kind``, ``sender`` (peer id, or SAMPLER), ``group`` id, payload.
+
+    Payloads: ``ASSIGN`` carries the :class:`Group`; ``SUBMIT`` the sender's peer id (the
+    curator reads that member's statistic and shard size); ``PUBLISH`` the index of the
+    published release; ``SHARE`` and ``PARTIAL`` none (their arithmetic is done in one
+    vectorised call at the curator, see :class:`p2pdp.release.Releaser`).
+    """
+
     kind: str
     sender: int
     group: int
-    payload: object = None
+    payload: Group | int | None = None
 
 
 @dataclass(slots=True)
@@ -59,11 +73,39 @@ class Group:
     group_id: int
     members: np.ndarray
     curator: int
-    total: np.ndarray | float = 0.0  # running sum of the received models
+    complete: simpy.Event
+    started: float = 0.0
+    submitted: list[int] = field(default_factory=list)  # members whose statistic arrived
     sizes: list[int] = field(default_factory=list)
-    complete: simpy.Event | None = None
     shares_received: dict[int, int] = field(default_factory=dict)  # secure aggregation
     partials: int = 0  # secure aggregation: partial sums the curator holds
+
+
+class WorldObserver:
+    """Hooks the world calls as things happen; override the ones you need (all no-ops here).
+
+    Observers read what the hooks pass and public world state (``world.env.now``,
+    ``world.ledger``); they must not change the world. :mod:`p2pdp.records` builds the
+    ``releases`` table on them.
+    """
+
+    def group_started(self, world: World, group: Group) -> None:
+        """A group's members were told to submit (or, decentralised, agreed to)."""
+
+    def released(self, world: World, group: Group, record: ReleaseRecord) -> None:
+        """The group's noisy aggregate was released and its members charged."""
+
+    def aborted(self, world: World, group: Group, reason: str) -> None:
+        """The group ended without a release (nobody charged)."""
+
+    def message_lost(self, world: World, sender: int) -> None:
+        """A message from ``sender`` (-1: the central sampler) was lost or hit an offline peer."""
+
+    def peer_offline(self, world: World, peer: int) -> None:
+        """``peer`` left the network (churn or crash)."""
+
+    def peer_online(self, world: World, peer: int) -> None:
+        """``peer`` came back."""
 
 
 class Peer:
@@ -92,18 +134,20 @@ class Peer:
 
     def receive(self, message: Message) -> None:
         world = self.world
+        payload = message.payload
         if not world.online[self.peer_id]:  # arrived while this peer was offline
             world.transport.messages_lost += 1
-        elif message.kind == ASSIGN:
-            world.submit(self.peer_id, message.payload)
+            world.notify_lost(message.sender)
+        elif message.kind == ASSIGN and isinstance(payload, Group):
+            world.submit(self.peer_id, payload)
         elif message.kind == SUBMIT:
             world.receive_submission(message)
         elif message.kind == SHARE:
             world.receive_share(self.peer_id, message)
         elif message.kind == PARTIAL:
             world.receive_partial(message)
-        elif message.kind == PUBLISH:
-            world.receipts.append((self.peer_id, message.payload))
+        elif message.kind == PUBLISH and isinstance(payload, int):
+            world.receipts.append((self.peer_id, payload))
 
 
 class CentralSampler:
@@ -209,64 +253,47 @@ class CompletionMonitor:
         self.end_time = float(self.world.env.now)
 
 
-class NoiseStream:
-    """Noise for one run, drawn in batches of unit-sensitivity vectors.
-
-    Every mechanism here is a scale family in the sensitivity: noise for ``Delta_2`` is
-    ``Delta_2`` times noise for sensitivity 1 (vector Laplace: Gamma norm scale ``Delta/eps``;
-    coordinate Laplace: scale ``sqrt(d) Delta/eps``; Gaussian: the analytic ``sigma`` is
-    proportional to ``Delta``). Drawing a batch of unit vectors and scaling each by its group's
-    sensitivity is therefore the same distribution as one call per group, and much faster.
-    """
-
-    _BATCH = 256
-
-    def __init__(self, mechanism: Mechanism, dim: int, *, rng: np.random.Generator) -> None:
-        self.mechanism = mechanism
-        self.dim = dim
-        self.rng = rng
-        self._unit: list[np.ndarray] = []
-
-    def draw(self, sensitivity: float) -> np.ndarray:
-        """One noise vector (dim,) for a release of L2 sensitivity ``sensitivity``."""
-        if not self._unit:
-            batch = self.mechanism.sample(1.0, self.dim, rng=self.rng, size=self._BATCH)
-            self._unit = list(batch[::-1])
-        return sensitivity * self._unit.pop()
-
-
 class World:
     """One simulated network: the environment, transport, peers, sampler, ledger and logs.
 
     Parameters
     ----------
     config : ScenarioConfig
-    local_weights : (P, d) array
-        Exact local models (trained before the simulation starts).
+    statistics : (P, d) array
+        Each peer's local statistic (for the logistic task: its exact local model, trained
+        before the simulation starts).
     shard_sizes : (P,) int array
-    mechanism : Mechanism
-        Noise added to every released aggregate, calibrated per group.
+        Records each peer holds (public inside a group: sensitivities depend on them).
+    releaser : Releaser
+        The one release path (mechanism, aggregate, plaintext or secure).
+    sensitivity : callable
+        ``sensitivity(sizes) -> float``: L2 sensitivity of the aggregate of a group whose
+        members hold ``sizes`` records (the task's :meth:`~p2pdp.tasks.Task.sensitivity`).
     rngs : dict
-        Generators ``"protocol"`` (sampling, curator choice), ``"network"`` (latency, loss),
-        ``"noise"`` (mechanism draws) and ``"shares"`` (secure-aggregation masks).
+        Generators ``"protocol"`` (sampling, curator choice) and ``"network"`` (latency, loss).
+    observers : sequence of WorldObserver
+        Told of every group, release, abort, lost message and churn event.
     """
 
     def __init__(
         self,
         config: ScenarioConfig,
-        local_weights: np.ndarray,
+        statistics: np.ndarray,
         shard_sizes: np.ndarray,
-        mechanism: Mechanism,
         *,
+        releaser: Releaser,
+        sensitivity: Callable[[list[int]], float],
         rngs: dict[str, np.random.Generator],
+        observers: Sequence[WorldObserver] = (),
     ) -> None:
         self.config = config
         self.env = simpy.Environment()
-        self.local_weights = local_weights
+        self.statistics = statistics
         self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
-        n_peers, dim = local_weights.shape
-        self.noise = NoiseStream(mechanism, dim, rng=rngs["noise"])
-        self.share_rng = rngs["shares"]
+        n_peers, dim = statistics.shape
+        self.releaser = releaser
+        self.sensitivity = sensitivity
+        self.observers = tuple(observers)
         self.dim = dim
         self.model_bytes = model_bytes(dim)
         privacy = config.privacy
@@ -276,14 +303,18 @@ class World:
             epsilon_per_aggregation=privacy.epsilon_per_aggregation,
             delta_total=privacy.delta,
             delta_per_aggregation=privacy.delta_per_aggregation,
-            accountant=privacy.accountant,
+            accountant=make_accountant(privacy.accountant),
+            event=releaser.mechanism.budget_event(dim),
         )
         self.transport = Transport(self.env, config.network, n_peers, rng=rngs["network"])
+        if self.observers:
+            self.transport.on_lost = self.notify_lost
         self.online = np.ones(n_peers, dtype=bool)  # a group sampler with churn updates it
         self.sampler = make_sampler(self, rng=rngs["protocol"])
         self.monitor = CompletionMonitor(self)
         self.groups: dict[int, Group] = {}
         self.published: list[np.ndarray] = []
+        self.releases: list[ReleaseRecord] = []
         self.shared: list[bool] = []
         self.receipts: list[tuple[int, int]] = []
         self._next_group = 0
@@ -291,6 +322,18 @@ class World:
         self.peers = [Peer(self, j, float(ready_at[j])) for j in range(n_peers)]
         ready = np.flatnonzero(ready_at <= 0).tolist() if self.ledger.max_aggregations else []
         self.sampler.start(ready, int(np.count_nonzero(ready_at > 0)))
+
+    # -- observers ---------------------------------------------------------------------------
+    def notify_lost(self, sender: int) -> None:
+        for observer in self.observers:
+            observer.message_lost(self, sender)
+
+    def set_online(self, peers: np.ndarray, online: bool) -> None:
+        """Mark ``peers`` online or offline (churn, crashes) and tell the observers."""
+        self.online[peers] = online
+        for observer in self.observers:
+            for peer in np.atleast_1d(peers).tolist():
+                (observer.peer_online if online else observer.peer_offline)(self, peer)
 
     # -- group lifecycle --------------------------------------------------------------------
     def start_group(self, members: np.ndarray, curator: int, *, announce: bool = True) -> Group:
@@ -300,9 +343,13 @@ class World:
         message; a decentralised protocol whose members already agreed passes False and the
         members submit at once.
         """
-        group = Group(self._next_group, members, curator, complete=self.env.event())
+        group = Group(
+            self._next_group, members, curator, complete=self.env.event(), started=self.env.now
+        )
         self._next_group += 1
         self.groups[group.group_id] = group
+        for observer in self.observers:
+            observer.group_started(self, group)
         for member in members.tolist():
             if announce:
                 message = Message(ASSIGN, SAMPLER, group.group_id, group)
@@ -313,7 +360,7 @@ class World:
         return group
 
     def submit(self, member: int, group: Group) -> None:
-        """``member`` sends its local model and shard size to the group's curator.
+        """``member`` sends its statistic and shard size to the group's curator.
 
         With secure aggregation it instead sends one additive share of its noisy, fixed-point
         encoded contribution to every other member (:mod:`p2pdp.secure_aggregation`).
@@ -329,13 +376,8 @@ class World:
             if not others:  # a group of one: its own contribution is its partial sum
                 self._partial_ready(member, group)
             return
-        reply = Message(
-            SUBMIT,
-            member,
-            group.group_id,
-            (self.local_weights[member], int(self.shard_sizes[member])),
-        )
-        if member == group.curator:  # the curator holds its own model: no message
+        reply = Message(SUBMIT, member, group.group_id, member)
+        if member == group.curator:  # the curator holds its own statistic: no message
             self.receive_submission(reply)
         else:
             curator = self.peers[group.curator]
@@ -345,10 +387,9 @@ class World:
         group = self.groups.get(message.group)
         if group is None:  # the group already timed out
             return
-        model, size = message.payload
-        group.total = group.total + model
-        group.sizes.append(size)
-        if len(group.sizes) == len(group.members):
+        group.submitted.append(message.sender)
+        group.sizes.append(int(self.shard_sizes[message.sender]))
+        if len(group.submitted) == len(group.members):
             group.complete.succeed()
 
     def receive_share(self, member: int, message: Message) -> None:
@@ -377,8 +418,17 @@ class World:
             return
         group.partials += 1
         if group.partials == len(group.members):
+            group.submitted = group.members.tolist()  # member order, as the shares were summed
             group.sizes = self.shard_sizes[group.members].tolist()  # known inside the group
             group.complete.succeed()
+
+    def release(self, group: Group) -> tuple[np.ndarray, ReleaseRecord]:
+        """The group's noisy aggregate through the one release path."""
+        sensitivity = self.sensitivity(group.sizes)
+        curator = group.submitted.index(group.curator)
+        return self.releaser.release(
+            self.statistics[group.submitted], group.sizes, sensitivity, curator=curator
+        )
 
     def publish(self, group: Group, model: np.ndarray) -> None:
         """Release ``model`` to the group or to everyone (post-processing: no budget)."""
@@ -405,27 +455,6 @@ class World:
                 group.curator, self.peers[member].receive, message, self.model_bytes
             )
 
-    def secure_release(self, group: Group, sensitivity: float) -> np.ndarray:
-        """The arithmetic of the secure round whose messages the transport has carried.
-
-        Every member adds its noise share to ``w_i / K`` (any K - 1 shares carry the
-        mechanism's full noise), encodes it in fixed point, splits it into additive shares
-        mod 2^64; the curator adds the partial sums and decodes only the noisy mean.
-        """
-        members = group.members
-        shares = draw_noise_shares(
-            self.noise.mechanism,
-            sensitivity=sensitivity,
-            n_members=len(members),
-            dim=self.dim,
-            rng=self.noise.rng,
-        )
-        curator_index = int(np.flatnonzero(members == group.curator)[0])
-        result = secure_noisy_mean(
-            self.local_weights[members], shares, curator=curator_index, rng=self.share_rng
-        )
-        return result.total
-
     def finish_group(self, group: Group, *, published: bool) -> None:
         del self.groups[group.group_id]
         self.monitor.notify(published=published)
@@ -437,12 +466,17 @@ class World:
 
 
 def make_sampler(world: World, *, rng: np.random.Generator):
-    """The group sampler ``world.config.groups.sampler`` names."""
-    if world.config.groups.sampler == "gossip":
+    """The group sampler ``world.config.groups.sampler`` names (a built-in or an import string)."""
+    name = world.config.groups.sampler
+    if name == "gossip":
         from p2pdp.gossip import GossipSampler
 
         return GossipSampler(world, rng=rng)
-    return CentralSampler(world, rng=rng)
+    if name == "central":
+        return CentralSampler(world, rng=rng)
+    from p2pdp.components import resolve
+
+    return resolve("sampler", name, key="groups.sampler")(world, rng=rng)
 
 
 def curator_process(world: World, group: Group):
@@ -451,20 +485,16 @@ def curator_process(world: World, group: Group):
     yield group.complete | env.timeout(world.config.groups.collect_timeout)
     if not group.complete.triggered or not world.online[group.curator]:
         # a message was lost or the curator crashed: abort, nothing released, nobody charged
+        reason = "curator offline" if group.complete.triggered else "collect timeout"
+        for observer in world.observers:
+            observer.aborted(world, group, reason)
         world.finish_group(group, published=False)
         return
-    privacy = world.config.privacy
-    sensitivity = group_sensitivity(
-        group.sizes,
-        world.config.training.lam,
-        mode=privacy.sensitivity,
-        gradient_tolerance=GRADIENT_TOLERANCE,
-    )
     world.ledger.check(group.members)  # before any noise is drawn
-    if privacy.secure_aggregation:
-        noisy = world.secure_release(group, sensitivity)
-    else:
-        noisy = group.total / len(group.sizes) + world.noise.draw(sensitivity)
+    released, record = world.release(group)
     world.ledger.spend(group.members)  # the release happens now
-    world.publish(group, noisy)
+    world.releases.append(record)
+    for observer in world.observers:
+        observer.released(world, group, record)
+    world.publish(group, released)
     world.finish_group(group, published=True)

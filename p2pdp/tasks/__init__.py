@@ -1,0 +1,101 @@
+"""Tasks: what peers compute, how a group aggregates it, and how a run is scored.
+
+The world (:mod:`p2pdp.sim.world`) is task-agnostic: it forms groups, collects each member's
+*statistic* (a vector), releases the group's aggregate through the mechanism at the task's
+sensitivity, charges budgets and publishes. A task supplies everything else:
+
+========================  ==========================================================
+``prepare``               the costly, shareable part (data, local training) of one fold
+``training_key``          what ``prepare`` depends on: cells with equal keys share it
+``statistics``            each peer's statistic, (P, d), and shard sizes, (P,)
+``aggregate``             "mean", "sum" (also under secure aggregation) or a callable
+``sensitivity``           L2 sensitivity of a group's aggregate, from its members' sizes
+``evaluate``              score what peers received: an object with ``summary()``
+========================  ==========================================================
+
+Build the task a config names with :func:`make_task` (``task.name``: a registered name or an
+import string ``package.module:Class``; the class is called with the ScenarioConfig).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from p2pdp.config import ScenarioConfig
+from p2pdp.release import Aggregate, ReleaseRecord
+
+__all__ = ["Evaluation", "Outcome", "Task", "make_task"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What a simulated run leaves for the task to score.
+
+    Attributes
+    ----------
+    published : (K, d) array
+        Every released aggregate, in release order.
+    shared : (K,) bool array
+        True where the release reached every peer (full publication, nobody offline).
+    receipt_peers, receipt_models : (R,) int arrays
+        The other receipts: peer ``receipt_peers[i]`` received release ``receipt_models[i]``.
+    releases : tuple of ReleaseRecord
+        Each release's public record (sensitivity, noise scale, ...), in release order.
+    """
+
+    published: np.ndarray
+    shared: np.ndarray
+    receipt_peers: np.ndarray
+    receipt_models: np.ndarray
+    releases: tuple[ReleaseRecord, ...]
+
+
+@runtime_checkable
+class Evaluation(Protocol):
+    """A task's scores of one run."""
+
+    def summary(self) -> dict[str, Any]:
+        """Scalar columns for the run's results row."""
+        ...
+
+    def peer_columns(self) -> dict[str, np.ndarray]:
+        """Per-peer columns, each of shape (P,), for the ``peers`` table."""
+        ...
+
+
+class Task(Protocol):
+    """What a workload must provide to run on the engine (see the module docstring).
+
+    A task class is constructed with the run's :class:`~p2pdp.config.ScenarioConfig`.
+
+    Privacy contract: :meth:`sensitivity` must bound, in L2 norm, how much the group's
+    aggregate of :meth:`statistics` can change under the task's neighbouring relation
+    (state it in the class docstring, e.g. "replace one record of one peer's shard"); the
+    mechanism's guarantee holds only under that bound. :meth:`evaluate` may read anything
+    (it models what peers do with what they received, and the experimenter's scoring);
+    label any use of data other than a peer's own and what it received as non-private.
+    """
+
+    name: ClassVar[str]
+    aggregate: ClassVar[Aggregate]
+
+    def training_key(self, *, fold: int, repetition: int) -> tuple: ...
+
+    def prepare(self, *, fold: int, repetition: int) -> Any: ...
+
+    def statistics(self, prepared: Any) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def sensitivity(self, sizes: list[int]) -> float: ...
+
+    def evaluate(self, prepared: Any, outcome: Outcome) -> Evaluation: ...
+
+
+def make_task(config: ScenarioConfig) -> Task:
+    """The task ``config.task.name`` names, built for ``config``."""
+    from p2pdp.components import resolve
+
+    cls = resolve("task", config.task.name, key="task.name")
+    return cls(config)

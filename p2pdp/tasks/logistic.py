@@ -1,0 +1,135 @@
+"""The seed's workload (seed 002): local logistic models averaged with noise, voted by peers.
+
+Each peer trains an exact L2-regularised logistic regression on its own shard (the
+``training.model`` learner); a group's curator releases the *mean* of its members' models
+plus noise at the group's L2 sensitivity ``2 (L/n_min + tau) / (K lambda)`` (or the seed's
+``2 (L/n_min + tau) / lambda`` with ``privacy.sensitivity = "pathak"``), where ``L`` is the
+loss's Lipschitz constant (1) and ``tau`` the solver's gradient tolerance.
+
+Neighbouring relation: replace one record of one peer's shard (rows of L2 norm <= 1). Released
+to: the group or every peer (``publication.mode``). Every peer classifies the test rows with
+its ensemble (``evaluation.vote``) of its own model and the models it received.
+
+Non-private reference lines (computed for the experimenter, never released): the centralised
+model on all training rows of the fold, and each peer's own model alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from p2pdp.config import ScenarioConfig
+from p2pdp.errors import ConfigError
+from p2pdp.evaluation import (
+    Metrics,
+    build_ensembles,
+    evaluate_ensembles,
+    linear_error,
+    make_ensemble_rule,
+)
+from p2pdp.learning import make_model
+from p2pdp.mechanisms import group_sensitivity
+from p2pdp.pipeline import TrainedPeers, prepare_peers, training_key
+from p2pdp.tasks import Outcome
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogisticEvaluation:
+    """Scores of one run of :class:`LogisticEnsembles`.
+
+    ``metrics``: every peer's ensemble on the test rows; ``centralized_error``: the
+    non-private model on all training rows; ``local_only_errors``: each peer's own model
+    alone, (P,); ``ensemble_sizes``: models in each peer's ensemble, own included, (P,).
+    """
+
+    metrics: Metrics
+    centralized_error: float
+    local_only_errors: np.ndarray
+    ensemble_sizes: np.ndarray
+
+    @property
+    def local_only_error(self) -> float:
+        return float(self.local_only_errors.mean())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **self.metrics.summary(),
+            "centralized_error": self.centralized_error,
+            "local_only_error": self.local_only_error,
+            "mean_ensemble_size": float(self.ensemble_sizes.mean()),
+        }
+
+    def roc(self) -> tuple[np.ndarray, np.ndarray]:
+        """The best peer's ROC curve ``(fpr, tpr)``."""
+        return self.metrics.roc_fpr, self.metrics.roc_tpr
+
+    def peer_columns(self) -> dict[str, np.ndarray]:
+        return {
+            "error": self.metrics.errors,
+            "local_only_error": self.local_only_errors,
+            "ensemble_size": self.ensemble_sizes,
+        }
+
+
+class LogisticEnsembles:
+    """Seed 002: noisy averages of exact local logistic models, ensembles per peer.
+
+    See the module docstring for the neighbouring relation and what is released to whom.
+    """
+
+    name: ClassVar[str] = "logistic"
+    aggregate: ClassVar[str] = "mean"
+
+    def __init__(self, config: ScenarioConfig) -> None:
+        self.config = config
+        self.model = make_model(config.training.model)
+        self.rule = make_ensemble_rule(config.evaluation.vote)
+
+    def training_key(self, *, fold: int, repetition: int) -> tuple:
+        return training_key(self.config, fold=fold, repetition=repetition)
+
+    def prepare(self, *, fold: int, repetition: int) -> TrainedPeers:
+        return prepare_peers(self.config, fold=fold, repetition=repetition)
+
+    def statistics(self, prepared: TrainedPeers) -> tuple[np.ndarray, np.ndarray]:
+        """Local models (P, d) and shard sizes (P,); refuses models not solved to ``tau``."""
+        worst = float(prepared.models.grad_norms.max())
+        tolerance = self.model.gradient_tolerance
+        if worst > tolerance:  # the sensitivity bound assumes it
+            raise ConfigError(
+                f"local models must be solved to gradient norm <= {tolerance}, got {worst}"
+            )
+        return prepared.models.weights, prepared.models.shard_sizes
+
+    def sensitivity(self, sizes: list[int]) -> float:
+        return group_sensitivity(
+            sizes,
+            self.config.training.lam,
+            mode=self.config.privacy.sensitivity,
+            gradient_tolerance=self.model.gradient_tolerance,
+            lipschitz=self.model.lipschitz,
+        )
+
+    def evaluate(self, prepared: TrainedPeers, outcome: Outcome) -> LogisticEvaluation:
+        data = prepared.fold
+        weights = prepared.models.weights
+        ensembles = build_ensembles(
+            weights,
+            outcome.published,
+            outcome.shared,
+            outcome.receipt_peers,
+            outcome.receipt_models,
+            noise_std=np.array([record.noise_std for record in outcome.releases]),
+        )
+        metrics = evaluate_ensembles(ensembles, data.X_test, data.y_test, vote=self.rule)
+        return LogisticEvaluation(
+            metrics=metrics,
+            centralized_error=float(
+                linear_error(prepared.centralized, data.X_test, data.y_test)[0]
+            ),
+            local_only_errors=linear_error(weights, data.X_test, data.y_test),
+            ensemble_sizes=ensembles.sizes(),
+        )
