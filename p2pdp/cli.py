@@ -1,4 +1,4 @@
-"""Command-line interface: ``p2pdp datasets|audit|run|report``.
+"""Command-line interface: ``p2pdp datasets|audit|run|report|components``.
 
 Each sub-command lives in its own ``_add_<name>`` / ``_cmd_<name>`` pair below; the heavy
 lifting is in the package modules, the CLI only parses, calls and prints.
@@ -200,6 +200,33 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- components -------------------------------------------------------------------------------
+def _add_components(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``p2pdp components [KIND] [--json]``."""
+    from p2pdp.components import KINDS
+
+    parser = subparsers.add_parser(
+        "components",
+        help="list the registered components of every kind (or of KIND)",
+        description="Every component a scenario can name: built-ins, registered ones and "
+        "entry points of the group 'p2pdp.components'. Any config value that names a "
+        "component also accepts an import string 'package.module:Name'.",
+    )
+    parser.add_argument("kind", nargs="?", choices=tuple(KINDS), help="only this kind")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=_cmd_components)
+
+
+def _cmd_components(args: argparse.Namespace) -> int:
+    import json
+
+    from p2pdp.components import format_listing, listing
+
+    rows = listing(args.kind)
+    print(json.dumps(rows, indent=2) if args.json else format_listing(rows))
+    return 0
+
+
 # --- main -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -209,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"p2pdp {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for add in (_add_datasets, _add_audit, _add_run, _add_report):
+    for add in (_add_datasets, _add_audit, _add_run, _add_report, _add_components):
         add(subparsers)
     return parser
 
