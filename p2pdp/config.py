@@ -149,6 +149,12 @@ class PrivacyConfig:
     accountant: str = "basic"
     secure_aggregation: bool = False
 
+    @property
+    def approximate(self) -> bool:
+        """Whether the mechanism needs ``delta > 0`` (``gaussian``, or a plug-in that says so)."""
+        cls = components.resolve("mechanism", self.mechanism, key="privacy.mechanism")
+        return bool(getattr(cls, "approximate", False))
+
     def __post_init__(self) -> None:
         _positive("privacy.epsilon", self.epsilon)
         _positive("privacy.epsilon_per_aggregation", self.epsilon_per_aggregation)
@@ -160,19 +166,19 @@ class PrivacyConfig:
         components.check("mechanism", self.mechanism, "privacy.mechanism")
         _one_of("privacy.sensitivity", self.sensitivity, SENSITIVITY_MODES)
         components.check("accountant", self.accountant, "privacy.accountant")
-        if self.mechanism == "gaussian":
+        if self.approximate:
             for key, value in (
                 ("privacy.delta", self.delta),
                 ("privacy.delta_per_aggregation", self.delta_per_aggregation),
             ):
                 if not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
-                    raise _fail(key, "in (0, 1) for the gaussian mechanism", value)
+                    raise _fail(key, f"in (0, 1) for the {self.mechanism} mechanism", value)
             if self.delta_per_aggregation > self.delta:
                 raise ConfigError(
                     "privacy.delta_per_aggregation must be <= privacy.delta "
                     f"({self.delta!r}), got {self.delta_per_aggregation!r}"
                 )
-        if self.accountant == "rdp" and self.mechanism != "gaussian":
+        if self.accountant == "rdp" and not self.approximate:
             raise ConfigError(
                 "privacy.accountant = 'rdp' needs privacy.mechanism = 'gaussian'; "
                 f"got mechanism {self.mechanism!r}"

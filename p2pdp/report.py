@@ -106,6 +106,10 @@ def write_report(directory: str | Path) -> Path:
     manifest = read_manifest(directory) if (directory / MANIFEST_FILE).exists() else {}
     settings = [c for c in rows[0] if c in ("name", "seed") or "." in c]
     swept = [c for c in settings if len({row[c] for row in rows}) > 1]
+    if "mean_error" not in rows[0]:  # a task that does not classify: its own columns, no figures
+        report = directory / REPORT_FILE
+        report.write_text(_task_markdown(rows, manifest, settings, swept), "utf-8")
+        return report
     summaries = _summarise(rows, swept, read_roc(directory))
 
     peers = "partition.n_peers"
@@ -150,6 +154,39 @@ def write_report(directory: str | Path) -> Path:
     report = directory / REPORT_FILE
     report.write_text(_markdown(rows, manifest, settings, swept, summaries, figures), "utf-8")
     return report
+
+
+def _task_markdown(
+    rows: Sequence[dict[str, Any]],
+    manifest: dict[str, Any],
+    settings: Sequence[str],
+    swept: Sequence[str],
+) -> str:
+    """report.md for a task without classification errors: every numeric column per point."""
+    skip = {"point", "fold", "repetition", *settings}
+    metrics = [
+        c
+        for c in rows[0]
+        if c not in skip
+        and not c.startswith("wall_")
+        and all(isinstance(row[c], (int, float)) and not isinstance(row[c], bool) for row in rows)
+    ]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[c] for c in swept), []).append(row)
+    lines = [
+        f"# {manifest.get('scenario', rows[0].get('name', 'results'))}",
+        "",
+        f"Task `{rows[0].get('task.name')}`: {len(rows)} cells; means over folds and "
+        "repetitions. No figures: the accuracy figures need a classification task.",
+        "",
+        "| " + " | ".join([*swept, "cells", *metrics]) + " |",
+        "|" + "---|" * (len(swept) + 1 + len(metrics)),
+    ]
+    for key, cells in groups.items():
+        values = [_number(_column_mean(cells, c)) for c in metrics]
+        lines.append("| " + " | ".join([*map(str, key), str(len(cells)), *values]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # --- data -------------------------------------------------------------------------------------

@@ -173,7 +173,7 @@ def simulate(
         mechanism = make_mechanism(
             privacy.mechanism,
             epsilon=privacy.epsilon_per_aggregation,
-            delta=privacy.delta_per_aggregation if privacy.mechanism == "gaussian" else None,
+            delta=privacy.delta_per_aggregation if privacy.approximate else None,
         )
     dim = statistics.shape[1]
     rngs = {

@@ -91,7 +91,9 @@ def test_accountant_plugin_decides_how_many_aggregations_a_peer_affords(tmp_path
 def test_sampler_plugin_forms_the_groups(tmp_path):
     from p2pdp.simulation import simulate
 
-    scenario = parse_scenario(BASE, overrides=['groups.sampler="user_components:ConsecutiveSampler"'])
+    scenario = parse_scenario(
+        BASE, overrides=['groups.sampler="user_components:ConsecutiveSampler"']
+    )
     result = simulate(scenario.config)
     first = result.releases[0]
     assert first["curator"] == 0 and first["group_size"] == 4
@@ -114,8 +116,11 @@ def test_task_plugin_runs_on_the_engine(tmp_path):
 
 
 def test_unknown_component_names_the_key_the_options_and_the_closest(tmp_path):
-    with pytest.raises(ConfigError, match=r"privacy.mechanism must be one of .*gaussian.*"
-                       r"did you mean 'gaussian'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"privacy.mechanism must be one of .*gaussian.*"
+        r"did you mean 'gaussian'",
+    ):
         parse_scenario(BASE, overrides=['privacy.mechanism="gausian"'])
     with pytest.raises(ConfigError, match=r"groups.sampler = 'user_components:Nope'.*no attribute"):
         parse_scenario(BASE, overrides=['groups.sampler="user_components:Nope"'])
