@@ -30,10 +30,10 @@ from threadpoolctl import threadpool_limits
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.errors import ConfigError
-from p2pdp.tasks import make_task
 from p2pdp.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.scenario import Scenario
 from p2pdp.simulation import simulate
+from p2pdp.tasks import make_task
 
 Task = tuple["Cell", ...]
 #: Seconds to wait for a Dask scheduler before giving up (nothing is written before).

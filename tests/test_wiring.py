@@ -98,7 +98,7 @@ CASES = [
 @pytest.mark.parametrize(("mechanism", "mode", "secure"), CASES)
 def test_released_noise_has_the_promised_scale_at_the_groups_sensitivity(mechanism, mode, secure):
     config = _config(mechanism, mode, secure)
-    result, capture, noise, sensitivity = _released_noise(config)
+    _, capture, noise, sensitivity = _released_noise(config)
     n, dim = noise.shape
     assert n >= 150  # enough releases for the statistics below
     recorded = np.array([record.sensitivity for record in capture.records])
