@@ -863,8 +863,8 @@ def _features(value: Any, what: str, where: str) -> np.ndarray:
             f"{where}: {what} must be a 2-D array (rows x features), got shape {X.shape}"
         )
     if X.shape[0] == 0 or X.shape[1] == 0:
-        raise DataError(f"{where}: {what} has no {'rows' if X.shape[0] == 0 else 'features'}, "
-                        f"shape {X.shape}")  # fmt: skip
+        missing = "rows" if X.shape[0] == 0 else "features"
+        raise DataError(f"{where}: {what} has no {missing}, shape {X.shape}")
     if not np.isfinite(X.sum()):  # O(1) memory; a NaN or inf always makes the sum non-finite
         bad = ~np.isfinite(X)
         if bad.any():
