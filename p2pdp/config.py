@@ -495,11 +495,17 @@ def _check_data_provides(data: DataConfig, evaluation: EvaluationConfig) -> None
             f"got data.dataset = {data.dataset!r}"
         )
     if data.bounds == "manifest" and provided.feature_bounds is False:
+        if data.dataset in FILE_LOADER_OPTIONS:
+            raise ConfigError(
+                "data.bounds = 'manifest' needs data-independent bounds, which a "
+                f"{data.dataset} file does not carry (a loader of your own can return them, "
+                f"see p2pdp.datasets.RawData); got data.dataset = {data.dataset!r}"
+            )
         having = datasets.builtins_with("feature_bounds")
         raise ConfigError(
             f"data.bounds = 'manifest' needs data-independent bounds, which only "
-            f"{', '.join(having)} {'has' if len(having) == 1 else 'have'} among the built-in "
-            f"data sets (your own loader can return them); got data.dataset = {data.dataset!r}"
+            f"{', '.join(having)} {'has' if len(having) == 1 else 'have'}; "
+            f"got data.dataset = {data.dataset!r}"
         )
 
 

@@ -389,9 +389,9 @@ def test_fixed_split_and_manifest_bounds_follow_what_the_loader_returns(write_mo
         (
             dict(dataset="australian", bounds="manifest"),
             {},
-            "which only adult has among the built-in data sets",
+            "needs data-independent bounds, which only adult has; got data.dataset = 'australian'",
         ),
-        (dict(dataset="libsvm", path="a", bounds="manifest"), {}, "which only adult has"),
+        (dict(dataset="libsvm", path="a", bounds="manifest"), {}, "a libsvm file does not carry"),
     ],
 )
 def test_the_config_rejects_what_a_built_in_cannot_provide(data, evaluation, message):
