@@ -129,8 +129,8 @@ class DataConfig:
         if not isinstance(self.header, bool):
             raise _fail("data.header", "true or false", self.header)
         if not isinstance(self.label_column, int) or isinstance(self.label_column, bool):
-            raise _fail("data.label_column", "an integer (0-based; -1 is the last column)",
-                        self.label_column)  # fmt: skip
+            requirement = "an integer (0-based; -1 is the last column)"
+            raise _fail("data.label_column", requirement, self.label_column)
         if self.n_features is not None:
             _int_at_least("data.n_features", self.n_features, 1)
         for key, default in _FILE_OPTION_DEFAULTS.items():
@@ -157,11 +157,9 @@ FILE_LOADER_OPTIONS = {
     "libsvm": ("test_path", "n_features"),
 }
 _FILE_OPTION_DEFAULTS = {
-    "test_path": None,
-    "delimiter": ",",
-    "header": False,
-    "label_column": -1,
-    "n_features": None,
+    f.name: f.default
+    for f in dataclasses.fields(DataConfig)
+    if any(f.name in options for options in FILE_LOADER_OPTIONS.values())
 }
 
 
