@@ -1215,9 +1215,8 @@ def _read_libsvm(paths: list[Path], n_features: int | None) -> list[tuple[np.nda
                 content = line.split("#", 1)[0]
                 problem = _libsvm_line_problem(content, limit) if content.strip() else None
                 if problem is not None:
-                    raise _line_error(path, number, problem.replace(
-                        f"outside 1..{sys.maxsize}", "below 1"
-                    )) from exc  # fmt: skip
+                    problem = problem.replace(f"outside 1..{sys.maxsize}", "below 1")
+                    raise _line_error(path, number, problem) from exc
         raise DataError(f"{', '.join(map(str, paths))}: cannot be read as LIBSVM: {exc}") from exc
     splits = []
     for path, (sparse, labels) in zip(

@@ -372,8 +372,9 @@ def test_fixed_split_and_manifest_bounds_follow_what_the_loader_returns(write_mo
     # bounds [0, 2] map values in [0, 1) below 0.5; bounds fitted on the rows reach ~0.7
     assert fold.X_train[:, :2].max() < 0.5
     # Under CV a predefined test split stays out of the folds (synthetic pools its own).
-    fold = load_fold(DataConfig(dataset="splits:with_test"), EvaluationConfig(cv_folds=4),
-                     seed=0, fold=0)  # fmt: skip
+    fold = load_fold(
+        DataConfig(dataset="splits:with_test"), EvaluationConfig(cv_folds=4), seed=0, fold=0
+    )
     assert len(fold.y_train) + len(fold.y_test) == 40
 
 
@@ -480,8 +481,14 @@ def test_csv_options(tmp_path):
     rows = [f"{y[i]};{float(X[i, 0])!r};{float(X[i, 1])!r}" for i in range(12)]
     path = write_lines(tmp_path / "a.csv", ['"label";"a";"b"', "", *rows])
     test = write_lines(tmp_path / "b.csv", ["label;a;b", *rows[:4]])
-    data = DataConfig(dataset="csv", path=str(path), test_path=str(test), delimiter=";",
-                      header=True, label_column=0)  # fmt: skip
+    data = DataConfig(
+        dataset="csv",
+        path=str(path),
+        test_path=str(test),
+        delimiter=";",
+        header=True,
+        label_column=0,
+    )
     raw = load_data(data, rng=generator(0, "synthetic"))
     assert raw.name == str(path)
     np.testing.assert_array_equal(raw.X, X)
@@ -489,8 +496,10 @@ def test_csv_options(tmp_path):
     np.testing.assert_array_equal(raw.X_test, X[:4])
     lines = [f"{float(X[i, 0])!r}  \t{float(X[i, 1])!r} {2 * y[i] - 1}" for i in range(12)]
     spaced = write_lines(tmp_path / "c.txt", lines)
-    raw = load_data(DataConfig(dataset="csv", path=str(spaced), delimiter="whitespace"),
-                    rng=generator(0, "synthetic"))  # fmt: skip
+    raw = load_data(
+        DataConfig(dataset="csv", path=str(spaced), delimiter="whitespace"),
+        rng=generator(0, "synthetic"),
+    )
     np.testing.assert_array_equal(raw.X, X)
 
 
@@ -529,8 +538,14 @@ def test_missing_file_names_the_key(tmp_path):
     with pytest.raises(DataError, match=r"data.path = 'nowhere.csv': no such file \(/"):
         load_data(DataConfig(dataset="csv", path="nowhere.csv"), rng=generator(0, "x"))
     with pytest.raises(DataError, match="data.test_path = "):
-        load_data(DataConfig(dataset="libsvm", path=str(write_lines(tmp_path / "a", ["1 1:1"])),
-                             test_path=str(tmp_path / "b")), rng=generator(0, "x"))  # fmt: skip
+        load_data(
+            DataConfig(
+                dataset="libsvm",
+                path=str(write_lines(tmp_path / "a", ["1 1:1"])),
+                test_path=str(tmp_path / "b"),
+            ),
+            rng=generator(0, "x"),
+        )
 
 
 def test_libsvm_files(tmp_path):
@@ -540,15 +555,18 @@ def test_libsvm_files(tmp_path):
     dump_svmlight_file(
         X[20:, :2], y[20:], str(tmp_path / "test"), zero_based=False
     )  # fewer columns
-    data = DataConfig(dataset="libsvm", path=str(tmp_path / "train"),
-                      test_path=str(tmp_path / "test"))  # fmt: skip
+    data = DataConfig(
+        dataset="libsvm", path=str(tmp_path / "train"), test_path=str(tmp_path / "test")
+    )
     raw = load_data(data, rng=generator(0, "x"))
     np.testing.assert_allclose(raw.X, X[:20], rtol=1e-15)
     np.testing.assert_array_equal(raw.y, 2 * y[:20] - 1)
     assert raw.X_test.shape == (10, 4)  # padded to the training file's width
     np.testing.assert_allclose(raw.X_test[:, :2], X[20:, :2], rtol=1e-15)
-    wide = load_data(DataConfig(dataset="libsvm", path=str(tmp_path / "train"), n_features=7),
-                     rng=generator(0, "x"))  # fmt: skip
+    wide = load_data(
+        DataConfig(dataset="libsvm", path=str(tmp_path / "train"), n_features=7),
+        rng=generator(0, "x"),
+    )
     assert wide.X.shape == (20, 7)
 
 
@@ -583,25 +601,57 @@ def fold_digest(fold) -> str:
 
 # sha256 of load_fold's arrays computed on main at 79f9fde, before the loaders existed.
 BEFORE = [
-    (dict(dataset="synthetic", synthetic_rows=300, synthetic_test_rows=100, synthetic_features=5),
-     dict(cv_folds=5), 0, 0, "e2336ded7dc8165339dbbb80ca54bbe6d88b25a9d182b5cb9f61bda268c79d44"),
-    (dict(dataset="synthetic", synthetic_rows=500, synthetic_test_rows=200), dict(split="fixed"),
-     0, 0, "1b95854a1cbedfb9c0c041a9ec178350fa7ce1bfcdda1a2e8db6d8dd5707e380"),
-    (dict(dataset="spambase"), dict(cv_folds=10), 0, 0,
-     "ee2b674327bc4147b684f1691e42785b69bd46cd755315818a771a64fc4b5d28"),
-    (dict(dataset="spambase", transform=("minmax", "bias", "project_unit_ball")),
-     dict(cv_folds=10), 7, 2, "163e3f1ed5bd8088488e60464ef0e7dc22f8d2ccc43ec6050e60a5fec219e1cf"),
-    (dict(dataset="australian"), dict(cv_folds=5), 1, 0,
-     "e93d0a921224230c2b74ffe13eb3dcb4b10fc73cebd38e326f949068b69c63e6"),
-]  # fmt: skip
+    (
+        dict(
+            dataset="synthetic", synthetic_rows=300, synthetic_test_rows=100, synthetic_features=5
+        ),
+        dict(cv_folds=5),
+        0,
+        0,
+        "e2336ded7dc8165339dbbb80ca54bbe6d88b25a9d182b5cb9f61bda268c79d44",
+    ),
+    (
+        dict(dataset="synthetic", synthetic_rows=500, synthetic_test_rows=200),
+        dict(split="fixed"),
+        0,
+        0,
+        "1b95854a1cbedfb9c0c041a9ec178350fa7ce1bfcdda1a2e8db6d8dd5707e380",
+    ),
+    (
+        dict(dataset="spambase"),
+        dict(cv_folds=10),
+        0,
+        0,
+        "ee2b674327bc4147b684f1691e42785b69bd46cd755315818a771a64fc4b5d28",
+    ),
+    (
+        dict(dataset="spambase", transform=("minmax", "bias", "project_unit_ball")),
+        dict(cv_folds=10),
+        7,
+        2,
+        "163e3f1ed5bd8088488e60464ef0e7dc22f8d2ccc43ec6050e60a5fec219e1cf",
+    ),
+    (
+        dict(dataset="australian"),
+        dict(cv_folds=5),
+        1,
+        0,
+        "e93d0a921224230c2b74ffe13eb3dcb4b10fc73cebd38e326f949068b69c63e6",
+    ),
+]
 
 
 @pytest.mark.parametrize(("data", "evaluation", "fold", "repetition", "digest"), BEFORE)
 def test_built_in_folds_are_bit_identical_to_before(
     real_data_home, data, evaluation, fold, repetition, digest
 ):
-    loaded = load_fold(DataConfig(**data), EvaluationConfig(**evaluation), seed=2026, fold=fold,
-                       repetition=repetition)  # fmt: skip
+    loaded = load_fold(
+        DataConfig(**data),
+        EvaluationConfig(**evaluation),
+        seed=2026,
+        fold=fold,
+        repetition=repetition,
+    )
     assert fold_digest(loaded) == digest
 
 
@@ -609,12 +659,18 @@ def test_built_in_folds_are_bit_identical_to_before(
 @pytest.mark.parametrize(
     ("data", "evaluation", "digest"),
     [
-        (dict(dataset="adult", bounds="manifest"), dict(split="fixed"),
-         "df036a7bf0418720d30ac696e1ac5b0c418789d7f4208f4adc8383259ef0ff5c"),
-        (dict(dataset="adult"), dict(cv_folds=10),
-         "b13bb7f9e5f863fe7ebee7d183b44493b9f224c71ae92ca8296c3a0493695c15"),
+        (
+            dict(dataset="adult", bounds="manifest"),
+            dict(split="fixed"),
+            "df036a7bf0418720d30ac696e1ac5b0c418789d7f4208f4adc8383259ef0ff5c",
+        ),
+        (
+            dict(dataset="adult"),
+            dict(cv_folds=10),
+            "b13bb7f9e5f863fe7ebee7d183b44493b9f224c71ae92ca8296c3a0493695c15",
+        ),
     ],
-)  # fmt: skip
+)
 def test_adult_folds_are_bit_identical_to_before(real_data_home, data, evaluation, digest):
     transform = ("minmax", "bias", "project_unit_ball") if "bounds" in data else None
     data = {**data, **({"transform": transform} if transform else {})}
