@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,6 @@ from p2pdp.errors import ConfigError
 # Settings that name a component (data.dataset, training.model, privacy.mechanism,
 # privacy.accountant, groups.sampler, evaluation.vote, task.name) take their options from the
 # registry (p2pdp.components): a registered name or an import string 'package.module:Name'.
-DATASETS = ("spambase", "australian", "adult", "synthetic")
 TRANSFORM_STEPS = ("log1p", "minmax", "bias", "project_unit_ball", "scale_sqrt_d")
 PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew")
 SENSITIVITY_MODES = ("group-mean", "pathak")
@@ -68,15 +68,34 @@ def _probability(key: str, value: float, *, open_upper: bool = True) -> None:
 class DataConfig:
     """Which data set, and how rows are transformed before training.
 
+    ``dataset`` names a registered loader (``p2pdp components dataset``: ``spambase``,
+    ``australian``, ``adult``, ``synthetic``, ``csv``, ``libsvm``) or gives an import string
+    ``"package.module:function"`` of your own loader (see
+    :class:`p2pdp.datasets.DatasetLoader`). ``path`` is where a built-in data set's files are
+    searched first, the file ``csv`` and ``libsvm`` read (required for them), and free for
+    your own loader to read.
+
+    Options of the file loaders (an error for any other data set unless left at the default):
+    ``test_path`` a second file in the same format, the predefined test split
+    (``csv``, ``libsvm``); ``delimiter`` a single character or ``"whitespace"`` (``csv``);
+    ``header`` skip a first line of column names (``csv``); ``label_column`` 0-based column of
+    the label, negative from the end, default -1: the last (``csv``); ``n_features`` the number
+    of features d, default: the largest index in the file(s) (``libsvm``).
+
     ``transform`` steps are applied in order (see :mod:`p2pdp.preprocess`); the last step must
     bound every row's L2 norm by 1, which the privacy proof needs. ``bounds = "data"`` fits
     min-max on the pooled training fold (a global, non-private step, recorded in results);
     ``"manifest"`` uses the data set's data-independent feature bounds.
-    ``synthetic_*`` size the ``synthetic`` data set (a logistic model with Gaussian features).
+    ``synthetic_*`` size the ``synthetic`` data set (a logistic model with lognormal features).
     """
 
     dataset: str = "spambase"
     path: str | None = None
+    test_path: str | None = None
+    delimiter: str = ","
+    header: bool = False
+    label_column: int = -1
+    n_features: int | None = None
     transform: tuple[str, ...] = ("log1p", "minmax", "bias", "project_unit_ball")
     bounds: str = "data"
     synthetic_rows: int = 4000
@@ -84,7 +103,42 @@ class DataConfig:
     synthetic_features: int = 57
 
     def __post_init__(self) -> None:
-        _one_of("data.dataset", self.dataset, DATASETS)
+        components.check("dataset", self.dataset, "data.dataset")
+        for key in ("path", "test_path"):
+            value = getattr(self, key)
+            if isinstance(value, os.PathLike):
+                object.__setattr__(self, key, value := os.fspath(value))
+            if value is not None and not (isinstance(value, str) and value):
+                raise _fail(f"data.{key}", "a non-empty path string", value)
+        if self.dataset in FILE_LOADER_OPTIONS and self.path is None:
+            raise ConfigError(
+                f"data.path is required for data.dataset = {self.dataset!r}: "
+                f"the {self.dataset} file to read"
+            )
+        if not isinstance(self.delimiter, str) or not (
+            self.delimiter == "whitespace"
+            or (len(self.delimiter) == 1 and self.delimiter not in '\r\n"0123456789.+-eE')
+        ):
+            raise _fail(
+                "data.delimiter",
+                "one character (not a digit, sign, '.', 'e', quote or newline) or 'whitespace'",
+                self.delimiter,
+            )
+        if not isinstance(self.header, bool):
+            raise _fail("data.header", "true or false", self.header)
+        if not isinstance(self.label_column, int) or isinstance(self.label_column, bool):
+            requirement = "an integer (0-based; -1 is the last column)"
+            raise _fail("data.label_column", requirement, self.label_column)
+        if self.n_features is not None:
+            _int_at_least("data.n_features", self.n_features, 1)
+        for key, default in _FILE_OPTION_DEFAULTS.items():
+            value = getattr(self, key)
+            if value != default and key not in FILE_LOADER_OPTIONS.get(self.dataset, ()):
+                users = [name for name, keys in FILE_LOADER_OPTIONS.items() if key in keys]
+                raise ConfigError(
+                    f"data.{key} is an option of data.dataset = {' or '.join(map(repr, users))}; "
+                    f"got data.{key} = {value!r} with data.dataset = {self.dataset!r}"
+                )
         if not self.transform:
             raise _fail("data.transform", "a non-empty list of steps", list(self.transform))
         for step in self.transform:
@@ -93,6 +147,18 @@ class DataConfig:
         _int_at_least("data.synthetic_rows", self.synthetic_rows, 2)
         _int_at_least("data.synthetic_test_rows", self.synthetic_test_rows, 1)
         _int_at_least("data.synthetic_features", self.synthetic_features, 1)
+
+
+#: Options of the built-in file loaders (data.dataset = "csv" / "libsvm") and their defaults.
+FILE_LOADER_OPTIONS = {
+    "csv": ("test_path", "delimiter", "header", "label_column"),
+    "libsvm": ("test_path", "n_features"),
+}
+_FILE_OPTION_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(DataConfig)
+    if any(f.name in options for options in FILE_LOADER_OPTIONS.values())
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -425,16 +491,8 @@ class ScenarioConfig:
                 f"groups.group_size must be <= partition.n_peers ({self.partition.n_peers}), "
                 f"got {self.groups.group_size}"
             )
-        if self.evaluation.split == "fixed" and self.data.dataset not in ("adult", "synthetic"):
-            raise ConfigError(
-                "evaluation.split = 'fixed' needs a data set with a predefined test split "
-                f"(adult, synthetic); got data.dataset = {self.data.dataset!r}"
-            )
-        if self.data.bounds == "manifest" and self.data.dataset != "adult":
-            raise ConfigError(
-                "data.bounds = 'manifest' needs data-independent bounds, which only adult has; "
-                f"got data.dataset = {self.data.dataset!r}"
-            )
+        if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
+            _check_data_provides(self.data, self.evaluation)
         for key, values in self.sweep:
             section, _, name = key.partition(".")
             if section not in SECTIONS or name not in _field_names(SECTIONS[section]):
@@ -444,6 +502,41 @@ class ScenarioConfig:
 
     def without_sweep(self) -> ScenarioConfig:
         return dataclasses.replace(self, sweep=())
+
+
+def _check_data_provides(data: DataConfig, evaluation: EvaluationConfig) -> None:
+    """Reject a fixed split or manifest bounds that the configured data set cannot provide.
+
+    Known without loading for the built-ins (:func:`p2pdp.datasets.provides`); an import
+    string is checked when it is loaded (:func:`p2pdp.pipeline.load_fold`).
+    """
+    from p2pdp import datasets  # not at module level: datasets imports scikit-learn
+
+    provided = datasets.provides(data)
+    if evaluation.split == "fixed" and provided.test_split is False:
+        if data.dataset in FILE_LOADER_OPTIONS:
+            raise ConfigError(
+                "evaluation.split = 'fixed' needs a predefined test split: set data.test_path "
+                f"to the test file for data.dataset = {data.dataset!r}"
+            )
+        raise ConfigError(
+            "evaluation.split = 'fixed' needs a data set with a predefined test split "
+            f"({', '.join(datasets.builtins_with('test_split'))}); "
+            f"got data.dataset = {data.dataset!r}"
+        )
+    if data.bounds == "manifest" and provided.feature_bounds is False:
+        if data.dataset in FILE_LOADER_OPTIONS:
+            raise ConfigError(
+                "data.bounds = 'manifest' needs data-independent bounds, which a "
+                f"{data.dataset} file does not carry (a loader of your own can return them, "
+                f"see p2pdp.datasets.RawData); got data.dataset = {data.dataset!r}"
+            )
+        having = datasets.builtins_with("feature_bounds")
+        raise ConfigError(
+            f"data.bounds = 'manifest' needs data-independent bounds, which only "
+            f"{', '.join(having)} {'has' if len(having) == 1 else 'have'}; "
+            f"got data.dataset = {data.dataset!r}"
+        )
 
 
 def _field_names(cls: type) -> tuple[str, ...]:

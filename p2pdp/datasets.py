@@ -1,4 +1,13 @@
-"""Benchmark data sets: Spambase, Statlog Australian credit and Adult (LIBSVM a9a / a9a.t).
+"""Data sets: the benchmark files, synthetic data, your own files and your own loader.
+
+A scenario's ``data.dataset`` names a *loader* (:class:`DatasetLoader`, the ``dataset`` kind
+of :mod:`p2pdp.components`) that returns the rows as :class:`RawData`; :func:`load_data` calls
+it. Built-in loaders: :func:`spambase`, :func:`australian`, :func:`adult` (the benchmark
+files below), :func:`synthetic`, :func:`csv_file` and :func:`libsvm_file` (your own file at
+``data.path``). Anything else is an import string ``"package.module:function"`` whose function
+returns ``(X, y)`` or ``(X, y, X_test, y_test)``.
+
+Benchmark data sets: Spambase, Statlog Australian credit and Adult (LIBSVM a9a / a9a.t).
 
 Each data set is described by a TOML manifest, ``datasets/<name>.toml`` in the repository
 (``p2pdp/_manifests/`` in an installed wheel): canonical download address, format, file names,
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import inspect
 import io
 import os
 import re
@@ -34,11 +44,13 @@ import tempfile
 import urllib.request
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from sklearn.datasets import load_svmlight_file
 
+from p2pdp import components
+from p2pdp.config import FILE_LOADER_OPTIONS, DataConfig
 from p2pdp.errors import ConfigError, DataError
 
 if sys.version_info >= (3, 11):
@@ -51,13 +63,27 @@ __all__ = [
     "DOWNLOAD_TIMEOUT_SECONDS",
     "DataFile",
     "Dataset",
+    "DatasetLoader",
     "Manifest",
+    "Provides",
+    "RawData",
+    "adult",
+    "as_raw_data",
+    "australian",
     "available_datasets",
+    "builtins_with",
+    "csv_file",
     "data_home_candidates",
     "dataset_info",
     "fetch_dataset",
+    "libsvm_file",
+    "load_data",
     "load_dataset",
     "load_manifest",
+    "make_synthetic",
+    "provides",
+    "spambase",
+    "synthetic",
 ]
 
 DATA_HOME_ENV = "P2PDP_DATA_HOME"
@@ -744,3 +770,528 @@ def fetch_dataset(name: str, *, force: bool = False) -> list[Path]:
         cached = target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == spec.sha256
         paths.append(target if cached and not force else _download(spec, directory))
     return paths
+
+
+# --- data set loaders: the `dataset` component kind -------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RawData:
+    """The rows a data set loader returns, before any fold split or preprocessing.
+
+    Arrays are converted on construction (any array-like: numpy arrays, lists, pandas
+    objects, scipy sparse matrices) and made read-only; labels ``{0, 1}`` become ``{-1, +1}``.
+    Every problem raises :class:`~p2pdp.errors.DataError` naming the data set and the problem
+    (non-finite values with their count and first position, wrong shapes, one class only,
+    labels other than ``{0, 1}`` or ``{-1, +1}``).
+
+    Attributes
+    ----------
+    name : str
+        What to call the data set in messages (``"spambase"``, ``"mydata:load"``, a file path).
+    X : ndarray, shape (n, d), float64
+        Features, one row per record, finite; ``n >= 2`` with both classes in ``y``.
+    y : ndarray, shape (n,), int8
+        Labels in {-1, +1}.
+    X_test : ndarray, shape (n_test, d), float64, or None
+        A predefined test split (needed by ``evaluation.split = "fixed"``), or None.
+    y_test : ndarray, shape (n_test,), int8, or None
+        Its labels; given exactly when ``X_test`` is.
+    feature_bounds : (low, high) arrays of shape (d,), or None
+        Data-independent per-feature bounds (needed by ``data.bounds = "manifest"``): known
+        from the domain, never computed from the rows. Values outside are clipped by the
+        ``minmax`` step. None: min-max bounds are fitted on the training fold, a global step
+        outside the differential-privacy guarantee.
+    cv_pools_test : bool
+        Under ``evaluation.split = "cv"``, pool the test split with ``X`` before cutting folds
+        (True: the test rows are just more draws, as for ``synthetic``) or leave it out and
+        cut folds from ``X`` only (False, the default: a predefined test split stays unseen).
+    """
+
+    name: str
+    X: np.ndarray
+    y: np.ndarray
+    X_test: np.ndarray | None = None
+    y_test: np.ndarray | None = None
+    feature_bounds: tuple[np.ndarray, np.ndarray] | None = None
+    cv_pools_test: bool = False
+
+    def __post_init__(self) -> None:
+        where = f"data set {self.name!r}"
+        X = _features(self.X, "X", where)
+        y = _labels(self.y, "y", X.shape[0], where)
+        if np.unique(y).size < 2:
+            label = "+1" if y[0] == 1 else "-1"
+            raise DataError(
+                f"{where}: y holds only the label {label} (all {y.size} rows); "
+                "a classifier needs rows of both classes"
+            )
+        object.__setattr__(self, "X", X)
+        object.__setattr__(self, "y", y)
+        if (self.X_test is None) != (self.y_test is None):
+            raise DataError(f"{where}: X_test and y_test must both be given or both be None")
+        if self.X_test is not None:
+            X_test = _features(self.X_test, "X_test", where)
+            if X_test.shape[1] != X.shape[1]:
+                raise DataError(
+                    f"{where}: X_test has {X_test.shape[1]} features but X has {X.shape[1]}; "
+                    "the test split needs the same columns"
+                )
+            object.__setattr__(self, "X_test", X_test)
+            object.__setattr__(self, "y_test", _labels(self.y_test, "y_test", len(X_test), where))
+        if self.feature_bounds is not None:
+            object.__setattr__(
+                self, "feature_bounds", _bounds(self.feature_bounds, X.shape[1], where)
+            )
+        if not isinstance(self.cv_pools_test, bool):
+            raise DataError(f"{where}: cv_pools_test must be True or False")
+
+
+def _dense(value: Any) -> Any:
+    """Scipy sparse matrices become dense arrays; anything else is returned as is."""
+    toarray = getattr(value, "toarray", None)
+    return toarray() if callable(toarray) and hasattr(value, "nnz") else value
+
+
+def _features(value: Any, what: str, where: str) -> np.ndarray:
+    try:
+        X = np.asarray(_dense(value), dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise DataError(
+            f"{where}: {what} must be numeric (convertible to float64): {exc}"
+        ) from None
+    if X.ndim != 2:
+        raise DataError(
+            f"{where}: {what} must be a 2-D array (rows x features), got shape {X.shape}"
+        )
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        missing = "rows" if X.shape[0] == 0 else "features"
+        raise DataError(f"{where}: {what} has no {missing}, shape {X.shape}")
+    if not np.isfinite(X.sum()):  # O(1) memory; a NaN or inf always makes the sum non-finite
+        bad = ~np.isfinite(X)
+        if bad.any():
+            row, column = np.argwhere(bad)[0]
+            raise DataError(
+                f"{where}: {what} has {int(bad.sum())} non-finite values (NaN or inf); the "
+                f"first is {X[row, column]} at row {row}, column {column} (0-based)"
+            )
+    return _read_only(X, np.float64)
+
+
+def _labels(value: Any, what: str, n_rows: int, where: str) -> np.ndarray:
+    y = np.asarray(_dense(value))
+    if y.ndim == 2 and y.shape[1] == 1:  # a one-column table
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise DataError(f"{where}: {what} must be 1-D (one label per row), got shape {y.shape}")
+    if y.shape[0] != n_rows:
+        X_name = "X" if what == "y" else "X_test"
+        raise DataError(f"{where}: {what} has {y.shape[0]} labels but {X_name} has {n_rows} rows")
+    try:
+        values = np.unique(y.astype(np.float64))
+    except (TypeError, ValueError):
+        values = np.unique(y.astype(str))
+    if not (set(values.tolist()) <= {0.0, 1.0} or set(values.tolist()) <= {-1.0, 1.0}):
+        shown = values[:10].tolist()
+        more = f" and {values.size - 10} more" if values.size > 10 else ""
+        raise DataError(
+            f"{where}: {what} labels must be 0/1 or -1/+1 (binary classification), "
+            f"got the values {shown}{more}"
+        )
+    return _read_only(np.where(y.astype(np.float64) == 1.0, 1, -1).astype(np.int8), np.int8)
+
+
+def _bounds(value: Any, d: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        low, high = (np.asarray(bound, dtype=np.float64) for bound in value)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: feature_bounds must be a (low, high) pair of arrays") from None
+    if low.shape != (d,) or high.shape != (d,):
+        raise DataError(
+            f"{where}: feature_bounds low and high must have d = {d} values each, "
+            f"got shapes {low.shape} and {high.shape}"
+        )
+    if not (np.isfinite(low).all() and np.isfinite(high).all() and (low <= high).all()):
+        raise DataError(f"{where}: feature_bounds must be finite with low <= high")
+    return _read_only(low, np.float64), _read_only(high, np.float64)
+
+
+class DatasetLoader(Protocol):
+    """Where the rows come from: the protocol of the ``dataset`` component kind.
+
+    A loader is any callable named by ``data.dataset`` (a registered name such as
+    ``"spambase"``, or an import string ``"package.module:function"``). It is called once per
+    fold in the process that trains the fold (worker processes import its module by name, so
+    the module must be importable there too: installed, or on ``PYTHONPATH``).
+
+    The full form receives the scenario's ``[data]`` table and a random generator, and returns
+    a :class:`RawData`::
+
+        def my_loader(data: DataConfig, *, rng: numpy.random.Generator) -> RawData:
+            X, y = ...  # read data.path, draw with rng, ...
+            return RawData(name="mine", X=X, y=y)
+
+    Simpler forms are accepted too (:func:`load_data` looks at the signature): the function
+    may take no argument, only ``data``, or ``data`` and the keyword ``rng``, and it may
+    return a tuple ``(X, y)`` or ``(X, y, X_test, y_test)`` instead of a :class:`RawData`,
+    with labels in {0, 1} or {-1, +1} and arrays as numpy arrays, lists or pandas objects::
+
+        def load():
+            return X, y
+
+    Parameters
+    ----------
+    data : DataConfig
+        The ``[data]`` table: ``path`` and the other fields a loader may read.
+    rng : numpy.random.Generator
+        The scenario's data stream (derived from its seed and the name ``"synthetic"``), the
+        only randomness a loader may use, so that every fold and worker sees the same rows.
+
+    Returns
+    -------
+    RawData
+        ``X`` (n, d), ``y`` (n,) in {-1, +1}; optionally a test split (needed by
+        ``evaluation.split = "fixed"``) and data-independent ``feature_bounds`` (needed by
+        ``data.bounds = "manifest"``).
+    """
+
+    def __call__(self, data: DataConfig, *, rng: np.random.Generator) -> RawData: ...
+
+
+def load_data(data: DataConfig, *, rng: np.random.Generator) -> RawData:
+    """Resolve ``data.dataset`` to its loader, call it and validate what it returns.
+
+    Parameters
+    ----------
+    data : DataConfig
+        ``data.dataset`` names a registered loader or gives ``"package.module:function"``.
+    rng : numpy.random.Generator
+        Passed to loaders that take an ``rng`` keyword.
+
+    Returns
+    -------
+    RawData
+
+    Raises
+    ------
+    ConfigError
+        ``data.dataset`` cannot be resolved, or the loader's signature does not fit.
+    DataError
+        The loader returned something other than a RawData, ``(X, y)`` or
+        ``(X, y, X_test, y_test)``, or the arrays are invalid (see :class:`RawData`).
+    """
+    key = f"data.dataset = {data.dataset!r}"
+    loader = components.resolve("dataset", data.dataset, key="data.dataset")
+    if not callable(loader):
+        raise ConfigError(f"{key}: {loader!r} is not callable")
+    return as_raw_data(_call(loader, data, rng, key), name=data.dataset)
+
+
+def _call(loader: Any, data: DataConfig, rng: np.random.Generator, key: str) -> Any:
+    """Call ``loader`` with what its signature asks for: nothing, ``data``, ``rng=``."""
+    try:
+        parameters = list(inspect.signature(loader).parameters.values())
+    except (TypeError, ValueError):  # no signature (some builtins): assume loader(data)
+        return loader(data)
+    takes_rng = any(p.name == "rng" and p.kind != p.POSITIONAL_ONLY for p in parameters)
+    others = [p for p in parameters if p.name != "rng" or p.kind == p.POSITIONAL_ONLY]
+    required = [
+        p.name
+        for p in others
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    keyword_only = [p.name for p in others if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+    if len(required) > 1 or keyword_only:
+        raise ConfigError(
+            f"{key}: a loader takes no argument, or the DataConfig (and optionally the keyword "
+            f"rng); {getattr(loader, '__name__', loader)!r} requires {required}"
+        )
+    takes_data = any(p.kind in _POSITIONAL or p.kind == p.VAR_POSITIONAL for p in others)
+    return loader(*((data,) if takes_data else ()), **({"rng": rng} if takes_rng else {}))
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def as_raw_data(result: Any, *, name: str) -> RawData:
+    """A loader's return value as :class:`RawData`: a RawData, ``(X, y)`` or
+    ``(X, y, X_test, y_test)``.
+
+    Raises
+    ------
+    DataError
+        Anything else, or invalid arrays (naming the data set ``name``).
+    """
+    if isinstance(result, RawData):
+        return result
+    if isinstance(result, (tuple, list)) and len(result) in (2, 4):
+        X, y, *test = result
+        X_test, y_test = test or (None, None)
+        return RawData(name=name, X=X, y=y, X_test=X_test, y_test=y_test)
+    what = f"a {type(result).__name__}" + (
+        f" of {len(result)} items" if isinstance(result, (tuple, list)) else ""
+    )
+    raise DataError(
+        f"data set {name!r}: the loader returned {what}; it must return (X, y), "
+        "(X, y, X_test, y_test) or a p2pdp.datasets.RawData"
+    )
+
+
+# --- built-in loaders (registered in p2pdp.components) ----------------------------------------
+def _manifest_data(name: str, data: DataConfig) -> RawData:
+    dataset = load_dataset(name, path=data.path)
+    return RawData(
+        name=name,
+        X=dataset.X,
+        y=dataset.y,
+        X_test=dataset.X_test,
+        y_test=dataset.y_test,
+        feature_bounds=dataset.feature_bounds,
+    )
+
+
+def spambase(data: DataConfig, *, rng: np.random.Generator | None = None) -> RawData:
+    """UCI Spambase (4,601 e-mails x 57 counts and frequencies); no test split, no bounds.
+
+    Read from ``data.path`` (file or directory), ``$P2PDP_DATA_HOME``, the user cache, or
+    downloaded (see :func:`load_dataset`). ``rng`` is not used.
+    """
+    return _manifest_data("spambase", data)
+
+
+def australian(data: DataConfig, *, rng: np.random.Generator | None = None) -> RawData:
+    """Statlog Australian credit approval (690 x 14); no test split, no bounds. ``rng`` unused."""
+    return _manifest_data("australian", data)
+
+
+def adult(data: DataConfig, *, rng: np.random.Generator | None = None) -> RawData:
+    """Adult as LIBSVM a9a (32,561 x 123) with its test split a9a.t (16,281 rows).
+
+    Every feature is binary, so the manifest's data-independent bounds [0, 1] come along.
+    ``rng`` is not used.
+    """
+    return _manifest_data("adult", data)
+
+
+def make_synthetic(
+    n_rows: int, n_test_rows: int, n_features: int, *, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Synthetic logistic data with heavy-tailed non-negative features (count-like).
+
+    Features are lognormal (so the default ``log1p`` transform applies); labels are drawn
+    from a logistic model with a random weight vector. Returns
+    ``(X_train, y_train, X_test, y_test)``, labels in {-1, +1}.
+    """
+    n_total = n_rows + n_test_rows
+    X = rng.lognormal(mean=0.0, sigma=1.0, size=(n_total, n_features))
+    w = rng.normal(size=n_features) * (4.0 / np.sqrt(n_features))
+    logs = np.log1p(X)
+    logits = logs @ w - logs.mean(axis=0) @ w  # centred features, one temporary
+    del logs
+    y = np.where(rng.random(n_total) < 1.0 / (1.0 + np.exp(-logits)), 1, -1).astype(np.int8)
+    return X[:n_rows], y[:n_rows], X[n_rows:], y[n_rows:]
+
+
+def synthetic(data: DataConfig, *, rng: np.random.Generator) -> RawData:
+    """Logistic data of :func:`make_synthetic`, sized by ``data.synthetic_*``.
+
+    ``synthetic_rows`` training and ``synthetic_test_rows`` test rows of
+    ``synthetic_features`` features; cross-validation pools both (they are all iid draws).
+    """
+    X, y, X_test, y_test = make_synthetic(
+        data.synthetic_rows, data.synthetic_test_rows, data.synthetic_features, rng=rng
+    )
+    return RawData(name="synthetic", X=X, y=y, X_test=X_test, y_test=y_test, cv_pools_test=True)
+
+
+def _file(value: str | None, key: str) -> Path:
+    if value is None:
+        raise ConfigError(f"{key} is required to read a file")
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise DataError(f"{key} = {value!r}: no such file ({path.resolve()})")
+    return path
+
+
+def _text_lines(path: Path) -> list[tuple[int, str]]:
+    """(1-based line number, line) of every non-blank line of the UTF-8 text file ``path``."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from exc
+    return [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+
+def _read_csv(path: Path, data: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+    rows = _text_lines(path)
+    if data.header and rows:
+        rows = rows[1:]
+    if not rows:
+        raise DataError(f"{path}: the file has no data lines")
+    delimiter = None if data.delimiter == "whitespace" else data.delimiter
+    n_columns = len(rows[0][1].split(delimiter))
+    if n_columns < 2:
+        raise DataError(
+            f"{path}, line {rows[0][0]}: 1 column; a row needs features and a label "
+            f"(is data.delimiter = {data.delimiter!r} right?)"
+        )
+    if not -n_columns <= data.label_column < n_columns:
+        raise ConfigError(
+            f"data.label_column must index one of the {n_columns} columns of {path} "
+            f"(0..{n_columns - 1}, or -1 for the last), got {data.label_column}"
+        )
+    try:
+        table = np.loadtxt(
+            [line for _, line in rows],
+            delimiter=delimiter,
+            dtype=np.float64,
+            ndmin=2,
+            comments=None,
+            quotechar='"',
+        )
+    except (ValueError, OverflowError) as exc:
+        for line_number, line in rows:
+            problem = _dense_line_problem(line, delimiter, n_columns - 1)
+            if problem is not None:
+                raise _line_error(path, line_number, problem) from exc
+        raise DataError(f"{path}: cannot be read as CSV: {exc}") from exc
+    non_finite = np.argwhere(~np.isfinite(table))
+    if non_finite.size:
+        row, column = non_finite[0]
+        raise _line_error(
+            path,
+            rows[row][0],
+            f"column {column + 1} is {table[row, column]}, not a finite number "
+            f"({len(non_finite)} non-finite cells in the file)",
+        )
+    label = data.label_column % n_columns
+    return np.delete(table, label, axis=1), _file_labels(table[:, label], rows, path)
+
+
+def _file_labels(labels: np.ndarray, rows: list[tuple[int, str]], path: Path) -> np.ndarray:
+    """Check that file labels are binary, naming the first bad line; return them unchanged."""
+    known = np.isin(labels, (-1.0, 0.0, 1.0))
+    if not known.all():
+        row = int(np.argmin(known))
+        raise _line_error(path, rows[row][0], f"label {labels[row]:g} is not 0 or 1 (or -1 or +1)")
+    if {-1.0, 0.0} <= set(np.unique(labels).tolist()):
+        raise DataError(f"{path}: labels mix -1 and 0; use 0/1 or -1/+1")
+    return labels
+
+
+def csv_file(data: DataConfig, *, rng: np.random.Generator | None = None) -> RawData:
+    """Your own CSV file: ``data.path`` (and ``data.test_path``, a predefined test split).
+
+    One record per line, numeric cells separated by ``data.delimiter`` (``","`` by default,
+    ``"whitespace"`` for runs of spaces and tabs), the label in column ``data.label_column``
+    (0-based, default -1: the last) with values 0/1 or -1/+1, and a first line of column
+    names to skip if ``data.header``. Blank lines are skipped; cells may be quoted with ``"``.
+    A bad line raises :class:`~p2pdp.errors.DataError` naming the file, the 1-based line
+    number and the problem (wrong column count, non-numeric or empty cell, NaN or inf,
+    unexpected label). ``rng`` is not used.
+    """
+    path = _file(data.path, "data.path")
+    X, y = _read_csv(path, data)
+    X_test = y_test = None
+    if data.test_path is not None:
+        X_test, y_test = _read_csv(_file(data.test_path, "data.test_path"), data)
+    return RawData(name=str(path), X=X, y=y, X_test=X_test, y_test=y_test)
+
+
+def _read_libsvm(paths: list[Path], n_features: int | None) -> list[tuple[np.ndarray, np.ndarray]]:
+    from sklearn.datasets import load_svmlight_files
+
+    try:
+        loaded = load_svmlight_files(
+            [str(path) for path in paths],
+            n_features=n_features,
+            zero_based=False,
+            dtype=np.float64,
+        )
+    except (ValueError, OverflowError) as exc:
+        limit = n_features if n_features is not None else sys.maxsize
+        for path in paths:
+            for number, line in _text_lines(path):
+                content = line.split("#", 1)[0]
+                problem = _libsvm_line_problem(content, limit) if content.strip() else None
+                if problem is not None:
+                    problem = problem.replace(f"outside 1..{sys.maxsize}", "below 1")
+                    raise _line_error(path, number, problem) from exc
+        raise DataError(f"{', '.join(map(str, paths))}: cannot be read as LIBSVM: {exc}") from exc
+    splits = []
+    for path, (sparse, labels) in zip(
+        paths, zip(loaded[::2], loaded[1::2], strict=True), strict=True
+    ):
+        rows = [
+            (number, line) for number, line in _text_lines(path) if line.split("#", 1)[0].strip()
+        ]
+        X = sparse.toarray()
+        non_finite = np.argwhere(~np.isfinite(X))
+        if non_finite.size:
+            row, column = non_finite[0]
+            raise _line_error(
+                path, rows[row][0], f"feature {column + 1} is {X[row, column]}, not finite"
+            )
+        splits.append((X, _file_labels(labels, rows, path)))
+    return splits
+
+
+def libsvm_file(data: DataConfig, *, rng: np.random.Generator | None = None) -> RawData:
+    """Your own LIBSVM file: ``data.path`` (and ``data.test_path``, a predefined test split).
+
+    Lines ``<label> <index>:<value> ...`` with 1-based, increasing feature indices (as written
+    by LIBSVM and scikit-learn's ``dump_svmlight_file(..., zero_based=False)``); ``#`` starts
+    a comment. Labels 0/1 or -1/+1. ``data.n_features`` fixes d (default: the largest index
+    in the file, or in both files with a test split). A bad line raises
+    :class:`~p2pdp.errors.DataError` naming the file and its 1-based line number.
+    ``rng`` is not used.
+    """
+    paths = [_file(data.path, "data.path")]
+    if data.test_path is not None:
+        paths.append(_file(data.test_path, "data.test_path"))
+    splits = _read_libsvm(paths, data.n_features)
+    X_test, y_test = splits[1] if len(splits) == 2 else (None, None)
+    return RawData(name=str(paths[0]), X=splits[0][0], y=splits[0][1], X_test=X_test, y_test=y_test)
+
+
+# --- what a data set declares before it is loaded ---------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Provides:
+    """What a configured data set will provide, known without loading it (None: unknown).
+
+    ``test_split``: a predefined test split (``evaluation.split = "fixed"``);
+    ``feature_bounds``: data-independent bounds (``data.bounds = "manifest"``).
+    """
+
+    test_split: bool | None
+    feature_bounds: bool | None
+
+
+def provides(data: DataConfig) -> Provides:
+    """What ``data.dataset`` provides, from its manifest or its file settings.
+
+    Manifest data sets answer from their manifest, ``synthetic`` has a test split and no
+    bounds, ``csv`` / ``libsvm`` have a test split exactly when ``data.test_path`` is set and
+    never bounds. Anything else (an import string, a plug-in) is only known once loaded:
+    :func:`p2pdp.pipeline.load_fold` checks it then.
+    """
+    if data.dataset in available_datasets():
+        manifest = load_manifest(data.dataset)
+        return Provides(
+            any(file.role == "test" for file in manifest.files),
+            manifest.feature_bounds is not None,
+        )
+    if data.dataset == "synthetic":
+        return Provides(True, False)
+    if data.dataset in FILE_LOADER_OPTIONS:
+        return Provides(data.test_path is not None, False)
+    return Provides(None, None)
+
+
+def builtins_with(what: str) -> list[str]:
+    """Names of the built-in data sets that always provide ``what`` (a :class:`Provides` field).
+
+    For messages: ``builtins_with("test_split") == ["adult", "synthetic"]``.
+    """
+    names = [*available_datasets(), "synthetic"]
+    return sorted(name for name in names if getattr(provides(DataConfig(dataset=name)), what))

@@ -5,9 +5,10 @@ is added after training), so :func:`train_peers` is keyed by :func:`training_key
 experiment shares one training between all cells with the same key.
 
 Random streams are derived by name from the scenario seed (:mod:`p2pdp.rng`): the folds from
-``("folds", repetition)``, the shards from ``("partition", fold, repetition)``, the synthetic
-data from ``("synthetic",)``. Two cells that differ only in, say, the publication mode
-therefore see the same folds, shards and local models (common random numbers).
+``("folds", repetition)``, the shards from ``("partition", fold, repetition)``, the data (for
+loaders that take an ``rng``, such as ``synthetic``) from ``("synthetic",)``. Two cells that
+differ only in, say, the publication mode therefore see the same folds, shards and local
+models (common random numbers).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from p2pdp.config import DataConfig, EvaluationConfig, PartitionConfig, ScenarioConfig
-from p2pdp.datasets import load_dataset
+from p2pdp.datasets import load_data
 from p2pdp.errors import ConfigError
 from p2pdp.learning import LocalModel, LocalModels, LogisticModel, make_model
 from p2pdp.partition import partition, stratified_folds
@@ -57,57 +58,45 @@ class TrainedPeers:
     key: tuple | None = None
 
 
-def make_synthetic(
-    n_rows: int, n_test_rows: int, n_features: int, *, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Synthetic logistic data with heavy-tailed non-negative features (count-like).
-
-    Features are lognormal (so the default ``log1p`` transform applies); labels are drawn
-    from a logistic model with a random weight vector. Returns
-    ``(X_train, y_train, X_test, y_test)``, labels in {-1, +1}.
-    """
-    n_total = n_rows + n_test_rows
-    X = rng.lognormal(mean=0.0, sigma=1.0, size=(n_total, n_features))
-    w = rng.normal(size=n_features) * (4.0 / np.sqrt(n_features))
-    logs = np.log1p(X)
-    logits = logs @ w - logs.mean(axis=0) @ w  # centred features, one temporary
-    del logs
-    y = np.where(rng.random(n_total) < 1.0 / (1.0 + np.exp(-logits)), 1, -1).astype(np.int8)
-    return X[:n_rows], y[:n_rows], X[n_rows:], y[n_rows:]
-
-
 def load_fold(
     data: DataConfig, evaluation: EvaluationConfig, *, seed: int, fold: int, repetition: int = 0
 ) -> FoldData:
     """Load ``data.dataset``, take fold ``fold``'s train/test split and preprocess it.
 
-    The transform is fitted on the training rows only, then applied to the test rows.
+    The loader (:func:`p2pdp.datasets.load_data`) gets the stream ``("synthetic",)`` of
+    ``seed``. ``evaluation.split = "fixed"`` trains on the loader's ``X, y`` and tests on its
+    test split; ``"cv"`` cuts stratified folds from ``X, y`` (pooled with the test split if the
+    loader says so). The transform is fitted on the training rows only, then applied to the
+    test rows; ``data.bounds = "manifest"`` takes the loader's data-independent bounds.
+
+    Raises
+    ------
+    ConfigError
+        A fixed split or manifest bounds that the data set does not provide, or too few rows
+        of a class for ``evaluation.cv_folds``.
+    DataError
+        The loader's rows are invalid (see :class:`p2pdp.datasets.RawData`).
     """
-    feature_bounds = None
-    if data.dataset == "synthetic":
-        X_train, y_train, X_test, y_test = make_synthetic(
-            data.synthetic_rows,
-            data.synthetic_test_rows,
-            data.synthetic_features,
-            rng=generator(seed, "synthetic"),
-        )
-        if evaluation.split == "cv":
-            X, y = np.vstack([X_train, X_test]), np.concatenate([y_train, y_test])
-            X_train, y_train, X_test, y_test = _cv_split(X, y, evaluation, seed, fold, repetition)
-    else:
-        dataset = load_dataset(data.dataset, path=data.path)
-        feature_bounds = dataset.feature_bounds
-        if evaluation.split == "fixed":
-            if dataset.X_test is None:
-                raise ConfigError(
-                    f"evaluation.split = 'fixed' but data set {data.dataset!r} has no test split"
-                )
-            X_train, y_train, X_test, y_test = dataset.X, dataset.y, dataset.X_test, dataset.y_test
-        else:
-            X_train, y_train, X_test, y_test = _cv_split(
-                dataset.X, dataset.y, evaluation, seed, fold, repetition
+    raw = load_data(data, rng=generator(seed, "synthetic"))
+    if evaluation.split == "fixed":
+        if raw.X_test is None or raw.y_test is None:
+            raise ConfigError(
+                f"evaluation.split = 'fixed' but data set {raw.name!r} has no test split "
+                "(its loader returned no X_test, y_test)"
             )
-    bounds = feature_bounds if data.bounds == "manifest" else None
+        X_train, y_train, X_test, y_test = raw.X, raw.y, raw.X_test, raw.y_test
+    else:
+        X, y = raw.X, raw.y
+        if raw.cv_pools_test and raw.X_test is not None and raw.y_test is not None:
+            X, y = np.vstack([raw.X, raw.X_test]), np.concatenate([raw.y, raw.y_test])
+        _check_fold_counts(raw.name, y, evaluation.cv_folds)
+        X_train, y_train, X_test, y_test = _cv_split(X, y, evaluation, seed, fold, repetition)
+    if data.bounds == "manifest" and raw.feature_bounds is None:
+        raise ConfigError(
+            f"data.bounds = 'manifest' needs data-independent bounds, but data set "
+            f"{raw.name!r} has none (its loader returned no feature_bounds)"
+        )
+    bounds = raw.feature_bounds if data.bounds == "manifest" else None
     fitted = Preprocessor(steps=tuple(data.transform), bounds=bounds).fit(X_train)
     return FoldData(
         X_train=fitted.transform(X_train),
@@ -116,6 +105,18 @@ def load_fold(
         y_test=np.asarray(y_test, dtype=np.int8),
         data_dependent_bounds=fitted.data_dependent,
     )
+
+
+def _check_fold_counts(name: str, y: np.ndarray, cv_folds: int) -> None:
+    """Stratified folds need at least ``cv_folds`` rows of each class."""
+    for label in (-1, 1):
+        count = int((y == label).sum())
+        if count < cv_folds:
+            raise ConfigError(
+                f"data set {name!r} has {count} rows of class {label:+d}, too few for "
+                f"evaluation.cv_folds = {cv_folds} (each fold needs one of each class): "
+                "lower evaluation.cv_folds or bring more rows"
+            )
 
 
 def _cv_split(
@@ -177,10 +178,24 @@ def training_key(config: ScenarioConfig, *, fold: int, repetition: int) -> tuple
 
 
 def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> TrainedPeers:
-    """Load fold ``fold`` of ``config``'s data and train every peer's local model."""
+    """Load fold ``fold`` of ``config``'s data and train every peer's local model.
+
+    Raises
+    ------
+    ConfigError
+        The fold has fewer training rows than ``partition.n_peers * partition.min_shard_size``.
+    """
     data = load_fold(
         config.data, config.evaluation, seed=config.seed, fold=fold, repetition=repetition
     )
+    partition_config = config.partition
+    needed = partition_config.n_peers * partition_config.min_shard_size
+    if len(data.y_train) < needed:
+        raise ConfigError(
+            f"data set {config.data.dataset!r}: fold {fold} has {len(data.y_train)} training "
+            f"rows, fewer than partition.n_peers ({partition_config.n_peers}) x "
+            f"partition.min_shard_size ({partition_config.min_shard_size}) = {needed}"
+        )
     return train_peers(
         data,
         config.partition,

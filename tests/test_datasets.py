@@ -16,6 +16,7 @@ import pytest
 
 from p2pdp import datasets
 from p2pdp.cli import main
+from p2pdp.config import DataConfig
 from p2pdp.datasets import (
     DataFile,
     Dataset,
@@ -492,6 +493,19 @@ def test_dataset_converts_and_validates():
         Dataset(**common, X_test=X, y_test=None)
     with pytest.raises(ConfigError, match="Dataset.X must be finite"):
         Dataset(**{**common, "X": [[0, np.nan], [1, 1]]}, X_test=None, y_test=None)
+
+
+# --- the built-in loaders (data.dataset = "spambase" ...) --------------------------------------
+def test_built_in_loader_reads_data_path(tmp_path, real_data_home):
+    copy = tmp_path / "my-spambase.csv"
+    shutil.copy(real_data_home / "spambase.data", copy)
+    raw = datasets.spambase(DataConfig(dataset="spambase", path=str(copy)))
+    expected = load_dataset("spambase", path=copy, download=False)
+    assert raw.name == "spambase" and raw.X_test is None and raw.feature_bounds is None
+    np.testing.assert_array_equal(raw.X, expected.X)
+    np.testing.assert_array_equal(raw.y, expected.y)
+    with pytest.raises(DataError, match="does-not-exist does not exist"):
+        datasets.australian(DataConfig(dataset="australian", path=str(tmp_path / "does-not-exist")))
 
 
 # --- command line -----------------------------------------------------------------------------
