@@ -138,7 +138,7 @@ def outcome_probabilities(
     return np.stack([1.0 - yes, yes], axis=-1)
 
 
-# --- privacy of one person -------------------------------------------------------------------------
+# --- privacy of one person ------------------------------------------------------------------------
 def _log_ratio_max(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     """``max over the last axis of |ln(first / second)|``; 0/0 (impossible outcome) counts 0."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -301,7 +301,7 @@ def piecewise_epsilon(
     return _out(np.where((sp > se) & positive_worst, inverse_beta, alpha))
 
 
-# --- randomized response on the result --------------------------------------------------------------
+# --- randomized response on the result ------------------------------------------------------------
 def effective_accuracy(
     sensitivity: ArrayLike, specificity: ArrayLike, response: RandomizedResponse
 ) -> tuple[float | np.ndarray, float | np.ndarray]:
@@ -318,7 +318,7 @@ def effective_accuracy(
     return _out(se * yes1 + (1.0 - se) * yes0), _out(sp * (1.0 - yes0) + (1.0 - sp) * (1.0 - yes1))
 
 
-# --- estimation --------------------------------------------------------------------------------------
+# --- estimation -----------------------------------------------------------------------------------
 def pooled_mle(
     positive_fraction: ArrayLike,
     pool_size: ArrayLike,
@@ -450,7 +450,7 @@ def max_prevalence(
     return _out(out)
 
 
-# --- simulation --------------------------------------------------------------------------------------
+# --- simulation -----------------------------------------------------------------------------------
 def pool_status(statuses: ArrayLike, pool_size: int) -> np.ndarray:
     """True status of each pool: consecutive blocks of ``c`` people, positive if any member is.
 
@@ -537,7 +537,7 @@ def simulate_pooled_mle(
     return np.asarray(pooled_mle(positives / n_pools, pool_size, sensitivity, specificity))
 
 
-# --- data of the figures ------------------------------------------------------------------------------
+# --- data of the figures --------------------------------------------------------------------------
 def epsilon_rows(
     prevalences: Sequence[float],
     pool_sizes: Sequence[int],

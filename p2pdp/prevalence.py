@@ -543,7 +543,7 @@ def requery_policy(
     return PolicyTrace(mean=mean, low=low, high=high, released=released)
 
 
-# --- local model: randomized response --------------------------------------------------------------
+# --- local model: randomized response -------------------------------------------------------------
 def two_coin_theta1(epsilon: float, theta2: float = 0.5) -> float:
     """The seed's two-coin randomized response: truth probability ``theta1`` for ``epsilon``.
 
