@@ -191,16 +191,20 @@ def individual_epsilon(
     return _out(np.maximum(positive, negative))
 
 
-def individual_epsilon_enumerated(
+def enumerated_outcome_probabilities(
     prevalence: float, pool_size: int, sensitivity: float, specificity: float
-) -> float:
-    """:func:`individual_epsilon` by exact enumeration of the other members' statuses.
+) -> np.ndarray:
+    """One member's output law by exact enumeration of the other members' statuses.
 
     Sums ``P(z | x) = sum_s P(s) P(z | pool status = x or any(s))`` over all ``2^(c - 1)``
-    status vectors ``s`` of the others (``P(s) = p^|s| (1 - p)^(c - 1 - |s|)``), using the
-    same test model as the simulator (:func:`result_positive_probability`), then takes
-    ``max_z |ln P(z | 1) / P(z | 0)|``. Independent of the closed form; scalars only,
-    ``c <= MAX_ENUMERATED_POOL``. Same threat model as :func:`individual_epsilon`.
+    status vectors ``s`` of the others (``P(s) = p^|s| (1 - p)^(c - 1 - |s|)``), with the same
+    test model as the simulator (:func:`result_positive_probability`). Independent of the
+    closed form (:func:`outcome_probabilities`); scalars only, ``c <= MAX_ENUMERATED_POOL``.
+
+    Returns
+    -------
+    ndarray, shape (2, 2)
+        ``P[x, z]``.
     """
     p = float(_probabilities("prevalence", prevalence))
     c = require_count("pool_size", pool_size)
@@ -216,8 +220,26 @@ def individual_epsilon_enumerated(
             for x in (0, 1)
         ]
     )
-    law = np.stack([1.0 - yes, yes], axis=-1)  # (x, z)
+    return np.stack([1.0 - yes, yes], axis=-1)
+
+
+def epsilon_of_law(law: ArrayLike) -> float:
+    """``max_z |ln P[1, z] / P[0, z]|`` of a binary-input law ``P[x, z]`` (0/0 counts 0)."""
+    law = np.asarray(law, dtype=float)
     return float(_log_ratio_max(law[1], law[0]))
+
+
+def individual_epsilon_enumerated(
+    prevalence: float, pool_size: int, sensitivity: float, specificity: float
+) -> float:
+    """:func:`individual_epsilon` by exact enumeration over the ``2^(c-1)`` statuses of the others.
+
+    :func:`epsilon_of_law` of :func:`enumerated_outcome_probabilities`. Same threat model as
+    :func:`individual_epsilon`.
+    """
+    return epsilon_of_law(
+        enumerated_outcome_probabilities(prevalence, pool_size, sensitivity, specificity)
+    )
 
 
 def worst_case_epsilon(sensitivity: ArrayLike, specificity: ArrayLike) -> float | np.ndarray:
