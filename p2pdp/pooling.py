@@ -214,13 +214,12 @@ def enumerated_outcome_probabilities(
     others = (np.arange(2 ** (c - 1))[:, None] >> np.arange(c - 1)) & 1  # (2^(c-1), c-1)
     positives = others.sum(axis=1)
     weight = p**positives * (1.0 - p) ** (c - 1 - positives)
-    yes = np.array(
-        [
-            float(weight @ result_positive_probability((positives > 0) | bool(x), se, sp))
-            for x in (0, 1)
-        ]
-    )
-    return np.stack([1.0 - yes, yes], axis=-1)
+    law = np.empty((2, 2))
+    for x in (0, 1):
+        yes = result_positive_probability((positives > 0) | bool(x), se, sp)
+        no = np.where((positives > 0) | bool(x), 1.0 - se, sp)  # summed apart: no cancellation
+        law[x] = weight @ no, weight @ yes
+    return law
 
 
 def epsilon_of_law(law: ArrayLike) -> float:
