@@ -334,7 +334,7 @@ class BetaMixture:
         k = np.arange(self.n + 1)[keep]
         weights = self.weights.reshape(-1, self.n + 1)[:, keep]
         grid = np.unique(
-            np.concatenate([np.linspace(0.0, 1.0, 513), expit(np.linspace(-27.0, 27.0, 217))])
+            np.concatenate([np.linspace(0.0, 1.0, 257), expit(np.linspace(-27.0, 27.0, 109))])
         )
         table = betainc(self.a + k[:, None], self.b + self.n - k[:, None], grid[None, :])
         cdf_grid = weights @ table  # (G, T), from 0 at theta = 0 to 1 at theta = 1
