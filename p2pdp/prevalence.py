@@ -159,13 +159,15 @@ def widened_posterior(
     Mean ``m = (a + c) / (a + b + n)``; variance ``m (1 - m) / (a + b + n + 1) +
     noise_variance / (a + b + n)^2`` (``2 Q / epsilon^2`` for ``Q`` Laplace releases summed);
     returned as ``Beta(m nu, (1 - m) nu)`` with ``nu = m (1 - m) / variance - 1``, floored at
-    ``1e-3`` so the parameters stay positive. Approximate: matches two moments, not the shape.
+    the prior's ``a + b`` (never less concentrated than the prior; without the floor, very
+    noisy counts give U-shaped Betas). Approximate: matches two moments, not the shape, and
+    undercovers when the noise is comparable to ``n`` (the exact posterior does not).
     """
     a_post, b_post = beta_posterior(counts, n, prior=prior)
     total = a_post + b_post
     mean = a_post / total
     variance = mean * (1 - mean) / (total + 1) + np.asarray(noise_variance) / total**2
-    nu = np.maximum(mean * (1 - mean) / variance - 1.0, 1e-3)
+    nu = np.maximum(mean * (1 - mean) / variance - 1.0, sum(_prior(prior)))
     return mean * nu, (1 - mean) * nu
 
 
@@ -623,8 +625,11 @@ def scaling_rows(
     For each ``n`` and epsilon, ``n_repetitions`` populations of ``n`` Bernoulli(p) records;
     the central estimate is the clamped noisy count over ``n``, the local one the debiased
     randomized-response proportion (keep form at epsilon), the non-private one ``k / n``.
-    Rows: ``model`` in {central, local, non-private}, ``n``, ``epsilon``, empirical ``rmse`` and
-    the formula's ``predicted_rmse``.
+    Rows: ``model`` in {central, local, non-private}, ``n``, ``epsilon``, empirical ``rmse``
+    against the prevalence and the formula's ``predicted_rmse``, and the privacy part alone:
+    ``privacy_rmse``, the RMS distance to the non-private ``k / n`` of the same population, with
+    its formula ``predicted_privacy_rmse`` (``sqrt(2)/(epsilon n)`` central, unclamped;
+    ``sqrt(1 - g^2)/(2 g sqrt(n))`` local, ``g = tanh(epsilon/2)``).
     """
     p = require_probability("prevalence", prevalence)
     reps = require_count("n_repetitions", n_repetitions)
@@ -633,7 +638,9 @@ def scaling_rows(
         n = require_count("n", n)
         records = rng.random((reps, n)) < p
         k = records.sum(axis=1)
-        rows.append(_scaling_row("non-private", n, math.nan, k / n - p, p * (1 - p) / n))
+        sampling = p * (1 - p) / n
+        plain = k / n
+        rows.append(_scaling_row("non-private", n, math.nan, plain, plain, p, sampling, sampling))
         for eps in epsilons:
             central = noisy_counts(k, n, eps, rng=rng) / n
             response = RandomizedResponse.from_epsilon(eps)
@@ -641,20 +648,33 @@ def scaling_rows(
             local = (yes / n - response.p_yes_given_no) / (
                 response.p_yes_given_yes - response.p_yes_given_no
             )
+            central_variance = float(central_error_variance(p, n, eps))
+            local_variance = float(local_error_variance(p, n, eps))
             rows.append(
-                _scaling_row("central", n, eps, central - p, central_error_variance(p, n, eps))
+                _scaling_row("central", n, eps, central, plain, p, central_variance, sampling)
             )
-            rows.append(_scaling_row("local", n, eps, local - p, local_error_variance(p, n, eps)))
+            rows.append(_scaling_row("local", n, eps, local, plain, p, local_variance, sampling))
     return rows
 
 
-def _scaling_row(model: str, n: int, eps: float, errors: np.ndarray, variance: float) -> dict:
+def _scaling_row(
+    model: str,
+    n: int,
+    eps: float,
+    estimate: np.ndarray,
+    plain: np.ndarray,
+    p: float,
+    variance: float,
+    sampling: float,
+) -> dict:
     return {
         "model": model,
         "n": n,
         "epsilon": float(eps),
-        "rmse": float(np.sqrt(np.mean(errors**2))),
+        "rmse": float(np.sqrt(np.mean((estimate - p) ** 2))),
         "predicted_rmse": float(np.sqrt(variance)),
+        "privacy_rmse": float(np.sqrt(np.mean((estimate - plain) ** 2))),
+        "predicted_privacy_rmse": float(np.sqrt(max(variance - sampling, 0.0))),
     }
 
 
@@ -700,3 +720,46 @@ def _coverage_row(method: str, eps: float, theta, low, high) -> dict[str, float 
         "coverage": float(np.mean((low <= theta) & (theta <= high))),
         "mean_width": float(np.mean(high - low)),
     }
+
+
+def policy_rows(
+    prevalence: float,
+    n_queries: int,
+    batch_size: int,
+    epsilon: float,
+    *,
+    n_repetitions: int,
+    rng: np.random.Generator,
+    level: float = 0.95,
+) -> list[dict[str, float | str]]:
+    """The seed's two policies over ``Q`` batches on the same populations (rows for a figure).
+
+    ``n_repetitions`` populations stream ``Q`` batches of ``batch_size`` Bernoulli(p)
+    records; both policies spend ``epsilon`` per record in total. Rows: ``policy``,
+    ``method`` (naive, exact), ``batch`` (1..Q), ``rmse`` of the posterior mean, ``coverage``
+    of its ``level`` interval, and the count's ``noise_variance`` (:func:`policy_noise_variance`).
+    """
+    p = require_probability("prevalence", prevalence)
+    reps = require_count("n_repetitions", n_repetitions)
+    q = require_count("n_queries", n_queries)
+    counts = rng.binomial(require_count("batch_size", batch_size), p, (reps, q))
+    rows: list[dict[str, float | str]] = []
+    for policy, run in (("accumulate", accumulate_policy), ("requery", requery_policy)):
+        variance = policy_noise_variance(q, epsilon, policy)
+        for method in ("naive", "exact"):
+            trace = run(counts, batch_size, epsilon, rng=rng, method=method, level=level)
+            rmse = np.sqrt(np.mean((trace.mean - p) ** 2, axis=0))
+            coverage = np.mean((trace.low <= p) & (p <= trace.high), axis=0)
+            for t in range(q):
+                rows.append(
+                    {
+                        "policy": policy,
+                        "method": method,
+                        "batch": t + 1,
+                        "epsilon": float(epsilon),
+                        "rmse": float(rmse[t]),
+                        "coverage": float(coverage[t]),
+                        "noise_variance": float(variance[t]),
+                    }
+                )
+    return rows
