@@ -28,6 +28,7 @@ from p2pdp.pooling import (
     pooled_variance,
     positive_probability,
     privacy_utility_rows,
+    repeated_pool_epsilon,
     simulate_pooled_mle,
     variance_ratio,
     variance_ratio_rows,
@@ -117,6 +118,25 @@ def test_pooling_is_strictly_more_private_and_monotone():
         assert np.all(np.diff(eps, axis=0) < 0) and np.all(np.diff(eps, axis=1) < 0)
     assert individual_epsilon(1.0, 5, 0.85, 0.75) == 0.0
     assert individual_epsilon(0.0, 5, 0.85, 0.75) == pytest.approx(worst_case_epsilon(0.85, 0.75))
+
+
+def test_repeated_tests_of_one_pool_do_not_compose_by_addition():
+    se, sp = 0.85, 0.75
+    assert repeated_pool_epsilon(0.05, 5, 1, se, sp) == pytest.approx(
+        individual_epsilon(0.05, 5, se, sp), rel=1e-12
+    )
+    # the same unknown partner in both tests: more than twice the one-test loss
+    twice = repeated_pool_epsilon(0.05, 2, 2, se, sp)
+    assert twice > 2 * individual_epsilon(0.05, 2, se, sp) + 0.02
+    # brute force over the partner's status and the two results
+    law = np.zeros((2, 4))
+    for partner, weight in ((0, 0.95), (1, 0.05)):
+        for x in (0, 1):
+            yes = se if (x or partner) else 1 - sp
+            law[x] += weight * np.outer([1 - yes, yes], [1 - yes, yes]).ravel()
+    assert twice == pytest.approx(np.abs(np.log(law[1] / law[0])).max(), rel=1e-12)
+    for tests in (1, 3, 6):
+        assert repeated_pool_epsilon(0.05, 5, tests, se, sp) <= tests * worst_case_epsilon(se, sp)
 
 
 def test_perfect_sensitivity_has_no_bound():
