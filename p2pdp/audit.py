@@ -25,9 +25,17 @@ controls: the audit must flag them, which shows the test has power.
 
 Discrete mechanisms (exact)
 ---------------------------
-Randomized response and the clamped noisy count have known output distributions, so their
-epsilon is computed exactly as the worst log likelihood ratio over outputs and neighbouring
-inputs (:func:`exact_noisy_count_epsilon`).
+Randomized response (keep form and the seed's two-coin form) and the clamped noisy count have
+known output distributions, so their epsilon is computed exactly as the worst log likelihood
+ratio over outputs and neighbouring inputs (:func:`exact_noisy_count_epsilon`).
+
+Pooled testing (seed 001) is audited exactly in its own threat model: the law of one member's
+pooled test result (optionally through randomized response) is enumerated over all statuses
+of the other members, iid Bernoulli(p) and unknown to the adversary
+(:func:`exact_pooled_test_epsilon`), and compared with the claimed closed form
+:func:`~p2pdp.pooling.individual_epsilon`. That guarantee is distributional, not worst-case
+DP: the negative control ``pooled-test-known-others`` audits the same claim against an
+adversary who knows the other members are negative, and must fail.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from functools import partial
 import numpy as np
 from scipy import stats
 
+from p2pdp import pooling
 from p2pdp.errors import ConfigError, PrivacyWarning
 from p2pdp.mechanisms import (
     RandomizedResponse,
@@ -49,6 +58,7 @@ from p2pdp.mechanisms import (
     require_positive,
     require_probability,
 )
+from p2pdp.prevalence import two_coin_response
 from p2pdp.rng import generator
 
 #: Mechanisms audited by :func:`run_audit`, in table order.
@@ -59,17 +69,27 @@ AUDIT_NAMES: tuple[str, ...] = (
     "seed-laplace",
     "vector-laplace-exponential-norm",
     "randomized-response",
+    "randomized-response-two-coin",
     "noisy-count",
+    "pooled-test",
+    "pooled-test-rr",
+    "pooled-test-known-others",
 )
 #: Negative controls: the audit is expected to flag these.
 EXPECTED_TO_FAIL: dict[str, str] = {
     "seed-laplace": "sqrt(d)*eps-DP",
     "vector-laplace-exponential-norm": "Exponential norm bug",
+    "pooled-test-known-others": "not worst-case DP",
 }
 AUDIT_EPSILON = 1.0
 AUDIT_DELTA = 1e-5  # for the gaussian mechanism
 AUDIT_DIM = 58  # spambase: 57 features + bias
 AUDIT_COUNT_RECORDS = 10  # n of the noisy-count audit
+AUDIT_TWO_COIN_THETA2 = 0.3  # forced-"yes" probability of the two-coin audit (asymmetric)
+#: Pooled-test audit: pool size, prevalence, the seed's (Se, Sp), and the keep probability of
+#: the randomized response on the result (``pooled-test-rr``).
+AUDIT_POOL = {"pool_size": 5, "prevalence": 0.05, "sensitivity": 0.85, "specificity": 0.75}
+AUDIT_POOL_KEEP = 0.8
 _N_THRESHOLDS = 512  # candidate thresholds per statistic scanned on the calibration half
 #: Test statistics of the threshold test (columns of :func:`audit_statistics`).
 STATISTICS: tuple[str, ...] = ("projection", "l1-difference", "l2-difference")
@@ -361,6 +381,57 @@ def exact_noisy_count_epsilon(epsilon: float, n: int) -> float:
     return float(np.abs(np.diff(log_law, axis=0)).max())
 
 
+def exact_pooled_test_epsilon(
+    prevalence: float,
+    pool_size: int,
+    sensitivity: float,
+    specificity: float,
+    *,
+    response: RandomizedResponse | None = None,
+) -> float:
+    """Exact privacy loss of one member of a pooled test, others iid Bernoulli(p), unknown.
+
+    Enumerates the law ``P(z | x)`` over all ``2^(c-1)`` statuses of the other members
+    (:func:`~p2pdp.pooling.enumerated_outcome_probabilities`), passes it through the
+    randomized response's channel matrix if ``response`` is given, and returns the worst
+    ``|ln P(z | 1) / P(z | 0)|``. ``prevalence = 0`` is the adversary who knows the others are
+    negative: the worst case, equal to the unpooled test's epsilon.
+    """
+    law = pooling.enumerated_outcome_probabilities(prevalence, pool_size, sensitivity, specificity)
+    if response is not None:
+        law = law @ response.output_probabilities()
+    return pooling.epsilon_of_law(law)
+
+
+def _audit_pooled(name: str) -> AuditResult:
+    """The pooled-test rows: exact loss against the claimed :func:`pooling.individual_epsilon`."""
+    setting = dict(AUDIT_POOL)
+    response = RandomizedResponse.keep(AUDIT_POOL_KEEP) if name == "pooled-test-rr" else None
+    se, sp = setting.pop("sensitivity"), setting.pop("specificity")
+    claimed_se, claimed_sp = (
+        (se, sp) if response is None else pooling.effective_accuracy(se, sp, response)
+    )
+    claimed = float(
+        pooling.individual_epsilon(
+            setting["prevalence"], setting["pool_size"], claimed_se, claimed_sp
+        )
+    )
+    adversary_prior = 0.0 if name == "pooled-test-known-others" else setting["prevalence"]
+    exact = exact_pooled_test_epsilon(
+        adversary_prior, setting["pool_size"], se, sp, response=response
+    )
+    return AuditResult(
+        mechanism=name,
+        epsilon=claimed,
+        delta=0.0,
+        eps_lb=exact,
+        passed=exact <= claimed * (1 + 1e-9),
+        expected_pass=name not in EXPECTED_TO_FAIL,
+        guarantee_epsilon=exact,
+        method="exact, others unknown" if adversary_prior else "exact, others known",
+    )
+
+
 def audit_mechanism(
     name: str,
     *,
@@ -372,7 +443,9 @@ def audit_mechanism(
 ) -> AuditResult:
     """Audit one of :data:`AUDIT_NAMES` at ``epsilon`` (and ``delta`` for gaussian) in ``dim``.
 
-    The additive mechanisms use sensitivity 1 (the audit is scale invariant).
+    The additive mechanisms use sensitivity 1 (the audit is scale invariant). The pooled-test
+    rows ignore ``epsilon``: their claim is :func:`pooling.individual_epsilon` at
+    :data:`AUDIT_POOL`.
     """
     if name not in AUDIT_NAMES:
         raise ConfigError(f"mechanism must be one of {AUDIT_NAMES}, got {name!r}")
@@ -381,6 +454,11 @@ def audit_mechanism(
     if name == "randomized-response":
         exact = RandomizedResponse.from_epsilon(epsilon).epsilon
         return _exact_result(name, epsilon, exact, expected_pass)
+    if name == "randomized-response-two-coin":
+        law = two_coin_response(epsilon, AUDIT_TWO_COIN_THETA2).output_probabilities()
+        return _exact_result(name, epsilon, pooling.epsilon_of_law(law), expected_pass)
+    if name.startswith("pooled-test"):
+        return _audit_pooled(name)
     if name == "noisy-count":
         exact = exact_noisy_count_epsilon(epsilon, AUDIT_COUNT_RECORDS)
         return _exact_result(name, epsilon, exact, expected_pass)
@@ -455,7 +533,7 @@ def format_audit_table(results: Sequence[AuditResult]) -> str:
         if not result.as_expected:
             verdict += ", UNEXPECTED"
         lines.append(
-            f"{result.mechanism:<32} {result.epsilon:>7g} {result.delta:>7g} "
+            f"{result.mechanism:<32} {result.epsilon:>7.4g} {result.delta:>7g} "
             f"{result.eps_lb:>7.3f} {result.guarantee_epsilon:>9.3g} {method:<28} {verdict}"
         )
     return "\n".join(lines)

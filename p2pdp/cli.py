@@ -92,9 +92,12 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
         "audit",
         help="empirically lower-bound the epsilon of each privacy mechanism",
         description="Threshold-test audit (Clopper-Pearson, 95%%) of the additive-noise "
-        "mechanisms in d = 58 at epsilon = 1, exact epsilon of randomized response and the "
-        "noisy count. seed-laplace and vector-laplace-exponential-norm are negative controls "
-        "that must fail. Exit status 1 if any outcome differs from its expectation.",
+        "mechanisms in d = 58 at epsilon = 1, exact epsilon of randomized response (keep and "
+        "two-coin forms) and the noisy count, and of one member of a pooled test (seed 001) "
+        "against its claimed epsilon, with the other members unknown to the adversary. "
+        "seed-laplace, vector-laplace-exponential-norm and pooled-test-known-others (pooling "
+        "is not worst-case DP) are negative controls that must fail. Exit status 1 if any "
+        "outcome differs from its expectation.",
     )
     parser.add_argument(
         "--mechanism", help="audit only this one (default: all; see the table for the names)"
