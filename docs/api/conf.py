@@ -166,10 +166,13 @@ def tidy_signature(
     signature: str | None,
     return_annotation: str | None,
 ) -> tuple[str | None, str | None]:
-    """Show a type alias nested in a generic (``Sequence[ArrayLike]``) by its name.
+    """Show a type alias nested in a generic (``Sequence[ArrayLike]``) by its name, and a
+    ``typing.Protocol`` without the meaningless ``(*args, **kwargs)`` of its constructor.
 
     autodoc renders such an alias as ``TypeAliasForwardRef('numpy.typing.ArrayLike')``.
     """
+    if what == "class" and getattr(obj, "_is_protocol", False):
+        return "", return_annotation
 
     def tidy(text: str | None) -> str | None:
         return None if text is None else _ALIAS_REPR.sub(r"\1", text)
