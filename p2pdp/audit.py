@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
 from p2pdp import pooling
@@ -96,7 +97,7 @@ STATISTICS: tuple[str, ...] = ("projection", "l1-difference", "l2-difference")
 STATISTIC_DECIMALS = 9  # statistics are rounded to this many decimals (see audit_statistics)
 
 #: ``sample_noise(size=N, rng=generator) -> ndarray (N, dim)``
-NoiseSampler = Callable[..., np.ndarray]
+NoiseSampler = Callable[..., NDArray[np.float64]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +160,7 @@ class AuditResult:
         return row
 
 
-def clopper_pearson_upper(successes: np.ndarray, trials: int, level: float) -> np.ndarray:
+def clopper_pearson_upper(successes: ArrayLike, trials: int, level: float) -> NDArray[np.float64]:
     """One-sided Clopper-Pearson upper confidence bound on a binomial proportion.
 
     Parameters
@@ -174,12 +175,14 @@ def clopper_pearson_upper(successes: np.ndarray, trials: int, level: float) -> n
     -------
     ndarray of float, same shape, in (0, 1]
     """
-    successes = np.asarray(successes)
-    upper = stats.beta.ppf(level, successes + 1, np.maximum(trials - successes, 1))
-    return np.where(successes >= trials, 1.0, upper)
+    counts = np.asarray(successes)
+    upper = stats.beta.ppf(level, counts + 1, np.maximum(trials - counts, 1))
+    return np.where(counts >= trials, 1.0, upper)
 
 
-def _epsilon_bound(fpr: np.ndarray, fnr: np.ndarray, delta: float) -> np.ndarray:
+def _epsilon_bound(
+    fpr: NDArray[np.float64], fnr: NDArray[np.float64], delta: float
+) -> NDArray[np.float64]:
     """``max(ln((1-delta-fnr)/fpr), ln((1-delta-fpr)/fnr))``, floored at 0."""
     with np.errstate(divide="ignore", invalid="ignore"):
         bound = np.maximum(np.log((1 - delta - fnr) / fpr), np.log((1 - delta - fpr) / fnr))
@@ -187,8 +190,11 @@ def _epsilon_bound(fpr: np.ndarray, fnr: np.ndarray, delta: float) -> np.ndarray
 
 
 def _error_bounds(
-    null: np.ndarray, alternative: np.ndarray, thresholds: np.ndarray, level: float
-) -> tuple[np.ndarray, np.ndarray]:
+    null: NDArray[np.float64],
+    alternative: NDArray[np.float64],
+    thresholds: NDArray[np.float64],
+    level: float,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Clopper-Pearson upper bounds on ``P(null > t)`` and ``P(alternative <= t)`` per ``t``."""
     false_pos = null.size - np.searchsorted(np.sort(null), thresholds, side="right")
     false_neg = np.searchsorted(np.sort(alternative), thresholds, side="right")
@@ -222,7 +228,11 @@ class ThresholdTest:
 
 
 def threshold_test(
-    null: np.ndarray, alternative: np.ndarray, *, delta: float, confidence: float = 0.95
+    null: NDArray[np.float64],
+    alternative: NDArray[np.float64],
+    *,
+    delta: float,
+    confidence: float = 0.95,
 ) -> ThresholdTest:
     """Lower bound on epsilon from the best threshold test on one of several statistics.
 
@@ -260,20 +270,21 @@ def threshold_test(
         if scores.max() > best[0]:
             best = (float(scores.max()), column, float(candidates[np.argmax(scores)]))
     _, column, threshold = best
-    fpr_u, fnr_u = (
-        float(bound[0])
-        for bound in _error_bounds(null_eval[:, column], alt_eval[:, column], [threshold], level)
+    fpr_u, fnr_u = _error_bounds(
+        null_eval[:, column], alt_eval[:, column], np.array([threshold]), level
     )
     return ThresholdTest(
-        eps_lb=float(_epsilon_bound(fpr_u, fnr_u, delta)),
+        eps_lb=float(_epsilon_bound(fpr_u, fnr_u, delta)[0]),
         statistic=column,
         threshold=threshold,
-        fpr_upper=fpr_u,
-        fnr_upper=fnr_u,
+        fpr_upper=float(fpr_u[0]),
+        fnr_upper=float(fnr_u[0]),
     )
 
 
-def audit_statistics(outputs: np.ndarray, shift: np.ndarray) -> np.ndarray:
+def audit_statistics(
+    outputs: NDArray[np.float64], shift: NDArray[np.float64]
+) -> NDArray[np.float64]:
     """The test statistics of :data:`STATISTICS` for outputs ``x`` and neighbour shift ``v``.
 
     Parameters
@@ -349,7 +360,7 @@ def exponential_norm_vector_laplace(epsilon: float, sensitivity: float, dim: int
     little noise. Used only by the audit.
     """
 
-    def sample(*, size: int, rng: np.random.Generator) -> np.ndarray:
+    def sample(*, size: int, rng: np.random.Generator) -> NDArray[np.float64]:
         direction = rng.standard_normal((size, dim))
         direction /= np.linalg.norm(direction, axis=1, keepdims=True)
         return rng.exponential(sensitivity / epsilon, (size, 1)) * direction

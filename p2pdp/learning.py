@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit, log_expit
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
@@ -76,15 +77,15 @@ class LocalModels:
         ``2 / (n_j lam)``).
     """
 
-    weights: np.ndarray
-    grad_norms: np.ndarray
+    weights: NDArray[np.float64]
+    grad_norms: NDArray[np.float64]
     iterations: int
-    shard_sizes: np.ndarray
+    shard_sizes: NDArray[np.int64]
 
 
 def logistic_objective_gradient(
-    w: np.ndarray, X: np.ndarray, y: np.ndarray, lam: float
-) -> tuple[float, np.ndarray]:
+    w: NDArray[np.float64], X: NDArray[np.float64], y: NDArray[np.float64], lam: float
+) -> tuple[float, NDArray[np.float64]]:
     """Value and gradient of one peer's objective ``J(w)``.
 
     Parameters
@@ -112,8 +113,8 @@ def logistic_objective_gradient(
 
 
 def _validate(
-    X: np.ndarray, y: np.ndarray, shards: Sequence[np.ndarray], lam: float
-) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    X: ArrayLike, y: ArrayLike, shards: Sequence[ArrayLike], lam: float
+) -> tuple[NDArray[np.float64], NDArray[np.float64], list[NDArray[np.int64]]]:
     """``X``, ``y`` as float64 and ``shards`` as int64 arrays, or ConfigError."""
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -147,26 +148,28 @@ def _validate(
     return X, y, arrays
 
 
-def _batched_matvec(A: np.ndarray, v: np.ndarray) -> np.ndarray:
+def _batched_matvec(A: NDArray[np.float64], v: NDArray[np.float64]) -> NDArray[np.float64]:
     """``A[k] @ v[k]`` for every ``k``: (B, m, r), (B, r) -> (B, m)."""
     return np.matmul(A, v[:, :, None])[:, :, 0]
 
 
-def _loss_coefficients(margins: np.ndarray, yb: np.ndarray) -> np.ndarray:
+def _loss_coefficients(
+    margins: NDArray[np.float64], yb: NDArray[np.float64]
+) -> NDArray[np.float64]:
     """``c`` with ``grad J = X^T c + lam w``: ``c_i = -y_i expit(-m_i) / n``, (B, n)."""
     return -yb * expit(-margins) / yb.shape[1]
 
 
 def _newton(
-    F: np.ndarray,
-    yb: np.ndarray,
+    F: NDArray[np.float64],
+    yb: NDArray[np.float64],
     lam: float,
     tol: float,
     max_iter: int,
-    peers: np.ndarray,
+    peers: NDArray[np.intp],
     *,
     dual: bool,
-) -> tuple[np.ndarray, int]:
+) -> tuple[NDArray[np.float64], int]:
     """Damped Newton on a batch of equal-size problems, in primal or dual (kernel) form.
 
     Parameters
@@ -203,11 +206,19 @@ def _newton(
     convergence near the optimum stays quadratic. Converged peers leave the batch.
     """
 
-    def inner(u: np.ndarray, v: np.ndarray, Fv: np.ndarray | None) -> np.ndarray:
+    def inner(
+        u: NDArray[np.float64], v: NDArray[np.float64], Fv: NDArray[np.float64] | None
+    ) -> NDArray[np.float64]:
         """``(X^T u) . (X^T v)`` in the dual form (``Fv = F v``), ``u . v`` in the primal; (B,)."""
-        return (u * (Fv if dual else v)).sum(axis=1)
+        if not dual:
+            return (u * v).sum(axis=1)
+        if Fv is None:
+            raise ValueError("the dual form needs Fv = F v")
+        return (u * Fv).sum(axis=1)
 
-    def objective(scores: np.ndarray, sq_norms: np.ndarray) -> np.ndarray:
+    def objective(
+        scores: NDArray[np.float64], sq_norms: NDArray[np.float64]
+    ) -> NDArray[np.float64]:
         return -log_expit(y_act * scores).mean(axis=1) + 0.5 * lam * sq_norms
 
     batch, n, r = F.shape
@@ -276,10 +287,12 @@ def _newton(
         values = objective(scores, sq_norms)
 
 
-def _batches(sizes: np.ndarray, chunk_size: int | None, d: int, method: str) -> list[np.ndarray]:
+def _batches(
+    sizes: NDArray[np.int64], chunk_size: int | None, d: int, method: str
+) -> list[NDArray[np.intp]]:
     """Split peer numbers into batches of equal shard size, each within the memory cap."""
     order = np.argsort(sizes, kind="stable")
-    batches = []
+    batches: list[NDArray[np.intp]] = []
     for group in np.split(order, np.flatnonzero(np.diff(sizes[order])) + 1):
         n = int(sizes[group[0]])
         r = min(n, d)  # the dual form works in n dimensions below d rows
@@ -292,9 +305,9 @@ def _batches(sizes: np.ndarray, chunk_size: int | None, d: int, method: str) -> 
 
 
 def fit_local_models(
-    X: np.ndarray,
-    y: np.ndarray,
-    shards: Sequence[np.ndarray],
+    X: ArrayLike,
+    y: ArrayLike,
+    shards: Sequence[ArrayLike],
     lam: float,
     *,
     tol: float = GRADIENT_TOLERANCE,
@@ -398,7 +411,7 @@ def fit_local_models(
 
 
 def fit_local_models_sklearn(
-    X: np.ndarray, y: np.ndarray, shards: Sequence[np.ndarray], lam: float, *, tol: float = 1e-12
+    X: ArrayLike, y: ArrayLike, shards: Sequence[ArrayLike], lam: float, *, tol: float = 1e-12
 ) -> LocalModels:
     """Reference path: one scikit-learn fit per peer (slow; for tests and benchmarks).
 

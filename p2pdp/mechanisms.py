@@ -8,16 +8,16 @@ that record. The curator releases ``avg + eta`` to the group or to everyone (pub
 post-processing); ``eta`` is drawn by a :class:`Mechanism` calibrated to the L2 sensitivity
 ``Delta_2`` of the average (:func:`group_sensitivity`):
 
-============================  ===============================================  ==============
+============================  ==================================================  ==============
 name                          noise ``eta`` (d coordinates, ``b = Delta_2/eps``)  guarantee
-============================  ===============================================  ==============
-``vector-laplace`` (default)  density ~ ``exp(-||eta||_2 / b)``: norm           epsilon-DP
+============================  ==================================================  ==============
+``vector-laplace`` (default)  density ~ ``exp(-||eta||_2 / b)``: norm              epsilon-DP
                               ``Gamma(shape=d, scale=b)``, uniform direction
-``coordinate-laplace``        iid ``Laplace(sqrt(d) * b)`` (L1 bound)          epsilon-DP
-``gaussian``                  iid ``N(0, sigma^2)``, analytic calibration      (epsilon, delta)
-``seed-laplace``              iid ``Laplace(b)`` (the seed, mis-calibrated)     sqrt(d)*eps-DP
-``none``                      zero (tests only)                                none
-============================  ===============================================  ==============
+``coordinate-laplace``        iid ``Laplace(sqrt(d) * b)`` (L1 bound)             epsilon-DP
+``gaussian``                  iid ``N(0, sigma^2)``, analytic calibration         (epsilon, delta)
+``seed-laplace``              iid ``Laplace(b)`` (the seed, mis-calibrated)       sqrt(d)*eps-DP
+``none``                      zero (tests only)                                   none
+============================  ==================================================  ==============
 
 Coordinate Laplace and Gaussian noise are infinitely divisible, so the members of a group can
 each add a *share* and nobody (not even the curator) knows the total noise

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 import numpy as np
+from numpy.typing import NDArray
 from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
@@ -45,24 +46,25 @@ class Overlay:
         Number of connected components (1 for a connected overlay).
     """
 
-    indptr: np.ndarray
-    indices: np.ndarray
+    indptr: NDArray[np.int64]
+    indices: NDArray[np.int32]
     n_components: int
 
     @property
     def n_peers(self) -> int:
+        """Number of peers ``P``."""
         return len(self.indptr) - 1
 
-    def neighbours(self, peer: int) -> np.ndarray:
+    def neighbours(self, peer: int) -> NDArray[np.int32]:
         """Overlay neighbours of ``peer``, a (degree,) int32 array (a view, do not modify)."""
         return self.indices[self.indptr[peer] : self.indptr[peer + 1]]
 
-    def degrees(self) -> np.ndarray:
+    def degrees(self) -> NDArray[np.int64]:
         """Degree of every peer, (P,) int64."""
         return np.diff(self.indptr)
 
 
-def _networkx_graph(config: GossipConfig, n_peers: int, seed: int) -> nx.Graph:
+def _networkx_graph(config: GossipConfig, n_peers: int, seed: int) -> nx.Graph[int]:
     kind = config.overlay
     if kind == "random-regular":
         if config.degree >= n_peers or (config.degree * n_peers) % 2:

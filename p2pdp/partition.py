@@ -20,6 +20,7 @@ Schemes (:data:`PARTITION_SCHEMES`):
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 from sklearn.model_selection import StratifiedKFold
 
 from p2pdp.errors import ConfigError
@@ -27,17 +28,17 @@ from p2pdp.errors import ConfigError
 PARTITION_SCHEMES: tuple[str, ...] = ("iid", "label_skew", "quantity_skew")
 
 
-def _class_codes(y: np.ndarray) -> np.ndarray:
+def _class_codes(y: ArrayLike) -> NDArray[np.intp]:
     """Class index ``0..k-1`` of every row of the non-empty 1-D label vector ``y``."""
-    y = np.asarray(y)
-    if y.ndim != 1 or y.size == 0:
-        raise ConfigError(f"y must be a non-empty 1-D label array, got shape {y.shape}")
-    return np.unique(y, return_inverse=True)[1].reshape(-1)
+    labels = np.asarray(y)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ConfigError(f"y must be a non-empty 1-D label array, got shape {labels.shape}")
+    return np.unique(labels, return_inverse=True)[1].reshape(-1)
 
 
 def stratified_folds(
-    y: np.ndarray, n_folds: int, *, rng: np.random.Generator
-) -> list[tuple[np.ndarray, np.ndarray]]:
+    y: ArrayLike, n_folds: int, *, rng: np.random.Generator
+) -> list[tuple[NDArray[np.int64], NDArray[np.int64]]]:
     """Stratified, shuffled K-fold split (scikit-learn ``StratifiedKFold``).
 
     Parameters
@@ -90,15 +91,15 @@ def _check_alpha(alpha: float) -> None:
         raise ConfigError(f"alpha must be > 0 and finite, got {alpha}")
 
 
-def _shards(owner: np.ndarray, n_peers: int) -> list[np.ndarray]:
+def _shards(owner: NDArray[np.int64], n_peers: int) -> list[NDArray[np.int64]]:
     """Sorted int64 row indices of each peer, given the peer ``owner[i]`` of every row ``i``."""
     order = np.argsort(owner, kind="stable").astype(np.int64)
     return np.split(order, np.cumsum(np.bincount(owner, minlength=n_peers))[:-1])
 
 
 def partition_iid(
-    y: np.ndarray, n_peers: int, *, rng: np.random.Generator, min_shard_size: int = 1
-) -> list[np.ndarray]:
+    y: ArrayLike, n_peers: int, *, rng: np.random.Generator, min_shard_size: int = 1
+) -> list[NDArray[np.int64]]:
     """Equal-size stratified shards (the seed's partition).
 
     Rows are shuffled within each class, laid out class after class and dealt round-robin to a
@@ -132,7 +133,7 @@ def partition_iid(
 
 
 def _raise_small_shards(
-    owner: np.ndarray, n_peers: int, min_shard_size: int, *, rng: np.random.Generator
+    owner: NDArray[np.int64], n_peers: int, min_shard_size: int, *, rng: np.random.Generator
 ) -> None:
     """Move random rows from the largest shards to shards below ``min_shard_size``, in place.
 
@@ -141,7 +142,7 @@ def _raise_small_shards(
     """
     sizes = np.bincount(owner, minlength=n_peers)
     given = np.zeros(n_peers, dtype=np.int64)
-    recipients = []
+    recipients: list[int] = []
     while sizes.min() < min_shard_size:
         donor, recipient = int(np.argmax(sizes)), int(np.argmin(sizes))
         sizes[donor] -= 1
@@ -161,13 +162,13 @@ def _raise_small_shards(
 
 
 def partition_label_skew(
-    y: np.ndarray,
+    y: ArrayLike,
     n_peers: int,
     *,
     alpha: float,
     rng: np.random.Generator,
     min_shard_size: int = 1,
-) -> list[np.ndarray]:
+) -> list[NDArray[np.int64]]:
     """Label-skewed shards: per class, Dirichlet(``alpha``) proportions over peers.
 
     For every class ``c`` draw ``p_c ~ Dirichlet(alpha * 1_P)`` and deal the shuffled rows of
@@ -206,13 +207,13 @@ def partition_label_skew(
 
 
 def partition_quantity_skew(
-    y: np.ndarray,
+    y: ArrayLike,
     n_peers: int,
     *,
     alpha: float,
     rng: np.random.Generator,
     min_shard_size: int = 1,
-) -> list[np.ndarray]:
+) -> list[NDArray[np.int64]]:
     """Quantity-skewed shards: sizes from Dirichlet(``alpha``) over peers, rows at random.
 
     Shard ``j`` gets ``min_shard_size + m_j`` rows with
@@ -249,14 +250,14 @@ def partition_quantity_skew(
 
 
 def partition(
-    y: np.ndarray,
+    y: ArrayLike,
     n_peers: int,
     *,
     scheme: str,
     rng: np.random.Generator,
     alpha: float = 0.5,
     min_shard_size: int = 1,
-) -> list[np.ndarray]:
+) -> list[NDArray[np.int64]]:
     """Split rows into ``n_peers`` shards with the named scheme.
 
     Parameters

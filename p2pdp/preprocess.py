@@ -34,10 +34,12 @@ and with it the privacy guarantee, would not hold.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from p2pdp.errors import ConfigError
 
@@ -47,16 +49,16 @@ SEED_STEPS: tuple[str, ...] = ("minmax", "bias", "scale_sqrt_d")
 NORM_STEPS: tuple[str, ...] = ("project_unit_ball", "scale_sqrt_d")
 
 
-def _signed_log1p(X: np.ndarray) -> np.ndarray:
+def _signed_log1p(X: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.sign(X) * np.log1p(np.abs(X))
 
 
 _ROW_BLOCK = 65_536  # rows transformed at a time
 
 
-def _as_finite_matrix(X: np.ndarray, name: str) -> np.ndarray:
-    """``X`` as a float64 2-D array with at least one row and only finite values."""
-    X = np.asarray(X, dtype=np.float64)
+def _as_finite_matrix(values: ArrayLike, name: str) -> NDArray[np.float64]:
+    """``values`` as a float64 2-D array with at least one row and only finite values."""
+    X = np.asarray(values, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] == 0:
         raise ConfigError(f"{name} must be a 2-D array with at least one row, got shape {X.shape}")
     if not np.all(np.isfinite(X)):
@@ -64,7 +66,7 @@ def _as_finite_matrix(X: np.ndarray, name: str) -> np.ndarray:
     return X
 
 
-def _read_only(array: np.ndarray) -> np.ndarray:
+def _read_only(array: NDArray[np.float64]) -> NDArray[np.float64]:
     array.flags.writeable = False
     return array
 
@@ -86,7 +88,7 @@ class Preprocessor:
     """
 
     steps: tuple[str, ...] = DEFAULT_STEPS
-    bounds: tuple[np.ndarray, np.ndarray] | None = None
+    bounds: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
 
     def __post_init__(self) -> None:
         steps = tuple(self.steps)
@@ -112,18 +114,19 @@ class Preprocessor:
                 f"it requires 'minmax', got {steps}"
             )
         if self.bounds is not None:
-            self._validate_bounds()
+            self._validate_bounds(self.bounds)
 
-    def _validate_bounds(self) -> None:
+    def _validate_bounds(self, bounds: Sequence[ArrayLike]) -> None:
+        """Store ``bounds`` (any pair of array-likes) as read-only float64 arrays, or raise."""
         if "minmax" not in self.steps:
             raise ConfigError(
                 f"preprocess bounds are used only by the 'minmax' step, got {self.steps}"
             )
-        if len(self.bounds) != 2:
+        if len(bounds) != 2:
             raise ConfigError(
-                f"preprocess bounds must be a (low, high) pair, got {len(self.bounds)} items"
+                f"preprocess bounds must be a (low, high) pair, got {len(bounds)} items"
             )
-        low, high = (_read_only(np.array(b, dtype=np.float64)) for b in self.bounds)
+        low, high = (_read_only(np.array(b, dtype=np.float64)) for b in bounds)
         if low.ndim != 1 or low.shape != high.shape or low.size == 0:
             raise ConfigError(
                 "preprocess bounds low and high must be non-empty 1-D arrays of equal length, "
@@ -140,7 +143,7 @@ class Preprocessor:
             )
         object.__setattr__(self, "bounds", (low, high))
 
-    def fit(self, X_train: np.ndarray) -> FittedPreprocessor:
+    def fit(self, X_train: ArrayLike) -> FittedPreprocessor:
         """Fit the transform on training rows only.
 
         Parameters
@@ -155,7 +158,7 @@ class Preprocessor:
             that step is on) or are None when ``minmax`` is off.
         """
         if self.bounds is not None:
-            shape = tuple(X_train.shape)
+            shape = np.shape(X_train)
             if len(shape) != 2 or shape[1] != self.bounds[0].size:
                 raise ConfigError(
                     f"X_train must have shape (n, {self.bounds[0].size}) to match the bounds, "
@@ -168,19 +171,23 @@ class Preprocessor:
                 steps=self.steps, n_features_in=shape[1], low=low, high=high, data_dependent=False
             )
         X = _as_finite_matrix(X_train, "X_train")
-        has_minmax = "minmax" in self.steps
-        low = high = None
-        if has_minmax:
-            low, high = X.min(axis=0), X.max(axis=0)
-            if "log1p" in self.steps:  # monotone: the bounds of log1p(X) are log1p of X's
-                low, high = _signed_log1p(low), _signed_log1p(high)
-            low, high = _read_only(low), _read_only(high)
+        if "minmax" not in self.steps:
+            return FittedPreprocessor(
+                steps=self.steps,
+                n_features_in=X.shape[1],
+                low=None,
+                high=None,
+                data_dependent=False,
+            )
+        low, high = X.min(axis=0), X.max(axis=0)
+        if "log1p" in self.steps:  # monotone: the bounds of log1p(X) are log1p of X's
+            low, high = _signed_log1p(low), _signed_log1p(high)
         return FittedPreprocessor(
             steps=self.steps,
             n_features_in=X.shape[1],
-            low=low,
-            high=high,
-            data_dependent=has_minmax,
+            low=_read_only(low),
+            high=_read_only(high),
+            data_dependent=True,
         )
 
 
@@ -203,16 +210,25 @@ class FittedPreprocessor:
 
     steps: tuple[str, ...]
     n_features_in: int
-    low: np.ndarray | None
-    high: np.ndarray | None
+    low: NDArray[np.float64] | None
+    high: NDArray[np.float64] | None
     data_dependent: bool
+
+    def __post_init__(self) -> None:
+        has_minmax = "minmax" in self.steps
+        if has_minmax != (self.low is not None) or has_minmax != (self.high is not None):
+            raise ConfigError(
+                "FittedPreprocessor low and high must be given exactly when the 'minmax' step "
+                f"is on, got steps {self.steps}, low given: {self.low is not None}, "
+                f"high given: {self.high is not None}"
+            )
 
     @property
     def n_features_out(self) -> int:
         """Number of output columns: ``d + 1`` with ``bias``, else ``d``."""
         return self.n_features_in + ("bias" in self.steps)
 
-    def transform(self, X: np.ndarray) -> np.ndarray:
+    def transform(self, X: ArrayLike) -> NDArray[np.float64]:
         """Apply the fitted steps to rows ``X`` without changing the fitted state.
 
         Parameters
@@ -225,22 +241,23 @@ class FittedPreprocessor:
         ndarray of shape (n, n_features_out), float64
             Every row has L2 norm <= 1 (up to rounding, ~1e-16).
         """
-        X = _as_finite_matrix(X, "X")
-        if X.shape[1] != self.n_features_in:
+        rows_in = _as_finite_matrix(X, "X")
+        if rows_in.shape[1] != self.n_features_in:
             raise ConfigError(
-                f"X must have {self.n_features_in} columns like the training rows, got {X.shape[1]}"
+                f"X must have {self.n_features_in} columns like the training rows, "
+                f"got {rows_in.shape[1]}"
             )
         # Row blocks into one output array: peak memory is the input, the output and one block.
-        out = np.empty((X.shape[0], self.n_features_out))
-        for start in range(0, X.shape[0], _ROW_BLOCK):
+        out = np.empty((rows_in.shape[0], self.n_features_out))
+        for start in range(0, rows_in.shape[0], _ROW_BLOCK):
             rows = slice(start, start + _ROW_BLOCK)
-            out[rows] = self._transform_rows(X[rows])
+            out[rows] = self._transform_rows(rows_in[rows])
         return out
 
-    def _transform_rows(self, Z: np.ndarray) -> np.ndarray:
+    def _transform_rows(self, Z: NDArray[np.float64]) -> NDArray[np.float64]:
         if "log1p" in self.steps:
             Z = _signed_log1p(Z)
-        if "minmax" in self.steps:
+        if self.low is not None and self.high is not None:  # the minmax step (__post_init__)
             span = self.high - self.low
             # overflow (tiny span) gives +-inf, which the clip maps to the right end of [0, 1]
             with np.errstate(over="ignore"):

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from p2pdp.errors import ConfigError, P2PDPError
 from p2pdp.mechanisms import Mechanism
@@ -123,7 +124,7 @@ class FixedPoint:
         """Largest magnitude (exclusive) of an encoded value or of a sum of encoded values."""
         return float(2 ** (62 - self.frac_bits))
 
-    def encode(self, x: np.ndarray, *, sum_axis: int | None = None) -> np.ndarray:
+    def encode(self, x: ArrayLike, *, sum_axis: int | None = None) -> NDArray[np.uint64]:
         """Encode reals into ring elements.
 
         Parameters
@@ -156,12 +157,12 @@ class FixedPoint:
             )
         return np.rint(x * self.scale).astype(np.int64).view(np.uint64)
 
-    def decode(self, v: np.ndarray) -> np.ndarray:
+    def decode(self, v: ArrayLike) -> NDArray[np.float64]:
         """Decode ring elements (``uint64``, any shape) into float64 of the same shape."""
         return np.asarray(v, dtype=np.uint64).view(np.int64) / self.scale
 
 
-def share(values: np.ndarray, n_shares: int, *, rng: np.random.Generator) -> np.ndarray:
+def share(values: ArrayLike, n_shares: int, *, rng: np.random.Generator) -> NDArray[np.uint64]:
     """Split ring elements into additive shares mod 2^64.
 
     The first ``n_shares - 1`` shares are iid uniform on Z_(2^64); the last is the value minus
@@ -258,7 +259,7 @@ class Message:
     sender: int
     receiver: int
     kind: Literal["share", "partial"]
-    payload: np.ndarray
+    payload: NDArray[np.uint64]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -274,13 +275,13 @@ class SecureSumResult:
         Every message of the round (share phase first), when requested.
     """
 
-    total: np.ndarray
+    total: NDArray[np.float64]
     cost: ProtocolCost
     transcript: tuple[Message, ...] | None
 
 
 def secure_sum(
-    contributions: np.ndarray,
+    contributions: ArrayLike,
     *,
     curator: int,
     rng: np.random.Generator,
@@ -354,7 +355,7 @@ def draw_noise_shares(
     n_members: int,
     dim: int,
     rng: np.random.Generator,
-) -> np.ndarray:
+) -> NDArray[np.float64]:
     """One noise share per member; any K - 1 of them add up to the mechanism's noise.
 
     Every member knows its own share and could subtract it from the release; with shares of a
@@ -397,8 +398,8 @@ def draw_noise_shares(
 
 
 def secure_noisy_mean(
-    models: np.ndarray,
-    noise_shares: np.ndarray,
+    models: ArrayLike,
+    noise_shares: ArrayLike,
     *,
     curator: int,
     rng: np.random.Generator,

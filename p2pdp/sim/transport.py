@@ -8,7 +8,7 @@ Latencies and loss decisions are drawn from the transport's own generator in bat
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import simpy
@@ -18,6 +18,8 @@ from p2pdp.config import NetworkConfig
 HEADER_BYTES = 64  # per message: ids, kind, group id
 FLOAT_BYTES = 8
 _BATCH = 4096
+
+_M = TypeVar("_M")
 
 
 def model_bytes(dim: int) -> int:
@@ -94,7 +96,7 @@ class Transport:
             self.messages_sent[sender] += n_messages
             self.bytes_sent[sender] += n_bytes
 
-    def send(self, sender: int, deliver: Callable[[Any], None], message: Any, n_bytes: int) -> None:
+    def send(self, sender: int, deliver: Callable[[_M], None], message: _M, n_bytes: int) -> None:
         """Send ``message`` (``n_bytes`` on the wire); ``deliver(message)`` runs on arrival.
 
         A lost message is counted and never delivered: receivers rely on timeouts.
