@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -242,7 +243,7 @@ class GroupFormation:
         for peer in np.flatnonzero(self.initiate_at < now + tick).tolist():
             at = float(self.initiate_at[peer])
             timer = self.env.timeout(max(0.0, at - now))
-            timer.callbacks.append(lambda _event, peer=peer, at=at: self._initiate(peer, at))
+            timer.callbacks.append(partial(self._initiate, peer, at))
 
     def rejoin(self, peers: np.ndarray) -> None:
         """``peers`` came back online: the free ones schedule an initiation again."""
@@ -371,7 +372,7 @@ class GroupFormation:
                 self._wake(attempt)
 
     # -- the initiator's process -------------------------------------------------------------
-    def _initiate(self, peer: int, at: float) -> None:
+    def _initiate(self, peer: int, at: float, _timer: simpy.Event | None = None) -> None:
         if self.initiate_at[peer] != at:  # rescheduled since
             return
         self.initiate_at[peer] = np.inf
