@@ -159,11 +159,11 @@ def test_a_sampler_written_from_the_protocol_runs_in_the_world(monkeypatch):
 
 def test_uniforms_come_from_the_generator_one_batch_at_a_time():
     rng, reference = np.random.default_rng(5), np.random.default_rng(5)
-    uniform = Uniforms(rng, batch=4)
+    uniform = Uniforms(rng, batch=4).draw
     values = [uniform() for _ in range(4)]
     batch = reference.random(4)
     assert sorted(values) == sorted(batch.tolist())  # this batch, each value once
     assert rng.random() == reference.random()  # four values took exactly one batch
     assert uniform() not in values and 0.0 <= uniform() < 1.0  # a fresh batch
-    again = Uniforms(np.random.default_rng(5), batch=4)
+    again = Uniforms(np.random.default_rng(5), batch=4).draw
     assert [again() for _ in range(4)] == values  # seeded: reproducible

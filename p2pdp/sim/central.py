@@ -57,7 +57,7 @@ class CentralSampler:
         self.failed_in_a_row = 0
         self.stop_reason = ""
         self._wake: simpy.Event | None = None
-        self._uniform = Uniforms(rng)
+        self._uniform = Uniforms(rng).draw
         self.done = world.env.event()
 
     def start(self, ready: list[int], n_not_ready: int) -> None:

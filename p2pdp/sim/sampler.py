@@ -159,7 +159,9 @@ class Uniforms:
     One ``rng.random()`` call per event costs about a microsecond; popping from a batch
     costs a tenth of that. A batch is drawn whenever the previous one is used up, so the
     values depend on how other draws from ``rng`` interleave with the batches: share one
-    instance among the components of a sampler and keep the order of the draws.
+    instance among the components of a sampler and keep the order of the draws. Keep the
+    bound method (``uniform = Uniforms(rng).draw``) in per-event code: calling it costs as
+    little as a plain method of the sampler.
 
     Parameters
     ----------
@@ -175,7 +177,7 @@ class Uniforms:
         self._batch = batch
         self._values: list[float] = []
 
-    def __call__(self) -> float:
+    def draw(self) -> float:
         """The next uniform float in [0, 1)."""
         if not self._values:
             self._values = self._rng.random(self._batch).tolist()

@@ -20,13 +20,13 @@ Crashes
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:  # the world imports the gossip package lazily
     from p2pdp.config import GossipConfig
-    from p2pdp.sim.sampler import Uniforms
     from p2pdp.sim.world import World
 
 __all__ = ["Faults"]
@@ -41,8 +41,9 @@ class Faults:
         Writes ``world.online``; reads ``world.env.now``.
     params : GossipConfig
         ``churn``, the session and downtime distributions, the crash probabilities.
-    uniform : Uniforms
-        Buffered uniforms of the protocol stream, shared with the formation protocol.
+    uniform : callable
+        ``uniform()`` gives the next buffered uniform of the protocol stream
+        (:class:`~p2pdp.sim.sampler.Uniforms`), shared with the formation protocol.
     rng : numpy.random.Generator
         The protocol stream: first switches, session lengths, downtimes.
 
@@ -57,7 +58,7 @@ class Faults:
         world: World,
         params: GossipConfig,
         *,
-        uniform: Uniforms,
+        uniform: Callable[[], float],
         rng: np.random.Generator,
     ) -> None:
         self.world = world

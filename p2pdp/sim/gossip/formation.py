@@ -64,7 +64,6 @@ from p2pdp.sim.transport import HEADER_BYTES
 
 if TYPE_CHECKING:  # the world imports the gossip package lazily
     from p2pdp.sim.gossip.views import Newscast
-    from p2pdp.sim.sampler import Uniforms
     from p2pdp.sim.world import World
 
 __all__ = ["Attempt", "Envelope", "GroupFormation"]
@@ -129,8 +128,9 @@ class GroupFormation:
         ``world.ledger.can_afford``; sends through ``world.transport``.
     views : Newscast
         Whom an initiator invites; it forgets the peers that retired.
-    uniform : Uniforms
-        Buffered uniforms of the protocol stream (backoffs, nonces), shared with the faults.
+    uniform : callable
+        ``uniform()`` gives the next buffered uniform of the protocol stream
+        (:class:`~p2pdp.sim.sampler.Uniforms`; backoffs, nonces), shared with the faults.
     rng : numpy.random.Generator
         The protocol stream (the order of invitations).
     on_formed : callable
@@ -160,7 +160,7 @@ class GroupFormation:
         world: World,
         views: Newscast,
         *,
-        uniform: Uniforms,
+        uniform: Callable[[], float],
         rng: np.random.Generator,
         on_formed: Callable[[np.ndarray, int], None],
         on_attempt_over: Callable[[], None],

@@ -77,7 +77,7 @@ class GossipSampler:
         # the order of construction is the order of the draws from rng: keep it
         self.overlay = build_overlay(self.params, world.ledger.n_peers, rng=rng)
         self.peer_sampling = PeerSampling(world, self.overlay, self.params, rng=rng)
-        uniform = Uniforms(rng)  # shared by the protocol and the faults
+        uniform = Uniforms(rng).draw  # shared by the protocol and the faults
         self.formation = GroupFormation(
             world,
             self.peer_sampling.views,
