@@ -276,7 +276,7 @@ class GroupsConfig:
     (1 = the seed's sequential loop). ``collect_timeout`` (simulated seconds) bounds how long a
     curator waits for the members' models before aborting the group without charging anyone;
     after ``max_failed_attempts`` consecutive aborted groups the run stops.
-    ``sampler = "gossip"`` forms groups from local views only (see :mod:`p2pdp.gossip`).
+    ``sampler = "gossip"`` forms groups from local views only (see :mod:`p2pdp.sim.gossip`).
     """
 
     sampler: str = "central"
@@ -318,7 +318,7 @@ class NetworkConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GossipConfig:
-    """Decentralised group formation (``groups.sampler = "gossip"``, see :mod:`p2pdp.gossip`).
+    """Decentralised group formation (``groups.sampler = "gossip"``, see :mod:`p2pdp.sim.gossip`).
 
     Overlay (the peers' initial neighbours, :mod:`p2pdp.overlay`): ``overlay`` is one of
     ``OVERLAYS``; ``degree`` is the degree of ``random-regular`` and the ring degree of

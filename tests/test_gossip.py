@@ -26,9 +26,9 @@ from p2pdp.config import (
     ScenarioConfig,
 )
 from p2pdp.errors import ConfigError
-from p2pdp.gossip import Newscast, bootstrap_views, merge_views
 from p2pdp.overlay import build_overlay
 from p2pdp.sim import world as world_module
+from p2pdp.sim.gossip import Newscast, bootstrap_views, merge_views
 from p2pdp.sim.transport import Transport
 from p2pdp.simulation import simulate
 

@@ -148,6 +148,12 @@ def test_registered_components_resolve_to_objects_that_follow_their_protocols():
         assert issubclass(components.resolve("mechanism", name), Mechanism)
     for name in components.names("accountant"):
         assert issubclass(components.resolve("accountant", name), Accountant)
+    for name in components.names("sampler"):
+        assert callable(components.resolve("sampler", name))
+    for name in components.names("dataset"):
+        assert callable(components.resolve("dataset", name))
+    for name in components.names("task"):
+        assert callable(components.resolve("task", name))
     for name in components.names("ensemble"):
         assert issubclass(components.resolve("ensemble", name), EnsembleRule)
     model = components.resolve("model", "logistic")()

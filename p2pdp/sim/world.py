@@ -2,7 +2,8 @@
 
 Protocol of one aggregation (the seed's Algorithms 1 and 2, with DESIGN.md's fixes):
 
-1. The :class:`CentralSampler` (the seed's GroupAgent) draws ``g`` peers uniformly at random
+1. The group sampler (:mod:`p2pdp.sim.sampler`; by default the seed's GroupAgent,
+   :class:`~p2pdp.sim.central.CentralSampler`) draws ``g`` peers uniformly at random
    from the idle peers whose remaining budget covers one more aggregation, picks the curator
    uniformly among them, and sends each member an ``ASSIGN`` message.
 2. A member that receives ``ASSIGN`` sends its local model and shard size to the curator.
@@ -39,6 +40,7 @@ import simpy
 from p2pdp.accounting import BudgetLedger, make_accountant
 from p2pdp.config import ScenarioConfig
 from p2pdp.release import Releaser, ReleaseRecord
+from p2pdp.sim.sampler import GroupSampler
 from p2pdp.sim.transport import HEADER_BYTES, Transport, model_bytes
 
 SAMPLER = -1  # sender id of the central sampler
@@ -148,87 +150,6 @@ class Peer:
             world.receive_partial(message)
         elif message.kind == PUBLISH and isinstance(payload, int):
             world.receipts.append((self.peer_id, payload))
-
-
-class CentralSampler:
-    """The seed's GroupAgent: uniform random disjoint groups from the idle, solvent peers."""
-
-    def __init__(self, world: World, *, rng: np.random.Generator) -> None:
-        self.world = world
-        self.rng = rng
-        self.pool: list[int] = []  # idle peers that can afford one more aggregation
-        self.in_flight = 0
-        self.not_ready = 0
-        self.failed_in_a_row = 0
-        self.stop_reason = ""
-        self._wake: simpy.Event | None = None
-        self._uniforms: list[float] = []
-        self.done = world.env.event()
-
-    def start(self, ready: list[int], n_not_ready: int) -> None:
-        """Begin with the peers ``ready`` at time 0; ``n_not_ready`` are still training."""
-        self.pool.extend(ready)
-        self.not_ready = n_not_ready
-        self.world.env.process(self.run())
-
-    def peer_ready(self, peer: int) -> None:
-        self.not_ready -= 1
-        self.pool.append(peer)
-        self._notify()
-
-    def _notify(self) -> None:
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
-
-    def _uniform(self) -> float:
-        if not self._uniforms:
-            self._uniforms = self.rng.random(4096).tolist()
-        return self._uniforms.pop()
-
-    def _draw_group(self, g: int) -> np.ndarray:
-        """``g`` distinct idle peers, uniformly at random (Floyd's algorithm, O(g))."""
-        n = len(self.pool)
-        picks: set[int] = set()
-        for j in range(n - g, n):
-            t = int(self._uniform() * (j + 1))
-            picks.add(j if t in picks else t)
-        members = np.array([self.pool[i] for i in picks], dtype=np.int64)
-        for i in sorted(picks, reverse=True):  # swap-remove, O(g)
-            self.pool[i] = self.pool[-1]
-            self.pool.pop()
-        return members
-
-    def run(self):
-        world = self.world
-        g = world.config.groups.group_size
-        limit = world.config.groups.max_concurrent_groups
-        max_failed = world.config.groups.max_failed_attempts
-        while True:
-            while (
-                self.in_flight < limit and len(self.pool) >= g and self.failed_in_a_row < max_failed
-            ):
-                members = self._draw_group(g)
-                curator = int(members[int(self._uniform() * g)])
-                self.in_flight += 1
-                world.start_group(members, curator)
-            if self.failed_in_a_row >= max_failed:
-                self.stop_reason = f"{max_failed} aggregations in a row failed"
-            elif self.in_flight == 0 and self.not_ready == 0 and len(self.pool) < g:
-                self.stop_reason = f"fewer than {g} peers can afford another aggregation"
-            if self.stop_reason and self.in_flight == 0:
-                self.done.succeed(self.stop_reason)
-                return
-            self._wake = world.env.event()
-            yield self._wake
-
-    def group_finished(self, group: Group, *, published: bool) -> None:
-        """Return the members that can still afford an aggregation to the idle pool."""
-        self.in_flight -= 1
-        self.failed_in_a_row = 0 if published else self.failed_in_a_row + 1
-        if not self.stop_reason:
-            solvent = self.world.ledger.can_afford(group.members)
-            self.pool.extend(group.members[solvent].tolist())
-        self._notify()
 
 
 class CompletionMonitor:
@@ -465,18 +386,15 @@ class World:
         self.env.run()
 
 
-def make_sampler(world: World, *, rng: np.random.Generator):
-    """The group sampler ``world.config.groups.sampler`` names (a built-in or an import string)."""
-    name = world.config.groups.sampler
-    if name == "gossip":
-        from p2pdp.gossip import GossipSampler
+def make_sampler(world: World, *, rng: np.random.Generator) -> GroupSampler:
+    """The group sampler ``world.config.groups.sampler`` names (a built-in or an import string).
 
-        return GossipSampler(world, rng=rng)
-    if name == "central":
-        return CentralSampler(world, rng=rng)
+    Built-ins resolve lazily through the registry (gossip imports networkx only when used).
+    """
     from p2pdp.components import resolve
 
-    return resolve("sampler", name, key="groups.sampler")(world, rng=rng)
+    factory = resolve("sampler", world.config.groups.sampler, key="groups.sampler")
+    return factory(world, rng=rng)
 
 
 def curator_process(world: World, group: Group):
