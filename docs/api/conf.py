@@ -99,7 +99,6 @@ write_module_pages()
 #: listed fails the build too (autodoc cannot import it). Empty this set when they all exist.
 PENDING_PROTOCOLS: frozenset[str] = frozenset(
     {
-        "p2pdp.sim.sampler.GroupSampler",
     }
 )
 

@@ -1,6 +1,6 @@
 """Decentralised group formation: Newscast peer sampling and a commit-reveal group protocol.
 
-:class:`GossipSampler` replaces the seed's central GroupAgent (``groups.sampler = "gossip"``).
+:class:`~p2pdp.sim.gossip.sampler.GossipSampler` replaces the seed's central GroupAgent (``groups.sampler = "gossip"``).
 No component knows every peer: each peer's *view* (``gossip.view_size`` = c entries of
 ``(peer id, timestamp)``) is its only knowledge of the network, and every protocol message
 goes through the world's transport, so it is delayed, lost and counted like any other.
@@ -8,18 +8,20 @@ goes through the world's transport, so it is delayed, lost and counted like any 
 =====================================  ======================================================
 module                                 holds
 =====================================  ======================================================
-:mod:`p2pdp.sim.gossip.views`          peer sampling: Newscast views (:func:`merge_views`,
-                                       :func:`bootstrap_views`, :class:`Newscast`) and the
+:mod:`p2pdp.sim.gossip.views`          peer sampling: Newscast views (``merge_views``,
+                                       ``bootstrap_views``, ``Newscast``) and the
                                        vectorised view exchanges over the transport
 :mod:`p2pdp.sim.gossip.formation`      the group-formation protocol: invitations and locks,
                                        commit-reveal curator election, attempts, backoff
 :mod:`p2pdp.sim.gossip.faults`         churn and crashes (``world.online``)
-:mod:`p2pdp.sim.gossip.sampler`        :class:`GossipSampler`: composes the three, one clock
+:mod:`p2pdp.sim.gossip.sampler`        ``GossipSampler``: composes the three, one clock
                                        process, the termination rule
 =====================================  ======================================================
 """
 
-from p2pdp.sim.gossip.sampler import GossipSampler
-from p2pdp.sim.gossip.views import TICKS_PER_PERIOD, Newscast, bootstrap_views, merge_views
-
-__all__ = ["TICKS_PER_PERIOD", "GossipSampler", "Newscast", "bootstrap_views", "merge_views"]
+# Re-exported for convenience (``as`` marks them so); documented in their own modules.
+from p2pdp.sim.gossip.sampler import GossipSampler as GossipSampler
+from p2pdp.sim.gossip.views import TICKS_PER_PERIOD as TICKS_PER_PERIOD
+from p2pdp.sim.gossip.views import Newscast as Newscast
+from p2pdp.sim.gossip.views import bootstrap_views as bootstrap_views
+from p2pdp.sim.gossip.views import merge_views as merge_views
