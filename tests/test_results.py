@@ -52,17 +52,17 @@ class Crash(RuntimeError):
     pass
 
 
-def crash_after(monkeypatch, tasks: int) -> None:
-    """Make the in-process backend die when task number ``tasks + 1`` starts."""
-    original, done = experiment.run_task, []
+def crash_after(monkeypatch, cells: int) -> None:
+    """Make the in-process backend die when cell number ``cells + 1`` starts simulating."""
+    original, done = experiment.simulate, []
 
-    def dying(cells):
-        if len(done) == tasks:
+    def dying(*args, **kwargs):
+        if len(done) == cells:
             raise Crash("simulated crash")
-        done.append(cells)
-        return original(cells)
+        done.append(1)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "run_task", dying)
+    monkeypatch.setattr(experiment, "simulate", dying)
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch):
@@ -72,28 +72,29 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch)
     assert len(whole) == 2 * 4
 
     with monkeypatch.context() as patch:
-        crash_after(patch, tasks=2)
+        crash_after(patch, cells=3)  # in the middle of the second task (fold) of two cells
         with pytest.raises(Crash):
             experiment.run_experiment(scenario, tmp_path / "broken", jobs=1)
     partial = read_results(tmp_path / "broken")
-    assert len(partial) == 2 * 2  # two folds (tasks) of two cells survived
-    assert read_manifest(tmp_path / "broken")["status"] == "running"
+    assert len(partial) == 3  # written cell by cell, not task by task
+    manifest = read_manifest(tmp_path / "broken")
+    assert (manifest["status"], manifest["error"]) == ("failed", "Crash: simulated crash")
 
     summary = experiment.run_experiment(scenario, tmp_path / "broken", jobs=1, resume=True)
-    assert (summary.run, summary.skipped) == (4, 4)
+    assert (summary.run, summary.skipped) == (5, 3)
     assert without_timing(read_results(tmp_path / "broken")) == whole
     assert (tmp_path / "broken" / "roc.csv").read_text() == (
         tmp_path / "whole" / "roc.csv"
     ).read_text()
     manifest = read_manifest(tmp_path / "broken")
-    assert manifest["status"] == "complete"
-    assert [s["cells_run"] for s in manifest["sessions"]] == [4, 4]
+    assert manifest["status"] == "complete" and "error" not in manifest
+    assert [s["cells_run"] for s in manifest["sessions"]] == [3, 5]
 
 
 def test_a_line_cut_short_by_a_crash_is_dropped(tmp_path, monkeypatch):
     scenario = parse_scenario(TINY)
     with monkeypatch.context() as patch:
-        crash_after(patch, tasks=1)
+        crash_after(patch, cells=2)
         with pytest.raises(Crash):
             experiment.run_experiment(scenario, tmp_path, jobs=1)
     for name in ("results.csv", "roc.csv"):  # half-written lines, as after a power cut
