@@ -156,6 +156,9 @@ class FolderLock:
         _HELD[self._key] = self
         try:
             write_atomic(self.directory / LOCK_INFO_FILE, json.dumps(self.info) + "\n")
+        except OSError as exc:
+            self.release()
+            raise ConfigError(f"{self.directory}: cannot write there ({exc.strerror})") from None
         except BaseException:
             self.release()
             raise
@@ -333,16 +336,12 @@ class ResultsStore:
         passed since the last time, and at the end.
         """
         for record in records:
-            for name, rows in record.tables.items():
-                if not rows:
-                    continue
-                columns = ("cell_id", *rows[0])
-                for row in rows:
-                    if tuple(row) != columns[1:]:
-                        raise ConfigError(
-                            f"table {name!r} of cell {record.cell_id}: a row has columns "
-                            f"{list(row)}, the first {list(columns[1:])}"
-                        )
+            tables = [
+                (name, _table_columns(record.cell_id, name, rows), rows)
+                for name, rows in record.tables.items()
+                if rows
+            ]
+            for name, columns, rows in tables:
                 self._write(name, columns, [(record.cell_id, *row.values()) for row in rows])
             self._write(
                 "roc",
@@ -441,11 +440,6 @@ class ResultsStore:
         if name in ("results", "roc"):
             known = self.resumed
         else:
-            if not _TABLE_NAME.fullmatch(name) or name in _RESERVED_TABLES:
-                raise ConfigError(
-                    f"table name {name!r}: use lower case letters, digits and _, not "
-                    f"{', '.join(_RESERVED_TABLES)}"
-                )
             known = name in self.manifest["tables"]
             if not known:  # the manifest names a table before its first row is written
                 self.manifest["tables"].append(name)
@@ -476,6 +470,23 @@ class ResultsStore:
 
     def _write_manifest(self) -> None:
         write_atomic(self.directory / MANIFEST_FILE, json.dumps(self.manifest, indent=2) + "\n")
+
+
+def _table_columns(cell_id: str, name: str, rows: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """``("cell_id", *keys)`` of an extra table's rows; ConfigError for a bad name or rows."""
+    if not _TABLE_NAME.fullmatch(name) or name in _RESERVED_TABLES:
+        raise ConfigError(
+            f"table name {name!r}: use lower case letters, digits and _, and not "
+            f"{', '.join(_RESERVED_TABLES)}"
+        )
+    keys = tuple(rows[0])
+    for row in rows:
+        if tuple(row) != keys or "cell_id" in row:
+            raise ConfigError(
+                f"table {name!r} of cell {cell_id}: a row has columns {list(row)}, the first "
+                f"{list(keys)} (no cell_id: it is added)"
+            )
+    return ("cell_id", *keys)
 
 
 # --- reading ----------------------------------------------------------------------------------
