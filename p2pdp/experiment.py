@@ -462,7 +462,7 @@ class _Progress:
             self._print("")
 
     def _beat(self) -> None:
-        while not self._stop.wait(min(self.interval / 4, 0.5)):
+        while not self._stop.wait(max(0.01, self._shown + self.interval - time.perf_counter())):
             if time.perf_counter() - self._shown >= self.interval:
                 self._show()
 
