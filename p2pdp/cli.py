@@ -130,9 +130,10 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
         help="run a scenario's sweep (folds x grid x repetitions) and write a report",
-        description="Cells sharing a local training run together; results are appended to "
-        "OUT/results.csv as they finish, so an interrupted run can be finished with --resume. "
-        "OUT/report.md and figures are written at the end.",
+        description="Cells sharing a local training run together; each cell's row is "
+        "appended to OUT/results.csv as soon as it finishes, so an interrupted run (Ctrl-C, "
+        "SIGTERM: exit status 130, 143) can be finished with --resume. One process writes a "
+        "folder at a time. OUT/report.md and figures are written at the end.",
     )
     parser.add_argument("scenario", help="a scenario TOML file, or a shipped scenario's name")
     parser.add_argument("--out", help="results folder (default: results/<scenario name>)")
@@ -228,6 +229,8 @@ def _signals_interrupt() -> Iterator[None]:
     """
 
     def interrupt(number: int, frame: object) -> None:
+        for stop in _STOP_SIGNALS:  # a second signal must not cut the clean-up short
+            signal.signal(stop, signal.SIG_IGN)
         raise KeyboardInterrupt(signal.Signals(number).name)
 
     previous = {number: signal.signal(number, interrupt) for number in _STOP_SIGNALS}

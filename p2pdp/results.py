@@ -282,17 +282,18 @@ class ResultsStore:
         lock = FolderLock(directory, purpose="p2pdp run").acquire()
         try:
             existing = None
-            if not force and (directory / MANIFEST_FILE).exists():
-                existing = read_manifest(directory)
             if force or not _recorded_cells(directory):
                 _remove_results(directory)  # nothing recorded, or discarded: start afresh
-                existing = None
-            elif existing is None:
+            elif (directory / MANIFEST_FILE).exists():
+                existing = read_manifest(directory)
+            if existing is None and (directory / RESULTS_FILE).exists():
                 raise ConfigError(
                     f"--out {directory} holds a {RESULTS_FILE} without a {MANIFEST_FILE}; "
                     "use --force to overwrite it, or another --out"
                 )
-            elif not (resume and existing["scenario_hash"] == scenario.digest):
+            if existing is not None and not (
+                resume and existing["scenario_hash"] == scenario.digest
+            ):
                 same = existing["scenario_hash"] == scenario.digest
                 what = (
                     "this scenario; use --resume to finish it"

@@ -199,6 +199,8 @@ def test_a_stale_running_manifest_without_cells_does_not_block(tmp_path):
     store = ResultsStore.open(tmp_path, scenario, n_cells=2, backend="test")
     store.lock.release()  # as if the process had died
     assert read_manifest(tmp_path)["status"] == "running"
+    with (tmp_path / "manifest.json").open("a") as file:
+        file.write("{ cut short")  # even a damaged manifest: no cell, nothing to protect
     other = parse_scenario(TINY, overrides=["evaluation.folds=[1]"])
     experiment.run_experiment(other, tmp_path, jobs=1)  # nothing to lose: any scenario may start
     assert [row["cell_id"] for row in read_results(tmp_path)] == ["p0-f1-r0", "p1-f1-r0"]
