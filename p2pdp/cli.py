@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -180,9 +181,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             )
         except KeyboardInterrupt as exc:
             name, code = _signal_of(exc)
+            again = shlex.join(
+                ["p2pdp", "run", args.scenario, "--out", str(out)]
+                + [word for override in args.overrides for word in ("--set", override)]
+                + ["--resume"]
+            )
             print(
                 f"\np2pdp: interrupted by {name}; workers stopped, finished cells kept in "
-                f"{out}; finish with: p2pdp run {args.scenario} --out {out} --resume",
+                f"{out}; finish with: {again}",
                 file=sys.stderr,
             )
             return code

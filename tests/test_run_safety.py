@@ -141,7 +141,8 @@ def test_sigterm_stops_the_workers_and_the_run_resumes(tmp_path, scenario_file):
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=TIMEOUT_S)
     assert run.returncode == 143, err  # 128 + SIGTERM, like Ctrl-C's 130
-    assert "interrupted by SIGTERM" in err and "--resume" in err
+    assert "interrupted by SIGTERM" in err
+    assert f"finish with: p2pdp run {scenario_file} --out {out} --resume" in err
     assert "Traceback" not in err
     wait_for(lambda: not any(alive(pid) for pid in workers), "the workers to end")
     manifest = read_manifest(out)
@@ -384,3 +385,15 @@ def test_damaged_results_are_one_line_errors(finished, capsys, damage, message):
     assert str(results) in line
     with pytest.raises(ConfigError, match=message):
         write_report(finished)
+
+
+def test_the_interrupt_message_repeats_the_command_to_resume(tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt("SIGTERM")  # what the CLI's SIGTERM handler raises
+
+    monkeypatch.setattr(experiment, "run_experiment", interrupted)
+    out = tmp_path / "my out"
+    assert main(["run", "quickstart", "--out", str(out), "--set", "evaluation.folds=[0]"]) == 143
+    err = capsys.readouterr().err
+    assert "interrupted by SIGTERM" in err
+    assert f"p2pdp run quickstart --out '{out}' --set 'evaluation.folds=[0]' --resume" in err
