@@ -7,9 +7,13 @@ lifting is in the package modules, the CLI only parses, calls and prints.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shlex
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 from p2pdp import __version__
 from p2pdp.errors import P2PDPError
@@ -130,9 +134,10 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run",
         help="run a scenario's sweep (folds x grid x repetitions) and write a report",
-        description="Cells sharing a local training run together; results are appended to "
-        "OUT/results.csv as they finish, so an interrupted run can be finished with --resume. "
-        "OUT/report.md and figures are written at the end.",
+        description="Cells sharing a local training run together; each cell's row is "
+        "appended to OUT/results.csv as soon as it finishes, so an interrupted run (Ctrl-C, "
+        "SIGTERM: exit status 130, 143) can be finished with --resume. One process writes a "
+        "folder at a time. OUT/report.md and figures are written at the end.",
     )
     parser.add_argument("scenario", help="a scenario TOML file, or a shipped scenario's name")
     parser.add_argument("--out", help="results folder (default: results/<scenario name>)")
@@ -166,25 +171,95 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario, args.overrides)
     out = args.out or default_out_dir(scenario)
-    try:
-        summary = run_experiment(
-            scenario,
-            out,
-            jobs=args.jobs,
-            scheduler=args.scheduler,
-            resume=args.resume,
-            force=args.force,
-            progress=sys.stderr,
+    with _signals_interrupt():
+        try:
+            summary = run_experiment(
+                scenario,
+                out,
+                jobs=args.jobs,
+                scheduler=args.scheduler,
+                resume=args.resume,
+                force=args.force,
+                progress=sys.stderr,
+            )
+        except KeyboardInterrupt as exc:
+            name, code = _signal_of(exc)
+            again = shlex.join(
+                ["p2pdp", "run", args.scenario, "--out", str(out)]
+                + [word for override in args.overrides for word in ("--set", override)]
+                + ["--resume"]
+            )
+            print(
+                f"\np2pdp: interrupted by {name}; workers stopped, finished cells kept in "
+                f"{out}; finish with: {again}",
+                file=sys.stderr,
+            )
+            return code
+        except OSError as exc:
+            raise _os_error(exc) from None
+        print(
+            f"{summary.cells} cells ({summary.run} run, {summary.skipped} already done) in "
+            f"{summary.seconds:.1f} s; results in {summary.directory}"
         )
-    except KeyboardInterrupt:
-        print(f"\np2pdp: interrupted; finish with --resume --out {out}", file=sys.stderr)
-        return 130
-    print(
-        f"{summary.cells} cells ({summary.run} run, {summary.skipped} already done) in "
-        f"{summary.seconds:.1f} s; results in {summary.directory}"
-    )
-    print(f"report: {write_report(summary.directory)}")
+        return _report(write_report, summary.directory)
+
+
+def _report(write_report: Callable[[Path], Path], directory: Path) -> int:
+    """Write the report of ``directory``: 0, or 128 + signal number if interrupted."""
+    try:
+        print(f"report: {write_report(directory)}")
+    except KeyboardInterrupt as exc:
+        name, code = _signal_of(exc)
+        print(
+            f"\np2pdp: report interrupted by {name} (files already written are complete); "
+            f"write it with: p2pdp report {directory}",
+            file=sys.stderr,
+        )
+        return code
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _os_error(exc) from None
     return 0
+
+
+#: Signals that stop `run` and `report` the way Ctrl-C does; exit status 128 + number.
+_STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Turn SIGINT, SIGTERM and SIGHUP into ``KeyboardInterrupt(signal name)`` meanwhile.
+
+    So a ``kill`` stops the workers, marks the results folder ``interrupted`` and leaves it
+    resumable, exactly like Ctrl-C.
+    """
+
+    def interrupt(number: int, frame: object) -> None:
+        for stop in _STOP_SIGNALS:  # a second signal must not cut the clean-up short
+            signal.signal(stop, signal.SIG_IGN)
+        raise KeyboardInterrupt(signal.Signals(number).name)
+
+    previous = {number: signal.signal(number, interrupt) for number in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _signal_of(interrupt: KeyboardInterrupt) -> tuple[str, int]:
+    """The signal's name and the exit status 128 + its number (SIGINT 130, SIGTERM 143)."""
+    name = interrupt.args[0] if interrupt.args else "SIGINT"
+    return name, 128 + int(getattr(signal, name, signal.SIGINT))
+
+
+def _os_error(exc: OSError) -> P2PDPError:
+    """A one-line error for a file that cannot be read or written (disk full, permissions)."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    return P2PDPError(f"{where}{exc.strerror or exc}")
 
 
 def _add_report(subparsers: argparse._SubParsersAction) -> None:
@@ -199,8 +274,8 @@ def _add_report(subparsers: argparse._SubParsersAction) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     from p2pdp.report import write_report
 
-    print(f"report: {write_report(args.directory)}")
-    return 0
+    with _signals_interrupt():
+        return _report(write_report, Path(args.directory))
 
 
 # --- components -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ the run's provenance).
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,9 +33,12 @@ from p2pdp.results import (
     MANIFEST_FILE,
     RESULTS_FILE,
     ROC_FPR,
+    FolderLock,
     read_manifest,
     read_results,
     read_roc,
+    repair,
+    write_atomic,
 )
 
 REPORT_FILE = "report.md"
@@ -97,9 +101,85 @@ class PointSummary:
     roc_tpr: np.ndarray | None
 
 
+#: Columns of results.csv the report reads (a file without them is refused).
+REQUIRED_COLUMNS = (
+    "cell_id",
+    "name",
+    "mean_error",
+    "std_error",
+    "min_error",
+    "best_peer_auc",
+    "aggregations",
+    "centralized_error",
+    "local_only_error",
+    "messages_sent",
+    "partition.n_peers",
+)
+
+
+_CLASSIFICATION = frozenset(
+    (
+        "mean_error",
+        "std_error",
+        "min_error",
+        "best_peer_auc",
+        "centralized_error",
+        "local_only_error",
+    )
+)
+
+
 def write_report(directory: str | Path) -> Path:
-    """Write the figures (PNG) and ``report.md`` into ``directory``; return report.md's path."""
+    """Write the figures (PNG) and ``report.md`` into ``directory``; return report.md's path.
+
+    Runs under the folder's lock (refused while a run writes the folder), after
+    :func:`p2pdp.results.repair` (which drops a line cut short by a crash, as ``--resume``
+    does). Every file is written atomically: a crash leaves the old file or the new one.
+
+    Raises
+    ------
+    ConfigError
+        If ``directory`` is not a results folder, cannot be written, is in use, or its files
+        are damaged (the message names the file).
+    """
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{directory} is a file, not a results folder")
+    if not (directory / RESULTS_FILE).exists():
+        raise ConfigError(
+            f"{directory / RESULTS_FILE} not found: run `p2pdp run` with --out {directory} first"
+        )
+    with FolderLock(directory, purpose="p2pdp report"):
+        repair(directory)
+        _check_results(directory)
+        return _write_report(directory)
+
+
+def _check_results(directory: Path) -> None:
+    """Raise ConfigError unless results.csv has the columns and numbers the report reads."""
+    path = directory / RESULTS_FILE
+    rows = read_results(directory)
+    if not rows:
+        return
+    # The logistic task's rows (and rows written before tasks existed) carry classification
+    # metrics; another task's rows carry the engine's columns and its own.
+    required = [
+        column
+        for column in REQUIRED_COLUMNS
+        if rows[0].get("task.name", "logistic") == "logistic" or column not in _CLASSIFICATION
+    ]
+    missing = [column for column in required if column not in rows[0]]
+    if missing:
+        raise ConfigError(f"{path} lacks the columns {missing}: damaged, or not from p2pdp run")
+    for number, row in enumerate(rows, start=2):
+        for column in required[2:]:
+            if isinstance(_parse(row[column]), str):
+                raise ConfigError(
+                    f"{path}, line {number}: {column} = {row[column]!r} is not a number"
+                )
+
+
+def _write_report(directory: Path) -> Path:
     rows = [{key: _parse(value) for key, value in row.items()} for row in read_results(directory)]
     if not rows:
         raise ConfigError(f"{directory / RESULTS_FILE} has no rows")
@@ -152,7 +232,7 @@ def write_report(directory: str | Path) -> Path:
             figures.append((title, path.name, caption))
 
     report = directory / REPORT_FILE
-    report.write_text(_markdown(rows, manifest, settings, swept, summaries, figures), "utf-8")
+    write_atomic(report, _markdown(rows, manifest, settings, swept, summaries, figures))
     return report
 
 
@@ -424,8 +504,13 @@ def _roc_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: P
 
 
 def _save(figure: plt.Figure, path: Path) -> None:
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    """Save as PNG atomically (a temporary file in the same folder, then a rename)."""
+    buffer = io.BytesIO()
+    try:
+        figure.savefig(buffer, format="png", dpi=110)
+    finally:
+        plt.close(figure)
+    write_atomic(path, buffer.getvalue())
 
 
 # --- markdown ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ shards, local models, group draws and noise streams (common random numbers).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import tracemalloc
@@ -89,9 +90,29 @@ class RunResult:
         row.update({f"wall_{phase}_s": seconds for phase, seconds in self.wall_times.items()})
         return row
 
-    def peer_rows(self) -> dict[str, np.ndarray]:
-        """The ``peers`` table of this run as columns of shape (P,)."""
-        return {
+    def release_rows(self) -> list[dict[str, Any]]:
+        """The ``releases`` table of this run: one row per release, in release order.
+
+        Columns: ``fold``, ``repetition``, ``time`` (simulated s), ``group``, ``curator``,
+        ``group_size``, ``n_min``, ``lambda``, ``sensitivity``, ``mechanism``, ``epsilon``,
+        ``delta``, ``noise_scale``, ``noise_std`` (public), ``noise_norm`` (FOR ANALYSIS ONLY:
+        the norm of the noise actually drawn, which no party of the protocol learns) and
+        ``secure``.
+        """
+        lam = self.config.training.lam
+        return [
+            {"fold": self.fold, "repetition": self.repetition, **row, "lambda": lam}
+            for row in self.releases
+        ]
+
+    def peer_table(self) -> list[dict[str, Any]]:
+        """The ``peers`` table of this run: one row per peer.
+
+        Columns: ``fold``, ``repetition``, ``peer``, ``shard_size``, ``aggregations`` joined,
+        ``epsilon_spent`` (charged), ``guaranteed_epsilon`` (real), then the task's per-peer
+        columns (logistic: ``error``, ``local_only_error``, ``ensemble_size``).
+        """
+        columns = {
             "peer": np.arange(self.shard_sizes.size),
             "shard_size": self.shard_sizes,
             "aggregations": self.aggregations_per_peer,
@@ -99,6 +120,15 @@ class RunResult:
             "guaranteed_epsilon": self.guaranteed_epsilon,
             **self.evaluation.peer_columns(),
         }
+        lists = {name: np.asarray(values).tolist() for name, values in columns.items()}
+        return [
+            {
+                "fold": self.fold,
+                "repetition": self.repetition,
+                **dict(zip(lists, values, strict=True)),
+            }
+            for values in zip(*lists.values(), strict=True)
+        ]
 
 
 class ReleaseLog(WorldObserver):
@@ -113,7 +143,7 @@ class ReleaseLog(WorldObserver):
                 "time": float(world.env.now),
                 "group": group.group_id,
                 "curator": group.curator,
-                **{name: getattr(record, name) for name in record.__slots__},
+                **dataclasses.asdict(record),
             }
         )
 

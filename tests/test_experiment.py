@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 from dask.distributed import LocalCluster
@@ -120,12 +121,31 @@ def test_bad_jobs(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_progress_lines_without_a_tty(tmp_path):
+def test_progress_lines_without_a_tty(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 1000.0)
     stream = io.StringIO()
     experiment.run_experiment(parse_scenario(TINY), tmp_path, jobs=1, progress=stream)
     lines = stream.getvalue().splitlines()
-    assert len(lines) == 3  # one per finished task (one per fold)
+    assert len(lines) == 1  # a fast run: no line per cell, only the last one
     assert lines[-1].startswith("p2pdp run: 12/12 cells") and "cells/s" in lines[-1]
+
+
+def test_progress_heartbeat_while_a_long_cell_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 0.1)
+    original = experiment.simulate
+
+    def slow(*args, **kwargs):
+        time.sleep(0.6)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "simulate", slow)
+    stream = io.StringIO()
+    scenario = parse_scenario(TINY, overrides=["evaluation.folds=[0]"])
+    experiment.run_experiment(scenario, tmp_path, jobs=1, progress=stream)
+    lines = stream.getvalue().splitlines()
+    assert sum(line.startswith("p2pdp run: 0/4 cells") for line in lines) >= 2
+    assert "elapsed" in lines[0]
+    assert lines[-1].startswith("p2pdp run: 4/4 cells")
 
 
 def test_quickstart_end_to_end(tmp_path, real_data_home, capsys):

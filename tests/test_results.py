@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import numpy as np
 import pytest
 
 from p2pdp import experiment
+from p2pdp.cli import main
 from p2pdp.errors import ConfigError
 from p2pdp.results import (
     ROC_FPR,
     CellRecord,
+    FolderInUseError,
+    FolderLock,
     ResultsStore,
+    load,
     read_manifest,
     read_results,
     read_roc,
@@ -52,17 +58,17 @@ class Crash(RuntimeError):
     pass
 
 
-def crash_after(monkeypatch, tasks: int) -> None:
-    """Make the in-process backend die when task number ``tasks + 1`` starts."""
-    original, done = experiment.run_task, []
+def crash_after(monkeypatch, cells: int) -> None:
+    """Make the in-process backend die when cell number ``cells + 1`` starts simulating."""
+    original, done = experiment.simulate, []
 
-    def dying(cells):
-        if len(done) == tasks:
+    def dying(*args, **kwargs):
+        if len(done) == cells:
             raise Crash("simulated crash")
-        done.append(cells)
-        return original(cells)
+        done.append(1)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "run_task", dying)
+    monkeypatch.setattr(experiment, "simulate", dying)
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch):
@@ -72,28 +78,29 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch)
     assert len(whole) == 2 * 4
 
     with monkeypatch.context() as patch:
-        crash_after(patch, tasks=2)
+        crash_after(patch, cells=3)  # in the middle of the second task (fold) of two cells
         with pytest.raises(Crash):
             experiment.run_experiment(scenario, tmp_path / "broken", jobs=1)
     partial = read_results(tmp_path / "broken")
-    assert len(partial) == 2 * 2  # two folds (tasks) of two cells survived
-    assert read_manifest(tmp_path / "broken")["status"] == "running"
+    assert len(partial) == 3  # written cell by cell, not task by task
+    manifest = read_manifest(tmp_path / "broken")
+    assert (manifest["status"], manifest["error"]) == ("failed", "Crash: simulated crash")
 
     summary = experiment.run_experiment(scenario, tmp_path / "broken", jobs=1, resume=True)
-    assert (summary.run, summary.skipped) == (4, 4)
+    assert (summary.run, summary.skipped) == (5, 3)
     assert without_timing(read_results(tmp_path / "broken")) == whole
     assert (tmp_path / "broken" / "roc.csv").read_text() == (
         tmp_path / "whole" / "roc.csv"
     ).read_text()
     manifest = read_manifest(tmp_path / "broken")
-    assert manifest["status"] == "complete"
-    assert [s["cells_run"] for s in manifest["sessions"]] == [4, 4]
+    assert manifest["status"] == "complete" and "error" not in manifest
+    assert [s["cells_run"] for s in manifest["sessions"]] == [3, 5]
 
 
 def test_a_line_cut_short_by_a_crash_is_dropped(tmp_path, monkeypatch):
     scenario = parse_scenario(TINY)
     with monkeypatch.context() as patch:
-        crash_after(patch, tasks=1)
+        crash_after(patch, cells=2)
         with pytest.raises(Crash):
             experiment.run_experiment(scenario, tmp_path, jobs=1)
     for name in ("results.csv", "roc.csv"):  # half-written lines, as after a power cut
@@ -169,3 +176,140 @@ def test_roc_on_grid_interpolates_the_curve():
     assert sampled[0] == pytest.approx(0.6)  # the vertical start takes its top point
     assert sampled[25] == pytest.approx(0.7)  # halfway between (0, 0.6) and (0.5, 0.8)
     assert sampled[-1] == 1.0
+
+
+# --- failed runs ------------------------------------------------------------------------------
+def test_a_run_that_recorded_no_cell_does_not_block_the_same_command(tmp_path, monkeypatch):
+    scenario = parse_scenario(TINY)
+    with monkeypatch.context() as patch:
+        crash_after(patch, cells=0)
+        with pytest.raises(Crash):
+            experiment.run_experiment(scenario, tmp_path, jobs=1)
+    manifest = read_manifest(tmp_path)
+    assert (manifest["status"], manifest["error"]) == ("failed", "Crash: simulated crash")
+    assert manifest["sessions"][0]["cells_run"] == 0
+    experiment.run_experiment(scenario, tmp_path, jobs=1)  # no --resume needed
+    assert len(read_results(tmp_path)) == 8
+    assert read_manifest(tmp_path)["status"] == "complete"
+
+
+def test_a_stale_running_manifest_without_cells_does_not_block(tmp_path):
+    """A run killed (-9) before its first cell leaves a 'running' manifest and no rows."""
+    scenario = parse_scenario(TINY, overrides=["evaluation.folds=[0]"])
+    store = ResultsStore.open(tmp_path, scenario, n_cells=2, backend="test")
+    store.lock.release()  # as if the process had died
+    assert read_manifest(tmp_path)["status"] == "running"
+    with (tmp_path / "manifest.json").open("a") as file:
+        file.write("{ cut short")  # even a damaged manifest: no cell, nothing to protect
+    other = parse_scenario(TINY, overrides=["evaluation.folds=[1]"])
+    experiment.run_experiment(other, tmp_path, jobs=1)  # nothing to lose: any scenario may start
+    assert [row["cell_id"] for row in read_results(tmp_path)] == ["p0-f1-r0", "p1-f1-r0"]
+
+
+def test_a_run_time_error_leaves_a_failed_manifest_and_a_clean_retry(tmp_path, capsys):
+    scenario_file = tmp_path / "tiny.toml"
+    scenario_file.write_text(TINY)
+    out = tmp_path / "out"
+    argv = ["run", str(scenario_file), "--out", str(out), "--jobs", "1"]
+    assert main([*argv, "--set", "partition.n_peers=1000"]) == 2  # more peers than rows
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("p2pdp: error: ") and "\n" not in error and "n_peers" in error
+    manifest = read_manifest(out)
+    assert manifest["status"] == "failed" and "n_peers" in manifest["error"]
+    assert main([*argv, "--set", "evaluation.folds=[0]"]) == 0  # the fixed command just runs
+
+
+def test_a_failed_run_with_cells_asks_for_resume(tmp_path, monkeypatch):
+    scenario = parse_scenario(TINY)
+    with monkeypatch.context() as patch:
+        crash_after(patch, cells=1)
+        with pytest.raises(Crash):
+            experiment.run_experiment(scenario, tmp_path, jobs=1)
+    with pytest.raises(ConfigError, match="use --resume to finish it"):
+        experiment.run_experiment(scenario, tmp_path, jobs=1)
+    assert len(read_results(tmp_path)) == 1
+
+
+# --- the lock ---------------------------------------------------------------------------------
+def test_the_lock_names_its_holder_and_is_exclusive(tmp_path):
+    lock = FolderLock(tmp_path, purpose="p2pdp run").acquire()
+    info = json.loads((tmp_path / ".p2pdp.lock.json").read_text())
+    assert (info["pid"], info["host"], info["purpose"]) == (
+        os.getpid(),
+        socket.gethostname(),
+        "p2pdp run",
+    )
+    assert info["started"].startswith("20")
+    with pytest.raises(FolderInUseError, match=f"in use by p2pdp run \\(pid {os.getpid()} on "):
+        FolderLock(tmp_path, purpose="p2pdp report").acquire()
+    with pytest.raises(FolderInUseError):
+        experiment.run_experiment(parse_scenario(TINY), tmp_path, jobs=1)
+    assert not (tmp_path / "manifest.json").exists()  # refused before anything was written
+    lock.release()
+    assert not (tmp_path / ".p2pdp.lock.json").exists()
+    with FolderLock(tmp_path, purpose="p2pdp report") as again:
+        assert again.previous is None  # a clean release leaves nothing to take over
+
+
+# --- extra per-cell tables --------------------------------------------------------------------
+def record(cell_id: str, releases: int) -> CellRecord:
+    return CellRecord(
+        cell_id=cell_id,
+        row={"cell_id": cell_id, "x": 1},
+        roc_tpr=np.linspace(0, 1, len(ROC_FPR)),
+        tables={
+            "releases": [{"release": i, "noise": 0.5 * i} for i in range(releases)],
+            "peers": [{"peer": p, "epsilon_spent": 0.1} for p in range(2)],
+        },
+    )
+
+
+def test_extra_tables_are_written_repaired_sorted_and_loaded(tmp_path):
+    scenario = parse_scenario(TINY)
+    with ResultsStore.open(tmp_path, scenario, n_cells=4, backend="test") as store:
+        store.append([record("c2", 2), record("c0", 1)])
+    # a crash while cell c3 was being written: its table rows, no results row, a cut line
+    with (tmp_path / "peers.csv").open("a") as file:
+        file.write("c3,0,0.1\nc3,1,0.1\n")
+    with (tmp_path / "releases.csv").open("a") as file:
+        file.write("c3,0,0.0\nc3,1,0.")
+    assert read_manifest(tmp_path)["tables"] == ["releases", "peers"]
+
+    frames = load(tmp_path)  # readable at any time: finished cells only
+    assert set(frames) == {"results", "releases", "peers", "roc"}
+    assert list(frames["releases"].columns) == ["cell_id", "release", "noise"]
+    assert sorted(frames["releases"]["cell_id"]) == ["c0", "c2", "c2"]
+    assert sorted(frames["peers"]["cell_id"]) == ["c0", "c0", "c2", "c2"]
+
+    store = ResultsStore.open(tmp_path, scenario, n_cells=4, backend="test", resume=True)
+    assert store.done == {"c0", "c2"}
+    assert "c3" not in (tmp_path / "peers.csv").read_text()  # repaired on resume
+    store.append([record("c1", 3)])
+    store.finish()
+    frames = load(tmp_path)
+    assert frames["results"]["cell_id"].tolist() == ["c0", "c1", "c2"]
+    assert frames["releases"]["cell_id"].tolist() == ["c0", "c1", "c1", "c1", "c2", "c2"]
+    assert frames["releases"]["noise"].tolist() == [0.0, 0.0, 0.5, 1.0, 0.0, 0.5]
+    assert frames["peers"]["cell_id"].tolist() == ["c0", "c0", "c1", "c1", "c2", "c2"]
+
+    # --force discards them; a fresh run starts its tables afresh
+    store = ResultsStore.open(tmp_path, scenario, n_cells=4, backend="test", force=True)
+    assert not (tmp_path / "releases.csv").exists()
+    (tmp_path / "releases.csv").write_text("cell_id,release,noise\nold,0,0.0\n")  # a leftover
+    store.append([record("c0", 1)])
+    store.finish()
+    assert load(tmp_path)["releases"]["cell_id"].tolist() == ["c0"]
+
+
+def test_bad_table_names_and_rows_are_refused(tmp_path):
+    store = ResultsStore.open(tmp_path, parse_scenario(TINY), n_cells=1, backend="test")
+    tpr = np.linspace(0, 1, len(ROC_FPR))
+    with store:
+        for tables, message in (
+            ({"results": [{"a": 1}]}, "table name 'results'"),
+            ({"Bad-Name": [{"a": 1}]}, "table name 'Bad-Name'"),
+            ({"peers": [{"a": 1}, {"b": 2}]}, "a row has columns \\['b'\\]"),
+        ):
+            with pytest.raises(ConfigError, match=message):
+                cell = CellRecord(cell_id="a", row={"cell_id": "a"}, roc_tpr=tpr, tables=tables)
+                store.append([cell])

@@ -1,6 +1,7 @@
 """Decentralised group formation: Newscast peer sampling and a commit-reveal group protocol.
 
-:class:`~p2pdp.sim.gossip.sampler.GossipSampler` replaces the seed's central GroupAgent (``groups.sampler = "gossip"``).
+:class:`~p2pdp.sim.gossip.sampler.GossipSampler` replaces the seed's central GroupAgent
+(``groups.sampler = "gossip"``).
 No component knows every peer: each peer's *view* (``gossip.view_size`` = c entries of
 ``(peer id, timestamp)``) is its only knowledge of the network, and every protocol message
 goes through the world's transport, so it is delayed, lost and counted like any other.
