@@ -229,7 +229,7 @@ def affordable_aggregations_gdp(
     delta_total = _open_probability("delta_total", delta_total)
     z = _positive("noise_multiplier", noise_multiplier)
     mu_star = gdp_mu(epsilon_total, delta_total)
-    k = int(math.floor((mu_star * z) ** 2))
+    k = math.floor((mu_star * z) ** 2)
     while k > 0 and not _fits(k, z, epsilon_total, delta_total):
         k -= 1
     while _fits(k + 1, z, epsilon_total, delta_total):
@@ -237,7 +237,9 @@ def affordable_aggregations_gdp(
     return k
 
 
-def noise_multiplier_for_gdp(epsilon_total: float, delta_total: float, n_aggregations: int) -> float:
+def noise_multiplier_for_gdp(
+    epsilon_total: float, delta_total: float, n_aggregations: int
+) -> float:
     """Smallest noise multiplier ``z`` with which ``k`` Gaussian releases fit the budget.
 
     ``z = sqrt(k) / mu*``, ``mu* = gdp_mu(epsilon_total, delta_total)`` (the inverse of

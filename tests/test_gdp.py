@@ -162,11 +162,12 @@ def test_agrees_with_dp_accounting_pld() -> None:
     )
     from dp_accounting.pld import pld_privacy_accountant
 
-    for z, k, delta in [(36.30469042619556, 94, 1e-5), (4.224678889327428, 71, 1e-5), (2.0, 5, 1e-6)]:
+    cases = [(36.30469042619556, 94, 1e-5), (4.224678889327428, 71, 1e-5), (2.0, 5, 1e-6)]
+    for z, k, delta in cases:
         accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
         accountant.compose(dp_accounting.GaussianDpEvent(z), count=k)
         pld_epsilon = accountant.get_epsilon(delta)
         ours = float(composed_epsilon_gdp(k, noise_multiplier=z, delta_total=delta))
         # the PLD accountant discretises pessimistically: it may only be slightly above the exact
         assert ours <= pld_epsilon + 1e-6
-        assert pld_epsilon == pytest.approx(ours, rel=2e-3, abs=2e-3)
+        assert pld_epsilon == pytest.approx(ours, abs=1e-4)

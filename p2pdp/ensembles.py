@@ -1,0 +1,614 @@
+"""Ensemble rules that use only public information (pure maths, vectorised over peers).
+
+Every peer ``p`` ends a run with
+
+* its own unperturbed local model ``W_own[p]`` (it never leaves the peer),
+* the published (noisy) models it received, and for each release the per-coordinate standard
+  deviation of its noise, ``noise_std[k]``: a public quantity, since the mechanism, its
+  epsilon and the release's L2 sensitivity (group size, smallest shard size, lambda) are all
+  part of the published protocol,
+* its own shard of training rows.
+
+A rule turns these into one predictor per peer. None of them reads another peer's data, an
+unpublished model, or the test rows, so each is post-processing of what the peer already holds:
+it costs no privacy budget and changes no guarantee (the releases are already public; a peer's
+own data and own model stay with that peer, and the rule's result is used only by that peer).
+
+Rules (:data:`ENSEMBLE_RULES`):
+
+``majority``
+    Sign of the vote of all models the peer holds (own included); a tied vote goes to the
+    peer's own model. (:mod:`p2pdp.evaluation` breaks ties by the summed margin, which hands
+    them to the noisiest member.) Reads: received models, own model.
+``mean-margin``
+    Sign of the sum of all margins (own included), as in :mod:`p2pdp.evaluation`.
+``average``
+    The received models averaged with inverse-noise-variance weights (the least-variance
+    unbiased combination of the releases), then shrunk towards the own model by the positive-part
+    James-Stein factor computed from that average's public noise variance: a fixed rule, no
+    tuning. Reads: received models, their noise scales, own model.
+``local-validated``
+    The peer mixes its own model with the received average; the mix is chosen by k-fold cross
+    validation on its own shard (its own model refitted on each training part, batched).
+    Reads: received models, noise scales, own shard (and the own model refitted on it).
+``personalised-refit``
+    The peer re-solves its own problem with the regulariser centred on ``c`` times the received
+    average instead of 0, ``c`` chosen by the same k-fold cross validation. Reads the same.
+
+Outputs: a :class:`LinearPredictors` (effective linear weights, (P, d)) for the rules that
+produce one linear model per peer, a :class:`VotePredictors` (decision scores) for the votes.
+Both have ``scores(X) -> (n_rows, P)``; the label is +1 where the score is >= 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import expit, log_expit
+from threadpoolctl import threadpool_limits
+
+from p2pdp.errors import ConfigError
+from p2pdp.learning import fit_local_models
+
+__all__ = [
+    "ENSEMBLE_RULES",
+    "CrossValidation",
+    "LinearPredictors",
+    "OwnShards",
+    "PublicView",
+    "VotePredictors",
+    "apply_rule",
+    "average_rule",
+    "cross_validate_own_models",
+    "fit_towards",
+    "local_validated_rule",
+    "majority_rule",
+    "mean_margin_rule",
+    "personalised_refit_rule",
+    "received_average",
+]
+
+#: Mixing grid of ``local-validated``: the weight ``r`` of the normalised received average
+#: against the normalised own model (0 = own model only, 1 = average only).
+MIX_GRID: np.ndarray = np.concatenate(
+    [[0.0], np.geomspace(0.01, 0.5, 12), 1 - np.geomspace(0.4, 0.01, 10), [1.0]]
+)
+#: Centre scales ``c`` of ``personalised-refit`` (regulariser centred on ``c`` times the average).
+CENTRE_GRID: np.ndarray = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
+DEFAULT_FOLDS = 5
+
+
+# -- inputs -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublicView:
+    """Everything an ensemble rule may read about releases, plus each peer's own model.
+
+    Attributes
+    ----------
+    own_weights : (P, d) float array
+        Each peer's own unperturbed model (used by that peer only).
+    published : (K, d) float array
+        Every published (noisy) model, in publication order.
+    noise_std : (K,) float array, >= 0
+        Public per-coordinate standard deviation of each release's noise
+        (``Mechanism.noise_std(sensitivity, d)`` at that release's sensitivity).
+    shared : (K,) bool array
+        True where the model reached every peer.
+    receipts : (P, K) scipy.sparse CSR of 0/1
+        The models received by specific peers (rows of ``shared`` models not stored), as in
+        :class:`p2pdp.evaluation.Ensembles`.
+    """
+
+    own_weights: np.ndarray
+    published: np.ndarray
+    noise_std: np.ndarray
+    shared: np.ndarray
+    receipts: sp.csr_matrix
+
+    def __post_init__(self) -> None:
+        own = np.asarray(self.own_weights, dtype=np.float64)
+        if own.ndim != 2 or own.shape[0] == 0:
+            raise ConfigError(f"own_weights must be a non-empty (P, d) array, got {own.shape}")
+        n_peers, dim = own.shape
+        published = np.asarray(self.published, dtype=np.float64).reshape(-1, dim)
+        n_models = published.shape[0]
+        noise_std = np.asarray(self.noise_std, dtype=np.float64).reshape(-1)
+        if noise_std.shape != (n_models,) or np.any(~(noise_std >= 0)):
+            raise ConfigError(
+                f"noise_std must be ({n_models},) values >= 0, got {np.asarray(self.noise_std)!r}"
+            )
+        shared = np.asarray(self.shared, dtype=bool).reshape(-1)
+        if shared.shape != (n_models,):
+            raise ConfigError(f"shared must have shape ({n_models},), got {shared.shape}")
+        receipts = sp.csr_matrix(self.receipts, dtype=np.float64)
+        if receipts.shape != (n_peers, n_models):
+            raise ConfigError(
+                f"receipts must have shape ({n_peers}, {n_models}), got {receipts.shape}"
+            )
+        if receipts.nnz and not np.all(receipts.data == 1.0):
+            raise ConfigError("receipts must hold only 0/1 entries")
+        for name, value in (
+            ("own_weights", own),
+            ("published", published),
+            ("noise_std", noise_std),
+            ("shared", shared),
+            ("receipts", receipts),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def n_peers(self) -> int:
+        return int(self.own_weights.shape[0])
+
+    def received_counts(self) -> np.ndarray:
+        """Number of published models each peer received, (P,) int."""
+        extra = np.asarray(self.receipts.sum(axis=1)).ravel()
+        return (int(self.shared.sum()) + extra).astype(np.int64)
+
+    def per_peer_sum(self, values: np.ndarray) -> np.ndarray:
+        """``sum over the models peer p received of values[k]``: (K,) -> (P,), (K, m) -> (P, m)."""
+        values = np.asarray(values, dtype=np.float64)
+        common = self.shared.astype(np.float64) @ values
+        return common[None, ...] + self.receipts @ values
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnShards:
+    """The peers' own training rows (each peer reads only its own shard).
+
+    ``X`` (N, d) rows with L2 norm <= 1, ``y`` (N,) labels in {-1, +1}, ``shards`` P integer
+    index arrays into ``X``, ``lam`` the regularisation of the local models.
+    """
+
+    X: np.ndarray
+    y: np.ndarray
+    shards: tuple[np.ndarray, ...]
+    lam: float
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.lam) and self.lam > 0):
+            raise ConfigError(f"lam must be > 0 and finite, got {self.lam!r}")
+        object.__setattr__(
+            self, "shards", tuple(np.asarray(s, dtype=np.int64) for s in self.shards)
+        )
+
+
+# -- outputs ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinearPredictors:
+    """One linear model per peer: ``weights`` (P, d); scores ``X @ weights.T`` (n, P)."""
+
+    weights: np.ndarray
+
+    def scores(self, X: np.ndarray) -> np.ndarray:
+        return np.asarray(X) @ self.weights.T
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VotePredictors:
+    """Vote of every model a peer holds, computed from shared work (one product per model).
+
+    ``vote`` is ``"majority"`` (score = sum of signs + tanh(own margin)/2, so a tied vote goes to
+    the own model) or ``"mean-margin"`` (score = sum of margins).
+    """
+
+    view: PublicView
+    vote: str
+
+    def scores(self, X: np.ndarray) -> np.ndarray:
+        rows_t = np.ascontiguousarray(np.asarray(X).T)
+        own = self.view.own_weights @ rows_t  # (P, n)
+        published = self.view.published @ rows_t  # (K, n)
+        if self.vote == "mean-margin":
+            return (own + self.view.per_peer_sum(published)).T
+        votes = np.sign(own) + self.view.per_peer_sum(np.sign(published))
+        return (votes + 0.5 * np.tanh(own)).T
+
+
+Predictors = LinearPredictors | VotePredictors
+
+
+# -- building blocks --------------------------------------------------------------------------
+def received_average(view: PublicView) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse-noise-variance weighted average of the models each peer received.
+
+    Weights ``1 / noise_std[k]^2``: for independent noises this is the unbiased combination of
+    least variance. Noise-free releases (``noise_std = 0``, the test-only ``none`` mechanism)
+    take all the weight when a peer received any.
+
+    Returns
+    -------
+    average : (P, d) array
+        Row ``p``: the average over the models peer ``p`` received (zeros if none).
+    noise_variance : (P,) array
+        Per-coordinate variance of that average's noise, ``1 / sum_k 1/noise_std[k]^2``
+        (``inf`` if the peer received nothing, 0 if it received a noise-free release).
+    """
+    std = view.noise_std
+    exact = std == 0
+    precision = np.where(exact, 0.0, 1.0 / np.where(exact, 1.0, std) ** 2)
+    totals = view.per_peer_sum(precision)
+    numerator = view.per_peer_sum(precision[:, None] * view.published)
+    variance = np.full(view.n_peers, np.inf)
+    average = np.zeros_like(view.own_weights)
+    has = totals > 0
+    average[has] = numerator[has] / totals[has, None]
+    variance[has] = 1.0 / totals[has]
+    if exact.any():
+        n_exact = view.per_peer_sum(exact.astype(np.float64))
+        exact_mean = view.per_peer_sum(exact[:, None] * view.published)
+        hit = n_exact > 0
+        average[hit] = exact_mean[hit] / n_exact[hit, None]
+        variance[hit] = 0.0
+    return average, variance
+
+
+def _unit_rows(weights: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(weights, axis=1, keepdims=True)
+    return np.divide(weights, norms, out=np.zeros_like(weights), where=norms > 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrossValidation:
+    """k-fold refits of every peer's own model on its own shard (reusable across runs).
+
+    Held-out rows are listed peer by peer: ``rows`` (M,) index into ``X``, ``peer`` (M,) their
+    owner, ``fold`` (M,) their fold, ``own_margin`` (M,) the margin of the owner's model
+    refitted without that fold. ``models`` (P, k, d) holds the refits (zeros where a peer has
+    fewer than k folds). Depends only on the shards, lambda, k and ``rng``, not on any release,
+    so one computation serves every run of a fold (like the local training).
+    """
+
+    rows: np.ndarray
+    peer: np.ndarray
+    fold: np.ndarray
+    own_margin: np.ndarray
+    models: np.ndarray
+    n_folds: int
+
+    def indicator(self, n_peers: int) -> sp.csr_matrix:
+        """(M, P) 0/1 matrix: held-out row ``i`` belongs to peer ``peer[i]``."""
+        m = len(self.rows)
+        return sp.csr_matrix((np.ones(m), (np.arange(m), self.peer)), shape=(m, n_peers))
+
+
+def _fold_assignment(
+    shards: Sequence[np.ndarray], y: np.ndarray, n_folds: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows, owners, stratified fold numbers and folds per peer, sorted by (peer, fold).
+
+    Within each shard, rows are ordered by label then at random and dealt round robin into
+    ``min(n_folds, n_p)`` folds, so every fold of a peer has both labels where it can.
+    """
+    sizes = np.array([len(s) for s in shards], dtype=np.int64)
+    rows = np.concatenate(shards) if len(shards) else np.zeros(0, np.int64)
+    peer = np.repeat(np.arange(len(shards)), sizes)
+    order = np.lexsort((rng.random(len(rows)), y[rows], peer))
+    rows, peer = rows[order], peer[order]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    folds_per_peer = np.minimum(n_folds, sizes)
+    fold = (np.arange(len(rows)) - starts[peer]) % folds_per_peer[peer]
+    order = np.lexsort((fold, peer))
+    return rows[order], peer[order], fold[order], folds_per_peer
+
+
+def cross_validate_own_models(
+    own: OwnShards, *, n_folds: int = DEFAULT_FOLDS, rng: np.random.Generator
+) -> CrossValidation:
+    """Refit every peer's own model on each k-fold training part of its own shard (batched).
+
+    One :func:`p2pdp.learning.fit_local_models` call fits all ``P * k`` training parts (peers
+    with fewer than 2 rows are skipped: they have nothing to validate on). Reads only each
+    peer's own rows; its result stays with the peer.
+
+    Parameters
+    ----------
+    own : OwnShards
+    n_folds : int, >= 2
+    rng : numpy.random.Generator
+        Shuffles rows within each shard before the stratified deal into folds.
+    """
+    if not (isinstance(n_folds, (int, np.integer)) and n_folds >= 2):
+        raise ConfigError(f"n_folds must be an integer >= 2, got {n_folds!r}")
+    X, y = np.asarray(own.X, dtype=np.float64), np.asarray(own.y)
+    rows, peer, fold, folds_per_peer = _fold_assignment(own.shards, y, n_folds, rng)
+    n_peers, dim = len(own.shards), X.shape[1]
+    usable = folds_per_peer >= 2
+    held = usable[peer]
+    rows, peer, fold = rows[held], peer[held], fold[held]
+    # training part (p, f) = the peer's rows outside fold f; rows are sorted by (peer, fold)
+    parts: list[np.ndarray] = []
+    owners: list[tuple[int, int]] = []
+    for f in range(n_folds):
+        keep = fold != f
+        peers_with_f = np.flatnonzero(usable & (folds_per_peer > f))
+        if peers_with_f.size == 0:
+            continue
+        train_rows, train_peer = rows[keep], peer[keep]
+        bounds = np.searchsorted(train_peer, np.arange(n_peers + 1))
+        pieces = np.split(train_rows, bounds[1:-1])
+        parts.extend(pieces[p] for p in peers_with_f.tolist())
+        owners.extend((p, f) for p in peers_with_f.tolist())
+    models = np.zeros((n_peers, n_folds, dim))
+    if parts:
+        fitted = fit_local_models(X, y, parts, own.lam)
+        index = np.array(owners, dtype=np.int64)
+        models[index[:, 0], index[:, 1]] = fitted.weights
+    own_margin = np.einsum("ij,ij->i", X[rows], models[peer, fold])
+    return CrossValidation(
+        rows=rows, peer=peer, fold=fold, own_margin=own_margin, models=models, n_folds=n_folds
+    )
+
+
+def _choose_per_peer(errors: np.ndarray, margin: int) -> np.ndarray:
+    """Index per peer (column) of the grid row with fewest errors, own model preferred.
+
+    ``errors`` (G, P) counts, row 0 = own model only. A peer leaves row 0 only for a grid point
+    with at least ``margin + 1`` fewer errors; among the best it takes the first (the closest
+    to its own model).
+    """
+    best = errors.min(axis=0)
+    first_best = np.argmax(errors == best[None, :], axis=0)
+    return np.where(errors[0] - best > margin, first_best, 0)
+
+
+# -- rules ------------------------------------------------------------------------------------
+def majority_rule(view: PublicView, own: OwnShards | None = None, **_: object) -> VotePredictors:
+    """Majority of the signs of all models the peer holds; a tie goes to the own model.
+
+    Reads: the received models and the own model. Costs no privacy: post-processing of
+    releases plus the peer's own model, used by that peer only.
+    """
+    return VotePredictors(view=view, vote="majority")
+
+
+def mean_margin_rule(view: PublicView, own: OwnShards | None = None, **_: object) -> VotePredictors:
+    """Sign of the summed margins of all models the peer holds (as :mod:`p2pdp.evaluation`).
+
+    Reads and privacy as :func:`majority_rule`.
+    """
+    return VotePredictors(view=view, vote="mean-margin")
+
+
+def average_rule(view: PublicView, own: OwnShards | None = None, **_: object) -> LinearPredictors:
+    """Inverse-variance average of the received models, shrunk towards the own model.
+
+    With ``A`` the peer's :func:`received_average`, ``s2`` its per-coordinate noise variance
+    and ``D = A - W_own``, the peer uses ``W_own + (1 - c) D`` with the positive-part
+    James-Stein factor ``c = min(1, (d - 2) s2 / ||D||^2)``: when the average is mostly noise
+    (``||D||^2`` about ``d s2``) the peer keeps its own model; when the noise is small it takes
+    the average. The factor uses only public noise scales and the two models, no data.
+
+    Reads: received models, their public noise scales, the own model. Costs no privacy
+    (post-processing; the result stays with the peer).
+    """
+    average, variance = received_average(view)
+    own_weights = view.own_weights
+    dim = own_weights.shape[1]
+    diff = average - own_weights
+    sq = np.einsum("ij,ij->i", diff, diff)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shrink = np.where(sq > 0, max(dim - 2, 1) * variance / sq, 1.0)
+    shrink = np.clip(np.nan_to_num(shrink, nan=1.0, posinf=1.0), 0.0, 1.0)
+    return LinearPredictors(weights=own_weights + (1.0 - shrink)[:, None] * diff)
+
+
+def local_validated_rule(
+    view: PublicView,
+    own: OwnShards,
+    *,
+    rng: np.random.Generator | None = None,
+    cv: CrossValidation | None = None,
+    n_folds: int = DEFAULT_FOLDS,
+    grid: np.ndarray = MIX_GRID,
+    margin: int = 0,
+) -> LinearPredictors:
+    """Own model mixed with the received average, the mix chosen on the peer's own shard.
+
+    Each peer scores the directions ``(1 - r) W_own/||W_own|| + r A/||A||`` for ``r`` in
+    ``grid`` (``A`` its :func:`received_average`) by k-fold cross validation on its own shard:
+    on each held-out fold the own part is the own model refitted without that fold
+    (:func:`cross_validate_own_models`), the average part is ``A``. It takes the ``r`` with the
+    fewest held-out errors, preferring smaller ``r`` (its own model) on ties and leaving
+    ``r = 0`` only for at least ``margin + 1`` fewer errors. Fully vectorised: one batched refit
+    (shared by all runs of a fold when ``cv`` is passed) and one (G, M) error matrix.
+
+    Note: ``A`` contains the peer's own model (through the releases it joined, with weight
+    ``1/g`` in each and under noise), so the held-out rows are not entirely unseen by ``A``:
+    a small optimism in favour of the average, largest for small groups.
+
+    Reads: received models, public noise scales, the own shard (own model refits). Costs no
+    privacy: post-processing of releases plus the peer's own data, result used by that peer.
+
+    Returns
+    -------
+    LinearPredictors
+        Effective weights ``(1 - r) W_own/||W_own|| + r A/||A||`` per peer (P, d).
+    """
+    if cv is None:
+        if rng is None:
+            raise ConfigError("local-validated needs rng (or a precomputed cv)")
+        cv = cross_validate_own_models(own, n_folds=n_folds, rng=rng)
+    X = np.asarray(own.X, dtype=np.float64)
+    average, _ = received_average(view)
+    own_unit, avg_unit = _unit_rows(view.own_weights), _unit_rows(average)
+    own_norm_cv = np.linalg.norm(cv.models[cv.peer, cv.fold], axis=1)
+    own_part = np.divide(
+        cv.own_margin, own_norm_cv, out=np.zeros_like(cv.own_margin), where=own_norm_cv > 0
+    )
+    avg_part = np.einsum("ij,ij->i", X[cv.rows], avg_unit[cv.peer])
+    grid = np.asarray(grid, dtype=np.float64)
+    scores = (1 - grid)[:, None] * own_part[None, :] + grid[:, None] * avg_part[None, :]
+    wrong = (np.where(scores >= 0, 1, -1) != own.y[cv.rows][None, :]).astype(np.float64)
+    errors = np.rint(np.asarray(wrong @ cv.indicator(view.n_peers))).astype(np.int64)
+    choice = _choose_per_peer(errors, margin)
+    no_models = view.received_counts() == 0
+    mix = np.where(no_models, 0.0, grid[choice])
+    return LinearPredictors(weights=(1 - mix)[:, None] * own_unit + mix[:, None] * avg_unit)
+
+
+def fit_towards(
+    X: np.ndarray,
+    y: np.ndarray,
+    shards: Sequence[np.ndarray],
+    lam: float,
+    centres: np.ndarray,
+    *,
+    tol: float = 1e-8,
+    max_iter: int = 50,
+) -> np.ndarray:
+    """Minimise ``(1/n_j) sum log(1 + exp(-y x.w)) + (lam/2) ||w - centres[j]||^2`` per shard.
+
+    Batched damped Newton over shards of equal size (as :func:`p2pdp.learning.fit_local_models`,
+    which is the case ``centres = 0``). Not used for any release, so no privacy tolerance is
+    needed: ``tol`` bounds the gradient norm.
+
+    Returns
+    -------
+    (P, d) array of minimisers.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    centres = np.asarray(centres, dtype=np.float64)
+    sizes = np.array([len(s) for s in shards], dtype=np.int64)
+    dim = X.shape[1]
+    result = np.empty((len(shards), dim))
+    eye = lam * np.eye(dim)
+    order = np.argsort(sizes, kind="stable")
+    with threadpool_limits(limits=1, user_api="blas"):
+        for group in np.split(order, np.flatnonzero(np.diff(sizes[order])) + 1):
+            if group.size == 0:
+                continue
+            rows = np.stack([np.asarray(shards[j]) for j in group])
+            Xb, yb, mb = X[rows], y[rows], centres[group]
+            n = rows.shape[1]
+            offset = np.einsum("bnd,bd->bn", Xb, mb)
+            u = np.zeros((len(group), dim))
+
+            def objective(uu: np.ndarray, Xb=Xb, yb=yb, offset=offset) -> np.ndarray:
+                m = yb * (offset + np.einsum("bnd,bd->bn", Xb, uu))
+                return -log_expit(m).mean(axis=1) + 0.5 * lam * np.einsum("bd,bd->b", uu, uu)
+
+            values = objective(u)
+            for _ in range(max_iter):
+                margins = yb * (offset + np.einsum("bnd,bd->bn", Xb, u))
+                coef = -yb * expit(-margins) / n
+                grad = np.einsum("bn,bnd->bd", coef, Xb) + lam * u
+                if np.linalg.norm(grad, axis=1).max() <= tol:
+                    break
+                curvature = expit(margins) * expit(-margins) / n
+                hessian = np.einsum("bnd,bn,bne->bde", Xb, curvature, Xb) + eye
+                step = -np.linalg.solve(hessian, grad[:, :, None])[:, :, 0]
+                slope = np.einsum("bd,bd->b", grad, step)
+                length = np.ones(len(group))
+                for _ in range(60):
+                    trial = objective(u + length[:, None] * step)
+                    bad = trial > values + 1e-4 * length * slope + 1e-14 * np.abs(values)
+                    if not bad.any():
+                        break
+                    length[bad] *= 0.5
+                u = u + length[:, None] * step
+                values = objective(u)
+            result[group] = mb + u
+    return result
+
+
+def personalised_refit_rule(
+    view: PublicView,
+    own: OwnShards,
+    *,
+    rng: np.random.Generator | None = None,
+    cv: CrossValidation | None = None,
+    n_folds: int = DEFAULT_FOLDS,
+    grid: np.ndarray = CENTRE_GRID,
+    margin: int = 0,
+) -> LinearPredictors:
+    """Each peer re-solves its own problem regularised towards ``c`` times its received average.
+
+    ``w_p = argmin (1/n_p) sum_{own rows} loss + (lam/2) ||w - c_p A_p||^2``; ``c_p`` in ``grid``
+    (0 = the own model) chosen by k-fold cross validation on the peer's own shard, with the
+    same folds, tie rule and ``margin`` as :func:`local_validated_rule`. Costs
+    ``len(grid) * (k + 1)`` batched refits per run.
+
+    Reads: received models, the own shard. Costs no privacy (post-processing; the refitted
+    model stays with the peer).
+    """
+    if cv is None:
+        if rng is None:
+            raise ConfigError("personalised-refit needs rng (or a precomputed cv)")
+        cv = cross_validate_own_models(own, n_folds=n_folds, rng=rng)
+    X, y = np.asarray(own.X, dtype=np.float64), np.asarray(own.y)
+    average, _ = received_average(view)
+    n_peers = view.n_peers
+    grid = np.asarray(grid, dtype=np.float64)
+    # training parts, in the same (peer, fold) layout as cv
+    parts, owners = [], []
+    for f in range(cv.n_folds):
+        held = cv.fold == f
+        peers_f = np.unique(cv.peer[held])
+        for p in peers_f.tolist():  # list building only; the fits below are batched
+            mine = cv.peer == p
+            parts.append(cv.rows[mine & (cv.fold != f)])
+            owners.append((p, f))
+    owners_arr = np.array(owners, dtype=np.int64).reshape(-1, 2)
+    errors = np.zeros((len(grid), n_peers))
+    indicator = cv.indicator(n_peers)
+    for g, c in enumerate(grid):
+        if c == 0:
+            margins = cv.own_margin
+        else:
+            models = np.zeros((n_peers, cv.n_folds, X.shape[1]))
+            fitted = fit_towards(X, y, parts, own.lam, c * average[owners_arr[:, 0]])
+            models[owners_arr[:, 0], owners_arr[:, 1]] = fitted
+            margins = np.einsum("ij,ij->i", X[cv.rows], models[cv.peer, cv.fold])
+        wrong = (np.where(margins >= 0, 1, -1) != y[cv.rows]).astype(np.float64)
+        errors[g] = wrong @ indicator
+    choice = _choose_per_peer(np.rint(errors).astype(np.int64), margin)
+    centre_scale = np.where(view.received_counts() == 0, 0.0, grid[choice])
+    weights = view.own_weights.copy()
+    moved = centre_scale > 0
+    if moved.any():
+        idx = np.flatnonzero(moved)
+        weights[idx] = fit_towards(
+            X,
+            y,
+            [own.shards[p] for p in idx.tolist()],
+            own.lam,
+            centre_scale[idx, None] * average[idx],
+        )
+    return LinearPredictors(weights=weights)
+
+
+RuleFunction = Callable[..., LinearPredictors | VotePredictors]
+
+#: Built-in rules by name; each is ``rule(view, own, *, rng=..., cv=...) -> predictors``.
+ENSEMBLE_RULES: dict[str, RuleFunction] = {
+    "majority": majority_rule,
+    "mean-margin": mean_margin_rule,
+    "average": average_rule,
+    "local-validated": local_validated_rule,
+    "personalised-refit": personalised_refit_rule,
+}
+
+
+def apply_rule(
+    name: str,
+    view: PublicView,
+    own: OwnShards | None = None,
+    *,
+    rng: np.random.Generator | None = None,
+    cv: CrossValidation | None = None,
+) -> LinearPredictors | VotePredictors:
+    """Run the rule ``name`` of :data:`ENSEMBLE_RULES`."""
+    if name not in ENSEMBLE_RULES:
+        raise ConfigError(
+            f"evaluation.vote must be one of {', '.join(ENSEMBLE_RULES)}; got {name!r}"
+        )
+    if name in ("local-validated", "personalised-refit"):
+        if own is None:
+            raise ConfigError(f"rule {name!r} needs the peers' own shards")
+        return ENSEMBLE_RULES[name](view, own, rng=rng, cv=cv)
+    return ENSEMBLE_RULES[name](view, own)
