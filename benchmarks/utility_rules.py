@@ -63,7 +63,9 @@ class Cell:
 
     def label(self) -> str:
         mech = "VL" if self.mechanism == "vector-laplace" else "G"
-        return f"eps={self.epsilon:g} epsA={self.epsilon_per_aggregation:g} g={self.group_size} {mech}"
+        return (
+            f"eps={self.epsilon:g} epsA={self.epsilon_per_aggregation:g} g={self.group_size} {mech}"
+        )
 
 
 def target_cells() -> list[Cell]:
@@ -82,8 +84,8 @@ def frontier_cells() -> list[Cell]:
     return [
         Cell(eps, eps / 10, g, mech)
         for mech in ("vector-laplace", "gaussian")
-        for eps in (0.1, 1.0, 10.0)
-        for g in (10, 100)
+        for eps in (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+        for g in (10, 20, 50, 100)
     ]
 
 
@@ -97,7 +99,9 @@ def cell_config(base, cell: Cell):
     }
     if cell.mechanism == "gaussian":
         settings["privacy.delta"] = DELTA
-        settings["privacy.delta_per_aggregation"] = DELTA * cell.epsilon_per_aggregation / cell.epsilon
+        settings["privacy.delta_per_aggregation"] = (
+            DELTA * cell.epsilon_per_aggregation / cell.epsilon
+        )
     return with_values(base, settings)
 
 
@@ -148,7 +152,11 @@ def run_world(config, trained, fold: int):
         (np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(weights.shape[0], len(published))
     )
     view = PublicView(
-        own_weights=weights, published=published, noise_std=noise_std, shared=shared, receipts=receipts
+        own_weights=weights,
+        published=published,
+        noise_std=noise_std,
+        shared=shared,
+        receipts=receipts,
     )
     ensembles = build_ensembles(weights, published, shared, pairs[:, 0], pairs[:, 1])
     return view, ensembles, sim_seconds, int(world.ledger.aggregations().mean())
@@ -165,13 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folds", type=int, default=10)
     parser.add_argument("--cells", choices=("targets", "frontier"), default="targets")
     parser.add_argument("--json", help="append one JSON row per (cell, fold) to this file")
-    parser.add_argument("--no-refit", action="store_true", help="skip personalised-refit")
+    parser.add_argument("--refit", action="store_true", help="also personalised-refit (slow)")
     args = parser.parse_args(argv)
 
     base = load_scenario("spambase_group_vs_full").config
     cells = target_cells() if args.cells == "targets" else frontier_cells()
     rows = []
-    out = open(args.json, "a") if args.json else None  # noqa: SIM115
+    out = open(args.json, "a") if args.json else None
     for fold in range(args.folds):
         trained = prepare_peers(base, fold=fold)
         data = trained.fold
@@ -213,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cv_s": cv_seconds,
             }
             metrics, seconds = timed(
-                lambda ensembles=ensembles: evaluate_ensembles(
+                lambda ensembles=ensembles, data=data: evaluate_ensembles(
                     ensembles, data.X_test, data.y_test, vote="majority"
                 )
             )
@@ -222,11 +230,12 @@ def main(argv: list[str] | None = None) -> int:
                 "majority": lambda v: majority_rule(v),
                 "mean-margin": lambda v: mean_margin_rule(v),
                 "average": lambda v: average_rule(v),
-                "local-validated": lambda v: local_validated_rule(v, own, cv=cv),
-                "local-validated-m1": lambda v: local_validated_rule(v, own, cv=cv, margin=1),
+                "local-validated": lambda v, own=own, cv=cv: local_validated_rule(v, own, cv=cv),
             }
-            if not args.no_refit:
-                rules["personalised-refit"] = lambda v: personalised_refit_rule(v, own, cv=cv)
+            if args.refit:
+                rules["personalised-refit"] = lambda v, own=own, cv=cv: personalised_refit_rule(
+                    v, own, cv=cv
+                )
             for name, rule in rules.items():
                 start = time.perf_counter()
                 predictors = rule(view)
@@ -240,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {cell.label():32s} k={per_peer:3d} seed {row['seed-majority']:.4f} "
                 f"maj {row['majority']:.4f} avg {row['average']:.4f} "
-                f"lv {row['local-validated']:.4f} lv1 {row['local-validated-m1']:.4f} "
-                + (f"refit {row['personalised-refit']:.4f}" if not args.no_refit else ""),
+                f"lv {row['local-validated']:.4f} "
+                + (f"refit {row['personalised-refit']:.4f}" if args.refit else ""),
                 flush=True,
             )
     if out:
@@ -257,7 +266,6 @@ def summarise(rows: list[dict]) -> None:
         "mean-margin",
         "average",
         "local-validated",
-        "local-validated-m1",
         "personalised-refit",
     ]
     names = [n for n in names if n in rows[0]]
@@ -269,15 +277,18 @@ def summarise(rows: list[dict]) -> None:
         local = np.mean([r["local"] for r in mine])
         values = " ".join(f"{np.mean([r[n] for r in mine]):10.4f}" for n in names)
         print(f"{label:34s} {local:6.4f} {values}")
-    print("\nreferences: local-only %.4f, centralised@peers' lambda %.4f, centralised@best %.4f" % (
-        np.mean([r["local"] for r in rows]),
-        np.mean([r["central_peers_lambda"] for r in rows]),
-        np.mean([r["central_best_lambda"] for r in rows]),
-    ))
-    print("\nseconds per cell (mean): simulation %.4f, seed majority evaluation %.4f" % (
-        np.mean([r["sim_s"] for r in rows]), np.mean([r["seed-majority_s"] for r in rows])
-    ) + ", " + ", ".join(f"{n} {np.mean([r[n + '_s'] for r in rows]):.4f}" for n in names[1:]))
-    print("cv refits per fold (shared by the fold's cells): %.3f s" % np.mean([r["cv_s"] for r in rows]))
+    means = {key: np.mean([r[key] for r in rows]) for key in rows[0] if key not in ("cell",)}
+    print(
+        f"\nreferences: local-only {means['local']:.4f}, centralised at the peers' lambda "
+        f"{means['central_peers_lambda']:.4f}, centralised at its own CV lambda "
+        f"{means['central_best_lambda']:.4f}"
+    )
+    costs = ", ".join(f"{n} {means[n + '_s']:.4f}" for n in names[1:])
+    print(
+        f"\nseconds per cell (mean): simulation {means['sim_s']:.4f}, seed majority "
+        f"evaluation {means['seed-majority_s']:.4f}, {costs}"
+    )
+    print(f"cv refits per fold (shared by the fold's cells): {means['cv_s']:.3f} s")
 
 
 if __name__ == "__main__":
