@@ -50,6 +50,7 @@ from p2pdp.references import centralised_best_lambda
 from p2pdp.rng import generator
 from p2pdp.scenario import load_scenario, with_values
 from p2pdp.sim.world import World
+from p2pdp.simulation import simulate
 
 DELTA = 1e-5
 
@@ -86,6 +87,19 @@ def frontier_cells() -> list[Cell]:
         for mech in ("vector-laplace", "gaussian")
         for eps in (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
         for g in (10, 20, 50, 100)
+    ]
+
+
+def refit_cells() -> list[Cell]:
+    """A few cells for the (slow) personalised refit: noisy, moderate and good releases."""
+    return [
+        Cell(0.1, 0.01, 20, "gaussian"),
+        Cell(1.0, 0.1, 20, "vector-laplace"),
+        Cell(1.0, 1.0, 100, "vector-laplace"),
+        Cell(1.0, 1.0, 100, "gaussian"),
+        Cell(1.0, 0.1, 100, "gaussian"),
+        Cell(10.0, 1.0, 10, "vector-laplace"),
+        Cell(10.0, 1.0, 10, "gaussian"),
     ]
 
 
@@ -171,13 +185,22 @@ def timed(fn):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folds", type=int, default=10)
-    parser.add_argument("--cells", choices=("targets", "frontier"), default="targets")
+    parser.add_argument("--cells", choices=("targets", "frontier", "refit"), default="targets")
     parser.add_argument("--json", help="append one JSON row per (cell, fold) to this file")
     parser.add_argument("--refit", action="store_true", help="also personalised-refit (slow)")
+    parser.add_argument(
+        "--cost",
+        action="store_true",
+        help="time the rules against simulate() on one fold of spambase_group_vs_full's grid",
+    )
     args = parser.parse_args(argv)
+    if args.cost:
+        return measure_cost()
 
     base = load_scenario("spambase_group_vs_full").config
-    cells = target_cells() if args.cells == "targets" else frontier_cells()
+    cells = {"targets": target_cells, "frontier": frontier_cells, "refit": refit_cells}[
+        args.cells
+    ]()
     rows = []
     out = open(args.json, "a") if args.json else None
     for fold in range(args.folds):
@@ -256,6 +279,59 @@ def main(argv: list[str] | None = None) -> int:
     if out:
         out.close()
     summarise(rows)
+    return 0
+
+
+def measure_cost(fold: int = 0) -> int:
+    """Seconds per cell of ``simulate`` (training shared) against the new rules' evaluation.
+
+    The rules would replace or join the seed's majority evaluation inside ``simulate``; the
+    k-fold refits of ``local-validated`` depend only on the fold's training, so they are
+    shared by the fold's cells like the local training.
+    """
+    scenario = load_scenario("spambase_group_vs_full")
+    points = scenario.points
+    trained = prepare_peers(points[0].config, fold=fold)
+    data = trained.fold
+    own = OwnShards(
+        X=data.X_train, y=data.y_train, shards=trained.shards, lam=points[0].config.training.lam
+    )
+    cv, cv_seconds = timed(
+        lambda: cross_validate_own_models(own, rng=generator(scenario.config.seed, "cv", fold))
+    )
+    totals = {
+        "simulate": 0.0,
+        "majority (in simulate)": 0.0,
+        "average": 0.0,
+        "local-validated": 0.0,
+    }
+    for point in points:
+        result = simulate(point.config, fold=fold, trained=trained)
+        totals["simulate"] += result.wall_times["simulation"] + result.wall_times["evaluation"]
+        totals["majority (in simulate)"] += result.wall_times["evaluation"]
+        view, *_ = run_world(point.config, trained, fold)
+        for name, rule in (
+            ("average", lambda v: average_rule(v)),
+            ("local-validated", lambda v: local_validated_rule(v, own, cv=cv)),
+        ):
+            start = time.perf_counter()
+            weights = rule(view).weights
+            linear_error(weights, data.X_test, data.y_test)
+            totals[name] += time.perf_counter() - start
+    n = len(points)
+    per_cell = {k: v / n for k, v in totals.items()}
+    cv_share = cv_seconds / n
+    base = per_cell["simulate"]
+    print(f"{n} cells of spambase_group_vs_full, fold {fold}; seconds per cell:")
+    for name, seconds in per_cell.items():
+        print(f"  {name:24s} {seconds:.4f}")
+    print(f"  cv refits {cv_seconds:.3f} s per fold = {cv_share:.4f} per cell")
+    for name in ("average", "local-validated"):
+        extra = per_cell[name] + (cv_share if name == "local-validated" else 0.0)
+        print(
+            f"  {name}: in addition to majority x{(base + extra) / base:.3f}, "
+            f"instead of it x{(base - per_cell['majority (in simulate)'] + extra) / base:.3f}"
+        )
     return 0
 
 
