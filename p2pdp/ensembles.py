@@ -151,6 +151,17 @@ class PublicView:
         ):
             object.__setattr__(self, name, value)
 
+    @classmethod
+    def from_ensembles(cls, ensembles: object, noise_std: np.ndarray) -> PublicView:
+        """From a :class:`p2pdp.evaluation.Ensembles` (read by attribute) plus noise scales."""
+        return cls(
+            own_weights=ensembles.local_weights,
+            published=ensembles.published,
+            noise_std=noise_std,
+            shared=ensembles.shared,
+            receipts=ensembles.receipts,
+        )
+
     @property
     def n_peers(self) -> int:
         return int(self.own_weights.shape[0])

@@ -25,6 +25,12 @@ peer the release is at most ``1/z``-GDP, whatever the group. A peer that joined 
 noise multipliers ``z_1..z_k`` is ``sqrt(sum 1/z_i^2)``-GDP; the guarantee stated is
 ``(gdp_epsilon(mu, delta_total), delta_total)``-DP for a change of one record of its shard.
 Publishing the releases further is post-processing and changes nothing.
+
+For a ledger, the cheapest state is ``sum mu_i^2`` per peer: a release at noise multiplier
+``z`` adds ``1/z^2``, and a peer can afford it while ``sum + 1/z^2 <= gdp_mu(epsilon_total,
+delta_total)^2`` (one root-finding per run, not per release). With one ``z`` per run (every
+release calibrated at the same ``(epsilon_A, delta_A)``) this is a count, and
+:func:`affordable_aggregations_gdp` gives the same maximum.
 """
 
 from __future__ import annotations

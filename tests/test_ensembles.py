@@ -129,6 +129,18 @@ def test_votes_match_per_peer_loop(vote: str) -> None:
             np.testing.assert_array_equal(labels[:, p], expected)
 
 
+def test_view_from_evaluation_ensembles() -> None:
+    rng = np.random.default_rng(11)
+    view = random_view(rng)
+    pairs = np.argwhere(view.receipts.toarray() > 0)
+    ensembles = build_ensembles(
+        view.own_weights, view.published, view.shared, pairs[:, 0], pairs[:, 1]
+    )
+    again = PublicView.from_ensembles(ensembles, view.noise_std)
+    assert (again.receipts != view.receipts).nnz == 0
+    np.testing.assert_array_equal(again.received_counts(), ensembles.sizes() - 1)
+
+
 def test_majority_ties_go_to_the_own_model_not_the_noisiest() -> None:
     # own model says +1 weakly; one release says -1 with a huge margin: a 1-1 tie
     view = PublicView(
