@@ -97,10 +97,7 @@ write_module_pages()
 #: Each is rendered as a visible "not implemented yet" note instead of failing the build. An
 #: entry that exists fails the build until it is removed here; anything missing that is *not*
 #: listed fails the build too (autodoc cannot import it). Empty this set when they all exist.
-PENDING_PROTOCOLS: frozenset[str] = frozenset(
-    {
-    }
-)
+PENDING_PROTOCOLS: frozenset[str] = frozenset({})
 
 logger = logging.getLogger(__name__)
 
