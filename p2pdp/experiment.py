@@ -29,6 +29,7 @@ from typing import Any, TextIO
 from threadpoolctl import threadpool_limits
 
 from p2pdp.config import ScenarioConfig
+from p2pdp.disclosure import non_private_column
 from p2pdp.errors import ConfigError
 from p2pdp.pipeline import prepare_peers, training_key
 from p2pdp.results import CellRecord, ResultsStore, roc_on_grid
@@ -128,6 +129,7 @@ def run_task(cells: Task) -> list[CellRecord]:
                 cell.config, fold=cell.fold, repetition=cell.repetition, trained=trained
             )
             row: dict[str, Any] = {"cell_id": cell.cell_id, "point": cell.point, **result.row()}
+            row["non_private_steps"] = non_private_column(cell.config)  # p2pdp.disclosure
             row.update(wall_prepare_s=prepare_seconds, wall_cell_s=time.perf_counter() - start)
             roc = roc_on_grid(result.metrics.roc_fpr, result.metrics.roc_tpr)
             records.append(CellRecord(cell_id=cell.cell_id, row=row, roc_tpr=roc))

@@ -25,8 +25,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import LogNorm, Normalize
 from matplotlib.ticker import NullFormatter
 
+from p2pdp.config import public_key
+from p2pdp.disclosure import LAMBDA_SWEPT
 from p2pdp.errors import ConfigError
 from p2pdp.results import (
     MANIFEST_FILE,
@@ -45,23 +49,28 @@ _LABELS = {
     "privacy.epsilon": ("privacy budget ε per peer (total)", "ε"),
     "privacy.epsilon_per_aggregation": ("ε per aggregation", "ε per aggregation"),
     "partition.n_peers": ("number of peers P", "P"),
-    "training.lam": ("regularisation λ", "λ"),
+    "training.lambda": ("regularisation λ", "λ"),
     "publication.mode": ("publication", "publication"),
+    "network.loss": ("message loss probability", "loss"),
+    "groups.sampler": ("group sampler", "sampler"),
 }
+#: A numeric line key with more values than this is drawn as a colour scale with a colour bar.
+MAX_LEGEND_LINES = 6
+_LINESTYLES = ("-", "--", "-.", ":")
 _ERROR_LABEL = "test error (fraction misclassified)"
 #: (file stem, title, x axis, panel axis): one accuracy figure each, drawn if x is swept.
 _ERROR_FIGURES = (
     ("error_vs_group_size", "Error vs group size", "groups.group_size", "privacy.epsilon"),
     ("error_vs_epsilon", "Error vs privacy budget", "privacy.epsilon", "groups.group_size"),
     ("error_vs_peers", "Error vs number of peers", "partition.n_peers", "privacy.epsilon"),
-    ("error_vs_lambda", "Error vs regularisation", "training.lam", "privacy.epsilon"),
+    ("error_vs_lambda", "Error vs regularisation", "training.lambda", "privacy.epsilon"),
 )
 _FIXED_SHOWN = (
     "data.dataset",
     "data.transform",
     "partition.n_peers",
     "partition.scheme",
-    "training.lam",
+    "training.lambda",
     "privacy.epsilon",
     "privacy.epsilon_per_aggregation",
     "privacy.mechanism",
@@ -100,7 +109,10 @@ class PointSummary:
 def write_report(directory: str | Path) -> Path:
     """Write the figures (PNG) and ``report.md`` into ``directory``; return report.md's path."""
     directory = Path(directory)
-    rows = [{key: _parse(value) for key, value in row.items()} for row in read_results(directory)]
+    rows = [  # public names; results of older versions said training.lam
+        {public_key(key): _parse(value) for key, value in row.items()}
+        for row in read_results(directory)
+    ]
     if not rows:
         raise ConfigError(f"{directory / RESULTS_FILE} has no rows")
     manifest = read_manifest(directory) if (directory / MANIFEST_FILE).exists() else {}
@@ -127,6 +139,16 @@ def write_report(directory: str | Path) -> Path:
             partial(_cost_figure, summaries, swept),
             "Messages sent per peer, and wall-clock seconds per cell (simulation and "
             "evaluation, one core).",
+        ),
+        (
+            "error_vs_loss",
+            "Aggregations and error vs message loss",
+            None if "network.loss" in swept else "`network.loss` is not swept",
+            partial(_loss_figure, summaries, swept),
+            "Left: aggregations completed per run; right: mean test error of the peers' "
+            "ensembles (band: +/- one standard deviation over peers and folds; dashed: "
+            "centralized non-private model; dotted: local-only models), against the probability "
+            "that a message is lost.",
         ),
         (
             "roc_best_peer",
@@ -304,11 +326,66 @@ def _legend(figure: plt.Figure, axes: Sequence[plt.Axes]) -> None:
     )
 
 
+def _colour_scale(
+    summaries: Sequence[PointSummary], lines: Sequence[str]
+) -> tuple[str, Normalize] | None:
+    """(key, norm) of the first numeric line key with too many values for a legend, or None."""
+    for key in lines:
+        values = {s.settings[key] for s in summaries}
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if numeric and len(values) > MAX_LEGEND_LINES:
+            low, high = min(values), max(values)
+            log = low > 0 and high / low >= 20
+            return key, LogNorm(low, high) if log else Normalize(low, high)
+    return None
+
+
+def _line_styles(summaries: Sequence[PointSummary], lines: Sequence[str]) -> tuple[list[str], Any]:
+    """Legend keys and a function ``style(line_value) -> plot kwargs``.
+
+    Few lines: default colour cycle, every line key in the legend. Many values of a numeric
+    key: that key is a colour scale (with a colour bar) and the other keys get line styles.
+    """
+    scale = _colour_scale(summaries, lines)
+    if scale is None:
+        return list(lines), lambda value: {}
+    key, norm = scale
+    index = lines.index(key)
+    others = [k for k in lines if k != key]
+    combos = sorted(
+        {
+            tuple(v for k, v in zip(lines, value, strict=True) if k != key)
+            for value in _by(summaries, lines)
+        },
+        key=lambda c: tuple(map(_order, c)),
+    )
+    cmap = plt.get_cmap("viridis")
+
+    def style(value: tuple) -> dict[str, Any]:
+        rest = tuple(v for i, v in enumerate(value) if i != index)
+        return {
+            "color": cmap(norm(value[index])),
+            "linestyle": _LINESTYLES[combos.index(rest) % len(_LINESTYLES)],
+            "markersize": 3,
+        }
+
+    return others, style
+
+
+def _colour_bar(figure: plt.Figure, axes: Sequence[plt.Axes], scale: tuple[str, Normalize] | None):
+    if scale is not None:
+        key, norm = scale
+        mappable = ScalarMappable(norm=norm, cmap=plt.get_cmap("viridis"))
+        figure.colorbar(mappable, ax=list(axes), label=_axis_label(key), shrink=0.9)
+
+
 def _error_figure(
     summaries: Sequence[PointSummary], swept: Sequence[str], x: str, panel: str | None, path: Path
 ) -> None:
     panel, lines = _split(summaries, swept, x, panel)
     panels = _by(summaries, [panel] if panel else [])
+    shown, style = _line_styles(summaries, lines)
+    scale = _colour_scale(summaries, lines)
     figure, axes = _panels(len(panels))
     for axis, (panel_value, members) in zip(axes, panels.items(), strict=True):
         for line_value, points in _by(members, lines).items():
@@ -316,9 +393,11 @@ def _error_figure(
             xs = np.array([s.settings[x] for s in points], dtype=float)
             mean = np.array([s.mean_error for s in points])
             std = np.array([s.std_error for s in points])
-            name = ", ".join(_label(k, v) for k, v in zip(lines, line_value, strict=True))
-            (drawn,) = axis.plot(xs, mean, marker="o", label=name or "mean error")
-            axis.fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=0.15)
+            name = ", ".join(_label(k, line_value[lines.index(k)]) for k in shown)
+            label = name or ("_nolegend_" if scale else "mean error")
+            (drawn,) = axis.plot(xs, mean, marker="o", label=label, **style(line_value))
+            if scale is None:  # bands only while the lines are few enough to tell apart
+                axis.fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=0.15)
         _references(axis, members, x)
         _x_axis(axis, x, [s.settings[x] for s in members])
         axis.set_title(_label(panel, panel_value[0]) if panel else "")
@@ -327,6 +406,7 @@ def _error_figure(
     for axis in axes:
         if axis.get_subplotspec().is_first_col():
             axis.set_ylabel(_ERROR_LABEL)
+    _colour_bar(figure, axes, scale)
     _legend(figure, axes)
     _save(figure, path)
 
@@ -346,20 +426,69 @@ def _references(axis: plt.Axes, members: Sequence[PointSummary], x: str) -> None
 
 
 def _cost_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: Path) -> None:
+    """Messages per peer and wall time vs P; lines with equal message counts are merged.
+
+    Settings that do not change the protocol's messages (epsilon at a fixed number of
+    aggregations per peer, say) would draw lines exactly on top of each other: such lines are
+    drawn once, labelled with every merged value, and their wall times averaged.
+    """
     x = "partition.n_peers"
     _, lines = _split(summaries, swept, x, None)
-    figure, axes = _panels(2, sharey=False)
+    merged: dict[tuple, list[tuple[tuple, list[PointSummary]]]] = {}
     for line_value, points in _by(summaries, lines).items():
         points = sorted(points, key=lambda s: s.settings[x])
+        signature = tuple((s.settings[x], round(s.messages_per_peer, 9)) for s in points)
+        merged.setdefault(signature, []).append((line_value, points))
+    figure, axes = _panels(2, sharey=False)
+    for group in merged.values():
+        points = group[0][1]
         xs = [s.settings[x] for s in points]
-        name = ", ".join(_label(k, v) for k, v in zip(lines, line_value, strict=True))
-        axes[0].plot(xs, [s.messages_per_peer for s in points], marker="o", label=name or "all")
-        axes[1].plot(xs, [s.wall_cell_s for s in points], marker="o", label=name or "all")
+        name = _merged_label(lines, [value for value, _ in group]) or "all"
+        walls = np.mean([[s.wall_cell_s for s in member] for _, member in group], axis=0)
+        axes[0].plot(xs, [s.messages_per_peer for s in points], marker="o", label=name)
+        axes[1].plot(xs, walls, marker="o", label=name)
     for axis, title in zip(
         axes, ("messages sent per peer", "wall time per cell (s, one core)"), strict=True
     ):
         _x_axis(axis, x, [s.settings[x] for s in summaries])
         axis.set_title(title)
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+    _legend(figure, axes)
+    _save(figure, path)
+
+
+def _merged_label(keys: Sequence[str], values: Sequence[tuple]) -> str:
+    """``"group publication, ε = 1, 10"``: keys whose value is shared once, the rest listed."""
+    parts = []
+    for i, key in enumerate(keys):
+        distinct = sorted({v[i] for v in values}, key=_order)
+        if len(distinct) == 1:
+            parts.append(_label(key, distinct[0]))
+        else:
+            parts.append(f"{_short(key)} = " + ", ".join(_number(v) for v in distinct))
+    several = any(len({v[i] for v in values}) > 1 for i in range(len(keys)))
+    return ("; " if several else ", ").join(parts)
+
+
+def _loss_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: Path) -> None:
+    """Aggregations completed and mean error vs ``network.loss``, one line per other setting."""
+    x = "network.loss"
+    _, lines = _split(summaries, swept, x, None)
+    figure, axes = _panels(2, sharey=False)
+    for line_value, points in _by(summaries, lines).items():
+        points = sorted(points, key=lambda s: s.settings[x])
+        xs = np.array([s.settings[x] for s in points], dtype=float)
+        name = ", ".join(_label(k, v) for k, v in zip(lines, line_value, strict=True)) or "all"
+        axes[0].plot(xs, [s.aggregations for s in points], marker="o", label=name)
+        mean = np.array([s.mean_error for s in points])
+        std = np.array([s.std_error for s in points])
+        (drawn,) = axes[1].plot(xs, mean, marker="o", label=name)
+        axes[1].fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=0.15)
+    _references(axes[1], summaries, x)
+    for axis, label in zip(axes, ("aggregations completed per run", _ERROR_LABEL), strict=True):
+        _x_axis(axis, x, [s.settings[x] for s in summaries])
+        axis.set_ylabel(label)
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
     _legend(figure, axes)
@@ -387,7 +516,7 @@ def _roc_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: P
 
 
 def _save(figure: plt.Figure, path: Path) -> None:
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, bbox_inches="tight")  # nothing outside the canvas is lost
     plt.close(figure)
 
 
@@ -431,6 +560,10 @@ def _markdown(
         "Swept: " + (", ".join(f"`{k}`" for k in swept) or "nothing") + ".",
         "Fixed: " + ", ".join(f"`{k}` = {_number(rows[0][k])}" for k in fixed) + ".",
         "",
+        "## Non-private steps",
+        "",
+        *_non_private_section(rows, swept),
+        "",
         "## Figures",
         "",
     ]
@@ -443,20 +576,55 @@ def _markdown(
     if skipped:
         lines += ["Not drawn:", "", *skipped, ""]
     lines += ["## Main results", "", *_table(swept, summaries), ""]
-    notes = []
-    if any(row.get("data_dependent_bounds") for row in rows):
-        notes.append(
-            "- The min-max feature bounds were fitted on the pooled training rows of each fold "
-            '(`data.bounds = "data"`): a global, non-private step, as in the seed experiment.'
-        )
-    if "training.lam" in swept:
-        notes.append(
-            "- Choosing λ from these results uses the test folds and every peer's data: it is "
-            "itself a non-private step (the seed tunes a global λ the same way)."
-        )
-    if notes:
-        lines += ["## Non-private steps", "", *notes, ""]
     return "\n".join(lines)
+
+
+def non_private_steps_of(
+    rows: Sequence[dict[str, Any]], swept: Sequence[str]
+) -> list[tuple[str, int]]:
+    """Distinct non-private steps of the rows, with the number of cells each applies to.
+
+    Read from the ``non_private_steps`` column (:mod:`p2pdp.disclosure`); results written
+    before that column existed fall back to ``data_dependent_bounds`` and the mechanism. A
+    swept lambda is a step of the whole results set even if the rows do not say so.
+    """
+    counts: dict[str, int] = {}
+    for row in rows:
+        if "non_private_steps" in row:
+            steps = [p for p in str(row["non_private_steps"] or "").split("; ") if p]
+        else:
+            steps = []
+            if row.get("data_dependent_bounds"):
+                steps.append("min-max bounds fitted on the pooled training rows of each fold")
+            mechanism = row.get("privacy.mechanism")
+            if mechanism in ("none", "seed-laplace"):
+                steps.append(
+                    f"privacy.mechanism = {mechanism}: each release guarantees only epsilon = "
+                    f"{_number(row.get('guaranteed_epsilon_per_aggregation'))}"
+                )
+        for step in steps:
+            counts[step] = counts.get(step, 0) + 1
+    if "training.lambda" in swept and not any(step.startswith("lambda") for step in counts):
+        counts[f"lambda: {LAMBDA_SWEPT}"] = len(rows)
+    return list(counts.items())
+
+
+def _non_private_section(rows: Sequence[dict[str, Any]], swept: Sequence[str]) -> list[str]:
+    steps = non_private_steps_of(rows, swept)
+    if not steps:
+        return [
+            "None: the only access to the peers' data is the mechanism's noisy releases, each "
+            "within the privacy budget charged."
+        ]
+    return [
+        "Steps outside the differential-privacy guarantee (the guarantee covers the noisy "
+        "releases given these choices):",
+        "",
+        *(
+            f"- {step}" + ("" if count == len(rows) else f" ({count} of {len(rows)} cells)")
+            for step, count in steps
+        ),
+    ]
 
 
 def _table(swept: Sequence[str], summaries: Sequence[PointSummary]) -> list[str]:
