@@ -27,8 +27,8 @@ from p2pdp.config import ScenarioConfig
 #: ``training.lambda_source`` of the points of a scenario that sweeps lambda (set by
 #: :class:`p2pdp.scenario.Scenario` unless the file gives its own).
 LAMBDA_SWEPT = (
-    "training.lambda is swept by this scenario; choosing lambda from its results reads every "
-    "peer's data and the test folds"
+    "training.lambda is swept by this scenario, and choosing lambda from its results reads "
+    "every peer's data and the test folds"
 )
 #: Mechanisms that make the CLI print a warning before running.
 WARNED_MECHANISMS = ("seed-laplace", "none")

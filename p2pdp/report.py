@@ -398,7 +398,7 @@ def _error_figure(
             (drawn,) = axis.plot(xs, mean, marker="o", label=label, **style(line_value))
             if scale is None:  # bands only while the lines are few enough to tell apart
                 axis.fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=0.15)
-        _references(axis, members, x)
+        _references(axis, members, x, lines)
         _x_axis(axis, x, [s.settings[x] for s in members])
         axis.set_title(_label(panel, panel_value[0]) if panel else "")
         axis.set_ylim(bottom=0)
@@ -411,8 +411,14 @@ def _error_figure(
     _save(figure, path)
 
 
-def _references(axis: plt.Axes, members: Sequence[PointSummary], x: str) -> None:
-    """Centralized non-private and local-only errors at each x (flat when x is not P or λ)."""
+def _references(
+    axis: plt.Axes, members: Sequence[PointSummary], x: str, lines: Sequence[str] = ()
+) -> None:
+    """Centralized non-private and local-only errors at each x (flat when x is not P or λ).
+
+    They are averaged over the lines at each x; when a line setting changes them (λ, P), the
+    legend says so ("mean over λ").
+    """
     xs = sorted({s.settings[x] for s in members})
     for attribute, style, name in (
         ("centralized_error", "k--", "centralized, non-private"),
@@ -422,6 +428,17 @@ def _references(axis: plt.Axes, members: Sequence[PointSummary], x: str) -> None
             np.mean([getattr(s, attribute) for s in members if s.settings[x] == value])
             for value in xs
         ]
+        varying = [
+            key
+            for key in lines
+            if any(
+                np.ptp([getattr(s, attribute) for s in members if s.settings[x] == value]) > 1e-9
+                and len({s.settings[key] for s in members if s.settings[x] == value}) > 1
+                for value in xs
+            )
+        ]
+        if varying:
+            name += f" (mean over {', '.join(_short(k) for k in varying)})"
         axis.plot(xs, values, style, linewidth=1.2, label=name)
 
 

@@ -258,11 +258,11 @@ def parse_scenario(
 
     ``overrides`` are ``"key.path=value"`` strings, applied in order. The value is read as a
     TOML value (``20``, ``1e-3``, ``[1, 2]``, ``true``, ``"full"``), else taken as a string
-    (``publication.mode=group``). An override of key ``a``, plain (``--set
-    privacy.epsilon=1``) or swept (``--set 'sweep."privacy.epsilon"=[0.1,1]'``), replaces
-    every sweep axis that contains ``a``; the other keys of a replaced zipped axis (here
-    ``privacy.epsilon_per_aggregation``) are no longer swept and take their base value (the
-    file's table, else the default).
+    (``publication.mode=group``). A plain override (``--set privacy.epsilon=1``) removes that
+    key from the sweep; the other keys of its zipped axis stay swept. A sweep override (``--set
+    'sweep."privacy.epsilon"=[0.1,1]'``) replaces every axis that contains its keys; the other
+    keys of a replaced zipped axis (here ``privacy.epsilon_per_aggregation``) are no longer
+    swept and take their base value (the file's table, else the default).
 
     Raises
     ------
@@ -275,19 +275,27 @@ def parse_scenario(
     file_only = (dict(settings), list(axes))
     origin: dict[str, str] = {}  # key -> the --set argument that set or swept it last
     released: dict[str, str] = {}  # key -> the --set argument that took its zipped axis away
+    loose: dict[str, str] = {}  # key -> the --set argument that fixed its zipped partner
     for override in overrides:
         where = f"--set {override}"
         override_settings, override_axes = _read_document(_parse_override(override), where)
-        touched = [*override_settings, *(k for axis in override_axes for k in axis.keys)]
+        swept = [k for axis in override_axes for k in axis.keys]
         kept = []
         for axis in axes:
-            if any(key in axis.keys for key in touched):
-                released.update({k: where for k in axis.keys if k not in touched})
-            else:
-                kept.append(axis)
-        for key in touched:
+            if any(key in axis.keys for key in swept):  # a new axis replaces the whole old one
+                released.update({k: where for k in axis.keys if k not in swept})
+                continue
+            left: Axis | None = axis
+            for key in override_settings:  # a plain setting leaves its zipped partners swept
+                if left is not None and key in left.keys:
+                    loose.update({k: where for k in left.keys if k != key})
+                    left = left.without(key)
+            if left is not None:
+                kept.append(left)
+        for key in [*override_settings, *swept]:
             origin[key] = where
             released.pop(key, None)
+            loose.pop(key, None)
         settings.update(override_settings)
         axes = [*kept, *override_axes]
     try:
@@ -308,6 +316,12 @@ def parse_scenario(
             f"it has its base value; set it too (--set {key}=VALUE) or sweep both together "
             f"(--set 'sweep.\"{','.join(_zipped_with(key, file_only[1]))}\"=[[...], ...]')"
             for key, where in released.items()
+            if _mentions(message, key)
+        ]
+        hints += [
+            f"{key} is still swept on its own because {where} fixed the other key of their "
+            f"zipped axis; set it too (--set {key}=VALUE) or sweep both together"
+            for key, where in loose.items()
             if _mentions(message, key)
         ]
         hints += [

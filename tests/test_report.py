@@ -33,7 +33,7 @@ def write_results(directory, *, n_peers=(10,), folds=2, roc=False):
                     "seed": 1,
                     "data.dataset": "spambase",
                     "partition.n_peers": peers,
-                    "training.lam": 0.01,
+                    "training.lambda": 0.01,
                     "privacy.epsilon": epsilon,
                     "privacy.epsilon_per_aggregation": per_aggregation,
                     "groups.group_size": group_size,
@@ -80,7 +80,7 @@ def test_report_figures_and_markdown(tmp_path):
     for name in ("error_vs_peers", "error_vs_lambda", "cost_vs_peers"):
         assert not (tmp_path / f"{name}.png").exists()
     assert "Error vs number of peers: skipped, `partition.n_peers` is not swept" in text
-    assert "Error vs regularisation: skipped, `training.lam` is not swept" in text
+    assert "Error vs regularisation: skipped, `training.lambda` is not swept" in text
     # folds have errors 0.1 and 0.2 with no spread over peers: mean 0.15, pooled std 0.05
     assert "| 1 | 0.1 | 1 | group | 2 | 0.150 ± 0.050 |" in text
     assert text.count("| 2 | 0.150 ± 0.050 |") == 8  # one table row per grid point
