@@ -128,7 +128,7 @@ def write_report(directory: str | Path) -> Path:
                 title,
                 None if x in swept else f"`{x}` is not swept",
                 partial(_error_figure, summaries, swept, x, panel),
-                _caption(x, panel, swept),
+                _caption(summaries, swept, x, panel),
             )
             for stem, title, x, panel in _ERROR_FIGURES
         ),
@@ -329,11 +329,16 @@ def _legend(figure: plt.Figure, axes: Sequence[plt.Axes]) -> None:
 def _colour_scale(
     summaries: Sequence[PointSummary], lines: Sequence[str]
 ) -> tuple[str, Normalize] | None:
-    """(key, norm) of the first numeric line key with too many values for a legend, or None."""
+    """(key, norm) of the numeric line key to draw as a colour scale, or None.
+
+    A numeric key with more than :data:`MAX_LEGEND_LINES` values, or with more than 3 when
+    all lines together are more than that.
+    """
+    many = len(_by(summaries, lines)) > MAX_LEGEND_LINES
     for key in lines:
         values = {s.settings[key] for s in summaries}
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        if numeric and len(values) > MAX_LEGEND_LINES:
+        if numeric and (len(values) > MAX_LEGEND_LINES or (many and len(values) > 3)):
             low, high = min(values), max(values)
             log = low > 0 and high / low >= 20
             return key, LogNorm(low, high) if log else Normalize(low, high)
@@ -379,15 +384,27 @@ def _colour_bar(figure: plt.Figure, axes: Sequence[plt.Axes], scale: tuple[str, 
         figure.colorbar(mappable, ax=list(axes), label=_axis_label(key), shrink=0.9)
 
 
+def _error_layout(
+    summaries: Sequence[PointSummary], swept: Sequence[str], x: str, panel: str | None
+) -> tuple[str | None, list[str], tuple[str, Normalize] | None]:
+    """Panel key, line keys and colour scale of an error figure."""
+    panel, lines = _split(summaries, swept, x, panel)
+    if panel is None and len(lines) > 1 and len(_by(summaries, lines)) > MAX_LEGEND_LINES:
+        # too many lines for one panel: one panel per value of the line key with fewest values
+        panel = min(lines, key=lambda k: len({s.settings[k] for s in summaries}))
+        lines = [k for k in lines if k != panel]
+    return panel, lines, _colour_scale(summaries, lines)
+
+
 def _error_figure(
     summaries: Sequence[PointSummary], swept: Sequence[str], x: str, panel: str | None, path: Path
 ) -> None:
-    panel, lines = _split(summaries, swept, x, panel)
+    panel, lines, scale = _error_layout(summaries, swept, x, panel)
     panels = _by(summaries, [panel] if panel else [])
     shown, style = _line_styles(summaries, lines)
-    scale = _colour_scale(summaries, lines)
     figure, axes = _panels(len(panels))
     for axis, (panel_value, members) in zip(axes, panels.items(), strict=True):
+        alpha = 0.15 if len(_by(members, lines)) <= 3 else 0.07  # many bands: lighter
         for line_value, points in _by(members, lines).items():
             points = sorted(points, key=lambda s: s.settings[x])
             xs = np.array([s.settings[x] for s in points], dtype=float)
@@ -397,7 +414,7 @@ def _error_figure(
             label = name or ("_nolegend_" if scale else "mean error")
             (drawn,) = axis.plot(xs, mean, marker="o", label=label, **style(line_value))
             if scale is None:  # bands only while the lines are few enough to tell apart
-                axis.fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=0.15)
+                axis.fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=alpha)
         _references(axis, members, x, lines)
         _x_axis(axis, x, [s.settings[x] for s in members])
         axis.set_title(_label(panel, panel_value[0]) if panel else "")
@@ -538,12 +555,21 @@ def _save(figure: plt.Figure, path: Path) -> None:
 
 
 # --- markdown ---------------------------------------------------------------------------------
-def _caption(x: str, panel: str | None, swept: Sequence[str]) -> str:
-    per_panel = f" One panel per {_axis_label(panel)}." if panel in swept and panel != x else ""
+def _caption(
+    summaries: Sequence[PointSummary], swept: Sequence[str], x: str, panel: str | None
+) -> str:
+    if x not in swept:
+        return ""
+    panel, _, scale = _error_layout(summaries, swept, x, panel)
+    per_panel = f" One panel per {_axis_label(panel)}." if panel else ""
+    spread = (
+        f" Colour: {_axis_label(scale[0])} (colour bar); no bands, to keep the lines apart."
+        if scale
+        else "; band: +/- one standard deviation over peers and folds."
+    )
     return (
-        f"Mean test error of the peers' ensembles vs {_axis_label(x)}; band: +/- one standard "
-        f"deviation over peers and folds. Dashed: centralized non-private model; dotted: "
-        f"local-only models.{per_panel}"
+        f"Mean test error of the peers' ensembles vs {_axis_label(x)}{spread.rstrip('.')}"
+        f". Dashed: centralized non-private model; dotted: local-only models.{per_panel}"
     )
 
 
