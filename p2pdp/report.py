@@ -280,6 +280,8 @@ def _label(key: str, value: Any) -> str:
     """Legend text for one setting, e.g. ``g = 5`` or ``full publication``."""
     if key == "publication.mode":
         return f"{value} publication"
+    if key == "privacy.secure_aggregation":
+        return f"secure aggregation {'on' if value else 'off'}"
     return f"{_short(key)} = {_number(value)}"
 
 
@@ -316,13 +318,17 @@ def _x_axis(axis: plt.Axes, key: str, values: Sequence[float]) -> None:
 
 
 def _legend(figure: plt.Figure, axes: Sequence[plt.Axes]) -> None:
-    """One legend below the panels with every distinct label."""
+    """One legend below the panels with every distinct label (2 columns under one panel)."""
     entries: dict[str, Any] = {}
     for axis in axes:
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
+    columns = 2 if len(axes) == 1 else 4
     figure.legend(
-        entries.values(), entries.keys(), loc="outside lower center", ncols=min(len(entries), 4)
+        entries.values(),
+        entries.keys(),
+        loc="outside lower center",
+        ncols=max(1, min(len(entries), columns)),
     )
 
 
