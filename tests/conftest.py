@@ -39,13 +39,17 @@ def find_data_home() -> Path | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects, so `-m "not integration"` sees the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    needing = []
     for item in items:
         if "real_data_home" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)
-        if item.get_closest_marker("integration") is not None:
-            needing.append(item)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Skip (no data) or stop (broken $P2PDP_DATA_HOME) the selected integration tests."""
+    needing = [item for item in session.items if item.get_closest_marker("integration")]
     if not needing or find_data_home() is not None:
         return
     env = os.environ.get(DATA_HOME_ENV)
