@@ -409,6 +409,7 @@ def _error_figure(
     panels = _by(summaries, [panel] if panel else [])
     shown, style = _line_styles(summaries, lines)
     figure, axes = _panels(len(panels))
+    top = 0.0
     for axis, (panel_value, members) in zip(axes, panels.items(), strict=True):
         alpha = 0.15 if len(_by(members, lines)) <= 3 else 0.07  # many bands: lighter
         for line_value, points in _by(members, lines).items():
@@ -419,14 +420,16 @@ def _error_figure(
             name = ", ".join(_label(k, line_value[lines.index(k)]) for k in shown)
             label = name or ("_nolegend_" if scale else "mean error")
             (drawn,) = axis.plot(xs, mean, marker="o", label=label, **style(line_value))
+            top = max(top, float(np.max(mean + (0 if scale else std))))
             if scale is None:  # bands only while the lines are few enough to tell apart
                 axis.fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=alpha)
         _references(axis, members, x, lines)
         _x_axis(axis, x, [s.settings[x] for s in members])
         axis.set_title(_label(panel, panel_value[0]) if panel else "")
-        axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
-    for axis in axes:
+    for axis in axes:  # shared y: one limit that shows every band (errors are <= 1)
+        highest = max([top, *(float(np.max(line.get_ydata())) for line in axis.get_lines())])
+        axis.set_ylim(0, min(1.0, 1.05 * highest))
         if axis.get_subplotspec().is_first_col():
             axis.set_ylabel(_ERROR_LABEL)
     _colour_bar(figure, axes, scale)
