@@ -165,11 +165,14 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from p2pdp.disclosure import mechanism_warnings
     from p2pdp.experiment import default_out_dir, run_experiment
     from p2pdp.report import write_report
     from p2pdp.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
+    for warning in mechanism_warnings(point.config for point in scenario.points):
+        print(f"p2pdp: warning: {warning}", file=sys.stderr)
     out = args.out or default_out_dir(scenario)
     with _signals_interrupt():
         try:

@@ -32,6 +32,16 @@ SPLITS = ("cv", "fixed")
 OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
 
 
+class Derived(float):
+    """A float setting computed from other settings (e.g. ``privacy.delta_per_aggregation``).
+
+    It compares, prints and computes like the float it holds; its type only tells
+    ``__post_init__`` to compute it again when a copy changes the settings it depends on.
+    """
+
+    __slots__ = ()
+
+
 def _fail(key: str, requirement: str, value: object) -> ConfigError:
     return ConfigError(f"{key} must be {requirement}, got {value!r}")
 
@@ -179,21 +189,32 @@ class PartitionConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingConfig:
-    """Local training: L2 regularisation ``lam`` (TOML key ``lambda``), optional simulated time.
+    """Local training: L2 regularisation ``lam`` (TOML key, ``--set`` key and results column
+    ``training.lambda``), optional simulated time.
 
     ``model`` is the local learner (a ``model`` component: ``"logistic"`` or an import
     string). ``seconds_per_row`` > 0 makes a peer available only after
-    ``n_j * seconds_per_row`` seconds of simulated training time.
+    ``n_j * seconds_per_row`` seconds of simulated training time. ``lambda_source`` says where ``lambda`` came from when it was
+    chosen by looking at data (e.g. ``"chosen by the lambda_grid sweep on Spambase (reads
+    every peer's data and the test folds)"``); empty means the user chose it without looking at
+    the data. A non-empty value is listed as a non-private step (:mod:`p2pdp.disclosure`).
     """
 
     lam: float = 1e-2
     model: str = "logistic"
     seconds_per_row: float = 0.0
+    lambda_source: str = ""
 
     def __post_init__(self) -> None:
         _positive("training.lambda", self.lam)
         components.check("model", self.model, "training.model")
         _non_negative("training.seconds_per_row", self.seconds_per_row)
+        if not isinstance(self.lambda_source, str) or ";" in self.lambda_source:
+            raise _fail(
+                "training.lambda_source",
+                "a string without ';' (results join non-private steps with '; ')",
+                self.lambda_source,
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,6 +223,11 @@ class PrivacyConfig:
 
     Each peer has ``epsilon`` (and ``delta`` for the Gaussian mechanism) in total; every
     aggregation it joins costs ``epsilon_per_aggregation`` (``delta_per_aggregation``).
+    ``delta_per_aggregation = None`` (the default) derives it as
+    ``delta * epsilon_per_aggregation / epsilon``, so basic composition spends ``delta`` with the
+    budget's last aggregation. The derived value is stored in the field as a :class:`Derived`
+    float, which is derived again whenever ``epsilon``, ``epsilon_per_aggregation`` or
+    ``delta`` change (``dataclasses.replace``, a sweep); a value given explicitly is kept.
     ``sensitivity = "group-mean"`` calibrates on 2/(K n_min lambda); ``"pathak"`` on the
     seed's 2/(n_min lambda). ``secure_aggregation`` hides individual models from the curator.
     """
@@ -209,7 +235,7 @@ class PrivacyConfig:
     epsilon: float = 1.0
     epsilon_per_aggregation: float = 0.1
     delta: float = 0.0
-    delta_per_aggregation: float = 0.0
+    delta_per_aggregation: float | None = None
     mechanism: str = "vector-laplace"
     sensitivity: str = "group-mean"
     accountant: str = "basic"
@@ -230,6 +256,11 @@ class PrivacyConfig:
                 f"({self.epsilon!r}), got {self.epsilon_per_aggregation!r}"
             )
         components.check("mechanism", self.mechanism, "privacy.mechanism")
+        if self.delta_per_aggregation is None or isinstance(self.delta_per_aggregation, Derived):
+            delta = self.delta
+            ok = isinstance(delta, (int, float)) and not isinstance(delta, bool)
+            derived = Derived(delta / (self.epsilon / self.epsilon_per_aggregation) if ok else 0.0)
+            object.__setattr__(self, "delta_per_aggregation", derived)
         _one_of("privacy.sensitivity", self.sensitivity, SENSITIVITY_MODES)
         components.check("accountant", self.accountant, "privacy.accountant")
         if self.approximate:
@@ -494,7 +525,7 @@ class ScenarioConfig:
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
             _check_data_provides(self.data, self.evaluation)
         for key, values in self.sweep:
-            section, _, name = key.partition(".")
+            section, _, name = field_key(key).partition(".")
             if section not in SECTIONS or name not in _field_names(SECTIONS[section]):
                 raise ConfigError(f"sweep key {key!r} is not a scenario setting")
             if len(values) == 0:
@@ -543,13 +574,32 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+#: Settings whose public name (scenario files, ``--set``, sweep keys, results columns, report
+#: labels) differs from the dataclass attribute: (section, attribute) -> public name.
+PUBLIC_NAMES = {("training", "lam"): "lambda"}
+_ATTRIBUTES = {(section, public): name for (section, name), public in PUBLIC_NAMES.items()}
+
+
+def public_key(key: str) -> str:
+    """``"training.lam"`` -> ``"training.lambda"``: the dotted name a user reads and types."""
+    section, dot, name = key.partition(".")
+    return f"{section}{dot}{PUBLIC_NAMES.get((section, name), name)}"
+
+
+def field_key(key: str) -> str:
+    """``"training.lambda"`` -> ``"training.lam"``: the dotted dataclass attribute path."""
+    section, dot, name = key.partition(".")
+    return f"{section}{dot}{_ATTRIBUTES.get((section, name), name)}"
+
+
 def with_value(config: ScenarioConfig, key: str, value: Any) -> ScenarioConfig:
     """A copy of ``config`` with the dotted ``key`` (e.g. ``"privacy.epsilon"``) set.
 
-    Top-level keys (``"seed"``, ``"name"``) have no dot. Validation runs again, so an invalid
+    Top-level keys (``"seed"``, ``"name"``) have no dot; ``"training.lambda"`` and the
+    attribute path ``"training.lam"`` both set lambda. Validation runs again, so an invalid
     value raises :class:`ConfigError`.
     """
-    section, dot, name = key.partition(".")
+    section, dot, name = field_key(key).partition(".")
     if not dot:
         if section not in _field_names(ScenarioConfig) or section in SECTIONS:
             raise ConfigError(f"unknown setting {key!r}")
@@ -561,11 +611,14 @@ def with_value(config: ScenarioConfig, key: str, value: Any) -> ScenarioConfig:
 
 
 def flat_settings(config: ScenarioConfig) -> dict[str, Any]:
-    """Every setting as ``{"section.field": value}`` for results rows (tuples joined by ``+``)."""
+    """Every setting as ``{"section.field": value}`` for results rows (tuples joined by ``+``).
+
+    Keys are public names (:func:`public_key`): lambda is ``"training.lambda"``.
+    """
     row: dict[str, Any] = {"name": config.name, "seed": config.seed}
     for section in SECTIONS:
         for key, value in dataclasses.asdict(getattr(config, section)).items():
-            row[f"{section}.{key}"] = (
+            row[public_key(f"{section}.{key}")] = (
                 "+".join(map(str, value)) if isinstance(value, tuple) else value
             )
     return row

@@ -42,6 +42,7 @@ from typing import Any, TextIO
 from threadpoolctl import threadpool_limits
 
 from p2pdp.config import ScenarioConfig
+from p2pdp.disclosure import non_private_column
 from p2pdp.errors import ConfigError
 from p2pdp.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.scenario import Scenario
@@ -160,6 +161,7 @@ def _run_cell(cell: Cell, trained: Any, prepare_seconds: float) -> CellRecord:
     start = time.perf_counter()
     result = simulate(cell.config, fold=cell.fold, repetition=cell.repetition, trained=trained)
     row: dict[str, Any] = {"cell_id": cell.cell_id, "point": cell.point, **result.row()}
+    row["non_private_steps"] = non_private_column(cell.config)  # p2pdp.disclosure
     row.update(wall_prepare_s=prepare_seconds, wall_cell_s=time.perf_counter() - start)
     curve = result.evaluation.roc() if hasattr(result.evaluation, "roc") else None
     return CellRecord(

@@ -26,8 +26,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import LogNorm, Normalize
 from matplotlib.ticker import NullFormatter
 
+from p2pdp.config import public_key
+from p2pdp.disclosure import LAMBDA_SWEPT
 from p2pdp.errors import ConfigError
 from p2pdp.results import (
     MANIFEST_FILE,
@@ -49,23 +53,28 @@ _LABELS = {
     "privacy.epsilon": ("privacy budget ε per peer (total)", "ε"),
     "privacy.epsilon_per_aggregation": ("ε per aggregation", "ε per aggregation"),
     "partition.n_peers": ("number of peers P", "P"),
-    "training.lam": ("regularisation λ", "λ"),
+    "training.lambda": ("regularisation λ", "λ"),
     "publication.mode": ("publication", "publication"),
+    "network.loss": ("message loss probability", "loss"),
+    "groups.sampler": ("group sampler", "sampler"),
 }
+#: A numeric line key with more values than this is drawn as a colour scale with a colour bar.
+MAX_LEGEND_LINES = 6
+_LINESTYLES = ("-", "--", "-.", ":")
 _ERROR_LABEL = "test error (fraction misclassified)"
 #: (file stem, title, x axis, panel axis): one accuracy figure each, drawn if x is swept.
 _ERROR_FIGURES = (
     ("error_vs_group_size", "Error vs group size", "groups.group_size", "privacy.epsilon"),
     ("error_vs_epsilon", "Error vs privacy budget", "privacy.epsilon", "groups.group_size"),
     ("error_vs_peers", "Error vs number of peers", "partition.n_peers", "privacy.epsilon"),
-    ("error_vs_lambda", "Error vs regularisation", "training.lam", "privacy.epsilon"),
+    ("error_vs_lambda", "Error vs regularisation", "training.lambda", "privacy.epsilon"),
 )
 _FIXED_SHOWN = (
     "data.dataset",
     "data.transform",
     "partition.n_peers",
     "partition.scheme",
-    "training.lam",
+    "training.lambda",
     "privacy.epsilon",
     "privacy.epsilon_per_aggregation",
     "privacy.mechanism",
@@ -180,7 +189,10 @@ def _check_results(directory: Path) -> None:
 
 
 def _write_report(directory: Path) -> Path:
-    rows = [{key: _parse(value) for key, value in row.items()} for row in read_results(directory)]
+    rows = [  # public names; results of older versions said training.lam
+        {public_key(key): _parse(value) for key, value in row.items()}
+        for row in read_results(directory)
+    ]
     if not rows:
         raise ConfigError(f"{directory / RESULTS_FILE} has no rows")
     manifest = read_manifest(directory) if (directory / MANIFEST_FILE).exists() else {}
@@ -200,7 +212,7 @@ def _write_report(directory: Path) -> Path:
                 title,
                 None if x in swept else f"`{x}` is not swept",
                 partial(_error_figure, summaries, swept, x, panel),
-                _caption(x, panel, swept),
+                _caption(summaries, swept, x, panel),
             )
             for stem, title, x, panel in _ERROR_FIGURES
         ),
@@ -211,6 +223,16 @@ def _write_report(directory: Path) -> Path:
             partial(_cost_figure, summaries, swept),
             "Messages sent per peer, and wall-clock seconds per cell (simulation and "
             "evaluation, one core).",
+        ),
+        (
+            "error_vs_loss",
+            "Aggregations and error vs message loss",
+            None if "network.loss" in swept else "`network.loss` is not swept",
+            partial(_loss_figure, summaries, swept),
+            "Left: aggregations completed per run; right: mean test error of the peers' "
+            "ensembles (band: +/- one standard deviation over peers and folds; dashed: "
+            "centralized non-private model; dotted: local-only models), against the probability "
+            "that a message is lost.",
         ),
         (
             "roc_best_peer",
@@ -375,6 +397,8 @@ def _label(key: str, value: Any) -> str:
     """Legend text for one setting, e.g. ``g = 5`` or ``full publication``."""
     if key == "publication.mode":
         return f"{value} publication"
+    if key == "privacy.secure_aggregation":
+        return f"secure aggregation {'on' if value else 'off'}"
     return f"{_short(key)} = {_number(value)}"
 
 
@@ -411,45 +435,133 @@ def _x_axis(axis: plt.Axes, key: str, values: Sequence[float]) -> None:
 
 
 def _legend(figure: plt.Figure, axes: Sequence[plt.Axes]) -> None:
-    """One legend below the panels with every distinct label."""
+    """One legend below the panels with every distinct label (2 columns under one panel)."""
     entries: dict[str, Any] = {}
     for axis in axes:
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
+    columns = 2 if len(axes) == 1 else 4
     figure.legend(
-        entries.values(), entries.keys(), loc="outside lower center", ncols=min(len(entries), 4)
+        entries.values(),
+        entries.keys(),
+        loc="outside lower center",
+        ncols=max(1, min(len(entries), columns)),
     )
+
+
+def _colour_scale(
+    summaries: Sequence[PointSummary], lines: Sequence[str]
+) -> tuple[str, Normalize] | None:
+    """(key, norm) of the numeric line key to draw as a colour scale, or None.
+
+    A numeric key with more than :data:`MAX_LEGEND_LINES` values, or with more than 3 when
+    all lines together are more than that.
+    """
+    many = len(_by(summaries, lines)) > MAX_LEGEND_LINES
+    for key in lines:
+        values = {s.settings[key] for s in summaries}
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if numeric and (len(values) > MAX_LEGEND_LINES or (many and len(values) > 3)):
+            low, high = min(values), max(values)
+            log = low > 0 and high / low >= 20
+            return key, LogNorm(low, high) if log else Normalize(low, high)
+    return None
+
+
+def _line_styles(summaries: Sequence[PointSummary], lines: Sequence[str]) -> tuple[list[str], Any]:
+    """Legend keys and a function ``style(line_value) -> plot kwargs``.
+
+    Few lines: default colour cycle, every line key in the legend. Many values of a numeric
+    key: that key is a colour scale (with a colour bar) and the other keys get line styles.
+    """
+    scale = _colour_scale(summaries, lines)
+    if scale is None:
+        return list(lines), lambda value: {}
+    key, norm = scale
+    index = lines.index(key)
+    others = [k for k in lines if k != key]
+    combos = sorted(
+        {
+            tuple(v for k, v in zip(lines, value, strict=True) if k != key)
+            for value in _by(summaries, lines)
+        },
+        key=lambda c: tuple(map(_order, c)),
+    )
+    cmap = plt.get_cmap("viridis")
+
+    def style(value: tuple) -> dict[str, Any]:
+        rest = tuple(v for i, v in enumerate(value) if i != index)
+        return {
+            "color": cmap(norm(value[index])),
+            "linestyle": _LINESTYLES[combos.index(rest) % len(_LINESTYLES)],
+            "markersize": 3,
+        }
+
+    return others, style
+
+
+def _colour_bar(figure: plt.Figure, axes: Sequence[plt.Axes], scale: tuple[str, Normalize] | None):
+    if scale is not None:
+        key, norm = scale
+        mappable = ScalarMappable(norm=norm, cmap=plt.get_cmap("viridis"))
+        figure.colorbar(mappable, ax=list(axes), label=_axis_label(key), shrink=0.9)
+
+
+def _error_layout(
+    summaries: Sequence[PointSummary], swept: Sequence[str], x: str, panel: str | None
+) -> tuple[str | None, list[str], tuple[str, Normalize] | None]:
+    """Panel key, line keys and colour scale of an error figure."""
+    panel, lines = _split(summaries, swept, x, panel)
+    if panel is None and len(lines) > 1 and len(_by(summaries, lines)) > MAX_LEGEND_LINES:
+        # too many lines for one panel: one panel per value of the line key with fewest values
+        panel = min(lines, key=lambda k: len({s.settings[k] for s in summaries}))
+        lines = [k for k in lines if k != panel]
+    return panel, lines, _colour_scale(summaries, lines)
 
 
 def _error_figure(
     summaries: Sequence[PointSummary], swept: Sequence[str], x: str, panel: str | None, path: Path
 ) -> None:
-    panel, lines = _split(summaries, swept, x, panel)
+    panel, lines, scale = _error_layout(summaries, swept, x, panel)
     panels = _by(summaries, [panel] if panel else [])
+    shown, style = _line_styles(summaries, lines)
     figure, axes = _panels(len(panels))
+    top = 0.0
     for axis, (panel_value, members) in zip(axes, panels.items(), strict=True):
+        alpha = 0.15 if len(_by(members, lines)) <= 3 else 0.07  # many bands: lighter
         for line_value, points in _by(members, lines).items():
             points = sorted(points, key=lambda s: s.settings[x])
             xs = np.array([s.settings[x] for s in points], dtype=float)
             mean = np.array([s.mean_error for s in points])
             std = np.array([s.std_error for s in points])
-            name = ", ".join(_label(k, v) for k, v in zip(lines, line_value, strict=True))
-            (drawn,) = axis.plot(xs, mean, marker="o", label=name or "mean error")
-            axis.fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=0.15)
-        _references(axis, members, x)
+            name = ", ".join(_label(k, line_value[lines.index(k)]) for k in shown)
+            label = name or ("_nolegend_" if scale else "mean error")
+            (drawn,) = axis.plot(xs, mean, marker="o", label=label, **style(line_value))
+            top = max(top, float(np.max(mean + (0 if scale else std))))
+            if scale is None:  # bands only while the lines are few enough to tell apart
+                axis.fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=alpha)
+        _references(axis, members, x, lines)
         _x_axis(axis, x, [s.settings[x] for s in members])
         axis.set_title(_label(panel, panel_value[0]) if panel else "")
-        axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
-    for axis in axes:
+    for axis in axes:  # shared y: one limit that shows every band (errors are <= 1)
+        highest = max([top, *(float(np.max(line.get_ydata())) for line in axis.get_lines())])
+        axis.set_ylim(0, min(1.0, 1.05 * highest))
         if axis.get_subplotspec().is_first_col():
             axis.set_ylabel(_ERROR_LABEL)
+    _colour_bar(figure, axes, scale)
     _legend(figure, axes)
     _save(figure, path)
 
 
-def _references(axis: plt.Axes, members: Sequence[PointSummary], x: str) -> None:
-    """Centralized non-private and local-only errors at each x (flat when x is not P or λ)."""
+def _references(
+    axis: plt.Axes, members: Sequence[PointSummary], x: str, lines: Sequence[str] = ()
+) -> None:
+    """Centralized non-private and local-only errors at each x (flat when x is not P or λ).
+
+    They are averaged over the lines at each x; when a line setting changes them (λ, P), the
+    legend says so ("mean over λ").
+    """
     xs = sorted({s.settings[x] for s in members})
     for attribute, style, name in (
         ("centralized_error", "k--", "centralized, non-private"),
@@ -459,24 +571,84 @@ def _references(axis: plt.Axes, members: Sequence[PointSummary], x: str) -> None
             np.mean([getattr(s, attribute) for s in members if s.settings[x] == value])
             for value in xs
         ]
+        varying = [
+            key
+            for key in lines
+            if any(
+                np.ptp([getattr(s, attribute) for s in members if s.settings[x] == value]) > 1e-9
+                and len({s.settings[key] for s in members if s.settings[x] == value}) > 1
+                for value in xs
+            )
+        ]
+        if varying:
+            name += f" (mean over {', '.join(_short(k) for k in varying)})"
         axis.plot(xs, values, style, linewidth=1.2, label=name)
 
 
 def _cost_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: Path) -> None:
+    """Messages per peer and wall time vs P; lines with equal message counts are merged.
+
+    Settings that do not change the protocol's messages (epsilon at a fixed number of
+    aggregations per peer, say) would draw lines exactly on top of each other: such lines are
+    drawn once, labelled with every merged value, and their wall times averaged.
+    """
     x = "partition.n_peers"
     _, lines = _split(summaries, swept, x, None)
-    figure, axes = _panels(2, sharey=False)
+    merged: dict[tuple, list[tuple[tuple, list[PointSummary]]]] = {}
     for line_value, points in _by(summaries, lines).items():
         points = sorted(points, key=lambda s: s.settings[x])
+        signature = tuple((s.settings[x], round(s.messages_per_peer, 9)) for s in points)
+        merged.setdefault(signature, []).append((line_value, points))
+    figure, axes = _panels(2, sharey=False)
+    for group in merged.values():
+        points = group[0][1]
         xs = [s.settings[x] for s in points]
-        name = ", ".join(_label(k, v) for k, v in zip(lines, line_value, strict=True))
-        axes[0].plot(xs, [s.messages_per_peer for s in points], marker="o", label=name or "all")
-        axes[1].plot(xs, [s.wall_cell_s for s in points], marker="o", label=name or "all")
+        name = _merged_label(lines, [value for value, _ in group]) or "all"
+        walls = np.mean([[s.wall_cell_s for s in member] for _, member in group], axis=0)
+        axes[0].plot(xs, [s.messages_per_peer for s in points], marker="o", label=name)
+        axes[1].plot(xs, walls, marker="o", label=name)
     for axis, title in zip(
         axes, ("messages sent per peer", "wall time per cell (s, one core)"), strict=True
     ):
         _x_axis(axis, x, [s.settings[x] for s in summaries])
         axis.set_title(title)
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+    _legend(figure, axes)
+    _save(figure, path)
+
+
+def _merged_label(keys: Sequence[str], values: Sequence[tuple]) -> str:
+    """``"group publication, ε = 1, 10"``: keys whose value is shared once, the rest listed."""
+    parts = []
+    for i, key in enumerate(keys):
+        distinct = sorted({v[i] for v in values}, key=_order)
+        if len(distinct) == 1:
+            parts.append(_label(key, distinct[0]))
+        else:
+            parts.append(f"{_short(key)} = " + ", ".join(_number(v) for v in distinct))
+    several = any(len({v[i] for v in values}) > 1 for i in range(len(keys)))
+    return ("; " if several else ", ").join(parts)
+
+
+def _loss_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: Path) -> None:
+    """Aggregations completed and mean error vs ``network.loss``, one line per other setting."""
+    x = "network.loss"
+    _, lines = _split(summaries, swept, x, None)
+    figure, axes = _panels(2, sharey=False)
+    for line_value, points in _by(summaries, lines).items():
+        points = sorted(points, key=lambda s: s.settings[x])
+        xs = np.array([s.settings[x] for s in points], dtype=float)
+        name = ", ".join(_label(k, v) for k, v in zip(lines, line_value, strict=True)) or "all"
+        axes[0].plot(xs, [s.aggregations for s in points], marker="o", label=name)
+        mean = np.array([s.mean_error for s in points])
+        std = np.array([s.std_error for s in points])
+        (drawn,) = axes[1].plot(xs, mean, marker="o", label=name)
+        axes[1].fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=0.15)
+    _references(axes[1], summaries, x)
+    for axis, label in zip(axes, ("aggregations completed per run", _ERROR_LABEL), strict=True):
+        _x_axis(axis, x, [s.settings[x] for s in summaries])
+        axis.set_ylabel(label)
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
     _legend(figure, axes)
@@ -504,22 +676,34 @@ def _roc_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: P
 
 
 def _save(figure: plt.Figure, path: Path) -> None:
-    """Save as PNG atomically (a temporary file in the same folder, then a rename)."""
+    """Save as PNG atomically (a temporary file in the same folder, then a rename).
+
+    ``bbox_inches="tight"``: nothing outside the canvas (a legend) is lost.
+    """
     buffer = io.BytesIO()
     try:
-        figure.savefig(buffer, format="png", dpi=110)
+        figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     finally:
         plt.close(figure)
     write_atomic(path, buffer.getvalue())
 
 
 # --- markdown ---------------------------------------------------------------------------------
-def _caption(x: str, panel: str | None, swept: Sequence[str]) -> str:
-    per_panel = f" One panel per {_axis_label(panel)}." if panel in swept and panel != x else ""
+def _caption(
+    summaries: Sequence[PointSummary], swept: Sequence[str], x: str, panel: str | None
+) -> str:
+    if x not in swept:
+        return ""
+    panel, _, scale = _error_layout(summaries, swept, x, panel)
+    per_panel = f" One panel per {_axis_label(panel)}." if panel else ""
+    spread = (
+        f" Colour: {_axis_label(scale[0])} (colour bar); no bands, to keep the lines apart."
+        if scale
+        else "; band: +/- one standard deviation over peers and folds."
+    )
     return (
-        f"Mean test error of the peers' ensembles vs {_axis_label(x)}; band: +/- one standard "
-        f"deviation over peers and folds. Dashed: centralized non-private model; dotted: "
-        f"local-only models.{per_panel}"
+        f"Mean test error of the peers' ensembles vs {_axis_label(x)}{spread.rstrip('.')}"
+        f". Dashed: centralized non-private model; dotted: local-only models.{per_panel}"
     )
 
 
@@ -553,6 +737,10 @@ def _markdown(
         "Swept: " + (", ".join(f"`{k}`" for k in swept) or "nothing") + ".",
         "Fixed: " + ", ".join(f"`{k}` = {_number(rows[0][k])}" for k in fixed) + ".",
         "",
+        "## Non-private steps",
+        "",
+        *_non_private_section(rows, swept),
+        "",
         "## Figures",
         "",
     ]
@@ -565,20 +753,55 @@ def _markdown(
     if skipped:
         lines += ["Not drawn:", "", *skipped, ""]
     lines += ["## Main results", "", *_table(swept, summaries), ""]
-    notes = []
-    if any(row.get("data_dependent_bounds") for row in rows):
-        notes.append(
-            "- The min-max feature bounds were fitted on the pooled training rows of each fold "
-            '(`data.bounds = "data"`): a global, non-private step, as in the seed experiment.'
-        )
-    if "training.lam" in swept:
-        notes.append(
-            "- Choosing λ from these results uses the test folds and every peer's data: it is "
-            "itself a non-private step (the seed tunes a global λ the same way)."
-        )
-    if notes:
-        lines += ["## Non-private steps", "", *notes, ""]
     return "\n".join(lines)
+
+
+def non_private_steps_of(
+    rows: Sequence[dict[str, Any]], swept: Sequence[str]
+) -> list[tuple[str, int]]:
+    """Distinct non-private steps of the rows, with the number of cells each applies to.
+
+    Read from the ``non_private_steps`` column (:mod:`p2pdp.disclosure`); results written
+    before that column existed fall back to ``data_dependent_bounds`` and the mechanism. A
+    swept lambda is a step of the whole results set even if the rows do not say so.
+    """
+    counts: dict[str, int] = {}
+    for row in rows:
+        if "non_private_steps" in row:
+            steps = [p for p in str(row["non_private_steps"] or "").split("; ") if p]
+        else:
+            steps = []
+            if row.get("data_dependent_bounds"):
+                steps.append("min-max bounds fitted on the pooled training rows of each fold")
+            mechanism = row.get("privacy.mechanism")
+            if mechanism in ("none", "seed-laplace"):
+                steps.append(
+                    f"privacy.mechanism = {mechanism}: each release guarantees only epsilon = "
+                    f"{_number(row.get('guaranteed_epsilon_per_aggregation'))}"
+                )
+        for step in steps:
+            counts[step] = counts.get(step, 0) + 1
+    if "training.lambda" in swept and not any(step.startswith("lambda") for step in counts):
+        counts[f"lambda: {LAMBDA_SWEPT}"] = len(rows)
+    return list(counts.items())
+
+
+def _non_private_section(rows: Sequence[dict[str, Any]], swept: Sequence[str]) -> list[str]:
+    steps = non_private_steps_of(rows, swept)
+    if not steps:
+        return [
+            "None: the only access to the peers' data is the mechanism's noisy releases, each "
+            "within the privacy budget charged."
+        ]
+    return [
+        "Steps outside the differential-privacy guarantee (the guarantee covers the noisy "
+        "releases given these choices):",
+        "",
+        *(
+            f"- {step}" + ("" if count == len(rows) else f" ({count} of {len(rows)} cells)")
+            for step, count in steps
+        ),
+    ]
 
 
 def _table(swept: Sequence[str], summaries: Sequence[PointSummary]) -> list[str]:

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from p2pdp.config import SECTIONS, ScenarioConfig
+from p2pdp.config import SECTIONS, ScenarioConfig, field_key, public_key
+from p2pdp.disclosure import LAMBDA_SWEPT
 from p2pdp.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -45,8 +46,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-#: TOML names that differ from the dataclass field names: (section, field) -> TOML key.
-_TOML_NAMES = {("training", "lam"): "lambda"}
 #: Top-level settings of a scenario file (everything of ScenarioConfig but sections and sweep).
 _TOP_LEVEL = tuple(
     f.name
@@ -65,6 +64,10 @@ class Axis:
 
     keys: tuple[str, ...]
     values: tuple[tuple[Any, ...], ...]
+
+    def public(self) -> Axis:
+        """The same axis with public key names (``"training.lam"`` -> ``"training.lambda"``)."""
+        return Axis(tuple(public_key(k) for k in self.keys), self.values)
 
     def without(self, key: str) -> Axis | None:
         """This axis with ``key`` removed (``None`` if nothing is left)."""
@@ -129,6 +132,7 @@ class Scenario:
             )
             object.__setattr__(self, "axes", own + tuple(self.axes))
             object.__setattr__(self, "config", self.config.without_sweep())
+        object.__setattr__(self, "axes", tuple(axis.public() for axis in self.axes))
         seen: set[str] = set()
         for axis in self.axes:
             if not axis.values:
@@ -142,12 +146,17 @@ class Scenario:
                     f"of {len(axis.keys)} values, got {axis.values}"
                 )
             for key in axis.keys:
-                section, _, name = key.partition(".")
+                section, _, name = field_key(key).partition(".")
                 if section not in SECTIONS or name not in _field_names(SECTIONS[section]):
                     raise ConfigError(f"{self.source}: sweep key {key!r} is not a section setting")
                 if key in seen:
                     raise ConfigError(f"{self.source}: sweep key {key!r} appears on two axes")
                 seen.add(key)
+        # A swept lambda is chosen on the data by whoever reads the results: say so in every
+        # point (and so in every results row) unless the file explains its own lambda_source.
+        fill = {}
+        if "training.lambda" in seen and not self.config.training.lambda_source:
+            fill = {"training.lambda_source": LAMBDA_SWEPT}
         points = []
         for index, combination in enumerate(itertools.product(*(a.values for a in self.axes))):
             settings = {
@@ -156,7 +165,7 @@ class Scenario:
                 for key, value in zip(axis.keys, values, strict=True)
             }
             try:
-                config = with_values(self.config, settings)
+                config = with_values(self.config, {**settings, **fill})
             except ConfigError as exc:
                 raise ConfigError(f"{self.source}: sweep point {settings}: {exc}") from None
             points.append(GridPoint(index, settings, config))
@@ -171,7 +180,7 @@ class Scenario:
         return hashlib.sha256(repr((self.config, self.axes)).encode("utf-8")).hexdigest()
 
     def swept_keys(self) -> tuple[str, ...]:
-        """Every swept setting, in axis order."""
+        """Every swept setting (public names, e.g. ``"training.lambda"``), in axis order."""
         return tuple(key for axis in self.axes for key in axis.keys)
 
 
@@ -181,12 +190,13 @@ def with_values(config: ScenarioConfig, settings: Mapping[str, Any]) -> Scenario
     Unlike applying :func:`p2pdp.config.with_value` key by key, only the final combination is
     validated, so ``{"privacy.epsilon": 0.01, "privacy.epsilon_per_aggregation": 0.001}`` or
     ``{"partition.n_peers": 10, "groups.group_size": 10}`` never pass through an invalid
-    intermediate config. Keys must be known (the loader checks them).
+    intermediate config. Keys must be known (the loader checks them); public names
+    (``"training.lambda"``) and attribute paths (``"training.lam"``) are both accepted.
     """
     sections: dict[str, dict[str, Any]] = {}
     top: dict[str, Any] = {}
     for key, value in settings.items():
-        section, dot, name = key.partition(".")
+        section, dot, name = field_key(key).partition(".")
         if dot:
             sections.setdefault(section, {})[name] = value
         else:
@@ -248,24 +258,89 @@ def parse_scenario(
 
     ``overrides`` are ``"key.path=value"`` strings, applied in order. The value is read as a
     TOML value (``20``, ``1e-3``, ``[1, 2]``, ``true``, ``"full"``), else taken as a string
-    (``publication.mode=group``). ``--set groups.group_size=20`` also removes that key from
-    the sweep; ``--set sweep."groups.group_size"=[1,2]`` replaces its axis.
+    (``publication.mode=group``). A plain override (``--set privacy.epsilon=1``) removes that
+    key from the sweep; the other keys of its zipped axis stay swept. A sweep override (``--set
+    'sweep."privacy.epsilon"=[0.1,1]'``) replaces every axis that contains its keys; the other
+    keys of a replaced zipped axis (here ``privacy.epsilon_per_aggregation``) are no longer
+    swept and take their base value (the file's table, else the default).
 
     Raises
     ------
     ConfigError
         For malformed TOML (with line and column), unknown keys (with the closest valid key),
-        values of the wrong type, invalid settings, or an empty axis.
+        values of the wrong type, invalid settings, or an empty axis. An error that only the
+        overrides cause names the ``--set KEY=VALUE`` argument(s), not the file.
     """
     settings, axes = _read_document(_parse_toml(text, source), source)
+    file_only = (dict(settings), list(axes))
+    origin: dict[str, str] = {}  # key -> the --set argument that set or swept it last
+    released: dict[str, str] = {}  # key -> the --set argument that took its zipped axis away
+    loose: dict[str, str] = {}  # key -> the --set argument that fixed its zipped partner
     for override in overrides:
-        override_settings, override_axes = _read_document(
-            _parse_override(override), f"--set {override}"
-        )
-        for key in [*override_settings, *(k for axis in override_axes for k in axis.keys)]:
-            axes = [left for axis in axes if (left := axis.without(key)) is not None]
+        where = f"--set {override}"
+        override_settings, override_axes = _read_document(_parse_override(override), where)
+        swept = [k for axis in override_axes for k in axis.keys]
+        kept = []
+        for axis in axes:
+            if any(key in axis.keys for key in swept):  # a new axis replaces the whole old one
+                released.update({k: where for k in axis.keys if k not in swept})
+                continue
+            left: Axis | None = axis
+            for key in override_settings:  # a plain setting leaves its zipped partners swept
+                if left is not None and key in left.keys:
+                    loose.update({k: where for k in left.keys if k != key})
+                    left = left.without(key)
+            if left is not None:
+                kept.append(left)
+        for key in [*override_settings, *swept]:
+            origin[key] = where
+            released.pop(key, None)
+            loose.pop(key, None)
         settings.update(override_settings)
-        axes.extend(override_axes)
+        axes = [*kept, *override_axes]
+    try:
+        return _build(settings, axes, text=text, source=source, overrides=overrides)
+    except ConfigError as exc:
+        if not overrides:
+            raise
+        try:
+            _build(*file_only, text=text, source=source, overrides=())
+        except ConfigError:
+            raise exc from None  # the file alone is already invalid: its error stands
+        message = str(exc).removeprefix(f"{source}: ")
+        mentioned = {where for key, where in origin.items() if _mentions(message, key)}
+        blamed = [f"--set {o}" for o in overrides if f"--set {o}" in mentioned]
+        blamed = blamed or [f"--set {o}" for o in overrides]
+        hints = [
+            f"{key} is no longer swept because {where} replaced the sweep axis it shared, so "
+            f"it has its base value; set it too (--set {key}=VALUE) or sweep both together "
+            f"(--set 'sweep.\"{','.join(_zipped_with(key, file_only[1]))}\"=[[...], ...]')"
+            for key, where in released.items()
+            if _mentions(message, key)
+        ]
+        hints += [
+            f"{key} is still swept on its own because {where} fixed the other key of their "
+            f"zipped axis; set it too (--set {key}=VALUE) or sweep both together"
+            for key, where in loose.items()
+            if _mentions(message, key)
+        ]
+        hints += [
+            f"{key} = {value!r} comes from {source}"
+            for key, value in file_only[0].items()
+            if key not in origin and _mentions(message, key)
+        ]
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        raise ConfigError(f"{', '.join(blamed)}: {message}{hint}") from None
+
+
+def _build(
+    settings: Mapping[str, Any],
+    axes: Sequence[Axis],
+    *,
+    text: str,
+    source: str,
+    overrides: Sequence[str],
+) -> Scenario:
     # Swept keys take their first value in the base config, so that a base value that only
     # the sweep makes valid (groups.group_size > the default n_peers, say) is never checked.
     first = {
@@ -281,6 +356,16 @@ def parse_scenario(
     return Scenario(
         config=config, axes=tuple(axes), text=text, source=source, overrides=tuple(overrides)
     )
+
+
+def _mentions(message: str, key: str) -> bool:
+    """True if ``message`` names the dotted setting ``key`` (not just a longer key)."""
+    return re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message) is not None
+
+
+def _zipped_with(key: str, axes: Sequence[Axis]) -> tuple[str, ...]:
+    """The keys of the axis holding ``key`` (``(key,)`` if none does)."""
+    return next((axis.keys for axis in axes if key in axis.keys), (key,))
 
 
 def _parse_toml(text: str, source: str) -> dict[str, Any]:
@@ -321,8 +406,8 @@ def _read_document(document: Mapping[str, Any], where: str) -> tuple[dict[str, A
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: {key} must be a table ([{key}]), got {value!r}")
             for name, item in value.items():
-                field_key, hint = _resolve(f"{key}.{name}", item, where)
-                settings[field_key] = _coerce(item, hint, f"{key}.{name}", where)
+                setting_key, hint = _resolve(f"{key}.{name}", item, where)
+                settings[setting_key] = _coerce(item, hint, f"{key}.{name}", where)
         elif key == "sweep":
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: sweep must be a table ([sweep]), got {value!r}")
@@ -360,34 +445,37 @@ def _read_axis(name: str, values: Any, where: str) -> Axis:
 
 
 def _resolve(dotted: str, value: Any, where: str) -> tuple[str, Any]:
-    """``"training.lambda"`` -> (``"training.lam"``, its type hint); unknown keys fail."""
+    """``"training.lambda"`` -> (``"training.lambda"``, the type hint of ``lam``).
+
+    Only public names are accepted (``"training.lam"`` fails with "did you mean
+    'training.lambda'?"), so a file, ``--set`` and the results all spell a setting one way.
+    """
     section, _, name = dotted.partition(".")
     if section not in SECTIONS:
         raise _unknown(where, dotted, value, list(_toml_keys()))
-    toml_to_field = {
-        _TOML_NAMES.get((section, f.name), f.name): f.name
+    public_to_field = {
+        public_key(f"{section}.{f.name}").partition(".")[2]: f.name
         for f in dataclasses.fields(SECTIONS[section])
     }
-    if name not in toml_to_field:
-        raise _unknown(where, dotted, value, [f"{section}.{n}" for n in toml_to_field])
-    field_name = toml_to_field[name]
-    return f"{section}.{field_name}", typing.get_type_hints(SECTIONS[section])[field_name]
+    if name not in public_to_field:
+        raise _unknown(where, dotted, value, [f"{section}.{n}" for n in public_to_field])
+    field_name = public_to_field[name]
+    return dotted, typing.get_type_hints(SECTIONS[section])[field_name]
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
-def _toml_key(field_key: str) -> str:
+def _toml_key(key: str) -> str:
     """``"training.lam"`` -> ``"training.lambda"`` (the name a scenario file uses)."""
-    section, _, name = field_key.partition(".")
-    return f"{section}.{_TOML_NAMES.get((section, name), name)}"
+    return public_key(key)
 
 
 def _toml_keys() -> Iterable[str]:
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
-            yield _toml_key(f"{section}.{f.name}")
+            yield public_key(f"{section}.{f.name}")
 
 
 def _unknown(where: str, key: str, value: Any, valid: Sequence[str]) -> ConfigError:

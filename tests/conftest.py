@@ -1,4 +1,13 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the rule for tests that need the real data sets.
+
+A test needs the real data sets if it uses the ``real_data_home`` fixture (it is then marked
+``integration`` automatically) or is marked ``integration``. They are found where the loader
+looks after an explicit path: ``$P2PDP_DATA_HOME``, then the user cache
+(``$XDG_CACHE_HOME/p2pdp`` or ``~/.cache/p2pdp``). If no such folder holds every file, those
+tests are skipped with one reason (nothing is downloaded); if ``$P2PDP_DATA_HOME`` is set but
+lacks files, the run stops with an error instead, since that is a broken setup, not a machine
+without data.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +17,58 @@ from pathlib import Path
 
 import pytest
 
+from p2pdp.datasets import DATA_HOME_ENV, available_datasets, data_home_candidates, load_manifest
+
+#: Skip reason of every integration test when the data sets are not on this machine.
+NO_DATA = (
+    "real data sets not found: set P2PDP_DATA_HOME to a folder holding {files} "
+    "(or run `p2pdp datasets fetch --all`) to run the integration tests"
+)
+
+
+def required_files() -> list[str]:
+    """Every data file the manifests name (spambase.data, australian.dat, a9a, a9a.t)."""
+    return [spec.name for name in available_datasets() for spec in load_manifest(name).files]
+
+
+def find_data_home() -> Path | None:
+    """The first of ``$P2PDP_DATA_HOME`` and the user cache that holds every data file."""
+    for directory in data_home_candidates():
+        if all((directory / name).is_file() for name in required_files()):
+            return directory
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects, so `-m "not integration"` sees the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "real_data_home" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Skip (no data) or stop (broken $P2PDP_DATA_HOME) the selected integration tests."""
+    needing = [item for item in session.items if item.get_closest_marker("integration")]
+    if not needing or find_data_home() is not None:
+        return
+    env = os.environ.get(DATA_HOME_ENV)
+    if env:
+        missing = [name for name in required_files() if not (Path(env) / name).is_file()]
+        raise pytest.UsageError(
+            f"${DATA_HOME_ENV}={env} lacks {', '.join(missing)}; point it at the folder with "
+            f"the data sets, or unset it to skip the {len(needing)} integration tests"
+        )
+    skip = pytest.mark.skip(reason=NO_DATA.format(files=", ".join(required_files())))
+    for item in needing:
+        item.add_marker(skip)
+
 
 @pytest.fixture(scope="session")
 def real_data_home() -> Iterator[Path]:
-    """Directory of the real data files, also exported as ``P2PDP_DATA_HOME`` while in use.
-
-    ``$P2PDP_DATA_HOME`` if set (as in CI), else ``<work>/shared/datasets`` next to the repo.
-    """
-    env = os.environ.get("P2PDP_DATA_HOME")
-    home = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "datasets"
-    assert home.is_dir(), f"real data sets not found: set P2PDP_DATA_HOME (tried {home})"
+    """Directory of the real data files, also exported as ``P2PDP_DATA_HOME`` while in use."""
+    home = find_data_home()
+    assert home is not None, "integration tests run only with the data (see conftest.py)"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("P2PDP_DATA_HOME", str(home))
+        patch.setenv(DATA_HOME_ENV, str(home))
         yield home

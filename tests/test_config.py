@@ -102,3 +102,48 @@ def test_configs_are_frozen_and_flatten():
     assert row["data.transform"] == "log1p+minmax+bias+project_unit_ball"
     assert EvaluationConfig(folds=(2, 3)).fold_indices() == (2, 3)
     assert EvaluationConfig(split="fixed").fold_indices() == (0,)
+
+
+def readme_budget_table() -> list[tuple[float, float, float, float]]:
+    """(epsilon, epsilon_A, delta, delta_A) rows of the README's budget table."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    table = text.split("| epsilon | epsilon_A | delta | delta_A |")[1].split("\n\n")[0]
+    rows = [line.strip("| ").split(" | ") for line in table.splitlines()[2:]]
+    return [tuple(float(cell) for cell in row[:4]) for row in rows]
+
+
+def test_delta_per_aggregation_defaults_to_the_readme_rule():
+    table = readme_budget_table()
+    assert len(table) >= 5
+    for epsilon, per_aggregation, delta, delta_per_aggregation in table:
+        privacy = PrivacyConfig(
+            epsilon=epsilon,
+            epsilon_per_aggregation=per_aggregation,
+            delta=delta,
+            mechanism="gaussian",
+        )
+        assert privacy.delta_per_aggregation == pytest.approx(delta_per_aggregation, rel=1e-12)
+    assert PrivacyConfig().delta_per_aggregation == 0.0  # no delta, nothing to split
+
+
+def test_a_derived_delta_follows_epsilon_but_a_given_one_is_kept():
+    derived = PrivacyConfig(
+        epsilon=1.0, epsilon_per_aggregation=0.1, delta=1e-5, mechanism="gaussian"
+    )
+    assert dataclasses.replace(derived, epsilon=2.0).delta_per_aggregation == pytest.approx(5e-7)
+    assert dataclasses.replace(derived, delta=1e-6).delta_per_aggregation == pytest.approx(1e-7)
+    given = dataclasses.replace(derived, delta_per_aggregation=3e-7)
+    assert dataclasses.replace(given, epsilon=2.0).delta_per_aggregation == 3e-7
+    with pytest.raises(ConfigError, match=r"privacy.delta must be in \(0, 1\).*got 0.0"):
+        PrivacyConfig(mechanism="gaussian")  # delta missing: the derived value cannot help
+
+
+def test_lambda_is_spelled_training_lambda_in_rows_and_with_value():
+    row = flat_settings(ScenarioConfig(training=TrainingConfig(lam=0.5)))
+    assert row["training.lambda"] == 0.5 and row["training.lambda_source"] == ""
+    assert not [key for key in row if key.startswith("training.lam") and "lambda" not in key]
+    assert with_value(ScenarioConfig(), "training.lambda", 0.25).training.lam == 0.25
+    with pytest.raises(ConfigError, match=r"training.lambda must be > 0 and finite, got -1"):
+        TrainingConfig(lam=-1)

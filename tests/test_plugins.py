@@ -78,6 +78,7 @@ def test_mechanism_plugin_without_a_declaration_is_recorded_as_non_private(tmp_p
     assert float(row["guaranteed_epsilon_per_aggregation"]) == math.inf
     assert float(row["max_guaranteed_epsilon"]) == math.inf
     assert float(row["max_epsilon_spent"]) == pytest.approx(1.0)  # the nominal schedule
+    assert "declares no privacy guarantee" in row["non_private_steps"]
     assert int(row["aggregations"]) > 0
 
 

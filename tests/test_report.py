@@ -33,7 +33,7 @@ def write_results(directory, *, n_peers=(10,), folds=2, roc=False):
                     "seed": 1,
                     "data.dataset": "spambase",
                     "partition.n_peers": peers,
-                    "training.lam": 0.01,
+                    "training.lambda": 0.01,
                     "privacy.epsilon": epsilon,
                     "privacy.epsilon_per_aggregation": per_aggregation,
                     "groups.group_size": group_size,
@@ -80,11 +80,13 @@ def test_report_figures_and_markdown(tmp_path):
     for name in ("error_vs_peers", "error_vs_lambda", "cost_vs_peers"):
         assert not (tmp_path / f"{name}.png").exists()
     assert "Error vs number of peers: skipped, `partition.n_peers` is not swept" in text
-    assert "Error vs regularisation: skipped, `training.lam` is not swept" in text
+    assert "Error vs regularisation: skipped, `training.lambda` is not swept" in text
     # folds have errors 0.1 and 0.2 with no spread over peers: mean 0.15, pooled std 0.05
     assert "| 1 | 0.1 | 1 | group | 2 | 0.150 ± 0.050 |" in text
     assert text.count("| 2 | 0.150 ± 0.050 |") == 8  # one table row per grid point
-    assert "non-private step" in text
+    # results written before the non_private_steps column: derived from data_dependent_bounds
+    assert "## Non-private steps" in text
+    assert "- min-max bounds fitted on the pooled training rows of each fold\n" in text
 
 
 def test_peer_sweep_draws_error_and_cost_vs_peers(tmp_path):
@@ -115,3 +117,129 @@ def test_missing_results(tmp_path):
     with pytest.raises(ConfigError, match="results.csv not found"):
         write_report(tmp_path)
     assert main(["report", str(tmp_path)]) == 2
+
+
+def write_grid(directory, axes, *, messages=lambda s: 30 * s["partition.n_peers"]):
+    """results.csv over the product of ``axes`` ({key: values}), 2 folds, error by formula."""
+    rows = []
+    keys = list(axes)
+    for point, values in enumerate(itertools.product(*axes.values())):
+        settings = {"partition.n_peers": 10, **dict(zip(keys, values, strict=True))}
+        for fold in range(2):
+            rows.append(
+                {
+                    "cell_id": f"p{point:03d}-f{fold}-r0",
+                    "name": "grid",
+                    "seed": 1,
+                    "training.lambda": 0.01,
+                    "privacy.epsilon": 1.0,
+                    "network.loss": 0.0,
+                    **settings,
+                    "fold": fold,
+                    "mean_error": 0.1 + 0.01 * point + 0.05 * fold,
+                    "std_error": 0.02,
+                    "min_error": 0.05,
+                    "best_peer_auc": 0.9,
+                    "aggregations": 10 + point,
+                    "centralized_error": 0.08,
+                    "local_only_error": 0.12,
+                    "messages_sent": messages(settings),
+                    "wall_cell_s": 0.01,
+                    "non_private_steps": "",
+                }
+            )
+    with (directory / "results.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """Figures as saved, by file stem (kept open for inspection)."""
+    from p2pdp import report
+
+    figures = {}
+    original = report._save
+
+    def save(figure, path):
+        original(figure, path)
+        figures[path.stem] = figure
+
+    monkeypatch.setattr(report, "_save", save)
+    yield figures
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def test_many_lambdas_are_a_colour_scale_with_a_colour_bar(tmp_path, drawn):
+    lambdas = [2.0**k for k in range(-14, 1)]
+    write_grid(tmp_path, {"training.lambda": lambdas, "privacy.epsilon": [1.0, 10.0]})
+    text = write_report(tmp_path).read_text()
+    figure = drawn["error_vs_epsilon"]
+    colour_bars = [a for a in figure.axes if a.get_ylabel() == "regularisation λ"]
+    assert len(colour_bars) == 1
+    (panel,) = [a for a in figure.axes if a not in colour_bars]
+    assert len([line for line in panel.get_lines() if line.get_marker() == "o"]) == 15
+    assert not panel.collections  # no bands under 15 lines
+    (legend,) = figure.legends
+    assert len(legend.get_texts()) == 2  # the two reference lines only
+    assert "λ = " not in " ".join(t.get_text() for t in legend.get_texts())
+    assert "Colour: regularisation λ (colour bar)" in text
+
+
+def test_legends_are_inside_the_saved_image(tmp_path, drawn):
+    """A legend wider than its single panel must widen the image, not be cut off."""
+    import matplotlib.image
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    write_grid(
+        tmp_path,
+        {
+            "privacy.mechanism": ["coordinate-laplace", "vector-laplace"],
+            "privacy.sensitivity": ["group-mean", "pathak"],
+            "groups.group_size": [10, 50],
+        },
+    )
+    write_report(tmp_path)
+    assert "error_vs_group_size" in drawn
+    for stem, figure in drawn.items():
+        renderer = FigureCanvasAgg(figure).get_renderer()
+        height, width = matplotlib.image.imread(tmp_path / f"{stem}.png").shape[:2]
+        for legend in [*figure.legends, *(a.get_legend() for a in figure.axes if a.get_legend())]:
+            box = legend.get_window_extent(renderer)  # pixels at figure.dpi
+            assert (width + 2) / 110 >= box.width / figure.dpi, stem  # saved at dpi 110
+            assert (height + 2) / 110 >= box.height / figure.dpi, stem
+
+
+def test_costs_that_coincide_are_drawn_once(tmp_path, drawn):
+    write_grid(
+        tmp_path,
+        {
+            "partition.n_peers": [10, 20, 50],
+            "privacy.epsilon": [1.0, 10.0],
+            "publication.mode": ["group", "full"],
+        },
+        messages=lambda s: (
+            30 * s["partition.n_peers"] * (2 if s["publication.mode"] == "full" else 1)
+        ),
+    )
+    write_report(tmp_path)
+    messages = drawn["cost_vs_peers"].axes[0]
+    labels = sorted(line.get_label() for line in messages.get_lines())
+    assert labels == ["ε = 1, 10; full publication", "ε = 1, 10; group publication"]
+
+
+def test_loss_sweep_draws_aggregations_and_error_per_sampler(tmp_path, drawn):
+    write_grid(tmp_path, {"groups.sampler": ["central", "gossip"], "network.loss": [0.0, 0.1, 0.2]})
+    text = write_report(tmp_path).read_text()
+    assert "![Aggregations and error vs message loss](error_vs_loss.png)" in text
+    aggregations, error = drawn["error_vs_loss"].axes
+    assert aggregations.get_ylabel() == "aggregations completed per run"
+    for axis in (aggregations, error):
+        samplers = [l for l in axis.get_lines() if l.get_label().startswith("sampler = ")]
+        assert sorted(l.get_label() for l in samplers) == ["sampler = central", "sampler = gossip"]
+        assert all(list(l.get_xdata()) == [0.0, 0.1, 0.2] for l in samplers)
+    central = next(l for l in aggregations.get_lines() if l.get_label() == "sampler = central")
+    assert list(central.get_ydata()) == [10, 11, 12]  # points 0, 1, 2 of the grid

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from p2pdp.config import SECTIONS, ScenarioConfig
+from p2pdp.config import SECTIONS, ScenarioConfig, field_key
 from p2pdp.errors import ConfigError
 from p2pdp.scenario import (
     Axis,
@@ -54,7 +54,7 @@ def test_every_shipped_scenario_loads_and_validates():
         assert scenario.points, path
         for point in scenario.points:  # every point's config carries the swept values
             for key, value in point.settings.items():
-                section, _, name = key.partition(".")
+                section, _, name = field_key(key).partition(".")
                 assert getattr(getattr(point.config, section), name) == value
 
 
@@ -224,7 +224,7 @@ def test_scenario_from_a_config_with_a_sweep():
     config = ScenarioConfig(sweep=(("groups.group_size", (2, 4)), ("publication.mode", ("group",))))
     scenario = Scenario(config=config, axes=(Axis(("training.lam",), ((0.1,), (1.0,))),))
     assert scenario.config.sweep == ()
-    assert scenario.swept_keys() == ("groups.group_size", "publication.mode", "training.lam")
+    assert scenario.swept_keys() == ("groups.group_size", "publication.mode", "training.lambda")
     assert len(scenario.points) == 4
     with pytest.raises(ConfigError, match="appears on two axes"):
         Scenario(config=config, axes=(Axis(("groups.group_size",), ((3,),)),))
@@ -240,3 +240,75 @@ def test_with_values_validates_only_the_final_combination():
     assert (changed.partition.n_peers, changed.groups.group_size) == (5, 5)
     with pytest.raises(ConfigError, match="group_size must be <="):
         with_values(config, {"partition.n_peers": 5})
+
+
+def test_lambda_has_one_spelling_in_files_set_and_sweeps():
+    scenario = parse_scenario(BASE, overrides=['sweep."training.lambda"=[0.5, 1]'])
+    assert "training.lambda" in scenario.swept_keys()
+    assert {p.settings["training.lambda"] for p in scenario.points} == {0.5, 1.0}
+    assert parse_scenario(BASE, overrides=["training.lambda=0.25"]).config.training.lam == 0.25
+    for override in ("training.lam=0.25", 'sweep."training.lam"=[1]'):
+        with pytest.raises(ConfigError, match=r"did you mean 'training.lambda'\?"):
+            parse_scenario(BASE, overrides=[override])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "blamed", "mentions"),
+    [
+        (["privacy.epsilon=-1"], "--set privacy.epsilon=-1: ", "privacy.epsilon must be > 0"),
+        (
+            ["partition.n_peers=3"],  # valid alone, but the file's sweep has g = 5, 20
+            "--set partition.n_peers=3: ",
+            "groups.group_size must be <= partition.n_peers (3)",
+        ),
+        (
+            ["publication.mode=group", 'sweep."privacy.epsilon"=[0.05]'],
+            '--set sweep."privacy.epsilon"=[0.05]: ',
+            "privacy.epsilon_per_aggregation is no longer swept because --set "
+            'sweep."privacy.epsilon"=[0.05] replaced the sweep axis it shared',
+        ),
+        (
+            ["privacy.epsilon=0.5"],  # epsilon_per_aggregation stays swept over 0.1 and 2
+            "--set privacy.epsilon=0.5: ",
+            "privacy.epsilon_per_aggregation is still swept on its own because --set "
+            "privacy.epsilon=0.5 fixed",
+        ),
+    ],
+)
+def test_set_value_errors_name_the_set_argument_not_the_file(overrides, blamed, mentions):
+    with pytest.raises(ConfigError) as error:
+        parse_scenario(BASE, source="scenario.toml", overrides=overrides)
+    message = str(error.value)
+    assert message.startswith(blamed), message
+    assert mentions in message
+    assert "scenario.toml" not in message
+
+
+def test_an_invalid_file_is_still_blamed_on_the_file():
+    bad = BASE.replace("n_peers = 20", "n_peers = 2")
+    with pytest.raises(ConfigError, match=r"^scenario.toml: .*groups.group_size must be <="):
+        parse_scenario(bad, source="scenario.toml", overrides=["publication.mode=group"])
+
+
+def test_a_file_setting_in_the_way_of_a_set_is_named():
+    text = BASE.replace(
+        "lambda = 1", "lambda = 1\n\n[privacy]\nmechanism = 'gaussian'\ndelta = 1e-5"
+    )
+    parse_scenario(text)  # the file alone is fine, with delta_per_aggregation derived
+    with pytest.raises(ConfigError) as error:
+        parse_scenario(text, source="s.toml", overrides=["privacy.delta_per_aggregation=1e-3"])
+    message = str(error.value)
+    assert message.startswith("--set privacy.delta_per_aggregation=1e-3: privacy.delta_per_")
+    assert message.endswith("(privacy.delta = 1e-05 comes from s.toml)")
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_set_sweep_epsilon_replaces_the_zipped_axis_on_every_shipped_scenario(path):
+    """The README's example: the partner key falls back to its base value."""
+    base = load_scenario(path)
+    scenario = load_scenario(path, ['sweep."privacy.epsilon"=[0.1,1]'])
+    assert "privacy.epsilon_per_aggregation" not in scenario.swept_keys()
+    assert {p.config.privacy.epsilon for p in scenario.points} == {0.1, 1.0}
+    assert {p.config.privacy.epsilon_per_aggregation for p in scenario.points} == {0.1}
+    others = [k for k in base.swept_keys() if not k.startswith("privacy.epsilon")]
+    assert [k for k in scenario.swept_keys() if k != "privacy.epsilon"] == others

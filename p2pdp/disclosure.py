@@ -1,0 +1,147 @@
+"""The non-private steps of a scenario: what the DP guarantee does *not* cover.
+
+The guarantee of :mod:`p2pdp.mechanisms` covers what the curators release, for one record of
+one peer's shard (replace-one neighbours), *given* the preprocessing and lambda. Several steps a
+scenario may take fall outside it, and are listed here so that every results row (column
+``non_private_steps``) and every ``report.md`` names them:
+
+* lambda chosen by looking at the data (``training.lambda_source``), or swept so that a reader
+  picks the best value from the results (reads every peer's data and the test folds);
+* min-max feature bounds fitted on the pooled training rows (``data.bounds = "data"`` with a
+  ``minmax`` step): every peer's data shape the preprocessing of all;
+* ``privacy.mechanism = "none"``: releases carry no noise;
+* ``privacy.mechanism = "seed-laplace"``: the seed's per-coordinate noise is only
+  ``sqrt(d) * epsilon``-DP per release, not ``epsilon``.
+
+Everything here is a pure function of the configuration (the model dimension ``d`` comes from
+the data set's manifest, never from the data).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from p2pdp.config import ScenarioConfig
+
+#: ``training.lambda_source`` of the points of a scenario that sweeps lambda (set by
+#: :class:`p2pdp.scenario.Scenario` unless the file gives its own).
+LAMBDA_SWEPT = (
+    "training.lambda is swept by this scenario, and choosing lambda from its results reads "
+    "every peer's data and the test folds"
+)
+#: Mechanisms that make the CLI print a warning before running.
+WARNED_MECHANISMS = ("seed-laplace", "none")
+
+
+def model_dimension(config: ScenarioConfig) -> int | None:
+    """Coordinates of a released model: features (+1 with a ``bias`` step); None if unknown."""
+    data = config.data
+    if data.dataset == "synthetic":
+        features = data.synthetic_features
+    else:
+        try:
+            from p2pdp.datasets import load_manifest
+
+            features = load_manifest(data.dataset).n_features
+        except Exception:  # no manifest: the guarantee is stated with a symbolic d
+            return None
+    return features + (1 if "bias" in data.transform else 0)
+
+
+def seed_laplace_guarantee(config: ScenarioConfig) -> str:
+    """``"sqrt(58) x 0.1 = 0.76"``-style text of seed-laplace's real epsilon per release/total."""
+    d = model_dimension(config)
+    per, total = config.privacy.epsilon_per_aggregation, config.privacy.epsilon
+    if d is None:
+        return f"sqrt(d) x {per:g} per release, up to sqrt(d) x {total:g} per peer"
+    root = math.sqrt(d)
+    return (
+        f"sqrt({d}) x {per:g} = {root * per:.4g} per release, up to sqrt({d}) x {total:g} = "
+        f"{root * total:.4g} per peer"
+    )
+
+
+def non_private_steps(config: ScenarioConfig, swept: Iterable[str] = ()) -> tuple[str, ...]:
+    """The steps of ``config`` outside the DP guarantee, one sentence each, in a fixed order.
+
+    Parameters
+    ----------
+    config : ScenarioConfig
+        One grid point (or the base config) of a scenario.
+    swept : iterable of str
+        The scenario's swept settings (public names, ``"training.lambda"``): a swept lambda is
+        a non-private step even when ``training.lambda_source`` is empty.
+
+    Returns
+    -------
+    tuple of str
+        Empty when the only data access is the mechanism's noisy release.
+    """
+    steps = []
+    source = config.training.lambda_source
+    if "training.lambda" in set(swept) or source == LAMBDA_SWEPT:
+        steps.append(f"lambda: {LAMBDA_SWEPT}")
+    elif source:
+        steps.append(f"lambda = {config.training.lam:g} {source}")
+    data = config.data
+    if data.bounds == "data" and "minmax" in data.transform:
+        steps.append(
+            'min-max bounds fitted on the pooled training rows of each fold (data.bounds = "data")'
+        )
+    mechanism = config.privacy.mechanism
+    if mechanism == "none":
+        steps.append("privacy.mechanism = none: releases carry no noise, so no privacy at all")
+    elif mechanism == "seed-laplace":
+        steps.append(
+            "privacy.mechanism = seed-laplace: the seed's per-coordinate Laplace is only "
+            f"sqrt(d) x epsilon-DP ({seed_laplace_guarantee(config)}), not the epsilon charged"
+        )
+    elif _declares_nothing(config):
+        steps.append(_undeclared(mechanism))
+    return tuple(steps)
+
+
+def _declares_nothing(config: ScenarioConfig) -> bool:
+    """Whether the configured mechanism (a plug-in, say) declares no privacy guarantee."""
+    from p2pdp.mechanisms import MECHANISMS, make_mechanism
+
+    privacy = config.privacy
+    if privacy.mechanism in MECHANISMS:  # the built-ins: none and seed-laplace handled above
+        return False
+    delta = privacy.delta_per_aggregation if privacy.approximate else None
+    mechanism = make_mechanism(
+        privacy.mechanism, epsilon=privacy.epsilon_per_aggregation, delta=delta
+    )
+    return not mechanism.event(model_dimension(config) or 1).private
+
+
+def _undeclared(mechanism: str) -> str:
+    return (
+        f"privacy.mechanism = {mechanism} declares no privacy guarantee: its releases are "
+        "recorded as non-private (epsilon = inf)"
+    )
+
+
+def non_private_column(config: ScenarioConfig, swept: Iterable[str] = ()) -> str:
+    """:func:`non_private_steps` joined by ``"; "`` for the results column (empty if none)."""
+    return "; ".join(non_private_steps(config, swept))
+
+
+def mechanism_warnings(configs: Iterable[ScenarioConfig]) -> list[str]:
+    """One warning line per distinct non-private mechanism among ``configs`` (for the CLI)."""
+    warned: dict[str, str] = {}
+    for config in configs:
+        mechanism = config.privacy.mechanism
+        if mechanism == "none" and mechanism not in warned:
+            warned[mechanism] = (
+                "privacy.mechanism = none adds no noise: the released models are not private"
+            )
+        elif mechanism == "seed-laplace" and mechanism not in warned:
+            warned[mechanism] = (
+                "privacy.mechanism = seed-laplace is not epsilon-DP: its per-coordinate Laplace "
+                f"guarantees only {seed_laplace_guarantee(config)}"
+            )
+        elif mechanism not in warned and _declares_nothing(config):
+            warned[mechanism] = _undeclared(mechanism)
+    return list(warned.values())

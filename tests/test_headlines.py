@@ -1,0 +1,229 @@
+"""The README's headline numbers of each shipped scenario, checked against a full run.
+
+``HEADLINES`` holds, per scenario, the numbers the README's scenario table (and quick start)
+states, each with how to compute it from the results rows. A fast test checks that every one
+appears in the README as written; the slow tests (``pytest -m slow``, several minutes in total,
+adult about 3) run each scenario in full and recompute them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from p2pdp.experiment import run_experiment
+from p2pdp.results import read_results
+from p2pdp.scenario import load_scenario
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+Rows = Sequence[dict[str, str]]
+
+
+def mean(rows: Rows, column: str, **where: object) -> float:
+    """Mean of ``column`` over the rows (folds, repetitions) matching ``where``."""
+    keys = {k.replace("__", "."): str(v) for k, v in where.items()}
+    chosen = [float(r[column]) for r in rows if all(r[k] == v for k, v in keys.items())]
+    assert chosen, f"no rows with {keys}"
+    return float(np.mean(chosen))
+
+
+def pooled_std(rows: Rows, **where: object) -> float:
+    """Std of per-peer errors pooled over the matching cells (as report.md computes it)."""
+    keys = {k.replace("__", "."): str(v) for k, v in where.items()}
+    chosen = [r for r in rows if all(r[k] == v for k, v in keys.items())]
+    means = np.array([float(r["mean_error"]) for r in chosen])
+    stds = np.array([float(r["std_error"]) for r in chosen])
+    return float(np.sqrt(max(np.mean(stds**2 + means**2) - means.mean() ** 2, 0.0)))
+
+
+def messages_per_peer(rows: Rows, **where: object) -> float:
+    keys = {k.replace("__", "."): str(v) for k, v in where.items()}
+    chosen = [r for r in rows if all(r[k] == v for k, v in keys.items())]
+    return float(np.mean([int(r["messages_sent"]) / int(r["partition.n_peers"]) for r in chosen]))
+
+
+def error_at(**where: object) -> Callable[[Rows], float]:
+    return lambda rows: mean(rows, "mean_error", **where)
+
+
+Headline = tuple[str, Callable[[Rows], float], str]  # (what, compute, as the README writes it)
+E10 = {"privacy__epsilon": 10.0}
+
+
+def _lambda_best(rows: Rows) -> float:
+    lams = sorted({float(r["training.lambda"]) for r in rows})
+    errors = [mean(rows, "mean_error", training__lambda=lam, **E10) for lam in lams]
+    return float(np.log2(lams[int(np.argmin(errors))]))
+
+
+HEADLINES: dict[str, list[Headline]] = {
+    "quickstart": [
+        ("centralized", lambda r: mean(r, "centralized_error"), "0.106"),
+        ("local only", lambda r: mean(r, "local_only_error"), "0.114"),
+        (
+            "group publication, g = 5, epsilon = 10",
+            error_at(groups__group_size=5, publication__mode="group", **E10),
+            "0.23",
+        ),
+    ],
+    "spambase_group_vs_full": [
+        (
+            "full, g = 10, epsilon = 10",
+            error_at(groups__group_size=10, publication__mode="full", **E10),
+            "0.148",
+        ),
+        (
+            "group, g = 10, epsilon = 10",
+            error_at(groups__group_size=10, publication__mode="group", **E10),
+            "0.279",
+        ),
+        ("local only", lambda r: mean(r, "local_only_error"), "0.129"),
+    ],
+    "australian_group_vs_full": [
+        (
+            "full, g = 5, epsilon = 10",
+            error_at(groups__group_size=5, publication__mode="full", **E10),
+            "0.21",
+        ),
+        (
+            "group, g = 5, epsilon = 10",
+            error_at(groups__group_size=5, publication__mode="group", **E10),
+            "0.27",
+        ),
+        (
+            "full, g = 15, epsilon = 10",
+            error_at(groups__group_size=15, publication__mode="full", **E10),
+            "0.17",
+        ),
+    ],
+    "adult_group_vs_full": [
+        (
+            "full, g = 50, epsilon = 10",
+            error_at(groups__group_size=50, publication__mode="full", **E10),
+            "0.179",
+        ),
+        ("centralized", lambda r: mean(r, "centralized_error"), "0.175"),
+        ("local only", lambda r: mean(r, "local_only_error"), "0.206"),
+    ],
+    "lambda_grid": [
+        ("log2 of the best lambda at epsilon = 10", _lambda_best, "-7"),
+        (
+            "error at lambda = 2^-7, epsilon = 10",
+            error_at(training__lambda=2.0**-7, **E10),
+            "0.148",
+        ),
+    ],
+    "peer_count": [
+        (
+            "full, epsilon = 10, P = 10",
+            error_at(partition__n_peers=10, publication__mode="full", **E10),
+            "0.115",
+        ),
+        (
+            "full, epsilon = 10, P = 400",
+            error_at(partition__n_peers=400, publication__mode="full", **E10),
+            "0.291",
+        ),
+        (
+            "messages per peer, group publication, P = 400",
+            lambda r: messages_per_peer(r, partition__n_peers=400, publication__mode="group"),
+            "28",
+        ),
+    ],
+    "spambase_secure_aggregation": [
+        (
+            "g = 50, off",
+            error_at(groups__group_size=50, privacy__secure_aggregation=False),
+            "0.129",
+        ),
+        (
+            "g = 50, on",
+            error_at(groups__group_size=50, privacy__secure_aggregation=True),
+            "0.142",
+        ),
+        (
+            "std g = 50, off",
+            lambda r: pooled_std(r, groups__group_size=50, privacy__secure_aggregation=False),
+            "0.028",
+        ),
+        (
+            "std g = 50, on",
+            lambda r: pooled_std(r, groups__group_size=50, privacy__secure_aggregation=True),
+            "0.031",
+        ),
+    ],
+    "gossip_vs_central": [
+        (
+            "central, no loss",
+            error_at(groups__sampler="central", network__loss=0.0),
+            "0.109",
+        ),
+        (
+            "gossip, no loss",
+            error_at(groups__sampler="gossip", network__loss=0.0),
+            "0.109",
+        ),
+        (
+            "central aggregations at loss 0.2",
+            lambda r: mean(r, "aggregations", groups__sampler="central", network__loss=0.2),
+            "2",
+        ),
+        (
+            "gossip aggregations at loss 0.2",
+            lambda r: mean(r, "aggregations", groups__sampler="gossip", network__loss=0.2),
+            "99",
+        ),
+        (
+            "gossip error at loss 0.2",
+            error_at(groups__sampler="gossip", network__loss=0.2),
+            "0.108",
+        ),
+    ],
+}
+
+
+def as_written(value: float, written: str) -> str:
+    """``value`` with as many decimals as the README's number has."""
+    decimals = len(written.partition(".")[2])
+    return f"{value:.{decimals}f}"
+
+
+def readme_row(name: str) -> str:
+    """The README's scenario table row of ``name`` (the quick start section for quickstart)."""
+    if name == "quickstart":
+        return README.split("## Quick start")[1].split("## Command line")[0]
+    (row,) = re.findall(rf"^\| `{name}` \|.*$", README, flags=re.MULTILINE)
+    return row
+
+
+@pytest.mark.parametrize("name", sorted(HEADLINES))
+def test_headline_numbers_are_in_the_readme(name):
+    row = readme_row(name)
+    for what, _, written in HEADLINES[name]:
+        if what.startswith("log2"):
+            written = f"2^{written}"
+        assert re.search(rf"(?<![\d.]){re.escape(written)}(?!\d)", row), (name, what, written)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("name", sorted(HEADLINES))
+def test_headline_numbers_from_a_full_run(name, real_data_home, tmp_path):
+    run_experiment(load_scenario(name), tmp_path, jobs=2)
+    rows = read_results(tmp_path)
+    assert len(rows) == len(load_scenario(name).points) * len(_cells_per_point(name))
+    for what, compute, written in HEADLINES[name]:
+        assert as_written(compute(rows), written) == written, (name, what)
+
+
+def _cells_per_point(name: str) -> list[tuple[int, int]]:
+    config = load_scenario(name).config
+    return [
+        (fold, rep)
+        for fold in config.evaluation.fold_indices()
+        for rep in range(config.repetitions)
+    ]

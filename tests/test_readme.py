@@ -1,0 +1,140 @@
+"""Every command the README shows parses with the real CLI, and the cheap ones run.
+
+Commands come from the README's ```bash blocks (``&&`` chains and ``# or: ...`` comments
+included) and from its inline ``--set`` examples, which must load on every shipped scenario.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from p2pdp.cli import build_parser, main
+from p2pdp.scenario import load_scenario, shipped_scenarios_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+SHIPPED = sorted(p.stem for p in shipped_scenarios_dir().glob("*.toml"))
+
+
+def readme_commands() -> list[list[str]]:
+    """Every shell command of the README's bash blocks, as argv lists."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            code, _, comment = line.partition(" #")
+            alternatives = re.findall(r"\bor: (p2pdp .*)", comment)
+            for part in [*code.split("&&"), *alternatives]:
+                if part.strip():
+                    commands.append(shlex.split(part))
+    return commands
+
+
+COMMANDS = readme_commands()
+P2PDP = [argv for argv in COMMANDS if argv[0] == "p2pdp"]
+
+
+def test_the_readme_shows_commands():
+    assert len(P2PDP) >= 5
+    assert {argv[1] for argv in P2PDP} >= {"run", "datasets"}
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=shlex.join)
+def test_every_readme_command_parses(argv):
+    if argv[0] == "p2pdp":
+        args = build_parser().parse_args(argv[1:])  # SystemExit (a failure) if it does not
+        if args.command == "run":
+            load_scenario(args.scenario, args.overrides)
+    elif argv[0] == "pip":
+        extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+            "optional-dependencies"
+        ]
+        target = argv[-1]
+        assert target.startswith("."), argv
+        for extra in re.findall(r"\[(.*?)\]", target):
+            assert set(extra.split(",")) <= set(extras), argv
+    elif argv[0] == "python":
+        if argv[1] == "-m":
+            assert argv[2] == "pytest", argv
+        else:
+            assert (ROOT / argv[1]).is_file(), argv
+    elif argv[0] == "export":
+        assert argv[1].startswith("P2PDP_DATA_HOME="), argv
+    else:
+        pytest.fail(f"README command of unknown kind: {shlex.join(argv)}")
+
+
+INLINE_SETS = sorted(
+    set(re.findall(r"`--set ('[^']+'|[^\s`]+)`", README)) - {"KEY=VALUE"}  # the placeholder
+)
+
+
+def test_the_readme_has_inline_set_examples():
+    assert "'sweep.\"privacy.epsilon\"=[0.1,1]'" in INLINE_SETS
+
+
+@pytest.mark.parametrize("scenario", SHIPPED)
+@pytest.mark.parametrize("example", INLINE_SETS)
+def test_inline_set_examples_load_on_every_shipped_scenario(example, scenario):
+    (override,) = shlex.split(example)
+    assert load_scenario(scenario, [override]).points
+
+
+def test_datasets_list_runs(capsys):
+    assert main(["datasets", "list"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("spambase", "australian", "adult"):
+        assert name in printed
+
+
+def test_readme_run_commands_run_on_tiny_settings(real_data_home, tmp_path, capsys):
+    """Each `p2pdp run` of the README, cut to one fold and one point of its grid."""
+    runs = [argv for argv in P2PDP if argv[1] == "run"]
+    assert runs
+    for index, argv in enumerate(runs):
+        args = build_parser().parse_args(argv[1:])
+        scenario = load_scenario(args.scenario, args.overrides)
+        tiny = [
+            "--out",
+            str(tmp_path / str(index)),
+            "--jobs",
+            "1",
+            "--set",
+            "evaluation.folds=[0]",
+            *(
+                f'--set=sweep."{key}"=[{_toml(scenario.points[0].settings[key])}]'
+                for key in scenario.swept_keys()
+            ),
+        ]
+        without_out = [a for a in argv[1:] if a != "--out" and a != args.out]
+        assert main([*without_out, *tiny]) == 0, argv
+        assert "cells (1 run" in capsys.readouterr().out
+
+
+def test_readme_datasets_info_runs(real_data_home, capsys):
+    for argv in P2PDP:
+        if argv[1] == "datasets" and argv[2] == "info":
+            assert main(argv[1:]) == 0
+            assert capsys.readouterr().out.strip()
+
+
+def test_readme_python_example_runs(real_data_home):
+    (code,) = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
+    exec(compile(code, "README.md", "exec"), {})
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
