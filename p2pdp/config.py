@@ -194,10 +194,11 @@ class TrainingConfig:
 
     ``model`` is the local learner (a ``model`` component: ``"logistic"`` or an import
     string). ``seconds_per_row`` > 0 makes a peer available only after
-    ``n_j * seconds_per_row`` seconds of simulated training time. ``lambda_source`` says where
-    ``lambda`` came from when it was chosen by looking at data (e.g. ``"chosen by the lambda_grid sweep on Spambase (reads
-    every peer's data and the test folds)"``); empty means the user chose it without looking at
-    the data. A non-empty value is listed as a non-private step (:mod:`p2pdp.disclosure`).
+    ``n_j * seconds_per_row`` seconds of simulated training time. ``lambda_source`` says
+    where ``lambda`` came from when it was chosen by looking at data (e.g. ``"chosen by the
+    lambda_grid sweep on Spambase (reads every peer's data and the test folds)"``); empty
+    means the user chose it without looking at the data. A non-empty value is listed as a
+    non-private step (:mod:`p2pdp.disclosure`).
     """
 
     lam: float = 1e-2
