@@ -65,8 +65,10 @@ def main() -> None:
     if not command:
         parser.error("give the benchmark after --, e.g. -- benchmarks/bench_sweep.py --json")
     with tempfile.TemporaryDirectory() as scratch:
-        trees = {name: _worktree(rev, Path(scratch)) for name, rev in
-                 (("base", args.base), ("head", args.head))}
+        trees = {
+            name: _worktree(rev, Path(scratch))
+            for name, rev in (("base", args.base), ("head", args.head))
+        }
         try:
             runs: dict[str, list[list[dict]]] = {"base": [], "head": []}
             for round_ in range(args.rounds):
