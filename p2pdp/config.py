@@ -1,9 +1,12 @@
 """Scenario configuration: frozen, validated dataclasses, one per table of a scenario file.
 
 A :class:`ScenarioConfig` describes one simulated world (data, partition, training, privacy,
-groups, network, publication, evaluation) plus an optional ``sweep`` grid. Every value is
-validated on construction and an invalid one raises :class:`~p2pdp.errors.ConfigError` naming
-the dotted key and the value, e.g. ``privacy.epsilon must be > 0 and finite, got -1``.
+groups, network, publication, evaluation); sweeps are the scenario's (:mod:`p2pdp.scenario`).
+Every field declares its constraint next to its default (``field(metadata=check(...))``, the
+constraints of :mod:`p2pdp.validation`), checked on construction; an invalid value raises
+:class:`~p2pdp.errors.ConfigError` naming the dotted key and the value, e.g.
+``privacy.epsilon must be > 0 and finite, got -1``. Cross-field rules stay in
+``__post_init__``. Settings that name a component take their options from the registry.
 
 Section dataclasses are keyword-only and frozen; derive variants with :func:`with_value`,
 which takes a dotted key path such as ``"groups.group_size"``.
@@ -19,6 +22,20 @@ from typing import Any
 
 from p2pdp import components
 from p2pdp.errors import ConfigError
+from p2pdp.validation import (
+    AllOf,
+    Boolean,
+    ComponentName,
+    IntAtLeast,
+    NonEmptyString,
+    NonNegative,
+    OneOf,
+    Optional,
+    Positive,
+    Probability,
+    check,
+    validate_fields,
+)
 
 # Settings that name a component (data.dataset, training.model, privacy.mechanism,
 # privacy.accountant, groups.sampler, evaluation.vote, task.name) take their options from the
@@ -46,34 +63,6 @@ def _fail(key: str, requirement: str, value: object) -> ConfigError:
     return ConfigError(f"{key} must be {requirement}, got {value!r}")
 
 
-def _positive(key: str, value: float, *, allow_inf: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    if not ok or math.isnan(value) or (math.isinf(value) and not allow_inf):
-        raise _fail(key, "> 0" + ("" if allow_inf else " and finite"), value)
-
-
-def _non_negative(key: str, value: float) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0:
-        raise _fail(key, ">= 0 and finite", value)
-
-
-def _int_at_least(key: str, value: int, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise _fail(key, f"an integer >= {low}", value)
-
-
-def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
-
-
-def _probability(key: str, value: float, *, open_upper: bool = True) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not (0.0 <= value < 1.0 if open_upper else 0.0 <= value <= 1.0):
-        raise _fail(key, "in [0, 1)" if open_upper else "in [0, 1]", value)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataConfig:
     """Which data set, and how rows are transformed before training.
@@ -99,25 +88,27 @@ class DataConfig:
     ``synthetic_*`` size the ``synthetic`` data set (a logistic model with lognormal features).
     """
 
-    dataset: str = "spambase"
+    dataset: str = field(default="spambase", metadata=check(ComponentName("dataset")))
     path: str | None = None
     test_path: str | None = None
     delimiter: str = ","
-    header: bool = False
+    header: bool = field(default=False, metadata=check(Boolean()))
     label_column: int = -1
-    n_features: int | None = None
+    n_features: int | None = field(default=None, metadata=check(Optional(IntAtLeast(1))))
     transform: tuple[str, ...] = ("log1p", "minmax", "bias", "project_unit_ball")
-    bounds: str = "data"
-    synthetic_rows: int = 4000
-    synthetic_test_rows: int = 1000
-    synthetic_features: int = 57
+    bounds: str = field(default="data", metadata=check(OneOf(("data", "manifest"))))
+    synthetic_rows: int = field(default=4000, metadata=check(IntAtLeast(2)))
+    synthetic_test_rows: int = field(default=1000, metadata=check(IntAtLeast(1)))
+    synthetic_features: int = field(default=57, metadata=check(IntAtLeast(1)))
 
     def __post_init__(self) -> None:
-        components.check("dataset", self.dataset, "data.dataset")
         for key in ("path", "test_path"):
             value = getattr(self, key)
             if isinstance(value, os.PathLike):
-                object.__setattr__(self, key, value := os.fspath(value))
+                object.__setattr__(self, key, os.fspath(value))
+        validate_fields(self, "data")
+        for key in ("path", "test_path"):
+            value = getattr(self, key)
             if value is not None and not (isinstance(value, str) and value):
                 raise _fail(f"data.{key}", "a non-empty path string", value)
         if self.dataset in FILE_LOADER_OPTIONS and self.path is None:
@@ -134,13 +125,9 @@ class DataConfig:
                 "one character (not a digit, sign, '.', 'e', quote or newline) or 'whitespace'",
                 self.delimiter,
             )
-        if not isinstance(self.header, bool):
-            raise _fail("data.header", "true or false", self.header)
         if not isinstance(self.label_column, int) or isinstance(self.label_column, bool):
             requirement = "an integer (0-based; -1 is the last column)"
             raise _fail("data.label_column", requirement, self.label_column)
-        if self.n_features is not None:
-            _int_at_least("data.n_features", self.n_features, 1)
         for key, default in _FILE_OPTION_DEFAULTS.items():
             value = getattr(self, key)
             if value != default and key not in FILE_LOADER_OPTIONS.get(self.dataset, ()):
@@ -152,11 +139,7 @@ class DataConfig:
         if not self.transform:
             raise _fail("data.transform", "a non-empty list of steps", list(self.transform))
         for step in self.transform:
-            _one_of("data.transform", step, TRANSFORM_STEPS)
-        _one_of("data.bounds", self.bounds, ("data", "manifest"))
-        _int_at_least("data.synthetic_rows", self.synthetic_rows, 2)
-        _int_at_least("data.synthetic_test_rows", self.synthetic_test_rows, 1)
-        _int_at_least("data.synthetic_features", self.synthetic_features, 1)
+            OneOf(TRANSFORM_STEPS).check("data.transform", step)
 
 
 #: Options of the built-in file loaders (data.dataset = "csv" / "libsvm") and their defaults.
@@ -175,16 +158,13 @@ _FILE_OPTION_DEFAULTS = {
 class PartitionConfig:
     """How training rows are split into peer shards (``alpha`` for the skewed schemes)."""
 
-    n_peers: int = 100
-    scheme: str = "iid"
-    alpha: float = 0.5
-    min_shard_size: int = 1
+    n_peers: int = field(default=100, metadata=check(IntAtLeast(1)))
+    scheme: str = field(default="iid", metadata=check(OneOf(PARTITION_SCHEMES)))
+    alpha: float = field(default=0.5, metadata=check(Positive()))
+    min_shard_size: int = field(default=1, metadata=check(IntAtLeast(1)))
 
     def __post_init__(self) -> None:
-        _int_at_least("partition.n_peers", self.n_peers, 1)
-        _one_of("partition.scheme", self.scheme, PARTITION_SCHEMES)
-        _positive("partition.alpha", self.alpha)
-        _int_at_least("partition.min_shard_size", self.min_shard_size, 1)
+        validate_fields(self, "partition")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,15 +181,13 @@ class TrainingConfig:
     non-private step (:mod:`p2pdp.disclosure`).
     """
 
-    lam: float = 1e-2
-    model: str = "logistic"
-    seconds_per_row: float = 0.0
+    lam: float = field(default=1e-2, metadata=check(Positive()))
+    model: str = field(default="logistic", metadata=check(ComponentName("model")))
+    seconds_per_row: float = field(default=0.0, metadata=check(NonNegative()))
     lambda_source: str = ""
 
     def __post_init__(self) -> None:
-        _positive("training.lambda", self.lam)
-        components.check("model", self.model, "training.model")
-        _non_negative("training.seconds_per_row", self.seconds_per_row)
+        validate_fields(self, "training", {"lam": "lambda"})
         if not isinstance(self.lambda_source, str) or ";" in self.lambda_source:
             raise _fail(
                 "training.lambda_source",
@@ -233,14 +211,14 @@ class PrivacyConfig:
     seed's 2/(n_min lambda). ``secure_aggregation`` hides individual models from the curator.
     """
 
-    epsilon: float = 1.0
-    epsilon_per_aggregation: float = 0.1
+    epsilon: float = field(default=1.0, metadata=check(Positive()))
+    epsilon_per_aggregation: float = field(default=0.1, metadata=check(Positive()))
     delta: float = 0.0
     delta_per_aggregation: float | None = None
-    mechanism: str = "vector-laplace"
-    sensitivity: str = "group-mean"
-    accountant: str = "basic"
-    secure_aggregation: bool = False
+    mechanism: str = field(default="vector-laplace", metadata=check(ComponentName("mechanism")))
+    sensitivity: str = field(default="group-mean", metadata=check(OneOf(SENSITIVITY_MODES)))
+    accountant: str = field(default="basic", metadata=check(ComponentName("accountant")))
+    secure_aggregation: bool = field(default=False, metadata=check(Boolean()))
 
     @property
     def approximate(self) -> bool:
@@ -249,21 +227,17 @@ class PrivacyConfig:
         return bool(getattr(cls, "approximate", False))
 
     def __post_init__(self) -> None:
-        _positive("privacy.epsilon", self.epsilon)
-        _positive("privacy.epsilon_per_aggregation", self.epsilon_per_aggregation)
+        validate_fields(self, "privacy")
         if self.epsilon_per_aggregation > self.epsilon * (1 + 1e-12):
             raise ConfigError(
                 "privacy.epsilon_per_aggregation must be <= privacy.epsilon "
                 f"({self.epsilon!r}), got {self.epsilon_per_aggregation!r}"
             )
-        components.check("mechanism", self.mechanism, "privacy.mechanism")
         if self.delta_per_aggregation is None or isinstance(self.delta_per_aggregation, Derived):
             delta = self.delta
             ok = isinstance(delta, (int, float)) and not isinstance(delta, bool)
             derived = Derived(delta / (self.epsilon / self.epsilon_per_aggregation) if ok else 0.0)
             object.__setattr__(self, "delta_per_aggregation", derived)
-        _one_of("privacy.sensitivity", self.sensitivity, SENSITIVITY_MODES)
-        components.check("accountant", self.accountant, "privacy.accountant")
         if self.approximate:
             for key, value in (
                 ("privacy.delta", self.delta),
@@ -281,8 +255,6 @@ class PrivacyConfig:
                 "privacy.accountant = 'rdp' needs privacy.mechanism = 'gaussian'; "
                 f"got mechanism {self.mechanism!r}"
             )
-        if not isinstance(self.secure_aggregation, bool):
-            raise _fail("privacy.secure_aggregation", "true or false", self.secure_aggregation)
         if self.secure_aggregation and not getattr(
             components.resolve("mechanism", self.mechanism, key="privacy.mechanism"),
             "splittable",
@@ -311,18 +283,14 @@ class GroupsConfig:
     ``sampler = "gossip"`` forms groups from local views only (see :mod:`p2pdp.sim.gossip`).
     """
 
-    sampler: str = "central"
-    group_size: int = 10
-    max_concurrent_groups: int = 1
-    collect_timeout: float = 10.0
-    max_failed_attempts: int = 100
+    sampler: str = field(default="central", metadata=check(ComponentName("sampler")))
+    group_size: int = field(default=10, metadata=check(IntAtLeast(1)))
+    max_concurrent_groups: int = field(default=1, metadata=check(IntAtLeast(1)))
+    collect_timeout: float = field(default=10.0, metadata=check(Positive()))
+    max_failed_attempts: int = field(default=100, metadata=check(IntAtLeast(1)))
 
     def __post_init__(self) -> None:
-        components.check("sampler", self.sampler, "groups.sampler")
-        _int_at_least("groups.group_size", self.group_size, 1)
-        _int_at_least("groups.max_concurrent_groups", self.max_concurrent_groups, 1)
-        _positive("groups.collect_timeout", self.collect_timeout)
-        _int_at_least("groups.max_failed_attempts", self.max_failed_attempts, 1)
+        validate_fields(self, "groups")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,18 +302,14 @@ class NetworkConfig:
     ``bandwidth = inf`` means transfers take no time beyond the latency.
     """
 
-    latency: str = "constant"
-    latency_mean: float = 0.05
-    latency_sigma: float = 0.5
-    bandwidth: float = math.inf
-    loss: float = 0.0
+    latency: str = field(default="constant", metadata=check(OneOf(LATENCY_MODELS)))
+    latency_mean: float = field(default=0.05, metadata=check(NonNegative()))
+    latency_sigma: float = field(default=0.5, metadata=check(NonNegative()))
+    bandwidth: float = field(default=math.inf, metadata=check(Positive(allow_inf=True)))
+    loss: float = field(default=0.0, metadata=check(Probability()))
 
     def __post_init__(self) -> None:
-        _one_of("network.latency", self.latency, LATENCY_MODELS)
-        _non_negative("network.latency_mean", self.latency_mean)
-        _non_negative("network.latency_sigma", self.latency_sigma)
-        _positive("network.bandwidth", self.bandwidth, allow_inf=True)
-        _probability("network.loss", self.loss)
+        validate_fields(self, "network")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -372,62 +336,45 @@ class GossipConfig:
     ``member_crash_probability``; a crashed peer is offline for a downtime draw.
     """
 
-    overlay: str = "random-regular"
-    degree: int = 10
-    edge_probability: float | None = None
-    rewiring: float = 0.1
-    attachment: int = 5
-    allow_disconnected: bool = False
-    view_size: int = 20
-    gossip_period: float = 1.0
-    backoff: float = 10.0
-    invite_timeout: float = 0.5
-    lock_timeout: float = 5.0
-    max_retries: int = 3
-    churn: bool = False
-    session_median: float = 60.0
-    session_sigma: float = 1.0
-    downtime_median: float = 20.0
-    downtime_sigma: float = 1.0
-    curator_crash_probability: float = 0.0
-    member_crash_probability: float = 0.0
+    overlay: str = field(default="random-regular", metadata=check(OneOf(OVERLAYS)))
+    degree: int = field(default=10, metadata=check(IntAtLeast(1)))
+    edge_probability: float | None = field(
+        default=None,
+        metadata=check(Optional(AllOf((Positive(), Probability(open_upper=False))))),
+    )
+    rewiring: float = field(default=0.1, metadata=check(Probability(open_upper=False)))
+    attachment: int = field(default=5, metadata=check(IntAtLeast(1)))
+    allow_disconnected: bool = field(default=False, metadata=check(Boolean()))
+    view_size: int = field(default=20, metadata=check(IntAtLeast(1)))
+    gossip_period: float = field(default=1.0, metadata=check(Positive()))
+    backoff: float = field(default=10.0, metadata=check(Positive()))
+    invite_timeout: float = field(default=0.5, metadata=check(Positive()))
+    lock_timeout: float = field(default=5.0, metadata=check(Positive()))
+    max_retries: int = field(default=3, metadata=check(IntAtLeast(0)))
+    churn: bool = field(default=False, metadata=check(Boolean()))
+    session_median: float = field(default=60.0, metadata=check(Positive()))
+    session_sigma: float = field(default=1.0, metadata=check(NonNegative()))
+    downtime_median: float = field(default=20.0, metadata=check(Positive()))
+    downtime_sigma: float = field(default=1.0, metadata=check(NonNegative()))
+    curator_crash_probability: float = field(
+        default=0.0, metadata=check(Probability(open_upper=False))
+    )
+    member_crash_probability: float = field(
+        default=0.0, metadata=check(Probability(open_upper=False))
+    )
 
     def __post_init__(self) -> None:
-        _one_of("gossip.overlay", self.overlay, OVERLAYS)
-        _int_at_least("gossip.degree", self.degree, 1)
-        if self.edge_probability is not None:
-            _positive("gossip.edge_probability", self.edge_probability)
-            _probability("gossip.edge_probability", self.edge_probability, open_upper=False)
-        _probability("gossip.rewiring", self.rewiring, open_upper=False)
-        _int_at_least("gossip.attachment", self.attachment, 1)
-        for key in ("allow_disconnected", "churn"):
-            if not isinstance(getattr(self, key), bool):
-                raise _fail(f"gossip.{key}", "true or false", getattr(self, key))
-        _int_at_least("gossip.view_size", self.view_size, 1)
-        for key in (
-            "gossip_period",
-            "backoff",
-            "invite_timeout",
-            "lock_timeout",
-            "session_median",
-            "downtime_median",
-        ):
-            _positive(f"gossip.{key}", getattr(self, key))
-        _int_at_least("gossip.max_retries", self.max_retries, 0)
-        _non_negative("gossip.session_sigma", self.session_sigma)
-        _non_negative("gossip.downtime_sigma", self.downtime_sigma)
-        for key in ("curator_crash_probability", "member_crash_probability"):
-            _probability(f"gossip.{key}", getattr(self, key), open_upper=False)
+        validate_fields(self, "gossip")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PublicationConfig:
     """Who receives a published model: ``"group"`` (members) or ``"full"`` (every peer)."""
 
-    mode: str = "full"
+    mode: str = field(default="full", metadata=check(OneOf(PUBLICATION_MODES)))
 
     def __post_init__(self) -> None:
-        _one_of("publication.mode", self.mode, PUBLICATION_MODES)
+        validate_fields(self, "publication")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -440,15 +387,13 @@ class EvaluationConfig:
     +1) or ``"mean-margin"`` (sign of the mean margin, 0 -> +1).
     """
 
-    vote: str = "majority"
-    split: str = "cv"
-    cv_folds: int = 10
+    vote: str = field(default="majority", metadata=check(ComponentName("ensemble")))
+    split: str = field(default="cv", metadata=check(OneOf(SPLITS)))
+    cv_folds: int = field(default=10, metadata=check(IntAtLeast(2)))
     folds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        components.check("ensemble", self.vote, "evaluation.vote")
-        _one_of("evaluation.split", self.split, SPLITS)
-        _int_at_least("evaluation.cv_folds", self.cv_folds, 2)
+        validate_fields(self, "evaluation")
         for fold in self.folds:
             if not isinstance(fold, int) or not 0 <= fold < self.cv_folds:
                 raise _fail("evaluation.folds", f"fold indices in [0, {self.cv_folds})", fold)
@@ -468,10 +413,10 @@ class TaskConfig:
     or an import string ``package.module:Class``.
     """
 
-    name: str = "logistic"
+    name: str = field(default="logistic", metadata=check(ComponentName("task")))
 
     def __post_init__(self) -> None:
-        components.check("task", self.name, "task.name")
+        validate_fields(self, "task")
 
 
 SECTIONS: dict[str, type] = {
@@ -490,17 +435,16 @@ SECTIONS: dict[str, type] = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScenarioConfig:
-    """One simulated world, plus an optional sweep grid.
+    """One simulated world: every section's settings, the seed and the repetitions.
 
-    ``sweep`` maps dotted keys (``"groups.group_size"``) to tuples of values; the cells of the
-    grid are the cartesian product (see :attr:`p2pdp.scenario.Scenario.points`).
     ``seed`` is the root of every random stream of every cell; ``repetitions`` repeats each
-    cell with independent streams.
+    cell with independent streams. A sweep over settings is the scenario's
+    (:class:`p2pdp.scenario.Scenario`: a base config plus grid axes), not a config's.
     """
 
-    name: str = "scenario"
-    seed: int = 0
-    repetitions: int = 1
+    name: str = field(default="scenario", metadata=check(NonEmptyString()))
+    seed: int = field(default=0, metadata=check(IntAtLeast(0)))
+    repetitions: int = field(default=1, metadata=check(IntAtLeast(1)))
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
@@ -511,13 +455,9 @@ class ScenarioConfig:
     gossip: GossipConfig = field(default_factory=GossipConfig)
     publication: PublicationConfig = field(default_factory=PublicationConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
-    sweep: tuple[tuple[str, tuple[Any, ...]], ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise _fail("name", "a non-empty string", self.name)
-        _int_at_least("seed", self.seed, 0)
-        _int_at_least("repetitions", self.repetitions, 1)
+        validate_fields(self, "")
         if self.groups.group_size > self.partition.n_peers:
             raise ConfigError(
                 f"groups.group_size must be <= partition.n_peers ({self.partition.n_peers}), "
@@ -525,15 +465,6 @@ class ScenarioConfig:
             )
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
             _check_data_provides(self.data, self.evaluation)
-        for key, values in self.sweep:
-            section, _, name = field_key(key).partition(".")
-            if section not in SECTIONS or name not in _field_names(SECTIONS[section]):
-                raise ConfigError(f"sweep key {key!r} is not a scenario setting")
-            if len(values) == 0:
-                raise ConfigError(f"sweep.{key} must list at least one value, got []")
-
-    def without_sweep(self) -> ScenarioConfig:
-        return dataclasses.replace(self, sweep=())
 
 
 def _check_data_provides(data: DataConfig, evaluation: EvaluationConfig) -> None:

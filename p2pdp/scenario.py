@@ -13,9 +13,8 @@ A comma-joined key is a *zipped* axis: its keys vary together (one tuple of valu
 point) instead of forming a product, e.g. to keep ``epsilon / epsilon_per_aggregation`` fixed.
 The grid is the cartesian product of the axes.
 
-:class:`~p2pdp.config.ScenarioConfig` validates its own ``sweep`` keys as single settings, so
-zipped axes live here, in :attr:`Scenario.axes`; a config built in Python with a ``sweep`` is
-accepted too (each of its keys becomes a one-key axis).
+The sweep belongs to the scenario alone (:attr:`Scenario.axes`); a
+:class:`~p2pdp.config.ScenarioConfig` is one grid point's settings.
 
 Every error is a :class:`~p2pdp.errors.ConfigError` naming the file (or the ``--set``
 argument), the key path, the bad value and, for an unknown key, the closest valid one.
@@ -46,12 +45,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-#: Top-level settings of a scenario file (everything of ScenarioConfig but sections and sweep).
-_TOP_LEVEL = tuple(
-    f.name
-    for f in dataclasses.fields(ScenarioConfig)
-    if f.name not in SECTIONS and f.name != "sweep"
-)
+#: Top-level settings of a scenario file (everything of ScenarioConfig but its sections).
+_TOP_LEVEL = tuple(f.name for f in dataclasses.fields(ScenarioConfig) if f.name not in SECTIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +92,7 @@ class Scenario:
     Parameters
     ----------
     config : ScenarioConfig
-        Settings shared by every grid point. A non-empty ``config.sweep`` is moved into
-        ``axes`` (one axis per key, ahead of the given axes).
+        Settings shared by every grid point (the scenario owns the sweep: a config has none).
     axes : tuple of Axis
         Grid axes; the grid is their cartesian product (one point if there are none).
     text : str
@@ -126,12 +120,6 @@ class Scenario:
     points: tuple[GridPoint, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.config.sweep:
-            own = tuple(
-                Axis((key,), tuple((v,) for v in values)) for key, values in self.config.sweep
-            )
-            object.__setattr__(self, "axes", own + tuple(self.axes))
-            object.__setattr__(self, "config", self.config.without_sweep())
         object.__setattr__(self, "axes", tuple(axis.public() for axis in self.axes))
         seen: set[str] = set()
         for axis in self.axes:

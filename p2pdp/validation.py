@@ -7,7 +7,11 @@ value is judged and reported the same way wherever it enters.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,3 +53,153 @@ def require_count(name: str, value: int, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+# --- declarative constraints of config fields -------------------------------------------------
+# Each config field declares its constraint next to its default
+# (``field(default=..., metadata=check(Positive()))``) and :func:`validate_fields` applies them,
+# so a setting's rule is written once and reported the same way everywhere:
+# ``privacy.epsilon must be > 0 and finite, got -1``.
+
+
+def _fail(key: str, requirement: str, value: object) -> ConfigError:
+    return ConfigError(f"{key} must be {requirement}, got {value!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class Constraint:
+    """A rule one config value must satisfy; :meth:`check` raises ConfigError naming ``key``."""
+
+    def check(self, key: str, value: Any) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Positive(Constraint):
+    """A number > 0 (finite unless ``allow_inf``)."""
+
+    allow_inf: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        ok = _is_number(value) and value > 0 and not math.isnan(value)
+        if not ok or (math.isinf(value) and not self.allow_inf):
+            raise _fail(key, "> 0" + ("" if self.allow_inf else " and finite"), value)
+
+
+@dataclass(frozen=True, slots=True)
+class NonNegative(Constraint):
+    """A finite number >= 0."""
+
+    def check(self, key: str, value: Any) -> None:
+        if not _is_number(value) or not math.isfinite(value) or value < 0:
+            raise _fail(key, ">= 0 and finite", value)
+
+
+@dataclass(frozen=True, slots=True)
+class IntAtLeast(Constraint):
+    """An integer (not a bool) >= ``low``."""
+
+    low: int
+
+    def check(self, key: str, value: Any) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < self.low:
+            raise _fail(key, f"an integer >= {self.low}", value)
+
+
+@dataclass(frozen=True, slots=True)
+class Probability(Constraint):
+    """A number in [0, 1) (``open_upper``) or [0, 1]."""
+
+    open_upper: bool = True
+
+    def check(self, key: str, value: Any) -> None:
+        inside = _is_number(value) and (
+            0.0 <= value < 1.0 if self.open_upper else 0.0 <= value <= 1.0
+        )
+        if not inside:
+            raise _fail(key, "in [0, 1)" if self.open_upper else "in [0, 1]", value)
+
+
+@dataclass(frozen=True, slots=True)
+class OneOf(Constraint):
+    """One of a fixed tuple of strings."""
+
+    options: tuple[str, ...]
+
+    def check(self, key: str, value: Any) -> None:
+        if value not in self.options:
+            raise ConfigError(f"{key} must be one of {', '.join(self.options)}; got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class NonEmptyString(Constraint):
+    """A string with at least one character."""
+
+    def check(self, key: str, value: Any) -> None:
+        if not isinstance(value, str) or not value:
+            raise _fail(key, "a non-empty string", value)
+
+
+@dataclass(frozen=True, slots=True)
+class Boolean(Constraint):
+    """``True`` or ``False`` (not 0 or 1)."""
+
+    def check(self, key: str, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise _fail(key, "true or false", value)
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentName(Constraint):
+    """A registered component of ``kind`` or an importable ``package.module:Name``."""
+
+    kind: str
+
+    def check(self, key: str, value: Any) -> None:
+        from p2pdp import components
+
+        components.check(self.kind, value, key)
+
+
+@dataclass(frozen=True, slots=True)
+class Optional(Constraint):
+    """``None``, or a value satisfying ``inner``."""
+
+    inner: Constraint
+
+    def check(self, key: str, value: Any) -> None:
+        if value is not None:
+            self.inner.check(key, value)
+
+
+@dataclass(frozen=True, slots=True)
+class AllOf(Constraint):
+    """Every constraint of ``parts``, in order."""
+
+    parts: tuple[Constraint, ...]
+
+    def check(self, key: str, value: Any) -> None:
+        for part in self.parts:
+            part.check(key, value)
+
+
+def check(constraint: Constraint) -> dict[str, Constraint]:
+    """Field metadata declaring ``constraint``: ``field(default=1.0, metadata=check(...))``."""
+    return {"constraint": constraint}
+
+
+def validate_fields(instance: Any, section: str, names: Mapping[str, str] | None = None) -> None:
+    """Check every field of dataclass ``instance`` against its declared constraint.
+
+    ``section`` prefixes the keys in messages (``"privacy"`` -> ``privacy.epsilon``);
+    ``names`` maps attribute names to the public names users type (``lam`` -> ``lambda``).
+    """
+    for item in dataclasses.fields(instance):
+        constraint = item.metadata.get("constraint")
+        if constraint is not None:
+            name = (names or {}).get(item.name, item.name)
+            key = f"{section}.{name}" if section else name
+            constraint.check(key, getattr(instance, item.name))

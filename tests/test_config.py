@@ -86,11 +86,26 @@ def test_with_value_revalidates_and_rejects_unknown_keys():
         with_value(config, "privacy", 3)
 
 
-def test_sweep_keys_are_checked():
-    with pytest.raises(ConfigError, match="not a scenario setting"):
-        ScenarioConfig(sweep=(("groups.bogus", (1, 2)),))
-    with pytest.raises(ConfigError, match="at least one value"):
-        ScenarioConfig(sweep=(("groups.group_size", ()),))
+def test_a_config_has_no_sweep_the_scenario_owns_it():
+    with pytest.raises(TypeError, match="sweep"):
+        ScenarioConfig(sweep=(("groups.group_size", (1, 2)),))
+
+
+def test_every_field_constraint_is_declared_once_and_names_the_public_key():
+    """Each validated field declares its constraint in its metadata; messages use public keys."""
+    from dataclasses import fields
+
+    from p2pdp.config import SECTIONS, TrainingConfig
+
+    declared = {
+        f"{section}.{f.name}"
+        for section, cls in SECTIONS.items()
+        for f in fields(cls)
+        if "constraint" in f.metadata
+    }
+    assert {"privacy.epsilon", "groups.group_size", "gossip.view_size", "task.name"} <= declared
+    with pytest.raises(ConfigError, match=r"^training.lambda must be > 0 and finite, got -1.0$"):
+        TrainingConfig(lam=-1.0)
 
 
 def test_configs_are_frozen_and_flatten():

@@ -220,14 +220,21 @@ def test_base_value_made_valid_only_by_the_sweep():
     assert [p.config.groups.group_size for p in scenario.points] == [1, 5]
 
 
-def test_scenario_from_a_config_with_a_sweep():
-    config = ScenarioConfig(sweep=(("groups.group_size", (2, 4)), ("publication.mode", ("group",))))
-    scenario = Scenario(config=config, axes=(Axis(("training.lam",), ((0.1,), (1.0,))),))
-    assert scenario.config.sweep == ()
+def test_scenario_from_a_config_and_axes():
+    axes = (
+        Axis(("groups.group_size",), ((2,), (4,))),
+        Axis(("publication.mode",), (("group",),)),
+        Axis(("training.lam",), ((0.1,), (1.0,))),
+    )
+    scenario = Scenario(config=ScenarioConfig(), axes=axes)
     assert scenario.swept_keys() == ("groups.group_size", "publication.mode", "training.lambda")
     assert len(scenario.points) == 4
     with pytest.raises(ConfigError, match="appears on two axes"):
-        Scenario(config=config, axes=(Axis(("groups.group_size",), ((3,),)),))
+        Scenario(config=ScenarioConfig(), axes=(*axes, Axis(("groups.group_size",), ((3,),))))
+    with pytest.raises(ConfigError, match="not a section setting"):
+        Scenario(config=ScenarioConfig(), axes=(Axis(("groups.bogus",), ((1,),)),))
+    with pytest.raises(ConfigError, match="has no values"):
+        Scenario(config=ScenarioConfig(), axes=(Axis(("groups.group_size",), ()),))
     with pytest.raises(ConfigError, match="'groups.grop_size' is not a section setting"):
         Scenario(config=ScenarioConfig(), axes=(Axis(("groups.grop_size",), ((3,),)),))
     with pytest.raises(ConfigError, match="must be a tuple of 2 values"):
