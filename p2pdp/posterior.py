@@ -93,6 +93,7 @@ from p2pdp.mechanisms import require_count, require_positive
 __all__ = [
     "GUARANTEE_LABEL",
     "NEIGHBOURING_RELATION",
+    "PEER_SETTINGS",
     "ChainDiagnostics",
     "LinearRegression",
     "LogisticRegression",
@@ -154,6 +155,10 @@ class _Batch:
     y: np.ndarray
     mask: np.ndarray
     n_records: np.ndarray  # (G,)
+    Xt: np.ndarray = field(init=False)  # X transposed, (G, d, n), contiguous for matmul
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "Xt", np.ascontiguousarray(self.X.transpose(0, 2, 1)))
 
     @classmethod
     def from_shards(cls, Xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> _Batch:
@@ -219,7 +224,7 @@ class LinearRegression:
         raw = theta[..., d + 1]
         log_sigma = np.clip(raw, -LOG_SIGMA_CLIP, LOG_SIGMA_CLIP)
         inside = (np.abs(raw) < LOG_SIGMA_CLIP).astype(float)
-        prediction = np.matmul(theta[..., :d], batch.X.transpose(0, 2, 1)) + theta[..., d, None]
+        prediction = np.matmul(theta[..., :d], batch.Xt) + theta[..., d, None]
         residual = batch.y[:, None, :] - prediction
         precision = np.exp(-2.0 * log_sigma)[..., None]
         scaled = residual * precision
@@ -301,7 +306,7 @@ class LogisticRegression:
     def bounded_log_likelihood(
         self, theta: np.ndarray, batch: _Batch, tau: float
     ) -> tuple[np.ndarray, np.ndarray]:
-        margins = batch.y[:, None, :] * np.matmul(theta, batch.X.transpose(0, 2, 1))
+        margins = batch.y[:, None, :] * np.matmul(theta, batch.Xt)
         gamma, slope = bounded_log_likelihood(log_expit(margins), tau)
         weighted = slope * batch.mask[:, None, :] * batch.y[:, None, :] * expit(-margins)
         grad = np.matmul(weighted, batch.X)
@@ -473,6 +478,11 @@ class SamplerSettings:
             return np.array([self.step_final])
         fraction = np.arange(self.n_samples) / (self.n_samples - 1)
         return self.step_burnin * (self.step_final / self.step_burnin) ** fraction
+
+
+#: Shorter schedule for a peer's logistic release (a few dozen records, well-conditioned
+#: posterior): used by :func:`private_logistic_peers` and :func:`private_peer_model` by default.
+PEER_SETTINGS = SamplerSettings(n_optimise=300, n_burnin=300, n_samples=500, trace_points=100)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -781,7 +791,9 @@ def _sample_batch(
     sensitivity = utility_sensitivity(model, tau)
     temperature = epsilon / (2.0 * sensitivity)
     # Common random numbers and starting points: drawn before, and independently of, the data.
-    noise = np.broadcast_to(common_random_numbers(draws, p, rng=rng, batch=G), (G, chains, draws, p))
+    noise = np.broadcast_to(
+        common_random_numbers(draws, p, rng=rng, batch=G), (G, chains, draws, p)
+    )
     start = np.concatenate(
         [
             settings.init_std * rng.standard_normal((G, chains, p)),
@@ -921,13 +933,14 @@ def private_logistic_peers(
     rng : numpy.random.Generator
     chains, draws : int
     settings : SamplerSettings, optional
+        Default :data:`PEER_SETTINGS`.
 
     Returns
     -------
     PeerPosteriorSamples
     """
     _check_privacy_args(epsilon, tau, chains, draws)
-    settings = settings or SamplerSettings()
+    settings = settings or PEER_SETTINGS
     model = LogisticRegression(lam=lam)
     for X, y in zip(Xs, ys, strict=True):
         model.check_data(np.asarray(X, float), np.asarray(y, float))

@@ -1,4 +1,4 @@
-"""Audits of the posterior-sampling mechanism (:mod:`p2pdp.posterior`), as :class:`AuditResult` rows.
+"""Audits of the posterior-sampling mechanism (:mod:`p2pdp.posterior`) as AuditResult rows.
 
 Exact check of the exponential mechanism (:func:`audit_exponential_mechanism`)
 ------------------------------------------------------------------------------
