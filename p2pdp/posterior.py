@@ -61,13 +61,18 @@ Taming bounds every drift step by one preconditioned unit and vanishes as ``h ->
 the chain stable where the gradient grows exponentially (large ``rho``, small ``sigma``).
 Schedule (:class:`SamplerSettings`):
 
-* **burn-in** (``n_burnin`` steps, step ``h = step_burnin``): ``M = 1 / (v + 1/max_preconditioner)``
-  with ``v`` an exponential moving average (window ``preconditioner_window`` steps) of the squared
+* **burn-in, stage 1** (optimisation): L-BFGS maximises ``log f`` from the data-independent
+  start in ``continuation_stages`` stages with the bound relaxed to ``tau * tau_start_factor``
+  and tightened geometrically back to ``tau``: far from the data the bounded likelihood is flat
+  (every record saturates at ``-tau``) and gives no gradient, and chains started there widen
+  ``Q`` (the entropy term) and stay stuck; the relaxed bound leads them to the data's basin.
+* **burn-in, stage 2** (``n_burnin`` Langevin steps, step ``h = step_burnin``):
+  ``M = 1 / (v + 1/max_preconditioner)`` with ``v`` started at the absolute diagonal Hessian
+  and then an exponential moving average (window ``preconditioner_window`` steps) of the squared
   gradient, an estimate of the diagonal Fisher information, so that ``M`` approximates each
-  coordinate's variance under ``f``. During the first ``continuation`` fraction of burn-in the
-  bound is relaxed (``tau_t = tau * tau_start_factor^(1 - t/T)``, geometric back to ``tau``):
-  far from the data the bounded likelihood is flat (every record saturates at ``-tau``) and gives
-  no gradient; the relaxed bound does. All of this only moves the chain's starting point.
+  coordinate's variance under ``f``. Burn-in only moves the chain's starting point; it starts
+  from a data-dependent mode, which an exact sampler would forget (a finite chain partly
+  remembers it in its slowest directions: another reason the guarantee is approximate).
 * **sampling** (``n_samples`` steps): ``M`` frozen, the step decays geometrically from
   ``step_burnin`` to ``step_final`` (the reported final step size); the chain then targets ``f``
   with the bounded likelihood at the requested ``tau`` only.
@@ -410,9 +415,8 @@ class SamplerSettings:
     Attributes
     ----------
     n_optimise : int
-        Burn-in stage 1: Adam steps on ``log f`` from the data-independent start (learning
-        rate decaying geometrically from ``optimise_rate`` to ``optimise_rate / 100``), with
-        the bound relaxed during the first ``continuation`` fraction of them.
+        Burn-in stage 1: L-BFGS iterations (at most) per continuation stage, maximising
+        ``log f`` jointly for all chains from their data-independent starts.
     n_burnin : int
         Burn-in stage 2: Langevin steps at ``step_burnin`` adapting the preconditioner.
     n_samples : int
@@ -421,16 +425,15 @@ class SamplerSettings:
     step_burnin, step_final : float
         Langevin step ``h`` in preconditioned units (relative to each coordinate's variance
         under ``f``).
-    optimise_rate : float
-        Initial Adam learning rate (units of ``z``).
     preconditioner_window : int
         Effective window (steps) of the moving average of squared gradients.
     max_preconditioner : float
         Cap on ``M`` (a coordinate's assumed variance under ``f``), data-independent.
-    continuation : float
-        Fraction of stage 1 with the relaxed bound ``tau * tau_start_factor^(1 - t/T)``.
+    continuation_stages : int
+        Stage 1 maximises ``log f`` with the bound ``tau * tau_start_factor^(1 - s/(S-1))`` for
+        ``s = 0..S-1`` (the last stage is the target); 1 disables the continuation.
     tau_start_factor : float
-        >= 1; 1 disables the continuation.
+        >= 1.
     init_std, init_log_std : float
         Chains start at ``mu ~ N(0, init_std^2)``, ``rho = init_log_std`` (data-independent).
     trace_points : int
@@ -438,15 +441,14 @@ class SamplerSettings:
         diagnostics.
     """
 
-    n_optimise: int = 600
+    n_optimise: int = 200
     n_burnin: int = 1000
     n_samples: int = 1500
     step_burnin: float = 0.05
     step_final: float = 0.005
-    optimise_rate: float = 0.05
     preconditioner_window: int = 100
     max_preconditioner: float = 1e4
-    continuation: float = 0.5
+    continuation_stages: int = 4
     tau_start_factor: float = 100.0
     init_std: float = 1.0
     init_log_std: float = -2.0
@@ -458,11 +460,9 @@ class SamplerSettings:
         require_count("sampler.n_samples", self.n_samples, minimum=1)
         require_positive("sampler.step_burnin", self.step_burnin)
         require_positive("sampler.step_final", self.step_final)
-        require_positive("sampler.optimise_rate", self.optimise_rate)
         require_count("sampler.preconditioner_window", self.preconditioner_window)
         require_positive("sampler.max_preconditioner", self.max_preconditioner)
-        if not 0.0 <= self.continuation <= 1.0:
-            raise ConfigError(f"sampler.continuation must be in [0, 1], got {self.continuation!r}")
+        require_count("sampler.continuation_stages", self.continuation_stages)
         if not (math.isfinite(self.tau_start_factor) and self.tau_start_factor >= 1.0):
             raise ConfigError(
                 f"sampler.tau_start_factor must be >= 1 and finite, got {self.tau_start_factor!r}"
@@ -482,7 +482,7 @@ class SamplerSettings:
 
 #: Shorter schedule for a peer's logistic release (a few dozen records, well-conditioned
 #: posterior): used by :func:`private_logistic_peers` and :func:`private_peer_model` by default.
-PEER_SETTINGS = SamplerSettings(n_optimise=300, n_burnin=300, n_samples=500, trace_points=100)
+PEER_SETTINGS = SamplerSettings(n_optimise=100, n_burnin=300, n_samples=500, trace_points=100)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -495,26 +495,27 @@ class LangevinRun:
     preconditioner: np.ndarray
 
 
-#: ``gradient(z (B, D), anneal in [0, 1]) -> grad log f (B, D)``; ``anneal = 1`` is the target.
-Gradient = Callable[[np.ndarray, float], np.ndarray]
+#: ``target(z (B, D), anneal in [0, 1]) -> (log f (B,), grad log f (B, D))``, each chain's
+#: unnormalised log density and its gradient; ``anneal = 1`` is the target itself.
+Target = Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray]]
 
 _FD_STEP = 1e-4  # finite-difference step of the curvature estimate
 
 
-def _diagonal_curvature(gradient: Gradient, z: np.ndarray) -> np.ndarray:
+def _diagonal_curvature(target: Target, z: np.ndarray) -> np.ndarray:
     """``|d^2 log f / dz_i^2|`` by central differences of the gradient, shape (B, D)."""
     curvature = np.empty(z.shape)
     for i in range(z.shape[1]):
         shifted = z.copy()
         shifted[:, i] += _FD_STEP
-        upper = gradient(shifted, 1.0)[:, i]
+        upper = target(shifted, 1.0)[1][:, i]
         shifted[:, i] -= 2 * _FD_STEP
-        curvature[:, i] = np.abs(upper - gradient(shifted, 1.0)[:, i]) / (2 * _FD_STEP)
+        curvature[:, i] = np.abs(upper - target(shifted, 1.0)[1][:, i]) / (2 * _FD_STEP)
     return curvature
 
 
 def langevin(
-    gradient: Gradient,
+    target: Target,
     z0: np.ndarray,
     *,
     settings: SamplerSettings,
@@ -523,8 +524,8 @@ def langevin(
 ) -> LangevinRun:
     """Tamed, diagonally preconditioned Langevin chains (the schedule of :class:`SamplerSettings`).
 
-    1. Adam ascent of ``log f`` (``n_optimise`` steps; ``anneal`` from 0 to 1 over the first
-       ``continuation`` fraction) moves every chain from its start towards a mode.
+    1. L-BFGS ascent of ``log f`` (``continuation_stages`` stages with ``anneal`` from 0 to 1,
+       at most ``n_optimise`` iterations each) moves every chain from its start towards a mode.
     2. The preconditioner starts at ``M = 1 / (|diag Hessian| + 1/max_preconditioner)`` (central
        differences), then ``n_burnin`` Langevin steps at ``step_burnin`` update it with a moving
        average of squared gradients (the diagonal Fisher information, ``E_f g^2 = -E_f H``).
@@ -537,8 +538,8 @@ def langevin(
 
     Parameters
     ----------
-    gradient : callable ``(z, anneal) -> ndarray``
-        ``grad log f`` for a batch of states, shape (B, D) -> (B, D).
+    target : callable ``(z, anneal) -> (ndarray (B,), ndarray (B, D))``
+        ``log f`` (up to a constant) and its gradient for a batch of states (B, D).
     z0 : ndarray, shape (B, D)
         Starting states (B independent chains), chosen without looking at the data.
     settings : SamplerSettings
@@ -556,18 +557,22 @@ def langevin(
         raise ConfigError(f"z0 must be a (chains, dim) array, got shape {z.shape}")
     cap = 1.0 / settings.max_preconditioner
 
-    # Stage 1: Adam ascent with the bound continuation.
-    first, second = np.zeros(z.shape), np.zeros(z.shape)
-    n_continuation = round(settings.continuation * settings.n_optimise)
-    for t in range(settings.n_optimise):
-        anneal = min(1.0, t / n_continuation) if n_continuation else 1.0
-        decay = max(0.0, t / max(settings.n_optimise - 1, 1) - 0.5) / 0.5
-        rate = settings.optimise_rate * 0.01**decay
-        g = gradient(z, anneal)
-        first = 0.9 * first + 0.1 * g
-        second = 0.99 * second + 0.01 * g * g
-        unbiased = first / (1 - 0.9 ** (t + 1))
-        z += rate * unbiased / (np.sqrt(second / (1 - 0.99 ** (t + 1))) + 1e-300)
+    # Stage 1: L-BFGS ascent with the bound continuation (all chains in one separable problem).
+    shape = z.shape
+    stages = settings.continuation_stages
+    for stage in range(stages if settings.n_optimise else 0):
+        anneal = stage / (stages - 1) if stages > 1 else 1.0
+
+        def objective(flat: np.ndarray, anneal: float = anneal) -> tuple[float, np.ndarray]:
+            value, grad = target(flat.reshape(shape), anneal)
+            return -float(value.sum()), -grad.ravel()
+
+        result = minimize(
+            objective, z.ravel(), jac=True, method="L-BFGS-B",
+            options={"maxiter": settings.n_optimise},
+        )  # fmt: skip
+        if np.all(np.isfinite(result.x)):
+            z = result.x.reshape(shape).copy()
 
     def move(g: np.ndarray, M_sqrt: np.ndarray, h: float) -> None:
         gy = M_sqrt * g
@@ -575,10 +580,10 @@ def langevin(
         z[...] += M_sqrt * (drift + math.sqrt(noise_factor * h) * rng.standard_normal(z.shape))
 
     # Stage 2: Langevin burn-in adapting M.
-    average = _diagonal_curvature(gradient, z)
+    average = _diagonal_curvature(target, z)
     keep = 1.0 / settings.preconditioner_window
     for _ in range(settings.n_burnin):
-        g = gradient(z, 1.0)
+        g = target(z, 1.0)[1]
         move(g, 1.0 / np.sqrt(average + cap), settings.step_burnin)
         average = (1 - keep) * average + keep * g * g
     M = 1.0 / (average + cap)
@@ -589,7 +594,7 @@ def langevin(
     every = max(1, settings.n_samples // settings.trace_points)
     kept = []
     for t, h in enumerate(steps):
-        move(gradient(z, 1.0), M_sqrt, float(h))
+        move(target(z, 1.0)[1], M_sqrt, float(h))
         if (settings.n_samples - 1 - t) % every == 0:
             kept.append(z.copy())
     return LangevinRun(
@@ -803,13 +808,13 @@ def _sample_batch(
     )
     log_factor = math.log(settings.tau_start_factor)
 
-    def gradient(z: np.ndarray, anneal: float) -> np.ndarray:
+    def target(z: np.ndarray, anneal: float) -> tuple[np.ndarray, np.ndarray]:
         tau_t = tau * math.exp(log_factor * (1.0 - anneal))
-        _, grad = elbo(z.reshape(G, chains, 2 * p), noise, batch, model, tau_t)
-        return temperature * grad.reshape(G * chains, 2 * p)
+        value, grad = elbo(z.reshape(G, chains, 2 * p), noise, batch, model, tau_t)
+        return temperature * value.ravel(), temperature * grad.reshape(G * chains, 2 * p)
 
     run = langevin(
-        gradient,
+        target,
         start.reshape(G * chains, 2 * p),
         settings=settings,
         rng=rng,

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from p2pdp.errors import ConfigError
@@ -33,7 +34,7 @@ from p2pdp.posterior_audit import (
 )
 from p2pdp.posterior_example import PARAMETERS, TRUTH, posterior_rows
 
-FAST = SamplerSettings(n_optimise=600, n_burnin=300, n_samples=300, trace_points=50)
+FAST = SamplerSettings(n_optimise=100, n_burnin=200, n_samples=200, trace_points=50)
 
 
 def _linear_data(n=30, seed=0):
@@ -77,6 +78,7 @@ def test_elbo_gradient_matches_finite_differences(kind, tau):
     np.testing.assert_allclose(grad[0, 0], numeric, rtol=1e-5, atol=1e-5)
 
 
+@hypothesis_settings(max_examples=50, deadline=None)
 @given(
     l=st.lists(st.floats(allow_nan=False, allow_infinity=True), min_size=1, max_size=20),
     tau=st.floats(min_value=1e-3, max_value=1e3),
@@ -144,7 +146,7 @@ def test_split_rhat_and_ess_on_known_chains():
 
 def test_private_posterior_is_deterministic_from_the_seed():
     X, y = _logistic_data(n=40)
-    settings = SamplerSettings(n_optimise=50, n_burnin=50, n_samples=50)
+    settings = SamplerSettings(n_optimise=20, n_burnin=50, n_samples=50)
     model = LogisticRegression(lam=0.05)
 
     def run(seed):
@@ -175,7 +177,7 @@ def test_logistic_model_refuses_data_outside_its_assumptions():
 
 def test_batched_peers_equal_separate_draws_in_distribution_and_shape():
     shards = [_logistic_data(n=n, seed=n) for n in (20, 23, 31)]
-    settings = SamplerSettings(n_optimise=100, n_burnin=100, n_samples=100)
+    settings = SamplerSettings(n_optimise=50, n_burnin=100, n_samples=100)
     result = private_logistic_peers(
         [X for X, _ in shards], [y for _, y in shards], lam=0.05, epsilon=10.0, tau=1.0,
         rng=np.random.default_rng(0), settings=settings,
