@@ -68,11 +68,13 @@ Schedule (:class:`SamplerSettings`):
   ``Q`` (the entropy term) and stay stuck; the relaxed bound leads them to the data's basin.
 * **burn-in, stage 2** (``n_burnin`` Langevin steps, step ``h = step_burnin``):
   ``M = 1 / (v + 1/max_preconditioner)`` with ``v`` started at the absolute diagonal Hessian
-  and then an exponential moving average (window ``preconditioner_window`` steps) of the squared
-  gradient, an estimate of the diagonal Fisher information, so that ``M`` approximates each
-  coordinate's variance under ``f``. Burn-in only moves the chain's starting point; it starts
-  from a data-dependent mode, which an exact sampler would forget (a finite chain partly
-  remembers it in its slowest directions: another reason the guarantee is approximate).
+  plus the squared gradient at the mode, and then an exponential moving average (window
+  ``preconditioner_window`` steps) of the squared gradient, an estimate of the diagonal Fisher
+  information, so that ``M`` approximates each coordinate's variance under ``f`` (``v`` is
+  floored at a tenth of its value at the mode, so ``M`` grows at most 10-fold). Burn-in only
+  moves the chain's starting point; it starts from a data-dependent mode, which an exact
+  sampler would forget (a finite chain partly remembers it in its slowest directions: another
+  reason the guarantee is approximate).
 * **sampling** (``n_samples`` steps): ``M`` frozen, the step decays geometrically from
   ``step_burnin`` to ``step_final`` (the reported final step size); the chain then targets ``f``
   with the bounded likelihood at the requested ``tau`` only.
@@ -502,6 +504,11 @@ Target = Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray]]
 _FD_STEP = 1e-4  # finite-difference step of the curvature estimate
 
 
+def _finite(g: np.ndarray) -> np.ndarray:
+    """Gradients clipped to +-1e150 (so that squares stay finite; taming bounds the move)."""
+    return np.clip(g, -1e150, 1e150)
+
+
 def _diagonal_curvature(target: Target, z: np.ndarray) -> np.ndarray:
     """``|d^2 log f / dz_i^2|`` by central differences of the gradient, shape (B, D)."""
     curvature = np.empty(z.shape)
@@ -575,17 +582,23 @@ def langevin(
             z = result.x.reshape(shape).copy()
 
     def move(g: np.ndarray, M_sqrt: np.ndarray, h: float) -> None:
-        gy = M_sqrt * g
+        gy = M_sqrt * _finite(g)
         drift = h * gy / (1.0 + h * np.abs(gy))
         z[...] += M_sqrt * (drift + math.sqrt(noise_factor * h) * rng.standard_normal(z.shape))
 
     # Stage 2: Langevin burn-in adapting M.
-    average = _diagonal_curvature(target, z)
+    # At the mode: |diag Hessian| plus the squared gradient (a lower bound on the Fisher
+    # information E g^2 >= (E g)^2; it matters along a log standard deviation whose density is
+    # locally ~exp(c rho), curvature ~0 but gradient c, and whose scale is then 1/c).
+    curvature = _diagonal_curvature(target, z) + _finite(target(z, 1.0)[1]) ** 2
+    average = curvature.copy()
     keep = 1.0 / settings.preconditioner_window
     for _ in range(settings.n_burnin):
-        g = target(z, 1.0)[1]
+        g = _finite(target(z, 1.0)[1])
         move(g, 1.0 / np.sqrt(average + cap), settings.step_burnin)
-        average = (1 - keep) * average + keep * g * g
+        # M may grow at most 10-fold over its value at the mode: a chain that strays onto a
+        # flat region (saturated records) would otherwise get ever larger steps and be lost.
+        average = np.maximum((1 - keep) * average + keep * g * g, 0.1 * curvature)
     M = 1.0 / (average + cap)
     M_sqrt = np.sqrt(M)
 
