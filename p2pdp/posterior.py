@@ -11,7 +11,8 @@ mean-field Gaussian ``Q(theta | z) = prod_j N(theta_j; mu_j, exp(rho_j)^2)``.
    ``gamma = tau * tanh(l / tau)``, so ``gamma`` lies in ``(-tau, tau)`` (in ``(-tau, 0]`` when
    ``l <= 0``, as for logistic regression).
 2. **Utility.** The evidence lower bound with ``L`` reparameterised draws,
-   ``theta_k = mu + exp(rho) * r_k``, ``r_k ~ N(0, I_p)``::
+   ``theta_k = mu + exp(rho) * r_k``, ``r_k`` standard normal draws made antithetic and
+   moment-matched (:func:`common_random_numbers`)::
 
        U(z; x) = (1/L) sum_k [ sum_i gamma(theta_k; x_i) + log p(theta_k) ] + H(Q(. | z))
 
