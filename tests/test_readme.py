@@ -31,16 +31,28 @@ def readme_commands() -> list[list[str]]:
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
+            if line.lstrip().startswith("#"):
+                continue
             code, _, comment = line.partition(" #")
             alternatives = re.findall(r"\bor: (p2pdp .*)", comment)
             for part in [*code.split("&&"), *alternatives]:
                 if part.strip():
-                    commands.append(shlex.split(part))
+                    argv = shlex.split(part)
+                    while argv and re.fullmatch(r"[A-Z_]+=\S*", argv[0]):  # VAR=value prefix
+                        argv = argv[1:]
+                    commands.append(argv)
     return commands
 
 
+#: Files the README itself defines in code blocks whose first line names them (``# mine.toml``);
+#: the examples that use them are run by tests/test_readme_extending.py and test_own_data.py.
+README_FILES = set(re.findall(r"```\w+\n# ([\w.]+\.(?:toml|py))\n", README))
 COMMANDS = readme_commands()
 P2PDP = [argv for argv in COMMANDS if argv[0] == "p2pdp"]
+
+
+def _on_readme_file(argv: list[str]) -> bool:
+    return len(argv) > 2 and argv[1] == "run" and argv[2] in README_FILES
 
 
 def test_the_readme_shows_commands():
@@ -52,7 +64,7 @@ def test_the_readme_shows_commands():
 def test_every_readme_command_parses(argv):
     if argv[0] == "p2pdp":
         args = build_parser().parse_args(argv[1:])  # SystemExit (a failure) if it does not
-        if args.command == "run":
+        if args.command == "run" and not _on_readme_file(argv):
             load_scenario(args.scenario, args.overrides)
     elif argv[0] == "pip":
         extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
@@ -69,6 +81,10 @@ def test_every_readme_command_parses(argv):
             assert (ROOT / argv[1]).is_file(), argv
     elif argv[0] == "export":
         assert argv[1].startswith("P2PDP_DATA_HOME="), argv
+    elif argv[0] == "sphinx-build":
+        assert (ROOT / "docs" / "api" / "conf.py").is_file(), argv
+    elif argv[0] == "mypy":
+        assert "mypy" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"], argv
     else:
         pytest.fail(f"README command of unknown kind: {shlex.join(argv)}")
 
@@ -98,7 +114,7 @@ def test_datasets_list_runs(capsys):
 
 def test_readme_run_commands_run_on_tiny_settings(real_data_home, tmp_path, capsys):
     """Each `p2pdp run` of the README, cut to one fold and one point of its grid."""
-    runs = [argv for argv in P2PDP if argv[1] == "run"]
+    runs = [argv for argv in P2PDP if argv[1] == "run" and not _on_readme_file(argv)]
     assert runs
     for index, argv in enumerate(runs):
         args = build_parser().parse_args(argv[1:])
@@ -128,7 +144,9 @@ def test_readme_datasets_info_runs(real_data_home, capsys):
 
 
 def test_readme_python_example_runs(real_data_home):
-    (code,) = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
+    section = README[README.index("## Python API") :]
+    section = section[: section.index("\n## ", 1)]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
     exec(compile(code, "README.md", "exec"), {})
 
 
