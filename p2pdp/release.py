@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,9 +31,11 @@ LINEAR_AGGREGATES = ("mean", "sum")
 Aggregate = str | Callable[[np.ndarray], np.ndarray]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReleaseRecord:
+class ReleaseRecord(NamedTuple):
     """What one release declares (every field but ``noise_norm`` is public).
+
+    A named tuple (immutable, and cheap to create once per aggregation at 100,000 peers);
+    ``record._asdict()`` gives the ``releases`` table's columns.
 
     Attributes
     ----------
@@ -144,7 +146,13 @@ class Releaser:
         self.noise = NoiseStream(mechanism, dim, rng=noise_rng)
         self.share_rng = share_rng
         self.name = getattr(mechanism, "name", type(mechanism).__name__)
-        self.epsilon, self.delta = mechanism.guarantee(dim)
+        self.epsilon, self.delta = (float(v) for v in mechanism.guarantee(dim))
+        # Scale and std are linear in the sensitivity for a scale family: compute them once.
+        self._unit = (
+            (float(mechanism.noise_scale(1.0, dim)), float(mechanism.noise_std(1.0, dim)))
+            if getattr(mechanism, "scale_family", False)
+            else None
+        )
 
     def exact(self, statistics: np.ndarray) -> np.ndarray:
         """The aggregate without noise (the curator's view in plaintext), shape (d,)."""
@@ -201,16 +209,22 @@ class Releaser:
             released = self.exact(statistics) + noise
             noise_norm = float(np.linalg.norm(noise))
             inflation = 1.0
+        sensitivity = float(sensitivity)
+        if self._unit is not None:
+            scale, std = self._unit[0] * sensitivity, self._unit[1] * sensitivity
+        else:
+            scale = float(self.mechanism.noise_scale(sensitivity, self.dim))
+            std = float(self.mechanism.noise_std(sensitivity, self.dim))
         record = ReleaseRecord(
-            group_size=n_members,
-            n_min=int(min(sizes)),
-            sensitivity=float(sensitivity),
-            mechanism=self.name,
-            epsilon=float(self.epsilon),
-            delta=float(self.delta),
-            noise_scale=float(self.mechanism.noise_scale(sensitivity, self.dim)),
-            noise_std=float(self.mechanism.noise_std(sensitivity, self.dim) * inflation),
-            noise_norm=noise_norm,
-            secure=self.secure,
+            n_members,
+            int(min(sizes)),
+            sensitivity,
+            self.name,
+            self.epsilon,
+            self.delta,
+            scale,
+            std * inflation,
+            noise_norm,
+            self.secure,
         )
         return released, record

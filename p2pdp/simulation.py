@@ -8,7 +8,6 @@ shards, local models, group draws and noise streams (common random numbers).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import tracemalloc
@@ -143,7 +142,7 @@ class ReleaseLog(WorldObserver):
                 "time": float(world.env.now),
                 "group": group.group_id,
                 "curator": group.curator,
-                **dataclasses.asdict(record),
+                **record._asdict(),
             }
         )
 
