@@ -17,7 +17,13 @@ name                          noise ``eta`` (d coordinates, ``b = Delta_2/eps``)
 ``gaussian``                  iid ``N(0, sigma^2)``, analytic calibration      (epsilon, delta)
 ``seed-laplace``              iid ``Laplace(b)`` (the seed, mis-calibrated)     sqrt(d)*eps-DP
 ``none``                      zero (tests only)                                none
+``local``                     zero: each peer randomized its records before    the local
+                              sharing (``randomized-response`` task only)      epsilon (LDP)
 ============================  ===============================================  ==============
+
+A mechanism may also define the whole release from the exact aggregate instead of adding
+noise (``additive = False``, :meth:`Mechanism.release`): ``pooled-test``
+(:mod:`p2pdp.tasks.pooled_testing`) releases a pool's imperfect test result.
 
 Coordinate Laplace and Gaussian noise are infinitely divisible, so the members of a group can
 each add a *share* and nobody (not even the curator) knows the total noise
