@@ -96,6 +96,7 @@ def prevalence_figures(rows: Rows, directory: Path) -> list[Figure]:
     lines = sorted({row[line_key] for row in rows}, key=_order)
     colours = dict(zip(lines, _colours(len(lines)), strict=True))
     level = rows[0].get("prevalence.level", 0.95)
+    ticks = sorted({float(row[x]) for row in rows})
     figures = []
 
     figure, axes = _panels(len(panels))
@@ -113,8 +114,8 @@ def prevalence_figures(rows: Rows, directory: Path) -> list[Figure]:
                     color=colours[line],
                     label=f"{line}: {_METHODS[method]}",
                 )
-        _epsilon_axis(axis, panel, value, "|posterior mean - truth|")
-    axes[0, -1].legend(fontsize=7)
+        _epsilon_axis(axis, panel, value, "|posterior mean - truth|", ticks)
+    axes[0, -1].legend(fontsize=7, handlelength=3.5)
     figure.suptitle("Posterior-mean error per peer, mean over peers and repetitions", fontsize=9)
     figures.append(
         (
@@ -137,7 +138,7 @@ def prevalence_figures(rows: Rows, directory: Path) -> list[Figure]:
                 color=colours[line],
                 label=str(line),
             )
-        _epsilon_axis(axis, panel, value, "|private - non-private posterior mean|")
+        _epsilon_axis(axis, panel, value, "|private - non-private posterior mean|", ticks)
     axes[0, -1].legend(fontsize=8)
     figure.suptitle("What privacy costs: distance to the non-private posterior mean", fontsize=9)
     figures.append(
@@ -163,11 +164,11 @@ def prevalence_figures(rows: Rows, directory: Path) -> list[Figure]:
                 axes[0, column].plot(eps, coverage, label=label, **style)
                 axes[1, column].plot(eps, width, **style)
         axes[0, column].axhline(level, color="black", lw=0.8)
-        _epsilon_axis(axes[0, column], panel, value, f"coverage of the {level:g} interval")
+        _epsilon_axis(axes[0, column], panel, value, f"coverage of the {level:g} interval", ticks)
         axes[0, column].set_yscale("linear")
         axes[0, column].set_ylim(-0.02, 1.02)
-        _epsilon_axis(axes[1, column], None, None, "interval width")
-    axes[0, -1].legend(fontsize=7)
+        _epsilon_axis(axes[1, column], None, None, "interval width", ticks)
+    axes[0, -1].legend(fontsize=7, handlelength=3.5)
     figure.suptitle("Do the credible intervals cover the truth? (black: nominal)", fontsize=9)
     figures.append(
         (
@@ -180,10 +181,11 @@ def prevalence_figures(rows: Rows, directory: Path) -> list[Figure]:
     return figures
 
 
-def _epsilon_axis(axis: plt.Axes, panel: str | None, value: Any, ylabel: str) -> None:
+def _epsilon_axis(
+    axis: plt.Axes, panel: str | None, value: Any, ylabel: str, ticks: Sequence[float]
+) -> None:
     axis.set_xscale("log")
     axis.set_yscale("log")
-    ticks = sorted({x for line in axis.get_lines() for x in line.get_xdata()})
     axis.set_xticks(ticks, [f"{x:g}" for x in ticks])
     axis.xaxis.set_minor_formatter(NullFormatter())
     axis.set_xlabel("ε per peer")
@@ -261,7 +263,7 @@ def pooled_figures(rows: Rows, directory: Path) -> list[Figure]:
         axes[1, column].set_ylabel("MSE of p_hat")
         for axis in axes[:, column]:
             axis.grid(alpha=0.3, which="both")
-    axes[0, -1].legend(fontsize=7)
+    axes[0, -1].legend(fontsize=7, handlelength=3.5)
     axes[1, -1].legend(fontsize=7)
     threat = rows[0].get("threat_model", "")
     figure.suptitle(f"Pooled testing on the engine; ε: {threat}", fontsize=9)

@@ -192,10 +192,11 @@ def _task_markdown(
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(tuple(row[c] for c in swept), []).append(row)
+    tasks = ", ".join(sorted({f"`{row.get('task.name')}`" for row in rows}))
     lines = [
         f"# {manifest.get('scenario', rows[0].get('name', 'results'))}",
         "",
-        f"Task `{rows[0].get('task.name')}`: {len(rows)} cells; means over folds and "
+        f"Task {tasks}: {len(rows)} cells; means over folds and "
         "repetitions."
         + ("" if figures else " No figures: the task draws none (no `figures` hook)."),
         "",
