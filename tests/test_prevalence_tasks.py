@@ -246,7 +246,14 @@ def test_randomized_response_refuses_other_budgets_or_curator_noise(settings, ma
 
 def test_local_mechanism_is_refused_for_a_task_that_shares_exact_statistics():
     with pytest.raises(ConfigError, match="locally_private"):
+        simulate(_config(COUNTS, 'task.name="logistic"', 'privacy.mechanism="local"'))
+    with pytest.raises(ConfigError, match="privacy.mechanism must be one of"):
         simulate(_config(COUNTS, 'privacy.mechanism="local"'))
+
+
+def test_pooled_test_mechanism_is_refused_for_other_tasks():
+    with pytest.raises(ConfigError, match="task.name must be 'pooled-testing'"):
+        PooledTest.from_config(_config(POOLED, 'task.name="logistic"'))
 
 
 def test_two_coin_form_has_the_exact_epsilon():

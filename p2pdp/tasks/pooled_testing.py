@@ -128,6 +128,16 @@ class PooledTest(Mechanism):
 
     @classmethod
     def from_config(cls, config: ScenarioConfig) -> PooledTest:
+        """Calibrated to ``config.pooling`` and the pool size; only for ``pooled-testing``.
+
+        Its declared privacy is about one person's status in a pool of people: with any other
+        task's statistics it would be a false claim, so other tasks are refused.
+        """
+        if config.task.name != PooledTesting.name:
+            raise ConfigError(
+                "privacy.mechanism = 'pooled-test' releases pooled test results of people: "
+                f"task.name must be 'pooled-testing', got {config.task.name!r}"
+            )
         privacy = pool_privacy(config)
         return cls(
             epsilon=privacy.declared,

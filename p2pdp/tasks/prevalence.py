@@ -389,6 +389,17 @@ class PrevalenceCounts(_BinaryCounts):
     """
 
     name: ClassVar[str] = "prevalence-counts"
+    #: Mechanisms whose noise on a count (d = 1) is ``Laplace(1/epsilon)``, the law the exact
+    #: posterior assumes (vector Laplace in one dimension is the same law).
+    MECHANISMS: ClassVar[tuple[str, ...]] = ("coordinate-laplace", "vector-laplace")
+
+    def __init__(self, config: ScenarioConfig) -> None:
+        super().__init__(config)
+        if config.privacy.mechanism not in self.MECHANISMS:
+            raise ConfigError(
+                "task prevalence-counts releases Laplace counts: privacy.mechanism must be one "
+                f"of {', '.join(self.MECHANISMS)}, got {config.privacy.mechanism!r}"
+            )
 
     def statistics(self, prepared: Population) -> tuple[np.ndarray, np.ndarray]:
         """Each peer's positive count (P, 1) and its number of records (P,)."""
