@@ -27,7 +27,10 @@ Discrete mechanisms (exact)
 ---------------------------
 Randomized response (keep form and the seed's two-coin form) and the clamped noisy count have
 known output distributions, so their epsilon is computed exactly as the worst log likelihood
-ratio over outputs and neighbouring inputs (:func:`exact_noisy_count_epsilon`).
+ratio over outputs and neighbouring inputs (:func:`exact_noisy_count_epsilon`). The ``local``
+mechanism (``randomized-response`` task: a group releases the sum of its members' randomized
+answers, no curator noise) is audited exactly on that yes count
+(:func:`exact_rr_count_epsilon`) against the local epsilon it declares.
 
 Pooled testing (seed 001) is audited exactly in its own threat model: the law of one member's
 pooled test result (optionally through randomized response) is enumerated over all statuses
@@ -59,7 +62,7 @@ from p2pdp.mechanisms import (
     require_positive,
     require_probability,
 )
-from p2pdp.prevalence import two_coin_response
+from p2pdp.prevalence import rr_count_log_likelihood, two_coin_response
 from p2pdp.rng import generator
 
 #: Mechanisms audited by :func:`run_audit`, in table order.
@@ -72,6 +75,7 @@ AUDIT_NAMES: tuple[str, ...] = (
     "randomized-response",
     "randomized-response-two-coin",
     "noisy-count",
+    "local-rr-count",
     "pooled-test",
     "pooled-test-rr",
     "pooled-test-known-others",
@@ -392,6 +396,21 @@ def exact_noisy_count_epsilon(epsilon: float, n: int) -> float:
     return float(np.abs(np.diff(log_law, axis=0)).max())
 
 
+def exact_rr_count_epsilon(response: RandomizedResponse, n: int) -> float:
+    """Exact epsilon of releasing the number of "yes" answers of ``n`` randomized records.
+
+    What the ``local`` mechanism releases for the ``randomized-response`` task (the sum of a
+    group's answers, no curator noise). Neighbouring inputs: ``k`` vs ``k + 1`` true 1-records
+    (one record changes); the law of the yes count is the convolution of
+    ``Binomial(k, P(1|1))`` and ``Binomial(n - k, P(1|0))``
+    (:func:`~p2pdp.prevalence.rr_count_log_likelihood`); the worst ``|log ratio|`` over every
+    count and every ``k``. Never above ``response.epsilon`` (post-processing).
+    """
+    n = require_count("n", n)
+    log_law = np.array([rr_count_log_likelihood(y, n, response) for y in range(n + 1)])
+    return float(np.abs(np.diff(log_law, axis=1)).max())  # log_law[y, k]
+
+
 def exact_pooled_test_epsilon(
     prevalence: float,
     pool_size: int,
@@ -473,6 +492,11 @@ def audit_mechanism(
     if name == "noisy-count":
         exact = exact_noisy_count_epsilon(epsilon, AUDIT_COUNT_RECORDS)
         return _exact_result(name, epsilon, exact, expected_pass)
+    if name == "local-rr-count":  # mechanism "local": claims the answers' local epsilon
+        claimed = make_mechanism("local", epsilon=epsilon).guarantee(1)[0]
+        response = two_coin_response(epsilon, AUDIT_TWO_COIN_THETA2)
+        exact = exact_rr_count_epsilon(response, AUDIT_COUNT_RECORDS)
+        return _exact_result(name, claimed, exact, expected_pass)
     if name == "vector-laplace-exponential-norm":
         sampler = exponential_norm_vector_laplace(epsilon, 1.0, dim)
         claimed_delta, guarantee = 0.0, math.inf

@@ -133,6 +133,18 @@ _BUILTINS: tuple[Component, ...] = tuple(
         ),
         ("mechanism", "none", "p2pdp.mechanisms:NoNoise", "no noise: NOT private (tests only)"),
         (
+            "mechanism",
+            "local",
+            "p2pdp.mechanisms:LocalRandomization",
+            "privacy applied by each peer before sharing (local DP tasks); adds nothing",
+        ),
+        (
+            "mechanism",
+            "pooled-test",
+            "p2pdp.tasks.pooled_testing:PooledTest",
+            "seed 001: the pool's imperfect test result (Se, Sp), optional randomized response",
+        ),
+        (
             "accountant",
             "basic",
             "p2pdp.accounting:BasicAccountant",
@@ -173,6 +185,24 @@ _BUILTINS: tuple[Component, ...] = tuple(
             "logistic",
             "p2pdp.tasks.logistic:LogisticEnsembles",
             "seed 002: local logistic models averaged with noise, peers classify by ensemble",
+        ),
+        (
+            "task",
+            "prevalence-counts",
+            "p2pdp.tasks.prevalence:PrevalenceCounts",
+            "seed 000: Laplace counts of binary records per group, Beta posteriors per peer",
+        ),
+        (
+            "task",
+            "randomized-response",
+            "p2pdp.tasks.prevalence:RandomizedResponseCounts",
+            "seed 000, local DP: records answered by randomized response, yes counts summed",
+        ),
+        (
+            "task",
+            "pooled-testing",
+            "p2pdp.tasks.pooled_testing:PooledTesting",
+            "seed 001: each peer one person, groups are pools, prevalence by the pooled MLE",
         ),
     )
 )

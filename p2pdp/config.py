@@ -22,6 +22,7 @@ from typing import Any
 
 from p2pdp import components
 from p2pdp.errors import ConfigError
+from p2pdp.task_settings import PoolingConfig, PrevalenceConfig
 from p2pdp.validation import (
     AllOf,
     Boolean,
@@ -430,6 +431,8 @@ SECTIONS: dict[str, type] = {
     "gossip": GossipConfig,
     "publication": PublicationConfig,
     "evaluation": EvaluationConfig,
+    "prevalence": PrevalenceConfig,
+    "pooling": PoolingConfig,
 }
 
 
@@ -455,6 +458,8 @@ class ScenarioConfig:
     gossip: GossipConfig = field(default_factory=GossipConfig)
     publication: PublicationConfig = field(default_factory=PublicationConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    prevalence: PrevalenceConfig = field(default_factory=PrevalenceConfig)
+    pooling: PoolingConfig = field(default_factory=PoolingConfig)
 
     def __post_init__(self) -> None:
         validate_fields(self, "")

@@ -79,13 +79,14 @@ def non_private_steps(config: ScenarioConfig, swept: Iterable[str] = ()) -> tupl
         Empty when the only data access is the mechanism's noisy release.
     """
     steps = []
+    features = _reads_features(config)
     source = config.training.lambda_source
-    if "training.lambda" in set(swept) or source == LAMBDA_SWEPT:
+    if features and ("training.lambda" in set(swept) or source == LAMBDA_SWEPT):
         steps.append(f"lambda: {LAMBDA_SWEPT}")
-    elif source:
+    elif features and source:
         steps.append(f"lambda = {config.training.lam:g} {source}")
     data = config.data
-    if data.bounds == "data" and "minmax" in data.transform:
+    if features and data.bounds == "data" and "minmax" in data.transform:
         steps.append(
             'min-max bounds fitted on the pooled training rows of each fold (data.bounds = "data")'
         )
@@ -100,6 +101,18 @@ def non_private_steps(config: ScenarioConfig, swept: Iterable[str] = ()) -> tupl
     elif _declares_nothing(config):
         steps.append(_undeclared(mechanism))
     return tuple(steps)
+
+
+def _reads_features(config: ScenarioConfig) -> bool:
+    """Whether the task trains on preprocessed features (lambda and min-max bounds matter).
+
+    A task says it does not with ``reads_features = False`` (the prevalence tasks count
+    binary records); an unknown task is assumed to.
+    """
+    from p2pdp.components import resolve
+
+    task = resolve("task", config.task.name, key="task.name")
+    return bool(getattr(task, "reads_features", True))
 
 
 def _declares_nothing(config: ScenarioConfig) -> bool:

@@ -41,6 +41,19 @@ class EpsilonDeltaEvent(PrivacyEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class DistributionalEvent(EpsilonDeltaEvent):
+    """A release whose ``epsilon`` holds only in a stated, weaker threat model than DP.
+
+    ``threat_model`` says against whom (e.g. pooled testing: an adversary who knows the
+    prevalence but not the other pool members' statuses). Accountants compose it like
+    ``(epsilon, delta)``; results must quote ``threat_model`` with the number, never call it
+    worst-case differential privacy.
+    """
+
+    threat_model: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class GaussianEvent(PrivacyEvent):
     """A Gaussian release with noise standard deviation ``noise_multiplier * Delta_2``.
 

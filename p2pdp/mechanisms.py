@@ -17,7 +17,13 @@ name                          noise ``eta`` (d coordinates, ``b = Delta_2/eps``)
 ``gaussian``                  iid ``N(0, sigma^2)``, analytic calibration         (epsilon, delta)
 ``seed-laplace``              iid ``Laplace(b)`` (the seed, mis-calibrated)       sqrt(d)*eps-DP
 ``none``                      zero (tests only)                                   none
+``local``                     zero: each peer randomized its records before       the local
+                              sharing (``randomized-response`` task only)         epsilon (LDP)
 ============================  ==================================================  ==============
+
+A mechanism may also define the whole release from the exact aggregate instead of adding
+noise (``additive = False``, :meth:`Mechanism.release`): ``pooled-test``
+(:mod:`p2pdp.tasks.pooled_testing`) releases a pool's imperfect test result.
 
 Coordinate Laplace and Gaussian noise are infinitely divisible, so the members of a group can
 each add a *share* and nobody (not even the curator) knows the total noise
@@ -258,6 +264,13 @@ class Mechanism(ABC):
     #: ``sample(s)`` has the law of ``s * sample(1)``: the release path may then draw unit
     #: noise in batches and rescale it (same distribution, much faster).
     scale_family: ClassVar[bool] = True
+    #: True: the release is ``exact + noise`` (:meth:`sample`), drawn by the release path.
+    #: False: :meth:`release` defines the whole release from the exact aggregate (e.g. a
+    #: pooled test result); the release path then calls it once per group (plaintext only).
+    additive: ClassVar[bool] = True
+    #: True for a mechanism whose privacy was applied by each peer to its own records before
+    #: anything was shared (``local``): only a task that declares ``locally_private`` may use it.
+    local: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", require_positive("epsilon", self.epsilon))
@@ -298,6 +311,18 @@ class Mechanism(ABC):
         n = 1 if size is None else require_count("size", size)
         noise = self._draw(sensitivity, dim, n, rng)
         return noise[0] if size is None else noise
+
+    def release(
+        self, exact: np.ndarray, sensitivity: float, *, rng: np.random.Generator
+    ) -> np.ndarray:
+        """The released value for a group's exact aggregate ``exact`` (d,): here ``exact + eta``.
+
+        The release path (:class:`p2pdp.release.Releaser`) calls this only for mechanisms with
+        ``additive = False``, which override it to define the whole release (its law must be
+        what :meth:`event` declares); additive mechanisms are released as ``exact`` plus
+        :meth:`sample` noise, drawn in batches.
+        """
+        return exact + self.sample(sensitivity, int(np.size(exact)), rng=rng)
 
     def noise_shares(
         self, sensitivity: float, dim: int, n_shares: int, *, rng: np.random.Generator
@@ -524,8 +549,54 @@ class NoNoise(Mechanism):
         return np.zeros((n_shares, dim))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalRandomization(Mechanism):
+    """Privacy applied locally: each peer randomized its own records before sharing anything.
+
+    For a task whose statistics are already epsilon-locally-DP (``locally_private = True``,
+    e.g. ``randomized-response``: every record answered once through randomized response at
+    ``epsilon`` on its owner's device). The curator adds nothing (a release is the exact
+    aggregate of noisy answers: post-processing) and :meth:`event` declares the local
+    ``epsilon`` (neighbouring relation: one record changes; released: the aggregate of the
+    randomized answers, to the group or everyone).
+
+    Budget semantics: the local randomization happens once per record, so a peer's cost is
+    ``epsilon`` once, however often its noisy answers are aggregated afterwards. The ledger
+    charges :meth:`budget_event` (``epsilon``) per aggregation joined, so a task using this
+    mechanism sets ``privacy.epsilon_per_aggregation = privacy.epsilon``: each peer joins one
+    aggregation and is charged exactly once (the task refuses any other setting). The engine
+    refuses ``local`` with a task that does not declare local randomization: releasing exact
+    statistics under an epsilon claim would be a false guarantee.
+    """
+
+    name: ClassVar[str] = "local"
+    splittable: ClassVar[bool] = True
+    local: ClassVar[bool] = True
+
+    def noise_std(self, sensitivity: float, dim: int) -> float:
+        return 0.0
+
+    def event(self, dim: int) -> PrivacyEvent:
+        require_count("dim", dim)
+        return EpsilonDeltaEvent(self.epsilon, 0.0)
+
+    def _draw(self, sensitivity, dim, n, rng):
+        return np.zeros((n, dim))
+
+    def _shares(self, sensitivity, dim, n_shares, rng):
+        return np.zeros((n_shares, dim))
+
+
 _MECHANISM_CLASSES: dict[str, type[Mechanism]] = {
-    cls.name: cls for cls in (VectorLaplace, CoordinateLaplace, Gaussian, SeedLaplace, NoNoise)
+    cls.name: cls
+    for cls in (
+        VectorLaplace,
+        CoordinateLaplace,
+        Gaussian,
+        SeedLaplace,
+        NoNoise,
+        LocalRandomization,
+    )
 }
 
 
@@ -544,7 +615,9 @@ def make_mechanism(name: str, *, epsilon: float, delta: float | None = None) -> 
     ``delta`` is required for approximate mechanisms (``gaussian``: in (0, 1)) and must be
     None or 0 otherwise.
     """
-    if name not in _MECHANISM_CLASSES and ":" not in str(name):
+    from p2pdp.components import names
+
+    if name not in _MECHANISM_CLASSES and ":" not in str(name) and name not in names("mechanism"):
         raise ConfigError(f"mechanism must be one of {MECHANISMS}, got {name!r}")
     cls = mechanism_class(name)
     if getattr(cls, "approximate", False) and delta is None:

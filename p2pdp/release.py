@@ -3,6 +3,9 @@
 Plaintext and secure aggregation both go through :meth:`Releaser.release`; the curator
 process calls nothing else, so every release is calibrated, drawn and recorded the same way.
 
+A mechanism with ``additive = False`` (e.g. ``pooled-test``) instead defines the whole release
+from the exact aggregate through :meth:`~p2pdp.mechanisms.Mechanism.release` (plaintext only).
+
 What is released to whom: the curator publishes ``aggregate(statistics) + eta``, with ``eta``
 drawn by the run's :class:`~p2pdp.mechanisms.Mechanism` at the group's L2 sensitivity (the
 task's :meth:`~p2pdp.tasks.Task.sensitivity` of this group's sizes, under the task's
@@ -134,6 +137,11 @@ class Releaser:
                 "privacy.secure_aggregation = true needs a linear aggregate (mean or sum); "
                 f"the task aggregates with {aggregate!r}"
             )
+        if secure and not getattr(mechanism, "additive", True):
+            raise ConfigError(
+                "privacy.secure_aggregation = true needs additive noise the members can split; "
+                f"mechanism {getattr(mechanism, 'name', mechanism)!r} defines its own release"
+            )
         if not callable(aggregate) and aggregate not in LINEAR_AGGREGATES:
             raise ConfigError(
                 f"a task's aggregate must be one of {LINEAR_AGGREGATES} or a callable, "
@@ -204,6 +212,13 @@ class Releaser:
             released = result.total
             noise_norm = float(np.linalg.norm(released - self.exact(statistics)))
             inflation = math.sqrt(n_members / max(n_members - 1, 1))
+        elif not getattr(self.mechanism, "additive", True):  # the mechanism defines the release
+            exact = self.exact(statistics)
+            released = np.asarray(
+                self.mechanism.release(exact, sensitivity, rng=self.noise.rng), dtype=np.float64
+            )
+            noise_norm = float(np.linalg.norm(released - exact))
+            inflation = 1.0
         else:
             noise = self.noise.draw(sensitivity)
             released = self.exact(statistics) + noise

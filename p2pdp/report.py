@@ -198,9 +198,10 @@ def _write_report(directory: Path) -> Path:
     manifest = read_manifest(directory) if (directory / MANIFEST_FILE).exists() else {}
     settings = [c for c in rows[0] if c in ("name", "seed") or "." in c]
     swept = [c for c in settings if len({row[c] for row in rows}) > 1]
-    if "mean_error" not in rows[0]:  # a task that does not classify: its own columns, no figures
+    if "mean_error" not in rows[0]:  # a task that does not classify: its own columns and figures
         report = directory / REPORT_FILE
-        report.write_text(_task_markdown(rows, manifest, settings, swept), "utf-8")
+        figures = _task_figures(rows, directory)
+        report.write_text(_task_markdown(rows, manifest, settings, swept, figures), "utf-8")
         return report
     summaries = _summarise(rows, swept, read_roc(directory))
 
@@ -258,11 +259,28 @@ def _write_report(directory: Path) -> Path:
     return report
 
 
+def _task_figures(rows: Sequence[dict[str, Any]], directory: Path) -> list[tuple[str, str, str]]:
+    """The task's own figures: ``figures(rows, directory) -> [(title, file, caption)]``.
+
+    A task class may provide this classmethod (hook); the task of the first row draws them
+    (with ``task.name`` swept, the tasks compared must share their figures).
+    """
+    from p2pdp import components
+
+    try:
+        task = components.resolve("task", rows[0].get("task.name"), key="task.name")
+    except ConfigError:
+        return []
+    draw = getattr(task, "figures", None)
+    return list(draw(list(rows), directory)) if callable(draw) else []
+
+
 def _task_markdown(
     rows: Sequence[dict[str, Any]],
     manifest: dict[str, Any],
     settings: Sequence[str],
     swept: Sequence[str],
+    figures: Sequence[tuple[str, str, str]] = (),
 ) -> str:
     """report.md for a task without classification errors: every numeric column per point."""
     skip = {"point", "fold", "repetition", *settings}
@@ -276,12 +294,28 @@ def _task_markdown(
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(tuple(row[c] for c in swept), []).append(row)
+    tasks = ", ".join(sorted({f"`{row.get('task.name')}`" for row in rows}))
     lines = [
         f"# {manifest.get('scenario', rows[0].get('name', 'results'))}",
         "",
-        f"Task `{rows[0].get('task.name')}`: {len(rows)} cells; means over folds and "
-        "repetitions. No figures: the accuracy figures need a classification task.",
+        f"Task {tasks}: {len(rows)} cells; means over folds and "
+        "repetitions."
+        + ("" if figures else " No figures: the task draws none (no `figures` hook)."),
         "",
+    ]
+    labels = sorted(
+        {
+            f"`{c}` = {row[c]}"
+            for row in rows
+            for c in rows[0]
+            if c not in skip and isinstance(row[c], str) and c not in ("cell_id", "stop_reason")
+        }
+    )
+    if labels:
+        lines += ["Declared: " + "; ".join(labels) + ".", ""]
+    for title, file, caption in figures:
+        lines += [f"## {title}", "", f"![{title}]({file})", "", caption, ""]
+    lines += [
         "| " + " | ".join([*swept, "cells", *metrics]) + " |",
         "|" + "---|" * (len(swept) + 1 + len(metrics)),
     ]

@@ -20,7 +20,7 @@ import numpy as np
 from p2pdp.accounting import make_accountant
 from p2pdp.config import ScenarioConfig, flat_settings
 from p2pdp.errors import ConfigError, PrivacyWarning
-from p2pdp.mechanisms import make_mechanism
+from p2pdp.mechanisms import make_mechanism, mechanism_class
 from p2pdp.release import Releaser
 from p2pdp.rng import generator
 from p2pdp.sim.world import World, WorldObserver
@@ -199,10 +199,20 @@ def simulate(
     with warnings.catch_warnings():
         if privacy.mechanism in ("none", "seed-laplace"):  # chosen explicitly in the config
             warnings.simplefilter("ignore", PrivacyWarning)
-        mechanism = make_mechanism(
-            privacy.mechanism,
-            epsilon=privacy.epsilon_per_aggregation,
-            delta=privacy.delta_per_aggregation if privacy.approximate else None,
+        mechanism_cls = mechanism_class(privacy.mechanism)
+        if hasattr(mechanism_cls, "from_config"):  # calibrated by settings beyond [privacy]
+            mechanism = mechanism_cls.from_config(config)
+        else:
+            mechanism = make_mechanism(
+                privacy.mechanism,
+                epsilon=privacy.epsilon_per_aggregation,
+                delta=privacy.delta_per_aggregation if privacy.approximate else None,
+            )
+    if getattr(mechanism, "local", False) and not getattr(task, "locally_private", False):
+        raise ConfigError(
+            f"privacy.mechanism = {privacy.mechanism!r} declares privacy applied locally, but "
+            f"task {config.task.name!r} shares exact statistics (it does not declare "
+            "locally_private): the claim would be false"
         )
     dim = statistics.shape[1]
     rngs = {
@@ -238,6 +248,7 @@ def simulate(
         receipt_peers=pairs[:, 0],
         receipt_models=pairs[:, 1],
         releases=tuple(world.releases),
+        members=tuple(world.release_members),
     )
     evaluation = task.evaluate(trained, outcome)
     wall["evaluation"] = time.perf_counter() - start

@@ -124,6 +124,29 @@ class Probability(Constraint):
 
 
 @dataclass(frozen=True, slots=True)
+class Interval(Constraint):
+    """A finite number between ``low`` and ``high`` (each end open or closed)."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        inside = _is_number(value) and math.isfinite(value)
+        if inside:
+            inside = (value > self.low if self.low_open else value >= self.low) and (
+                value < self.high if self.high_open else value <= self.high
+            )
+        if not inside:
+            interval = (
+                f"{'(' if self.low_open else '['}{self.low:g}, "
+                f"{self.high:g}{')' if self.high_open else ']'}"
+            )
+            raise _fail(key, f"in {interval}", value)
+
+
+@dataclass(frozen=True, slots=True)
 class OneOf(Constraint):
     """One of a fixed tuple of strings."""
 

@@ -237,6 +237,7 @@ class World:
         self.published: list[np.ndarray] = []
         self.releases: list[ReleaseRecord] = []
         self.shared: list[bool] = []
+        self.release_members: list[np.ndarray] = []  # members behind each release (public)
         self.receipts: list[tuple[int, int]] = []
         self._next_group = 0
         ready_at = self.shard_sizes * config.training.seconds_per_row
@@ -412,6 +413,7 @@ def curator_process(world: World, group: Group):
     released, record = world.release(group)
     world.ledger.spend(group.members)  # the release happens now
     world.releases.append(record)
+    world.release_members.append(group.members.copy())
     for observer in world.observers:
         observer.released(world, group, record)
     world.publish(group, released)

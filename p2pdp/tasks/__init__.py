@@ -44,6 +44,10 @@ class Outcome:
         The other receipts: peer ``receipt_peers[i]`` received release ``receipt_models[i]``.
     releases : tuple of ReleaseRecord
         Each release's public record (sensitivity, noise scale, ...), in release order.
+    members : tuple of (K_i,) int arrays
+        The peers whose statistics each release aggregates, in release order (group
+        membership is public: a receiver needs it to know which records a release covers,
+        e.g. not to count the same records twice).
     """
 
     published: np.ndarray
@@ -51,6 +55,7 @@ class Outcome:
     receipt_peers: np.ndarray
     receipt_models: np.ndarray
     releases: tuple[ReleaseRecord, ...]
+    members: tuple[np.ndarray, ...] = ()
 
 
 @runtime_checkable
