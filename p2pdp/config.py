@@ -29,6 +29,7 @@ SENSITIVITY_MODES = ("group-mean", "pathak")
 LATENCY_MODELS = ("constant", "exponential", "lognormal")
 PUBLICATION_MODES = ("group", "full")
 SPLITS = ("cv", "fixed")
+DEFAULT_EPSILON_PER_AGGREGATION = 0.1
 OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
 
 
@@ -204,16 +205,57 @@ class PrivacyConfig:
     aggregation it joins costs ``epsilon_per_aggregation`` (``delta_per_aggregation``).
     ``sensitivity = "group-mean"`` calibrates on 2/(K n_min lambda); ``"pathak"`` on the
     seed's 2/(n_min lambda). ``secure_aggregation`` hides individual models from the curator.
+
+    ``noise_multiplier`` (Gaussian only) is the alternative to ``epsilon_per_aggregation``:
+    fix the noise ``sigma = z * Delta_2`` of every release and let the accountant say how many
+    aggregations the budget affords. Give at most one of the two (neither: ``epsilon_A =
+    0.1``); with ``z`` the per-release guarantee is ``epsilon_A = gdp_epsilon(1/z, delta_A)``,
+    the analytic Gaussian calibration of that ``z`` (:attr:`step_epsilon`).
+
+    ``accountant = "auto"`` (the default) is ``gdp`` (exact composition) for the Gaussian
+    mechanism and ``basic`` for every other; results rows record the resolved name
+    (:attr:`resolved_accountant`).
     """
 
     epsilon: float = 1.0
-    epsilon_per_aggregation: float = 0.1
+    epsilon_per_aggregation: float | None = None
     delta: float = 0.0
     delta_per_aggregation: float = 0.0
     mechanism: str = "vector-laplace"
     sensitivity: str = "group-mean"
-    accountant: str = "basic"
+    accountant: str = "auto"
     secure_aggregation: bool = False
+    noise_multiplier: float | None = None
+
+    def resolve_mechanism_name(self) -> str:
+        """``"gaussian"`` when the mechanism's class is (a subclass of) the Gaussian mechanism."""
+        from p2pdp.mechanisms import Gaussian
+
+        cls = components.resolve("mechanism", self.mechanism, key="privacy.mechanism")
+        return "gaussian" if isinstance(cls, type) and issubclass(cls, Gaussian) else self.mechanism
+
+    @property
+    def resolved_accountant(self) -> str:
+        """``accountant`` with ``"auto"`` resolved (``gdp`` for gaussian, else ``basic``)."""
+        from p2pdp.accounting import resolve_accountant_name
+
+        return resolve_accountant_name(self.accountant, self.mechanism)
+
+    @property
+    def step_epsilon(self) -> float:
+        """Epsilon of one aggregation: ``epsilon_per_aggregation``, or the one ``z`` implies.
+
+        With ``noise_multiplier = z``: ``gdp_epsilon(1/z, delta_per_aggregation)``, the tight
+        ``(epsilon, delta_A)`` of one Gaussian release at ``sigma = z Delta_2`` (the analytic
+        Gaussian calibration at that point gives back ``z``).
+        """
+        if self.noise_multiplier is not None:
+            from p2pdp.gdp import gdp_epsilon
+
+            return float(gdp_epsilon(1.0 / self.noise_multiplier, self.delta_per_aggregation))
+        if self.epsilon_per_aggregation is None:
+            return DEFAULT_EPSILON_PER_AGGREGATION
+        return self.epsilon_per_aggregation
 
     @property
     def approximate(self) -> bool:
@@ -223,15 +265,12 @@ class PrivacyConfig:
 
     def __post_init__(self) -> None:
         _positive("privacy.epsilon", self.epsilon)
-        _positive("privacy.epsilon_per_aggregation", self.epsilon_per_aggregation)
-        if self.epsilon_per_aggregation > self.epsilon * (1 + 1e-12):
-            raise ConfigError(
-                "privacy.epsilon_per_aggregation must be <= privacy.epsilon "
-                f"({self.epsilon!r}), got {self.epsilon_per_aggregation!r}"
-            )
+        if self.epsilon_per_aggregation is not None:
+            _positive("privacy.epsilon_per_aggregation", self.epsilon_per_aggregation)
         components.check("mechanism", self.mechanism, "privacy.mechanism")
         _one_of("privacy.sensitivity", self.sensitivity, SENSITIVITY_MODES)
-        components.check("accountant", self.accountant, "privacy.accountant")
+        if self.accountant != "auto":
+            components.check("accountant", self.accountant, "privacy.accountant")
         if self.approximate:
             for key, value in (
                 ("privacy.delta", self.delta),
@@ -244,11 +283,32 @@ class PrivacyConfig:
                     "privacy.delta_per_aggregation must be <= privacy.delta "
                     f"({self.delta!r}), got {self.delta_per_aggregation!r}"
                 )
-        if self.accountant == "rdp" and not self.approximate:
+        if self.accountant in ("rdp", "gdp") and not self.approximate:
             raise ConfigError(
-                "privacy.accountant = 'rdp' needs privacy.mechanism = 'gaussian'; "
-                f"got mechanism {self.mechanism!r}"
+                f"privacy.accountant = {self.accountant!r} needs privacy.mechanism = "
+                f"'gaussian'; got mechanism {self.mechanism!r}"
             )
+        if self.noise_multiplier is not None:
+            _positive("privacy.noise_multiplier", self.noise_multiplier)
+            if self.epsilon_per_aggregation is not None:
+                raise ConfigError(
+                    "set only one of privacy.epsilon_per_aggregation and "
+                    f"privacy.noise_multiplier; got {self.epsilon_per_aggregation!r} and "
+                    f"{self.noise_multiplier!r}"
+                )
+            if self.resolve_mechanism_name() != "gaussian":
+                raise ConfigError(
+                    "privacy.noise_multiplier needs privacy.mechanism = 'gaussian'; "
+                    f"got {self.mechanism!r}"
+                )
+        step = self.step_epsilon
+        if step > self.epsilon * (1 + 1e-12):
+            key = (
+                "privacy.epsilon_per_aggregation"
+                if self.noise_multiplier is None
+                else "the epsilon of one release at privacy.noise_multiplier"
+            )
+            raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
         if not isinstance(self.secure_aggregation, bool):
             raise _fail("privacy.secure_aggregation", "true or false", self.secure_aggregation)
         if self.secure_aggregation and not getattr(
@@ -405,16 +465,25 @@ class EvaluationConfig:
     ``split = "cv"``: stratified ``cv_folds``-fold cross-validation; ``"fixed"``: the data
     set's predefined train/test split (adult). ``folds`` limits which folds run (empty = all).
     ``vote``: ensemble rule, ``"majority"`` of signs (ties broken by the summed margin, then
-    +1) or ``"mean-margin"`` (sign of the mean margin, 0 -> +1).
+    +1), ``"mean-margin"`` (sign of the mean margin, 0 -> +1), ``"majority-own"`` (ties to
+    the own model), ``"average"`` or ``"local-validated"`` (noise-aware, see
+    :mod:`p2pdp.evaluation`). ``best_lambda_reference``: also report the non-private
+    centralised model at its own cross-validated lambda (``centralized_best_lambda_error``;
+    a few seconds per fold, computed once per training key).
     """
 
     vote: str = "majority"
     split: str = "cv"
     cv_folds: int = 10
     folds: tuple[int, ...] = ()
+    best_lambda_reference: bool = False
 
     def __post_init__(self) -> None:
         components.check("ensemble", self.vote, "evaluation.vote")
+        if not isinstance(self.best_lambda_reference, bool):
+            raise _fail(
+                "evaluation.best_lambda_reference", "true or false", self.best_lambda_reference
+            )
         _one_of("evaluation.split", self.split, SPLITS)
         _int_at_least("evaluation.cv_folds", self.cv_folds, 2)
         for fold in self.folds:
@@ -568,4 +637,7 @@ def flat_settings(config: ScenarioConfig) -> dict[str, Any]:
             row[f"{section}.{key}"] = (
                 "+".join(map(str, value)) if isinstance(value, tuple) else value
             )
+    # resolved values: what the run used ("auto" -> gdp/basic; the default or z's epsilon_A)
+    row["privacy.accountant"] = config.privacy.resolved_accountant
+    row["privacy.epsilon_per_aggregation"] = config.privacy.step_epsilon
     return row
