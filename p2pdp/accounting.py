@@ -83,8 +83,8 @@ def _validate_step(
         )
     if accountant in GAUSSIAN_ACCOUNTANTS and delta_step == 0:
         raise ConfigError(
-            f"accountant {accountant!r} is for the gaussian mechanism and needs delta_per_aggregation "
-            f"in (0, 1), got {delta_per_aggregation!r}"
+            f"accountant {accountant!r} is for the gaussian mechanism and needs "
+            f"delta_per_aggregation in (0, 1), got {delta_per_aggregation!r}"
         )
     return eps_step, delta_total, delta_step
 

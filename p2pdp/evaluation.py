@@ -158,7 +158,9 @@ class Margins:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerData:
-    """Each peer's own training rows, for rules that validate on them (:attr:`EnsembleRule.needs_own_data`).
+    """Each peer's own training rows, for rules that validate on them.
+
+    Passed to :meth:`EnsembleRule.fit` when the rule's ``needs_own_data`` is True.
 
     ``shards``: the rows (each peer reads only its own); ``cv``: the k-fold refits of every
     peer's own model on its own shard (:func:`p2pdp.ensembles.cross_validate_own_models`),

@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from p2pdp.config import ScenarioConfig
-from p2pdp.errors import ConfigError
 from p2pdp.ensembles import OwnShards, cross_validate_own_models
+from p2pdp.errors import ConfigError
 from p2pdp.evaluation import (
     Metrics,
     PeerData,
