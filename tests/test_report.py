@@ -115,3 +115,45 @@ def test_missing_results(tmp_path):
     with pytest.raises(ConfigError, match="results.csv not found"):
         write_report(tmp_path)
     assert main(["report", str(tmp_path)]) == 2
+
+
+def test_rule_and_mechanism_name_the_lines_and_the_best_lambda_reference_is_drawn(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from p2pdp import report as report_module
+    from p2pdp.results import read_results
+
+    rows = write_results(tmp_path, folds=1)
+    mechanisms = (("vector-laplace", 0.0), ("gaussian", 1e-5))
+    extended = []
+    for row, ((mechanism, delta), vote) in itertools.product(
+        rows, itertools.product(mechanisms, ("majority", "local-validated"))
+    ):
+        extended.append(
+            row
+            | {
+                "cell_id": f"{row['cell_id']}-{mechanism}-{vote}",
+                "privacy.delta": delta,  # tied to the mechanism, listed before it
+                "privacy.mechanism": mechanism,
+                "evaluation.vote": vote,
+                "centralized_best_lambda_error": 0.07,
+            }
+        )
+    with (tmp_path / "results.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(extended[0]))
+        writer.writeheader()
+        writer.writerows(extended)
+    text = write_report(tmp_path).read_text()
+    assert "centralized, own best λ" in text and "| 0.070 | 0.120 |" in text
+    parsed = [{k: report_module._parse(v) for k, v in r.items()} for r in read_results(tmp_path)]
+    swept = [c for c in parsed[0] if "." in c and len({r[c] for r in parsed}) > 1]
+    summaries = report_module._summarise(parsed, swept, {})
+    panel, lines = report_module._split(summaries, swept, "privacy.epsilon", "groups.group_size")
+    assert panel == "groups.group_size"
+    assert lines[:2] == ["privacy.mechanism", "evaluation.vote"]
+    assert "privacy.delta" not in lines
+    figure, axis = plt.subplots()
+    report_module._references(axis, summaries, "privacy.epsilon")
+    labels = axis.get_legend_handles_labels()[1]
+    plt.close(figure)
+    assert "centralized, non-private, own best λ" in labels
