@@ -179,3 +179,17 @@ def test_best_lambda_reference_is_opt_in_and_uses_the_training_fold_only():
     assert row["centralized_best_lambda"] == reference.lam
     assert row["centralized_best_lambda_error"] == pytest.approx(test_error)
     assert row["centralized_error"] == plain["centralized_error"]
+
+
+def test_privacy_config_takes_one_of_epsilon_per_aggregation_and_noise_multiplier():
+    gaussian = {"mechanism": "gaussian", "delta": 1e-5, "delta_per_aggregation": 1e-6}
+    with pytest.raises(ConfigError, match="only one of"):
+        PrivacyConfig(epsilon_per_aggregation=0.1, noise_multiplier=5.0, **gaussian)
+    with pytest.raises(ConfigError, match="noise_multiplier must be > 0"):
+        PrivacyConfig(noise_multiplier=-1.0, **gaussian)
+    assert PrivacyConfig().step_epsilon == 0.1  # neither: the old default
+    fixed = PrivacyConfig(noise_multiplier=5.0, **gaussian)
+    z = make_mechanism("gaussian", epsilon=fixed.step_epsilon, delta=1e-6).noise_multiplier
+    assert z == pytest.approx(5.0, rel=1e-9)  # the recorded epsilon_A calibrates back to z
+    assert fixed.resolved_accountant == "gdp" and PrivacyConfig().resolved_accountant == "basic"
+    assert PrivacyConfig(accountant="rdp", **gaussian).resolved_accountant == "rdp"
