@@ -250,9 +250,10 @@ class MeanMargin(EnsembleRule):
 class MajorityOwnTie(EnsembleRule):
     """Majority of the signs of every model a peer holds, a tied vote going to the own model.
 
-    score = (sum of signs) + tanh(own margin) / 2 (|tanh/2| < 1/2 never overturns a vote
-    that is not tied). As :func:`p2pdp.ensembles.majority_rule`. Reads: received models,
-    own model. Costs no privacy (post-processing; the result stays with the peer).
+    ``score = (sum of signs) + tanh(own margin) / 2`` (a term below 1/2 in absolute value
+    never overturns a vote that is not tied). As :func:`p2pdp.ensembles.majority_rule`.
+    Reads: received models, own model. Costs no privacy (post-processing; the result stays
+    with the peer).
     """
 
     name: ClassVar[str] = "majority-own"
