@@ -3,6 +3,7 @@
     python benchmarks/bench_sweep.py                      # spambase_group_vs_full, 560 cells
     python benchmarks/bench_sweep.py --folds 2 --jobs 1 2 --json
     python benchmarks/bench_sweep.py --profile            # where one cell's time goes
+    python benchmarks/bench_sweep.py --folds 1 --jobs 1 --set evaluation.vote=average
 
 Prints, per worker count: cells, seconds, cells per second and the speed-up over the first
 worker count; checks that every worker count wrote identical results rows (up to the
@@ -77,8 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folds", type=int, help="run only the first N folds")
     parser.add_argument("--json", action="store_true", help="one JSON object per worker count")
     parser.add_argument("--profile", action="store_true", help="cProfile one cell and exit")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting"
+    )
     args = parser.parse_args(argv)
     overrides = [f"evaluation.folds={list(range(args.folds))}"] if args.folds else []
+    overrides += args.set
     if args.profile:
         _profile_one_cell(args.scenario, overrides)
         return 0

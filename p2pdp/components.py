@@ -157,6 +157,12 @@ _BUILTINS: tuple[Component, ...] = tuple(
             "Renyi DP of the Gaussian mechanism, converted to (epsilon, delta)",
         ),
         (
+            "accountant",
+            "gdp",
+            "p2pdp.accounting:GdpAccountant",
+            "exact Gaussian composition (mu = sqrt(k)/z GDP); default for gaussian",
+        ),
+        (
             "sampler",
             "central",
             "p2pdp.sim.central:CentralSampler",
@@ -179,6 +185,24 @@ _BUILTINS: tuple[Component, ...] = tuple(
             "mean-margin",
             "p2pdp.evaluation:MeanMargin",
             "sign of the mean margin of every model held",
+        ),
+        (
+            "ensemble",
+            "majority-own",
+            "p2pdp.evaluation:MajorityOwnTie",
+            "majority of the signs of every model held, a tied vote goes to the own model",
+        ),
+        (
+            "ensemble",
+            "average",
+            "p2pdp.evaluation:AverageRule",
+            "inverse-noise-variance average of the received models, shrunk to the own model",
+        ),
+        (
+            "ensemble",
+            "local-validated",
+            "p2pdp.evaluation:LocalValidatedRule",
+            "own model mixed with the received average, the mix validated on the own shard",
         ),
         (
             "task",

@@ -47,6 +47,7 @@ SENSITIVITY_MODES = ("group-mean", "pathak")
 LATENCY_MODELS = ("constant", "exponential", "lognormal")
 PUBLICATION_MODES = ("group", "full")
 SPLITS = ("cv", "fixed")
+DEFAULT_EPSILON_PER_AGGREGATION = 0.1
 OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
 
 
@@ -210,16 +211,50 @@ class PrivacyConfig:
     ``delta`` change (``dataclasses.replace``, a sweep); a value given explicitly is kept.
     ``sensitivity = "group-mean"`` calibrates on 2/(K n_min lambda); ``"pathak"`` on the
     seed's 2/(n_min lambda). ``secure_aggregation`` hides individual models from the curator.
+
+    ``noise_multiplier`` (Gaussian only) is the alternative to ``epsilon_per_aggregation``:
+    fix the noise ``sigma = z * Delta_2`` of every release and let the accountant say how many
+    aggregations the budget affords. Give at most one of the two (neither: ``epsilon_A =
+    0.1``); with ``z`` the per-release guarantee is ``epsilon_A = gdp_epsilon(1/z, delta_A)``,
+    the analytic Gaussian calibration of that ``z`` (:attr:`step_epsilon`).
+
+    ``accountant = "auto"`` (the default) is ``gdp`` (exact composition) for the Gaussian
+    mechanism and ``basic`` for every other; results rows record the resolved name
+    (:attr:`resolved_accountant`).
     """
 
     epsilon: float = field(default=1.0, metadata=check(Positive()))
-    epsilon_per_aggregation: float = field(default=0.1, metadata=check(Positive()))
+    epsilon_per_aggregation: float | None = field(
+        default=None, metadata=check(Optional(Positive()))
+    )
     delta: float = 0.0
     delta_per_aggregation: float | None = None
     mechanism: str = field(default="vector-laplace", metadata=check(ComponentName("mechanism")))
     sensitivity: str = field(default="group-mean", metadata=check(OneOf(SENSITIVITY_MODES)))
-    accountant: str = field(default="basic", metadata=check(ComponentName("accountant")))
+    accountant: str = field(
+        default="auto", metadata=check(ComponentName("accountant", extra=("auto",)))
+    )
     secure_aggregation: bool = field(default=False, metadata=check(Boolean()))
+    noise_multiplier: float | None = field(default=None, metadata=check(Optional(Positive())))
+
+    def resolve_mechanism_name(self) -> str:
+        """``"gaussian"`` when the mechanism's class is (a subclass of) the Gaussian mechanism."""
+        from p2pdp.mechanisms import Gaussian
+
+        cls = components.resolve("mechanism", self.mechanism, key="privacy.mechanism")
+        return "gaussian" if isinstance(cls, type) and issubclass(cls, Gaussian) else self.mechanism
+
+    @property
+    def resolved_accountant(self) -> str:
+        """``accountant`` with ``"auto"`` resolved (``gdp`` for gaussian, else ``basic``)."""
+        from p2pdp.accounting import resolve_accountant_name
+
+        return resolve_accountant_name(self.accountant, self.mechanism)
+
+    @property
+    def step_epsilon(self) -> float:
+        """Epsilon of one aggregation (``epsilon_per_aggregation``, resolved on construction)."""
+        return float(self.epsilon_per_aggregation)  # type: ignore[arg-type]  # never None here
 
     @property
     def approximate(self) -> bool:
@@ -227,17 +262,41 @@ class PrivacyConfig:
         cls = components.resolve("mechanism", self.mechanism, key="privacy.mechanism")
         return bool(getattr(cls, "approximate", False))
 
+    def _resolve_epsilon_per_aggregation(self) -> None:
+        """Store the epsilon of one release: given, implied by ``noise_multiplier``, or 0.1.
+
+        A resolved value is a :class:`Derived` float, so a copy with other settings resolves
+        it again; after construction the field is never None.
+        """
+        given = self.epsilon_per_aggregation
+        explicit = given is not None and not isinstance(given, Derived)
+        if self.noise_multiplier is None:
+            value = given if explicit else Derived(DEFAULT_EPSILON_PER_AGGREGATION)
+        else:
+            if explicit:
+                raise ConfigError(
+                    "set only one of privacy.epsilon_per_aggregation and "
+                    f"privacy.noise_multiplier; got {given!r} and {self.noise_multiplier!r}"
+                )
+            delta_step = self.delta_per_aggregation
+            if delta_step is None or isinstance(delta_step, Derived):
+                raise ConfigError(
+                    "privacy.delta_per_aggregation must be given with privacy.noise_multiplier "
+                    "(the delta at which one release's epsilon is stated); got None"
+                )
+            from p2pdp.gdp import gdp_epsilon
+
+            value = Derived(float(gdp_epsilon(1.0 / self.noise_multiplier, delta_step)))
+        object.__setattr__(self, "epsilon_per_aggregation", value)
+
     def __post_init__(self) -> None:
         validate_fields(self, "privacy")
-        if self.epsilon_per_aggregation > self.epsilon * (1 + 1e-12):
-            raise ConfigError(
-                "privacy.epsilon_per_aggregation must be <= privacy.epsilon "
-                f"({self.epsilon!r}), got {self.epsilon_per_aggregation!r}"
-            )
+        self._resolve_epsilon_per_aggregation()
         if self.delta_per_aggregation is None or isinstance(self.delta_per_aggregation, Derived):
             delta = self.delta
             ok = isinstance(delta, (int, float)) and not isinstance(delta, bool)
-            derived = Derived(delta / (self.epsilon / self.epsilon_per_aggregation) if ok else 0.0)
+            step = self.step_epsilon
+            derived = Derived(delta / (self.epsilon / step) if ok else 0.0)
             object.__setattr__(self, "delta_per_aggregation", derived)
         if self.approximate:
             for key, value in (
@@ -251,11 +310,25 @@ class PrivacyConfig:
                     "privacy.delta_per_aggregation must be <= privacy.delta "
                     f"({self.delta!r}), got {self.delta_per_aggregation!r}"
                 )
-        if self.accountant == "rdp" and not self.approximate:
+        if self.accountant in ("rdp", "gdp") and not self.approximate:
             raise ConfigError(
-                "privacy.accountant = 'rdp' needs privacy.mechanism = 'gaussian'; "
-                f"got mechanism {self.mechanism!r}"
+                f"privacy.accountant = {self.accountant!r} needs privacy.mechanism = "
+                f"'gaussian'; got mechanism {self.mechanism!r}"
             )
+        if self.noise_multiplier is not None:
+            if self.resolve_mechanism_name() != "gaussian":
+                raise ConfigError(
+                    "privacy.noise_multiplier needs privacy.mechanism = 'gaussian'; "
+                    f"got {self.mechanism!r}"
+                )
+        step = self.step_epsilon
+        if step > self.epsilon * (1 + 1e-12):
+            key = (
+                "privacy.epsilon_per_aggregation"
+                if self.noise_multiplier is None
+                else "the epsilon of one release at privacy.noise_multiplier"
+            )
+            raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
         if self.secure_aggregation and not getattr(
             components.resolve("mechanism", self.mechanism, key="privacy.mechanism"),
             "splittable",
@@ -385,13 +458,18 @@ class EvaluationConfig:
     ``split = "cv"``: stratified ``cv_folds``-fold cross-validation; ``"fixed"``: the data
     set's predefined train/test split (adult). ``folds`` limits which folds run (empty = all).
     ``vote``: ensemble rule, ``"majority"`` of signs (ties broken by the summed margin, then
-    +1) or ``"mean-margin"`` (sign of the mean margin, 0 -> +1).
+    +1), ``"mean-margin"`` (sign of the mean margin, 0 -> +1), ``"majority-own"`` (ties to
+    the own model), ``"average"`` or ``"local-validated"`` (noise-aware, see
+    :mod:`p2pdp.evaluation`). ``best_lambda_reference``: also report the non-private
+    centralised model at its own cross-validated lambda (``centralized_best_lambda_error``;
+    a few seconds per fold, computed once per training key).
     """
 
     vote: str = field(default="majority", metadata=check(ComponentName("ensemble")))
     split: str = field(default="cv", metadata=check(OneOf(SPLITS)))
     cv_folds: int = field(default=10, metadata=check(IntAtLeast(2)))
     folds: tuple[int, ...] = ()
+    best_lambda_reference: bool = field(default=False, metadata=check(Boolean()))
 
     def __post_init__(self) -> None:
         validate_fields(self, "evaluation")
@@ -558,4 +636,7 @@ def flat_settings(config: ScenarioConfig) -> dict[str, Any]:
             row[public_key(f"{section}.{key}")] = (
                 "+".join(map(str, value)) if isinstance(value, tuple) else value
             )
+    # resolved values: what the run used ("auto" -> gdp/basic; the default or z's epsilon_A)
+    row["privacy.accountant"] = config.privacy.resolved_accountant
+    row["privacy.epsilon_per_aggregation"] = config.privacy.step_epsilon
     return row

@@ -278,10 +278,10 @@ def shrinkage_weights(
 
     With ``A`` the peer's :func:`received_average`, ``s2`` its per-coordinate noise variance
     and ``D = A - W_own``: if ``A`` were pure noise around ``W_own``, ``||D||^2`` would be about
-    ``d s2`` with standard deviation about ``sqrt(2 d) s2``. The weight on ``A`` is
+    ``d s2`` with standard deviation about ``sqrt(2 d) s2``. The weight on ``A`` is::
 
-    ``beta = min(1 - min(1, (d - 2 + kappa sqrt(2 d)) s2 / ||D||^2),
-    noise_cap * ||W_own|| / sqrt(d s2))``
+        beta = min(1 - min(1, (d - 2 + kappa sqrt(2 d)) s2 / ||D||^2),
+                   noise_cap * ||W_own|| / sqrt(d s2))
 
     The first term with ``kappa = 0`` is the positive-part James-Stein estimator (Stein 1961;
     Baranchik 1964): the MSE-optimal shrink of ``A`` towards ``W_own``. But the MSE of a weight

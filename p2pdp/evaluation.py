@@ -14,12 +14,28 @@ Decision rules (``evaluation.vote``: an :class:`EnsembleRule` component):
     decides; a tie is broken by the summed margin, and an exact zero goes to +1.
 ``"mean-margin"`` (:class:`MeanMargin`)
     score = sum of margins (the sign of the mean margin).
+``"majority-own"`` (:class:`MajorityOwnTie`)
+    score = (sum of signs) + tanh(own margin) / 2: as ``majority``, but a tied vote goes to
+    the peer's own model (the seed's tie-break by summed margin hands it to the noisiest
+    member). Reads: received models, own model.
+``"average"`` (:class:`AverageRule`)
+    One linear model per peer: its received models averaged with weights ``1/noise_std^2``
+    (their public noise variances), shrunk towards the peer's own model by a James-Stein
+    factor with a noise test and cap (:func:`p2pdp.ensembles.average_rule`). Reads: received
+    models, their public noise scales (release records), own model.
+``"local-validated"`` (:class:`LocalValidatedRule`)
+    As ``average``, but each peer chooses how much to trust the received average by k-fold
+    cross validation on its own shard, its own model refitted on each training part
+    (:func:`p2pdp.ensembles.local_validated_rule`). Reads: received models, their noise
+    scales, own model and own shard; the refits are computed once per training key.
 
 The predicted label is +1 where ``score >= 0`` and -1 elsewhere. The same score is the
 continuous output used for the ROC curve.
 
-Evaluation reads only test rows and released (published) models plus each peer's own model:
-it is post-processing and costs no privacy budget.
+Why no rule costs privacy: each reads only what a peer holds at the end of a run (the
+releases it received with their public records, its own model, its own shard) and the test
+rows it classifies; the result is used by that peer alone. That is post-processing of the
+releases plus the peer's own data, so the budget and the guarantee are unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +47,15 @@ from typing import ClassVar
 import numpy as np
 import scipy.sparse as sp
 from sklearn.metrics import auc, roc_curve
+
+from p2pdp.ensembles import (
+    CrossValidation,
+    OwnShards,
+    PublicView,
+    average_rule,
+    local_validated_rule,
+)
+from p2pdp.errors import ConfigError
 
 _CHUNK_ELEMENTS = 4_000_000  # test rows x (models + peers) per chunk: bounds memory to ~100 MB
 
@@ -114,6 +139,9 @@ class Margins:
         Published models received by specific peers.
     noise_std : (K,) array
         Public per-coordinate noise standard deviation of each published model.
+    rows : (n, d) array, optional
+        The block of test rows themselves (for fitted rules that score with one linear
+        model per peer, :class:`LinearRule`).
     """
 
     own: np.ndarray
@@ -121,10 +149,26 @@ class Margins:
     shared: np.ndarray
     receipts: sp.csr_matrix
     noise_std: np.ndarray
+    rows: np.ndarray | None = None
 
     def held_sum(self, values: np.ndarray, start: np.ndarray) -> np.ndarray:
         """``start`` (P, n) plus the sum of ``values`` (K, n) over the models each peer holds."""
         return start + (self.shared @ values)[None, :] + self.receipts @ values
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerData:
+    """Each peer's own training rows, for rules that validate on them.
+
+    Passed to :meth:`EnsembleRule.fit` when the rule's ``needs_own_data`` is True.
+
+    ``shards``: the rows (each peer reads only its own); ``cv``: the k-fold refits of every
+    peer's own model on its own shard (:func:`p2pdp.ensembles.cross_validate_own_models`),
+    computed once per training key by the task and shared by every run of that fold.
+    """
+
+    shards: OwnShards
+    cv: CrossValidation
 
 
 class EnsembleRule(ABC):
@@ -134,15 +178,49 @@ class EnsembleRule(ABC):
     peer, shape (n, P); label +1 where the score is >= 0. It must be vectorised over peers
     (full publication gives every peer the same published models: use
     :meth:`Margins.held_sum` instead of per-peer loops). A rule reads only a peer's own
-    model and the published models with their public release records: post-processing, so
-    it costs no privacy. Rules are constructed without arguments.
+    model and the published models with their public release records (and, if it says so
+    with :attr:`needs_own_data`, the peer's own shard): post-processing, so it costs no
+    privacy. Rules are constructed without arguments.
+
+    Optional step :meth:`fit`: called once per run, before any row is scored, with the run's
+    :class:`Ensembles` (own models, published models, their public ``noise_std``) and, for
+    rules with ``needs_own_data = True``, the peers' :class:`PeerData`; it returns the rule
+    that scores the rows (the default returns ``self``). Rules that turn what a peer holds
+    into one linear model per peer return a :class:`LinearRule`.
     """
 
     name: ClassVar[str]
+    #: True if :meth:`fit` needs each peer's own shard (:class:`PeerData`).
+    needs_own_data: ClassVar[bool] = False
+
+    def fit(self, ensembles: Ensembles, own: PeerData | None = None) -> EnsembleRule:
+        """The rule to score this run's rows with (default: ``self``)."""
+        return self
+
+    def for_peers(self, peers: slice) -> EnsembleRule:
+        """This rule for a subset of peers (:func:`evaluate_ensembles` scores the best peer)."""
+        return self
 
     @abstractmethod
     def scores(self, margins: Margins) -> np.ndarray:
         """Decision scores, shape (n_rows, P)."""
+
+
+class LinearRule(EnsembleRule):
+    """A fitted rule: one linear model per peer, ``weights`` (P, d); score ``x . w_p``."""
+
+    name: ClassVar[str] = "linear"
+
+    def __init__(self, weights: np.ndarray) -> None:
+        self.weights = np.asarray(weights, dtype=np.float64)
+
+    def for_peers(self, peers: slice) -> LinearRule:
+        return LinearRule(self.weights[peers])
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        if margins.rows is None:
+            raise ValueError("a LinearRule needs Margins.rows")
+        return margins.rows @ self.weights.T
 
 
 class MajorityVote(EnsembleRule):
@@ -167,6 +245,67 @@ class MeanMargin(EnsembleRule):
 
     def scores(self, margins: Margins) -> np.ndarray:
         return margins.held_sum(margins.published, margins.own).T
+
+
+class MajorityOwnTie(EnsembleRule):
+    """Majority of the signs of every model a peer holds, a tied vote going to the own model.
+
+    ``score = (sum of signs) + tanh(own margin) / 2`` (a term below 1/2 in absolute value
+    never overturns a vote that is not tied). As :func:`p2pdp.ensembles.majority_rule`.
+    Reads: received models, own model. Costs no privacy (post-processing; the result stays
+    with the peer).
+    """
+
+    name: ClassVar[str] = "majority-own"
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        votes = margins.held_sum(np.sign(margins.published), np.sign(margins.own))
+        return (votes + 0.5 * np.tanh(margins.own)).T
+
+
+def _public_view(ensembles: Ensembles) -> PublicView:
+    return PublicView.from_ensembles(ensembles, ensembles.noise_std)
+
+
+class AverageRule(EnsembleRule):
+    """Own model mixed with the inverse-noise-variance average of the received models.
+
+    :func:`p2pdp.ensembles.average_rule`: the mix follows the average's public noise variance
+    (James-Stein shrinkage with a noise test and a cap), no tuning. Reads: received models,
+    their public ``noise_std`` (release records), own model. Costs no privacy.
+    """
+
+    name: ClassVar[str] = "average"
+
+    def fit(self, ensembles: Ensembles, own: PeerData | None = None) -> LinearRule:
+        return LinearRule(average_rule(_public_view(ensembles)).weights)
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        raise ValueError("the average rule scores after fit(); use evaluate_ensembles")
+
+
+class LocalValidatedRule(EnsembleRule):
+    """Own model mixed with the received average, the mix chosen on the peer's own shard.
+
+    :func:`p2pdp.ensembles.local_validated_rule` with the k-fold refits of :class:`PeerData`
+    (computed once per training key). Reads: received models, their noise scales, the own
+    model and the own shard. Costs no privacy: nothing leaves the peer.
+    """
+
+    name: ClassVar[str] = "local-validated"
+    needs_own_data: ClassVar[bool] = True
+
+    def fit(self, ensembles: Ensembles, own: PeerData | None = None) -> LinearRule:
+        if own is None:
+            raise ConfigError(
+                "evaluation.vote = 'local-validated' needs each peer's own shard; the task "
+                "must pass PeerData (the logistic task does)"
+            )
+        rule = local_validated_rule(_public_view(ensembles), own.shards, cv=own.cv)
+        return LinearRule(rule.weights)
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        raise ValueError("the local-validated rule scores after fit(); use evaluate_ensembles")
 
 
 def make_ensemble_rule(vote: str | EnsembleRule) -> EnsembleRule:
@@ -194,6 +333,7 @@ def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str | Ensemble
         shared=ensembles.shared.astype(np.float64),
         receipts=ensembles.receipts,
         noise_std=ensembles.noise_std,
+        rows=X,
     )
     return rule.scores(margins)
 
@@ -233,10 +373,19 @@ class Metrics:
 
 
 def evaluate_ensembles(
-    ensembles: Ensembles, X: np.ndarray, y: np.ndarray, *, vote: str | EnsembleRule
+    ensembles: Ensembles,
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    vote: str | EnsembleRule,
+    own: PeerData | None = None,
 ) -> Metrics:
-    """Per-peer errors, pooled confusion matrix, and the best peer's ROC, in row chunks."""
-    vote = make_ensemble_rule(vote)
+    """Per-peer errors, pooled confusion matrix, and the best peer's ROC, in row chunks.
+
+    The rule is fitted once (:meth:`EnsembleRule.fit`, with ``own`` for rules that need the
+    peers' own shards), then scores every row block.
+    """
+    vote = make_ensemble_rule(vote).fit(ensembles, own)
     y = np.asarray(y)
     n_rows, n_peers = X.shape[0], ensembles.n_peers
     wrong = np.zeros(n_peers, dtype=np.int64)
@@ -265,8 +414,11 @@ def evaluate_ensembles(
         best_scores = scores[:, best]
     else:
         one = _one_peer(ensembles, best)
+        one_rule = vote.for_peers(slice(best, best + 1))
         blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
-        best_scores = np.concatenate([ensemble_scores(one, X[r], vote=vote)[:, 0] for r in blocks])
+        best_scores = np.concatenate(
+            [ensemble_scores(one, X[r], vote=one_rule)[:, 0] for r in blocks]
+        )
     if len(np.unique(y)) == 2:
         fpr, tpr, _ = roc_curve(y, best_scores, pos_label=1)
         area = float(auc(fpr, tpr))

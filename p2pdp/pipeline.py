@@ -13,7 +13,7 @@ models (common random numbers).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,7 @@ class TrainedPeers:
     ``centralized`` is the non-private model fitted on all of the fold's training rows, the
     upper reference line of every accuracy result. ``key`` is the :func:`training_key` it was
     prepared for (``None`` if built by hand): a simulation refuses models of another key.
+    ``cache`` holds what a task computes lazily from this training and reuses across cells.
     """
 
     fold: FoldData
@@ -56,6 +57,9 @@ class TrainedPeers:
     models: LocalModels
     centralized: np.ndarray
     key: tuple | None = None
+    #: Lazily computed, per-training-key extras a task shares between the runs of this fold
+    #: (e.g. the logistic task's k-fold refits of the own models); not part of equality.
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def load_fold(

@@ -4,7 +4,9 @@ Every accuracy figure shows the mean test error of the peers' ensembles (fractio
 misclassified test rows, averaged over peers, folds and repetitions) with a band of +/- one
 standard deviation over peers and folds, plus two reference lines: the centralized
 non-private model (all training rows pooled) and the local-only models (each peer alone, no
-aggregation, no noise). A figure whose x axis was not swept is skipped, and report.md says so.
+aggregation, no noise), and, when the results carry it (``evaluation.best_lambda_reference``), the
+centralized model at its own cross-validated λ. A figure whose x axis was not swept is skipped,
+and report.md says so.
 
 Swept settings are found from the results themselves (columns with more than one value), so
 a report needs only ``results.csv`` (``roc.csv`` and ``manifest.json`` add the ROC figure and
@@ -57,11 +59,15 @@ _LABELS = {
     "publication.mode": ("publication", "publication"),
     "network.loss": ("message loss probability", "loss"),
     "groups.sampler": ("group sampler", "sampler"),
+    "evaluation.vote": ("ensemble rule", "rule"),
+    "privacy.mechanism": ("mechanism", "mechanism"),
 }
 #: A numeric line key with more values than this is drawn as a colour scale with a colour bar.
 MAX_LEGEND_LINES = 6
 _LINESTYLES = ("-", "--", "-.", ":")
 _ERROR_LABEL = "test error (fraction misclassified)"
+#: Settings that name figure lines first when several swept settings are tied together.
+_LINE_KEYS = ("privacy.mechanism", "evaluation.vote", "publication.mode")
 #: (file stem, title, x axis, panel axis): one accuracy figure each, drawn if x is swept.
 _ERROR_FIGURES = (
     ("error_vs_group_size", "Error vs group size", "groups.group_size", "privacy.epsilon"),
@@ -105,6 +111,7 @@ class PointSummary:
     aggregations: float
     centralized_error: float
     local_only_error: float
+    centralized_best_lambda_error: float
     messages_per_peer: float
     wall_cell_s: float
     roc_tpr: np.ndarray | None
@@ -364,6 +371,9 @@ def _summarise(
                 aggregations=mean("aggregations"),
                 centralized_error=mean("centralized_error"),
                 local_only_error=mean("local_only_error"),
+                centralized_best_lambda_error=_optional_mean(
+                    cells, "centralized_best_lambda_error"
+                ),
                 messages_per_peer=float(
                     np.mean([row["messages_sent"] / row["partition.n_peers"] for row in cells])
                 ),
@@ -378,6 +388,14 @@ def _column_mean(cells: Sequence[dict[str, Any]], column: str) -> float:
     return float(np.mean([row[column] for row in cells]))
 
 
+def _optional_mean(cells: Sequence[dict[str, Any]], column: str) -> float:
+    """Mean of a column some rows may lack (NaN if any cell lacks it)."""
+    values = [row.get(column) for row in cells]
+    if any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
+        return math.nan
+    return float(np.mean(values))
+
+
 def _tied(a: str, b: str, summaries: Sequence[PointSummary]) -> bool:
     """True when settings ``a`` and ``b`` determine each other (a zipped sweep axis)."""
     pairs = {(s.settings[a], s.settings[b]) for s in summaries}
@@ -390,7 +408,11 @@ def _split(
     """The panel key (if swept and not tied to x) and the line keys of a figure."""
     if panel not in swept or panel == x or _tied(x, panel, summaries):
         panel = None
-    return panel, _independent(swept, summaries, [k for k in (x, panel) if k is not None])
+    # name lines by the settings a reader compares (rule, mechanism) before tied ones (delta)
+    ordered = sorted(
+        swept, key=lambda k: _LINE_KEYS.index(k) if k in _LINE_KEYS else len(_LINE_KEYS)
+    )
+    return panel, _independent(ordered, summaries, [k for k in (x, panel) if k is not None])
 
 
 def _independent(
@@ -475,11 +497,12 @@ def _legend(figure: plt.Figure, axes: Sequence[plt.Axes]) -> None:
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
     columns = 2 if len(axes) == 1 else 4
+    width_columns = max(1, int(figure.get_figwidth() // 3.6))  # legend stays within the figure
     figure.legend(
         entries.values(),
         entries.keys(),
         loc="outside lower center",
-        ncols=max(1, min(len(entries), columns)),
+        ncols=max(1, min(len(entries), columns, width_columns)),
     )
 
 
@@ -594,13 +617,17 @@ def _references(
     """Centralized non-private and local-only errors at each x (flat when x is not P or λ).
 
     They are averaged over the lines at each x; when a line setting changes them (λ, P), the
-    legend says so ("mean over λ").
+    legend says so ("mean over λ"). With ``evaluation.best_lambda_reference`` also the
+    centralized model at its own cross-validated λ (the real ceiling).
     """
     xs = sorted({s.settings[x] for s in members})
     for attribute, style, name in (
         ("centralized_error", "k--", "centralized, non-private"),
+        ("centralized_best_lambda_error", "k-.", "centralized, non-private, own best λ"),
         ("local_only_error", "k:", "local only, no aggregation"),
     ):
+        if any(math.isnan(getattr(s, attribute)) for s in members):
+            continue
         values = [
             np.mean([getattr(s, attribute) for s in members if s.settings[x] == value])
             for value in xs
@@ -849,6 +876,9 @@ def _table(swept: Sequence[str], summaries: Sequence[PointSummary]) -> list[str]
         "centralized",
         "local only",
     ]
+    best = not any(math.isnan(s.centralized_best_lambda_error) for s in summaries)
+    if best:
+        header.insert(-1, "centralized, own best λ")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
         cells = [
@@ -861,5 +891,7 @@ def _table(swept: Sequence[str], summaries: Sequence[PointSummary]) -> list[str]
             f"{s.centralized_error:.3f}",
             f"{s.local_only_error:.3f}",
         ]
+        if best:
+            cells.insert(-1, f"{s.centralized_best_lambda_error:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
     return lines

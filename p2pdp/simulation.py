@@ -43,6 +43,9 @@ class RunResult:
     ``inf`` for ``none`` or a mechanism that declares no guarantee.
     ``guarantee_per_aggregation`` is one release's real ``(epsilon, delta)``.
     ``releases`` has one row per release (:mod:`p2pdp.release` records, plus cell time).
+    ``affordable_aggregations`` is how many aggregations the ledger lets every peer join
+    (the accountant's answer for the budget; with ``privacy.noise_multiplier``, the count
+    that noise buys).
     """
 
     config: ScenarioConfig
@@ -65,6 +68,7 @@ class RunResult:
     releases: list[dict[str, Any]] = field(default_factory=list)
     wall_times: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = float("nan")
+    affordable_aggregations: int = -1
 
     def row(self) -> dict[str, Any]:
         """Flat results row: every config setting, the seed, and the scalar metrics."""
@@ -74,6 +78,7 @@ class RunResult:
         row.update(
             aggregations=self.aggregations,
             aborted_groups=self.aborted_groups,
+            affordable_aggregations=self.affordable_aggregations,
             mean_aggregations_per_peer=float(self.aggregations_per_peer.mean()),
             max_epsilon_spent=float(self.epsilon_spent.max()),
             max_guaranteed_epsilon=float(self.guaranteed_epsilon.max()),
@@ -142,7 +147,7 @@ class ReleaseLog(WorldObserver):
                 "time": float(world.env.now),
                 "group": group.group_id,
                 "curator": group.curator,
-                **record._asdict(),
+                **record.as_row(),
             }
         )
 
@@ -205,7 +210,7 @@ def simulate(
         else:
             mechanism = make_mechanism(
                 privacy.mechanism,
-                epsilon=privacy.epsilon_per_aggregation,
+                epsilon=privacy.step_epsilon,
                 delta=privacy.delta_per_aggregation if privacy.approximate else None,
             )
     if getattr(mechanism, "local", False) and not getattr(task, "locally_private", False):
@@ -282,6 +287,7 @@ def simulate(
         releases=log.rows,
         wall_times=wall,
         peak_memory_mb=peak_mb,
+        affordable_aggregations=int(world.ledger.max_aggregations),
     )
 
 
@@ -292,7 +298,7 @@ def _guaranteed_epsilon(
     event = mechanism.event(dim)
     if not event.private:
         return np.where(counts == 0, 0.0, math.inf)
-    accountant = make_accountant(config.privacy.accountant)
+    accountant = make_accountant(config.privacy.resolved_accountant)
     if not accountant.supports(event):  # e.g. rdp on a non-Gaussian true event
         accountant = make_accountant("basic")
     return accountant.composed_epsilon(event, counts, delta_total=config.privacy.delta)

@@ -180,11 +180,13 @@ class ComponentName(Constraint):
     """A registered component of ``kind`` or an importable ``package.module:Name``."""
 
     kind: str
+    extra: tuple[str, ...] = ()  # further accepted values, e.g. "auto"
 
     def check(self, key: str, value: Any) -> None:
         from p2pdp import components
 
-        components.check(self.kind, value, key)
+        if value not in self.extra:
+            components.check(self.kind, value, key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,13 +118,14 @@ def test_affordable_count_is_the_largest_within_budget(epsilon_total, ratio, acc
 
 def test_budget_table_rows_and_markdown():
     rows = budget_table()
-    assert all(row["rdp"] > row["basic"] >= 1 for row in rows)
+    assert all(row["gdp"] >= row["rdp"] > row["basic"] >= 1 for row in rows)
+    assert sum(row["gdp"] > row["rdp"] for row in rows) >= 5  # exact composition: tighter
     for row in rows:
         ratio = row["epsilon_total"] / row["epsilon_per_aggregation"]
         assert row["basic"] == math.floor(ratio + 1e-9)
     markdown = format_budget_table(rows).splitlines()
     assert len(markdown) == len(rows) + 2
-    assert markdown[2].endswith(f"| {rows[0]['basic']} | {rows[0]['rdp']} |")
+    assert markdown[2].endswith(f"| {rows[0]['basic']} | {rows[0]['rdp']} | {rows[0]['gdp']} |")
 
 
 # --- ledger ---------------------------------------------------------------------------------------

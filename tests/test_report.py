@@ -227,8 +227,12 @@ def test_costs_that_coincide_are_drawn_once(tmp_path, drawn):
     )
     write_report(tmp_path)
     messages = drawn["cost_vs_peers"].axes[0]
-    labels = sorted(line.get_label() for line in messages.get_lines())
-    assert labels == ["ε = 1, 10; full publication", "ε = 1, 10; group publication"]
+    labels = sorted(frozenset(line.get_label().split("; ")) for line in messages.get_lines())
+    assert set(labels) == {
+        frozenset({"ε = 1, 10", "full publication"}),
+        frozenset({"ε = 1, 10", "group publication"}),
+    }
+    assert len(labels) == 2
 
 
 def test_loss_sweep_draws_aggregations_and_error_per_sampler(tmp_path, drawn):
@@ -243,3 +247,45 @@ def test_loss_sweep_draws_aggregations_and_error_per_sampler(tmp_path, drawn):
         assert all(list(l.get_xdata()) == [0.0, 0.1, 0.2] for l in samplers)
     central = next(l for l in aggregations.get_lines() if l.get_label() == "sampler = central")
     assert list(central.get_ydata()) == [10, 11, 12]  # points 0, 1, 2 of the grid
+
+
+def test_rule_and_mechanism_name_the_lines_and_the_best_lambda_reference_is_drawn(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from p2pdp import report as report_module
+    from p2pdp.results import read_results
+
+    rows = write_results(tmp_path, folds=1)
+    mechanisms = (("vector-laplace", 0.0), ("gaussian", 1e-5))
+    extended = []
+    for row, ((mechanism, delta), vote) in itertools.product(
+        rows, itertools.product(mechanisms, ("majority", "local-validated"))
+    ):
+        extended.append(
+            row
+            | {
+                "cell_id": f"{row['cell_id']}-{mechanism}-{vote}",
+                "privacy.delta": delta,  # tied to the mechanism, listed before it
+                "privacy.mechanism": mechanism,
+                "evaluation.vote": vote,
+                "centralized_best_lambda_error": 0.07,
+            }
+        )
+    with (tmp_path / "results.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(extended[0]))
+        writer.writeheader()
+        writer.writerows(extended)
+    text = write_report(tmp_path).read_text()
+    assert "centralized, own best λ" in text and "| 0.070 | 0.120 |" in text
+    parsed = [{k: report_module._parse(v) for k, v in r.items()} for r in read_results(tmp_path)]
+    swept = [c for c in parsed[0] if "." in c and len({r[c] for r in parsed}) > 1]
+    summaries = report_module._summarise(parsed, swept, {})
+    panel, lines = report_module._split(summaries, swept, "privacy.epsilon", "groups.group_size")
+    assert panel == "groups.group_size"
+    assert lines[:2] == ["privacy.mechanism", "evaluation.vote"]
+    assert "privacy.delta" not in lines
+    figure, axis = plt.subplots()
+    report_module._references(axis, summaries, "privacy.epsilon")
+    labels = axis.get_legend_handles_labels()[1]
+    plt.close(figure)
+    assert "centralized, non-private, own best λ" in labels

@@ -25,6 +25,8 @@ from p2pdp.config import (
     ScenarioConfig,
     TrainingConfig,
 )
+from p2pdp.errors import ConfigError
+from p2pdp.gdp import gdp_mu
 from p2pdp.learning import GRADIENT_TOLERANCE
 from p2pdp.mechanisms import make_mechanism
 from p2pdp.sim.world import WorldObserver
@@ -138,18 +140,56 @@ def test_every_release_row_states_the_group_sensitivity_and_the_guarantee():
         assert row["noise_scale"] == pytest.approx(row["sensitivity"] / 0.1)
 
 
-def test_rdp_ledger_affords_more_aggregations_than_basic_in_the_world():
+def test_gdp_ledger_affords_more_than_rdp_than_basic_in_the_world():
     common = {"epsilon": 1.0, "epsilon_per_aggregation": 0.1}
     gaussian = {"delta": 1e-5, "delta_per_aggregation": 1e-6}
-    counts = {}
-    for accountant in ("basic", "rdp"):
+    counts, rows = {}, {}
+    for accountant in ("basic", "rdp", "gdp", "auto"):
         config = _config("gaussian", "group-mean", False, accountant, **common, **gaussian)
         result = simulate(config)
         counts[accountant] = int(result.aggregations_per_peer.max())
+        rows[accountant] = result.row()
         assert float(result.epsilon_spent.max()) <= 1.0 + 1e-9
     rdp = affordable_aggregations(1.0, 0.1, 1e-5, 1e-6, "rdp")
     assert counts["basic"] == 10
     assert counts["rdp"] == rdp > 2 * counts["basic"]
+    # exact composition: k releases at noise multiplier z are sqrt(k)/z-GDP
+    z = make_mechanism("gaussian", epsilon=0.1, delta=1e-6).noise_multiplier
+    mu_budget = gdp_mu(1.0, 1e-5)
+    assert counts["gdp"] == math.floor((mu_budget * z) ** 2) > counts["rdp"]
+    # the default for gaussian is gdp, and rows record the resolved accountant
+    assert counts["auto"] == counts["gdp"]
+    assert rows["auto"]["privacy.accountant"] == "gdp"
+    assert rows["basic"]["privacy.accountant"] == "basic"
+    assert rows["gdp"]["affordable_aggregations"] == counts["gdp"]
+
+
+def test_noise_multiplier_fixes_the_noise_and_the_budget_gives_the_count():
+    z = 20.0
+    config = _config(
+        "gaussian", "group-mean", False, "auto",
+        epsilon=1.0, epsilon_per_aggregation=None, noise_multiplier=z,
+        delta=1e-5, delta_per_aggregation=1e-6,
+    )  # fmt: skip
+    capture = Capture()
+    result = simulate(config, observers=(capture,))
+    # every release carries sigma = z * its sensitivity
+    for record in capture.records:
+        assert record.noise_std == pytest.approx(z * record.sensitivity, rel=1e-9)
+    expected = math.floor((gdp_mu(1.0, 1e-5) * z) ** 2)
+    assert result.row()["affordable_aggregations"] == expected
+    assert int(result.aggregations_per_peer.max()) == expected
+    assert float(result.epsilon_spent.max()) <= 1.0 + 1e-9
+
+
+def test_vector_laplace_defaults_to_basic_and_refuses_gdp():
+    result = simulate(_config("vector-laplace", "group-mean", False, "auto", epsilon=1.0))
+    assert result.row()["privacy.accountant"] == "basic"
+    assert int(result.aggregations_per_peer.max()) == 10
+    with pytest.raises(ConfigError, match="gdp"):
+        _config("vector-laplace", "group-mean", False, "gdp")
+    with pytest.raises(ConfigError, match="noise_multiplier"):
+        _config("vector-laplace", "group-mean", False, noise_multiplier=3.0)
 
 
 def test_seed_laplace_and_none_report_their_real_guarantee():

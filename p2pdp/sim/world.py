@@ -221,10 +221,10 @@ class World:
         self.ledger = BudgetLedger(
             n_peers,
             epsilon_total=privacy.epsilon,
-            epsilon_per_aggregation=privacy.epsilon_per_aggregation,
+            epsilon_per_aggregation=privacy.step_epsilon,
             delta_total=privacy.delta,
             delta_per_aggregation=privacy.delta_per_aggregation,
-            accountant=make_accountant(privacy.accountant),
+            accountant=make_accountant(privacy.resolved_accountant),
             event=releaser.mechanism.budget_event(dim),
         )
         self.transport = Transport(self.env, config.network, n_peers, rng=rngs["network"])
