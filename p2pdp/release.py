@@ -230,7 +230,7 @@ class Releaser:
         else:
             noise = self.noise.draw(sensitivity)
             released = self.exact(statistics) + noise
-            noise_norm = float(np.linalg.norm(noise))
+            noise_norm = math.sqrt(float(noise @ noise))
             inflation = 1.0
         sensitivity = float(sensitivity)
         if self._unit is not None:

@@ -348,8 +348,9 @@ class World:
         """The group's noisy aggregate through the one release path."""
         sensitivity = self.sensitivity(group.sizes)
         curator = group.submitted.index(group.curator)
+        rows = np.array(group.submitted)  # an index array is faster than a list here
         return self.releaser.release(
-            self.statistics[group.submitted], group.sizes, sensitivity, curator=curator
+            self.statistics[rows], group.sizes, sensitivity, curator=curator
         )
 
     def publish(self, group: Group, model: np.ndarray) -> None:
