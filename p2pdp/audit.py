@@ -448,7 +448,7 @@ def _audit_pooled(name: str) -> AuditResult:
     )
     adversary_prior = 0.0 if name == "pooled-test-known-others" else setting["prevalence"]
     exact = exact_pooled_test_epsilon(
-        adversary_prior, setting["pool_size"], se, sp, response=response
+        adversary_prior, int(setting["pool_size"]), se, sp, response=response
     )
     return AuditResult(
         mechanism=name,

@@ -305,6 +305,7 @@ class PrivacyConfig:
             ):
                 if not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
                     raise _fail(key, f"in (0, 1) for the {self.mechanism} mechanism", value)
+            assert self.delta_per_aggregation is not None  # derived above when not given
             if self.delta_per_aggregation > self.delta:
                 raise ConfigError(
                     "privacy.delta_per_aggregation must be <= privacy.delta "

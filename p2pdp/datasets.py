@@ -640,7 +640,7 @@ def _load(
     """Load a data set; also return one report per file (where found, sha256, check result)."""
     manifest = load_manifest(name)
     splits: dict[str, tuple[np.ndarray, ...]] = {}
-    reports = []
+    reports: list[dict[str, Any]] = []
     for located in _locate(manifest, path, download=download):
         spec, file_path = located.spec, located.path
         try:
@@ -667,6 +667,7 @@ def _load(
             }
         )
     X_test, y_test = splits.get("test", (None, None))
+    bounds = manifest.feature_bounds
     dataset = Dataset(
         name=name,
         X=splits["train"][0],
@@ -675,7 +676,7 @@ def _load(
         X_test=X_test,
         y_test=y_test,
         files=tuple(Path(report["path"]) for report in reports),
-        feature_bounds=manifest.feature_bounds,
+        feature_bounds=None if bounds is None else (np.asarray(bounds[0]), np.asarray(bounds[1])),
     )
     return manifest, dataset, reports
 
@@ -740,7 +741,7 @@ def dataset_info(name: str, *, path: str | os.PathLike[str] | None = None) -> di
         positives = None if y is None else int((y == 1).sum())
         info[f"{prefix}rows"] = None if y is None else len(y)
         info[f"{prefix}positives"] = positives
-        info[f"{prefix}negatives"] = None if y is None else len(y) - positives
+        info[f"{prefix}negatives"] = None if y is None or positives is None else len(y) - positives
     info["features"] = dataset.X.shape[1]
     info["feature_bounds"] = None if manifest.feature_bounds is None else "manifest"
     info["files"] = reports

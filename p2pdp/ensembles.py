@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -58,6 +59,9 @@ from threadpoolctl import threadpool_limits
 
 from p2pdp.errors import ConfigError
 from p2pdp.learning import fit_local_models
+
+if TYPE_CHECKING:  # p2pdp.evaluation imports scikit-learn
+    from p2pdp.evaluation import Ensembles
 
 __all__ = [
     "ENSEMBLE_RULES",
@@ -154,7 +158,7 @@ class PublicView:
             object.__setattr__(self, name, value)
 
     @classmethod
-    def from_ensembles(cls, ensembles: object, noise_std: np.ndarray) -> PublicView:
+    def from_ensembles(cls, ensembles: Ensembles, noise_std: np.ndarray) -> PublicView:
         """From a :class:`p2pdp.evaluation.Ensembles` (read by attribute) plus noise scales."""
         return cls(
             own_weights=ensembles.local_weights,

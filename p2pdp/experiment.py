@@ -33,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,6 +231,7 @@ def run_experiment(
                     file=progress,
                 )
             pending = [cell for cell in cells if cell.cell_id not in store.done]
+            outcomes: _WorkerPool | Generator[CellRecord, None, None]
             if client is not None:
                 outcomes = _run_dask(pending, client)
             else:
@@ -273,7 +274,7 @@ def _worker_count(jobs: int | None, client: Any) -> int:
     return jobs
 
 
-def _run_in_process(tasks: Sequence[Task]) -> Iterator[CellRecord]:
+def _run_in_process(tasks: Sequence[Task]) -> Generator[CellRecord, None, None]:
     for task in tasks:
         yield from iter_task(task)
 
@@ -322,7 +323,7 @@ class _WorkerPool:
         self.remaining = sum(len(task) for task in tasks)
         self.failed: list[Future] = []
         self.finished = False
-        self.pool = ProcessPoolExecutor(
+        self.pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=context,
             initializer=_start_worker,
@@ -347,7 +348,9 @@ class _WorkerPool:
                         yield self.records.get_nowait()
                     except queue.Empty:
                         break
-                raise self.failed[0].exception()
+                error = self.failed[0].exception()
+                assert error is not None  # _check keeps only the futures that raised
+                raise error
             try:
                 record = self.records.get(timeout=0.2)
             except queue.Empty:
@@ -411,7 +414,7 @@ def _dask_cell(cell: Cell, prepared: tuple[Any, float]) -> CellRecord:
         return _run_cell(cell, *prepared)
 
 
-def _run_dask(cells: Sequence[Cell], client: Any) -> Iterator[CellRecord]:
+def _run_dask(cells: Sequence[Cell], client: Any) -> Generator[CellRecord, None, None]:
     """One future per training key, one per cell depending on it; records as cells finish.
 
     The client keeps no reference to the trainings, so Dask frees each one when its last

@@ -75,8 +75,9 @@ def _as_binary(name: str, values: ArrayLike) -> np.ndarray:
 
 
 def _is_count(n: object) -> bool:
-    number = isinstance(n, (int, float, np.integer, np.floating)) and not isinstance(n, bool)
-    return number and math.isfinite(n) and n >= 1 and n == int(n)
+    if not isinstance(n, (int, float, np.integer, np.floating)) or isinstance(n, bool):
+        return False
+    return bool(math.isfinite(n) and n >= 1 and n == int(n))
 
 
 # --- sensitivity --------------------------------------------------------------------------------

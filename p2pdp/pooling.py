@@ -528,7 +528,7 @@ def pool_status(statuses: ArrayLike, pool_size: int) -> np.ndarray:
         raise ConfigError(
             f"the last axis of statuses must be a multiple of pool_size={c}, got {array.shape}"
         )
-    return array.astype(bool).reshape(*array.shape[:-1], -1, c).any(axis=-1)
+    return np.asarray(array.astype(bool).reshape(*array.shape[:-1], -1, c).any(axis=-1))
 
 
 def pooled_test_outcomes(
@@ -638,7 +638,7 @@ def variance_ratio_rows(
     One row per ``(c, p)``: ``pool_size, prevalence, hold, variance_ratio, max_prevalence``
     and ``pooling_better`` (``p < p_max``, equivalently ratio < 1).
     """
-    rows = []
+    rows: list[dict[str, float | str]] = []
     for c in pool_sizes:
         p_max = float(max_prevalence(c, sensitivity, specificity, hold=hold))
         for p in prevalences:
@@ -684,7 +684,8 @@ def privacy_utility_rows(
         for t in keep_probabilities:
             t = require_probability("keep probability", t, low=0.5, low_open=True)
             if t < 1.0:
-                se, sp = effective_accuracy(sensitivity, specificity, RandomizedResponse.keep(t))
+                response = RandomizedResponse.keep(t)
+                se, sp = map(float, effective_accuracy(sensitivity, specificity, response))
             else:
                 se, sp = sensitivity, specificity
             row = {

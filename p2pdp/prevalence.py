@@ -144,7 +144,8 @@ def credible_interval(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Equal-tailed ``level`` credible interval of ``Beta(a, b)`` (scipy.stats.beta), vectorised."""
     tail = (1.0 - _level(level)) / 2.0
-    return stats.beta.ppf(tail, a, b), stats.beta.isf(tail, a, b)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return np.asarray(stats.beta.ppf(tail, a, b)), np.asarray(stats.beta.isf(tail, a, b))
 
 
 def widened_posterior(

@@ -68,8 +68,8 @@ def centralised_best_lambda(
     y = np.asarray(y_train)
     folds = stratified_folds(y, cv_folds, rng=rng)
     errors = np.empty(lambdas.size)
-    for i, lam in enumerate(lambdas):
-        models = fit_local_models(X, y, [train for train, _ in folds], float(lam)).weights
+    for i, candidate in enumerate(lambdas):
+        models = fit_local_models(X, y, [train for train, _ in folds], float(candidate)).weights
         wrong = sum(
             int(np.count_nonzero(np.where(X[test] @ w >= 0, 1, -1) != y[test]))
             for w, (_, test) in zip(models, folds, strict=True)

@@ -360,6 +360,7 @@ def _summarise(
         means = np.array([row["mean_error"] for row in cells])
         stds = np.array([row["std_error"] for row in cells])
         curves = [roc.get(str(row.get("cell_id"))) for row in cells]
+        tprs = [curve for curve in curves if curve is not None]
         summaries.append(
             PointSummary(
                 settings=dict(zip(swept, key, strict=True)),
@@ -378,7 +379,7 @@ def _summarise(
                     np.mean([row["messages_sent"] / row["partition.n_peers"] for row in cells])
                 ),
                 wall_cell_s=mean("wall_cell_s") if "wall_cell_s" in cells[0] else math.nan,
-                roc_tpr=None if any(c is None for c in curves) else np.mean(curves, axis=0),
+                roc_tpr=np.mean(tprs, axis=0) if len(tprs) == len(curves) else None,
             )
         )
     return summaries
@@ -406,7 +407,7 @@ def _split(
     summaries: Sequence[PointSummary], swept: Sequence[str], x: str, panel: str | None
 ) -> tuple[str | None, list[str]]:
     """The panel key (if swept and not tied to x) and the line keys of a figure."""
-    if panel not in swept or panel == x or _tied(x, panel, summaries):
+    if panel is None or panel not in swept or panel == x or _tied(x, panel, summaries):
         panel = None
     # name lines by the settings a reader compares (rule, mechanism) before tied ones (delta)
     ordered = sorted(
@@ -604,7 +605,7 @@ def _error_figure(
     for axis in axes:  # shared y: one limit that shows every band (errors are <= 1)
         highest = max([top, *(float(np.max(line.get_ydata())) for line in axis.get_lines())])
         axis.set_ylim(0, min(1.0, 1.05 * highest))
-        if axis.get_subplotspec().is_first_col():
+        if (spec := axis.get_subplotspec()) is not None and spec.is_first_col():
             axis.set_ylabel(_ERROR_LABEL)
     _colour_bar(figure, axes, scale)
     _legend(figure, axes)

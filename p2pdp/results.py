@@ -535,10 +535,10 @@ def read_roc(directory: str | Path) -> dict[str, np.ndarray]:
             curves.setdefault(cell_id, []).append(float(tpr))
         except ValueError:
             raise ConfigError(f"{path}, line {number}: tpr {tpr!r} is not a number") from None
-    for cell_id, tpr in curves.items():
-        if len(tpr) != len(ROC_FPR):
+    for cell_id, points in curves.items():
+        if len(points) != len(ROC_FPR):
             raise ConfigError(
-                f"{path}: cell {cell_id} has {len(tpr)} ROC points, not {len(ROC_FPR)} "
+                f"{path}: cell {cell_id} has {len(points)} ROC points, not {len(ROC_FPR)} "
                 "(damaged, or written twice); rerun the cell with --force"
             )
     return {cell_id: np.array(tpr) for cell_id, tpr in curves.items()}
@@ -698,7 +698,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def _new_manifest(scenario: Scenario, n_cells: int) -> dict[str, Any]:
-    versions = {}
+    versions: dict[str, str | None] = {}
     for package in _VERSIONED:
         try:
             versions[package] = metadata.version(package)

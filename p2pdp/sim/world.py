@@ -218,6 +218,7 @@ class World:
         self.dim = dim
         self.model_bytes = model_bytes(dim)
         privacy = config.privacy
+        assert privacy.delta_per_aggregation is not None  # PrivacyConfig derives it if not given
         self.ledger = BudgetLedger(
             n_peers,
             epsilon_total=privacy.epsilon,

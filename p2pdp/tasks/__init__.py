@@ -85,7 +85,12 @@ class Task(Protocol):
     """
 
     name: ClassVar[str]
-    aggregate: ClassVar[Aggregate]
+
+    @property
+    def aggregate(self) -> Aggregate:
+        """``"mean"``, ``"sum"`` or a callable (K, d) -> (d,). A callable class attribute must
+        be a ``staticmethod``: a plain function would be bound as a method of the task."""
+        ...
 
     def training_key(self, *, fold: int, repetition: int) -> tuple: ...
 
