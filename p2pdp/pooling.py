@@ -596,7 +596,7 @@ def simulate_pooled_mle(
 
 # --- data of the figures --------------------------------------------------------------------------
 def epsilon_rows(
-    prevalences: Sequence[float],
+    prevalences: Sequence[float] | np.ndarray,
     pool_sizes: Sequence[int],
     sensitivity: float,
     specificity: float,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ def posterior_rows(
             started = time.perf_counter()
             sample = private_posterior(
                 X, y, model=model, epsilon=epsilon, tau=tau, chains=chains, draws=draws,
-                settings=settings, rng=generator(seed, "posterior-example", epsilon, tau),
+                settings=settings, rng=generator(seed, "posterior-example", str(epsilon), str(tau)),
             )  # fmt: skip
             stds = np.exp(sample.log_stds)
             diagnostics = sample.diagnostics
@@ -152,7 +153,7 @@ def plot_bounded_log_likelihood(path: str, *, taus: Sequence[float] = (2.0,)) ->
     plt.close(figure)
 
 
-def plot_estimates_vs_epsilon(rows: Sequence[dict[str, object]], path: str) -> None:
+def plot_estimates_vs_epsilon(rows: Sequence[dict[str, Any]], path: str) -> None:
     """Private means (± released std) against epsilon, one panel per parameter, truth marked."""
     import matplotlib.pyplot as plt
 

@@ -316,7 +316,7 @@ class PooledTesting:
         estimates = np.full(n_peers, math.nan)
         fractions = np.full(n_peers, math.nan)
         counts = np.zeros(n_peers, dtype=np.int64)
-        cache: dict[tuple[int, ...], tuple[float, float]] = {}
+        cache: dict[tuple[int, ...], tuple[float, float, int]] = {}
         shared, extra = received_releases(outcome, n_peers)
         shared_set = set(shared)
         for peer, others in enumerate(extra):
