@@ -52,7 +52,7 @@ def model_dimension(config: ScenarioConfig) -> int | None:
 def seed_laplace_guarantee(config: ScenarioConfig) -> str:
     """``"sqrt(58) x 0.1 = 0.76"``-style text of seed-laplace's real epsilon per release/total."""
     d = model_dimension(config)
-    per, total = config.privacy.epsilon_per_aggregation, config.privacy.epsilon
+    per, total = config.privacy.step_epsilon, config.privacy.epsilon
     if d is None:
         return f"sqrt(d) x {per:g} per release, up to sqrt(d) x {total:g} per peer"
     root = math.sqrt(d)
@@ -123,9 +123,7 @@ def _declares_nothing(config: ScenarioConfig) -> bool:
     if privacy.mechanism in MECHANISMS:  # the built-ins: none and seed-laplace handled above
         return False
     delta = privacy.delta_per_aggregation if privacy.approximate else None
-    mechanism = make_mechanism(
-        privacy.mechanism, epsilon=privacy.epsilon_per_aggregation, delta=delta
-    )
+    mechanism = make_mechanism(privacy.mechanism, epsilon=privacy.step_epsilon, delta=delta)
     return not mechanism.event(model_dimension(config) or 1).private
 
 

@@ -392,9 +392,8 @@ def _column_mean(cells: Sequence[dict[str, Any]], column: str) -> float:
 def _optional_mean(cells: Sequence[dict[str, Any]], column: str) -> float:
     """Mean of a column some rows may lack (NaN if any cell lacks it)."""
     values = [row.get(column) for row in cells]
-    if any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
-        return math.nan
-    return float(np.mean(values))
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return float(np.mean(numbers)) if len(numbers) == len(values) else math.nan
 
 
 def _tied(a: str, b: str, summaries: Sequence[PointSummary]) -> bool:

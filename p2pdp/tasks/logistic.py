@@ -74,7 +74,7 @@ class LogisticEvaluation:
         return float(self.local_only_errors.mean())
 
     def summary(self) -> dict[str, Any]:
-        row = {
+        row: dict[str, Any] = {
             **self.metrics.summary(),
             "centralized_error": self.centralized_error,
             "local_only_error": self.local_only_error,

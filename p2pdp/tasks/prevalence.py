@@ -337,7 +337,7 @@ class _BinaryCounts:
             used[peer] = len(chosen)
             records[peer] = sizes[list(chosen)].sum() if chosen else 0
         privacy = self.config.privacy
-        queries = math.floor(privacy.epsilon / privacy.epsilon_per_aggregation + 1e-9)
+        queries = math.floor(privacy.epsilon / privacy.step_epsilon + 1e-9)
         return PrevalenceEvaluation(
             truth=prepared.truth,
             means=means,
@@ -431,7 +431,7 @@ class PrevalenceCounts(_BinaryCounts):
 
 def response_for(config: ScenarioConfig) -> RandomizedResponse:
     """The randomized response ``config`` asks for, at ``privacy.epsilon_per_aggregation``."""
-    epsilon = config.privacy.epsilon_per_aggregation
+    epsilon = config.privacy.step_epsilon
     if config.prevalence.response == "two-coin":
         return two_coin_response(epsilon, config.prevalence.theta2)
     return RandomizedResponse.from_epsilon(epsilon)
@@ -456,7 +456,7 @@ class RandomizedResponseCounts(_BinaryCounts):
                 "task randomized-response applies its privacy locally: privacy.mechanism must "
                 f"be 'local', got {privacy.mechanism!r}"
             )
-        if not math.isclose(privacy.epsilon_per_aggregation, privacy.epsilon, rel_tol=1e-12):
+        if not math.isclose(privacy.step_epsilon, privacy.epsilon, rel_tol=1e-12):
             raise ConfigError(
                 "task randomized-response answers each record once, which costs a peer its "
                 "whole budget once: privacy.epsilon_per_aggregation must equal privacy.epsilon "
