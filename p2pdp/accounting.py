@@ -159,17 +159,12 @@ class BasicAccountant(Accountant):
         return spent[inverse].reshape(counts.shape)
 
 
-class RdpAccountant(BasicAccountant):
-    """Renyi DP of the Gaussian mechanism, converted to ``(epsilon, delta_total)``.
+class _GaussianAccountant(BasicAccountant):
+    """Composes Gaussian releases from their noise multiplier (``GaussianEvent`` only).
 
-    ``k`` Gaussian releases with noise multiplier ``z`` (read from the
-    :class:`~p2pdp.events.GaussianEvent`) are ``(alpha, k alpha / (2 z^2))``-RDP for every
-    order ``alpha > 1``, converted with ``eps = rdp + log((alpha-1)/alpha) - (log delta +
-    log alpha)/(alpha-1)`` (Canonne, Kamath & Steinke 2020; Balle et al. 2020) minimised over
-    :data:`RDP_ORDERS`; the basic bound is used where it is smaller (both are valid).
+    Subclasses give :meth:`_gaussian_epsilon`; the basic bound is kept where it is smaller
+    (both are valid, so the minimum is).
     """
-
-    name: ClassVar[str] = "rdp"
 
     def supports(self, event: PrivacyEvent) -> bool:
         return isinstance(event, GaussianEvent)
@@ -181,15 +176,37 @@ class RdpAccountant(BasicAccountant):
             return basic
         self.check(event)
         unique, inverse = np.unique(counts, return_inverse=True)
-        alpha = RDP_ORDERS
-        conversion = np.log1p(-1.0 / alpha) - (math.log(delta_total) + np.log(alpha)) / (alpha - 1)
-        rdp = unique.astype(float)[:, None] * alpha / (2.0 * event.noise_multiplier**2)
-        spent = np.maximum((rdp + conversion).min(axis=1), 0.0)
+        spent = self._gaussian_epsilon(unique, event.noise_multiplier, delta_total)
         spent = np.where(unique == 0, 0.0, spent)[inverse].reshape(counts.shape)
         return np.minimum(basic, spent)
 
+    def _gaussian_epsilon(
+        self, counts: np.ndarray, noise_multiplier: float, delta_total: float
+    ) -> np.ndarray:
+        """Epsilon of ``counts`` (distinct, 1-D) releases at ``delta_total``."""
+        raise NotImplementedError
 
-class GdpAccountant(BasicAccountant):
+
+class RdpAccountant(_GaussianAccountant):
+    """Renyi DP of the Gaussian mechanism, converted to ``(epsilon, delta_total)``.
+
+    ``k`` Gaussian releases with noise multiplier ``z`` (read from the
+    :class:`~p2pdp.events.GaussianEvent`) are ``(alpha, k alpha / (2 z^2))``-RDP for every
+    order ``alpha > 1``, converted with ``eps = rdp + log((alpha-1)/alpha) - (log delta +
+    log alpha)/(alpha-1)`` (Canonne, Kamath & Steinke 2020; Balle et al. 2020) minimised over
+    :data:`RDP_ORDERS`; the basic bound is used where it is smaller (both are valid).
+    """
+
+    name: ClassVar[str] = "rdp"
+
+    def _gaussian_epsilon(self, counts, noise_multiplier, delta_total):
+        alpha = RDP_ORDERS
+        conversion = np.log1p(-1.0 / alpha) - (math.log(delta_total) + np.log(alpha)) / (alpha - 1)
+        rdp = counts.astype(float)[:, None] * alpha / (2.0 * noise_multiplier**2)
+        return np.maximum((rdp + conversion).min(axis=1), 0.0)
+
+
+class GdpAccountant(_GaussianAccountant):
     """Exact composition of Gaussian releases (Gaussian differential privacy).
 
     ``k`` releases with noise multiplier ``z`` (read from the
@@ -203,22 +220,12 @@ class GdpAccountant(BasicAccountant):
 
     name: ClassVar[str] = "gdp"
 
-    def supports(self, event: PrivacyEvent) -> bool:
-        return isinstance(event, GaussianEvent)
-
-    def composed_epsilon(self, event, counts, *, delta_total):
+    def _gaussian_epsilon(self, counts, noise_multiplier, delta_total):
         from p2pdp.gdp import composed_epsilon_gdp
 
-        counts = _counts(counts)
-        basic = super().composed_epsilon(event, counts, delta_total=delta_total)
-        if not event.private:
-            return basic
-        self.check(event)
-        unique, inverse = np.unique(counts, return_inverse=True)
-        spent = composed_epsilon_gdp(
-            unique, noise_multiplier=event.noise_multiplier, delta_total=delta_total
+        return composed_epsilon_gdp(
+            counts, noise_multiplier=noise_multiplier, delta_total=delta_total
         )
-        return np.minimum(basic, spent[inverse].reshape(counts.shape))
 
 
 _ACCOUNTANTS: dict[str, Accountant] = {
