@@ -133,6 +133,12 @@ _BUILTINS: tuple[Component, ...] = tuple(
         ),
         ("mechanism", "none", "p2pdp.mechanisms:NoNoise", "no noise: NOT private (tests only)"),
         (
+            "mechanism",
+            "posterior-sampling",
+            "p2pdp.mechanisms:PosteriorSampling",
+            "a peer's private posterior sample (logistic, g = 1); epsilon-DP for exact sampling",
+        ),
+        (
             "accountant",
             "basic",
             "p2pdp.accounting:BasicAccountant",

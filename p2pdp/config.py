@@ -209,6 +209,8 @@ class PrivacyConfig:
     ``delta`` change (``dataclasses.replace``, a sweep); a value given explicitly is kept.
     ``sensitivity = "group-mean"`` calibrates on 2/(K n_min lambda); ``"pathak"`` on the
     seed's 2/(n_min lambda). ``secure_aggregation`` hides individual models from the curator.
+    ``tau`` bounds each record's log-likelihood for ``mechanism = "posterior-sampling"`` (the
+    utility's sensitivity, :mod:`p2pdp.posterior`); other mechanisms ignore it.
     """
 
     epsilon: float = field(default=1.0, metadata=check(Positive()))
@@ -219,6 +221,13 @@ class PrivacyConfig:
     sensitivity: str = field(default="group-mean", metadata=check(OneOf(SENSITIVITY_MODES)))
     accountant: str = field(default="basic", metadata=check(ComponentName("accountant")))
     secure_aggregation: bool = field(default=False, metadata=check(Boolean()))
+    tau: float = field(default=1.0, metadata=check(Positive()))
+
+    @property
+    def needs_records(self) -> bool:
+        """Whether the mechanism draws from a peer's records (``posterior-sampling``)."""
+        cls = components.resolve("mechanism", self.mechanism, key="privacy.mechanism")
+        return bool(getattr(cls, "needs_records", False))
 
     @property
     def approximate(self) -> bool:
@@ -254,6 +263,12 @@ class PrivacyConfig:
             raise ConfigError(
                 "privacy.accountant = 'rdp' needs privacy.mechanism = 'gaussian'; "
                 f"got mechanism {self.mechanism!r}"
+            )
+        if self.secure_aggregation and self.needs_records:
+            raise ConfigError(
+                f"privacy.secure_aggregation = true cannot be used with privacy.mechanism = "
+                f"{self.mechanism!r}: the mechanism samples from a peer's own records, which "
+                "no curator may see; set privacy.secure_aggregation = false (groups of one)"
             )
         if self.secure_aggregation and not getattr(
             components.resolve("mechanism", self.mechanism, key="privacy.mechanism"),
@@ -461,6 +476,13 @@ class ScenarioConfig:
         if self.groups.group_size > self.partition.n_peers:
             raise ConfigError(
                 f"groups.group_size must be <= partition.n_peers ({self.partition.n_peers}), "
+                f"got {self.groups.group_size}"
+            )
+        if self.groups.group_size > 1 and self.privacy.needs_records:
+            raise ConfigError(
+                f"groups.group_size must be 1 for privacy.mechanism = "
+                f"{self.privacy.mechanism!r} (each peer samples from its own records; a group "
+                f"of more than one would need the curator to see the members' records), "
                 f"got {self.groups.group_size}"
             )
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":

@@ -21,6 +21,7 @@ import numpy as np
 from p2pdp.accounting import make_accountant
 from p2pdp.config import ScenarioConfig, flat_settings
 from p2pdp.errors import ConfigError, PrivacyWarning
+from p2pdp.events import PrivacyEvent
 from p2pdp.mechanisms import make_mechanism
 from p2pdp.release import Releaser
 from p2pdp.rng import generator
@@ -42,7 +43,11 @@ class RunResult:
     releases really guarantee, composed by the same accountant from the mechanism's declared
     event: equal for every honest mechanism, ``sqrt(d)`` times larger for ``seed-laplace``,
     ``inf`` for ``none`` or a mechanism that declares no guarantee.
-    ``guarantee_per_aggregation`` is one release's real ``(epsilon, delta)``.
+    ``guarantee_per_aggregation`` is one release's real ``(epsilon, delta)``; ``guarantee``
+    (a column of every row and release) qualifies it: ``"exact"`` when the epsilon holds as
+    stated, ``"none"`` for a mechanism without a guarantee, and a mechanism's own label when
+    it holds only under a condition the run does not meet (``posterior-sampling``:
+    ``"approximate: exact only for exact sampling"``).
     ``releases`` has one row per release (:mod:`p2pdp.release` records, plus cell time).
     """
 
@@ -63,6 +68,7 @@ class RunResult:
     stop_reason: str
     data_dependent_bounds: bool
     guarantee_per_aggregation: tuple[float, float]
+    guarantee: str = "exact"
     releases: list[dict[str, Any]] = field(default_factory=list)
     wall_times: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = float("nan")
@@ -86,6 +92,7 @@ class RunResult:
             data_dependent_bounds=self.data_dependent_bounds,
             guaranteed_epsilon_per_aggregation=self.guarantee_per_aggregation[0],
             guaranteed_delta_per_aggregation=self.guarantee_per_aggregation[1],
+            guarantee=self.guarantee,
         )
         row.update({f"wall_{phase}_s": seconds for phase, seconds in self.wall_times.items()})
         return row
@@ -97,11 +104,17 @@ class RunResult:
         ``group_size``, ``n_min``, ``lambda``, ``sensitivity``, ``mechanism``, ``epsilon``,
         ``delta``, ``noise_scale``, ``noise_std`` (public), ``noise_norm`` (FOR ANALYSIS ONLY:
         the norm of the noise actually drawn, which no party of the protocol learns) and
-        ``secure``.
+        ``secure``, ``guarantee`` (see :meth:`row`).
         """
         lam = self.config.training.lam
         return [
-            {"fold": self.fold, "repetition": self.repetition, **row, "lambda": lam}
+            {
+                "fold": self.fold,
+                "repetition": self.repetition,
+                **row,
+                "lambda": lam,
+                "guarantee": self.guarantee,
+            }
             for row in self.releases
         ]
 
@@ -205,7 +218,7 @@ def simulate(
             epsilon=privacy.epsilon_per_aggregation,
             delta=privacy.delta_per_aggregation if privacy.approximate else None,
         )
-    dim = statistics.shape[1]
+    dim = statistics.shape[-1]  # (P, d), or (P, R, d): a fresh statistic per release
     rngs = {
         name: generator(config.seed, name, fold, repetition)
         for name in ("protocol", "network", "noise", "shares")
@@ -269,10 +282,18 @@ def simulate(
             getattr(getattr(trained, "fold", None), "data_dependent_bounds", False)
         ),
         guarantee_per_aggregation=mechanism.guarantee(dim),
+        guarantee=guarantee_label(mechanism.event(dim)),
         releases=log.rows,
         wall_times=wall,
         peak_memory_mb=peak_mb,
     )
+
+
+def guarantee_label(event: PrivacyEvent) -> str:
+    """``"none"`` (no guarantee), the event's own ``label`` if it has one, else ``"exact"``."""
+    if not event.private:
+        return "none"
+    return str(getattr(event, "label", "exact"))
 
 
 def _guaranteed_epsilon(
