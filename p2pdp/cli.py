@@ -123,14 +123,14 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     from p2pdp.audit import AUDIT_NAMES, format_audit_table, run_audit
     from p2pdp.posterior_audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
 
-    posterior = args.mechanism is None or args.mechanism in POSTERIOR_AUDIT_NAMES
-    names = AUDIT_NAMES if args.mechanism is None else (args.mechanism,)
-    if args.mechanism in POSTERIOR_AUDIT_NAMES:
-        names = ()
+    if args.mechanism is None:  # then the posterior audits: exact and Langevin (~3 s)
+        names, posterior = AUDIT_NAMES, POSTERIOR_AUDIT_NAMES
+    elif args.mechanism in POSTERIOR_AUDIT_NAMES:
+        names, posterior = (), (args.mechanism,)
+    else:
+        names, posterior = (args.mechanism,), ()
     results = run_audit(names, n_samples=args.samples, seed=args.seed) if names else []
-    if posterior:  # the exponential mechanism's exact audit and the Langevin check (~3 s)
-        audits = run_posterior_audit(seed=args.seed)
-        results += [r for r in audits if args.mechanism in (None, r.mechanism)]
+    results += run_posterior_audit(posterior, seed=args.seed)
     if args.json:
         print(json.dumps([result.as_dict() for result in results], indent=2))
     else:

@@ -202,3 +202,22 @@ def test_world_refuses_a_record_mechanism_on_plain_statistics(posterior_config):
             posterior_config, np.zeros((6, 3)), np.full(6, 10), releaser=releaser,
             sensitivity=lambda sizes: 1.0, rngs=rngs,
         )  # fmt: skip
+
+
+def test_p2pdp_audit_runs_the_posterior_audits(capsys, monkeypatch):
+    from p2pdp import audit, posterior_audit
+    from p2pdp.cli import main
+
+    assert main(["audit", "--mechanism", "posterior-logistic-exact"]) == 0
+    printed = capsys.readouterr().out
+    assert "posterior-logistic-exact" in printed and "pass" in printed
+    with pytest.raises(ConfigError, match="posterior audits are"):
+        posterior_audit.run_posterior_audit(["posterior-nonsense"])
+    # without --mechanism: every posterior audit after the others (recorded, not run: ~3 s)
+    asked = []
+    monkeypatch.setattr(audit, "run_audit", lambda names, **kw: asked.append(names) or [])
+    monkeypatch.setattr(
+        posterior_audit, "run_posterior_audit", lambda names, **kw: asked.append(names) or []
+    )
+    assert main(["audit"]) == 0
+    assert asked == [audit.AUDIT_NAMES, posterior_audit.POSTERIOR_AUDIT_NAMES]
