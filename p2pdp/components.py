@@ -133,12 +133,6 @@ _BUILTINS: tuple[Component, ...] = tuple(
         ),
         ("mechanism", "none", "p2pdp.mechanisms:NoNoise", "no noise: NOT private (tests only)"),
         (
-            "mechanism",
-            "posterior-sampling",
-            "p2pdp.mechanisms:PosteriorSampling",
-            "a peer's private posterior sample (logistic, g = 1); epsilon-DP for exact sampling",
-        ),
-        (
             "accountant",
             "basic",
             "p2pdp.accounting:BasicAccountant",
@@ -149,6 +143,12 @@ _BUILTINS: tuple[Component, ...] = tuple(
             "rdp",
             "p2pdp.accounting:RdpAccountant",
             "Renyi DP of the Gaussian mechanism, converted to (epsilon, delta)",
+        ),
+        (
+            "mechanism",
+            "posterior-sampling",
+            "p2pdp.posterior_mechanism:PosteriorSampling",
+            "a peer's private posterior sample (logistic, g = 1); epsilon-DP for exact sampling",
         ),
         (
             "sampler",

@@ -17,8 +17,6 @@ name                          noise ``eta`` (d coordinates, ``b = Delta_2/eps``)
 ``gaussian``                  iid ``N(0, sigma^2)``, analytic calibration         (epsilon, delta)
 ``seed-laplace``              iid ``Laplace(b)`` (the seed, mis-calibrated)       sqrt(d)*eps-DP
 ``none``                      zero (tests only)                                   none
-``posterior-sampling``        none: the peer publishes a private posterior        epsilon-DP for
-                              sample (:class:`PosteriorSampling`)                 exact sampling
 ============================  ==================================================  ==============
 
 Coordinate Laplace and Gaussian noise are infinitely divisible, so the members of a group can
@@ -57,8 +55,6 @@ MECHANISMS: tuple[str, ...] = (
     "seed-laplace",
     "none",
 )
-#: Built-ins that release a sample drawn from a peer's records instead of adding noise.
-RECORD_MECHANISMS: tuple[str, ...] = ("posterior-sampling",)
 SENSITIVITY_MODES: tuple[str, ...] = ("group-mean", "pathak")
 
 
@@ -528,62 +524,8 @@ class NoNoise(Mechanism):
         return np.zeros((n_shares, dim))
 
 
-#: The label of every release of :class:`PosteriorSampling` (results rows, releases table).
-POSTERIOR_GUARANTEE_LABEL = "approximate: exact only for exact sampling"
-
-
-@dataclass(frozen=True, slots=True)
-class ApproximateSamplingEvent(EpsilonDeltaEvent):
-    """An ``(epsilon, 0)`` release that holds only for an exact draw from the mechanism's law.
-
-    Composed like any :class:`~p2pdp.events.EpsilonDeltaEvent` (basic composition); ``label``
-    says that a finite sampler only approximates the law, so the epsilon is not guaranteed.
-    """
-
-    label: str = POSTERIOR_GUARANTEE_LABEL
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PosteriorSampling(Mechanism):
-    """A peer (a group of one) publishes a private sample of its own model's posterior.
-
-    The exponential mechanism over mean-field Gaussian posteriors of the peer's L2-logistic
-    model (seed 003, :func:`p2pdp.posterior.private_logistic_peers`): each release is a fresh
-    draw ``z = (mu, rho)`` from ``f(z) ~ exp(epsilon U(z; x) / (2 tau))`` on the peer's own
-    shard, approximated by Langevin chains, and the peer publishes ``mu`` in place of an
-    output-perturbed model. Neighbouring relation: replace one record of one peer's shard.
-    Guarantee: epsilon-DP per release **for exact sampling only**; the finite chain only
-    approximates ``f`` (:data:`POSTERIOR_GUARANTEE_LABEL`). Releases compose by basic
-    composition (each costs ``epsilon_per_aggregation``).
-
-    The mechanism needs the peer's records, not a model or an aggregate: the task draws the
-    samples (one per peer and release, :attr:`needs_records`) and hands them to the world as
-    the peers' per-release statistics; the release path then adds nothing (:meth:`_draw` is
-    zero). A group of more than one peer, or secure aggregation, would need the curator to
-    see the members' records: refused in :class:`p2pdp.config.ScenarioConfig`.
-    """
-
-    name: ClassVar[str] = "posterior-sampling"
-    scale_family: ClassVar[bool] = False
-    #: The statistic a peer submits must be a private sample drawn from its records for each
-    #: release (a (P, R, d) array of statistics), never its exact model.
-    needs_records: ClassVar[bool] = True
-
-    def noise_std(self, sensitivity: float, dim: int) -> float:
-        """0: no additive noise (the randomness is in the sample, whose spread is not public)."""
-        return 0.0
-
-    def event(self, dim: int) -> PrivacyEvent:
-        require_count("dim", dim)
-        return ApproximateSamplingEvent(self.epsilon, 0.0)
-
-    def _draw(self, sensitivity, dim, n, rng):
-        return np.zeros((n, dim))
-
-
 _MECHANISM_CLASSES: dict[str, type[Mechanism]] = {
-    cls.name: cls
-    for cls in (VectorLaplace, CoordinateLaplace, Gaussian, SeedLaplace, NoNoise, PosteriorSampling)
+    cls.name: cls for cls in (VectorLaplace, CoordinateLaplace, Gaussian, SeedLaplace, NoNoise)
 }
 
 
@@ -602,10 +544,10 @@ def make_mechanism(name: str, *, epsilon: float, delta: float | None = None) -> 
     ``delta`` is required for approximate mechanisms (``gaussian``: in (0, 1)) and must be
     None or 0 otherwise.
     """
-    if name not in _MECHANISM_CLASSES and ":" not in str(name):
-        raise ConfigError(
-            f"mechanism must be one of {MECHANISMS + RECORD_MECHANISMS}, got {name!r}"
-        )
+    from p2pdp.components import names
+
+    if name not in _MECHANISM_CLASSES and ":" not in str(name) and name not in names("mechanism"):
+        raise ConfigError(f"mechanism must be one of {MECHANISMS}, got {name!r}")
     cls = mechanism_class(name)
     if getattr(cls, "approximate", False) and delta is None:
         raise ConfigError(f"delta is required for mechanism {name!r}, got None")

@@ -21,7 +21,6 @@ import numpy as np
 from p2pdp.accounting import make_accountant
 from p2pdp.config import ScenarioConfig, flat_settings
 from p2pdp.errors import ConfigError, PrivacyWarning
-from p2pdp.events import PrivacyEvent
 from p2pdp.mechanisms import make_mechanism
 from p2pdp.release import Releaser
 from p2pdp.rng import generator
@@ -289,8 +288,11 @@ def simulate(
     )
 
 
-def guarantee_label(event: PrivacyEvent) -> str:
-    """``"none"`` (no guarantee), the event's own ``label`` if it has one, else ``"exact"``."""
+def guarantee_label(event: Any) -> str:
+    """``"none"`` (no guarantee), the event's own ``label`` if it has one, else ``"exact"``.
+
+    ``event``: a :class:`~p2pdp.events.PrivacyEvent` (a mechanism's :meth:`event`).
+    """
     if not event.private:
         return "none"
     return str(getattr(event, "label", "exact"))
