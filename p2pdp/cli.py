@@ -100,8 +100,11 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
         "two-coin forms) and the noisy count, and of one member of a pooled test (seed 001) "
         "against its claimed epsilon, with the other members unknown to the adversary. "
         "seed-laplace, vector-laplace-exponential-norm and pooled-test-known-others (pooling "
-        "is not worst-case DP) are negative controls that must fail. Exit status 1 if any "
-        "outcome differs from its expectation.",
+        "is not worst-case DP) are negative controls that must fail. Then the posterior-"
+        "sampling audits: the exponential mechanism's exact epsilon on a grid of neighbouring "
+        "data sets (linear and logistic; a half-sensitivity negative control) and a KS test of "
+        "the Langevin sampler's stationary law (a wrong-noise negative control). Exit status "
+        "1 if any outcome differs from its expectation.",
     )
     parser.add_argument(
         "--mechanism", help="audit only this one (default: all; see the table for the names)"
@@ -118,9 +121,16 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     import json
 
     from p2pdp.audit import AUDIT_NAMES, format_audit_table, run_audit
+    from p2pdp.posterior_audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
 
-    names = AUDIT_NAMES if args.mechanism is None else (args.mechanism,)
-    results = run_audit(names, n_samples=args.samples, seed=args.seed)
+    if args.mechanism is None:  # then the posterior audits: exact and Langevin (~3 s)
+        names, posterior = AUDIT_NAMES, POSTERIOR_AUDIT_NAMES
+    elif args.mechanism in POSTERIOR_AUDIT_NAMES:
+        names, posterior = (), (args.mechanism,)
+    else:
+        names, posterior = (args.mechanism,), ()
+    results = run_audit(names, n_samples=args.samples, seed=args.seed) if names else []
+    results += run_posterior_audit(posterior, seed=args.seed)
     if args.json:
         print(json.dumps([result.as_dict() for result in results], indent=2))
     else:

@@ -163,6 +163,12 @@ _BUILTINS: tuple[Component, ...] = tuple(
             "exact Gaussian composition (mu = sqrt(k)/z GDP); default for gaussian",
         ),
         (
+            "mechanism",
+            "posterior-sampling",
+            "p2pdp.posterior_mechanism:PosteriorSampling",
+            "a peer's private posterior sample (logistic, g = 1); epsilon-DP for exact sampling",
+        ),
+        (
             "sampler",
             "central",
             "p2pdp.sim.central:CentralSampler",

@@ -221,6 +221,8 @@ class PrivacyConfig:
     ``accountant = "auto"`` (the default) is ``gdp`` (exact composition) for the Gaussian
     mechanism and ``basic`` for every other; results rows record the resolved name
     (:attr:`resolved_accountant`).
+    ``tau`` bounds each record's log-likelihood for ``mechanism = "posterior-sampling"`` (the
+    utility's sensitivity, :mod:`p2pdp.posterior`); other mechanisms ignore it.
     """
 
     epsilon: float = field(default=1.0, metadata=check(Positive()))
@@ -255,6 +257,14 @@ class PrivacyConfig:
     def step_epsilon(self) -> float:
         """Epsilon of one aggregation (``epsilon_per_aggregation``, resolved on construction)."""
         return float(self.epsilon_per_aggregation)  # type: ignore[arg-type]  # never None here
+
+    tau: float = field(default=1.0, metadata=check(Positive()))
+
+    @property
+    def needs_records(self) -> bool:
+        """Whether the mechanism draws from a peer's records (``posterior-sampling``)."""
+        cls = components.resolve("mechanism", self.mechanism, key="privacy.mechanism")
+        return bool(getattr(cls, "needs_records", False))
 
     @property
     def approximate(self) -> bool:
@@ -330,6 +340,12 @@ class PrivacyConfig:
                 else "the epsilon of one release at privacy.noise_multiplier"
             )
             raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
+        if self.secure_aggregation and self.needs_records:
+            raise ConfigError(
+                f"privacy.secure_aggregation = true cannot be used with privacy.mechanism = "
+                f"{self.mechanism!r}: the mechanism samples from a peer's own records, which "
+                "no curator may see; set privacy.secure_aggregation = false (groups of one)"
+            )
         if self.secure_aggregation and not getattr(
             components.resolve("mechanism", self.mechanism, key="privacy.mechanism"),
             "splittable",
@@ -545,6 +561,13 @@ class ScenarioConfig:
         if self.groups.group_size > self.partition.n_peers:
             raise ConfigError(
                 f"groups.group_size must be <= partition.n_peers ({self.partition.n_peers}), "
+                f"got {self.groups.group_size}"
+            )
+        if self.groups.group_size > 1 and self.privacy.needs_records:
+            raise ConfigError(
+                f"groups.group_size must be 1 for privacy.mechanism = "
+                f"{self.privacy.mechanism!r} (each peer samples from its own records; a group "
+                f"of more than one would need the curator to see the members' records), "
                 f"got {self.groups.group_size}"
             )
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":

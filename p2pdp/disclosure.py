@@ -98,6 +98,12 @@ def non_private_steps(config: ScenarioConfig, swept: Iterable[str] = ()) -> tupl
             "privacy.mechanism = seed-laplace: the seed's per-coordinate Laplace is only "
             f"sqrt(d) x epsilon-DP ({seed_laplace_guarantee(config)}), not the epsilon charged"
         )
+    elif mechanism == "posterior-sampling":
+        steps.append(
+            "privacy.mechanism = posterior-sampling: the epsilon holds for an exact draw from "
+            "the exponential mechanism; finite Langevin chains only approximate it "
+            "(approximate: exact only for exact sampling)"
+        )
     elif _declares_nothing(config):
         steps.append(_undeclared(mechanism))
     return tuple(steps)

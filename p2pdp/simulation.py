@@ -41,7 +41,11 @@ class RunResult:
     releases really guarantee, composed by the same accountant from the mechanism's declared
     event: equal for every honest mechanism, ``sqrt(d)`` times larger for ``seed-laplace``,
     ``inf`` for ``none`` or a mechanism that declares no guarantee.
-    ``guarantee_per_aggregation`` is one release's real ``(epsilon, delta)``.
+    ``guarantee_per_aggregation`` is one release's real ``(epsilon, delta)``; ``guarantee``
+    (a column of every row and release) qualifies it: ``"exact"`` when the epsilon holds as
+    stated, ``"none"`` for a mechanism without a guarantee, and a mechanism's own label when
+    it holds only under a condition the run does not meet (``posterior-sampling``:
+    ``"approximate: exact only for exact sampling"``).
     ``releases`` has one row per release (:mod:`p2pdp.release` records, plus cell time).
     ``affordable_aggregations`` is how many aggregations the ledger lets every peer join
     (the accountant's answer for the budget; with ``privacy.noise_multiplier``, the count
@@ -65,6 +69,7 @@ class RunResult:
     stop_reason: str
     data_dependent_bounds: bool
     guarantee_per_aggregation: tuple[float, float]
+    guarantee: str = "exact"
     releases: list[dict[str, Any]] = field(default_factory=list)
     wall_times: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = float("nan")
@@ -90,6 +95,7 @@ class RunResult:
             data_dependent_bounds=self.data_dependent_bounds,
             guaranteed_epsilon_per_aggregation=self.guarantee_per_aggregation[0],
             guaranteed_delta_per_aggregation=self.guarantee_per_aggregation[1],
+            guarantee=self.guarantee,
         )
         row.update({f"wall_{phase}_s": seconds for phase, seconds in self.wall_times.items()})
         return row
@@ -101,11 +107,17 @@ class RunResult:
         ``group_size``, ``n_min``, ``lambda``, ``sensitivity``, ``mechanism``, ``epsilon``,
         ``delta``, ``noise_scale``, ``noise_std`` (public), ``noise_norm`` (FOR ANALYSIS ONLY:
         the norm of the noise actually drawn, which no party of the protocol learns) and
-        ``secure``.
+        ``secure``, ``guarantee`` (see :meth:`row`).
         """
         lam = self.config.training.lam
         return [
-            {"fold": self.fold, "repetition": self.repetition, **row, "lambda": lam}
+            {
+                "fold": self.fold,
+                "repetition": self.repetition,
+                **row,
+                "lambda": lam,
+                "guarantee": self.guarantee,
+            }
             for row in self.releases
         ]
 
@@ -219,7 +231,7 @@ def simulate(
             f"task {config.task.name!r} shares exact statistics (it does not declare "
             "locally_private): the claim would be false"
         )
-    dim = statistics.shape[1]
+    dim = statistics.shape[-1]  # (P, d), or (P, R, d): a fresh statistic per release
     rngs = {
         name: generator(config.seed, name, fold, repetition)
         for name in ("protocol", "network", "noise", "shares")
@@ -284,11 +296,22 @@ def simulate(
             getattr(getattr(trained, "fold", None), "data_dependent_bounds", False)
         ),
         guarantee_per_aggregation=mechanism.guarantee(dim),
+        guarantee=guarantee_label(mechanism.event(dim)),
         releases=log.rows,
         wall_times=wall,
         peak_memory_mb=peak_mb,
         affordable_aggregations=int(world.ledger.max_aggregations),
     )
+
+
+def guarantee_label(event: Any) -> str:
+    """``"none"`` (no guarantee), the event's own ``label`` if it has one, else ``"exact"``.
+
+    ``event``: a :class:`~p2pdp.events.PrivacyEvent` (a mechanism's :meth:`event`).
+    """
+    if not event.private:
+        return "none"
+    return str(getattr(event, "label", "exact"))
 
 
 def _guaranteed_epsilon(

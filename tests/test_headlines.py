@@ -156,6 +156,30 @@ HEADLINES: dict[str, list[Headline]] = {
             "0.031",
         ),
     ],
+    "posterior_vs_output_perturbation": [
+        (
+            "vector-laplace, epsilon = 10",
+            error_at(privacy__mechanism="vector-laplace", **E10),
+            "0.122",
+        ),
+        (
+            "posterior-sampling, epsilon = 10",
+            error_at(privacy__mechanism="posterior-sampling", **E10),
+            "0.395",
+        ),
+        (
+            "posterior-sampling, epsilon = 0.1",
+            error_at(privacy__mechanism="posterior-sampling", privacy__epsilon=0.1),
+            "0.469",
+        ),
+        (
+            "vector-laplace, epsilon = 0.1",
+            error_at(privacy__mechanism="vector-laplace", privacy__epsilon=0.1),
+            "0.479",
+        ),
+        ("local only", lambda r: mean(r, "local_only_error"), "0.117"),
+        ("centralized", lambda r: mean(r, "centralized_error"), "0.102"),
+    ],
     "gossip_vs_central": [
         (
             "central, no loss",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from p2pdp.cli import build_parser, main
+from p2pdp.errors import ConfigError
 from p2pdp.scenario import load_scenario, shipped_scenarios_dir
 
 if sys.version_info >= (3, 11):
@@ -102,6 +103,11 @@ def test_the_readme_has_inline_set_examples():
 @pytest.mark.parametrize("example", INLINE_SETS)
 def test_inline_set_examples_load_on_every_shipped_scenario(example, scenario):
     (override,) = shlex.split(example)
+    if scenario == "posterior_vs_output_perturbation" and override.startswith("groups.group_size"):
+        # posterior sampling needs groups of one: a larger group is refused, not run
+        with pytest.raises(ConfigError, match=r"groups\.group_size must be 1"):
+            load_scenario(scenario, [override])
+        return
     assert load_scenario(scenario, [override]).points
 
 

@@ -39,6 +39,7 @@ import simpy
 
 from p2pdp.accounting import BudgetLedger, make_accountant
 from p2pdp.config import ScenarioConfig
+from p2pdp.errors import ConfigError
 from p2pdp.release import Releaser, ReleaseRecord
 from p2pdp.sim.sampler import GroupSampler
 from p2pdp.sim.transport import HEADER_BYTES, Transport, model_bytes
@@ -180,9 +181,12 @@ class World:
     Parameters
     ----------
     config : ScenarioConfig
-    statistics : (P, d) array
+    statistics : (P, d) or (P, R, d) array
         Each peer's local statistic (for the logistic task: its exact local model, trained
-        before the simulation starts).
+        before the simulation starts). (P, R, d): a fresh statistic per release, peer ``j``
+        submits ``statistics[j, r]`` to its ``r``-th release (``r`` = releases it has joined);
+        required by a mechanism that ``needs_records`` (a private posterior sample per
+        release), refused otherwise.
     shard_sizes : (P,) int array
         Records each peer holds (public inside a group: sensitivities depend on them).
     releaser : Releaser
@@ -211,7 +215,19 @@ class World:
         self.env = simpy.Environment()
         self.statistics = statistics
         self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
-        n_peers, dim = statistics.shape
+        n_peers, dim = statistics.shape[0], statistics.shape[-1]
+        per_release = statistics.ndim == 3
+        if per_release != bool(getattr(releaser.mechanism, "needs_records", False)):
+            raise ConfigError(
+                f"privacy.mechanism = {releaser.name!r} "
+                + (
+                    "needs a fresh statistic per peer and release drawn from the peer's "
+                    f"records ((P, R, d)); the task {config.task.name!r} gives shape "
+                    f"{statistics.shape}"
+                    if not per_release
+                    else f"takes one statistic per peer ((P, d)), got shape {statistics.shape}"
+                )
+            )
         self.releaser = releaser
         self.sensitivity = sensitivity
         self.observers = tuple(observers)
@@ -350,9 +366,11 @@ class World:
         sensitivity = self.sensitivity(group.sizes)
         curator = group.submitted.index(group.curator)
         rows = np.array(group.submitted)  # an index array is faster than a list here
-        return self.releaser.release(
-            self.statistics[rows], group.sizes, sensitivity, curator=curator
-        )
+        if self.statistics.ndim == 3:  # each member's statistic for its next release
+            statistics = self.statistics[rows, self.ledger.aggregations()[rows]]
+        else:
+            statistics = self.statistics[rows]
+        return self.releaser.release(statistics, group.sizes, sensitivity, curator=curator)
 
     def publish(self, group: Group, model: np.ndarray) -> None:
         """Release ``model`` to the group or to everyone (post-processing: no budget)."""

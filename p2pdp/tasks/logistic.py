@@ -18,15 +18,25 @@ by cross-validation on the training fold only (:func:`p2pdp.references.centralis
 Rules that need each peer's own shard (``local-validated``) get :class:`PeerData`; its k-fold
 refits of the own models, like the best-lambda reference, are computed once per training key
 and kept in :attr:`TrainedPeers.cache`, so every cell of a fold reuses them.
+
+With ``privacy.mechanism = "posterior-sampling"`` (groups of one only) a peer publishes, in
+place of its output-perturbed model, the mean of a private sample of its own model's
+mean-field posterior (the exponential mechanism of seed 003, :mod:`p2pdp.posterior`). The
+task draws every release of the cell before the simulation (:func:`posterior_statistics`):
+peer ``j``'s ``r``-th release is ``statistics[j, r]``, and the release path adds nothing.
+The guarantee (epsilon-DP per record of the peer's shard, per release) holds for exact
+sampling only; the Langevin chains approximate it, and their diagnostics are in the row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
+from p2pdp.accounting import affordable_aggregations
 from p2pdp.config import ScenarioConfig
 from p2pdp.ensembles import OwnShards, cross_validate_own_models
 from p2pdp.errors import ConfigError
@@ -41,6 +51,8 @@ from p2pdp.evaluation import (
 from p2pdp.learning import make_model
 from p2pdp.mechanisms import group_sensitivity
 from p2pdp.pipeline import TrainedPeers, prepare_peers, training_key
+from p2pdp.posterior import PEER_SETTINGS, private_logistic_peers, utility_sensitivity
+from p2pdp.posterior import LogisticRegression as PosteriorLogistic
 from p2pdp.references import CentralisedReference, centralised_best_lambda
 from p2pdp.rng import generator
 from p2pdp.tasks import Outcome
@@ -48,6 +60,76 @@ from p2pdp.tasks import Outcome
 #: Folds of the cross validation that picks the centralised reference's lambda (5 rather
 #: than 10: about 3 s per Spambase fold instead of 9, the same lambda chosen on fold 0).
 BEST_LAMBDA_CV_FOLDS = 5
+
+#: Chain diagnostics of posterior-sampling releases in every results row (nan otherwise).
+POSTERIOR_COLUMNS = (
+    "posterior_max_rhat",
+    "posterior_max_rhat_means",
+    "posterior_min_ess",
+    "posterior_min_ess_means",
+    "posterior_final_step_size",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PosteriorReleases:
+    """Every private posterior sample of one cell, drawn before the simulation.
+
+    Attributes
+    ----------
+    models : ndarray, shape (P, R, d)
+        ``models[j, r]``: the mean ``mu`` of peer ``j``'s ``r``-th released sample ``z``,
+        the vector it publishes (``R`` = releases its budget affords).
+    diagnostics : dict of str to float
+        :data:`POSTERIOR_COLUMNS` over all peers and releases (max split R-hat over every
+        coordinate and over the means only, min effective sample size likewise, final step
+        size). Computed from every chain: not released, not covered by the guarantee.
+    """
+
+    models: np.ndarray
+    diagnostics: dict[str, float]
+
+
+def posterior_statistics(
+    prepared: TrainedPeers, *, lam: float, epsilon: float, tau: float, releases: int, seed: int
+) -> PosteriorReleases:
+    """Draw every peer's ``releases`` private posterior samples from its own shard.
+
+    Release ``r`` of all peers is one batch of :func:`p2pdp.posterior.private_logistic_peers`
+    on its own stream ``(seed, "posterior-sampling", fold, repetition, r)`` (fold and
+    repetition from ``prepared.key``; 0 for a hand-built ``prepared``), so the first releases
+    do not change with the budget and cells differing only in epsilon share their streams.
+    Each sample depends on its peer's shard only (its chains, common random numbers and
+    starting points are its own; the batch only shares numpy calls and one L-BFGS call).
+
+    Neighbouring relation: replace one record of one peer's shard. Released to: whoever
+    receives the peer's model (``publication.mode``), ``models[j, r]`` only. Guarantee:
+    epsilon-DP per release for exact sampling; approximate for the finite chains.
+    """
+    fold, repetition = (prepared.key[1], prepared.key[2]) if prepared.key else (0, 0)
+    X, y = prepared.fold.X_train, prepared.fold.y_train
+    Xs = [X[shard] for shard in prepared.shards]
+    ys = [y[shard] for shard in prepared.shards]
+    models, rhat, ess, steps = [], [], [], []
+    for r in range(releases):
+        samples = private_logistic_peers(
+            Xs, ys, lam=lam, epsilon=epsilon, tau=tau, settings=PEER_SETTINGS,
+            rng=generator(seed, "posterior-sampling", fold, repetition, r),
+        )  # fmt: skip
+        models.append(np.asarray(samples.means))
+        rhat.append(np.asarray(samples.rhat))
+        ess.append(np.asarray(samples.ess))
+        steps.append(samples.final_step_size)
+    d = X.shape[1]
+    rhat_all, ess_all = np.stack(rhat), np.stack(ess)  # (R, P, 2d)
+    diagnostics = {
+        "posterior_max_rhat": float(np.nanmax(rhat_all)),
+        "posterior_max_rhat_means": float(np.nanmax(rhat_all[..., :d])),
+        "posterior_min_ess": float(np.nanmin(ess_all)),
+        "posterior_min_ess_means": float(np.nanmin(ess_all[..., :d])),
+        "posterior_final_step_size": float(steps[-1]),
+    }
+    return PosteriorReleases(models=np.stack(models, axis=1), diagnostics=diagnostics)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +142,7 @@ class LogisticEvaluation:
     ``centralized_best_lambda_error`` / ``centralized_best_lambda``: the non-private model at
     its own cross-validated lambda, and that lambda (None unless
     ``evaluation.best_lambda_reference``).
+    ``posterior_diagnostics``: the chains' :data:`POSTERIOR_COLUMNS` (posterior sampling only).
     """
 
     metrics: Metrics
@@ -68,6 +151,7 @@ class LogisticEvaluation:
     ensemble_sizes: np.ndarray
     centralized_best_lambda_error: float | None = None
     centralized_best_lambda: float | None = None
+    posterior_diagnostics: dict[str, float] = field(default_factory=dict)
 
     @property
     def local_only_error(self) -> float:
@@ -79,6 +163,7 @@ class LogisticEvaluation:
             "centralized_error": self.centralized_error,
             "local_only_error": self.local_only_error,
             "mean_ensemble_size": float(self.ensemble_sizes.mean()),
+            **{name: self.posterior_diagnostics.get(name, math.nan) for name in POSTERIOR_COLUMNS},
         }
         if self.centralized_best_lambda_error is not None:
             row["centralized_best_lambda_error"] = self.centralized_best_lambda_error
@@ -110,6 +195,8 @@ class LogisticEnsembles:
         self.config = config
         self.model = make_model(config.training.model)
         self.rule = make_ensemble_rule(config.evaluation.vote)
+        self.posterior = config.privacy.needs_records  # posterior sampling
+        self._diagnostics: dict[int, dict[str, float]] = {}
 
     def training_key(self, *, fold: int, repetition: int) -> tuple:
         return training_key(self.config, fold=fold, repetition=repetition)
@@ -125,9 +212,39 @@ class LogisticEnsembles:
             raise ConfigError(
                 f"local models must be solved to gradient norm <= {tolerance}, got {worst}"
             )
+        if self.posterior:
+            return self._posterior_statistics(prepared), prepared.models.shard_sizes
         return prepared.models.weights, prepared.models.shard_sizes
 
+    def _posterior_statistics(self, prepared: TrainedPeers) -> np.ndarray:
+        """(P, R, d): every peer's private posterior samples, one per affordable release."""
+        if self.config.training.model != "logistic":
+            raise ConfigError(
+                "privacy.mechanism = 'posterior-sampling' samples a logistic posterior: "
+                f"training.model must be 'logistic', got {self.config.training.model!r}"
+            )
+        privacy = self.config.privacy
+        releases = affordable_aggregations(
+            privacy.epsilon, privacy.step_epsilon, accountant=privacy.resolved_accountant
+        )
+        drawn = posterior_statistics(
+            prepared,
+            lam=self.config.training.lam,
+            epsilon=privacy.step_epsilon,
+            tau=privacy.tau,
+            releases=releases,
+            seed=self.config.seed,
+        )
+        self._diagnostics[id(prepared)] = drawn.diagnostics
+        return drawn.models
+
     def sensitivity(self, sizes: list[int]) -> float:
+        """L2 sensitivity of the group's mean model; for posterior sampling, that of the
+        exponential mechanism's utility, ``Delta_U = tau`` (not an L2 sensitivity)."""
+        if self.posterior:
+            return utility_sensitivity(
+                PosteriorLogistic(lam=self.config.training.lam), self.config.privacy.tau
+            )
         return group_sensitivity(
             sizes,
             self.config.training.lam,
@@ -163,6 +280,7 @@ class LogisticEnsembles:
             ensemble_sizes=ensembles.sizes(),
             centralized_best_lambda_error=best_error,
             centralized_best_lambda=best_lam,
+            posterior_diagnostics=self._diagnostics.get(id(prepared), {}),
         )
 
     def _stream(self, prepared: TrainedPeers, name: str) -> np.random.Generator:
