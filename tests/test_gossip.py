@@ -402,3 +402,40 @@ def test_invariants_under_churn_loss_and_crashes(
     with recording() as log:
         result = simulate(config)
     check_invariants(config, result, log)
+
+
+class FaultObserver(world_module.WorldObserver):
+    """Counts what the world reports: lost messages, churn transitions, aborted groups."""
+
+    def __init__(self) -> None:
+        self.lost = 0
+        self.transitions: dict[int, list[bool]] = {}
+        self.aborts: list[str] = []
+        self.world = None
+
+    def message_lost(self, world, sender) -> None:
+        self.world = world
+        self.lost += 1
+
+    def peer_offline(self, world, peer) -> None:
+        self.world = world
+        self.transitions.setdefault(peer, []).append(False)
+
+    def peer_online(self, world, peer) -> None:
+        self.transitions.setdefault(peer, []).append(True)
+
+    def aborted(self, world, group, reason) -> None:
+        self.aborts.append(reason)
+
+
+def test_observers_see_every_lost_message_churn_transition_and_abort():
+    config = scenario(group_size=4, loss=0.1, max_failed=10, **FAULTY)
+    observer = FaultObserver()
+    result = simulate(config, observers=(observer,))
+    assert observer.lost == result.messages_lost > 0
+    assert len(observer.aborts) == result.aborted_groups > 0
+    assert set(observer.aborts) <= {"collect timeout", "curator offline"}
+    online = observer.world.online
+    assert observer.transitions and not online.all()
+    for peer, states in observer.transitions.items():
+        assert states[-1] == bool(online[peer])  # the last transition is the final state

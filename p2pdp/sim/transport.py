@@ -96,6 +96,18 @@ class Transport:
             self.messages_sent[sender] += n_messages
             self.bytes_sent[sender] += n_bytes
 
+    def lose(self, senders: int | np.ndarray) -> None:
+        """Count messages from ``senders`` (an id or an array of ids) as lost, and report them.
+
+        For losses decided outside :meth:`send`: a message reaching an offline peer, or the
+        vectorised view exchanges of gossip peer sampling.
+        """
+        ids = np.atleast_1d(senders)
+        self.messages_lost += int(ids.size)
+        if self.on_lost is not None:
+            for sender in ids.tolist():
+                self.on_lost(sender)
+
     def send(self, sender: int, deliver: Callable[[_M], None], message: _M, n_bytes: int) -> None:
         """Send ``message`` (``n_bytes`` on the wire); ``deliver(message)`` runs on arrival.
 

@@ -111,6 +111,15 @@ class WorldObserver:
         """``peer`` came back."""
 
 
+def _overriding(observers: Sequence[WorldObserver], *hooks: str) -> tuple[WorldObserver, ...]:
+    """The observers whose class overrides one of ``hooks`` (the others would do nothing)."""
+    return tuple(
+        observer
+        for observer in observers
+        if any(getattr(type(observer), hook) is not getattr(WorldObserver, hook) for hook in hooks)
+    )
+
+
 class Peer:
     """A peer: reacts to the messages delivered to it.
 
@@ -139,8 +148,7 @@ class Peer:
         world = self.world
         payload = message.payload
         if not world.online[self.peer_id]:  # arrived while this peer was offline
-            world.transport.messages_lost += 1
-            world.notify_lost(message.sender)
+            world.transport.lose(message.sender)
         elif message.kind == ASSIGN and isinstance(payload, Group):
             world.submit(self.peer_id, payload)
         elif message.kind == SUBMIT:
@@ -245,7 +253,11 @@ class World:
             event=releaser.mechanism.budget_event(dim),
         )
         self.transport = Transport(self.env, config.network, n_peers, rng=rngs["network"])
-        if self.observers:
+        # Per-message and per-peer hooks are called only on observers that override them,
+        # so an observer of releases costs nothing when messages are lost or peers churn.
+        self._lost_observers = _overriding(self.observers, "message_lost")
+        self._churn_observers = _overriding(self.observers, "peer_offline", "peer_online")
+        if self._lost_observers:
             self.transport.on_lost = self.notify_lost
         self.online = np.ones(n_peers, dtype=bool)  # a group sampler with churn updates it
         self.sampler = make_sampler(self, rng=rngs["protocol"])
@@ -264,13 +276,13 @@ class World:
 
     # -- observers ---------------------------------------------------------------------------
     def notify_lost(self, sender: int) -> None:
-        for observer in self.observers:
+        for observer in self._lost_observers:
             observer.message_lost(self, sender)
 
     def set_online(self, peers: np.ndarray, online: bool) -> None:
         """Mark ``peers`` online or offline (churn, crashes) and tell the observers."""
         self.online[peers] = online
-        for observer in self.observers:
+        for observer in self._churn_observers:
             for peer in np.atleast_1d(peers).tolist():
                 (observer.peer_online if online else observer.peer_offline)(self, peer)
 

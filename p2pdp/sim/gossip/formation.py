@@ -288,7 +288,7 @@ class GroupFormation:
 
     def _deliver(self, message: Envelope) -> None:
         if not self.world.online[message.receiver]:  # arrived while the receiver was offline
-            self.world.transport.messages_lost += 1
+            self.world.transport.lose(message.sender)
             return
         self._handlers[message.kind](message)
 

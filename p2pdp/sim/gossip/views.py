@@ -297,7 +297,7 @@ class PeerSampling:
         transport.bytes_sent[initiators] += self.message_bytes
         np.add.at(transport.messages_sent, b, 1)
         np.add.at(transport.bytes_sent, b, self.message_bytes)
-        transport.messages_lost += int(initiators.size - a.size + (~reply_delivered).sum())
+        transport.lose(np.concatenate([initiators[~delivered], b[~reply_delivered]]))
         self.gossip_messages += initiators.size + a.size
         stamps = now + rng.random((2, a.size)) * tick  # jitter within the tick
         stamps[0, silent(a)] = -np.inf  # retired peers do not advertise
