@@ -194,8 +194,31 @@ class _Batch:
 
 
 # --- models -------------------------------------------------------------------------------------
+class _PosteriorModel:
+    """What both models share: the unbounded negative log-posterior of the non-private MAP."""
+
+    __slots__ = ()
+
+    def bounded_log_likelihood(
+        self, theta: np.ndarray, batch: _Batch, tau: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def log_prior(self, theta: np.ndarray, batch: _Batch) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def negative_log_posterior(
+        self, theta: np.ndarray, X: np.ndarray, y: np.ndarray
+    ) -> tuple[float, np.ndarray]:
+        """Unbounded ``-(sum_i l_i + log prior)`` and its gradient (the non-private MAP's)."""
+        batch = _Batch.from_shards([X], [y])
+        ll, gll = self.bounded_log_likelihood(theta[None, None], batch, math.inf)
+        lp, glp = self.log_prior(theta[None, None], batch)
+        return -float(ll[0, 0] + lp[0, 0]), -(gll + glp)[0, 0]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LinearRegression:
+class LinearRegression(_PosteriorModel):
     """``y = x . beta + intercept + N(0, sigma^2)``; parameters ``(beta, intercept, log sigma)``.
 
     Per record ``l = -0.5 ((y - x.beta - intercept) / sigma)^2 - log sigma - 0.5 log(2 pi)``
@@ -271,18 +294,9 @@ class LinearRegression:
         estimate["sigma"] = float(np.exp(means[-1]))
         return estimate
 
-    def negative_log_posterior(
-        self, theta: np.ndarray, X: np.ndarray, y: np.ndarray
-    ) -> tuple[float, np.ndarray]:
-        """Unbounded ``-(sum_i l_i + log prior)`` and its gradient (the non-private MAP's)."""
-        batch = _Batch.from_shards([X], [y])
-        ll, gll = self.bounded_log_likelihood(theta[None, None], batch, math.inf)
-        lp, glp = self.log_prior(theta[None, None], batch)
-        return -float(ll[0, 0] + lp[0, 0]), -(gll + glp)[0, 0]
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LogisticRegression:
+class LogisticRegression(_PosteriorModel):
     """L2-regularised logistic regression: labels in {-1, +1}, rows with ``||x||_2 <= 1``.
 
     ``l = log sigmoid(y w.x) <= 0`` and the prior ``w ~ N(0, I / (n lam))``, so that the MAP is
@@ -329,14 +343,6 @@ class LogisticRegression:
 
     def point_estimate(self, means: np.ndarray, names: Sequence[str]) -> dict[str, float]:
         return {name: float(v) for name, v in zip(names, means, strict=True)}
-
-    def negative_log_posterior(
-        self, theta: np.ndarray, X: np.ndarray, y: np.ndarray
-    ) -> tuple[float, np.ndarray]:
-        batch = _Batch.from_shards([X], [y])
-        ll, gll = self.bounded_log_likelihood(theta[None, None], batch, math.inf)
-        lp, glp = self.log_prior(theta[None, None], batch)
-        return -float(ll[0, 0] + lp[0, 0]), -(gll + glp)[0, 0]
 
 
 Model = LinearRegression | LogisticRegression

@@ -159,3 +159,19 @@ def test_registered_components_resolve_to_objects_that_follow_their_protocols():
         assert issubclass(components.resolve("ensemble", name), EnsembleRule)
     model = components.resolve("model", "logistic")()
     assert model.lipschitz == 1.0 and model.gradient_tolerance > 0
+
+
+def test_a_registered_name_works_in_a_scenario_like_a_builtin(tmp_path, monkeypatch):
+    """``components.register`` (a notebook's plug-in point) makes a short name valid config."""
+    import user_components
+
+    from p2pdp.components import _registry
+
+    monkeypatch.setitem(_registry["ensemble"], "own-only", _registry["ensemble"]["majority"])
+    components.register("ensemble", "own-only", user_components.OwnModelOnly)
+    assert "own-only" in components.names("ensemble")
+    assert components.resolve("ensemble", "own-only") is user_components.OwnModelOnly
+    row = _run(tmp_path, "evaluation.vote=own-only")[0]
+    assert float(row["mean_error"]) == pytest.approx(float(row["local_only_error"]), abs=1e-12)
+    with pytest.raises(ConfigError, match="component name must be"):
+        components.register("ensemble", "a:b", user_components.OwnModelOnly)
