@@ -61,6 +61,8 @@ def test_readme_extension_example_runs(command, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     args = shlex.split(command)
+    assert args[0] == "PYTHONPATH=."  # the modules sit next to the scenario
+    args = args[1:]
     assert args[0] == "p2pdp"
     assert main([*args[1:], "--jobs", "1"]) == 0
     out = Path(args[args.index("--out") + 1])
