@@ -403,7 +403,10 @@ def pooled_mle(
     z_bar = _probabilities("positive_fraction", positive_fraction)
     c = _pool_sizes(pool_size)
     se, sp = _accuracy(sensitivity, specificity)
+    # The two ends are decided by comparisons, not by the rounded quotient: (Se - Z_bar) / r
+    # can round to 1 - 2^-53 at Z_bar = 1 - Sp exactly, which would give a p_hat of 1e-16.
     base = np.clip((se - z_bar) / (se + sp - 1.0), 0.0, 1.0)
+    base = np.where(z_bar <= 1.0 - sp, 1.0, np.where(z_bar >= se, 0.0, base))
     return _out(1.0 - base ** (1.0 / c))
 
 

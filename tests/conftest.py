@@ -6,12 +6,15 @@ looks after an explicit path: ``$P2PDP_DATA_HOME``, then the user cache
 (``$XDG_CACHE_HOME/p2pdp`` or ``~/.cache/p2pdp``). If no such folder holds every file, those
 tests are skipped with one reason (nothing is downloaded); if ``$P2PDP_DATA_HOME`` is set but
 lacks files, the run stops with an error instead, since that is a broken setup, not a machine
-without data.
+without data. Every other test runs as on a machine without the data: the data homes are hidden
+and a download fails the test, so a test that needs the data but lacks the marker fails here
+too, not only on a user's machine.
 """
 
 from __future__ import annotations
 
 import os
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +65,30 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     skip = pytest.mark.skip(reason=NO_DATA.format(files=", ".join(required_files())))
     for item in needing:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def _empty_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("no-data-cache")
+
+
+def _no_download(url: object, *args: object, **kwargs: object) -> None:
+    raise AssertionError(
+        f"this test tried to download {url}: it needs the real data sets, so mark it "
+        "`integration` (or use the real_data_home fixture)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _without_data_unless_integration(
+    request: pytest.FixtureRequest, _empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hide the data sets from tests not marked ``integration`` (see the module docstring)."""
+    if request.node.get_closest_marker("integration") is not None:
+        return
+    monkeypatch.delenv(DATA_HOME_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(_empty_cache))
+    monkeypatch.setattr(urllib.request, "urlopen", _no_download)
 
 
 @pytest.fixture(scope="session")

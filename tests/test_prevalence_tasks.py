@@ -201,6 +201,7 @@ def test_exact_posterior_helpers_agree_with_the_maths_module():
     assert (low, high) == pytest.approx(mixture_interval(exact, 0.95), abs=1e-6)
 
 
+@pytest.mark.integration
 def test_dataset_source_uses_the_binary_label_and_its_prevalence():
     config = _config(COUNTS, 'prevalence.source="dataset"', 'data.dataset="spambase"')
     row = simulate(config).row()
@@ -246,7 +247,14 @@ def test_randomized_response_refuses_other_budgets_or_curator_noise(settings, ma
 
 def test_local_mechanism_is_refused_for_a_task_that_shares_exact_statistics():
     with pytest.raises(ConfigError, match="locally_private"):
-        simulate(_config(COUNTS, 'task.name="logistic"', 'privacy.mechanism="local"'))
+        simulate(
+            _config(
+                COUNTS,
+                'task.name="logistic"',
+                'privacy.mechanism="local"',
+                'data.dataset="synthetic"',
+            )
+        )
     with pytest.raises(ConfigError, match="privacy.mechanism must be one of"):
         simulate(_config(COUNTS, 'privacy.mechanism="local"'))
 
