@@ -54,6 +54,29 @@ Headline = tuple[str, Callable[[Rows], float], str]  # (what, compute, as the RE
 E10 = {"privacy__epsilon": 10.0}
 
 
+def _rr_ratio(records: int, epsilon: float) -> Callable[[Rows], float]:
+    """Mean |privacy error| of randomized response over that of the central Laplace count."""
+
+    def ratio(rows: Rows) -> float:
+        def error(task: str) -> float:
+            return float(
+                np.mean(
+                    [
+                        abs(float(r["privacy_error"]))
+                        for r in rows
+                        if r["task.name"] == task
+                        and float(r["privacy.epsilon"]) == epsilon
+                        and int(r["prevalence.records_per_peer"]) * int(r["partition.n_peers"])
+                        == records
+                    ]
+                )
+            )
+
+        return error("randomized-response") / error("prevalence-counts")
+
+    return ratio
+
+
 def _lambda_best(rows: Rows) -> float:
     lams = sorted({float(r["training.lambda"]) for r in rows})
     errors = [mean(rows, "mean_error", training__lambda=lam, **E10) for lam in lams]
@@ -240,9 +263,19 @@ HEADLINES: dict[str, list[Headline]] = {
     "utility_frontier": [
         ("local-only error", lambda r: mean(r, "local_only_error"), "0.129"),
     ],
-    # No numbers in their table rows (see the README's prevalence section): a full run must
+    "rr_vs_central": [
+        (f"local / central privacy error, {n} records, epsilon {eps}", _rr_ratio(n, eps), written)
+        for n, eps, written in [
+            (1000, 1.0, "7"),
+            (1000, 0.25, "10"),
+            (1000, 4.0, "5"),
+            (10000, 1.0, "21"),
+            (10000, 0.25, "27"),
+            (10000, 4.0, "16"),
+        ]
+    ],
+    # No numbers in its table row (see the README's prevalence section): a full run must
     # complete every cell.
-    "rr_vs_central": [],
     "pooled_testing": [],
 }
 
