@@ -491,8 +491,14 @@ class EvaluationConfig:
     def __post_init__(self) -> None:
         validate_fields(self, "evaluation")
         for fold in self.folds:
-            if not isinstance(fold, int) or not 0 <= fold < self.cv_folds:
+            if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < self.cv_folds:
                 raise _fail("evaluation.folds", f"fold indices in [0, {self.cv_folds})", fold)
+        repeated = sorted({fold for fold in self.folds if self.folds.count(fold) > 1})
+        if repeated:
+            raise ConfigError(
+                f"evaluation.folds must not repeat a fold (each fold is one set of cells), "
+                f"got {list(self.folds)}: {repeated} more than once"
+            )
 
     def fold_indices(self) -> tuple[int, ...]:
         """Folds a run covers: ``(0,)`` for a fixed split, else ``folds`` or all."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import importlib.util
 import inspect
 import io
 import os
@@ -984,6 +985,34 @@ def load_data(data: DataConfig, *, rng: np.random.Generator) -> RawData:
     if not callable(loader):
         raise ConfigError(f"{key}: {loader!r} is not callable")
     return as_raw_data(_call(loader, data, rng, key), name=data.dataset)
+
+
+def data_fingerprint(data: DataConfig) -> dict[str, str]:
+    """sha256 of what ``data`` reads, by file: to tell whether a data set changed between runs.
+
+    A built-in data set: its manifest's checksums (its files are checked against them when
+    read). Any other: the files at ``data.path`` and ``data.test_path`` if they exist, and for
+    ``"module:function"`` the module's source file. Files are hashed as bytes (exact). A file
+    that does not exist is left out (reading it fails with its own error).
+    """
+    fingerprint: dict[str, str] = {}
+    if data.dataset in available_datasets():
+        for spec in load_manifest(data.dataset).files:
+            fingerprint[f"{data.dataset}/{spec.name}"] = spec.sha256
+        return fingerprint
+    files = [Path(value).expanduser() for value in (data.path, data.test_path) if value]
+    module, colon, _ = data.dataset.partition(":")
+    if colon:
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin and Path(spec.origin).is_file():
+            files.append(Path(spec.origin))
+    for path in files:
+        if path.is_file():
+            fingerprint[str(path.resolve())] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return fingerprint
 
 
 def _call(loader: Any, data: DataConfig, rng: np.random.Generator, key: str) -> Any:

@@ -220,7 +220,13 @@ def run_experiment(
         workers = _worker_count(jobs, client)
         backend = f"dask {scheduler}" if client else f"{workers} local process(es)"
         with ResultsStore.open(
-            out, scenario, n_cells=len(cells), backend=backend, resume=resume, force=force
+            out,
+            scenario,
+            n_cells=len(cells),
+            cell_ids=[cell.cell_id for cell in cells],
+            backend=backend,
+            resume=resume,
+            force=force,
         ) as store:
             previous = store.lock.previous
             if previous and progress is not None:

@@ -18,17 +18,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from p2pdp.results import write_figure
+
 Rows = Sequence[dict[str, Any]]
 _DPI = 110
 _THREAT_MODEL = "adversary knows p, not the other members' statuses (not worst-case DP)"
-
-
-def _save(figure: plt.Figure, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=_DPI)
-    plt.close(figure)
-    return path
 
 
 def _values(rows: Rows, key: str) -> list:
@@ -71,7 +65,7 @@ def epsilon_figure(rows: Rows, path: str | Path) -> Path:
     axes[0].set_ylabel("ε of one person per pooled test (nats)")
     axes[-1].legend(fontsize=8)
     figure.suptitle(f"Privacy of pooling; {_THREAT_MODEL}", fontsize=9)
-    return _save(figure, path)
+    return write_figure(figure, path, dpi=_DPI)
 
 
 def variance_ratio_figure(rows: Rows, path: str | Path) -> Path:
@@ -118,7 +112,7 @@ def variance_ratio_figure(rows: Rows, path: str | Path) -> Path:
         f"Variance of the pooled MLE relative to individual testing (Se = {se:g}, Sp = {sp:g})",
         fontsize=10,
     )
-    return _save(figure, path)
+    return write_figure(figure, path, dpi=_DPI)
 
 
 def privacy_utility_figure(rows: Rows, path: str | Path) -> Path:
@@ -151,7 +145,7 @@ def privacy_utility_figure(rows: Rows, path: str | Path) -> Path:
     )
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    return _save(figure, path)
+    return write_figure(figure, path, dpi=_DPI)
 
 
 # --- noisy counts and randomized response ---------------------------------------------------------
@@ -189,7 +183,7 @@ def scaling_figure(rows: Rows, path: str | Path) -> Path:
         axis.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7)
     axes[1].set_title("central ~ 1/(ε n), local ~ 1/(ε √n)", fontsize=9)
-    return _save(figure, path)
+    return write_figure(figure, path, dpi=_DPI)
 
 
 def coverage_figure(rows: Rows, path: str | Path) -> Path:
@@ -216,7 +210,7 @@ def coverage_figure(rows: Rows, path: str | Path) -> Path:
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.suptitle("Does Laplace noise make Beta credible intervals lie?", fontsize=10)
-    return _save(figure, path)
+    return write_figure(figure, path, dpi=_DPI)
 
 
 def policy_figure(rows: Rows, path: str | Path) -> Path:
@@ -258,4 +252,4 @@ def policy_figure(rows: Rows, path: str | Path) -> Path:
         f"Accumulate (ε per new batch) vs re-query (ε/Q on all data), ε = {rows[0]['epsilon']:g}",
         fontsize=10,
     )
-    return _save(figure, path)
+    return write_figure(figure, path, dpi=_DPI)

@@ -22,6 +22,7 @@ from matplotlib.ticker import NullFormatter
 
 from p2pdp import pooling
 from p2pdp.figures_prevalence import epsilon_figure, variance_ratio_figure
+from p2pdp.results import write_figure
 
 Rows = Sequence[dict[str, Any]]
 Figure = tuple[str, str, str]
@@ -68,10 +69,7 @@ def _panels(count: int, rows: int = 1) -> tuple[plt.Figure, np.ndarray]:
 
 
 def _save(figure: plt.Figure, directory: Path, stem: str) -> str:
-    path = Path(directory) / f"{stem}.png"
-    figure.savefig(path, dpi=_DPI)
-    plt.close(figure)
-    return path.name
+    return write_figure(figure, Path(directory) / f"{stem}.png", dpi=_DPI).name
 
 
 # --- prevalence-counts and randomized-response ----------------------------------------------------

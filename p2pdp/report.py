@@ -15,7 +15,6 @@ the run's provenance).
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,11 +39,14 @@ from p2pdp.results import (
     RESULTS_FILE,
     ROC_FPR,
     FolderLock,
+    incomplete_cells,
     read_manifest,
     read_results,
     read_roc,
     repair,
+    resume_command,
     write_atomic,
+    write_figure,
 )
 
 REPORT_FILE = "report.md"
@@ -172,11 +174,29 @@ def write_report(directory: str | Path) -> Path:
 
 
 def _check_results(directory: Path) -> None:
-    """Raise ConfigError unless results.csv has the columns and numbers the report reads."""
+    """Raise ConfigError unless the folder's rows are whole and of its grid, with the columns
+    and numbers the report reads."""
     path = directory / RESULTS_FILE
     rows = read_results(directory)
     if not rows:
         return
+    manifest = read_manifest(directory) if (directory / MANIFEST_FILE).exists() else {}
+    if manifest.get("cell_ids") is not None:
+        grid = set(manifest["cell_ids"])
+        for number, row in enumerate(rows, start=2):
+            if row["cell_id"] not in grid:
+                raise ConfigError(
+                    f"{path}, line {number}: cell {row['cell_id']} is not in the scenario's "
+                    f"grid ({len(grid)} cells): the file was edited or mixed with another run's"
+                )
+    broken = incomplete_cells(directory)
+    if broken:
+        files = sorted({name for names in broken.values() for name in names})
+        raise ConfigError(
+            f"{directory}: {', '.join(files)} lack(s) the rows of {len(broken)} cell(s) "
+            f"(first: {min(broken)}): deleted or cut short; rebuild them with "
+            f"`{resume_command(directory, manifest)}`"
+        )
     # The logistic task's rows (and rows written before tasks existed) carry classification
     # metrics; another task's rows carry the engine's columns and its own.
     required = [
@@ -208,7 +228,8 @@ def _write_report(directory: Path) -> Path:
     if "mean_error" not in rows[0]:  # a task that does not classify: its own columns and figures
         report = directory / REPORT_FILE
         figures = _task_figures(rows, directory)
-        report.write_text(_task_markdown(rows, manifest, settings, swept, figures), "utf-8")
+        text = _task_markdown(rows, manifest, settings, swept, figures)
+        write_atomic(report, _with_status(text, directory, manifest, len(rows)))
         return report
     summaries = _summarise(rows, swept, read_roc(directory))
 
@@ -251,10 +272,12 @@ def _write_report(directory: Path) -> Path:
             "peer's ROC averaged over folds.",
         ),
     ]
+    # Each figure replaces its old file atomically and report.md is written last, so a kill at
+    # any moment leaves every figure the report on disk links; a figure this report no longer
+    # draws is deleted only once the new report.md (which does not link it) is in place.
     figures = []  # (title, file or "", caption or why skipped)
     for stem, title, skipped, draw, caption in specs:
         path = directory / f"{stem}.png"
-        path.unlink(missing_ok=True)  # no stale figure from an earlier report
         if skipped:
             figures.append((title, "", skipped))
         else:
@@ -262,7 +285,11 @@ def _write_report(directory: Path) -> Path:
             figures.append((title, path.name, caption))
 
     report = directory / REPORT_FILE
-    write_atomic(report, _markdown(rows, manifest, settings, swept, summaries, figures))
+    text = _markdown(rows, manifest, settings, swept, summaries, figures)
+    write_atomic(report, _with_status(text, directory, manifest, len(rows)))
+    for stem, _, skipped, _, _ in specs:
+        if skipped:
+            (directory / f"{stem}.png").unlink(missing_ok=True)
     return report
 
 
@@ -608,7 +635,7 @@ def _error_figure(
             axis.set_ylabel(_ERROR_LABEL)
     _colour_bar(figure, axes, scale)
     _legend(figure, axes)
-    _save(figure, path)
+    write_figure(figure, path)
 
 
 def _references(
@@ -676,7 +703,7 @@ def _cost_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: 
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
     _legend(figure, axes)
-    _save(figure, path)
+    write_figure(figure, path)
 
 
 def _merged_label(keys: Sequence[str], values: Sequence[tuple]) -> str:
@@ -713,7 +740,7 @@ def _loss_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: 
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
     _legend(figure, axes)
-    _save(figure, path)
+    write_figure(figure, path)
 
 
 def _roc_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: Path) -> None:
@@ -733,20 +760,7 @@ def _roc_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: P
     axis.set_title("ROC of the best peer (mean over folds)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize="small", loc="lower right")
-    _save(figure, path)
-
-
-def _save(figure: plt.Figure, path: Path) -> None:
-    """Save as PNG atomically (a temporary file in the same folder, then a rename).
-
-    ``bbox_inches="tight"``: nothing outside the canvas (a legend) is lost.
-    """
-    buffer = io.BytesIO()
-    try:
-        figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(figure)
-    write_atomic(path, buffer.getvalue())
+    write_figure(figure, path)
 
 
 # --- markdown ---------------------------------------------------------------------------------
@@ -768,6 +782,22 @@ def _caption(
     )
 
 
+def _with_status(text: str, directory: Path, manifest: dict[str, Any], n_rows: int) -> str:
+    """``text`` with, under its title, a warning if the run did not finish every cell."""
+    total = manifest.get("cells")
+    if not manifest or (manifest.get("status") == "complete" and n_rows == total):
+        return text
+    status = manifest.get("status", "unknown")
+    missing = f"{total - n_rows} of {total} cells missing" if total else "cells may be missing"
+    why = f" ({manifest['error']})" if manifest.get("error") else ""
+    warning = (
+        f"**Incomplete results: {missing}; the run is {status}{why}.** Every number below is "
+        f"over the {n_rows} cells done. Finish it with `{resume_command(directory, manifest)}`."
+    )
+    title, _, rest = text.partition("\n\n")
+    return f"{title}\n\n{warning}\n\n{rest}"
+
+
 def _markdown(
     rows: Sequence[dict[str, Any]],
     manifest: dict[str, Any],
@@ -784,7 +814,8 @@ def _markdown(
             f"Scenario `{manifest['scenario_source']}`"
             + (f" with `--set {' '.join(manifest['overrides'])}`" if manifest["overrides"] else "")
             + f", hash `{manifest['scenario_hash'][:12]}`; started {manifest['started']}, "
-            f"finished {manifest.get('finished') or '(not finished)'}; git commit "
+            + (f"finished {manifest['finished']}; " if manifest.get("finished") else "")
+            + "git commit "
             f"`{manifest.get('git_commit') or 'unknown'}`; {versions}; Python "
             f"{manifest['python']}.",
             "",

@@ -17,32 +17,38 @@
     Extra per-cell tables (:attr:`CellRecord.tables`, e.g. ``releases.csv``, ``peers.csv``):
     ``cell_id`` first, then the table's columns, any number of rows per cell.
 ``manifest.json``
-    The scenario (text, source, ``--set`` overrides, hash), library versions, git commit, the
-    extra tables, and every session (start, end, backend, cells run, pid, host); ``status`` is
-    ``running``, ``complete``, ``failed`` or ``interrupted`` (then ``error`` says why).
-    Replaced atomically (write a temporary file, then :func:`os.replace`).
+    The scenario (text, source, ``--set`` overrides, hash), the grid's cell ids, what the
+    cells depend on (``inputs``: p2pdp's version and the data files' sha256, see
+    :func:`run_inputs`), library versions, git commit, the extra tables, and every session
+    (start, end, backend, cells run, pid, host); ``status`` is ``running``, ``complete``,
+    ``failed`` or ``interrupted`` (then ``error`` says why). Replaced atomically (write a
+    temporary file, then :func:`os.replace`).
 ``.p2pdp.lock``, ``.p2pdp.lock.json``
     The folder lock (:class:`FolderLock`) and who holds it.
 
-A cell writes its extra tables first, then its ROC curve, then its results row: a cell is
-done when its results row is complete. :func:`repair` (run by ``--resume`` and by the report)
-drops a line cut short by a crash and the rows of other tables whose cell has no results
-row.
+A cell writes its extra tables first, then its ROC curve, then its results row, which
+records how many rows it wrote to each (column :data:`TABLE_ROWS`): a cell is done when its
+results row is complete and its other rows are all there. :func:`repair` (run by ``--resume``
+and by the report) drops a line cut short by a crash and the rows of other tables whose cell
+has no results row; :func:`incomplete_cells` finds cells whose other rows were lost since
+(``--resume`` runs them again; the report refuses the folder until then).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import os
 import platform
 import re
+import shlex
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
@@ -74,6 +80,8 @@ ROC_FPR = np.linspace(0.0, 1.0, 101)
 _ROC_COLUMNS = ("cell_id", "fpr", "tpr")
 _RESERVED_TABLES = ("results", "roc", "manifest")
 _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+#: Column of ``results.csv``: the rows the cell wrote to each other table, ``"peers:50;roc:101"``.
+TABLE_ROWS = "table_rows"
 _VERSIONED = ("p2pdp", "numpy", "scipy", "simpy", "scikit-learn", "networkx", "matplotlib")
 
 
@@ -261,6 +269,7 @@ class ResultsStore:
         backend: str,
         resume: bool = False,
         force: bool = False,
+        cell_ids: Sequence[str] | None = None,
     ) -> ResultsStore:
         """Lock ``directory``, check it against ``scenario``, then create or reopen the store.
 
@@ -269,6 +278,10 @@ class ResultsStore:
         results is refused unless ``resume`` is set and its scenario hash equals
         ``scenario.digest`` (then the cells already in ``results.csv`` are :attr:`done`,
         after :func:`repair`), or ``force`` is set (then the old files are deleted first).
+        A resume is also refused if what the cells depend on changed (:func:`run_inputs`:
+        the p2pdp version, the data files' sha256) or a row names a cell outside
+        ``cell_ids``; a cell whose rows in ``roc.csv`` or an extra table are missing (a file
+        deleted or cut) is not done: its rows are dropped and it runs again.
 
         Raises
         ------
@@ -313,14 +326,22 @@ class ResultsStore:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
             }
+            inputs = run_inputs(scenario)
             if existing is not None:
+                _check_inputs(directory, existing, inputs)
                 done = repair(directory)
+                _check_cell_ids(directory, existing, done)
+                broken = incomplete_cells(directory)
+                if broken:
+                    _drop_cells(directory, broken)
+                    done -= broken.keys()
                 manifest = existing
                 manifest["sessions"].append(session)
                 manifest.setdefault("tables", [])
             else:
                 done = frozenset()
-                manifest = _new_manifest(scenario, n_cells) | {"sessions": [session]}
+                manifest = _new_manifest(scenario, n_cells, cell_ids, inputs)
+                manifest["sessions"] = [session]
             manifest["status"] = "running"
             manifest.pop("error", None)
             store = cls(directory, manifest, done, lock, resumed=existing is not None)
@@ -353,8 +374,12 @@ class ResultsStore:
                         for x, y in zip(ROC_FPR, record.roc_tpr, strict=True)
                     ],
                 )
-            columns = tuple(record.row)
-            self._write("results", columns, [tuple(record.row[c] for c in columns)])
+            counts = {name: len(rows) for name, _, rows in tables}
+            if record.roc_tpr is not None:
+                counts["roc"] = len(ROC_FPR)
+            row = {**record.row, TABLE_ROWS: _format_counts(counts)}
+            columns = tuple(row)
+            self._write("results", columns, [tuple(row[c] for c in columns)])
             self.manifest["sessions"][-1]["cells_run"] += 1
         if time.monotonic() - self._last_sync >= SYNC_INTERVAL_S:
             self.sync()
@@ -362,8 +387,9 @@ class ResultsStore:
     def sync(self) -> None:
         """fsync every open CSV file and rewrite the manifest."""
         for file in self._files.values():
-            file.flush()
-            os.fsync(file.fileno())
+            with _naming(file.name):
+                file.flush()
+                os.fsync(file.fileno())
         self._write_manifest()
         self._last_sync = time.monotonic()
 
@@ -393,7 +419,8 @@ class ResultsStore:
         ``"interrupted by SIGTERM"``.
         """
         try:
-            self._close_files()
+            with contextlib.suppress(OSError):  # e.g. a full disk: still record the failure
+                self._close_files()
             if isinstance(error, KeyboardInterrupt):
                 status, text = (
                     "interrupted",
@@ -433,8 +460,9 @@ class ResultsStore:
                 f"{self.directory / f'{name}.csv'} has columns {list(self._columns[name])}, "
                 f"but this run writes {list(columns)}; use --force to start over"
             )
-        file.write(_csv_text(rows))
-        file.flush()
+        with _naming(file.name):
+            file.write(_csv_text(rows))
+            file.flush()
 
     def _open_table(self, name: str, columns: tuple[str, ...]) -> TextIO:
         """Open ``<name>.csv`` for appending: continue a resumed file, else start it afresh."""
@@ -471,7 +499,18 @@ class ResultsStore:
                 file.close()
 
     def _write_manifest(self) -> None:
-        write_atomic(self.directory / MANIFEST_FILE, json.dumps(self.manifest, indent=2) + "\n")
+        path = self.directory / MANIFEST_FILE
+        text = json.dumps(self.manifest, indent=2) + "\n"
+        try:
+            write_atomic(path, text)
+        except OSError:
+            if not path.exists():
+                raise
+            # No room for a second copy (a full disk): overwrite the manifest in place, which
+            # needs no new blocks when it is not longer than before, so the status is recorded.
+            with _naming(path), path.open("r+", encoding="utf-8") as file:
+                file.write(text)
+                file.truncate()
 
 
 def _table_columns(cell_id: str, name: str, rows: Sequence[dict[str, Any]]) -> tuple[str, ...]:
@@ -673,6 +712,17 @@ def _csv_text(rows: Iterable[Sequence[Any]]) -> str:
     return buffer.getvalue()
 
 
+@contextlib.contextmanager
+def _naming(path: str | Path) -> Iterator[None]:
+    """Give an OSError raised meanwhile the file's path (a full disk says only "No space left")."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write ``data`` to a temporary file in ``path``'s folder, fsync it, rename it over ``path``.
 
@@ -686,6 +736,11 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
@@ -697,13 +752,139 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             os.close(descriptor)
 
 
-def _new_manifest(scenario: Scenario, n_cells: int) -> dict[str, Any]:
-    versions: dict[str, str | None] = {}
-    for package in _VERSIONED:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = None
+def run_inputs(scenario: Scenario) -> dict[str, Any]:
+    """What a scenario's cells depend on besides its settings: p2pdp's version, the data.
+
+    ``{"p2pdp": version, "data": {file: sha256}}`` over the data files of every grid point
+    (:func:`p2pdp.datasets.data_fingerprint`). Recorded in the manifest; ``--resume`` refuses a
+    folder whose inputs differ, so it never merges results of two data sets or versions.
+    """
+    from p2pdp.datasets import data_fingerprint
+
+    data: dict[str, str] = {}
+    for config in {point.config.data for point in scenario.points}:
+        data.update(data_fingerprint(config))
+    return {"p2pdp": _version("p2pdp"), "data": dict(sorted(data.items()))}
+
+
+def _check_inputs(directory: Path, manifest: dict[str, Any], inputs: dict[str, Any]) -> None:
+    old = manifest.get("inputs")
+    if old == inputs:
+        return
+    if old is None:
+        changes = ["the folder does not record them (written by an older p2pdp)"]
+    else:
+        changes = []
+        if old.get("p2pdp") != inputs["p2pdp"]:
+            changes.append(f"p2pdp {old.get('p2pdp')} -> {inputs['p2pdp']}")
+        before, now = old.get("data", {}), inputs["data"]
+        for name in sorted(before.keys() | now.keys()):
+            if before.get(name) != now.get(name):
+                was, new = (d.get(name, "absent")[:12] for d in (before, now))
+                changes.append(f"{name} sha256 {was} -> {new}")
+    raise ConfigError(
+        f"--out {directory}: what its cells depend on changed since they ran: "
+        f"{'; '.join(changes)}; resuming would mix results of both; use --force to start over, "
+        "or another --out"
+    )
+
+
+def _check_cell_ids(directory: Path, manifest: dict[str, Any], done: frozenset[str]) -> None:
+    """ConfigError if ``results.csv`` holds a cell outside the manifest's grid."""
+    known = manifest.get("cell_ids")
+    if known is None:  # written before the manifest listed them
+        return
+    unknown = sorted(done - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{directory / RESULTS_FILE}: {len(unknown)} row(s) of cells outside the scenario's "
+            f"grid (first: {unknown[0]}): the file was edited or mixed with another run's; "
+            "use --force to start over"
+        )
+
+
+def _format_counts(counts: dict[str, int]) -> str:
+    return ";".join(f"{name}:{count}" for name, count in sorted(counts.items()))
+
+
+def incomplete_cells(directory: str | Path) -> dict[str, list[str]]:
+    """Cells of ``results.csv`` whose rows in other tables are missing, with those tables.
+
+    Each results row records how many rows its cell wrote to each table (column
+    :data:`TABLE_ROWS`); a table deleted, emptied or cut short since leaves its cells here.
+    Rows written before that column existed are not checked.
+    """
+    directory = Path(directory)
+    rows = read_results(directory)
+    if not rows or TABLE_ROWS not in rows[0]:
+        return {}
+    counted: dict[str, dict[str, int]] = {}
+    for name in {n for row in rows for n in _parse_counts(row[TABLE_ROWS])}:
+        path = directory / f"{name}.csv"
+        counts: dict[str, int] = {}
+        if path.exists():
+            for row in _read_rows(path)[1:]:
+                counts[row[0]] = counts.get(row[0], 0) + 1
+        counted[name] = counts
+    broken: dict[str, list[str]] = {}
+    for row in rows:
+        for name, count in _parse_counts(row[TABLE_ROWS]).items():
+            if counted[name].get(row["cell_id"], 0) != count:
+                broken.setdefault(row["cell_id"], []).append(f"{name}.csv")
+    return broken
+
+
+def _parse_counts(text: str) -> dict[str, int]:
+    return {name: int(count) for name, _, count in (p.partition(":") for p in text.split(";") if p)}
+
+
+def _drop_cells(directory: Path, cells: Iterable[str]) -> None:
+    """Remove every row of ``cells`` from every CSV file of the folder (atomically)."""
+    drop = set(cells)
+    for path in sorted(directory.glob("*.csv")):
+        header, *rows = _read_rows(path) or [[]]
+        kept = [row for row in rows if row[0] not in drop]
+        if len(kept) < len(rows):
+            write_atomic(path, _csv_text([header, *kept]))
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def resume_command(directory: str | Path, manifest: dict[str, Any]) -> str:
+    """The command that finishes the run of ``manifest`` in ``directory``."""
+    words = ["p2pdp", "run", str(manifest.get("scenario_source", "SCENARIO"))]
+    words += ["--out", str(directory)]
+    words += [word for override in manifest.get("overrides", []) for word in ("--set", override)]
+    return shlex.join([*words, "--resume"])
+
+
+def write_figure(figure: Any, path: str | Path, *, dpi: int = 110) -> Path:
+    """Save a matplotlib figure as PNG atomically (:func:`write_atomic`), then close it.
+
+    ``bbox_inches="tight"``: nothing outside the axes (a legend) is clipped. A kill at any
+    moment leaves the old image or the new one, so a report never links a half-written file.
+    """
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    buffer = io.BytesIO()
+    try:
+        figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    finally:
+        plt.close(figure)
+    write_atomic(path, buffer.getvalue())
+    return path
+
+
+def _new_manifest(
+    scenario: Scenario, n_cells: int, cell_ids: Sequence[str] | None, inputs: dict[str, Any]
+) -> dict[str, Any]:
+    versions = {package: _version(package) for package in _VERSIONED}
     return {
         "scenario": scenario.name,
         "scenario_source": scenario.source,
@@ -714,6 +895,8 @@ def _new_manifest(scenario: Scenario, n_cells: int) -> dict[str, Any]:
             {"keys": list(a.keys), "values": [list(v) for v in a.values]} for a in scenario.axes
         ],
         "cells": n_cells,
+        "cell_ids": None if cell_ids is None else list(cell_ids),
+        "inputs": inputs,
         "tables": [],
         "versions": versions,
         "python": platform.python_version(),

@@ -160,13 +160,13 @@ def drawn(monkeypatch):
     from p2pdp import report
 
     figures = {}
-    original = report._save
+    original = report.write_figure
 
-    def save(figure, path):
-        original(figure, path)
+    def save(figure, path, **options):
+        original(figure, path, **options)
         figures[path.stem] = figure
 
-    monkeypatch.setattr(report, "_save", save)
+    monkeypatch.setattr(report, "write_figure", save)
     yield figures
     import matplotlib.pyplot as plt
 

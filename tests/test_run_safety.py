@@ -6,20 +6,24 @@ and poll for files with generous timeouts (the machine may be loaded), never fix
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from p2pdp import experiment
 from p2pdp.cli import main
 from p2pdp.errors import ConfigError
 from p2pdp.report import write_report
-from p2pdp.results import FolderInUseError, read_manifest, read_results
+from p2pdp.results import FolderInUseError, ResultsStore, read_manifest, read_results
 from p2pdp.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,10 +204,15 @@ sys.exit(main(["report", sys.argv[1]]))
 """
 
 
+def linked_figures(report: Path) -> list[str]:
+    return re.findall(r"!\[[^]]*\]\(([^)]+)\)", report.read_text())
+
+
 def test_a_kill_during_the_report_leaves_no_partial_file(tmp_path, scenario_file):
     out = tmp_path / "out"
     scenario = load_scenario(scenario_file, ["evaluation.folds=[0]"])
     experiment.run_experiment(scenario, out, jobs=1)
+    assert linked_figures(write_report(out))
     script, marker = tmp_path / "killed_report.py", tmp_path / "saving"
     script.write_text(KILLED_REPORT)
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
@@ -217,7 +226,8 @@ def test_a_kill_during_the_report_leaves_no_partial_file(tmp_path, scenario_file
     report.communicate(timeout=TIMEOUT_S)
     for png in out.glob("*.png"):
         assert png.read_bytes().endswith(PNG_END), f"{png.name} is cut short"
-    assert not (out / "report.md").exists() or (out / "report.md").stat().st_size > 0
+    for figure in linked_figures(out / "report.md"):  # the old report still has its figures
+        assert (out / figure).is_file(), f"report.md links {figure}, which the kill removed"
     # and the next report is complete
     text = write_report(out).read_text()
     assert "(error_vs_group_size.png)" in text
@@ -395,3 +405,135 @@ def test_the_interrupt_message_repeats_the_command_to_resume(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert "interrupted by SIGTERM" in err
     assert f"p2pdp run quickstart --out '{out}' --set 'evaluation.folds=[0]' --resume" in err
+
+
+# --- what a resume or a report must not take on trust -----------------------------------------
+def test_repeated_folds_are_refused_before_anything_runs(tmp_path, scenario_file, capsys):
+    out = tmp_path / "out"
+    assert (
+        main(["run", str(scenario_file), "--out", str(out), "--set", "evaluation.folds=[0,0]"]) == 2
+    )
+    assert "evaluation.folds must not repeat a fold" in one_error_line(capsys.readouterr().err)
+    assert not (out / "results.csv").exists()
+
+
+CSV_SCENARIO = """
+name = "mine"
+seed = 5
+[data]
+dataset = "csv"
+path = "data.csv"
+transform = ["minmax", "bias", "project_unit_ball"]
+[partition]
+n_peers = 10
+[evaluation]
+cv_folds = 2
+"""
+
+
+def test_resume_refuses_a_data_file_changed_since_the_cells_ran(tmp_path, monkeypatch, capsys):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    rows = np.column_stack([X, (X.sum(axis=1) > 0).astype(int)])
+    monkeypatch.chdir(tmp_path)
+    np.savetxt("data.csv", rows, delimiter=",", fmt="%.6f")
+    Path("mine.toml").write_text(CSV_SCENARIO)
+    first = load_scenario("mine.toml", ["evaluation.folds=[0]"])
+    experiment.run_experiment(first, "out", jobs=1)
+    manifest = read_manifest("out")
+    assert manifest["inputs"]["p2pdp"] and len(manifest["inputs"]["data"]) == 1
+    # the cells of fold 1 would read other data than those of fold 0 did
+    np.savetxt("data.csv", rows[::-1], delimiter=",", fmt="%.6f")
+    manifest["status"] = "interrupted"
+    (Path("out") / "manifest.json").write_text(json.dumps(manifest))
+    assert (
+        main(["run", "mine.toml", "--out", "out", "--set", "evaluation.folds=[0]", "--resume"]) == 2
+    )
+    line = one_error_line(capsys.readouterr().err)
+    assert "changed since they ran" in line and "data.csv sha256" in line
+    assert len(read_results("out")) == 1  # nothing merged
+
+
+def test_report_refuses_a_row_outside_the_grid(finished, capsys):
+    results = finished / "results.csv"
+    lines = results.read_text().splitlines()
+    lines.append(lines[1].replace("p0-f0-r0", "p99-f0-r0", 1))
+    results.write_text("\n".join(lines) + "\n")
+    assert main(["report", str(finished)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "line 10: cell p99-f0-r0 is not in the scenario's grid (8 cells)" in line
+
+
+def _cut(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[: len(lines) // 2]) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("table", "damage"),
+    [
+        ("releases.csv", lambda path: path.unlink()),
+        ("releases.csv", lambda path: path.write_text(path.read_text().splitlines()[0] + "\n")),
+        ("roc.csv", _cut),
+        ("peers.csv", _cut),
+    ],
+    ids=["deleted", "header only", "roc cut", "peers cut"],
+)
+def test_lost_records_are_refused_by_report_and_rebuilt_by_resume(
+    finished, scenario_file, capsys, table, damage
+):
+    before = {path.name: path.read_text() for path in finished.glob("*.csv")}
+    rows = read_results(finished)
+    damage(finished / table)
+    assert main(["report", str(finished)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{table} lack(s) the rows of" in line and "--resume" in line
+    command = ["run", str(scenario_file), "--out", str(finished), "--set", "evaluation.folds=[0]"]
+    assert main([*command, "--resume"]) == 0
+    assert "already done" in capsys.readouterr().out
+    after = {path.name: path.read_text() for path in finished.glob("*.csv")}
+    for name in ("releases.csv", "peers.csv", "roc.csv"):
+        assert after[name] == before[name], f"{name} not rebuilt"
+    assert without_timing(read_results(finished)) == without_timing(rows)
+
+
+def test_a_full_disk_names_the_file_and_marks_the_run_failed(
+    tmp_path, scenario_file, monkeypatch, capsys
+):
+    class FullDisk:
+        def __init__(self, file):
+            self.file, self.name = file, file.name
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+    real = ResultsStore._open_table
+
+    def open_table(self, name, columns):
+        file = real(self, name, columns)
+        self._files[name] = FullDisk(file)
+        return self._files[name]
+
+    monkeypatch.setattr(ResultsStore, "_open_table", open_table)
+    out = tmp_path / "out"
+    assert main(["run", str(scenario_file), "--out", str(out), "--jobs", "1"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "No space left on device" in line and str(out) in line and ".csv" in line
+    manifest = read_manifest(out)
+    assert manifest["status"] == "failed" and "No space left" in manifest["error"]
+
+
+def test_the_report_of_an_unfinished_run_says_how_many_cells_are_missing(finished):
+    results = finished / "results.csv"
+    lines = results.read_text().splitlines()
+    results.write_text("\n".join(lines[:-3]) + "\n")
+    manifest = read_manifest(finished)
+    manifest.update(status="interrupted", error="interrupted by SIGTERM", finished=None)
+    (finished / "manifest.json").write_text(json.dumps(manifest))
+    text = write_report(finished).read_text()
+    assert "not finished" not in text
+    assert "**Incomplete results: 3 of 8 cells missing; the run is interrupted" in text
+    assert "--resume`" in text
