@@ -1004,11 +1004,11 @@ def data_fingerprint(data: DataConfig) -> dict[str, str]:
     module, colon, _ = data.dataset.partition(":")
     if colon:
         try:
-            spec = importlib.util.find_spec(module)
+            found = importlib.util.find_spec(module)
         except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin and Path(spec.origin).is_file():
-            files.append(Path(spec.origin))
+            found = None
+        if found is not None and found.origin and Path(found.origin).is_file():
+            files.append(Path(found.origin))
     for path in files:
         if path.is_file():
             fingerprint[str(path.resolve())] = hashlib.sha256(path.read_bytes()).hexdigest()

@@ -823,8 +823,8 @@ def incomplete_cells(directory: str | Path) -> dict[str, list[str]]:
         path = directory / f"{name}.csv"
         counts: dict[str, int] = {}
         if path.exists():
-            for row in _read_rows(path)[1:]:
-                counts[row[0]] = counts.get(row[0], 0) + 1
+            for line in _read_rows(path)[1:]:
+                counts[line[0]] = counts.get(line[0], 0) + 1
         counted[name] = counts
     broken: dict[str, list[str]] = {}
     for row in rows:
