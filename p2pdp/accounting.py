@@ -35,6 +35,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from p2pdp.boundary import calling, check_methods, check_numbers, check_type, problem
 from p2pdp.errors import BudgetExhaustedError, ConfigError
 from p2pdp.events import EpsilonDeltaEvent, GaussianEvent, PrivacyEvent
 from p2pdp.mechanisms import analytic_gaussian_sigma
@@ -127,7 +128,7 @@ class Accountant(ABC):
 
     def check(self, event: PrivacyEvent) -> None:
         """ConfigError unless :meth:`supports` ``event``."""
-        if event.private and not self.supports(event):
+        if event.private and not supports(self, event):
             raise ConfigError(
                 f"privacy.accountant = {self.name!r} cannot compose {type(event).__name__} "
                 f"releases; got {event!r}"
@@ -262,7 +263,38 @@ def make_accountant(accountant: str | Accountant) -> Accountant:
     from p2pdp.components import resolve
 
     target = resolve("accountant", accountant, key="privacy.accountant")
-    return target() if isinstance(target, type) else target
+    if isinstance(target, type):
+        with calling("accountant", target, "__init__"):
+            target = target()
+    check_methods(target, "accountant", ACCOUNTANT_METHODS, "p2pdp.accounting.Accountant")
+    return target
+
+
+#: What the engine calls on an accountant (:class:`Accountant` provides them all).
+ACCOUNTANT_METHODS = ("supports", "composed_epsilon", "check")
+
+
+def supports(accountant: Accountant, event: PrivacyEvent) -> bool:
+    """``accountant.supports(event)``, checked to be a bool."""
+    with calling("accountant", accountant, "supports"):
+        answer = accountant.supports(event)
+    return bool(check_type(answer, (bool, np.bool_), "accountant", accountant, "supports"))
+
+
+def composed(
+    accountant: Accountant, event: PrivacyEvent, counts: np.ndarray, *, delta_total: float
+) -> np.ndarray:
+    """``accountant.composed_epsilon``, checked: numbers >= 0 (inf allowed) shaped as ``counts``."""
+    with calling("accountant", accountant, "composed_epsilon"):
+        epsilon = accountant.composed_epsilon(event, counts, delta_total=delta_total)
+    epsilon = check_numbers(
+        epsilon, "accountant", accountant, "composed_epsilon", shape=np.shape(counts), finite=False
+    )
+    if np.isnan(epsilon).any() or (epsilon < 0).any():
+        raise problem(
+            "accountant", accountant, "composed_epsilon", "returned NaN or a negative epsilon"
+        )
+    return epsilon
 
 
 def step_event(
@@ -312,6 +344,10 @@ def composed_epsilon(
     return _ACCOUNTANTS[accountant].composed_epsilon(event, counts, delta_total=delta_total)
 
 
+#: More releases per peer than any budget affords: an accountant that allows them is broken.
+_MAX_RELEASES = 2**40
+
+
 def affordable(
     accountant: Accountant, event: PrivacyEvent, *, epsilon_total: float, delta_total: float
 ) -> int:
@@ -323,13 +359,21 @@ def affordable(
     limit = epsilon_total * (1 + BUDGET_TOLERANCE)
 
     def fits(k: int) -> bool:
-        spent = accountant.composed_epsilon(event, np.array(k), delta_total=delta_total)
+        spent = composed(accountant, event, np.array(k), delta_total=delta_total)
         return bool(spent <= limit)
 
     if not fits(1):
         return 0
     low, high = 1, 2
     while fits(high):
+        if high > _MAX_RELEASES:
+            raise problem(
+                "accountant",
+                accountant,
+                "composed_epsilon",
+                f"stays <= epsilon_total = {epsilon_total:g} for {high} releases: it must grow "
+                "with the number of releases",
+            )
         low, high = high, 2 * high
     while high - low > 1:
         middle = (low + high) // 2
@@ -467,7 +511,8 @@ class BudgetLedger:
         self.delta_total = delta_total
         self.accountant = make_accountant(accountant)
         self.event = event if event is not None else step_event(eps_step, delta_step, name)
-        self.accountant.check(self.event)
+        with calling("accountant", self.accountant, "check"):
+            self.accountant.check(self.event)
         self.max_aggregations = affordable(
             self.accountant, self.event, epsilon_total=self.epsilon_total, delta_total=delta_total
         )
@@ -507,9 +552,7 @@ class BudgetLedger:
 
     def spent_epsilon(self) -> np.ndarray:
         """Epsilon spent by each peer under the ledger's accountant, shape (P,)."""
-        return self.accountant.composed_epsilon(
-            self.event, self._counts, delta_total=self.delta_total
-        )
+        return composed(self.accountant, self.event, self._counts, delta_total=self.delta_total)
 
     def aggregations(self) -> np.ndarray:
         """Number of aggregations each peer joined, shape (P,) (a copy)."""

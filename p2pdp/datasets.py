@@ -51,6 +51,7 @@ import numpy as np
 from sklearn.datasets import load_svmlight_file
 
 from p2pdp import components
+from p2pdp.boundary import calling
 from p2pdp.config import FILE_LOADER_OPTIONS, DataConfig
 from p2pdp.errors import ConfigError, DataError
 
@@ -984,7 +985,9 @@ def load_data(data: DataConfig, *, rng: np.random.Generator) -> RawData:
     loader = components.resolve("dataset", data.dataset, key="data.dataset")
     if not callable(loader):
         raise ConfigError(f"{key}: {loader!r} is not callable")
-    return as_raw_data(_call(loader, data, rng, key), name=data.dataset)
+    with calling("dataset", loader, "__call__"):
+        raw = _call(loader, data, rng, key)
+    return as_raw_data(raw, name=data.dataset)
 
 
 def data_fingerprint(data: DataConfig) -> dict[str, str]:

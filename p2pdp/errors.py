@@ -22,6 +22,13 @@ class DataError(P2PDPError):
     """A data file is missing, corrupted or does not match its manifest."""
 
 
+class ComponentError(P2PDPError):
+    """A component (built-in or a user's plug-in) broke its protocol: it raised, or returned
+    something the engine cannot use (NaN, the wrong shape or type). The message names the
+    component by import string, the method and what was wrong (:mod:`p2pdp.boundary`).
+    """
+
+
 class BudgetExhaustedError(P2PDPError):
     """A peer was asked to spend more privacy budget than it has left."""
 

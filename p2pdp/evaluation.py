@@ -48,6 +48,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.metrics import auc, roc_curve
 
+from p2pdp.boundary import calling, check_methods, check_numbers
 from p2pdp.ensembles import (
     CrossValidation,
     OwnShards,
@@ -315,7 +316,11 @@ def make_ensemble_rule(vote: str | EnsembleRule) -> EnsembleRule:
     from p2pdp.components import resolve
 
     target = resolve("ensemble", vote, key="evaluation.vote")
-    return target() if isinstance(target, type) else target
+    if isinstance(target, type):
+        with calling("ensemble", target, "__init__"):
+            target = target()
+    check_methods(target, "ensemble", ("fit", "scores"), "p2pdp.evaluation.EnsembleRule")
+    return target
 
 
 def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str | EnsembleRule) -> np.ndarray:
@@ -335,7 +340,9 @@ def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str | Ensemble
         noise_std=ensembles.noise_std,
         rows=X,
     )
-    return rule.scores(margins)
+    with calling("ensemble", rule, "scores"):
+        scores = rule.scores(margins)
+    return check_numbers(scores, "ensemble", rule, "scores", shape=(X.shape[0], ensembles.n_peers))
 
 
 def predict(scores: np.ndarray) -> np.ndarray:
@@ -385,7 +392,10 @@ def evaluate_ensembles(
     The rule is fitted once (:meth:`EnsembleRule.fit`, with ``own`` for rules that need the
     peers' own shards), then scores every row block.
     """
-    vote = make_ensemble_rule(vote).fit(ensembles, own)
+    rule = make_ensemble_rule(vote)
+    with calling("ensemble", rule, "fit"):
+        vote = rule.fit(ensembles, own)
+    check_methods(vote, "ensemble", ("scores",), "p2pdp.evaluation.EnsembleRule.fit")
     y = np.asarray(y)
     n_rows, n_peers = X.shape[0], ensembles.n_peers
     wrong = np.zeros(n_peers, dtype=np.int64)

@@ -47,7 +47,7 @@ from p2pdp.errors import ConfigError
 from p2pdp.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.scenario import Scenario
 from p2pdp.simulation import simulate
-from p2pdp.tasks import make_task
+from p2pdp.tasks import make_task, prepared
 
 Task = tuple["Cell", ...]
 #: Seconds to wait for a Dask scheduler before giving up (nothing is written before).
@@ -152,7 +152,7 @@ def run_task(cells: Task) -> list[CellRecord]:
 def _prepare(cell: Cell) -> tuple[Any, float]:
     """What the task prepares for ``cell``'s training key (its local training), and seconds."""
     start = time.perf_counter()
-    trained = make_task(cell.config).prepare(fold=cell.fold, repetition=cell.repetition)
+    trained = prepared(make_task(cell.config), fold=cell.fold, repetition=cell.repetition)
     return trained, time.perf_counter() - start
 
 

@@ -32,6 +32,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits
 
+from p2pdp.boundary import calling, check_number
 from p2pdp.errors import ConfigError, P2PDPError
 
 __all__ = [
@@ -519,4 +520,9 @@ def make_model(name: str) -> LocalModel:
         return LogisticModel()
     from p2pdp.components import resolve
 
-    return resolve("model", name, key="training.model")()
+    cls = resolve("model", name, key="training.model")
+    with calling("model", cls, "__init__"):
+        model = cls()
+    for attribute in ("lipschitz", "gradient_tolerance"):
+        check_number(getattr(model, attribute, None), "model", model, attribute, low=0.0)
+    return model

@@ -50,6 +50,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.special import expit, log_ndtr
 
+from p2pdp.boundary import calling, check_methods, check_number, check_numbers, check_type
 from p2pdp.errors import ConfigError, PrivacyWarning
 from p2pdp.events import EpsilonDeltaEvent, GaussianEvent, NonPrivateEvent, PrivacyEvent
 from p2pdp.validation import require_count, require_positive, require_probability
@@ -62,6 +63,17 @@ MECHANISMS: tuple[str, ...] = (
     "none",
 )
 SENSITIVITY_MODES: tuple[str, ...] = ("group-mean", "pathak")
+#: What the engine calls on a mechanism (:class:`Mechanism` provides them all).
+MECHANISM_METHODS = (
+    "sample",
+    "release",
+    "noise_shares",
+    "noise_std",
+    "noise_scale",
+    "event",
+    "budget_event",
+    "guarantee",
+)
 
 
 def _as_binary(name: str, values: ArrayLike) -> np.ndarray:
@@ -607,7 +619,34 @@ def mechanism_class(name: str) -> type[Mechanism]:
         return _MECHANISM_CLASSES[name]
     from p2pdp.components import resolve
 
-    return resolve("mechanism", name, key="privacy.mechanism")
+    cls = resolve("mechanism", name, key="privacy.mechanism")
+    check_methods(cls, "mechanism", MECHANISM_METHODS, "p2pdp.mechanisms.Mechanism")
+    return cls
+
+
+def checked(mechanism: Mechanism, dim: int) -> Mechanism:
+    """``mechanism`` after checking what the engine reads from it once per run.
+
+    Its privacy events (:meth:`~Mechanism.event`, :meth:`~Mechanism.budget_event`) must be
+    :class:`~p2pdp.events.PrivacyEvent` instances, its :meth:`~Mechanism.guarantee` a pair of
+    numbers >= 0, and (additive mechanisms) its noise scale and std at unit sensitivity
+    numbers >= 0 (inf allowed: a mechanism may have no finite std). The noise itself is
+    checked where it is drawn (:mod:`p2pdp.release`). Raises
+    :class:`~p2pdp.errors.ComponentError` (one line).
+    """
+    for method in ("event", "budget_event"):
+        with calling("mechanism", mechanism, method):
+            event = getattr(mechanism, method)(dim)
+        check_type(event, PrivacyEvent, "mechanism", mechanism, method)
+    with calling("mechanism", mechanism, "guarantee"):
+        guarantee = mechanism.guarantee(dim)
+    check_numbers(guarantee, "mechanism", mechanism, "guarantee", shape=(2,), finite=False)
+    if getattr(mechanism, "additive", True):  # else there is no noise scale: nan is right
+        for method in ("noise_scale", "noise_std"):
+            with calling("mechanism", mechanism, method):
+                value = getattr(mechanism, method)(1.0, dim)
+            check_number(value, "mechanism", mechanism, method, inf=True)
+    return mechanism
 
 
 def make_mechanism(name: str, *, epsilon: float, delta: float | None = None) -> Mechanism:
@@ -623,7 +662,8 @@ def make_mechanism(name: str, *, epsilon: float, delta: float | None = None) -> 
     cls = mechanism_class(name)
     if getattr(cls, "approximate", False) and delta is None:
         raise ConfigError(f"delta is required for mechanism {name!r}, got None")
-    return cls(epsilon=epsilon, delta=0.0 if delta is None else delta)
+    with calling("mechanism", cls, "__init__"):
+        return cls(epsilon=epsilon, delta=0.0 if delta is None else delta)
 
 
 # --- randomized response --------------------------------------------------------------------------

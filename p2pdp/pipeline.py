@@ -13,10 +13,12 @@ models (common random numbers).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from p2pdp.boundary import calling, check_numbers, check_type
 from p2pdp.config import DataConfig, EvaluationConfig, PartitionConfig, ScenarioConfig
 from p2pdp.datasets import load_data
 from p2pdp.errors import ConfigError
@@ -158,11 +160,24 @@ def train_peers(
         min_shard_size=partition_config.min_shard_size,
         rng=rng,
     )
-    models = model.fit(fold.X_train, fold.y_train, shards, lam)
-    everyone = model.fit(fold.X_train, fold.y_train, [np.arange(len(fold.y_train))], lam)
+    models = _fit(model, fold, shards, lam)
+    everyone = _fit(model, fold, [np.arange(len(fold.y_train))], lam)
     return TrainedPeers(
         fold=fold, shards=tuple(shards), models=models, centralized=everyone.weights[0], key=key
     )
+
+
+def _fit(
+    model: LocalModel, fold: FoldData, shards: Sequence[np.ndarray], lam: float
+) -> LocalModels:
+    """``model.fit`` on ``shards`` of the fold's training rows, its output checked."""
+    with calling("model", model, "fit"):
+        models = model.fit(fold.X_train, fold.y_train, shards, lam)
+    check_type(models, LocalModels, "model", model, "fit")
+    shape = (len(shards), fold.X_train.shape[1])
+    check_numbers(models.weights, "model", model, "fit (weights)", shape=shape)
+    check_numbers(models.grad_norms, "model", model, "fit (grad_norms)", shape=shape[:1])
+    return models
 
 
 def training_key(config: ScenarioConfig, *, fold: int, repetition: int) -> tuple:

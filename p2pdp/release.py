@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from p2pdp.boundary import calling, check_numbers
 from p2pdp.errors import ConfigError
 from p2pdp.mechanisms import Mechanism
 from p2pdp.secure_aggregation import draw_noise_shares, secure_noisy_mean, secure_sum
@@ -105,11 +106,17 @@ class NoiseStream:
     def draw(self, sensitivity: float) -> np.ndarray:
         """One noise vector (dim,) for a release of L2 sensitivity ``sensitivity``."""
         if not getattr(self.mechanism, "scale_family", False):
-            return self.mechanism.sample(sensitivity, self.dim, rng=self.rng)
+            return self._sample(sensitivity, None)
         if not self._unit:
-            batch = self.mechanism.sample(1.0, self.dim, rng=self.rng, size=self._BATCH)
-            self._unit = list(batch[::-1])
+            self._unit = list(self._sample(1.0, self._BATCH)[::-1])
         return sensitivity * self._unit.pop()
+
+    def _sample(self, sensitivity: float, size: int | None) -> np.ndarray:
+        """The mechanism's noise, checked: numbers, finite, of shape (dim,) or (size, dim)."""
+        with calling("mechanism", self.mechanism, "sample"):
+            noise = self.mechanism.sample(sensitivity, self.dim, rng=self.rng, size=size)
+        shape = (self.dim,) if size is None else (size, self.dim)
+        return check_numbers(noise, "mechanism", self.mechanism, "sample", shape=shape)
 
 
 class Releaser:
@@ -206,12 +213,16 @@ class Releaser:
         """
         n_members = statistics.shape[0]
         if self.secure:
-            shares = draw_noise_shares(
-                self.mechanism,
-                sensitivity=sensitivity,
-                n_members=n_members,
-                dim=self.dim,
-                rng=self.noise.rng,
+            with calling("mechanism", self.mechanism, "noise_shares"):
+                shares = draw_noise_shares(
+                    self.mechanism,
+                    sensitivity=sensitivity,
+                    n_members=n_members,
+                    dim=self.dim,
+                    rng=self.noise.rng,
+                )
+            shares = check_numbers(
+                shares, "mechanism", self.mechanism, "noise_shares", shape=(n_members, self.dim)
             )
             if self.aggregate == "mean":
                 result = secure_noisy_mean(statistics, shares, curator=curator, rng=self.share_rng)
@@ -222,8 +233,10 @@ class Releaser:
             inflation = math.sqrt(n_members / max(n_members - 1, 1))
         elif not getattr(self.mechanism, "additive", True):  # the mechanism defines the release
             exact = self.exact(statistics)
-            released = np.asarray(
-                self.mechanism.release(exact, sensitivity, rng=self.noise.rng), dtype=np.float64
+            with calling("mechanism", self.mechanism, "release"):
+                value = self.mechanism.release(exact, sensitivity, rng=self.noise.rng)
+            released = check_numbers(
+                value, "mechanism", self.mechanism, "release", shape=np.shape(exact)
             )
             noise_norm = float(np.linalg.norm(released - exact))
             inflation = 1.0

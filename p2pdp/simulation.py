@@ -17,14 +17,23 @@ from typing import Any
 
 import numpy as np
 
-from p2pdp.accounting import make_accountant
+from p2pdp.accounting import composed, make_accountant, supports
+from p2pdp.boundary import calling
 from p2pdp.config import ScenarioConfig, flat_settings
 from p2pdp.errors import ConfigError, PrivacyWarning
-from p2pdp.mechanisms import make_mechanism, mechanism_class
+from p2pdp.mechanisms import checked, make_mechanism, mechanism_class
 from p2pdp.release import Releaser
 from p2pdp.rng import generator
 from p2pdp.sim.world import World, WorldObserver
-from p2pdp.tasks import Evaluation, Outcome, make_task
+from p2pdp.tasks import (
+    Evaluation,
+    Outcome,
+    evaluated,
+    make_task,
+    prepared,
+    sensitivity_of,
+    task_statistics,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,14 +210,14 @@ def simulate(
     start = time.perf_counter()
     key = task.training_key(fold=fold, repetition=repetition)
     if trained is None:
-        trained = task.prepare(fold=fold, repetition=repetition)
+        trained = prepared(task, fold=fold, repetition=repetition)
     elif getattr(trained, "key", None) is not None and trained.key != key:
         raise ConfigError(
             "trained was prepared for another training key (data, fold, repetition, "
             "partition, lambda or model differ): its sensitivity would not match this config; "
             f"expected {key!r}, got {trained.key!r}"
         )
-    statistics, sizes = task.statistics(trained)
+    statistics, sizes = task_statistics(task, trained, config.partition.n_peers)
     wall["training"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -218,7 +227,8 @@ def simulate(
             warnings.simplefilter("ignore", PrivacyWarning)
         mechanism_cls = mechanism_class(privacy.mechanism)
         if hasattr(mechanism_cls, "from_config"):  # calibrated by settings beyond [privacy]
-            mechanism = mechanism_cls.from_config(config)
+            with calling("mechanism", mechanism_cls, "from_config"):
+                mechanism = mechanism_cls.from_config(config)
         else:
             mechanism = make_mechanism(
                 privacy.mechanism,
@@ -232,6 +242,7 @@ def simulate(
             "locally_private): the claim would be false"
         )
     dim = statistics.shape[-1]  # (P, d), or (P, R, d): a fresh statistic per release
+    mechanism = checked(mechanism, dim)
     rngs = {
         name: generator(config.seed, name, fold, repetition)
         for name in ("protocol", "network", "noise", "shares")
@@ -250,7 +261,7 @@ def simulate(
         statistics,
         sizes,
         releaser=releaser,
-        sensitivity=task.sensitivity,
+        sensitivity=sensitivity_of(task),
         rngs=rngs,
         observers=(log, *observers),
     )
@@ -267,7 +278,7 @@ def simulate(
         releases=tuple(world.releases),
         members=tuple(world.release_members),
     )
-    evaluation = task.evaluate(trained, outcome)
+    evaluation = evaluated(task, trained, outcome)
     wall["evaluation"] = time.perf_counter() - start
 
     peak_mb = float("nan")
@@ -322,6 +333,6 @@ def _guaranteed_epsilon(
     if not event.private:
         return np.where(counts == 0, 0.0, math.inf)
     accountant = make_accountant(config.privacy.resolved_accountant)
-    if not accountant.supports(event):  # e.g. rdp on a non-Gaussian true event
+    if not supports(accountant, event):  # e.g. rdp on a non-Gaussian true event
         accountant = make_accountant("basic")
-    return accountant.composed_epsilon(event, counts, delta_total=config.privacy.delta)
+    return composed(accountant, event, counts, delta_total=config.privacy.delta)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +15,13 @@ import pytest
 
 from p2pdp import components
 from p2pdp.cli import main
-from p2pdp.errors import ConfigError
+from p2pdp.errors import ComponentError, ConfigError
 from p2pdp.experiment import run_experiment
 from p2pdp.results import read_results
 from p2pdp.scenario import parse_scenario
 
 PLUGINS = Path(__file__).parent / "plugins"
+ROOT = Path(__file__).resolve().parents[1]
 
 BASE = """
 name = "plugin"
@@ -175,3 +179,65 @@ def test_a_registered_name_works_in_a_scenario_like_a_builtin(tmp_path, monkeypa
     assert float(row["mean_error"]) == pytest.approx(float(row["local_only_error"]), abs=1e-12)
     with pytest.raises(ConfigError, match="component name must be"):
         components.register("ensemble", "a:b", user_components.OwnModelOnly)
+
+
+# --- bad output is stopped where the engine receives it -----------------------------------------
+BAD = [
+    ("privacy.mechanism", "NaNNoise", "mechanism", "sample", "NaN/inf values"),
+    ("privacy.mechanism", "WrongShapeNoise", "mechanism", "sample", "shape (256, 8), expected"),
+    ("privacy.mechanism", "TextNoise", "mechanism", "sample", "not numbers"),
+    ("privacy.mechanism", "NoEvent", "mechanism", "event", "returned None, not a PrivacyEvent"),
+    ("privacy.mechanism", "NotAMechanism", "mechanism", "", "is not a mechanism: it lacks sample"),
+    ("training.model", "NaNWeights", "model", "fit (weights)", "NaN/inf values"),
+    (
+        "training.model",
+        "TooFewColumns",
+        "model",
+        "fit (weights)",
+        "shape (20, 6), expected (20, 7)",
+    ),
+    ("evaluation.vote", "NaNScores", "ensemble", "scores", "NaN/inf values"),
+    ("evaluation.vote", "RaisingRule", "ensemble", "scores", "raised RuntimeError: my rule"),
+    ("data.dataset", "raising_loader", "dataset", "__call__", "raised RuntimeError: cannot reach"),
+    ("privacy.accountant", "NaNAccountant", "accountant", "composed_epsilon", "NaN or a negative"),
+    ("privacy.accountant", "FreeAccountant", "accountant", "composed_epsilon", "must grow"),
+    ("groups.sampler", "RepeatingSampler", "sampler", "start_group", "[0, 0, 1] with curator 0"),
+    ("task.name", "NaNSensitivity", "task", "sensitivity", "returned nan"),
+    ("task.name", "ShortStatistics", "task", "statistics", "shape (19, 1), expected (20, d)"),
+]
+
+
+@pytest.mark.parametrize(("key", "name", "kind", "method", "what"), BAD, ids=[b[1] for b in BAD])
+def test_bad_plugin_output_is_one_error_naming_the_component_and_method(
+    tmp_path, key, name, kind, method, what
+):
+    with pytest.raises(ComponentError) as caught:
+        _run(tmp_path, f'{key}="bad_components:{name}"')
+    message = str(caught.value)
+    assert "\n" not in message
+    head = f"{kind} 'bad_components:{name}'" + (f".{method} " if method else " ")
+    assert message.startswith(head), message
+    assert what in message
+
+
+def test_the_command_line_shows_bad_plugin_output_as_one_line(tmp_path):
+    scenario = tmp_path / "bad.toml"
+    scenario.write_text(BASE.replace('name = "plugin"', 'name = "bad"'))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGINS), str(ROOT)])}
+    command = [sys.executable, "-m", "p2pdp.cli", "run", str(scenario)]
+    command += ["--out", str(tmp_path / "out"), "--jobs", "1"]
+    command += ["--set", 'privacy.mechanism="bad_components:NaNNoise"']
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("p2pdp")]
+    assert errors == [
+        "p2pdp: error: mechanism 'bad_components:NaNNoise'.sample returned 1792 NaN/inf values "
+        "in an array of shape (256, 7)"
+    ], done.stderr
+    assert "Traceback" not in done.stderr

@@ -38,6 +38,7 @@ import numpy as np
 import simpy
 
 from p2pdp.accounting import BudgetLedger, make_accountant
+from p2pdp.boundary import calling, check_methods, problem
 from p2pdp.config import ScenarioConfig
 from p2pdp.errors import ConfigError
 from p2pdp.release import Releaser, ReleaseRecord
@@ -294,6 +295,7 @@ class World:
         message; a decentralised protocol whose members already agreed passes False and the
         members submit at once.
         """
+        members = self._checked_group(members, curator)
         group = Group(
             self._next_group, members, curator, complete=self.env.event(), started=self.env.now
         )
@@ -309,6 +311,28 @@ class World:
                 self.submit(member, group)
         self.env.process(curator_process(self, group))
         return group
+
+    def _checked_group(self, members: np.ndarray, curator: int) -> np.ndarray:
+        """The sampler's group as an int array, if its members are distinct peers and the
+        curator one of them; else a ComponentError naming the sampler."""
+        array = np.asarray(members)
+        if (
+            array.ndim != 1
+            or array.size == 0
+            or array.dtype.kind not in "iu"
+            or array.min() < 0
+            or array.max() >= self.online.size
+            or np.unique(array).size != array.size
+            or curator not in array
+        ):
+            raise problem(
+                "sampler",
+                self.sampler,
+                "start_group",
+                f"formed the group {array.tolist()!r} with curator {curator!r}: a group is "
+                f"distinct peer ids in [0, {self.online.size}) that include its curator",
+            )
+        return array
 
     def submit(self, member: int, group: Group) -> None:
         """``member`` sends its statistic and shard size to the group's curator.
@@ -427,7 +451,14 @@ def make_sampler(world: World, *, rng: np.random.Generator) -> GroupSampler:
     from p2pdp.components import resolve
 
     factory = resolve("sampler", world.config.groups.sampler, key="groups.sampler")
-    return factory(world, rng=rng)
+    with calling("sampler", factory, "__init__"):
+        sampler = factory(world, rng=rng)
+    check_methods(sampler, "sampler", SAMPLER_METHODS, "p2pdp.sim.sampler.GroupSampler")
+    return sampler
+
+
+#: What the world calls on a sampler (see :class:`~p2pdp.sim.sampler.GroupSampler`).
+SAMPLER_METHODS = ("start", "peer_ready", "group_finished")
 
 
 def curator_process(world: World, group: Group):

@@ -19,11 +19,13 @@ import string ``package.module:Class``; the class is called with the ScenarioCon
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from p2pdp.boundary import calling, check_methods, check_number, check_numbers, problem
 from p2pdp.config import ScenarioConfig
 from p2pdp.release import Aggregate, ReleaseRecord
 
@@ -108,4 +110,61 @@ def make_task(config: ScenarioConfig) -> Task:
     from p2pdp.components import resolve
 
     cls = resolve("task", config.task.name, key="task.name")
-    return cls(config)
+    with calling("task", cls, "__init__"):
+        task = cls(config)
+    check_methods(task, "task", TASK_METHODS, "p2pdp.tasks.Task")
+    aggregate = getattr(task, "aggregate", None)
+    if aggregate not in ("mean", "sum") and not callable(aggregate):
+        raise problem("task", task, "aggregate", "must be 'mean', 'sum' or a function")
+    return task
+
+
+#: What the engine calls on a task (see :class:`Task`).
+TASK_METHODS = ("training_key", "prepare", "statistics", "sensitivity", "evaluate")
+
+
+def prepared(task: Task, *, fold: int, repetition: int) -> Any:
+    """``task.prepare``, with an exception inside it named as the task's."""
+    with calling("task", task, "prepare"):
+        return task.prepare(fold=fold, repetition=repetition)
+
+
+def task_statistics(task: Task, prepared: Any, n_peers: int) -> tuple[np.ndarray, np.ndarray]:
+    """``task.statistics``, checked: finite numbers (P, d) or (P, R, d), sizes (P,) >= 1."""
+    with calling("task", task, "statistics"):
+        statistics, sizes = task.statistics(prepared)
+    statistics = check_numbers(statistics, "task", task, "statistics")
+    if statistics.ndim not in (2, 3) or statistics.shape[0] != n_peers:
+        raise problem(
+            "task",
+            task,
+            "statistics",
+            f"returned statistics of shape {statistics.shape}, expected ({n_peers}, d) or "
+            f"({n_peers}, releases, d)",
+        )
+    sizes = check_numbers(sizes, "task", task, "statistics (sizes)", shape=(n_peers,))
+    if (sizes < 1).any():
+        raise problem("task", task, "statistics (sizes)", "returned a shard size < 1")
+    return statistics, sizes
+
+
+def sensitivity_of(task: Task) -> Callable[[list[int]], float]:
+    """``task.sensitivity`` as the world calls it per group, checked: a number > 0, finite."""
+
+    def sensitivity(sizes: list[int]) -> float:
+        with calling("task", task, "sensitivity"):
+            value = task.sensitivity(sizes)
+        value = check_number(value, "task", task, "sensitivity")
+        if value == 0:
+            raise problem("task", task, "sensitivity", "returned 0: no noise would be added")
+        return value
+
+    return sensitivity
+
+
+def evaluated(task: Task, prepared: Any, outcome: Outcome) -> Evaluation:
+    """``task.evaluate``, checked to return an :class:`Evaluation`."""
+    with calling("task", task, "evaluate"):
+        evaluation = task.evaluate(prepared, outcome)
+    check_methods(evaluation, "task", ("summary", "peer_columns"), "p2pdp.tasks.Evaluation")
+    return evaluation
