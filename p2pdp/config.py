@@ -27,8 +27,8 @@ from p2pdp.validation import (
     AllOf,
     Boolean,
     ComponentName,
+    FileName,
     IntAtLeast,
-    NonEmptyString,
     NonNegative,
     OneOf,
     Optional,
@@ -51,6 +51,11 @@ DEFAULT_EPSILON_PER_AGGREGATION = 0.1
 OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
 
 
+#: Most aggregations a peer's budget may be meant for (``epsilon / epsilon_per_aggregation``):
+#: far beyond any simulated run, and a guard against a typo such as ``epsilon = 1e308``.
+MAX_AGGREGATIONS_PER_PEER = 1e6
+
+
 class Derived(float):
     """A float setting computed from other settings (e.g. ``privacy.delta_per_aggregation``).
 
@@ -59,6 +64,13 @@ class Derived(float):
     """
 
     __slots__ = ()
+
+
+def _as_list(key: str, value: object) -> tuple:
+    """A list setting as a tuple; a lone string or number is refused (write ``[...]``)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+        raise _fail(key, f"a list such as [{value!r}]", value)
+    return tuple(value)
 
 
 def _fail(key: str, requirement: str, value: object) -> ConfigError:
@@ -138,6 +150,7 @@ class DataConfig:
                     f"data.{key} is an option of data.dataset = {' or '.join(map(repr, users))}; "
                     f"got data.{key} = {value!r} with data.dataset = {self.dataset!r}"
                 )
+        object.__setattr__(self, "transform", _as_list("data.transform", self.transform))
         if not self.transform:
             raise _fail("data.transform", "a non-empty list of steps", list(self.transform))
         for step in self.transform:
@@ -321,6 +334,13 @@ class PrivacyConfig:
                     "privacy.delta_per_aggregation must be <= privacy.delta "
                     f"({self.delta!r}), got {self.delta_per_aggregation!r}"
                 )
+        elif self.delta != 0 or self.delta_per_aggregation != 0:
+            raise ConfigError(
+                f"privacy.delta must be 0 for privacy.mechanism = {self.mechanism!r} (pure "
+                f"epsilon-DP: it uses no delta), got delta = {self.delta!r}, "
+                f"delta_per_aggregation = {self.delta_per_aggregation!r}; set them to 0, or use "
+                "an approximate mechanism such as 'gaussian'"
+            )
         if self.accountant in ("rdp", "gdp") and not self.approximate:
             raise ConfigError(
                 f"privacy.accountant = {self.accountant!r} needs privacy.mechanism = "
@@ -340,6 +360,12 @@ class PrivacyConfig:
                 else "the epsilon of one release at privacy.noise_multiplier"
             )
             raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
+        if self.epsilon / step > MAX_AGGREGATIONS_PER_PEER:
+            raise ConfigError(
+                f"privacy.epsilon / privacy.epsilon_per_aggregation must be <= "
+                f"{MAX_AGGREGATIONS_PER_PEER:g} (aggregations per peer), got {self.epsilon!r} / "
+                f"{step!r} = {self.epsilon / step:g}"
+            )
         if self.secure_aggregation and self.needs_records:
             raise ConfigError(
                 f"privacy.secure_aggregation = true cannot be used with privacy.mechanism = "
@@ -490,6 +516,7 @@ class EvaluationConfig:
 
     def __post_init__(self) -> None:
         validate_fields(self, "evaluation")
+        object.__setattr__(self, "folds", _as_list("evaluation.folds", self.folds))
         for fold in self.folds:
             if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < self.cv_folds:
                 raise _fail("evaluation.folds", f"fold indices in [0, {self.cv_folds})", fold)
@@ -521,6 +548,13 @@ class TaskConfig:
         validate_fields(self, "task")
 
 
+#: Task-specific tables and the built-in tasks that read them; another task setting one of
+#: them is refused (a setting that does nothing would be recorded in every row as if it did).
+TASK_SECTIONS: dict[str, tuple[str, ...]] = {
+    "prevalence": ("prevalence-counts", "randomized-response"),
+    "pooling": ("pooled-testing",),
+}
+
 SECTIONS: dict[str, type] = {
     "task": TaskConfig,
     "data": DataConfig,
@@ -546,7 +580,7 @@ class ScenarioConfig:
     (:class:`p2pdp.scenario.Scenario`: a base config plus grid axes), not a config's.
     """
 
-    name: str = field(default="scenario", metadata=check(NonEmptyString()))
+    name: str = field(default="scenario", metadata=check(FileName()))
     seed: int = field(default=0, metadata=check(IntAtLeast(0)))
     repetitions: int = field(default=1, metadata=check(IntAtLeast(1)))
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -563,6 +597,8 @@ class ScenarioConfig:
     pooling: PoolingConfig = field(default_factory=PoolingConfig)
 
     def __post_init__(self) -> None:
+        for section, cls in SECTIONS.items():
+            object.__setattr__(self, section, _section(section, cls, getattr(self, section)))
         validate_fields(self, "")
         if self.groups.group_size > self.partition.n_peers:
             raise ConfigError(
@@ -578,6 +614,38 @@ class ScenarioConfig:
             )
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
             _check_data_provides(self.data, self.evaluation)
+        for section, readers in TASK_SECTIONS.items():
+            settings = getattr(self, section)
+            if self.task.name in components.names("task") and self.task.name not in readers:
+                default = type(settings)()
+                changed = [
+                    f"{section}.{f.name}"
+                    for f in dataclasses.fields(settings)
+                    if getattr(settings, f.name) != getattr(default, f.name)
+                ]
+                if changed:
+                    raise ConfigError(
+                        f"{', '.join(changed)}: [{section}] is read only by task.name = "
+                        f"{' or '.join(map(repr, readers))}; task.name = {self.task.name!r} "
+                        "ignores it: remove it"
+                    )
+
+
+def _section(name: str, cls: type, value: Any) -> Any:
+    """A section's config: ``value`` itself, or built from a mapping of its settings."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(_field_names(cls)))
+        if unknown:
+            raise ConfigError(
+                f"{name}.{unknown[0]} is not a setting of [{name}]; valid: "
+                f"{', '.join(_field_names(cls))}"
+            )
+        return cls(**value)
+    raise ConfigError(
+        f"{name} must be a {cls.__name__} or a dict of its settings, got {type(value).__name__}"
+    )
 
 
 def _check_data_provides(data: DataConfig, evaluation: EvaluationConfig) -> None:

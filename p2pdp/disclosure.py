@@ -11,7 +11,10 @@ scenario may take fall outside it, and are listed here so that every results row
   ``minmax`` step): every peer's data shape the preprocessing of all;
 * ``privacy.mechanism = "none"``: releases carry no noise;
 * ``privacy.mechanism = "seed-laplace"``: the seed's per-coordinate noise is only
-  ``sqrt(d) * epsilon``-DP per release, not ``epsilon``.
+  ``sqrt(d) * epsilon``-DP per release, not ``epsilon``;
+* a mechanism whose guarantee is distributional (pooled testing with one pool per person):
+  it holds against an adversary who knows the prevalence, not worst-case neighbours;
+* a mechanism that declares no guarantee (a plug-in, say): recorded as epsilon = inf.
 
 Everything here is a pure function of the configuration (the model dimension ``d`` comes from
 the data set's manifest, never from the data).
@@ -23,6 +26,7 @@ import math
 from collections.abc import Iterable
 
 from p2pdp.config import ScenarioConfig
+from p2pdp.events import DistributionalEvent, PrivacyEvent
 
 #: ``training.lambda_source`` of the points of a scenario that sweeps lambda (set by
 #: :class:`p2pdp.scenario.Scenario` unless the file gives its own).
@@ -104,8 +108,15 @@ def non_private_steps(config: ScenarioConfig, swept: Iterable[str] = ()) -> tupl
             "the exponential mechanism; finite Langevin chains only approximate it "
             "(approximate: exact only for exact sampling)"
         )
-    elif _declares_nothing(config):
-        steps.append(_undeclared(mechanism))
+    else:
+        event = _event(config)
+        if event is not None and not event.private:
+            steps.append(_undeclared(mechanism))
+        elif isinstance(event, DistributionalEvent):
+            steps.append(
+                f"privacy.mechanism = {mechanism}: its epsilon is not worst-case DP, it holds "
+                f"only in the threat model {event.threat_model!r}"
+            )
     return tuple(steps)
 
 
@@ -121,16 +132,27 @@ def _reads_features(config: ScenarioConfig) -> bool:
     return bool(getattr(task, "reads_features", True))
 
 
-def _declares_nothing(config: ScenarioConfig) -> bool:
-    """Whether the configured mechanism (a plug-in, say) declares no privacy guarantee."""
-    from p2pdp.mechanisms import MECHANISMS, make_mechanism
+def _event(config: ScenarioConfig) -> PrivacyEvent | None:
+    """The privacy event of one release of the configured mechanism; None for the built-in
+    additive mechanisms (exact DP, or handled by name above)."""
+    from p2pdp.mechanisms import MECHANISMS, make_mechanism, mechanism_class
 
     privacy = config.privacy
-    if privacy.mechanism in MECHANISMS:  # the built-ins: none and seed-laplace handled above
-        return False
-    delta = privacy.delta_per_aggregation if privacy.approximate else None
-    mechanism = make_mechanism(privacy.mechanism, epsilon=privacy.step_epsilon, delta=delta)
-    return not mechanism.event(model_dimension(config) or 1).private
+    if privacy.mechanism in MECHANISMS:
+        return None
+    cls = mechanism_class(privacy.mechanism)
+    if hasattr(cls, "from_config"):  # calibrated by settings beyond [privacy] (pooled-test)
+        mechanism = cls.from_config(config)
+    else:
+        delta = privacy.delta_per_aggregation if privacy.approximate else None
+        mechanism = make_mechanism(privacy.mechanism, epsilon=privacy.step_epsilon, delta=delta)
+    return mechanism.event(model_dimension(config) or 1)
+
+
+def _declares_nothing(config: ScenarioConfig) -> bool:
+    """Whether the configured mechanism (a plug-in, say) declares no privacy guarantee."""
+    event = _event(config)
+    return event is not None and not event.private
 
 
 def _undeclared(mechanism: str) -> str:

@@ -52,6 +52,11 @@ class DistributionalEvent(EpsilonDeltaEvent):
 
     threat_model: str = ""
 
+    @property
+    def label(self) -> str:
+        """The ``guarantee`` column of its releases: not ``exact`` worst-case DP."""
+        return "distributional"
+
 
 @dataclass(frozen=True, slots=True)
 class GaussianEvent(PrivacyEvent):

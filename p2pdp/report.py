@@ -347,6 +347,7 @@ def _task_markdown(
     )
     if labels:
         lines += ["Declared: " + "; ".join(labels) + ".", ""]
+    lines += ["## Non-private steps", "", *_non_private_section(rows, swept), ""]
     for title, file, caption in figures:
         lines += [f"## {title}", "", f"![{title}]({file})", "", caption, ""]
     lines += [

@@ -27,6 +27,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import os
 import re
 import sys
 import types
@@ -237,6 +238,35 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: cannot read scenario file: {exc}") from None
     return parse_scenario(text, source=str(file), overrides=overrides)
+
+
+def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mapping>") -> Scenario:
+    """A scenario from a mapping shaped like a scenario file (tables as dicts, ``sweep``)."""
+    settings, axes = _read_document(document, source)
+    return _build(settings, axes, text=repr(dict(document)), source=source, overrides=())
+
+
+def config_of(value: Any) -> ScenarioConfig:
+    """The one config ``value`` describes: a ScenarioConfig, a Scenario, a shipped scenario's
+    name or a file path, or a mapping like a scenario file. A scenario that sweeps several
+    grid points is refused (say which point: ``load_scenario(name).points[i].config``)."""
+    if isinstance(value, ScenarioConfig):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        value = load_scenario(os.fspath(value))
+    elif isinstance(value, Mapping):
+        value = scenario_from_mapping(value)
+    if not isinstance(value, Scenario):
+        raise ConfigError(
+            "config must be a ScenarioConfig, a scenario name or file, or a mapping shaped like "
+            f"a scenario file; got {type(value).__name__}"
+        )
+    if len(value.points) > 1:
+        raise ConfigError(
+            f"{value.source} sweeps {len(value.points)} grid points and one config runs one: "
+            f"pass load_scenario(...).points[i].config, i in [0, {len(value.points)})"
+        )
+    return value.points[0].config
 
 
 def parse_scenario(

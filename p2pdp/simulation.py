@@ -9,9 +9,11 @@ shards, local models, group draws and noise streams (common random numbers).
 from __future__ import annotations
 
 import math
+import os
 import time
 import tracemalloc
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,7 @@ from p2pdp.errors import ConfigError, PrivacyWarning
 from p2pdp.mechanisms import checked, make_mechanism, mechanism_class
 from p2pdp.release import Releaser
 from p2pdp.rng import generator
+from p2pdp.scenario import config_of
 from p2pdp.sim.world import World, WorldObserver
 from p2pdp.tasks import (
     Evaluation,
@@ -34,6 +37,7 @@ from p2pdp.tasks import (
     sensitivity_of,
     task_statistics,
 )
+from p2pdp.validation import IntAtLeast
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,7 +178,7 @@ class ReleaseLog(WorldObserver):
 
 
 def simulate(
-    config: ScenarioConfig,
+    config: ScenarioConfig | str | os.PathLike[str] | Mapping[str, Any],
     *,
     fold: int = 0,
     repetition: int = 0,
@@ -186,7 +190,9 @@ def simulate(
 
     Parameters
     ----------
-    config : ScenarioConfig
+    config : ScenarioConfig, str, path or mapping
+        The cell's settings; a shipped scenario's name, a scenario file or a mapping shaped
+        like one is loaded (it must have one grid point: see :func:`p2pdp.scenario.config_of`).
     fold : int
         Cross-validation fold in ``[0, evaluation.cv_folds)`` (0 for a fixed split).
     repetition : int
@@ -201,7 +207,10 @@ def simulate(
     observers : tuple of WorldObserver
         Extra observers of the world (a release log is always attached).
     """
-    if fold < 0 or (config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds):
+    config = config_of(config)
+    IntAtLeast(0).check("fold", fold)
+    IntAtLeast(0).check("repetition", repetition)
+    if config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds:
         raise ConfigError(f"fold must be in [0, {config.evaluation.cv_folds}), got {fold}")
     if track_memory:
         tracemalloc.start()

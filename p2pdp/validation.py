@@ -62,6 +62,10 @@ def require_count(name: str, value: int, *, minimum: int = 1) -> int:
 # ``privacy.epsilon must be > 0 and finite, got -1``.
 
 
+#: Largest integer a setting may take: 2^53, counted exactly by int64 and float64 alike.
+MAX_INTEGER = 2**53
+
+
 def _fail(key: str, requirement: str, value: object) -> ConfigError:
     return ConfigError(f"{key} must be {requirement}, got {value!r}")
 
@@ -107,6 +111,8 @@ class IntAtLeast(Constraint):
     def check(self, key: str, value: Any) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < self.low:
             raise _fail(key, f"an integer >= {self.low}", value)
+        if value > MAX_INTEGER:  # past what numpy's int64 and float64 count exactly
+            raise _fail(key, f"an integer in [{self.low}, 2^53]", value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +170,19 @@ class NonEmptyString(Constraint):
     def check(self, key: str, value: Any) -> None:
         if not isinstance(value, str) or not value:
             raise _fail(key, "a non-empty string", value)
+
+
+@dataclass(frozen=True, slots=True)
+class FileName(Constraint):
+    """A plain file name: not empty, ``.`` or ``..``, without a path separator or NUL."""
+
+    def check(self, key: str, value: Any) -> None:
+        if (
+            not isinstance(value, str)
+            or value in ("", ".", "..")
+            or any(c in value for c in ("/", "\\", "\0"))
+        ):
+            raise _fail(key, "a plain file name (no '/', '\\', '.' or '..')", value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,3 +162,57 @@ def test_lambda_is_spelled_training_lambda_in_rows_and_with_value():
     assert with_value(ScenarioConfig(), "training.lambda", 0.25).training.lam == 0.25
     with pytest.raises(ConfigError, match=r"training.lambda must be > 0 and finite, got -1"):
         TrainingConfig(lam=-1)
+
+
+# --- what a new user types, refused with the setting's name ------------------------------------
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"privacy": {"epsilon": 1e308}}, "must be <= 1e+06 (aggregations per peer)"),
+        ({"privacy": {"epsilon_per_aggregation": 1e-300}}, "must be <= 1e+06"),
+        ({"partition": {"n_peers": 10**20}}, "partition.n_peers must be an integer in [1, 2^53]"),
+        ({"name": "../../evil"}, "name must be a plain file name"),
+        ({"name": "a/b"}, "name must be a plain file name"),
+        ({"name": ".."}, "name must be a plain file name"),
+        ({"privacy": {"epsilom": 1.0}}, "privacy.epsilom is not a setting of [privacy]"),
+        ({"privacy": 3}, "privacy must be a PrivacyConfig or a dict of its settings, got int"),
+        ({"data": {"transform": "minmax"}}, "data.transform must be a list such as ['minmax']"),
+        ({"evaluation": {"folds": 0}}, "evaluation.folds must be a list such as [0]"),
+        ({"evaluation": {"folds": [0, 0]}}, "evaluation.folds must not repeat a fold"),
+        ({"evaluation": {"folds": [True]}}, "evaluation.folds must be fold indices"),
+        ({"privacy": {"delta": 1e-5}}, "privacy.delta must be 0 for privacy.mechanism = 'vector"),
+        (
+            {"prevalence": {"records_per_peer": 5}},
+            "prevalence.records_per_peer: [prevalence] is read only by task.name = "
+            "'prevalence-counts' or 'randomized-response'; task.name = 'logistic' ignores it",
+        ),
+        (
+            {"pooling": {"prevalence": 0.2}},
+            "[pooling] is read only by task.name = 'pooled-testing'",
+        ),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_setting(settings, message):
+    with pytest.raises(ConfigError) as caught:
+        ScenarioConfig(**settings)
+    assert message in str(caught.value)
+
+
+def test_sections_may_be_given_as_dicts_of_their_settings():
+    config = ScenarioConfig(
+        privacy={"epsilon": 2.0}, data={"transform": ["minmax", "bias", "project_unit_ball"]}
+    )
+    assert config.privacy == ScenarioConfig().privacy.__class__(epsilon=2.0)
+    assert config.data.transform == ("minmax", "bias", "project_unit_ball")
+    hash(config)  # lists become tuples: a config stays hashable
+
+
+def test_every_shipped_scenario_is_valid_and_silent():
+    import warnings
+
+    from p2pdp.scenario import load_scenario, shipped_scenarios_dir
+
+    for path in sorted(shipped_scenarios_dir().glob("*.toml")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert load_scenario(path).points, path.name

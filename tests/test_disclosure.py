@@ -161,6 +161,8 @@ def test_every_shipped_scenario_declares_where_lambda_came_from(path):
         lam = [s for s in steps if s.startswith("lambda")]
         if scenario.name in ("australian_group_vs_full", "gossip_vs_central"):
             assert lam == []  # lambda not chosen on this scenario's data (see the files)
+        elif point.config.task.name == "pooled-testing":  # one pool per person
+            assert len(steps) == 1 and "not worst-case DP" in steps[0]
         elif point.config.task.name != "logistic":
             assert steps == ()  # the prevalence tasks count records: only the mechanism reads
         elif scenario.name == "lambda_grid":

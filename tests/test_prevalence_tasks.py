@@ -111,13 +111,19 @@ def _end_to_end(tmp_path, case: str, *, report: bool) -> list[dict[str, str]]:
     if report:  # matplotlib is slow on a shared machine: one case by default, all with -m slow
         write_report(tmp_path)
         assert (tmp_path / figure).stat().st_size > 10_000
-        assert f"]({figure})" in (tmp_path / "report.md").read_text()
+        text = (tmp_path / "report.md").read_text()
+        assert f"]({figure})" in text
+        assert "## Non-private steps" in text
+    if case == "pooled-testing":  # one pool per person: a distributional epsilon, labelled so
+        for row in rows:
+            assert row["guarantee"] == "distributional"
+            assert "not worst-case DP" in row["non_private_steps"]
     return rows
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_task_runs_end_to_end_through_a_scenario(tmp_path, case):
-    _end_to_end(tmp_path, case, report=case == "prevalence-counts")
+    _end_to_end(tmp_path, case, report=case in ("prevalence-counts", "pooled-testing"))
 
 
 @pytest.mark.slow
@@ -253,6 +259,7 @@ def test_local_mechanism_is_refused_for_a_task_that_shares_exact_statistics():
                 'task.name="logistic"',
                 'privacy.mechanism="local"',
                 'data.dataset="synthetic"',
+                "prevalence.records_per_peer=20",  # the default: [prevalence] is not logistic's
             )
         )
     with pytest.raises(ConfigError, match="privacy.mechanism must be one of"):
@@ -261,7 +268,7 @@ def test_local_mechanism_is_refused_for_a_task_that_shares_exact_statistics():
 
 def test_pooled_test_mechanism_is_refused_for_other_tasks():
     with pytest.raises(ConfigError, match="task.name must be 'pooled-testing'"):
-        PooledTest.from_config(_config(POOLED, 'task.name="logistic"'))
+        PooledTest.from_config(_config(POOLED, 'task.name="logistic"', "pooling.prevalence=0.05"))
 
 
 def test_two_coin_form_has_the_exact_epsilon():

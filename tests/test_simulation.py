@@ -278,3 +278,36 @@ def test_secure_aggregation_under_loss_never_overcharges():
     assert result.aborted_groups > 0 and result.aggregations > 0
     assert result.aggregations_per_peer.sum() == 4 * result.aggregations
     assert np.all(result.epsilon_spent <= 1.0 + 1e-9)
+
+
+# --- the Python API takes what a user would pass, and says clearly what it cannot ---------------
+SMALL = {"data": {"dataset": "synthetic", "synthetic_rows": 300}, "partition": {"n_peers": 10}}
+
+
+@pytest.mark.parametrize(
+    ("config", "options", "message"),
+    [
+        (None, {}, "config must be a ScenarioConfig, a scenario name or file, or a mapping"),
+        ("quickstart", {}, "sweeps 8 grid points and one config runs one"),
+        (SMALL, {"fold": "0"}, "fold must be an integer >= 0, got '0'"),
+        (SMALL, {"fold": 1.5}, "fold must be an integer >= 0, got 1.5"),
+        (SMALL, {"repetition": -1}, "repetition must be an integer >= 0, got -1"),
+        (SMALL, {"fold": 10}, "fold must be in [0, 10), got 10"),
+    ],
+)
+def test_simulate_refuses_what_it_cannot_run_in_one_line(config, options, message):
+    with pytest.raises(ConfigError) as caught:
+        simulate(config, **options)
+    assert message in str(caught.value)
+
+
+def test_simulate_takes_a_mapping_or_a_one_point_scenario_file(tmp_path):
+    from p2pdp.config import ScenarioConfig
+
+    expected = simulate(ScenarioConfig(**SMALL)).row()
+    assert simulate(SMALL).row()["mean_error"] == expected["mean_error"]
+    path = tmp_path / "one.toml"
+    path.write_text(
+        '[data]\ndataset = "synthetic"\nsynthetic_rows = 300\n[partition]\nn_peers = 10\n'
+    )
+    assert simulate(path).row()["mean_error"] == expected["mean_error"]

@@ -314,16 +314,17 @@ class World:
 
     def _checked_group(self, members: np.ndarray, curator: int) -> np.ndarray:
         """The sampler's group as an int array, if its members are distinct peers and the
-        curator one of them; else a ComponentError naming the sampler."""
+        curator one of them; else a ComponentError naming the sampler. (Python sets, not
+        numpy: a group is small, and this runs once per group.)"""
         array = np.asarray(members)
+        ids = array.tolist() if array.ndim == 1 and array.dtype.kind in "iu" else None
+        distinct = set(ids) if ids else set()
         if (
-            array.ndim != 1
-            or array.size == 0
-            or array.dtype.kind not in "iu"
-            or array.min() < 0
-            or array.max() >= self.online.size
-            or np.unique(array).size != array.size
-            or curator not in array
+            not ids
+            or len(distinct) != len(ids)
+            or curator not in distinct
+            or min(ids) < 0
+            or max(ids) >= self.online.size
         ):
             raise problem(
                 "sampler",

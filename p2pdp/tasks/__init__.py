@@ -19,6 +19,7 @@ import string ``package.module:Class``; the class is called with the ScenarioCon
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -151,9 +152,11 @@ def task_statistics(task: Task, prepared: Any, n_peers: int) -> tuple[np.ndarray
 def sensitivity_of(task: Task) -> Callable[[list[int]], float]:
     """``task.sensitivity`` as the world calls it per group, checked: a number > 0, finite."""
 
-    def sensitivity(sizes: list[int]) -> float:
+    def sensitivity(sizes: list[int]) -> float:  # once per group: the common case is cheap
         with calling("task", task, "sensitivity"):
             value = task.sensitivity(sizes)
+        if isinstance(value, float) and 0.0 < value < math.inf:
+            return value
         value = check_number(value, "task", task, "sensitivity")
         if value == 0:
             raise problem("task", task, "sensitivity", "returned 0: no noise would be added")
