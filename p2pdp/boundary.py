@@ -9,9 +9,11 @@ with one :class:`~p2pdp.errors.ComponentError`:
 
     mechanism 'my_noise:Mine'.sample returned 58 NaN/inf values in an array of shape (58,)
 
-The checks are vectorised (one ``np.isfinite(...).all()`` per array) and cost well under 1%
-of a sweep (``benchmarks/compare_revisions.py``, see the README's benchmarks). They guard
-the engine against mistakes, not against a malicious plug-in, which runs in-process anyway.
+The checks are vectorised (one ``np.isfinite(...).all()`` per array); the two that would run
+once per group (a sampler's group, a task's sensitivity) run for plug-ins only
+(:func:`is_builtin`), so a sweep of built-in components pays well under 2% for them all
+(``benchmarks/compare_revisions.py``). They guard the engine against mistakes, not against a
+malicious plug-in, which runs in-process anyway.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "check_numbers",
     "check_type",
     "component_name",
+    "is_builtin",
     "problem",
 ]
 
@@ -41,6 +44,12 @@ def component_name(component: Any) -> str:
     if not hasattr(target, "__qualname__"):
         target = type(component)
     return f"{target.__module__}:{target.__qualname__}"
+
+
+def is_builtin(component: Any) -> bool:
+    """Whether ``component`` is p2pdp's own (tested with the engine): checks that would run
+    once per group, the hot path, are kept for components from outside the package."""
+    return component_name(component).startswith("p2pdp.")
 
 
 def problem(kind: str, component: Any, method: str, what: str) -> ComponentError:

@@ -38,7 +38,7 @@ import numpy as np
 import simpy
 
 from p2pdp.accounting import BudgetLedger, make_accountant
-from p2pdp.boundary import calling, check_methods, problem
+from p2pdp.boundary import calling, check_methods, is_builtin, problem
 from p2pdp.config import ScenarioConfig
 from p2pdp.errors import ConfigError
 from p2pdp.release import Releaser, ReleaseRecord
@@ -262,6 +262,7 @@ class World:
             self.transport.on_lost = self.notify_lost
         self.online = np.ones(n_peers, dtype=bool)  # a group sampler with churn updates it
         self.sampler = make_sampler(self, rng=rngs["protocol"])
+        self._check_groups = not is_builtin(self.sampler)
         self.monitor = CompletionMonitor(self)
         self.groups: dict[int, Group] = {}
         self.published: list[np.ndarray] = []
@@ -295,7 +296,8 @@ class World:
         message; a decentralised protocol whose members already agreed passes False and the
         members submit at once.
         """
-        members = self._checked_group(members, curator)
+        if self._check_groups:
+            members = self._checked_group(members, curator)
         group = Group(
             self._next_group, members, curator, complete=self.env.event(), started=self.env.now
         )

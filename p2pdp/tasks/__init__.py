@@ -19,14 +19,20 @@ import string ``package.module:Class``; the class is called with the ScenarioCon
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from p2pdp.boundary import calling, check_methods, check_number, check_numbers, problem
+from p2pdp.boundary import (
+    calling,
+    check_methods,
+    check_number,
+    check_numbers,
+    is_builtin,
+    problem,
+)
 from p2pdp.config import ScenarioConfig
 from p2pdp.release import Aggregate, ReleaseRecord
 
@@ -150,13 +156,14 @@ def task_statistics(task: Task, prepared: Any, n_peers: int) -> tuple[np.ndarray
 
 
 def sensitivity_of(task: Task) -> Callable[[list[int]], float]:
-    """``task.sensitivity`` as the world calls it per group, checked: a number > 0, finite."""
+    """``task.sensitivity`` as the world calls it per group, checked (a plug-in's): a number
+    > 0, finite."""
+    if is_builtin(task):
+        return task.sensitivity
 
-    def sensitivity(sizes: list[int]) -> float:  # once per group: the common case is cheap
+    def sensitivity(sizes: list[int]) -> float:
         with calling("task", task, "sensitivity"):
             value = task.sensitivity(sizes)
-        if isinstance(value, float) and 0.0 < value < math.inf:
-            return value
         value = check_number(value, "task", task, "sensitivity")
         if value == 0:
             raise problem("task", task, "sensitivity", "returned 0: no noise would be added")
