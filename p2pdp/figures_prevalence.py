@@ -17,12 +17,38 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.ticker import NullLocator
 
 from p2pdp.results import write_figure
 
 Rows = Sequence[dict[str, Any]]
 _DPI = 110
 _THREAT_MODEL = "adversary knows p, not the other members' statuses (not worst-case DP)"
+
+
+def legend_below(figure: plt.Figure, axes: Any, *, ncols: int = 3, extra: Sequence = ()) -> None:
+    """One legend under the panels (never over the data): every distinct label of ``axes``,
+    then the ``extra`` handles (proxies for unlabelled marks such as dotted guide lines)."""
+    entries: dict[str, Any] = {}
+    for axis in np.ravel(axes):
+        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    for handle in extra:
+        entries.setdefault(handle.get_label(), handle)
+    figure.legend(
+        entries.values(),
+        entries.keys(),
+        loc="outside lower center",
+        ncols=max(1, min(ncols, len(entries))),
+        fontsize=8,
+    )
+
+
+def integer_ticks(axis: plt.Axes, values: Sequence[int]) -> None:
+    """x ticks at exactly ``values`` (pool sizes), as integers, on a log or linear axis."""
+    axis.set_xticks(list(values), [str(int(v)) for v in values])
+    axis.xaxis.set_minor_locator(NullLocator())
 
 
 def _values(rows: Rows, key: str) -> list:
@@ -48,22 +74,31 @@ def epsilon_figure(rows: Rows, path: str | Path) -> Path:
     for axis, (se, sp) in zip(axes, accuracies, strict=True):
         panel = _select(rows, sensitivity=se, specificity=sp)
         sizes = _values(panel, "pool_size")
+        # drawn first, wide and pale: c = 1 (which equals it: no other members) stays visible
+        axis.axhline(
+            panel[0]["worst_case_epsilon"],
+            color="grey",
+            lw=4,
+            alpha=0.4,
+            zorder=1,
+            label="worst case (others' statuses known)",
+        )
         for colour, c in zip(_colours(len(sizes)), sizes, strict=True):
             line = sorted(_select(panel, pool_size=c), key=lambda row: row["prevalence"])
             p = [row["prevalence"] for row in line]
-            axis.plot(p, [row["epsilon"] for row in line], color=colour, label=f"c = {c}")
+            axis.plot(p, [row["epsilon"] for row in line], color=colour, label=f"c = {c}", zorder=3)
             crossover = line[0]["crossover_prevalence"]
             if c > 1 and 0 < crossover < 1 and p[0] <= crossover <= p[-1]:
-                axis.axvline(crossover, color=colour, lw=0.6, ls=":")
-        axis.axhline(
-            panel[0]["worst_case_epsilon"], color="black", ls="--", lw=1, label="worst case"
-        )
+                axis.axvline(crossover, color=colour, lw=0.8, ls=":", zorder=2)
         axis.set_xscale("log")
         axis.set_xlabel("prevalence p")
         axis.set_title(f"Se = {se:g}, Sp = {sp:g}")
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("ε of one person per pooled test (nats)")
-    axes[-1].legend(fontsize=8)
+    dotted = Line2D(
+        [], [], color="grey", lw=0.8, ls=":", label="dotted: crossover prevalence of that c"
+    )
+    legend_below(figure, axes, ncols=4, extra=[dotted])
     figure.suptitle(f"Privacy of pooling; {_THREAT_MODEL}", fontsize=9)
     return write_figure(figure, path, dpi=_DPI)
 
@@ -92,10 +127,12 @@ def variance_ratio_figure(rows: Rows, path: str | Path) -> Path:
             if better:
                 top.plot(max(better), ratio[sizes.index(max(better))], "k|", ms=12, mew=2)
             bottom.axhline(p, color=colour, ls=":", lw=1)
+            integer_ticks(top, sizes)
         pooled = sorted(
             {(row["pool_size"], row["max_prevalence"]) for row in panel if row["pool_size"] > 1}
         )
         bottom.plot(*zip(*pooled, strict=True), color="black", marker="o", ms=3, label="p_max(c)")
+        integer_ticks(bottom, [c for c, _ in pooled])
         top.axhline(1.0, color="black", lw=1, ls="--")
         top.set_yscale("log")
         top.set_title(f"hold {hold} fixed")
@@ -105,8 +142,27 @@ def variance_ratio_figure(rows: Rows, path: str | Path) -> Path:
         for axis in (top, bottom):
             axis.set_xlabel("pool size c")
             axis.grid(alpha=0.3)
-        top.legend(fontsize=8, title="| largest c that still wins", title_fontsize=7)
-        bottom.legend(fontsize=8)
+    extra = [
+        Line2D(
+            [],
+            [],
+            color="black",
+            ls="",
+            marker="|",
+            ms=10,
+            mew=2,
+            label="top: largest c at which pooling still wins",
+        ),
+        Line2D(
+            [],
+            [],
+            color="grey",
+            ls=":",
+            lw=1,
+            label="bottom, dotted: each p (pooling wins where it is under p_max(c))",
+        ),
+    ]
+    legend_below(figure, axes, ncols=3, extra=extra)
     se, sp = rows[0]["sensitivity"], rows[0]["specificity"]
     figure.suptitle(
         f"Variance of the pooled MLE relative to individual testing (Se = {se:g}, Sp = {sp:g})",

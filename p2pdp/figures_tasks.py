@@ -19,9 +19,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import NullFormatter
+from scipy import stats
 
 from p2pdp import pooling
-from p2pdp.figures_prevalence import epsilon_figure, variance_ratio_figure
+from p2pdp.figures_prevalence import (
+    epsilon_figure,
+    integer_ticks,
+    legend_below,
+    variance_ratio_figure,
+)
 from p2pdp.results import write_figure
 
 Rows = Sequence[dict[str, Any]]
@@ -33,6 +39,18 @@ _METHODS = {
     "plain": "non-private",
 }
 _STYLES = {"naive": ":", "exact": "-", "plain": "--"}
+
+
+def wilson_interval(
+    proportions: np.ndarray, counts: Sequence[int], level: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval of binomial proportions ``proportions`` out of ``counts`` trials."""
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    n = np.asarray(counts, dtype=float)
+    p = np.asarray(proportions, dtype=float)
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
 
 
 def _swept(rows: Rows) -> list[str]:
@@ -113,7 +131,7 @@ def prevalence_figures(rows: Rows, directory: Path) -> list[Figure]:
                     label=f"{line}: {_METHODS[method]}",
                 )
         _epsilon_axis(axis, panel, value, "|posterior mean - truth|", ticks)
-    axes[0, -1].legend(fontsize=7, handlelength=3.5)
+    legend_below(figure, axes)
     figure.suptitle("Posterior-mean error per peer, mean over peers and repetitions", fontsize=9)
     figures.append(
         (
@@ -137,7 +155,7 @@ def prevalence_figures(rows: Rows, directory: Path) -> list[Figure]:
                 label=str(line),
             )
         _epsilon_axis(axis, panel, value, "|private - non-private posterior mean|", ticks)
-    axes[0, -1].legend(fontsize=8)
+    legend_below(figure, axes)
     figure.suptitle("What privacy costs: distance to the non-private posterior mean", fontsize=9)
     figures.append(
         (
@@ -157,23 +175,41 @@ def prevalence_figures(rows: Rows, directory: Path) -> list[Figure]:
             for method in ("naive", "exact", "plain"):
                 style = dict(ls=_STYLES[method], marker="o", ms=3, color=colours[line])
                 label = f"{line}: {_METHODS[method]}"
-                coverage = [_mean(cells, f"covered_{method}") for cells in points.values()]
+                coverage = np.array(
+                    [_mean(cells, f"covered_{method}") for cells in points.values()]
+                )
+                low, high = wilson_interval(coverage, [len(c) for c in points.values()])
                 width = [_mean(cells, f"width_{method}") for cells in points.values()]
-                axes[0, column].plot(eps, coverage, label=label, **style)
+                series = lines.index(line) * 3 + ("naive", "exact", "plain").index(method)
+                dodge = np.exp(0.025 * (series - 1.5 * len(lines) + 0.5))  # bars side by side
+                axes[0, column].errorbar(
+                    np.asarray(eps) * dodge,
+                    coverage,
+                    yerr=[coverage - low, high - coverage],
+                    capsize=2,
+                    label=label,
+                    **style,
+                )
                 axes[1, column].plot(eps, width, **style)
         axes[0, column].axhline(level, color="black", lw=0.8)
         _epsilon_axis(axes[0, column], panel, value, f"coverage of the {level:g} interval", ticks)
         axes[0, column].set_yscale("linear")
         axes[0, column].set_ylim(-0.02, 1.02)
         _epsilon_axis(axes[1, column], None, None, "interval width", ticks)
-    axes[0, -1].legend(fontsize=7, handlelength=3.5)
-    figure.suptitle("Do the credible intervals cover the truth? (black: nominal)", fontsize=9)
+    legend_below(figure, axes)
+    figure.suptitle(
+        "Do the credible intervals cover the truth? (black: nominal; bars: Wilson 95% interval "
+        "over the repetitions)",
+        fontsize=9,
+    )
     figures.append(
         (
             "Credible-interval coverage vs epsilon",
             _save(figure, directory, "prevalence_coverage"),
             "Fraction of repetitions (and peers) whose credible interval contains the true "
-            "prevalence, and the mean interval width. The naive interval ignores the noise.",
+            "prevalence, with a Wilson 95% interval that counts each repetition once (the "
+            "peers of one repetition share releases), and the mean interval width. The naive "
+            "interval ignores the noise.",
         )
     )
     return figures
@@ -246,12 +282,16 @@ def pooled_figures(rows: Rows, directory: Path) -> list[Figure]:
             mse = [_mean(cells, "squared_error") for cells in points.values()]
             asym = [_mean(cells, "asymptotic_variance") for cells in points.values()]
             eps = [_mean(cells, "epsilon_per_pool") for cells in points.values()]
-            axes[0, column].plot(c, mse, "o", color=colour, label=f"p = {p:g}: simulated MSE")
+            axes[0, column].plot(c, mse, "o", color=colour, label=f"p = {p:g}")
             axes[0, column].plot(c, asym, "-", color=colour, lw=1)
-            axes[1, column].plot(eps, mse, "o-", color=colour, label=f"p = {p:g}")
-            for ci, ei, mi in zip(c, eps, mse, strict=True):
-                axes[1, column].annotate(f"c={ci}", (ei, mi), fontsize=6, alpha=0.7)
+            axes[1, column].plot(eps, mse, "o-", color=colour)
+            if p == prevalences[0]:  # pool sizes named along one line only: no collisions
+                for ci, ei, mi in zip(c, eps, mse, strict=True):
+                    axes[1, column].annotate(
+                        f"c={ci}", (ei, mi), xytext=(3, 3), textcoords="offset points", fontsize=7
+                    )
         axes[0, column].set_xscale("log")
+        integer_ticks(axes[0, column], sizes)
         axes[0, column].set_yscale("log")
         axes[0, column].set_xlabel("pool size c")
         axes[0, column].set_ylabel("MSE of p_hat (dots) / asymptotic variance (lines)")
@@ -261,8 +301,7 @@ def pooled_figures(rows: Rows, directory: Path) -> list[Figure]:
         axes[1, column].set_ylabel("MSE of p_hat")
         for axis in axes[:, column]:
             axis.grid(alpha=0.3, which="both")
-    axes[0, -1].legend(fontsize=7, handlelength=3.5)
-    axes[1, -1].legend(fontsize=7)
+    legend_below(figure, axes, ncols=len(prevalences))
     threat = rows[0].get("threat_model", "")
     figure.suptitle(f"Pooled testing on the engine; ε: {threat}", fontsize=9)
     figures.append(
@@ -271,7 +310,8 @@ def pooled_figures(rows: Rows, directory: Path) -> list[Figure]:
             _save(figure, directory, "pooled_mse"),
             "Top: mean squared error of the receivers' pooled MLE over repetitions (dots) and "
             "the seed's asymptotic variance (lines), N people fixed. Bottom: the declared ε per "
-            "person against that MSE, one point per pool size.",
+            "person against that MSE, one point per pool size (named along the lowest "
+            "prevalence's line).",
         )
     )
     return figures

@@ -67,6 +67,7 @@ _LABELS = {
 #: A numeric line key with more values than this is drawn as a colour scale with a colour bar.
 MAX_LEGEND_LINES = 6
 _LINESTYLES = ("-", "--", "-.", ":")
+_MARKERS = ("o", "s", "^", "D", "v", "P")
 _ERROR_LABEL = "test error (fraction misclassified)"
 #: Settings that name figure lines first when several swept settings are tied together.
 _LINE_KEYS = ("privacy.mechanism", "evaluation.vote", "publication.mode")
@@ -491,8 +492,9 @@ def _number(value: Any) -> str:
 
 
 def _panels(count: int, *, sharey: bool = True) -> tuple[plt.Figure, list[plt.Axes]]:
-    """A figure of ``count`` panels, at most 4 (2 for 4, 3 for 5-6) wide."""
-    columns = count if count <= 3 else 2 if count == 4 else 3 if count <= 6 else 4
+    """A figure of ``count`` panels, at most 3 wide (2 for 4); the slots a last row leaves
+    empty are removed (:func:`_legend` puts the legend in the first of them)."""
+    columns = count if count <= 3 else 2 if count == 4 else 3
     rows = -(-count // columns)
     figure, axes = plt.subplots(
         rows,
@@ -503,7 +505,7 @@ def _panels(count: int, *, sharey: bool = True) -> tuple[plt.Figure, list[plt.Ax
         layout="constrained",
     )
     for extra in axes.flat[count:]:
-        extra.set_visible(False)
+        figure.delaxes(extra)
     return figure, list(axes.flat[:count])
 
 
@@ -519,11 +521,22 @@ def _x_axis(axis: plt.Axes, key: str, values: Sequence[float]) -> None:
 
 
 def _legend(figure: plt.Figure, axes: Sequence[plt.Axes]) -> None:
-    """One legend below the panels with every distinct label (2 columns under one panel)."""
+    """One legend with every distinct label: in the panel grid's first empty slot if it has
+    one, else below the panels (2 columns under one panel)."""
     entries: dict[str, Any] = {}
     for axis in axes:
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
+    specs = [spec for axis in axes if (spec := axis.get_subplotspec()) is not None]
+    if len(specs) > 1:
+        grid = specs[0].get_gridspec()
+        used = sum(1 for spec in specs if spec.rowspan.start == grid.nrows - 1)
+        free = grid.ncols - used if grid.nrows > 1 else 0
+        if free:
+            holder = figure.add_subplot(grid[grid.nrows - 1, used:])
+            holder.axis("off")
+            holder.legend(entries.values(), entries.keys(), loc="center", ncols=1 + (free > 1))
+            return
     columns = 2 if len(axes) == 1 else 4
     width_columns = max(1, int(figure.get_figwidth() // 3.6))  # legend stays within the figure
     figure.legend(
@@ -560,8 +573,20 @@ def _line_styles(summaries: Sequence[PointSummary], lines: Sequence[str]) -> tup
     key: that key is a colour scale (with a colour bar) and the other keys get line styles.
     """
     scale = _colour_scale(summaries, lines)
-    if scale is None:
-        return list(lines), lambda value: {}
+    if scale is None:  # lines that coincide (group = full publication at g = P) stay visible:
+        # each line its own dash pattern and marker, later ones hollow and larger
+        values = sorted(_by(summaries, lines), key=lambda v: tuple(map(_order, v)))
+
+        def distinct(value: tuple) -> dict[str, Any]:
+            i = values.index(value)
+            return {
+                "linestyle": _LINESTYLES[i % 3],
+                "marker": _MARKERS[i % len(_MARKERS)],
+                "markersize": 5 + 2 * min(i, 2),
+                "markerfacecolor": "none" if i else None,
+            }
+
+        return list(lines), distinct
     key, norm = scale
     index = lines.index(key)
     others = [k for k in lines if k != key]
@@ -621,7 +646,7 @@ def _error_figure(
             std = np.array([s.std_error for s in points])
             name = ", ".join(_label(k, line_value[lines.index(k)]) for k in shown)
             label = name or ("_nolegend_" if scale else "mean error")
-            (drawn,) = axis.plot(xs, mean, marker="o", label=label, **style(line_value))
+            (drawn,) = axis.plot(xs, mean, label=label, **{"marker": "o", **style(line_value)})
             top = max(top, float(np.max(mean + (0 if scale else std))))
             if scale is None:  # bands only while the lines are few enough to tell apart
                 axis.fill_between(xs, mean - std, mean + std, color=drawn.get_color(), alpha=alpha)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from matplotlib.container import ErrorbarContainer
 
 from p2pdp import figures_prevalence as figures
 from p2pdp import pooling, prevalence
@@ -30,3 +33,84 @@ def test_every_figure_is_written(tmp_path):
     for name, data in rows.items():
         path = getattr(figures, f"{name}_figure")(data, tmp_path / f"{name}.png")
         assert path.stat().st_size > 10_000
+
+
+# --- the report figures of the prevalence tasks, as a reader sees them -----------------------
+@pytest.fixture
+def captured(monkeypatch):
+    """Figures as the tasks' report hooks save them, by file stem (kept open)."""
+    import matplotlib.pyplot as plt
+
+    from p2pdp import figures_tasks, results
+
+    drawn = {}
+
+    def keep(figure, path, **options):
+        figure.canvas.draw()  # lay out (constrained layout) before anything is measured
+        drawn[Path(path).stem] = figure
+        return Path(path)
+
+    monkeypatch.setattr(results, "write_figure", keep)
+    monkeypatch.setattr(figures_tasks, "write_figure", keep)
+    monkeypatch.setattr(figures, "write_figure", keep)
+    yield drawn
+    plt.close("all")
+
+
+def _report_of(case: str, tmp_path: Path) -> None:
+    from test_prevalence_tasks import CASES
+
+    from p2pdp.experiment import run_experiment
+    from p2pdp.report import write_report
+    from p2pdp.scenario import parse_scenario
+
+    text, settings, _ = CASES[case]
+    run_experiment(parse_scenario(text, overrides=settings), tmp_path, jobs=1)
+    write_report(tmp_path)
+
+
+def _data_axes(figure):
+    return [axis for axis in figure.axes if axis.axison]
+
+
+def _assert_legends_clear_of_data(figure, name):
+    """Every legend lies outside every panel: it covers no data."""
+    legends = [*figure.legends, *(a.get_legend() for a in figure.axes if a.get_legend())]
+    assert legends, f"{name}: no legend"
+    for legend in legends:
+        box = legend.get_window_extent()
+        for axis in _data_axes(figure):
+            assert not box.overlaps(axis.get_window_extent()), f"{name}: legend over a panel"
+
+
+def test_prevalence_figures_keep_legends_off_the_data_and_show_coverage_uncertainty(
+    tmp_path, captured
+):
+    _report_of("rr-vs-central", tmp_path)
+    assert {"prevalence_error", "prevalence_privacy_error", "prevalence_coverage"} <= set(captured)
+    for name in ("prevalence_error", "prevalence_privacy_error", "prevalence_coverage"):
+        _assert_legends_clear_of_data(captured[name], name)
+    coverage = _data_axes(captured["prevalence_coverage"])[0]
+    bars = [c for c in coverage.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 6  # 2 tasks x (naive, exact, non-private), each with its interval
+    segments = bars[0].lines[2][0].get_segments()
+    assert all(low[1] <= high[1] for low, high in segments)
+    assert any(high[1] - low[1] > 0.05 for low, high in segments)  # 2 repetitions: wide
+
+
+def test_pooled_figures_have_integer_pool_size_ticks_and_explain_every_line(tmp_path, captured):
+    _report_of("pooled-testing", tmp_path)
+    for name in ("pooled_mse", "pooled_epsilon", "pooled_variance_ratio_0"):
+        _assert_legends_clear_of_data(captured[name], name)
+    top = _data_axes(captured["pooled_mse"])[0]
+    assert list(top.get_xticks()) == [1, 5]
+    assert [t.get_text() for t in top.get_xticklabels()] == ["1", "5"]
+    for axis in _data_axes(captured["pooled_variance_ratio_0"]):
+        assert all(float(tick).is_integer() for tick in axis.get_xticks())
+    epsilon = captured["pooled_epsilon"]
+    labels = [t.get_text() for legend in epsilon.legends for t in legend.get_texts()]
+    assert any("dotted" in label for label in labels)  # the crossover lines are explained
+    axis = _data_axes(epsilon)[0]
+    worst = next(line for line in axis.get_lines() if line.get_label().startswith("worst"))
+    single = next(line for line in axis.get_lines() if line.get_label() == "c = 1")
+    assert single.get_zorder() > worst.get_zorder()  # c = 1 equals the worst case: on top

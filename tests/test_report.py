@@ -289,3 +289,37 @@ def test_rule_and_mechanism_name_the_lines_and_the_best_lambda_reference_is_draw
     labels = axis.get_legend_handles_labels()[1]
     plt.close(figure)
     assert "centralized, non-private, own best λ" in labels
+
+
+def test_seven_panels_wrap_into_three_columns_with_the_legend_in_the_free_slot(tmp_path, drawn):
+    sizes = [1, 2, 5, 10, 20, 50, 100]
+    write_grid(
+        tmp_path,
+        {
+            "groups.group_size": sizes,
+            "privacy.epsilon": [0.1, 1.0],
+            "publication.mode": ["group", "full"],
+        },
+        messages=lambda s: 30,
+    )
+    write_report(tmp_path)
+    figure = drawn["error_vs_epsilon"]
+    panels = [a for a in figure.axes if a.axison]
+    assert len(panels) == 7
+    assert panels[0].get_subplotspec().get_gridspec().ncols == 3
+    (holder,) = [a for a in figure.axes if not a.axison]  # the empty slots hold the legend
+    assert holder.get_legend() is not None and not figure.legends
+
+
+def test_lines_that_coincide_stay_distinguishable(tmp_path, drawn):
+    write_grid(tmp_path, {"publication.mode": ["group", "full"], "privacy.epsilon": [1.0, 10.0]})
+    write_report(tmp_path)
+    (panel,) = [a for a in drawn["error_vs_epsilon"].axes if a.axison]
+    data = [
+        line
+        for line in panel.get_lines()
+        if line.get_label() in ("group publication", "full publication")
+    ]
+    assert len(data) == 2
+    looks = {(l.get_linestyle(), l.get_marker(), l.get_markerfacecolor() == "none") for l in data}
+    assert len(looks) == 2 and all(len({a, b}) == 2 for a, b in zip(*looks, strict=True))
