@@ -50,7 +50,8 @@ def wilson_interval(
     p = np.asarray(proportions, dtype=float)
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
+    # it always holds p: say so exactly where rounding would put an end a hair inside it
+    return np.clip(np.minimum(centre - half, p), 0, 1), np.clip(np.maximum(centre + half, p), 0, 1)
 
 
 def _swept(rows: Rows) -> list[str]:

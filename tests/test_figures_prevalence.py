@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from matplotlib.container import ErrorbarContainer
 
@@ -114,3 +115,17 @@ def test_pooled_figures_have_integer_pool_size_ticks_and_explain_every_line(tmp_
     worst = next(line for line in axis.get_lines() if line.get_label().startswith("worst"))
     single = next(line for line in axis.get_lines() if line.get_label() == "c = 1")
     assert single.get_zorder() > worst.get_zorder()  # c = 1 equals the worst case: on top
+
+
+def test_wilson_interval_holds_the_proportion_and_matches_scipy():
+    from scipy.stats import binomtest
+
+    from p2pdp.figures_tasks import wilson_interval
+
+    p = np.array([0.0, 0.2, 0.95, 1.0, 1.0])
+    n = [20, 30, 20, 20, 7]
+    low, high = wilson_interval(p, n)
+    assert (low <= p).all() and (p <= high).all()  # exactly, also at 0 and 1
+    for pi, ni, lo, hi in zip(p, n, low, high, strict=True):
+        expected = binomtest(round(pi * ni), ni).proportion_ci(method="wilson")
+        assert (lo, hi) == pytest.approx((expected.low, expected.high), abs=1e-12)
