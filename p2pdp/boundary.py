@@ -150,6 +150,6 @@ def check_methods(target: Any, kind: str, methods: Sequence[str], protocol: str)
     missing = [name for name in methods if not callable(getattr(target, name, None))]
     if missing:
         raise ComponentError(
-            f"{kind} {component_name(target)!r} is not a {kind}: it lacks "
+            f"{kind} {component_name(target)!r} does not follow the {kind} protocol: it lacks "
             f"{', '.join(missing)} (see {protocol})"
         )

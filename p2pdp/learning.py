@@ -32,7 +32,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits
 
-from p2pdp.boundary import calling, check_number
+from p2pdp.boundary import calling, check_methods, check_number
 from p2pdp.errors import ConfigError, P2PDPError
 
 __all__ = [
@@ -521,6 +521,7 @@ def make_model(name: str) -> LocalModel:
     from p2pdp.components import resolve
 
     cls = resolve("model", name, key="training.model")
+    check_methods(cls, "model", ("fit",), "p2pdp.learning.LocalModel")
     with calling("model", cls, "__init__"):
         model = cls()
     for attribute in ("lipschitz", "gradient_tolerance"):

@@ -164,15 +164,6 @@ class OneOf(Constraint):
 
 
 @dataclass(frozen=True, slots=True)
-class NonEmptyString(Constraint):
-    """A string with at least one character."""
-
-    def check(self, key: str, value: Any) -> None:
-        if not isinstance(value, str) or not value:
-            raise _fail(key, "a non-empty string", value)
-
-
-@dataclass(frozen=True, slots=True)
 class FileName(Constraint):
     """A plain file name: not empty, ``.`` or ``..``, without a path separator or NUL."""
 

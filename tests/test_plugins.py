@@ -187,7 +187,13 @@ BAD = [
     ("privacy.mechanism", "WrongShapeNoise", "mechanism", "sample", "shape (256, 8), expected"),
     ("privacy.mechanism", "TextNoise", "mechanism", "sample", "not numbers"),
     ("privacy.mechanism", "NoEvent", "mechanism", "event", "returned None, not a PrivacyEvent"),
-    ("privacy.mechanism", "NotAMechanism", "mechanism", "", "is not a mechanism: it lacks sample"),
+    (
+        "privacy.mechanism",
+        "NotAMechanism",
+        "mechanism",
+        "",
+        "does not follow the mechanism protocol: it lacks sample",
+    ),
     ("training.model", "NaNWeights", "model", "fit (weights)", "NaN/inf values"),
     (
         "training.model",
