@@ -1,4 +1,4 @@
-"""Seed 003's example: private Bayesian linear regression at every (epsilon, tau) of the grid.
+"""Private Bayesian linear regression (Nguyễn's example) at every (epsilon, tau) of the grid.
 
 Writes ``posterior_linear_regression.csv``, ``posterior_bounded_loglik.png`` and
 ``posterior_estimates_vs_epsilon.png`` into ``--out`` (default: the current directory) and

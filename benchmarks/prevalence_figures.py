@@ -2,9 +2,9 @@
 
     python benchmarks/prevalence_figures.py [--out results/prevalence_figures] [--seed 0]
 
-Pooled testing (seed 001): epsilon vs p per c for (Se, Sp) = (0.85, 0.75) and the reverse,
+Pooled testing: epsilon vs p per c for (Se, Sp) = (0.85, 0.75) and the reverse,
 the variance ratio vs c with p_max, and privacy vs utility. Noisy counts and randomized
-response (seed 000): local vs central error scaling, credible-interval coverage with and
+response: local vs central error scaling, credible-interval coverage with and
 without the noise correction, and the seed's two policies. About 30 s on one core.
 """
 

@@ -32,7 +32,7 @@ mechanism (``randomized-response`` task: a group releases the sum of its members
 answers, no curator noise) is audited exactly on that yes count
 (:func:`exact_rr_count_epsilon`) against the local epsilon it declares.
 
-Pooled testing (seed 001) is audited exactly in its own threat model: the law of one member's
+Pooled testing is audited exactly in its own threat model: the law of one member's
 pooled test result (optionally through randomized response) is enumerated over all statuses
 of the other members, iid Bernoulli(p) and unknown to the adversary
 (:func:`exact_pooled_test_epsilon`), and compared with the claimed closed form

@@ -97,7 +97,7 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
         help="empirically lower-bound the epsilon of each privacy mechanism",
         description="Threshold-test audit (Clopper-Pearson, 95%%) of the additive-noise "
         "mechanisms in d = 58 at epsilon = 1, exact epsilon of randomized response (keep and "
-        "two-coin forms) and the noisy count, and of one member of a pooled test (seed 001) "
+        "two-coin forms) and the noisy count, and of one member of a pooled test "
         "against its claimed epsilon, with the other members unknown to the adversary. "
         "seed-laplace, vector-laplace-exponential-norm and pooled-test-known-others (pooling "
         "is not worst-case DP) are negative controls that must fail. Then the posterior-"

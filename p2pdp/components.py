@@ -142,7 +142,7 @@ _BUILTINS: tuple[Component, ...] = tuple(
             "mechanism",
             "pooled-test",
             "p2pdp.tasks.pooled_testing:PooledTest",
-            "seed 001: the pool's imperfect test result (Se, Sp), optional randomized response",
+            "pooled testing: the pool's imperfect test result (Se, Sp), optional RR",
         ),
         (
             "accountant",
@@ -214,25 +214,25 @@ _BUILTINS: tuple[Component, ...] = tuple(
             "task",
             "logistic",
             "p2pdp.tasks.logistic:LogisticEnsembles",
-            "seed 002: local logistic models averaged with noise, peers classify by ensemble",
+            "core workload: local logistic models averaged with noise, ensembles per peer",
         ),
         (
             "task",
             "prevalence-counts",
             "p2pdp.tasks.prevalence:PrevalenceCounts",
-            "seed 000: Laplace counts of binary records per group, Beta posteriors per peer",
+            "central DP: Laplace counts of binary records per group, Beta posteriors per peer",
         ),
         (
             "task",
             "randomized-response",
             "p2pdp.tasks.prevalence:RandomizedResponseCounts",
-            "seed 000, local DP: records answered by randomized response, yes counts summed",
+            "local DP: records answered by randomized response, yes counts summed",
         ),
         (
             "task",
             "pooled-testing",
             "p2pdp.tasks.pooled_testing:PooledTesting",
-            "seed 001: each peer one person, groups are pools, prevalence by the pooled MLE",
+            "pooled testing: each peer one person, groups are pools, prevalence by the pooled MLE",
         ),
     )
 )

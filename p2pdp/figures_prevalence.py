@@ -1,4 +1,4 @@
-"""Figures of the prevalence tasks (seeds 000 and 001), drawn from the rows of the maths modules.
+"""Figures of prevalence and pooled testing, drawn from the rows of the maths modules.
 
 Every function takes the list of row dicts produced by :mod:`p2pdp.pooling` or
 :mod:`p2pdp.prevalence` (``epsilon_rows``, ``variance_ratio_rows``, ``privacy_utility_rows``,

@@ -767,7 +767,7 @@ def noisy_count(records: ArrayLike, epsilon: float, *, rng: np.random.Generator)
 
     Neighbouring relation: *replace* one 0/1 record, so ``n`` is public and the count changes
     by at most 1 (sensitivity 1). Clamping to [0, n] is post-processing. Released to the
-    analyst (seed 000: feeds :func:`beta_bernoulli_update`).
+    analyst (Hatlelid et al. 2021: feeds :func:`beta_bernoulli_update`).
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Pooled testing for a low prevalence (seed 001): estimation, optimality and privacy.
+"""Pooled testing for a low prevalence: estimation, optimality and privacy.
 
 Model
 -----

@@ -1,5 +1,5 @@
-"""Differentially private posterior sampling (seed 003): the exponential mechanism over mean-field
-Gaussian posteriors, sampled by (tamed, preconditioned) Langevin dynamics.
+"""Differentially private posterior sampling (after Nguyễn): the exponential mechanism over
+mean-field Gaussian posteriors, sampled by (tamed, preconditioned) Langevin dynamics.
 
 The mechanism
 -------------

@@ -1,4 +1,4 @@
-"""The seed's example (seed 003): private Bayesian linear regression on synthetic data.
+"""The example of Nguyễn's article: private Bayesian linear regression on synthetic data.
 
 ``Y = 2 X1 - 3.5 X2 - 5 + N(0, 0.1^2)``, ``X ~ U(-0.5, 0.5)^2``, ``N = 4,000``. For each
 ``(epsilon, tau)`` of a grid we release one mean-field posterior ``z`` with

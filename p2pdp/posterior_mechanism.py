@@ -1,6 +1,6 @@
 """``privacy.mechanism = "posterior-sampling"``: a peer releases a private posterior sample.
 
-The exponential mechanism of seed 003 (:mod:`p2pdp.posterior`) as a peer's release in the
+The exponential mechanism of Nguyễn's article (:mod:`p2pdp.posterior`) as a peer's release in the
 peer-to-peer world: a peer in a group of one publishes the means of a private sample of its own
 logistic model's mean-field posterior in place of its output-perturbed model. The sampling
 needs the peer's records, so the logistic task (:mod:`p2pdp.tasks.logistic`) draws every
@@ -40,7 +40,7 @@ class PosteriorSampling(Mechanism):
     """A peer (a group of one) publishes a private sample of its own model's posterior.
 
     The exponential mechanism over mean-field Gaussian posteriors of the peer's L2-logistic
-    model (seed 003, :func:`p2pdp.posterior.private_logistic_peers`): each release is a fresh
+    model (Nguyễn, :func:`p2pdp.posterior.private_logistic_peers`): each release is a fresh
     draw ``z = (mu, rho)`` from ``f(z) ~ exp(epsilon U(z; x) / (2 tau))`` on the peer's own
     shard, approximated by Langevin chains, and the peer publishes ``mu`` in place of an
     output-perturbed model. Neighbouring relation: replace one record of one peer's shard.

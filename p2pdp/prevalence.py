@@ -1,4 +1,4 @@
-"""Prevalence of a binary outcome under differential privacy (seed 000): the maths.
+"""Prevalence of a binary outcome under differential privacy (Hatlelid et al. 2021): the maths.
 
 Central model (a curator per group)
 -----------------------------------
@@ -67,7 +67,7 @@ from p2pdp.mechanisms import (
     require_probability,
 )
 
-#: Jeffreys prior ``Beta(1/2, 1/2)``, the default (as in seed 000).
+#: Jeffreys prior ``Beta(1/2, 1/2)``, the default (as in Hatlelid et al. 2021).
 JEFFREYS: tuple[float, float] = (0.5, 0.5)
 #: Ways to turn a noisy release into a credible interval (see the module notes).
 INTERVAL_METHODS: tuple[str, ...] = ("naive", "widened", "exact")

@@ -48,7 +48,7 @@ class PrevalenceConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolingConfig:
-    """Pooled testing (``pooled-testing`` task, ``pooled-test`` mechanism; seed 001).
+    """Pooled testing (``pooled-testing`` task, ``pooled-test`` mechanism).
 
     Each peer is one person with status ~ Bernoulli(``prevalence``); a group of
     ``groups.group_size`` = c people is one pool, tested once with sensitivity

@@ -120,10 +120,10 @@ def test_configs_are_frozen_and_flatten():
 
 
 def readme_budget_table() -> list[tuple[float, float, float, float]]:
-    """(epsilon, epsilon_A, delta, delta_A) rows of the README's budget table."""
-    from pathlib import Path
+    """(epsilon, epsilon_A, delta, delta_A) rows of the documentation's budget table."""
+    from docs_pages import all_text
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    text = all_text()
     table = text.split("| epsilon | epsilon_A | delta | delta_A |")[1].split("\n\n")[0]
     rows = [line.strip("| ").split(" | ") for line in table.splitlines()[2:]]
     return [tuple(float(cell) for cell in row[:4]) for row in rows]

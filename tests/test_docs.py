@@ -1,4 +1,5 @@
-"""The public surface: the API reference builds cleanly and covers every module and protocol.
+"""The documentation builds cleanly: the user guide, and an API reference that covers every
+module and protocol; the README stays short and every relative link resolves.
 
 Sphinx is in the ``test`` extra, so a missing Sphinx fails these tests instead of skipping them.
 """
@@ -20,7 +21,7 @@ import p2pdp
 import p2pdp.components
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs" / "api"
+DOCS = ROOT / "docs"  # the Sphinx project: the user guide and the API reference (api/)
 
 
 def _modules() -> list[str]:
@@ -48,7 +49,7 @@ def html(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_module_has_a_page_with_its_docstring(html: Path) -> None:
     for name in _modules():
-        page = html / "modules" / f"{name}.html"
+        page = html / "api" / "modules" / f"{name}.html"
         assert page.is_file(), f"no API page for {name}"
         text = page.read_text()
         assert f'id="module-{name}"' in text, f"{page.name} does not document module {name}"
@@ -68,14 +69,14 @@ def _documented_protocols() -> list[str]:
 def test_protocols_page_lists_the_protocol_of_every_kind() -> None:
     protocols = _documented_protocols()
     assert len(protocols) == len(p2pdp.components.KINDS)
-    page = (DOCS / "protocols.rst").read_text()
+    page = (DOCS / "api" / "protocols.rst").read_text()
     listed = re.findall(r"^\.\. p2pdp-protocol:: (\S+)$", page, flags=re.MULTILINE)
     assert listed == protocols
     assert ".. automodule:: p2pdp.components" in page
 
 
 def test_protocols_page_documents_each_protocol_or_marks_it_missing(html: Path) -> None:
-    text = re.sub(r"<[^>]+>", "", (html / "protocols.html").read_text())
+    text = re.sub(r"<[^>]+>", "", (html / "api" / "protocols.html").read_text())
     for target in _documented_protocols():
         module, _, name = target.rpartition(".")
         try:
@@ -91,3 +92,28 @@ def test_protocols_page_documents_each_protocol_or_marks_it_missing(html: Path) 
 
 def test_package_ships_its_py_typed_marker() -> None:
     assert (resources.files("p2pdp") / "py.typed").is_file()
+
+
+def test_the_guide_builds_with_every_page(html: Path) -> None:
+    from docs_pages import GUIDE, guide_pages
+
+    for path in guide_pages():
+        built = html / "guide" / path.relative_to(GUIDE).with_suffix(".html")
+        assert built.is_file(), f"{path.name} is not in the guide's table of contents"
+
+
+def test_the_readme_stays_short() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move detail into docs/guide/"
+
+
+def test_every_relative_link_resolves() -> None:
+    from docs_pages import README, guide_pages
+
+    for path in [README, *guide_pages()]:
+        text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            file = (path.parent / target.split("#")[0]).resolve()
+            assert file.exists(), f"{path.relative_to(ROOT)} links {target}, which does not exist"

@@ -289,7 +289,7 @@ def as_written(value: float, written: str) -> str:
 def readme_row(name: str) -> str:
     """The README's scenario table row of ``name`` (the quick start section for quickstart)."""
     if name == "quickstart":
-        return README.split("## Quick start")[1].split("## Command line")[0]
+        return README.split("## Quick start")[1].split("## Shipped scenarios")[0]
     (row,) = re.findall(rf"^\| `{name}` \|.*$", README, flags=re.MULTILINE)
     return row
 

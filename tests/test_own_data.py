@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from docs_pages import page
 from sklearn.datasets import dump_svmlight_file
 
 from p2pdp import components, datasets
@@ -36,8 +37,6 @@ from p2pdp.pipeline import load_fold, prepare_peers
 from p2pdp.results import read_results
 from p2pdp.rng import generator
 from p2pdp.scenario import load_scenario, parse_scenario
-
-README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 @pytest.fixture
@@ -778,11 +777,10 @@ def test_every_registered_dataset_target_exists():
         assert callable(loader) and loader.__module__ == "p2pdp.datasets", name
 
 
-# --- README -----------------------------------------------------------------------------------
+# --- the guide's example -------------------------------------------------------------------
 def readme_blocks() -> dict[str, str]:
-    """Fenced blocks of the README's "Your own data" section, keyed by their first line."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("### Your own data", 1)[1].split("\n## ", 1)[0]
+    """Fenced blocks of the guide's "Your own data" page, keyed by their first line."""
+    section = page("own-data")
     blocks = re.findall(r"```\w*\n(.*?)```", section, flags=re.DOTALL)
     return {block.splitlines()[0]: block for block in blocks}
 
@@ -800,7 +798,7 @@ def test_readme_example_runs(tmp_path, monkeypatch, write_module, capsys):
     assert main([*argv[2:], "--jobs", "1"]) == 0
     rows = read_results(tmp_path / argv[argv.index("--out") + 1])
     assert rows and {row["data.dataset"] for row in rows} == {"mydata:load"}
-    # The README's CSV table in place of the [data] table, on the same rows: the same results.
+    # The guide's CSV scenario in place of the [data] table, on the same rows: the same results.
     X, y = (np.asarray(array) for array in importlib.import_module("mydata").load())
     pd.DataFrame(np.column_stack([X, y]), columns=["a", "b", "c", "d", "label"]).to_csv(
         tmp_path / "mydata.csv", index=False
@@ -811,7 +809,7 @@ def test_readme_example_runs(tmp_path, monkeypatch, write_module, capsys):
     assert without(read_results(tmp_path / "csv-out"), "wall_", "data.", "name") == without(
         rows, "wall_", "data.", "name"
     )
-    # The numbers the README quotes for this example (mean of its 3 folds).
+    # The numbers the guide quotes for this example (mean of its 3 folds).
     mean = {k: np.mean([float(row[k]) for row in rows]) for k in rows[0] if k.endswith("_error")}
     assert mean["mean_error"] == pytest.approx(0.461, abs=5e-4)
     assert mean["local_only_error"] == pytest.approx(0.206, abs=5e-4)

@@ -1,7 +1,8 @@
-"""Every command the README shows parses with the real CLI, and the cheap ones run.
+"""Every command the documentation shows parses with the real CLI, and the cheap ones run.
 
-Commands come from the README's ```bash blocks (``&&`` chains and ``# or: ...`` comments
-included) and from its inline ``--set`` examples, which must load on every shipped scenario.
+Commands come from the ```bash blocks of README.md and every guide page (``&&`` chains and
+``# or: ...`` comments included) and from their inline ``--set`` examples, which must load on
+every shipped scenario.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from docs_pages import all_text, page
 
 from p2pdp.cli import build_parser, main
 from p2pdp.errors import ConfigError
@@ -23,7 +25,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+README = all_text()  # README.md and the user guide
 SHIPPED = sorted(p.stem for p in shipped_scenarios_dir().glob("*.toml"))
 
 
@@ -83,7 +85,7 @@ def test_every_readme_command_parses(argv):
     elif argv[0] == "export":
         assert argv[1].startswith("P2PDP_DATA_HOME="), argv
     elif argv[0] == "sphinx-build":
-        assert (ROOT / "docs" / "api" / "conf.py").is_file(), argv
+        assert (ROOT / argv[-2] / "conf.py").is_file(), argv  # the source folder
     elif argv[0] == "mypy":
         assert "mypy" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"], argv
     else:
@@ -150,10 +152,8 @@ def test_readme_datasets_info_runs(real_data_home, capsys):
 
 
 def test_readme_python_example_runs(real_data_home):
-    section = README[README.index("## Python API") :]
-    section = section[: section.index("\n## ", 1)]
-    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    exec(compile(code, "README.md", "exec"), {})
+    (code,) = re.findall(r"```python\n(.*?)```", page("python-api"), flags=re.DOTALL)
+    exec(compile(code, "docs/guide/python-api.md", "exec"), {})
 
 
 def _toml(value: object) -> str:

@@ -1,4 +1,4 @@
-"""Every example of the README's "Extending p2pdp" section runs as written."""
+"""Every example of the guide's "Extending p2pdp" pages runs as written."""
 
 from __future__ import annotations
 
@@ -7,19 +7,18 @@ import shlex
 from pathlib import Path
 
 import pytest
+from docs_pages import page
 
 from p2pdp.cli import main
 from p2pdp.results import read_results
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.DOTALL)
 
 
 def _section() -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("## Extending p2pdp")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
+    """The guide's "Extending p2pdp" pages: the shared scenario, then one page per kind."""
+    names = ["index", "mechanism", "accountant", "ensemble", "sampler", "model", "task"]
+    return "\n\n".join(page(f"extending/{name}") for name in names)
 
 
 def _blocks() -> list[tuple[str, str]]:

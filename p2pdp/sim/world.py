@@ -1,4 +1,4 @@
-"""The SimPy world of seed 002: peers, a central group sampler, curators, a completion monitor.
+"""The SimPy world: peers, a central group sampler, curators, a completion monitor.
 
 Protocol of one aggregation (the seed's Algorithms 1 and 2, with DESIGN.md's fixes):
 

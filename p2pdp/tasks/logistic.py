@@ -1,4 +1,4 @@
-"""The seed's workload (seed 002): local logistic models averaged with noise, voted by peers.
+"""The core workload: local logistic models averaged with noise, voted by peers.
 
 Each peer trains an exact L2-regularised logistic regression on its own shard (the
 ``training.model`` learner); a group's curator releases the *mean* of its members' models
@@ -21,7 +21,7 @@ and kept in :attr:`TrainedPeers.cache`, so every cell of a fold reuses them.
 
 With ``privacy.mechanism = "posterior-sampling"`` (groups of one only) a peer publishes, in
 place of its output-perturbed model, the mean of a private sample of its own model's
-mean-field posterior (the exponential mechanism of seed 003, :mod:`p2pdp.posterior`). The
+mean-field posterior (the exponential mechanism of Nguyễn's article, :mod:`p2pdp.posterior`). The
 task draws every release of the cell before the simulation (:func:`posterior_statistics`):
 peer ``j``'s ``r``-th release is ``statistics[j, r]``, and the release path adds nothing.
 The guarantee (epsilon-DP per record of the peer's shard, per release) holds for exact
@@ -183,7 +183,7 @@ class LogisticEvaluation:
 
 
 class LogisticEnsembles:
-    """Seed 002: noisy averages of exact local logistic models, ensembles per peer.
+    """The core workload: noisy averages of exact local logistic models, ensembles per peer.
 
     See the module docstring for the neighbouring relation and what is released to whom.
     """

@@ -1,4 +1,4 @@
-"""Seed 001 on the engine: pooled testing, each peer one person, each group one pool.
+"""Pooled testing on the engine: each peer one person, each group one pool.
 
 Task ``pooled-testing``: peer ``i`` is a person with status ``x_i ~ Bernoulli(p)``
 (``pooling.prevalence``); its statistic is ``x_i`` (d = 1, one record). A group of
@@ -108,7 +108,7 @@ def pool_privacy(config: ScenarioConfig) -> PoolPrivacy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PooledTest(Mechanism):
-    """The pooled test result as a release (seed 001), built from the config by :meth:`from_config`.
+    """The pooled test result as a release, built from the config by :meth:`from_config`.
 
     :meth:`release` maps the exact pool status (1 if any member is positive) to the test
     result (``Se`` / ``1 - Sp``) and then, with ``keep_probability < 1``, to the randomized
@@ -260,7 +260,7 @@ class PooledEvaluation:
 
 
 class PooledTesting:
-    """Seed 001: people as peers, groups as pools, the prevalence by the pooled MLE.
+    """Pooled testing: people as peers, groups as pools, the prevalence by the pooled MLE.
 
     Needs ``privacy.mechanism = "pooled-test"``. See the module docstring.
     """

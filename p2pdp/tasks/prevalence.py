@@ -1,4 +1,4 @@
-"""Seed 000 on the engine: the prevalence of a binary outcome from private counts.
+"""The prevalence of a binary outcome from private counts (after Hatlelid et al. 2021).
 
 Two tasks share the data and the receivers' Bayesian model.
 
@@ -384,7 +384,7 @@ class _BinaryCounts:
 
 
 class PrevalenceCounts(_BinaryCounts):
-    """Seed 000, central DP: Laplace counts per group into Beta posteriors per peer.
+    """Central DP: Laplace counts per group into Beta posteriors per peer.
 
     See the module docstring for the neighbouring relation, what is released to whom and
     how receivers combine releases.
@@ -438,7 +438,7 @@ def response_for(config: ScenarioConfig) -> RandomizedResponse:
 
 
 class RandomizedResponseCounts(_BinaryCounts):
-    """Seed 000, local DP: every record answered once by randomized response, yes counts summed.
+    """Local DP: every record answered once by randomized response, yes counts summed.
 
     Needs ``privacy.mechanism = "local"`` and ``privacy.epsilon_per_aggregation =
     privacy.epsilon`` (the local randomization is the peer's whole budget, charged once).

@@ -1,11 +1,12 @@
-"""Sphinx configuration of the p2pdp API reference.
+"""Sphinx configuration of the p2pdp documentation: the user guide and the API reference.
 
 Build (warnings are errors, as ``tests/test_docs.py`` and CI do)::
 
-    sphinx-build -W --keep-going -b html docs/api docs/api/_build
+    sphinx-build -W --keep-going -b html docs docs/_build
 
-Every module of the package gets its own page, generated here from the package itself
-(``modules/``, not committed), so a new module is documented without editing this directory.
+The guide (``guide/``) is Markdown, read by myst-parser. Every module of the package gets its
+own API page, generated here from the package itself (``api/modules/``, not committed), so a
+new module is documented without editing this directory.
 ``protocols.rst`` documents every protocol a user implements, through the ``p2pdp-protocol``
 directive defined below.
 """
@@ -24,7 +25,7 @@ from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))  # document this checkout, not another installed copy
 
 import p2pdp  # noqa: E402
@@ -34,8 +35,13 @@ author = "p2pdp developers"
 copyright = "p2pdp developers"
 release = version = p2pdp.__version__
 
-extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.intersphinx"]
-exclude_patterns = ["_build"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.intersphinx"]
+exclude_patterns = ["_build", "api/_build"]
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+root_doc = "index"
+# Headings get anchors, so the guide's pages link to each other's sections (page.md#section).
+myst_heading_anchors = 3
+myst_enable_extensions = ["dollarmath"]
 html_theme = "alabaster"
 html_static_path: list[str] = []
 
@@ -61,7 +67,7 @@ intersphinx_mapping: dict[str, tuple[str, str | None]] = {}
 # One page per module
 # ---------------------------------------------------------------------------------------------
 
-MODULES_DIR = HERE / "modules"
+MODULES_DIR = HERE / "api" / "modules"
 
 
 def package_modules() -> list[str]:
@@ -127,7 +133,7 @@ class ProtocolDirective(SphinxDirective):
         if target in PENDING_PROTOCOLS:
             if importable(target):
                 logger.warning(
-                    "%s exists now: remove it from PENDING_PROTOCOLS in docs/api/conf.py",
+                    "%s exists now: remove it from PENDING_PROTOCOLS in docs/conf.py",
                     target,
                     location=self.get_location(),
                 )
