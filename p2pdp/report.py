@@ -38,6 +38,7 @@ from p2pdp.results import (
     MANIFEST_FILE,
     RESULTS_FILE,
     ROC_FPR,
+    TABLE_ROWS,
     FolderLock,
     incomplete_cells,
     read_manifest,
@@ -50,6 +51,9 @@ from p2pdp.results import (
 )
 
 REPORT_FILE = "report.md"
+#: Text columns of a task's rows that are bookkeeping, not declarations (the non-private steps
+#: have their own section).
+_NOT_DECLARATIONS = ("cell_id", "stop_reason", "non_private_steps", TABLE_ROWS)
 
 #: Axis labels with units, and short names for legends and tables.
 _LABELS = {
@@ -343,7 +347,7 @@ def _task_markdown(
             f"`{c}` = {row[c]}"
             for row in rows
             for c in rows[0]
-            if c not in skip and isinstance(row[c], str) and c not in ("cell_id", "stop_reason")
+            if c not in skip and isinstance(row[c], str) and c not in _NOT_DECLARATIONS
         }
     )
     if labels:

@@ -114,6 +114,7 @@ def _end_to_end(tmp_path, case: str, *, report: bool) -> list[dict[str, str]]:
         text = (tmp_path / "report.md").read_text()
         assert f"]({figure})" in text
         assert "## Non-private steps" in text
+        assert "table_rows" not in text  # bookkeeping, not a declaration
     if case == "pooled-testing":  # one pool per person: a distributional epsilon, labelled so
         for row in rows:
             assert row["guarantee"] == "distributional"
