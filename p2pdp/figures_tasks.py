@@ -247,9 +247,12 @@ def pooled_figures(rows: Rows, directory: Path) -> list[Figure]:
         (
             "One person's ε per pooled test vs prevalence",
             "pooled_epsilon.png",
-            "The seed's 'maximum differential privacy bound' (corrected): the distributional ε "
-            "of one person per pooled test (the adversary knows p, not the other members), per "
-            "pool size; dashed: the worst case (others known), which is plain DP.",
+            "The source's 'maximum differential privacy bound' (corrected): the distributional "
+            "ε of one person per pooled test (the adversary knows p, not the other members), "
+            "per pool size; pale band: the worst case (others known), which is plain DP and "
+            "equals c = 1; dotted: each pool size's crossover prevalence "
+            "(pooling.crossover_prevalence), where the worst-case likelihood ratio switches "
+            "from one test outcome to the other.",
         )
     )
 
