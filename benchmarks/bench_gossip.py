@@ -81,8 +81,8 @@ def run_one(peers: int) -> dict:
     """One size, in the current process."""
     import simpy
 
+    from p2pdp.experiments.simulation import simulate
     from p2pdp.sim.world import World
-    from p2pdp.simulation import simulate
 
     events = 0
     schedule = simpy.Environment.schedule
@@ -138,7 +138,7 @@ def run_one(peers: int) -> dict:
 def overlay_costs(peers: int) -> list[dict]:
     """Build every overlay kind at ``peers`` peers: time, peak traced memory, CSR size."""
     from p2pdp.config import OVERLAYS, GossipConfig
-    from p2pdp.overlay import build_overlay
+    from p2pdp.sim.overlay import build_overlay
 
     rows = []
     for kind in OVERLAYS:

@@ -3,13 +3,13 @@
 For each configuration (number of peers P, rows per peer) every peer's exact L2-regularised
 logistic regression model is computed three ways:
 
-* ``batched``: :func:`p2pdp.learning.fit_local_models` with ``method="batched"``;
+* ``batched``: :func:`p2pdp.learning.models.fit_local_models` with ``method="batched"``;
 * ``per_peer``: the same Newton code one peer at a time (``method="per_peer"``);
-* ``sklearn``: :func:`p2pdp.learning.fit_local_models_sklearn` (Newton-Cholesky, tol 1e-12).
+* ``sklearn``: :func:`p2pdp.learning.models.fit_local_models_sklearn` (Newton-Cholesky, tol 1e-12).
 
 Data: P <= 1,150 (so P = 100 and 1,000) use equal random shards of the 4,601 Spambase rows
 (min-max scaled, bias column appended, rows projected onto the unit ball: d = 58; loaded
-with ``p2pdp.datasets``, so set ``P2PDP_DATA_HOME``); larger P, any ``--rows-per-peer``, or
+with ``p2pdp.data.datasets``, so set ``P2PDP_DATA_HOME``); larger P, any ``--rows-per-peer``, or
 a missing data file, use synthetic rows of the same shape (sparse non-negative features,
 bias, unit ball, labels from a noisy linear model). When more than ``--max-reference-peers`` peers
 are asked for, ``per_peer`` and ``sklearn`` are timed on that many peers and scaled up
@@ -64,9 +64,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from p2pdp.datasets import load_dataset
-from p2pdp.errors import DataError
-from p2pdp.learning import LocalModels, fit_local_models, fit_local_models_sklearn
+from p2pdp.core.errors import DataError
+from p2pdp.data.datasets import load_dataset
+from p2pdp.learning.models import LocalModels, fit_local_models, fit_local_models_sklearn
 
 DEFAULT_PEERS = (100, 1_000, 10_000)
 N_FEATURES = 57  # Spambase; plus the bias column: d = 58

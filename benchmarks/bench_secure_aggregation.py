@@ -2,8 +2,10 @@
 
 Plaintext: the curator draws the coordinate-Laplace noise and adds it to the mean of the K
 models it received in the clear. Secure: every member draws its noise share
-(:func:`p2pdp.secure_aggregation.draw_noise_shares`) and the group runs additive secret sharing
-(:func:`p2pdp.secure_aggregation.secure_noisy_mean`, fast path, no transcript). Both run in this
+(:func:`p2pdp.privacy.secure_aggregation.draw_noise_shares`) and the group runs additive secret
+sharing
+(:func:`p2pdp.privacy.secure_aggregation.secure_noisy_mean`, fast path, no transcript). Both run in
+this
 process; the table gives the median wall time per aggregation over ``--repeats`` repetitions
 and the bytes each member sends (the busiest member for the secure protocol).
 
@@ -22,9 +24,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from p2pdp.mechanisms import group_sensitivity, make_mechanism
-from p2pdp.rng import generator
-from p2pdp.secure_aggregation import draw_noise_shares, protocol_cost, secure_noisy_mean
+from p2pdp.core.rng import generator
+from p2pdp.privacy.mechanisms import group_sensitivity, make_mechanism
+from p2pdp.privacy.secure_aggregation import draw_noise_shares, protocol_cost, secure_noisy_mean
 
 GROUP_SIZES = (10, 50, 100)
 DIMS = (58, 124)

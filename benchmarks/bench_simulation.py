@@ -43,8 +43,8 @@ def run_one(dataset: str, peers: int, group_size: int, publication: str) -> dict
         PublicationConfig,
         ScenarioConfig,
     )
-    from p2pdp.pipeline import prepare_peers
-    from p2pdp.simulation import simulate
+    from p2pdp.experiments.simulation import simulate
+    from p2pdp.tasks.pipeline import prepare_peers
 
     if dataset == "synthetic":
         data = DataConfig(

@@ -27,12 +27,12 @@ from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
-import p2pdp.tasks.logistic  # noqa: F401  # import the workload before any timer starts
-from p2pdp.experiment import make_cells, run_experiment
-from p2pdp.pipeline import prepare_peers
-from p2pdp.results import read_results
-from p2pdp.scenario import load_scenario
-from p2pdp.simulation import simulate
+import p2pdp.tasks.logistic.task  # noqa: F401  # import the workload before any timer starts
+from p2pdp.experiments.results import read_results
+from p2pdp.experiments.runner import make_cells, run_experiment
+from p2pdp.experiments.scenario import load_scenario
+from p2pdp.experiments.simulation import simulate
+from p2pdp.tasks.pipeline import prepare_peers
 
 
 def _cpu_seconds() -> float:

@@ -47,8 +47,8 @@ from p2pdp.config import (
     PublicationConfig,
     ScenarioConfig,
 )
+from p2pdp.experiments.simulation import simulate
 from p2pdp.sim.world import World
-from p2pdp.simulation import simulate
 
 LOSSES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 #: The seed's epsilon_A (its noise makes every published model worse than a local one on

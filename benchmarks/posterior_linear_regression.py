@@ -12,7 +12,7 @@ import csv
 import time
 from pathlib import Path
 
-from p2pdp.posterior_example import (
+from p2pdp.privacy.posterior_sampling.example import (
     format_rows,
     plot_bounded_log_likelihood,
     plot_estimates_vs_epsilon,

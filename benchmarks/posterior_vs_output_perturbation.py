@@ -1,8 +1,10 @@
 """Spambase, P = 100 IID peers, g = 1: each peer's private model alone, posterior sampling vs
 output perturbation at the same epsilon.
 
-Posterior sampling: :func:`p2pdp.posterior.private_logistic_peers` (all peers in one batch,
-``tau`` fixed a priori, :data:`p2pdp.posterior.PEER_SETTINGS`); the released model is the mean
+Posterior sampling: :func:`p2pdp.privacy.posterior_sampling.posterior.private_logistic_peers` (all
+peers in one batch,
+``tau`` fixed a priori, :data:`p2pdp.privacy.posterior_sampling.posterior.PEER_SETTINGS`); the
+released model is the mean
 of the peer's private mean-field posterior. Output perturbation: the peer's exact model plus
 vector Laplace noise at L2 sensitivity ``2 / (n_j lambda)``. Both are epsilon-DP per record of
 the peer's shard (posterior sampling: for exact sampling only; the chain approximates it).
@@ -21,10 +23,14 @@ import time
 import numpy as np
 
 from p2pdp.config import PartitionConfig, ScenarioConfig, TrainingConfig
-from p2pdp.mechanisms import make_mechanism
-from p2pdp.pipeline import prepare_peers
-from p2pdp.posterior import GUARANTEE_LABEL, PEER_SETTINGS, private_logistic_peers
-from p2pdp.rng import generator
+from p2pdp.core.rng import generator
+from p2pdp.privacy.mechanisms import make_mechanism
+from p2pdp.privacy.posterior_sampling.posterior import (
+    GUARANTEE_LABEL,
+    PEER_SETTINGS,
+    private_logistic_peers,
+)
+from p2pdp.tasks.pipeline import prepare_peers
 
 LAM = 2.0**-7
 EPSILONS = (0.1, 1.0, 10.0)

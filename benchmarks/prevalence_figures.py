@@ -15,9 +15,10 @@ import csv
 import time
 from pathlib import Path
 
-from p2pdp import figures_prevalence as figures
-from p2pdp import pooling, prevalence
-from p2pdp.rng import generator
+from p2pdp.core.rng import generator
+from p2pdp.tasks.pooled_testing import pooling
+from p2pdp.tasks.prevalence import estimators as prevalence
+from p2pdp.tasks.prevalence import figures as figures
 
 POOL_SIZES = (1, 2, 5, 10, 20)
 PREVALENCES = (0.01, 0.05, 0.1, 0.2)

@@ -29,13 +29,13 @@ import time
 
 import numpy as np
 
-from p2pdp.datasets import load_dataset
-from p2pdp.partition import stratified_folds
-from p2pdp.pipeline import FoldData, train_peers
-from p2pdp.preprocess import Preprocessor
-from p2pdp.rng import generator
-from p2pdp.scenario import load_scenario, with_values
-from p2pdp.simulation import simulate
+from p2pdp.core.rng import generator
+from p2pdp.data.datasets import load_dataset
+from p2pdp.data.partition import stratified_folds
+from p2pdp.data.preprocess import Preprocessor
+from p2pdp.experiments.scenario import load_scenario, with_values
+from p2pdp.experiments.simulation import simulate
+from p2pdp.tasks.pipeline import FoldData, train_peers
 
 LAMBDAS = tuple(2.0**k for k in range(-14, 1))
 EPSILONS = ((1.0, 0.1), (10.0, 1.0))

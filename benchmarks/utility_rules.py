@@ -5,14 +5,15 @@
     python benchmarks/utility_rules.py --json out.jsonl      # one JSON row per (cell, fold)
 
 The simulator cannot call the new rules yet (issue 10 is making the engine open), so this
-script rebuilds a run's releases the way :func:`p2pdp.simulation.simulate` does (same seed,
+script rebuilds a run's releases the way :func:`p2pdp.experiments.simulation.simulate` does (same
+seed,
 same named random streams, so the same published models) and applies every rule of
-:mod:`p2pdp.ensembles` to them. Each release's noise scale is exact: the script records the
+:mod:`p2pdp.learning.ensembles` to them. Each release's noise scale is exact: the script records the
 group's shard sizes at publication (a wrapper around ``World.publish``) and evaluates
 ``mechanism.noise_std(group_sensitivity(sizes, ...), d)``.
 
 Gaussian cells use exact (GDP) composition: the ledger's count is replaced by
-:func:`p2pdp.gdp.affordable_aggregations_gdp` at the mechanism's noise multiplier before the
+:func:`p2pdp.privacy.gdp.affordable_aggregations_gdp` at the mechanism's noise multiplier before the
 world runs (what ``accountant = "gdp"`` will do once wired in).
 
 Prints the mean test error over folds (mean over peers within a fold) per rule and cell and
@@ -44,7 +45,11 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from p2pdp.ensembles import (
+from p2pdp.core.errors import PrivacyWarning
+from p2pdp.core.rng import generator
+from p2pdp.experiments.scenario import load_scenario, with_values
+from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.ensembles import (
     OwnShards,
     PublicView,
     average_rule,
@@ -54,17 +59,13 @@ from p2pdp.ensembles import (
     mean_margin_rule,
     personalised_refit_rule,
 )
-from p2pdp.errors import PrivacyWarning
-from p2pdp.evaluation import build_ensembles, evaluate_ensembles, linear_error
-from p2pdp.gdp import affordable_aggregations_gdp
-from p2pdp.learning import GRADIENT_TOLERANCE
-from p2pdp.mechanisms import group_sensitivity, make_mechanism
-from p2pdp.pipeline import prepare_peers
-from p2pdp.references import centralised_best_lambda
-from p2pdp.rng import generator
-from p2pdp.scenario import load_scenario, with_values
+from p2pdp.learning.evaluation import build_ensembles, evaluate_ensembles, linear_error
+from p2pdp.learning.models import GRADIENT_TOLERANCE
+from p2pdp.learning.references import centralised_best_lambda
+from p2pdp.privacy.gdp import affordable_aggregations_gdp
+from p2pdp.privacy.mechanisms import group_sensitivity, make_mechanism
 from p2pdp.sim.world import World
-from p2pdp.simulation import simulate
+from p2pdp.tasks.pipeline import prepare_peers
 
 DELTA = 1e-5
 

@@ -1,10 +1,11 @@
 """Scenario configuration: frozen, validated dataclasses, one per table of a scenario file.
 
 A :class:`ScenarioConfig` describes one simulated world (data, partition, training, privacy,
-groups, network, publication, evaluation); sweeps are the scenario's (:mod:`p2pdp.scenario`).
+groups, network, publication, evaluation); sweeps are the scenario's
+(:mod:`p2pdp.experiments.scenario`).
 Every field declares its constraint next to its default (``field(metadata=check(...))``, the
-constraints of :mod:`p2pdp.validation`), checked on construction; an invalid value raises
-:class:`~p2pdp.errors.ConfigError` naming the dotted key and the value, e.g.
+constraints of :mod:`p2pdp.core.validation`), checked on construction; an invalid value raises
+:class:`~p2pdp.core.errors.ConfigError` naming the dotted key and the value, e.g.
 ``privacy.epsilon must be > 0 and finite, got -1``. Cross-field rules stay in
 ``__post_init__``. Settings that name a component take their options from the registry.
 
@@ -16,32 +17,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2pdp import components
-from p2pdp.errors import ConfigError
-from p2pdp.task_settings import PoolingConfig, PrevalenceConfig
-from p2pdp.validation import (
+from p2pdp.core import components
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.validation import (
     AllOf,
     Boolean,
     ComponentName,
     FileName,
     IntAtLeast,
+    Interval,
     NonNegative,
     OneOf,
     Optional,
     Positive,
     Probability,
+    as_list,
     check,
+    invalid,
     validate_fields,
 )
+from p2pdp.data.settings import FILE_LOADER_OPTIONS, DataConfig
 
 # Settings that name a component (data.dataset, training.model, privacy.mechanism,
 # privacy.accountant, groups.sampler, evaluation.vote, task.name) take their options from the
-# registry (p2pdp.components): a registered name or an import string 'package.module:Name'.
-TRANSFORM_STEPS = ("log1p", "minmax", "bias", "project_unit_ball", "scale_sqrt_d")
+# registry (p2pdp.core.components): a registered name or an import string 'package.module:Name'.
 PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew")
 SENSITIVITY_MODES = ("group-mean", "pathak")
 LATENCY_MODELS = ("constant", "exponential", "lognormal")
@@ -64,109 +66,6 @@ class Derived(float):
     """
 
     __slots__ = ()
-
-
-def _as_list(key: str, value: object) -> tuple:
-    """A list setting as a tuple; a lone string or number is refused (write ``[...]``)."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
-        raise _fail(key, f"a list such as [{value!r}]", value)
-    return tuple(value)
-
-
-def _fail(key: str, requirement: str, value: object) -> ConfigError:
-    return ConfigError(f"{key} must be {requirement}, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DataConfig:
-    """Which data set, and how rows are transformed before training.
-
-    ``dataset`` names a registered loader (``p2pdp components dataset``: ``spambase``,
-    ``australian``, ``adult``, ``synthetic``, ``csv``, ``libsvm``) or gives an import string
-    ``"package.module:function"`` of your own loader (see
-    :class:`p2pdp.datasets.DatasetLoader`). ``path`` is where a built-in data set's files are
-    searched first, the file ``csv`` and ``libsvm`` read (required for them), and free for
-    your own loader to read.
-
-    Options of the file loaders (an error for any other data set unless left at the default):
-    ``test_path`` a second file in the same format, the predefined test split
-    (``csv``, ``libsvm``); ``delimiter`` a single character or ``"whitespace"`` (``csv``);
-    ``header`` skip a first line of column names (``csv``); ``label_column`` 0-based column of
-    the label, negative from the end, default -1: the last (``csv``); ``n_features`` the number
-    of features d, default: the largest index in the file(s) (``libsvm``).
-
-    ``transform`` steps are applied in order (see :mod:`p2pdp.preprocess`); the last step must
-    bound every row's L2 norm by 1, which the privacy proof needs. ``bounds = "data"`` fits
-    min-max on the pooled training fold (a global, non-private step, recorded in results);
-    ``"manifest"`` uses the data set's data-independent feature bounds.
-    ``synthetic_*`` size the ``synthetic`` data set (a logistic model with lognormal features).
-    """
-
-    dataset: str = field(default="spambase", metadata=check(ComponentName("dataset")))
-    path: str | None = None
-    test_path: str | None = None
-    delimiter: str = ","
-    header: bool = field(default=False, metadata=check(Boolean()))
-    label_column: int = -1
-    n_features: int | None = field(default=None, metadata=check(Optional(IntAtLeast(1))))
-    transform: tuple[str, ...] = ("log1p", "minmax", "bias", "project_unit_ball")
-    bounds: str = field(default="data", metadata=check(OneOf(("data", "manifest"))))
-    synthetic_rows: int = field(default=4000, metadata=check(IntAtLeast(2)))
-    synthetic_test_rows: int = field(default=1000, metadata=check(IntAtLeast(1)))
-    synthetic_features: int = field(default=57, metadata=check(IntAtLeast(1)))
-
-    def __post_init__(self) -> None:
-        for key in ("path", "test_path"):
-            value = getattr(self, key)
-            if isinstance(value, os.PathLike):
-                object.__setattr__(self, key, os.fspath(value))
-        validate_fields(self, "data")
-        for key in ("path", "test_path"):
-            value = getattr(self, key)
-            if value is not None and not (isinstance(value, str) and value):
-                raise _fail(f"data.{key}", "a non-empty path string", value)
-        if self.dataset in FILE_LOADER_OPTIONS and self.path is None:
-            raise ConfigError(
-                f"data.path is required for data.dataset = {self.dataset!r}: "
-                f"the {self.dataset} file to read"
-            )
-        if not isinstance(self.delimiter, str) or not (
-            self.delimiter == "whitespace"
-            or (len(self.delimiter) == 1 and self.delimiter not in '\r\n"0123456789.+-eE')
-        ):
-            raise _fail(
-                "data.delimiter",
-                "one character (not a digit, sign, '.', 'e', quote or newline) or 'whitespace'",
-                self.delimiter,
-            )
-        if not isinstance(self.label_column, int) or isinstance(self.label_column, bool):
-            requirement = "an integer (0-based; -1 is the last column)"
-            raise _fail("data.label_column", requirement, self.label_column)
-        for key, default in _FILE_OPTION_DEFAULTS.items():
-            value = getattr(self, key)
-            if value != default and key not in FILE_LOADER_OPTIONS.get(self.dataset, ()):
-                users = [name for name, keys in FILE_LOADER_OPTIONS.items() if key in keys]
-                raise ConfigError(
-                    f"data.{key} is an option of data.dataset = {' or '.join(map(repr, users))}; "
-                    f"got data.{key} = {value!r} with data.dataset = {self.dataset!r}"
-                )
-        object.__setattr__(self, "transform", _as_list("data.transform", self.transform))
-        if not self.transform:
-            raise _fail("data.transform", "a non-empty list of steps", list(self.transform))
-        for step in self.transform:
-            OneOf(TRANSFORM_STEPS).check("data.transform", step)
-
-
-#: Options of the built-in file loaders (data.dataset = "csv" / "libsvm") and their defaults.
-FILE_LOADER_OPTIONS = {
-    "csv": ("test_path", "delimiter", "header", "label_column"),
-    "libsvm": ("test_path", "n_features"),
-}
-_FILE_OPTION_DEFAULTS = {
-    f.name: f.default
-    for f in dataclasses.fields(DataConfig)
-    if any(f.name in options for options in FILE_LOADER_OPTIONS.values())
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,7 +92,7 @@ class TrainingConfig:
     where ``lambda`` came from when it was chosen by looking at data (e.g. ``"chosen by the
     lambda_grid sweep on Spambase (reads every peer's data and the test folds)"``); empty
     means the user chose it without looking at the data. A non-empty value is listed as a
-    non-private step (:mod:`p2pdp.disclosure`).
+    non-private step (:mod:`p2pdp.experiments.disclosure`).
     """
 
     lam: float = field(default=1e-2, metadata=check(Positive()))
@@ -204,7 +103,7 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         validate_fields(self, "training", {"lam": "lambda"})
         if not isinstance(self.lambda_source, str) or ";" in self.lambda_source:
-            raise _fail(
+            raise invalid(
                 "training.lambda_source",
                 "a string without ';' (results join non-private steps with '; ')",
                 self.lambda_source,
@@ -235,7 +134,8 @@ class PrivacyConfig:
     mechanism and ``basic`` for every other; results rows record the resolved name
     (:attr:`resolved_accountant`).
     ``tau`` bounds each record's log-likelihood for ``mechanism = "posterior-sampling"`` (the
-    utility's sensitivity, :mod:`p2pdp.posterior`); other mechanisms ignore it.
+    utility's sensitivity, :mod:`p2pdp.privacy.posterior_sampling.posterior`); other mechanisms
+    ignore it.
     """
 
     epsilon: float = field(default=1.0, metadata=check(Positive()))
@@ -254,7 +154,7 @@ class PrivacyConfig:
 
     def resolve_mechanism_name(self) -> str:
         """``"gaussian"`` when the mechanism's class is (a subclass of) the Gaussian mechanism."""
-        from p2pdp.mechanisms import Gaussian
+        from p2pdp.privacy.mechanisms import Gaussian
 
         cls = components.resolve("mechanism", self.mechanism, key="privacy.mechanism")
         return "gaussian" if isinstance(cls, type) and issubclass(cls, Gaussian) else self.mechanism
@@ -262,7 +162,7 @@ class PrivacyConfig:
     @property
     def resolved_accountant(self) -> str:
         """``accountant`` with ``"auto"`` resolved (``gdp`` for gaussian, else ``basic``)."""
-        from p2pdp.accounting import resolve_accountant_name
+        from p2pdp.privacy.accounting import resolve_accountant_name
 
         return resolve_accountant_name(self.accountant, self.mechanism)
 
@@ -307,7 +207,7 @@ class PrivacyConfig:
                     "privacy.delta_per_aggregation must be given with privacy.noise_multiplier "
                     "(the delta at which one release's epsilon is stated); got None"
                 )
-            from p2pdp.gdp import gdp_epsilon
+            from p2pdp.privacy.gdp import gdp_epsilon
 
             value = Derived(float(gdp_epsilon(1.0 / self.noise_multiplier, delta_step)))
         object.__setattr__(self, "epsilon_per_aggregation", value)
@@ -327,7 +227,7 @@ class PrivacyConfig:
                 ("privacy.delta_per_aggregation", self.delta_per_aggregation),
             ):
                 if not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
-                    raise _fail(key, f"in (0, 1) for the {self.mechanism} mechanism", value)
+                    raise invalid(key, f"in (0, 1) for the {self.mechanism} mechanism", value)
             assert self.delta_per_aggregation is not None  # derived above when not given
             if self.delta_per_aggregation > self.delta:
                 raise ConfigError(
@@ -433,7 +333,7 @@ class NetworkConfig:
 class GossipConfig:
     """Decentralised group formation (``groups.sampler = "gossip"``, see :mod:`p2pdp.sim.gossip`).
 
-    Overlay (the peers' initial neighbours, :mod:`p2pdp.overlay`): ``overlay`` is one of
+    Overlay (the peers' initial neighbours, :mod:`p2pdp.sim.overlay`): ``overlay`` is one of
     ``OVERLAYS``; ``degree`` is the degree of ``random-regular`` and the ring degree of
     ``watts-strogatz`` (rewired with probability ``rewiring``); ``erdos-renyi`` links each pair
     with ``edge_probability`` (None: ``degree / (P - 1)``, mean degree ``degree``);
@@ -503,7 +403,7 @@ class EvaluationConfig:
     ``vote``: ensemble rule, ``"majority"`` of signs (ties broken by the summed margin, then
     +1), ``"mean-margin"`` (sign of the mean margin, 0 -> +1), ``"majority-own"`` (ties to
     the own model), ``"average"`` or ``"local-validated"`` (noise-aware, see
-    :mod:`p2pdp.evaluation`). ``best_lambda_reference``: also report the non-private
+    :mod:`p2pdp.learning.evaluation`). ``best_lambda_reference``: also report the non-private
     centralised model at its own cross-validated lambda (``centralized_best_lambda_error``;
     a few seconds per fold, computed once per training key).
     """
@@ -516,10 +416,10 @@ class EvaluationConfig:
 
     def __post_init__(self) -> None:
         validate_fields(self, "evaluation")
-        object.__setattr__(self, "folds", _as_list("evaluation.folds", self.folds))
+        object.__setattr__(self, "folds", as_list("evaluation.folds", self.folds))
         for fold in self.folds:
             if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < self.cv_folds:
-                raise _fail("evaluation.folds", f"fold indices in [0, {self.cv_folds})", fold)
+                raise invalid("evaluation.folds", f"fold indices in [0, {self.cv_folds})", fold)
         repeated = sorted({fold for fold in self.folds if self.folds.count(fold) > 1})
         if repeated:
             raise ConfigError(
@@ -546,6 +446,70 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         validate_fields(self, "task")
+
+
+# --- settings of the built-in workloads' tables -----------------------------------------------
+PREVALENCE_SOURCES = ("synthetic", "dataset")
+RESPONSE_FORMS = ("keep", "two-coin")
+_OPEN_UNIT = Interval(0.0, 1.0, low_open=True, high_open=True)
+_UNIT = Interval(0.0, 1.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrevalenceConfig:
+    """Binary records per peer, for the ``prevalence-counts`` and ``randomized-response`` tasks.
+
+    ``source = "synthetic"``: every peer holds ``records_per_peer`` iid Bernoulli(``prevalence``)
+    records (the truth is ``prevalence``). ``"dataset"``: the positive label of
+    ``data.dataset`` (e.g. spambase's spam, adult's income > 50K), ``records_per_peer`` rows
+    per peer drawn without replacement; the truth is the label's prevalence in the whole data
+    set. Receivers' Beta prior is ``Beta(prior_a, prior_b)`` (Jeffreys by default) and their
+    credible intervals have level ``level``. ``response`` is the randomized-response form of the
+    ``randomized-response`` task: ``"keep"`` (truthful with probability ``e^eps/(1+e^eps)``,
+    else flipped) or the seed's ``"two-coin"`` (truthful with probability ``theta1``, else
+    "yes" with probability ``theta2``; ``theta1`` set for the exact epsilon).
+    """
+
+    source: str = field(default="synthetic", metadata=check(OneOf(PREVALENCE_SOURCES)))
+    prevalence: float = field(default=0.3, metadata=check(_OPEN_UNIT))
+    records_per_peer: int = field(default=20, metadata=check(IntAtLeast(1)))
+    prior_a: float = field(default=0.5, metadata=check(Positive()))
+    prior_b: float = field(default=0.5, metadata=check(Positive()))
+    level: float = field(default=0.95, metadata=check(_OPEN_UNIT))
+    response: str = field(default="keep", metadata=check(OneOf(RESPONSE_FORMS)))
+    theta2: float = field(default=0.5, metadata=check(_OPEN_UNIT))
+
+    def __post_init__(self) -> None:
+        validate_fields(self, "prevalence")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolingConfig:
+    """Pooled testing (``pooled-testing`` task, ``pooled-test`` mechanism).
+
+    Each peer is one person with status ~ Bernoulli(``prevalence``); a group of
+    ``groups.group_size`` = c people is one pool, tested once with sensitivity
+    ``test_sensitivity`` (Se) and specificity ``test_specificity`` (Sp), ``Se + Sp > 1``; the
+    result goes through randomized response with keep probability ``keep_probability``
+    (1: none) before it is released. ``pools_per_person``: how many pools each person may be
+    tested in; 1 charges a person's whole budget for one pool and declares the distributional
+    per-pool loss; more declares (and composes) the worst-case DP loss instead (see
+    :mod:`p2pdp.tasks.pooled_testing.task`).
+    """
+
+    prevalence: float = field(default=0.05, metadata=check(_OPEN_UNIT))
+    test_sensitivity: float = field(default=0.85, metadata=check(_UNIT))
+    test_specificity: float = field(default=0.75, metadata=check(_UNIT))
+    keep_probability: float = field(default=1.0, metadata=check(Interval(0.5, 1.0, low_open=True)))
+    pools_per_person: int = field(default=1, metadata=check(IntAtLeast(1)))
+
+    def __post_init__(self) -> None:
+        validate_fields(self, "pooling")
+        if not self.test_sensitivity + self.test_specificity > 1.0:
+            raise ConfigError(
+                "pooling.test_sensitivity + pooling.test_specificity must be > 1 (an "
+                f"informative test), got {self.test_sensitivity!r} + {self.test_specificity!r}"
+            )
 
 
 #: Task-specific tables and the built-in tasks that read them; another task setting one of
@@ -577,7 +541,7 @@ class ScenarioConfig:
 
     ``seed`` is the root of every random stream of every cell; ``repetitions`` repeats each
     cell with independent streams. A sweep over settings is the scenario's
-    (:class:`p2pdp.scenario.Scenario`: a base config plus grid axes), not a config's.
+    (:class:`p2pdp.experiments.scenario.Scenario`: a base config plus grid axes), not a config's.
     """
 
     name: str = field(default="scenario", metadata=check(FileName()))
@@ -651,10 +615,10 @@ def _section(name: str, cls: type, value: Any) -> Any:
 def _check_data_provides(data: DataConfig, evaluation: EvaluationConfig) -> None:
     """Reject a fixed split or manifest bounds that the configured data set cannot provide.
 
-    Known without loading for the built-ins (:func:`p2pdp.datasets.provides`); an import
-    string is checked when it is loaded (:func:`p2pdp.pipeline.load_fold`).
+    Known without loading for the built-ins (:func:`p2pdp.data.datasets.provides`); an import
+    string is checked when it is loaded (:func:`p2pdp.tasks.pipeline.load_fold`).
     """
-    from p2pdp import datasets  # not at module level: datasets imports scikit-learn
+    from p2pdp.data import datasets  # not at module level: datasets imports scikit-learn
 
     provided = datasets.provides(data)
     if evaluation.split == "fixed" and provided.test_split is False:
@@ -673,7 +637,7 @@ def _check_data_provides(data: DataConfig, evaluation: EvaluationConfig) -> None
             raise ConfigError(
                 "data.bounds = 'manifest' needs data-independent bounds, which a "
                 f"{data.dataset} file does not carry (a loader of your own can return them, "
-                f"see p2pdp.datasets.RawData); got data.dataset = {data.dataset!r}"
+                f"see p2pdp.data.datasets.RawData); got data.dataset = {data.dataset!r}"
             )
         having = datasets.builtins_with("feature_bounds")
         raise ConfigError(

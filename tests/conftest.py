@@ -20,7 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from p2pdp.datasets import DATA_HOME_ENV, available_datasets, data_home_candidates, load_manifest
+from p2pdp.data.datasets import (
+    DATA_HOME_ENV,
+    available_datasets,
+    data_home_candidates,
+    load_manifest,
+)
 
 #: Skip reason of every integration test when the data sets are not on this machine.
 NO_DATA = (

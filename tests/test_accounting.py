@@ -1,4 +1,4 @@
-"""Tests of p2pdp.accounting: composition, affordable counts, the per-peer ledger."""
+"""Tests of p2pdp.privacy.accounting: composition, affordable counts, the per-peer ledger."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize, stats
 
-from p2pdp.accounting import (
+from p2pdp.core.errors import BudgetExhaustedError, ConfigError
+from p2pdp.privacy.accounting import (
     BUDGET_TOLERANCE,
     BudgetLedger,
     affordable_aggregations,
@@ -19,8 +20,7 @@ from p2pdp.accounting import (
     composed_epsilon,
     format_budget_table,
 )
-from p2pdp.errors import BudgetExhaustedError, ConfigError
-from p2pdp.mechanisms import analytic_gaussian_sigma
+from p2pdp.privacy.mechanisms import analytic_gaussian_sigma
 
 
 def exact_gaussian_epsilon(noise_multiplier: float, delta: float) -> float:

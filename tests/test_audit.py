@@ -1,4 +1,5 @@
-"""Tests of p2pdp.audit and ``p2pdp audit``: DP mechanisms pass, mis-calibrated ones are caught."""
+"""Tests of p2pdp.privacy.audit and ``p2pdp audit``: DP mechanisms pass, mis-calibrated ones are
+caught."""
 
 from __future__ import annotations
 
@@ -10,20 +11,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pdp.audit import (
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.rng import generator
+from p2pdp.experiments.audit import (
     AUDIT_NAMES,
     EXPECTED_TO_FAIL,
-    audit_additive_noise,
     audit_mechanism,
-    clopper_pearson_upper,
-    exact_noisy_count_epsilon,
     format_audit_table,
     run_audit,
+)
+from p2pdp.experiments.cli import main
+from p2pdp.privacy.audit import (
+    audit_additive_noise,
+    clopper_pearson_upper,
+    exact_noisy_count_epsilon,
     threshold_test,
 )
-from p2pdp.cli import main
-from p2pdp.errors import ConfigError
-from p2pdp.rng import generator
 
 N_SAMPLES = 40_000  # per side; enough power for the negative controls, fast enough for CI
 

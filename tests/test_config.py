@@ -20,7 +20,7 @@ from p2pdp.config import (
     flat_settings,
     with_value,
 )
-from p2pdp.errors import ConfigError
+from p2pdp.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ def test_sections_may_be_given_as_dicts_of_their_settings():
 def test_every_shipped_scenario_is_valid_and_silent():
     import warnings
 
-    from p2pdp.scenario import load_scenario, shipped_scenarios_dir
+    from p2pdp.experiments.scenario import load_scenario, shipped_scenarios_dir
 
     for path in sorted(shipped_scenarios_dir().glob("*.toml")):
         with warnings.catch_warnings():

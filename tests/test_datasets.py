@@ -1,4 +1,4 @@
-"""Tests of p2pdp.datasets and the ``p2pdp datasets`` command. No test uses the network."""
+"""Tests of p2pdp.data.datasets and the ``p2pdp datasets`` command. No test uses the network."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pdp import datasets
-from p2pdp.cli import main
 from p2pdp.config import DataConfig
-from p2pdp.datasets import (
+from p2pdp.core.errors import ConfigError, DataError
+from p2pdp.data import datasets
+from p2pdp.data.datasets import (
     DataFile,
     Dataset,
     Manifest,
@@ -28,7 +28,7 @@ from p2pdp.datasets import (
     load_dataset,
     load_manifest,
 )
-from p2pdp.errors import ConfigError, DataError
+from p2pdp.experiments.cli import main
 
 # Published in /work/shared/datasets/README.md: (rows, features, positives, test rows, test
 # positives).

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import p2pdp
-import p2pdp.components
+import p2pdp.core.components
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"  # the Sphinx project: the user guide and the API reference (api/)
@@ -62,17 +62,17 @@ def test_every_module_has_a_page_with_its_docstring(html: Path) -> None:
 
 
 def _documented_protocols() -> list[str]:
-    """The protocol classes that :mod:`p2pdp.components` names for the kinds, in order."""
-    return re.findall(r":class:`(p2pdp\.[\w.]+)`", p2pdp.components.__doc__ or "")
+    """The protocol classes that :mod:`p2pdp.core.components` names for the kinds, in order."""
+    return re.findall(r":class:`(p2pdp\.[\w.]+)`", p2pdp.core.components.__doc__ or "")
 
 
 def test_protocols_page_lists_the_protocol_of_every_kind() -> None:
     protocols = _documented_protocols()
-    assert len(protocols) == len(p2pdp.components.KINDS)
+    assert len(protocols) == len(p2pdp.core.components.KINDS)
     page = (DOCS / "api" / "protocols.rst").read_text()
     listed = re.findall(r"^\.\. p2pdp-protocol:: (\S+)$", page, flags=re.MULTILINE)
     assert listed == protocols
-    assert ".. automodule:: p2pdp.components" in page
+    assert ".. automodule:: p2pdp.core.components" in page
 
 
 def test_protocols_page_documents_each_protocol_or_marks_it_missing(html: Path) -> None:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from p2pdp.ensembles import (
+from p2pdp.core.errors import ConfigError
+from p2pdp.learning.ensembles import (
     ENSEMBLE_RULES,
     OwnShards,
     PublicView,
@@ -21,9 +22,12 @@ from p2pdp.ensembles import (
     received_average,
     shrinkage_weights,
 )
-from p2pdp.errors import ConfigError
-from p2pdp.evaluation import build_ensembles, linear_error
-from p2pdp.learning import fit_local_models, fit_local_models_sklearn, logistic_objective_gradient
+from p2pdp.learning.evaluation import build_ensembles, linear_error
+from p2pdp.learning.models import (
+    fit_local_models,
+    fit_local_models_sklearn,
+    logistic_objective_gradient,
+)
 
 
 def random_view(rng: np.random.Generator, n_peers=7, n_models=9, dim=5, exact=False) -> PublicView:
@@ -153,7 +157,7 @@ def test_majority_ties_go_to_the_own_model_not_the_noisiest() -> None:
     x = np.array([[1.0, 0.0]])
     assert majority_rule(view).scores(x)[0, 0] > 0
     # evaluation.py's seed rule breaks it by the summed margin: the noisy model wins
-    from p2pdp.evaluation import ensemble_scores
+    from p2pdp.learning.evaluation import ensemble_scores
 
     seed = build_ensembles(view.own_weights, view.published, view.shared, [], [])
     assert ensemble_scores(seed, x, vote="majority")[0, 0] < 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2pdp.errors import ConfigError
-from p2pdp.evaluation import (
+from p2pdp.core.errors import ConfigError
+from p2pdp.learning.evaluation import (
     build_ensembles,
     ensemble_scores,
     evaluate_ensembles,
@@ -68,7 +68,7 @@ def test_chunked_evaluation_equals_single_chunk(monkeypatch):
     local, published, shared, pairs, X, y = _random_world(rng, n_rows=97)
     ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
     whole = evaluate_ensembles(ensembles, X, y, vote="majority")
-    monkeypatch.setattr("p2pdp.evaluation._CHUNK_ELEMENTS", 50)
+    monkeypatch.setattr("p2pdp.learning.evaluation._CHUNK_ELEMENTS", 50)
     chunked = evaluate_ensembles(ensembles, X, y, vote="majority")
     np.testing.assert_array_equal(whole.errors, chunked.errors)
     np.testing.assert_array_equal(whole.confusion, chunked.confusion)
@@ -126,5 +126,5 @@ def test_linear_error_in_blocks_equals_one_block(monkeypatch):
     weights, X = rng.normal(size=(23, 4)), rng.normal(size=(17, 4))
     y = np.where(rng.random(17) < 0.5, 1, -1)
     whole = linear_error(weights, X, y)
-    monkeypatch.setattr("p2pdp.evaluation._CHUNK_ELEMENTS", 40)
+    monkeypatch.setattr("p2pdp.learning.evaluation._CHUNK_ELEMENTS", 40)
     np.testing.assert_array_equal(linear_error(weights, X, y), whole)

@@ -8,13 +8,13 @@ import time
 import pytest
 from dask.distributed import LocalCluster
 
-from p2pdp import experiment
-from p2pdp.cli import main
-from p2pdp.errors import ConfigError
-from p2pdp.pipeline import training_key
-from p2pdp.results import read_results
-from p2pdp.scenario import load_scenario, parse_scenario
-from p2pdp.tasks.logistic import LogisticEnsembles
+from p2pdp.core.errors import ConfigError
+from p2pdp.experiments import runner as experiment
+from p2pdp.experiments.cli import main
+from p2pdp.experiments.results import read_results
+from p2pdp.experiments.scenario import load_scenario, parse_scenario
+from p2pdp.tasks.logistic.task import LogisticEnsembles
+from p2pdp.tasks.pipeline import training_key
 
 TINY = """
 name = "tiny"

@@ -1,4 +1,5 @@
-"""Smoke tests of p2pdp.figures_prevalence: every figure is drawn from small rows."""
+"""The workloads' figures (``p2pdp.tasks.<workload>.figures``): every figure is drawn from small
+rows."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import numpy as np
 import pytest
 from matplotlib.container import ErrorbarContainer
 
-from p2pdp import figures_prevalence as figures
-from p2pdp import pooling, prevalence
-from p2pdp.rng import generator
+from p2pdp.core import figures
+from p2pdp.core.rng import generator
+from p2pdp.tasks.pooled_testing import figures as pooled_figures
+from p2pdp.tasks.pooled_testing import pooling
+from p2pdp.tasks.prevalence import estimators as prevalence
+from p2pdp.tasks.prevalence import figures as prevalence_figures
 
 
 @pytest.mark.slow  # about 5 s of matplotlib; benchmarks/prevalence_figures.py draws them too
@@ -32,7 +36,12 @@ def test_every_figure_is_written(tmp_path):
         "policy": prevalence.policy_rows(0.2, 2, 10, 1.0, n_repetitions=10, rng=rng),
     }
     for name, data in rows.items():
-        path = getattr(figures, f"{name}_figure")(data, tmp_path / f"{name}.png")
+        module = (
+            pooled_figures
+            if name in ("epsilon", "variance_ratio", "privacy_utility")
+            else prevalence_figures
+        )
+        path = getattr(module, f"{name}_figure")(data, tmp_path / f"{name}.png")
         assert path.stat().st_size > 10_000
 
 
@@ -42,8 +51,6 @@ def captured(monkeypatch):
     """Figures as the tasks' report hooks save them, by file stem (kept open)."""
     import matplotlib.pyplot as plt
 
-    from p2pdp import figures_tasks, results
-
     drawn = {}
 
     def keep(figure, path, **options):
@@ -51,9 +58,7 @@ def captured(monkeypatch):
         drawn[Path(path).stem] = figure
         return Path(path)
 
-    monkeypatch.setattr(results, "write_figure", keep)
-    monkeypatch.setattr(figures_tasks, "write_figure", keep)
-    monkeypatch.setattr(figures, "write_figure", keep)
+    monkeypatch.setattr(figures, "write_figure", keep)  # every workload figure is saved by it
     yield drawn
     plt.close("all")
 
@@ -61,9 +66,9 @@ def captured(monkeypatch):
 def _report_of(case: str, tmp_path: Path) -> None:
     from test_prevalence_tasks import CASES
 
-    from p2pdp.experiment import run_experiment
-    from p2pdp.report import write_report
-    from p2pdp.scenario import parse_scenario
+    from p2pdp.experiments.report import write_report
+    from p2pdp.experiments.runner import run_experiment
+    from p2pdp.experiments.scenario import parse_scenario
 
     text, settings, _ = CASES[case]
     run_experiment(parse_scenario(text, overrides=settings), tmp_path, jobs=1)
@@ -120,7 +125,7 @@ def test_pooled_figures_have_integer_pool_size_ticks_and_explain_every_line(tmp_
 def test_wilson_interval_holds_the_proportion_and_matches_scipy():
     from scipy.stats import binomtest
 
-    from p2pdp.figures_tasks import wilson_interval
+    from p2pdp.core.figures import wilson_interval
 
     p = np.array([0.0, 0.2, 0.95, 1.0, 1.0])
     n = [20, 30, 20, 20, 7]

@@ -25,12 +25,12 @@ from p2pdp.config import (
     PublicationConfig,
     ScenarioConfig,
 )
-from p2pdp.errors import ConfigError
-from p2pdp.overlay import build_overlay
+from p2pdp.core.errors import ConfigError
+from p2pdp.experiments.simulation import simulate
 from p2pdp.sim import world as world_module
 from p2pdp.sim.gossip import Newscast, bootstrap_views, merge_views
+from p2pdp.sim.overlay import build_overlay
 from p2pdp.sim.transport import Transport
-from p2pdp.simulation import simulate
 
 FAST = {"gossip_period": 1.0, "backoff": 2.0, "invite_timeout": 0.3, "lock_timeout": 2.0}
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pdp.experiment import run_experiment
-from p2pdp.results import read_results
-from p2pdp.scenario import load_scenario
+from p2pdp.experiments.results import read_results
+from p2pdp.experiments.runner import run_experiment
+from p2pdp.experiments.scenario import load_scenario
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 Rows = Sequence[dict[str, str]]

@@ -1,4 +1,5 @@
-"""Tests of p2pdp.learning: exact batched local training against the scikit-learn reference."""
+"""Tests of p2pdp.learning.models: exact batched local training against the scikit-learn
+reference."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import numpy as np
 import pytest
 from scipy.optimize import check_grad
 
-from p2pdp.errors import ConfigError, P2PDPError
-from p2pdp.learning import (
+from p2pdp.core.errors import ConfigError, P2PDPError
+from p2pdp.learning.models import (
     LocalModels,
     fit_local_models,
     fit_local_models_sklearn,

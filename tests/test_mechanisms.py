@@ -1,4 +1,5 @@
-"""Tests of p2pdp.mechanisms: noise scales, distributions, shares, calibration, RR, counts."""
+"""Tests of p2pdp.privacy.mechanisms: noise scales, distributions, shares, calibration, RR,
+counts."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from p2pdp.errors import ConfigError, PrivacyWarning
-from p2pdp.mechanisms import (
+from p2pdp.core.errors import ConfigError, PrivacyWarning
+from p2pdp.privacy.mechanisms import (
     MECHANISMS,
     RandomizedResponse,
     analytic_gaussian_sigma,
@@ -406,7 +407,7 @@ def test_bad_arguments_name_parameter_and_value(call, message):
 
 
 def test_group_sensitivity_adds_the_solver_tolerance():
-    from p2pdp.mechanisms import group_sensitivity
+    from p2pdp.privacy.mechanisms import group_sensitivity
 
     exact = group_sensitivity([40, 50], 0.01)
     assert exact == pytest.approx(2 / (2 * 40 * 0.01))

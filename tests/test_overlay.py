@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from p2pdp.config import GossipConfig
-from p2pdp.errors import ConfigError
-from p2pdp.overlay import build_overlay
+from p2pdp.core.errors import ConfigError
+from p2pdp.sim.overlay import build_overlay
 
 
 def edges_of(overlay) -> set[tuple[int, int]]:

@@ -21,8 +21,6 @@ import pytest
 from docs_pages import page
 from sklearn.datasets import dump_svmlight_file
 
-from p2pdp import components, datasets
-from p2pdp.cli import main
 from p2pdp.config import (
     DataConfig,
     EvaluationConfig,
@@ -30,13 +28,16 @@ from p2pdp.config import (
     PartitionConfig,
     ScenarioConfig,
 )
-from p2pdp.datasets import RawData, as_raw_data, load_data, provides
-from p2pdp.errors import ConfigError, DataError
-from p2pdp.experiment import run_experiment
-from p2pdp.pipeline import load_fold, prepare_peers
-from p2pdp.results import read_results
-from p2pdp.rng import generator
-from p2pdp.scenario import load_scenario, parse_scenario
+from p2pdp.core import components
+from p2pdp.core.errors import ConfigError, DataError
+from p2pdp.core.rng import generator
+from p2pdp.data import datasets
+from p2pdp.data.datasets import RawData, as_raw_data, load_data, provides
+from p2pdp.experiments.cli import main
+from p2pdp.experiments.results import read_results
+from p2pdp.experiments.runner import run_experiment
+from p2pdp.experiments.scenario import load_scenario, parse_scenario
+from p2pdp.tasks.pipeline import load_fold, prepare_peers
 
 
 @pytest.fixture
@@ -161,7 +162,7 @@ def test_loader_forms_signatures_and_return_types(write_module, tmp_path):
         f"""
         import numpy as np
         import pandas as pd
-        from p2pdp.datasets import RawData
+        from p2pdp.data.datasets import RawData
 
         X, y = np.load({str(tmp_path / "X.npy")!r}), np.load({str(tmp_path / "y.npy")!r})
 
@@ -288,7 +289,7 @@ def mapping():
         (
             "triple",
             "the loader returned a tuple of 3 items; it must return (X, y), "
-            "(X, y, X_test, y_test) or a p2pdp.datasets.RawData",
+            "(X, y, X_test, y_test) or a p2pdp.data.datasets.RawData",
         ),
         ("mapping", "the loader returned a dict"),
     ],
@@ -341,7 +342,7 @@ def test_fixed_split_and_manifest_bounds_follow_what_the_loader_returns(write_mo
         "splits",
         """
         import numpy as np
-        from p2pdp.datasets import RawData
+        from p2pdp.data.datasets import RawData
         rng = np.random.default_rng(1)
         X, T = rng.random((40, 2)), rng.random((10, 2))
         y, u = np.arange(40) % 2, np.arange(10) % 2
@@ -422,7 +423,7 @@ def test_what_built_ins_declare_is_what_they_load(real_data_home, name):
 def test_what_files_and_import_strings_declare():
     assert provides(DataConfig(dataset="csv", path="a")) == datasets.Provides(False, False)
     assert provides(DataConfig(dataset="csv", path="a", test_path="b")).test_split is True
-    unknown = provides(DataConfig(dataset="p2pdp.datasets:spambase"))  # import strings: load
+    unknown = provides(DataConfig(dataset="p2pdp.data.datasets:spambase"))  # import strings: load
     assert unknown == datasets.Provides(None, None)
 
 
@@ -774,7 +775,7 @@ def test_adult_folds_are_the_same_as_before(real_data_home, data, evaluation, di
 def test_every_registered_dataset_target_exists():
     for name in components.names("dataset"):
         loader = components.resolve("dataset", name)
-        assert callable(loader) and loader.__module__ == "p2pdp.datasets", name
+        assert callable(loader) and loader.__module__ == "p2pdp.data.datasets", name
 
 
 # --- the guide's example -------------------------------------------------------------------

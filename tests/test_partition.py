@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pdp.errors import ConfigError
-from p2pdp.partition import (
+from p2pdp.core.errors import ConfigError
+from p2pdp.data.partition import (
     PARTITION_SCHEMES,
     partition,
     partition_iid,

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pdp import components
-from p2pdp.cli import main
-from p2pdp.errors import ComponentError, ConfigError
-from p2pdp.experiment import run_experiment
-from p2pdp.results import read_results
-from p2pdp.scenario import parse_scenario
+from p2pdp.core import components
+from p2pdp.core.errors import ComponentError, ConfigError
+from p2pdp.experiments.cli import main
+from p2pdp.experiments.results import read_results
+from p2pdp.experiments.runner import run_experiment
+from p2pdp.experiments.scenario import parse_scenario
 
 PLUGINS = Path(__file__).parent / "plugins"
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def test_accountant_plugin_decides_how_many_aggregations_a_peer_affords(tmp_path
 
 
 def test_sampler_plugin_forms_the_groups(tmp_path):
-    from p2pdp.simulation import simulate
+    from p2pdp.experiments.simulation import simulate
 
     scenario = parse_scenario(
         BASE, overrides=['groups.sampler="user_components:ConsecutiveSampler"']
@@ -145,9 +145,9 @@ def test_components_command_lists_the_seven_kinds_with_their_builtins(capsys):
 
 
 def test_registered_components_resolve_to_objects_that_follow_their_protocols():
-    from p2pdp.accounting import Accountant
-    from p2pdp.evaluation import EnsembleRule
-    from p2pdp.mechanisms import Mechanism
+    from p2pdp.learning.evaluation import EnsembleRule
+    from p2pdp.privacy.accounting import Accountant
+    from p2pdp.privacy.mechanisms import Mechanism
 
     for name in components.names("mechanism"):
         assert issubclass(components.resolve("mechanism", name), Mechanism)
@@ -169,7 +169,7 @@ def test_a_registered_name_works_in_a_scenario_like_a_builtin(tmp_path, monkeypa
     """``components.register`` (a notebook's plug-in point) makes a short name valid config."""
     import user_components
 
-    from p2pdp.components import _registry
+    from p2pdp.core.components import _registry
 
     monkeypatch.setitem(_registry["ensemble"], "own-only", _registry["ensemble"]["majority"])
     components.register("ensemble", "own-only", user_components.OwnModelOnly)
@@ -230,7 +230,7 @@ def test_the_command_line_shows_bad_plugin_output_as_one_line(tmp_path):
     scenario = tmp_path / "bad.toml"
     scenario.write_text(BASE.replace('name = "plugin"', 'name = "bad"'))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGINS), str(ROOT)])}
-    command = [sys.executable, "-m", "p2pdp.cli", "run", str(scenario)]
+    command = [sys.executable, "-m", "p2pdp.experiments.cli", "run", str(scenario)]
     command += ["--out", str(tmp_path / "out"), "--jobs", "1"]
     command += ["--set", 'privacy.mechanism="bad_components:NaNNoise"']
     done = subprocess.run(

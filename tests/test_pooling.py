@@ -1,4 +1,5 @@
-"""Tests of p2pdp.pooling: pooled-testing estimation, optimality and one person's privacy."""
+"""Tests of p2pdp.tasks.pooled_testing.pooling: pooled-testing estimation, optimality and one
+person's privacy."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pdp.audit import AUDIT_POOL, audit_mechanism, exact_pooled_test_epsilon
-from p2pdp.errors import ConfigError
-from p2pdp.mechanisms import RandomizedResponse
-from p2pdp.pooling import (
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.rng import generator
+from p2pdp.experiments.audit import AUDIT_POOL, audit_mechanism
+from p2pdp.privacy.mechanisms import RandomizedResponse
+from p2pdp.tasks.pooled_testing.audit import exact_pooled_test_epsilon
+from p2pdp.tasks.pooled_testing.pooling import (
     crossover_prevalence,
     effective_accuracy,
     enumerated_outcome_probabilities,
@@ -34,7 +37,6 @@ from p2pdp.pooling import (
     variance_ratio_rows,
     worst_case_epsilon,
 )
-from p2pdp.rng import generator
 
 SEED_ACCURACY = [(0.85, 0.75), (0.75, 0.85)]  # the seed's figures
 ACCURACIES = [*SEED_ACCURACY, (0.99, 0.6), (0.45, 0.9), (0.7, 0.7), (0.999, 0.999)]

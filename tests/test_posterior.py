@@ -1,4 +1,5 @@
-"""Tests of p2pdp.posterior (DP posterior sampling), its audit and the seed's example."""
+"""Tests of p2pdp.privacy.posterior_sampling.posterior (DP posterior sampling), its audit and the
+seed's example."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from p2pdp.errors import ConfigError
-from p2pdp.posterior import (
+from p2pdp.core.errors import ConfigError
+from p2pdp.privacy.posterior_sampling.audit import (
+    audit_exponential_mechanism,
+    audit_langevin_stationarity,
+)
+from p2pdp.privacy.posterior_sampling.example import PARAMETERS, TRUTH, posterior_rows
+from p2pdp.privacy.posterior_sampling.posterior import (
     GUARANTEE_LABEL,
     LinearRegression,
     LogisticRegression,
@@ -28,11 +34,6 @@ from p2pdp.posterior import (
     split_rhat,
     utility_sensitivity,
 )
-from p2pdp.posterior_audit import (
-    audit_exponential_mechanism,
-    audit_langevin_stationarity,
-)
-from p2pdp.posterior_example import PARAMETERS, TRUTH, posterior_rows
 
 FAST = SamplerSettings(n_optimise=100, n_burnin=200, n_samples=200, trace_points=50)
 

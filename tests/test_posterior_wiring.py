@@ -2,7 +2,8 @@
 publishes a private sample of its own logistic posterior in place of an output-perturbed model.
 
 The published vectors are compared with samples drawn here directly from
-:func:`p2pdp.posterior.private_logistic_peers` on each peer's raw shard, so a release path that
+:func:`p2pdp.privacy.posterior_sampling.posterior.private_logistic_peers` on each peer's raw shard,
+so a release path that
 added noise to the exact model, a world that reused a peer's first sample for its second
 release, or a task that drew the samples on other streams fails. The sampler runs a short
 schedule (:data:`SHORT`, patched into the task) to keep the suite fast: these tests check the
@@ -17,17 +18,22 @@ import numpy as np
 import pytest
 
 from p2pdp.config import GroupsConfig, PrivacyConfig
-from p2pdp.errors import ConfigError
-from p2pdp.experiment import make_cells, run_task
-from p2pdp.mechanisms import make_mechanism
-from p2pdp.posterior import GUARANTEE_LABEL, SamplerSettings, private_logistic_peers
-from p2pdp.release import Releaser
-from p2pdp.rng import generator
-from p2pdp.scenario import parse_scenario
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.rng import generator
+from p2pdp.experiments.runner import make_cells, run_task
+from p2pdp.experiments.scenario import parse_scenario
+from p2pdp.experiments.simulation import simulate
+from p2pdp.privacy.mechanisms import make_mechanism
+from p2pdp.privacy.posterior_sampling.posterior import (
+    GUARANTEE_LABEL,
+    SamplerSettings,
+    private_logistic_peers,
+)
+from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import World, WorldObserver
-from p2pdp.simulation import simulate
-from p2pdp.tasks import logistic, make_task
-from p2pdp.tasks.logistic import POSTERIOR_COLUMNS
+from p2pdp.tasks import make_task
+from p2pdp.tasks.logistic import task as logistic
+from p2pdp.tasks.logistic.task import POSTERIOR_COLUMNS
 
 SHORT = SamplerSettings(
     n_optimise=10, n_burnin=30, n_samples=40, trace_points=8, continuation_stages=1
@@ -205,8 +211,9 @@ def test_world_refuses_a_record_mechanism_on_plain_statistics(posterior_config):
 
 
 def test_p2pdp_audit_runs_the_posterior_audits(capsys, monkeypatch):
-    from p2pdp import audit, posterior_audit
-    from p2pdp.cli import main
+    from p2pdp.experiments import audit
+    from p2pdp.experiments.cli import main
+    from p2pdp.privacy.posterior_sampling import audit as posterior_audit
 
     assert main(["audit", "--mechanism", "posterior-logistic-exact"]) == 0
     printed = capsys.readouterr().out

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pdp.errors import ConfigError
-from p2pdp.preprocess import DEFAULT_STEPS, SEED_STEPS, Preprocessor
+from p2pdp.core.errors import ConfigError
+from p2pdp.data.preprocess import DEFAULT_STEPS, SEED_STEPS, Preprocessor
 
 MINMAX_PROJECT = ("minmax", "bias", "project_unit_ball")
 

@@ -1,4 +1,5 @@
-"""Tests of p2pdp.prevalence: noisy counts into Beta posteriors, honest intervals, RR, policies."""
+"""Tests of p2pdp.tasks.prevalence.estimators: noisy counts into Beta posteriors, honest intervals,
+RR, policies."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-from p2pdp.audit import audit_mechanism
-from p2pdp.errors import ConfigError
-from p2pdp.mechanisms import RandomizedResponse, beta_bernoulli_update, noisy_count
-from p2pdp.prevalence import (
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.rng import generator
+from p2pdp.experiments.audit import audit_mechanism
+from p2pdp.privacy.mechanisms import RandomizedResponse, beta_bernoulli_update, noisy_count
+from p2pdp.tasks.prevalence.estimators import (
     BetaMixture,
     accumulate_policy,
     beta_posterior,
@@ -35,7 +37,6 @@ from p2pdp.prevalence import (
     two_coin_response,
     two_coin_theta1,
 )
-from p2pdp.rng import generator
 
 GRID = np.linspace(0.0, 1.0, 20_001)[1:-1]  # theta grid of the brute-force posteriors
 

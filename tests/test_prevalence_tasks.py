@@ -8,20 +8,24 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from p2pdp import pooling
 from p2pdp.config import with_value
-from p2pdp.errors import ConfigError
-from p2pdp.events import DistributionalEvent, EpsilonDeltaEvent
-from p2pdp.experiment import run_experiment
-from p2pdp.mechanisms import RandomizedResponse, make_mechanism
-from p2pdp.prevalence import channel_posterior, laplace_posterior, rr_count_log_likelihood
-from p2pdp.release import Releaser
-from p2pdp.report import write_report
-from p2pdp.results import read_results
-from p2pdp.scenario import parse_scenario
-from p2pdp.simulation import simulate
-from p2pdp.tasks.pooled_testing import DISTRIBUTIONAL, WORST_CASE, PooledTest
-from p2pdp.tasks.prevalence import disjoint_releases, mixture_interval, rr_grid_posterior
+from p2pdp.core.errors import ConfigError
+from p2pdp.experiments.report import write_report
+from p2pdp.experiments.results import read_results
+from p2pdp.experiments.runner import run_experiment
+from p2pdp.experiments.scenario import parse_scenario
+from p2pdp.experiments.simulation import simulate
+from p2pdp.privacy.events import DistributionalEvent, EpsilonDeltaEvent
+from p2pdp.privacy.mechanisms import RandomizedResponse, make_mechanism
+from p2pdp.privacy.release import Releaser
+from p2pdp.tasks.pooled_testing import pooling
+from p2pdp.tasks.pooled_testing.task import DISTRIBUTIONAL, WORST_CASE, PooledTest
+from p2pdp.tasks.prevalence.estimators import (
+    channel_posterior,
+    laplace_posterior,
+    rr_count_log_likelihood,
+)
+from p2pdp.tasks.prevalence.task import disjoint_releases, mixture_interval, rr_grid_posterior
 
 COUNTS = """
 name = "counts"
@@ -274,7 +278,7 @@ def test_pooled_test_mechanism_is_refused_for_other_tasks():
 
 def test_two_coin_form_has_the_exact_epsilon():
     config = _rr('prevalence.response="two-coin"', "prevalence.theta2=0.3")
-    from p2pdp.tasks.prevalence import response_for
+    from p2pdp.tasks.prevalence.task import response_for
 
     law = response_for(config).output_probabilities()
     assert pooling.epsilon_of_law(law) == pytest.approx(1.0)

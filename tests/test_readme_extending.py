@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from docs_pages import page
 
-from p2pdp.cli import main
-from p2pdp.results import read_results
+from p2pdp.experiments.cli import main
+from p2pdp.experiments.results import read_results
 
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.DOTALL)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2pdp.errors import ConfigError
-from p2pdp.learning import fit_local_models_sklearn
-from p2pdp.partition import stratified_folds
-from p2pdp.references import centralised_best_lambda
+from p2pdp.core.errors import ConfigError
+from p2pdp.data.partition import stratified_folds
+from p2pdp.learning.models import fit_local_models_sklearn
+from p2pdp.learning.references import centralised_best_lambda
 
 
 def data(rng: np.random.Generator, n=240, d=5):

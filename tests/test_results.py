@@ -9,10 +9,10 @@ import socket
 import numpy as np
 import pytest
 
-from p2pdp import experiment
-from p2pdp.cli import main
-from p2pdp.errors import ConfigError
-from p2pdp.results import (
+from p2pdp.core.errors import ConfigError
+from p2pdp.experiments import runner as experiment
+from p2pdp.experiments.cli import main
+from p2pdp.experiments.results import (
     ROC_FPR,
     CellRecord,
     FolderInUseError,
@@ -24,7 +24,7 @@ from p2pdp.results import (
     read_roc,
     roc_on_grid,
 )
-from p2pdp.scenario import parse_scenario
+from p2pdp.experiments.scenario import parse_scenario
 
 TINY = """
 name = "tiny"

@@ -1,6 +1,7 @@
 """`p2pdp run` and `report` under attack: signals, kill -9, a second writer, bad paths, damage.
 
-The signal tests run ``python -m p2pdp.cli`` as a subprocess on a small synthetic scenario
+The signal tests run ``python -m p2pdp.experiments.cli`` as a subprocess on a small synthetic
+scenario
 and poll for files with generous timeouts (the machine may be loaded), never fixed sleeps.
 """
 
@@ -19,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pdp import experiment
-from p2pdp.cli import main
-from p2pdp.errors import ConfigError
-from p2pdp.report import write_report
-from p2pdp.results import FolderInUseError, ResultsStore, read_manifest, read_results
-from p2pdp.scenario import load_scenario
+from p2pdp.core.errors import ConfigError
+from p2pdp.experiments import runner as experiment
+from p2pdp.experiments.cli import main
+from p2pdp.experiments.report import write_report
+from p2pdp.experiments.results import FolderInUseError, ResultsStore, read_manifest, read_results
+from p2pdp.experiments.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_END = b"IEND\xaeB`\x82"  # the last chunk of every complete PNG file
@@ -71,10 +72,10 @@ def scenario_file(tmp_path):
 
 
 def cli(*args: str) -> subprocess.Popen:
-    """Start ``python -m p2pdp.cli ARGS`` with this checkout first on the path."""
+    """Start ``python -m p2pdp.experiments.cli ARGS`` with this checkout first on the path."""
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     return subprocess.Popen(
-        [sys.executable, "-m", "p2pdp.cli", *args],
+        [sys.executable, "-m", "p2pdp.experiments.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -199,7 +200,7 @@ def slow_savefig(self, target, *args, **kwargs):
     time.sleep(600)
 
 matplotlib.figure.Figure.savefig = slow_savefig
-from p2pdp.cli import main
+from p2pdp.experiments.cli import main
 sys.exit(main(["report", sys.argv[1]]))
 """
 
@@ -261,7 +262,7 @@ def test_a_second_writer_is_refused_while_a_run_writes(tmp_path, scenario_file):
 
 HOLD_LOCK = """
 import sys, time
-from p2pdp.results import FolderLock
+from p2pdp.experiments.results import FolderLock
 FolderLock(sys.argv[1], purpose="p2pdp run").acquire()
 print("locked", flush=True)
 time.sleep(600)

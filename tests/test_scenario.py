@@ -9,8 +9,8 @@ import math
 import pytest
 
 from p2pdp.config import SECTIONS, ScenarioConfig, field_key
-from p2pdp.errors import ConfigError
-from p2pdp.scenario import (
+from p2pdp.core.errors import ConfigError
+from p2pdp.experiments.scenario import (
     Axis,
     Scenario,
     find_scenario,

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from scipy import stats
 from sklearn.linear_model import LogisticRegression
 
-import p2pdp.secure_aggregation as sa
-from p2pdp.errors import ConfigError, P2PDPError
-from p2pdp.secure_aggregation import (
+import p2pdp.privacy.secure_aggregation as sa
+from p2pdp.core.errors import ConfigError, P2PDPError
+from p2pdp.privacy.secure_aggregation import (
     FixedPoint,
     SecureAggregationAborted,
     draw_noise_shares,
@@ -310,11 +310,12 @@ def test_invalid_protocol_sizes_are_named(n_members: object, dim: object) -> Non
         protocol_cost(n_members, dim)
 
 
-# --- distributed noise (p2pdp.mechanisms) --------------------------------------------------
+# --- distributed noise (p2pdp.privacy.mechanisms)
+# --------------------------------------------------
 
 
 def test_vector_laplace_cannot_be_split() -> None:
-    from p2pdp.mechanisms import make_mechanism
+    from p2pdp.privacy.mechanisms import make_mechanism
 
     mechanism = make_mechanism("vector-laplace", epsilon=1.0)
     with pytest.raises(ConfigError, match=r"'vector-laplace'.*coordinate-laplace or gaussian"):
@@ -325,7 +326,7 @@ def test_vector_laplace_cannot_be_split() -> None:
 
 @pytest.mark.parametrize(("name", "delta"), [("coordinate-laplace", None), ("gaussian", 1e-5)])
 def test_any_k_minus_1_noise_shares_carry_the_full_noise(name: str, delta: float | None) -> None:
-    from p2pdp.mechanisms import make_mechanism
+    from p2pdp.privacy.mechanisms import make_mechanism
 
     mechanism = make_mechanism(name, epsilon=1.0, delta=delta)
     n_members, dim = 5, 20_000  # coordinates are iid: one draw gives many samples
@@ -341,7 +342,7 @@ def test_any_k_minus_1_noise_shares_carry_the_full_noise(name: str, delta: float
 
 
 def test_secure_noisy_mean_with_mechanism_noise() -> None:
-    from p2pdp.mechanisms import make_mechanism
+    from p2pdp.privacy.mechanisms import make_mechanism
 
     mechanism = make_mechanism("gaussian", epsilon=1.0, delta=1e-5)
     rng = np.random.default_rng(13)

@@ -20,10 +20,10 @@ from p2pdp.config import (
     ScenarioConfig,
     TrainingConfig,
 )
-from p2pdp.errors import ConfigError
-from p2pdp.pipeline import prepare_peers
+from p2pdp.core.errors import ConfigError
+from p2pdp.experiments.simulation import simulate
 from p2pdp.sim import world as world_module
-from p2pdp.simulation import simulate
+from p2pdp.tasks.pipeline import prepare_peers
 
 
 def synthetic(

@@ -1,7 +1,8 @@
 """Wiring of the noise-aware ensemble rules and the best-lambda reference into the engine.
 
-Each rule selected with ``evaluation.vote`` is run through :func:`p2pdp.simulation.simulate`;
-the per-peer errors it reports must equal those of :func:`p2pdp.ensembles.apply_rule`
+Each rule selected with ``evaluation.vote`` is run through
+:func:`p2pdp.experiments.simulation.simulate`;
+the per-peer errors it reports must equal those of :func:`p2pdp.learning.ensembles.apply_rule`
 applied here, independently, to the releases the world actually published (read by an
 observer) and the public noise scale the mechanism states for each release's sensitivity.
 A task that passed the wrong noise scales, the wrong shards or lambda, or scored the seed's
@@ -26,15 +27,15 @@ from p2pdp.config import (
     ScenarioConfig,
     TrainingConfig,
 )
-from p2pdp.ensembles import OwnShards, PublicView, apply_rule, cross_validate_own_models
-from p2pdp.errors import ConfigError
-from p2pdp.evaluation import LocalValidatedRule, build_ensembles, evaluate_ensembles
-from p2pdp.mechanisms import make_mechanism
-from p2pdp.pipeline import prepare_peers
-from p2pdp.references import centralised_best_lambda
-from p2pdp.rng import generator
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.rng import generator
+from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.ensembles import OwnShards, PublicView, apply_rule, cross_validate_own_models
+from p2pdp.learning.evaluation import LocalValidatedRule, build_ensembles, evaluate_ensembles
+from p2pdp.learning.references import centralised_best_lambda
+from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.sim.world import WorldObserver
-from p2pdp.simulation import simulate
+from p2pdp.tasks.pipeline import prepare_peers
 
 LAM = 0.05
 
@@ -103,7 +104,7 @@ def _naive_errors(predictors, X, y) -> np.ndarray:
     return (np.where(scores >= 0, 1, -1) != y[:, None]).mean(axis=0)
 
 
-#: engine name -> the name in p2pdp.ensembles (the engine's "majority" is the seed's rule)
+#: engine name -> the name in p2pdp.learning.ensembles (the engine's "majority" is the seed's rule)
 RULES = {"average": "average", "local-validated": "local-validated", "majority-own": "majority"}
 
 

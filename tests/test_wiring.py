@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from p2pdp.accounting import affordable_aggregations
 from p2pdp.config import (
     DataConfig,
     EvaluationConfig,
@@ -25,12 +24,13 @@ from p2pdp.config import (
     ScenarioConfig,
     TrainingConfig,
 )
-from p2pdp.errors import ConfigError
-from p2pdp.gdp import gdp_mu
-from p2pdp.learning import GRADIENT_TOLERANCE
-from p2pdp.mechanisms import make_mechanism
+from p2pdp.core.errors import ConfigError
+from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.models import GRADIENT_TOLERANCE
+from p2pdp.privacy.accounting import affordable_aggregations
+from p2pdp.privacy.gdp import gdp_mu
+from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.sim.world import WorldObserver
-from p2pdp.simulation import simulate
 
 LAM = 0.05
 GROUP = 4

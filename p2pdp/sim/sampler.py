@@ -78,7 +78,7 @@ class GroupSampler(Protocol):
       (``world.ledger.can_afford(members).all()``). Budgets change only when a group is
       published, so re-check a group's members in ``group_finished`` before using them
       again. (The curator also checks and raises
-      :class:`~p2pdp.errors.BudgetExhaustedError` rather than overspend: a sampler that
+      :class:`~p2pdp.core.errors.BudgetExhaustedError` rather than overspend: a sampler that
       breaks this invariant crashes the run, it cannot leak privacy.)
     - *Termination*: ``done`` must eventually succeed, exactly once, and only when no group
       is in flight (every started group has finished); after it, start no group and end

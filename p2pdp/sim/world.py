@@ -8,11 +8,11 @@ Protocol of one aggregation (the seed's Algorithms 1 and 2, with DESIGN.md's fix
    uniformly among them, and sends each member an ``ASSIGN`` message.
 2. A member that receives ``ASSIGN`` sends its local model and shard size to the curator.
    (With secure aggregation, members exchange additive shares instead and the curator only
-   receives partial sums; see :mod:`p2pdp.secure_aggregation`.)
+   receives partial sums; see :mod:`p2pdp.privacy.secure_aggregation`.)
 3. The :func:`curator_process` waits until all ``g`` models arrived (or ``collect_timeout``
    passes: the group is aborted and nobody is charged, since nothing was released), asks the
    task for the group's sensitivity, **checks** every member's budget, releases the aggregate
-   through the one release path (:class:`p2pdp.release.Releaser`: plaintext or secure) and
+   through the one release path (:class:`p2pdp.privacy.release.Releaser`: plaintext or secure) and
    **spends** every member's budget.
 4. The published model goes to the members (``group`` publication) or, as one broadcast, to
    every peer (``full`` publication). Publication is post-processing: it costs no budget.
@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from p2pdp.accounting import BudgetLedger, make_accountant
-from p2pdp.boundary import calling, check_methods, is_builtin, problem
 from p2pdp.config import ScenarioConfig
-from p2pdp.errors import ConfigError
-from p2pdp.release import Releaser, ReleaseRecord
+from p2pdp.core.boundary import calling, check_methods, is_builtin, problem
+from p2pdp.core.errors import ConfigError
+from p2pdp.privacy.accounting import BudgetLedger, make_accountant
+from p2pdp.privacy.release import Releaser, ReleaseRecord
 from p2pdp.sim.sampler import GroupSampler
 from p2pdp.sim.transport import HEADER_BYTES, Transport, model_bytes
 
@@ -61,7 +61,7 @@ class Message:
     Payloads: ``ASSIGN`` carries the :class:`Group`; ``SUBMIT`` the sender's peer id (the
     curator reads that member's statistic and shard size); ``PUBLISH`` the index of the
     published release; ``SHARE`` and ``PARTIAL`` none (their arithmetic is done in one
-    vectorised call at the curator, see :class:`p2pdp.release.Releaser`).
+    vectorised call at the curator, see :class:`p2pdp.privacy.release.Releaser`).
     """
 
     kind: str
@@ -341,7 +341,7 @@ class World:
         """``member`` sends its statistic and shard size to the group's curator.
 
         With secure aggregation it instead sends one additive share of its noisy, fixed-point
-        encoded contribution to every other member (:mod:`p2pdp.secure_aggregation`).
+        encoded contribution to every other member (:mod:`p2pdp.privacy.secure_aggregation`).
         An offline (crashed) member sends nothing.
         """
         if not self.online[member]:
@@ -451,7 +451,7 @@ def make_sampler(world: World, *, rng: np.random.Generator) -> GroupSampler:
 
     Built-ins resolve lazily through the registry (gossip imports networkx only when used).
     """
-    from p2pdp.components import resolve
+    from p2pdp.core.components import resolve
 
     factory = resolve("sampler", world.config.groups.sampler, key="groups.sampler")
     with calling("sampler", factory, "__init__"):

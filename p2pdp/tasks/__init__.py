@@ -25,7 +25,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from p2pdp.boundary import (
+from p2pdp.config import ScenarioConfig
+from p2pdp.core.boundary import (
     calling,
     check_methods,
     check_number,
@@ -33,10 +34,9 @@ from p2pdp.boundary import (
     is_builtin,
     problem,
 )
-from p2pdp.config import ScenarioConfig
-from p2pdp.release import Aggregate, ReleaseRecord
+from p2pdp.privacy.release import Aggregate, ReleaseRecord
 
-__all__ = ["Evaluation", "Outcome", "Task", "make_task"]
+__all__ = ["Evaluation", "Outcome", "Task", "make_task", "received_releases"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,7 +114,7 @@ class Task(Protocol):
 
 def make_task(config: ScenarioConfig) -> Task:
     """The task ``config.task.name`` names, built for ``config``."""
-    from p2pdp.components import resolve
+    from p2pdp.core.components import resolve
 
     cls = resolve("task", config.task.name, key="task.name")
     with calling("task", cls, "__init__"):
@@ -178,3 +178,18 @@ def evaluated(task: Task, prepared: Any, outcome: Outcome) -> Evaluation:
         evaluation = task.evaluate(prepared, outcome)
     check_methods(evaluation, "task", ("summary", "peer_columns"), "p2pdp.tasks.Evaluation")
     return evaluation
+
+
+def received_releases(outcome: Outcome, n_peers: int) -> tuple[list[int], list[tuple[int, ...]]]:
+    """Releases every peer received (broadcasts) and, per peer, the others it received.
+
+    Returns ``(shared, extra)``: indices of the releases that reached everyone, and for each
+    peer a sorted tuple of the other releases it received (group publication).
+    """
+    shared = np.flatnonzero(outcome.shared).tolist()
+    extra: list[list[int]] = [[] for _ in range(n_peers)]
+    for peer, index in zip(
+        outcome.receipt_peers.tolist(), outcome.receipt_models.tolist(), strict=True
+    ):
+        extra[peer].append(index)
+    return shared, [tuple(sorted(set(indices))) for indices in extra]

@@ -10,11 +10,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from p2pdp.accounting import BasicAccountant
-from p2pdp.evaluation import EnsembleRule, Margins
-from p2pdp.learning import LogisticModel
-from p2pdp.mechanisms import Mechanism
-from p2pdp.rng import generator
+from p2pdp.core.rng import generator
+from p2pdp.learning.evaluation import EnsembleRule, Margins
+from p2pdp.learning.models import LogisticModel
+from p2pdp.privacy.accounting import BasicAccountant
+from p2pdp.privacy.mechanisms import Mechanism
 
 MODEL_CALLS: list[int] = []
 

@@ -1,7 +1,7 @@
 """Peer sampling for gossip group formation: Newscast views and their vectorised exchange.
 
 Peer sampling (Newscast, Jelasity et al. 2003/2007)
-    Views start as c random overlay neighbours (:mod:`p2pdp.overlay`). Every
+    Views start as c random overlay neighbours (:mod:`p2pdp.sim.overlay`). Every
     ``gossip.gossip_period`` seconds each online peer sends its view plus a fresh descriptor of
     itself to a uniformly random member of its view; the partner answers with its own view and
     descriptor, and both keep the c freshest distinct entries of the union (never themselves).
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from p2pdp.overlay import Overlay
+from p2pdp.sim.overlay import Overlay
 from p2pdp.sim.transport import HEADER_BYTES
 
 if TYPE_CHECKING:  # the world imports the gossip package lazily

@@ -1,0 +1,270 @@
+"""Feature transforms that give every record the L2 norm bound the privacy proofs need.
+
+The sensitivity bound of a peer's regularised logistic regression model (DESIGN.md section 3)
+holds only if every training row, *including* the appended bias feature, has ``||x||_2 <= 1``.
+A :class:`Preprocessor` names the steps; :meth:`Preprocessor.fit` fits it on training rows only
+and returns a :class:`FittedPreprocessor` that is then applied unchanged to training and test
+rows. Test rows are never seen by ``fit``.
+
+Steps, always applied in this order:
+
+``log1p``
+    ``sign(x) * log1p(|x|)`` elementwise. Equal to ``log1p`` on non-negative features (all of
+    Spambase, Australian and a9a) and, being odd and monotone, also defined for negative values,
+    so test rows never fail on a value the training rows did not have.
+``minmax``
+    ``(x - low) / (high - low)`` per feature, clipped to ``[0, 1]``. ``low``/``high`` are the
+    training minimum/maximum (a global, non-private step: ``data_dependent=True``) or
+    data-independent bounds given by the user. A constant feature (``high == low``) maps to 0.
+    Test values outside the training range are clipped so that test rows live in the same
+    domain as training rows; privacy concerns only training rows, so this costs nothing.
+``bias``
+    Appends a constant 1.0 feature (regularised like the others).
+``project_unit_ball``
+    Divides only rows whose L2 norm exceeds 1 by their norm: a per-record, data-independent
+    projection onto the unit ball.
+``scale_sqrt_d``
+    Divides every row by ``sqrt(n_columns)`` (the seed's scaling). Requires ``minmax`` so that
+    every entry is in ``[0, 1]`` and the norm bound holds; it shrinks the signal of typical rows
+    far more than the projection does.
+
+Exactly one of ``project_unit_ball`` / ``scale_sqrt_d`` is required: without it the norm bound,
+and with it the privacy guarantee, would not hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from p2pdp.core.errors import ConfigError
+
+TRANSFORM_STEPS: tuple[str, ...] = ("log1p", "minmax", "bias", "project_unit_ball", "scale_sqrt_d")
+DEFAULT_STEPS: tuple[str, ...] = ("log1p", "minmax", "bias", "project_unit_ball")
+SEED_STEPS: tuple[str, ...] = ("minmax", "bias", "scale_sqrt_d")
+NORM_STEPS: tuple[str, ...] = ("project_unit_ball", "scale_sqrt_d")
+
+
+def _signed_log1p(X: NDArray[np.float64]) -> NDArray[np.float64]:
+    return np.sign(X) * np.log1p(np.abs(X))
+
+
+_ROW_BLOCK = 65_536  # rows transformed at a time
+
+
+def _as_finite_matrix(values: ArrayLike, name: str) -> NDArray[np.float64]:
+    """``values`` as a float64 2-D array with at least one row and only finite values."""
+    X = np.asarray(values, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] == 0:
+        raise ConfigError(f"{name} must be a 2-D array with at least one row, got shape {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ConfigError(f"{name} must contain only finite values, got a NaN or infinity")
+    return X
+
+
+def _read_only(array: NDArray[np.float64]) -> NDArray[np.float64]:
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preprocessor:
+    """Which transform steps to apply, and optional data-independent min-max bounds.
+
+    Parameters
+    ----------
+    steps : tuple of str
+        A subsequence of :data:`TRANSFORM_STEPS`, in that order, containing exactly one of
+        ``"project_unit_ball"`` and ``"scale_sqrt_d"`` (the latter requires ``"minmax"``).
+    bounds : (ndarray, ndarray) or None
+        Data-independent ``(low, high)`` per *raw* feature, each of shape ``(d,)``, finite,
+        ``low <= high``. When given, ``minmax`` uses them (after ``log1p`` if that step is on)
+        and :meth:`fit` reads only the shape of the training matrix, so the pipeline's only
+        access to the data is the privacy mechanism. Requires the ``minmax`` step.
+    """
+
+    steps: tuple[str, ...] = DEFAULT_STEPS
+    bounds: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
+
+    def __post_init__(self) -> None:
+        steps = tuple(self.steps)
+        object.__setattr__(self, "steps", steps)
+        for step in steps:
+            if step not in TRANSFORM_STEPS:
+                raise ConfigError(f"preprocess step must be one of {TRANSFORM_STEPS}, got {step!r}")
+        for earlier, later in pairwise(steps):
+            if TRANSFORM_STEPS.index(earlier) >= TRANSFORM_STEPS.index(later):
+                raise ConfigError(
+                    f"preprocess step {later!r} may not follow {earlier!r}; steps must be in "
+                    f"the order {TRANSFORM_STEPS} without repeats, got {steps}"
+                )
+        norm_steps = [step for step in steps if step in NORM_STEPS]
+        if len(norm_steps) != 1:
+            raise ConfigError(
+                f"preprocess steps must contain exactly one of {NORM_STEPS} (the privacy proof "
+                f"needs row norms <= 1), got {steps}"
+            )
+        if "scale_sqrt_d" in steps and "minmax" not in steps:
+            raise ConfigError(
+                "preprocess step 'scale_sqrt_d' bounds row norms only for entries in [0, 1]; "
+                f"it requires 'minmax', got {steps}"
+            )
+        if self.bounds is not None:
+            self._validate_bounds(self.bounds)
+
+    def _validate_bounds(self, bounds: Sequence[ArrayLike]) -> None:
+        """Store ``bounds`` (any pair of array-likes) as read-only float64 arrays, or raise."""
+        if "minmax" not in self.steps:
+            raise ConfigError(
+                f"preprocess bounds are used only by the 'minmax' step, got {self.steps}"
+            )
+        if len(bounds) != 2:
+            raise ConfigError(
+                f"preprocess bounds must be a (low, high) pair, got {len(bounds)} items"
+            )
+        low, high = (_read_only(np.array(b, dtype=np.float64)) for b in bounds)
+        if low.ndim != 1 or low.shape != high.shape or low.size == 0:
+            raise ConfigError(
+                "preprocess bounds low and high must be non-empty 1-D arrays of equal length, "
+                f"got shapes {low.shape} and {high.shape}"
+            )
+        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+            raise ConfigError("preprocess bounds must be finite, got a NaN or infinity")
+        bad = np.flatnonzero(low > high)
+        if bad.size:
+            j = bad[0]
+            raise ConfigError(
+                f"preprocess bounds need low <= high, got low={low[j]} > high={high[j]} "
+                f"for feature {j}"
+            )
+        object.__setattr__(self, "bounds", (low, high))
+
+    def fit(self, X_train: ArrayLike) -> FittedPreprocessor:
+        """Fit the transform on training rows only.
+
+        Parameters
+        ----------
+        X_train : ndarray of shape (n, d)
+            Raw training features, finite. With ``bounds`` set only ``X_train.shape`` is read.
+
+        Returns
+        -------
+        FittedPreprocessor
+            Read-only fitted state. ``low``/``high`` have shape ``(d,)`` (after ``log1p`` if
+            that step is on) or are None when ``minmax`` is off.
+        """
+        if self.bounds is not None:
+            shape = np.shape(X_train)
+            if len(shape) != 2 or shape[1] != self.bounds[0].size:
+                raise ConfigError(
+                    f"X_train must have shape (n, {self.bounds[0].size}) to match the bounds, "
+                    f"got {shape}"
+                )
+            low, high = self.bounds
+            if "log1p" in self.steps:
+                low, high = _read_only(_signed_log1p(low)), _read_only(_signed_log1p(high))
+            return FittedPreprocessor(
+                steps=self.steps, n_features_in=shape[1], low=low, high=high, data_dependent=False
+            )
+        X = _as_finite_matrix(X_train, "X_train")
+        if "minmax" not in self.steps:
+            return FittedPreprocessor(
+                steps=self.steps,
+                n_features_in=X.shape[1],
+                low=None,
+                high=None,
+                data_dependent=False,
+            )
+        low, high = X.min(axis=0), X.max(axis=0)
+        if "log1p" in self.steps:  # monotone: the bounds of log1p(X) are log1p of X's
+            low, high = _signed_log1p(low), _signed_log1p(high)
+        return FittedPreprocessor(
+            steps=self.steps,
+            n_features_in=X.shape[1],
+            low=_read_only(low),
+            high=_read_only(high),
+            data_dependent=True,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FittedPreprocessor:
+    """A fitted transform; apply it to training and test rows alike.
+
+    Attributes
+    ----------
+    steps : tuple of str
+        The validated steps of the :class:`Preprocessor` it came from.
+    n_features_in : int
+        Number of raw features ``d``.
+    low, high : ndarray of shape (d,) or None
+        Min-max bounds (after ``log1p`` if on); None when ``minmax`` is off.
+    data_dependent : bool
+        True when ``low``/``high`` were computed from the pooled training data: a global,
+        non-private step that results must label as such.
+    """
+
+    steps: tuple[str, ...]
+    n_features_in: int
+    low: NDArray[np.float64] | None
+    high: NDArray[np.float64] | None
+    data_dependent: bool
+
+    def __post_init__(self) -> None:
+        has_minmax = "minmax" in self.steps
+        if has_minmax != (self.low is not None) or has_minmax != (self.high is not None):
+            raise ConfigError(
+                "FittedPreprocessor low and high must be given exactly when the 'minmax' step "
+                f"is on, got steps {self.steps}, low given: {self.low is not None}, "
+                f"high given: {self.high is not None}"
+            )
+
+    @property
+    def n_features_out(self) -> int:
+        """Number of output columns: ``d + 1`` with ``bias``, else ``d``."""
+        return self.n_features_in + ("bias" in self.steps)
+
+    def transform(self, X: ArrayLike) -> NDArray[np.float64]:
+        """Apply the fitted steps to rows ``X`` without changing the fitted state.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n, d)
+            Raw features, finite.
+
+        Returns
+        -------
+        ndarray of shape (n, n_features_out), float64
+            Every row has L2 norm <= 1 (up to rounding, ~1e-16).
+        """
+        rows_in = _as_finite_matrix(X, "X")
+        if rows_in.shape[1] != self.n_features_in:
+            raise ConfigError(
+                f"X must have {self.n_features_in} columns like the training rows, "
+                f"got {rows_in.shape[1]}"
+            )
+        # Row blocks into one output array: peak memory is the input, the output and one block.
+        out = np.empty((rows_in.shape[0], self.n_features_out))
+        for start in range(0, rows_in.shape[0], _ROW_BLOCK):
+            rows = slice(start, start + _ROW_BLOCK)
+            out[rows] = self._transform_rows(rows_in[rows])
+        return out
+
+    def _transform_rows(self, Z: NDArray[np.float64]) -> NDArray[np.float64]:
+        if "log1p" in self.steps:
+            Z = _signed_log1p(Z)
+        if self.low is not None and self.high is not None:  # the minmax step (__post_init__)
+            span = self.high - self.low
+            # overflow (tiny span) gives +-inf, which the clip maps to the right end of [0, 1]
+            with np.errstate(over="ignore"):
+                scaled = np.divide(Z - self.low, span, out=np.zeros_like(Z), where=span > 0)
+            Z = np.clip(scaled, 0.0, 1.0)
+        if "bias" in self.steps:
+            Z = np.hstack([Z, np.ones((Z.shape[0], 1))])
+        if "project_unit_ball" in self.steps:
+            return Z / np.maximum(np.linalg.norm(Z, axis=1), 1.0)[:, None]
+        return Z / np.sqrt(Z.shape[1])

@@ -1,0 +1,120 @@
+"""Settings of the data a scenario reads: the ``[data]`` table.
+
+:class:`DataConfig` lives with the data layer (not in :mod:`p2pdp.config`) because the loaders
+read it; :mod:`p2pdp.config` composes it into a :class:`~p2pdp.config.ScenarioConfig` like every
+other section. Fields declare their constraints (:mod:`p2pdp.core.validation`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.validation import (
+    Boolean,
+    ComponentName,
+    IntAtLeast,
+    OneOf,
+    Optional,
+    as_list,
+    check,
+    invalid,
+    validate_fields,
+)
+
+#: Preprocessing steps ``data.transform`` may list, in the order a user writes them.
+TRANSFORM_STEPS = ("log1p", "minmax", "bias", "project_unit_ball", "scale_sqrt_d")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataConfig:
+    """Which data set, and how rows are transformed before training.
+
+    ``dataset`` names a registered loader (``p2pdp components dataset``: ``spambase``,
+    ``australian``, ``adult``, ``synthetic``, ``csv``, ``libsvm``) or gives an import string
+    ``"package.module:function"`` of your own loader (see
+    :class:`p2pdp.data.datasets.DatasetLoader`). ``path`` is where a built-in data set's files are
+    searched first, the file ``csv`` and ``libsvm`` read (required for them), and free for
+    your own loader to read.
+
+    Options of the file loaders (an error for any other data set unless left at the default):
+    ``test_path`` a second file in the same format, the predefined test split
+    (``csv``, ``libsvm``); ``delimiter`` a single character or ``"whitespace"`` (``csv``);
+    ``header`` skip a first line of column names (``csv``); ``label_column`` 0-based column of
+    the label, negative from the end, default -1: the last (``csv``); ``n_features`` the number
+    of features d, default: the largest index in the file(s) (``libsvm``).
+
+    ``transform`` steps are applied in order (see :mod:`p2pdp.data.preprocess`); the last step must
+    bound every row's L2 norm by 1, which the privacy proof needs. ``bounds = "data"`` fits
+    min-max on the pooled training fold (a global, non-private step, recorded in results);
+    ``"manifest"`` uses the data set's data-independent feature bounds.
+    ``synthetic_*`` size the ``synthetic`` data set (a logistic model with lognormal features).
+    """
+
+    dataset: str = field(default="spambase", metadata=check(ComponentName("dataset")))
+    path: str | None = None
+    test_path: str | None = None
+    delimiter: str = ","
+    header: bool = field(default=False, metadata=check(Boolean()))
+    label_column: int = -1
+    n_features: int | None = field(default=None, metadata=check(Optional(IntAtLeast(1))))
+    transform: tuple[str, ...] = ("log1p", "minmax", "bias", "project_unit_ball")
+    bounds: str = field(default="data", metadata=check(OneOf(("data", "manifest"))))
+    synthetic_rows: int = field(default=4000, metadata=check(IntAtLeast(2)))
+    synthetic_test_rows: int = field(default=1000, metadata=check(IntAtLeast(1)))
+    synthetic_features: int = field(default=57, metadata=check(IntAtLeast(1)))
+
+    def __post_init__(self) -> None:
+        for key in ("path", "test_path"):
+            value = getattr(self, key)
+            if isinstance(value, os.PathLike):
+                object.__setattr__(self, key, os.fspath(value))
+        validate_fields(self, "data")
+        for key in ("path", "test_path"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, str) and value):
+                raise invalid(f"data.{key}", "a non-empty path string", value)
+        if self.dataset in FILE_LOADER_OPTIONS and self.path is None:
+            raise ConfigError(
+                f"data.path is required for data.dataset = {self.dataset!r}: "
+                f"the {self.dataset} file to read"
+            )
+        if not isinstance(self.delimiter, str) or not (
+            self.delimiter == "whitespace"
+            or (len(self.delimiter) == 1 and self.delimiter not in '\r\n"0123456789.+-eE')
+        ):
+            raise invalid(
+                "data.delimiter",
+                "one character (not a digit, sign, '.', 'e', quote or newline) or 'whitespace'",
+                self.delimiter,
+            )
+        if not isinstance(self.label_column, int) or isinstance(self.label_column, bool):
+            requirement = "an integer (0-based; -1 is the last column)"
+            raise invalid("data.label_column", requirement, self.label_column)
+        for key, default in _FILE_OPTION_DEFAULTS.items():
+            value = getattr(self, key)
+            if value != default and key not in FILE_LOADER_OPTIONS.get(self.dataset, ()):
+                users = [name for name, keys in FILE_LOADER_OPTIONS.items() if key in keys]
+                raise ConfigError(
+                    f"data.{key} is an option of data.dataset = {' or '.join(map(repr, users))}; "
+                    f"got data.{key} = {value!r} with data.dataset = {self.dataset!r}"
+                )
+        object.__setattr__(self, "transform", as_list("data.transform", self.transform))
+        if not self.transform:
+            raise invalid("data.transform", "a non-empty list of steps", list(self.transform))
+        for step in self.transform:
+            OneOf(TRANSFORM_STEPS).check("data.transform", step)
+
+
+#: Options of the built-in file loaders (data.dataset = "csv" / "libsvm") and their defaults.
+FILE_LOADER_OPTIONS = {
+    "csv": ("test_path", "delimiter", "header", "label_column"),
+    "libsvm": ("test_path", "n_features"),
+}
+_FILE_OPTION_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(DataConfig)
+    if any(f.name in options for options in FILE_LOADER_OPTIONS.values())
+}

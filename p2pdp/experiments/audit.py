@@ -1,0 +1,228 @@
+"""``p2pdp audit``: every mechanism p2pdp ships, audited against the guarantee it claims.
+
+One table over the privacy layer's mechanisms (threshold test, exact noisy count:
+:mod:`p2pdp.privacy.audit`), the workloads' exact audits (:mod:`p2pdp.tasks.prevalence.audit`,
+:mod:`p2pdp.tasks.pooled_testing.audit`) and the posterior-sampling audits
+(:mod:`p2pdp.privacy.posterior_sampling.audit`), with negative controls that must fail (which
+shows each test has power).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from functools import partial
+
+import numpy as np
+
+from p2pdp.core.errors import ConfigError, PrivacyWarning
+from p2pdp.core.rng import generator
+from p2pdp.privacy.audit import (
+    STATISTICS,
+    AuditResult,
+    audit_additive_noise,
+    exact_noisy_count_epsilon,
+    exponential_norm_vector_laplace,
+)
+from p2pdp.privacy.mechanisms import RandomizedResponse, make_mechanism, require_positive
+from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_EXPECTED_TO_FAIL
+from p2pdp.tasks.pooled_testing import pooling
+from p2pdp.tasks.pooled_testing.audit import exact_pooled_test_epsilon
+from p2pdp.tasks.prevalence.audit import exact_rr_count_epsilon
+from p2pdp.tasks.prevalence.estimators import two_coin_response
+
+#: Mechanisms audited by :func:`run_audit`, in table order.
+AUDIT_NAMES: tuple[str, ...] = (
+    "vector-laplace",
+    "coordinate-laplace",
+    "gaussian",
+    "seed-laplace",
+    "vector-laplace-exponential-norm",
+    "randomized-response",
+    "randomized-response-two-coin",
+    "noisy-count",
+    "local-rr-count",
+    "pooled-test",
+    "pooled-test-rr",
+    "pooled-test-known-others",
+)
+
+
+#: Negative controls: the audit is expected to flag these.
+EXPECTED_TO_FAIL: dict[str, str] = {
+    "seed-laplace": "sqrt(d)*eps-DP",
+    "vector-laplace-exponential-norm": "Exponential norm bug",
+    "pooled-test-known-others": "not worst-case DP",
+}
+
+
+AUDIT_EPSILON = 1.0
+
+
+AUDIT_DELTA = 1e-5  # for the gaussian mechanism
+
+
+AUDIT_DIM = 58  # spambase: 57 features + bias
+
+
+AUDIT_COUNT_RECORDS = 10  # n of the noisy-count audit
+
+
+AUDIT_TWO_COIN_THETA2 = 0.3  # forced-"yes" probability of the two-coin audit (asymmetric)
+
+
+#: Pooled-test audit: pool size, prevalence, the seed's (Se, Sp), and the keep probability of
+#: the randomized response on the result (``pooled-test-rr``).
+AUDIT_POOL = {"pool_size": 5, "prevalence": 0.05, "sensitivity": 0.85, "specificity": 0.75}
+
+
+AUDIT_POOL_KEEP = 0.8
+
+
+def _audit_pooled(name: str) -> AuditResult:
+    """The pooled-test rows: exact loss against the claimed :func:`pooling.individual_epsilon`."""
+    setting = dict(AUDIT_POOL)
+    response = RandomizedResponse.keep(AUDIT_POOL_KEEP) if name == "pooled-test-rr" else None
+    se, sp = setting.pop("sensitivity"), setting.pop("specificity")
+    claimed_se, claimed_sp = (
+        (se, sp) if response is None else pooling.effective_accuracy(se, sp, response)
+    )
+    claimed = float(
+        pooling.individual_epsilon(
+            setting["prevalence"], setting["pool_size"], claimed_se, claimed_sp
+        )
+    )
+    adversary_prior = 0.0 if name == "pooled-test-known-others" else setting["prevalence"]
+    exact = exact_pooled_test_epsilon(
+        adversary_prior, int(setting["pool_size"]), se, sp, response=response
+    )
+    return AuditResult(
+        mechanism=name,
+        epsilon=claimed,
+        delta=0.0,
+        eps_lb=exact,
+        passed=exact <= claimed * (1 + 1e-9),
+        expected_pass=name not in EXPECTED_TO_FAIL,
+        guarantee_epsilon=exact,
+        method="exact, others unknown" if adversary_prior else "exact, others known",
+    )
+
+
+def audit_mechanism(
+    name: str,
+    *,
+    n_samples: int,
+    rng: np.random.Generator,
+    epsilon: float = AUDIT_EPSILON,
+    delta: float = AUDIT_DELTA,
+    dim: int = AUDIT_DIM,
+) -> AuditResult:
+    """Audit one of :data:`AUDIT_NAMES` at ``epsilon`` (and ``delta`` for gaussian) in ``dim``.
+
+    The additive mechanisms use sensitivity 1 (the audit is scale invariant). The pooled-test
+    rows ignore ``epsilon``: their claim is :func:`pooling.individual_epsilon` at
+    :data:`AUDIT_POOL`.
+    """
+    if name not in AUDIT_NAMES:
+        raise ConfigError(f"mechanism must be one of {AUDIT_NAMES}, got {name!r}")
+    epsilon = require_positive("epsilon", epsilon)
+    expected_pass = name not in EXPECTED_TO_FAIL
+    if name == "randomized-response":
+        exact = RandomizedResponse.from_epsilon(epsilon).epsilon
+        return _exact_result(name, epsilon, exact, expected_pass)
+    if name == "randomized-response-two-coin":
+        law = two_coin_response(epsilon, AUDIT_TWO_COIN_THETA2).output_probabilities()
+        return _exact_result(name, epsilon, pooling.epsilon_of_law(law), expected_pass)
+    if name.startswith("pooled-test"):
+        return _audit_pooled(name)
+    if name == "noisy-count":
+        exact = exact_noisy_count_epsilon(epsilon, AUDIT_COUNT_RECORDS)
+        return _exact_result(name, epsilon, exact, expected_pass)
+    if name == "local-rr-count":  # mechanism "local": claims the answers' local epsilon
+        claimed = make_mechanism("local", epsilon=epsilon).guarantee(1)[0]
+        response = two_coin_response(epsilon, AUDIT_TWO_COIN_THETA2)
+        exact = exact_rr_count_epsilon(response, AUDIT_COUNT_RECORDS)
+        return _exact_result(name, claimed, exact, expected_pass)
+    if name == "vector-laplace-exponential-norm":
+        sampler = exponential_norm_vector_laplace(epsilon, 1.0, dim)
+        claimed_delta, guarantee = 0.0, math.inf
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PrivacyWarning)  # seed-laplace: audited on purpose
+            mechanism = make_mechanism(
+                name, epsilon=epsilon, delta=delta if name == "gaussian" else None
+            )
+        claimed_delta, guarantee = mechanism.delta, mechanism.guarantee(dim)[0]
+        sampler = partial(mechanism.sample, 1.0, dim)
+
+    test = audit_additive_noise(
+        sampler, sensitivity=1.0, dim=dim, delta=claimed_delta, n_samples=n_samples, rng=rng
+    )
+    return AuditResult(
+        mechanism=name,
+        epsilon=epsilon,
+        delta=claimed_delta,
+        eps_lb=test.eps_lb,
+        passed=test.eps_lb <= epsilon,
+        expected_pass=expected_pass,
+        guarantee_epsilon=guarantee,
+        method="threshold-test",
+        dim=dim,
+        n_samples=n_samples,
+        statistic=STATISTICS[test.statistic],
+        threshold=test.threshold,
+        fpr_upper=test.fpr_upper,
+        fnr_upper=test.fnr_upper,
+    )
+
+
+def _exact_result(name: str, epsilon: float, exact: float, expected_pass: bool) -> AuditResult:
+    return AuditResult(
+        mechanism=name,
+        epsilon=epsilon,
+        delta=0.0,
+        eps_lb=exact,
+        passed=exact <= epsilon * (1 + 1e-9),
+        expected_pass=expected_pass,
+        guarantee_epsilon=exact,
+        method="exact",
+    )
+
+
+def run_audit(
+    names: Sequence[str] = AUDIT_NAMES, *, n_samples: int = 100_000, seed: int
+) -> list[AuditResult]:
+    """Audit each of ``names``, each on its own random stream ``(seed, "audit", name)``."""
+    return [
+        audit_mechanism(name, n_samples=n_samples, rng=generator(seed, "audit", name))
+        for name in names
+    ]
+
+
+def _expected_failure(name: str) -> str:
+    """Why the negative control ``name`` must fail (this module's or the posterior audit's)."""
+    if name in EXPECTED_TO_FAIL:
+        return EXPECTED_TO_FAIL[name]
+    return POSTERIOR_EXPECTED_TO_FAIL.get(name, "negative control")
+
+
+def format_audit_table(results: Sequence[AuditResult]) -> str:
+    """Readable fixed-width table of audit results."""
+    header = (
+        f"{'mechanism':<32} {'epsilon':>7} {'delta':>7} {'eps_lb':>7} {'guarantee':>9} "
+        f"{'method':<28} result"
+    )
+    lines = [header, "-" * len(header)]
+    for result in results:
+        method = result.method if result.statistic is None else f"test on {result.statistic}"
+        verdict = "pass" if result.passed else "FAIL"
+        if not result.expected_pass:
+            verdict += f", expected: fail ({_expected_failure(result.mechanism)})"
+        if not result.as_expected:
+            verdict += ", UNEXPECTED"
+        lines.append(
+            f"{result.mechanism:<32} {result.epsilon:>7.4g} {result.delta:>7g} "
+            f"{result.eps_lb:>7.3f} {result.guarantee_epsilon:>9.3g} {method:<28} {verdict}"
+        )
+    return "\n".join(lines)

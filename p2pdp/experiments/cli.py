@@ -1,0 +1,349 @@
+"""Command-line interface: ``p2pdp datasets|audit|run|report|components``.
+
+Each sub-command lives in its own ``_add_<name>`` / ``_cmd_<name>`` pair below; the heavy
+lifting is in the package modules, the CLI only parses, calls and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from p2pdp import __version__
+from p2pdp.core.errors import P2PDPError
+
+
+# --- datasets ---------------------------------------------------------------------------------
+def _add_datasets(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``p2pdp datasets list|info|fetch`` (owned by the datasets module's author)."""
+    parser = subparsers.add_parser(
+        "datasets",
+        help="list, inspect and download the benchmark data sets",
+        description="Data files are searched in --path, $P2PDP_DATA_HOME, then the user cache "
+        "($XDG_CACHE_HOME/p2pdp or ~/.cache/p2pdp), where `fetch` downloads them.",
+    )
+    actions = parser.add_subparsers(dest="datasets_action", metavar="ACTION", required=True)
+    actions.add_parser("list", help="the data sets and their shapes").set_defaults(
+        func=_cmd_datasets_list
+    )
+    info = actions.add_parser("info", help="rows, features, classes and where the files are")
+    info.add_argument("name", help="data set name (see `p2pdp datasets list`)")
+    info.add_argument("--json", action="store_true", help="print a JSON object")
+    info.add_argument("--path", help="a data file, or a directory holding the files (first)")
+    info.set_defaults(func=_cmd_datasets_info)
+    fetch = actions.add_parser("fetch", help="download into the user cache, checking sha256")
+    which = fetch.add_mutually_exclusive_group(required=True)
+    which.add_argument("name", nargs="?", help="data set name")
+    which.add_argument("--all", action="store_true", help="fetch every data set")
+    fetch.add_argument("--force", action="store_true", help="download even if already cached")
+    fetch.set_defaults(func=_cmd_datasets_fetch)
+
+
+def _cmd_datasets_list(args: argparse.Namespace) -> int:
+    from p2pdp.data.datasets import available_datasets, load_manifest
+
+    print(f"{'name':<12} {'rows':<15} {'features':>8}  title")
+    for name in available_datasets():
+        manifest = load_manifest(name)
+        rows = " + ".join(str(spec.rows) for spec in manifest.files)
+        print(f"{name:<12} {rows:<15} {manifest.n_features:>8}  {manifest.title}")
+    return 0
+
+
+def _cmd_datasets_info(args: argparse.Namespace) -> int:
+    import json
+
+    from p2pdp.data.datasets import dataset_info
+
+    info = dataset_info(args.name, path=args.path)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    bounds = "data-independent, from the manifest" if info["feature_bounds"] else "none known"
+    print(f"{info['name']}: {info['title']}")
+    print(f"  features  {info['features']} (bounds: {bounds})")
+    for label, prefix in (("train", ""), ("test", "test_")):
+        if info[f"{prefix}rows"] is not None:
+            print(
+                f"  {label:<8}  {info[f'{prefix}rows']} rows, {info[f'{prefix}positives']} "
+                f"positive, {info[f'{prefix}negatives']} negative"
+            )
+    for file in info["files"]:
+        check = {True: "sha256 ok", False: "sha256 MISMATCH", None: "sha256 not checked"}
+        print(f"  file      {file['path']} ({file['origin']}, {check[file['sha256_ok']]})")
+    return 0
+
+
+def _cmd_datasets_fetch(args: argparse.Namespace) -> int:
+    from p2pdp.data.datasets import available_datasets, fetch_dataset
+
+    for name in available_datasets() if args.all else [args.name]:
+        for path in fetch_dataset(name, force=args.force):
+            print(f"{name}: {path}")
+    return 0
+
+
+# --- audit ------------------------------------------------------------------------------------
+def _add_audit(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``p2pdp audit`` (owned by the privacy-core author)."""
+    parser = subparsers.add_parser(
+        "audit",
+        help="empirically lower-bound the epsilon of each privacy mechanism",
+        description="Threshold-test audit (Clopper-Pearson, 95%%) of the additive-noise "
+        "mechanisms in d = 58 at epsilon = 1, exact epsilon of randomized response (keep and "
+        "two-coin forms) and the noisy count, and of one member of a pooled test "
+        "against its claimed epsilon, with the other members unknown to the adversary. "
+        "seed-laplace, vector-laplace-exponential-norm and pooled-test-known-others (pooling "
+        "is not worst-case DP) are negative controls that must fail. Then the posterior-"
+        "sampling audits: the exponential mechanism's exact epsilon on a grid of neighbouring "
+        "data sets (linear and logistic; a half-sensitivity negative control) and a KS test of "
+        "the Langevin sampler's stationary law (a wrong-noise negative control). Exit status "
+        "1 if any outcome differs from its expectation.",
+    )
+    parser.add_argument(
+        "--mechanism", help="audit only this one (default: all; see the table for the names)"
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    parser.add_argument(
+        "--samples", type=int, default=100_000, help="outputs per side (default: 100000)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="root random seed (default: 0)")
+    parser.set_defaults(func=_cmd_audit)
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    import json
+
+    from p2pdp.experiments.audit import AUDIT_NAMES, format_audit_table, run_audit
+    from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
+
+    if args.mechanism is None:  # then the posterior audits: exact and Langevin (~3 s)
+        names, posterior = AUDIT_NAMES, POSTERIOR_AUDIT_NAMES
+    elif args.mechanism in POSTERIOR_AUDIT_NAMES:
+        names, posterior = (), (args.mechanism,)
+    else:
+        names, posterior = (args.mechanism,), ()
+    results = run_audit(names, n_samples=args.samples, seed=args.seed) if names else []
+    results += run_posterior_audit(posterior, seed=args.seed)
+    if args.json:
+        print(json.dumps([result.as_dict() for result in results], indent=2))
+    else:
+        print(format_audit_table(results))
+    return 0 if all(result.as_expected for result in results) else 1
+
+
+# --- run / report -------------------------------------------------------------------------------
+def _add_run(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``p2pdp run`` (owned by the experiment module's author)."""
+    parser = subparsers.add_parser(
+        "run",
+        help="run a scenario's sweep (folds x grid x repetitions) and write a report",
+        description="Cells sharing a local training run together; each cell's row is "
+        "appended to OUT/results.csv as soon as it finishes, so an interrupted run (Ctrl-C, "
+        "SIGTERM: exit status 130, 143) can be finished with --resume. One process writes a "
+        "folder at a time. OUT/report.md and figures are written at the end.",
+    )
+    parser.add_argument("scenario", help="a scenario TOML file, or a shipped scenario's name")
+    parser.add_argument("--out", help="results folder (default: results/<scenario name>)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='override a setting, e.g. groups.group_size=20 or sweep."privacy.epsilon"=[1,10] '
+        "(repeatable; a plain setting also removes that key from the sweep)",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--jobs", type=int, help="local worker processes (default: all cores; 1 = in-process)"
+    )
+    where.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://host:8786")
+    parser.add_argument(
+        "--resume", action="store_true", help="finish an interrupted run of the same scenario"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="discard results already in the folder"
+    )
+    parser.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from p2pdp.experiments.disclosure import mechanism_warnings
+    from p2pdp.experiments.report import write_report
+    from p2pdp.experiments.runner import default_out_dir, run_experiment
+    from p2pdp.experiments.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    for warning in mechanism_warnings(point.config for point in scenario.points):
+        print(f"p2pdp: warning: {warning}", file=sys.stderr)
+    out = args.out or default_out_dir(scenario)
+    with _signals_interrupt():
+        try:
+            summary = run_experiment(
+                scenario,
+                out,
+                jobs=args.jobs,
+                scheduler=args.scheduler,
+                resume=args.resume,
+                force=args.force,
+                progress=sys.stderr,
+            )
+        except KeyboardInterrupt as exc:
+            name, code = _signal_of(exc)
+            again = shlex.join(
+                ["p2pdp", "run", args.scenario, "--out", str(out)]
+                + [word for override in args.overrides for word in ("--set", override)]
+                + ["--resume"]
+            )
+            print(
+                f"\np2pdp: interrupted by {name}; workers stopped, finished cells kept in "
+                f"{out}; finish with: {again}",
+                file=sys.stderr,
+            )
+            return code
+        except OSError as exc:
+            raise _os_error(exc) from None
+        print(
+            f"{summary.cells} cells ({summary.run} run, {summary.skipped} already done) in "
+            f"{summary.seconds:.1f} s; results in {summary.directory}"
+        )
+        return _report(write_report, summary.directory)
+
+
+def _report(write_report: Callable[[Path], Path], directory: Path) -> int:
+    """Write the report of ``directory``: 0, or 128 + signal number if interrupted."""
+    try:
+        print(f"report: {write_report(directory)}")
+    except KeyboardInterrupt as exc:
+        name, code = _signal_of(exc)
+        print(
+            f"\np2pdp: report interrupted by {name} (files already written are complete); "
+            f"write it with: p2pdp report {directory}",
+            file=sys.stderr,
+        )
+        return code
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _os_error(exc) from None
+    return 0
+
+
+#: Signals that stop `run` and `report` the way Ctrl-C does; exit status 128 + number.
+_STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Turn SIGINT, SIGTERM and SIGHUP into ``KeyboardInterrupt(signal name)`` meanwhile.
+
+    So a ``kill`` stops the workers, marks the results folder ``interrupted`` and leaves it
+    resumable, exactly like Ctrl-C.
+    """
+
+    def interrupt(number: int, frame: object) -> None:
+        for stop in _STOP_SIGNALS:  # a second signal must not cut the clean-up short
+            signal.signal(stop, signal.SIG_IGN)
+        raise KeyboardInterrupt(signal.Signals(number).name)
+
+    previous = {number: signal.signal(number, interrupt) for number in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _signal_of(interrupt: KeyboardInterrupt) -> tuple[str, int]:
+    """The signal's name and the exit status 128 + its number (SIGINT 130, SIGTERM 143)."""
+    name = interrupt.args[0] if interrupt.args else "SIGINT"
+    return name, 128 + int(getattr(signal, name, signal.SIGINT))
+
+
+def _os_error(exc: OSError) -> P2PDPError:
+    """A one-line error for a file that cannot be read or written (disk full, permissions)."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    return P2PDPError(f"{where}{exc.strerror or exc}")
+
+
+def _add_report(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``p2pdp report`` (owned by the report module's author)."""
+    parser = subparsers.add_parser(
+        "report", help="write figures and report.md from a results folder"
+    )
+    parser.add_argument("directory", help="a folder written by `p2pdp run`")
+    parser.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from p2pdp.experiments.report import write_report
+
+    with _signals_interrupt():
+        return _report(write_report, Path(args.directory))
+
+
+# --- components -------------------------------------------------------------------------------
+def _add_components(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``p2pdp components [KIND] [--json]``."""
+    from p2pdp.core.components import KINDS
+
+    parser = subparsers.add_parser(
+        "components",
+        help="list the registered components of every kind (or of KIND)",
+        description="Every component a scenario can name: built-ins, registered ones and "
+        "entry points of the group 'p2pdp.core.components'. Any config value that names a "
+        "component also accepts an import string 'package.module:Name'.",
+    )
+    parser.add_argument("kind", nargs="?", choices=tuple(KINDS), help="only this kind")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=_cmd_components)
+
+
+def _cmd_components(args: argparse.Namespace) -> int:
+    import json
+
+    from p2pdp.core.components import format_listing, listing
+
+    rows = listing(args.kind)
+    print(json.dumps(rows, indent=2) if args.json else format_listing(rows))
+    return 0
+
+
+# --- main -------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="p2pdp",
+        description="Simulator for peer-to-peer federated learning with differential privacy.",
+    )
+    parser.add_argument("--version", action="version", version=f"p2pdp {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for add in (_add_datasets, _add_audit, _add_run, _add_report, _add_components):
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except P2PDPError as exc:
+        print(f"p2pdp: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `p2pdp datasets list | head -1`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,513 @@
+"""Run a scenario: grid points x folds x repetitions, in parallel, into a results folder.
+
+A *cell* is one grid point, one fold and one repetition: one :func:`p2pdp.simulate` call.
+Its seeds derive from the config's seed, the fold and the repetition (inside ``simulate``),
+never from the order or place of execution, so every backend and worker count gives the same
+results rows (up to the ``wall_*`` timing columns).
+
+Cells whose :func:`~p2pdp.tasks.pipeline.training_key` is equal (same data, fold, repetition,
+partition and lambda) share one local training: they are sent to a worker as one *task*,
+which calls :func:`~p2pdp.tasks.pipeline.prepare_peers` once and ``simulate`` once per cell and
+hands back each cell's record as soon as that cell is done, so the results store writes
+cell by cell. A training group is split into several tasks only when there are fewer groups
+than workers.
+
+Backends: in-process (``jobs=1``); local worker processes
+(:class:`concurrent.futures.ProcessPoolExecutor`, records streamed back through a
+:class:`multiprocessing.Queue`); or a Dask distributed cluster (``scheduler="tcp://host:port"``;
+one future per training and one per cell depending on it; the workers need p2pdp installed
+and the data files, e.g. via ``P2PDP_DATA_HOME``).
+
+An exception in the run, including KeyboardInterrupt (which the CLI also raises for SIGTERM
+and SIGHUP), stops the local worker processes (or cancels the Dask futures) before it
+propagates; the results folder's manifest then says ``failed`` or ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from threadpoolctl import threadpool_limits
+
+from p2pdp.config import ScenarioConfig
+from p2pdp.core.errors import ConfigError
+from p2pdp.experiments.disclosure import non_private_column
+from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
+from p2pdp.experiments.scenario import Scenario
+from p2pdp.experiments.simulation import simulate
+from p2pdp.tasks import make_task, prepared
+
+Task = tuple["Cell", ...]
+#: Seconds to wait for a Dask scheduler before giving up (nothing is written before).
+SCHEDULER_TIMEOUT_S = 5.0
+#: Longest silence (seconds) of the progress report while a run is going.
+PROGRESS_INTERVAL_S = 2.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cell:
+    """One simulation: grid point ``point`` of a scenario, one fold, one repetition.
+
+    ``cell_id`` (``"p007-f3-r0"``) is stable for a given scenario and sorts in grid order.
+    """
+
+    cell_id: str
+    point: int
+    config: ScenarioConfig
+    fold: int
+    repetition: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSummary:
+    """What :func:`run_experiment` did: cells in the grid, run now, found done; seconds."""
+
+    directory: Path
+    cells: int
+    run: int
+    skipped: int
+    seconds: float
+
+
+def default_out_dir(scenario: Scenario) -> Path:
+    """``results/<scenario name>`` under the current directory."""
+    return Path("results") / scenario.name
+
+
+def make_cells(scenario: Scenario) -> list[Cell]:
+    """Every cell of ``scenario``, in grid order (point, then fold, then repetition)."""
+    points = scenario.points
+    repetitions = scenario.config.repetitions
+    folds = {p.index: p.config.evaluation.fold_indices() for p in points}
+    widths = (
+        len(str(len(points) - 1)),
+        len(str(max(max(f) for f in folds.values()))),
+        len(str(repetitions - 1)),
+    )
+    return [
+        Cell(
+            cell_id=f"p{p.index:0{widths[0]}d}-f{fold:0{widths[1]}d}-r{rep:0{widths[2]}d}",
+            point=p.index,
+            config=p.config,
+            fold=fold,
+            repetition=rep,
+        )
+        for p in points
+        for fold in folds[p.index]
+        for rep in range(repetitions)
+    ]
+
+
+def plan_tasks(cells: Sequence[Cell], *, workers: int) -> list[Task]:
+    """Group ``cells`` by training key into tasks, splitting groups if fewer than ``workers``."""
+    groups = _training_groups(cells)
+    split = -(-workers // max(len(groups), 1))  # ceil: every worker gets at least one task
+    return [
+        tuple(group[i :: min(split, len(group))])
+        for group in groups
+        for i in range(min(split, len(group)))
+    ]
+
+
+def _training_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
+    """``cells`` grouped by training key, in order of first appearance."""
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        key = make_task(cell.config).training_key(fold=cell.fold, repetition=cell.repetition)
+        groups.setdefault(key, []).append(cell)
+    return list(groups.values())
+
+
+def iter_task(cells: Task) -> Iterator[CellRecord]:
+    """Train once for the task's training key, then simulate the cells, yielding each record.
+
+    Rows get ``cell_id`` and ``point`` first, then
+    :meth:`p2pdp.experiments.simulation.RunResult.row`,
+    then ``wall_prepare_s`` (the shared training's seconds) and ``wall_cell_s``. BLAS runs
+    single-threaded: on small matrices its threads cost more than they gain (measured 4x
+    slower on 2 cores), and parallel workers would oversubscribe the cores.
+    """
+    with threadpool_limits(limits=1):  # parallelism comes from workers, not BLAS threads
+        trained, prepare_seconds = _prepare(cells[0])
+        for cell in cells:
+            yield _run_cell(cell, trained, prepare_seconds)
+
+
+def run_task(cells: Task) -> list[CellRecord]:
+    """:func:`iter_task` as a list: every record of the task."""
+    return list(iter_task(cells))
+
+
+def _prepare(cell: Cell) -> tuple[Any, float]:
+    """What the task prepares for ``cell``'s training key (its local training), and seconds."""
+    start = time.perf_counter()
+    trained = prepared(make_task(cell.config), fold=cell.fold, repetition=cell.repetition)
+    return trained, time.perf_counter() - start
+
+
+def _run_cell(cell: Cell, trained: Any, prepare_seconds: float) -> CellRecord:
+    """Simulate one cell: its results row, ROC curve and ``releases``/``peers`` tables."""
+    start = time.perf_counter()
+    result = simulate(cell.config, fold=cell.fold, repetition=cell.repetition, trained=trained)
+    row: dict[str, Any] = {"cell_id": cell.cell_id, "point": cell.point, **result.row()}
+    row["non_private_steps"] = non_private_column(cell.config)  # p2pdp.experiments.disclosure
+    row.update(wall_prepare_s=prepare_seconds, wall_cell_s=time.perf_counter() - start)
+    curve = result.evaluation.roc() if hasattr(result.evaluation, "roc") else None
+    return CellRecord(
+        cell_id=cell.cell_id,
+        row=row,
+        roc_tpr=roc_on_grid(*curve) if curve is not None else None,
+        tables={"releases": result.release_rows(), "peers": result.peer_table()},
+    )
+
+
+def run_experiment(
+    scenario: Scenario,
+    out: str | Path,
+    *,
+    jobs: int | None = None,
+    scheduler: str | None = None,
+    resume: bool = False,
+    force: bool = False,
+    progress: TextIO | None = None,
+) -> RunSummary:
+    """Run every cell of ``scenario`` not yet in ``out`` and store the results there.
+
+    The folder is locked for the whole run (a second writer is refused at once), each cell's
+    record is written as soon as the cell finishes, and an exception (KeyboardInterrupt
+    included) stops the workers, marks the manifest ``failed``/``interrupted`` and
+    propagates; ``resume=True`` then finishes the remaining cells.
+
+    Parameters
+    ----------
+    scenario : Scenario
+    out : path
+        Results folder (see :mod:`p2pdp.experiments.results`); created if missing.
+    jobs : int, optional
+        Local worker processes (default ``os.cpu_count()``); 1 runs in this process.
+        Ignored when ``scheduler`` is given.
+    scheduler : str, optional
+        Address of a Dask distributed scheduler (``"tcp://host:port"``). The connection is
+        checked before anything is written.
+    resume, force : bool
+        Finish a folder holding an interrupted run of the same scenario / discard a folder's
+        results (see :meth:`p2pdp.experiments.results.ResultsStore.open`).
+    progress : text stream, optional
+        Where to report progress (a bar on a TTY, log lines otherwise), at least every
+        :data:`PROGRESS_INTERVAL_S` seconds; None is silent.
+
+    Raises
+    ------
+    ConfigError
+        Bad ``jobs``, unreachable scheduler, or a results folder that cannot be written, is
+        in use (:class:`~p2pdp.experiments.results.FolderInUseError`) or does not match.
+    """
+    started = time.perf_counter()
+    cells = make_cells(scenario)
+    client = _connect(scheduler) if scheduler is not None else None
+    try:
+        workers = _worker_count(jobs, client)
+        backend = f"dask {scheduler}" if client else f"{workers} local process(es)"
+        with ResultsStore.open(
+            out,
+            scenario,
+            n_cells=len(cells),
+            cell_ids=[cell.cell_id for cell in cells],
+            backend=backend,
+            resume=resume,
+            force=force,
+        ) as store:
+            previous = store.lock.previous
+            if previous and progress is not None:
+                print(
+                    f"p2pdp run: {store.directory} was locked by pid {previous.get('pid')} on "
+                    f"{previous.get('host')} (started {previous.get('started')}), which ended "
+                    "without unlocking it; taking it over",
+                    file=progress,
+                )
+            pending = [cell for cell in cells if cell.cell_id not in store.done]
+            outcomes: _WorkerPool | Generator[CellRecord, None, None]
+            if client is not None:
+                outcomes = _run_dask(pending, client)
+            else:
+                tasks = plan_tasks(pending, workers=workers)
+                if workers > 1 and len(tasks) > 1:
+                    outcomes = _WorkerPool(tasks, min(workers, len(tasks)))
+                else:
+                    outcomes = _run_in_process(tasks)
+            bar = None
+            try:
+                bar = _Progress(len(cells), len(cells) - len(pending), progress)
+                for record in outcomes:
+                    store.append([record])
+                    bar.update(1)
+            finally:
+                outcomes.close()  # stops the workers now, not when the traceback is freed
+                if bar is not None:
+                    bar.close()
+            store.finish()
+    finally:
+        if client is not None:
+            client.close()
+    return RunSummary(
+        directory=store.directory,
+        cells=len(cells),
+        run=len(pending),
+        skipped=len(cells) - len(pending),
+        seconds=time.perf_counter() - started,
+    )
+
+
+# --- backends ---------------------------------------------------------------------------------
+def _worker_count(jobs: int | None, client: Any) -> int:
+    if client is not None:
+        return max(1, sum(client.nthreads().values()))
+    if jobs is None:
+        return os.cpu_count() or 1
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"--jobs must be an integer >= 1, got {jobs!r}")
+    return jobs
+
+
+def _run_in_process(tasks: Sequence[Task]) -> Generator[CellRecord, None, None]:
+    for task in tasks:
+        yield from iter_task(task)
+
+
+_RECORDS: Any = None  # in a worker process: the queue its records go to
+
+
+def _start_worker(records: Any, parent: int) -> None:
+    """Initialise a worker process: its record queue; signals are the parent's business.
+
+    The parent stops its workers on Ctrl-C or SIGTERM, so a worker ignores SIGINT (a
+    terminal sends it to the whole process group) and dies on SIGTERM; on Linux it is also
+    killed when the parent dies, even by ``kill -9``.
+    """
+    global _RECORDS
+    _RECORDS = records
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl
+            os._exit(1)
+
+
+def _stream_task(cells: Task) -> int:
+    """Run a task in a worker process, putting each cell's record on the queue at once."""
+    for record in iter_task(cells):
+        _RECORDS.put(record)
+    return len(cells)
+
+
+class _WorkerPool:
+    """Local worker processes running ``tasks``; iterate for the records as cells finish.
+
+    The processes start (fork) in the constructor, before any other thread of the run.
+    :meth:`close` shuts them down, or, if the iteration did not finish (an error, Ctrl-C,
+    SIGTERM), terminates them at once.
+    """
+
+    def __init__(self, tasks: Sequence[Task], workers: int) -> None:
+        context = multiprocessing.get_context()
+        self.records = context.Queue()
+        self.remaining = sum(len(task) for task in tasks)
+        self.failed: list[Future] = []
+        self.finished = False
+        self.pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(self.records, os.getpid()),
+        )
+        try:
+            for task in tasks:
+                self.pool.submit(_stream_task, task).add_done_callback(self._check)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check(self, future: Future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.failed.append(future)
+
+    def __iter__(self) -> Iterator[CellRecord]:
+        while self.remaining:
+            if self.failed:
+                while True:  # keep the cells that finished before the failure
+                    try:
+                        yield self.records.get_nowait()
+                    except queue.Empty:
+                        break
+                error = self.failed[0].exception()
+                assert error is not None  # _check keeps only the futures that raised
+                raise error
+            try:
+                record = self.records.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.remaining -= 1
+            yield record
+        self.finished = True
+
+    def close(self) -> None:
+        if self.pool is None:
+            return
+        pool, self.pool = self.pool, None
+        if self.finished:
+            pool.shutdown()
+        else:
+            _stop_workers(pool)
+        self.records.close()
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate a pool's worker processes now (running tasks included) and reap them."""
+    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if terminate is not None:
+        terminate()
+        return
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _connect(address: str) -> Any:
+    """A Dask client for ``address``, or ConfigError if dask is missing or it is unreachable."""
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise ConfigError(
+            f"--scheduler {address} needs dask.distributed: pip install 'p2pdp[dask]'"
+        ) from None
+    try:
+        return Client(address, timeout=SCHEDULER_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise ConfigError(
+            f"--scheduler {address}: cannot reach the Dask scheduler within "
+            f"{SCHEDULER_TIMEOUT_S:g} s ({exc})"
+        ) from None
+
+
+def _dask_prepare(cell: Cell) -> tuple[Any, float]:
+    with threadpool_limits(limits=1):
+        return _prepare(cell)
+
+
+def _dask_cell(cell: Cell, prepared: tuple[Any, float]) -> CellRecord:
+    with threadpool_limits(limits=1):
+        return _run_cell(cell, *prepared)
+
+
+def _run_dask(cells: Sequence[Cell], client: Any) -> Generator[CellRecord, None, None]:
+    """One future per training key, one per cell depending on it; records as cells finish.
+
+    The client keeps no reference to the trainings, so Dask frees each one when its last
+    cell is done.
+    """
+    from dask.distributed import as_completed as dask_completed
+
+    futures = []
+    for group in _training_groups(cells):
+        prepared = client.submit(_dask_prepare, group[0], pure=False)
+        futures += [client.submit(_dask_cell, cell, prepared, pure=False) for cell in group]
+        del prepared
+    try:
+        for future in dask_completed(futures):
+            yield future.result()
+    finally:
+        client.cancel(futures)
+
+
+# --- progress ---------------------------------------------------------------------------------
+class _Progress:
+    """Cells done, rate, elapsed time and ETA: a redrawn bar on a TTY, log lines otherwise.
+
+    A background thread redraws the bar, or prints a line, whenever nothing was shown for
+    :data:`PROGRESS_INTERVAL_S` seconds, so a long cell does not leave the run silent. Off a
+    TTY, lines come at most that often (and once at the end).
+    """
+
+    def __init__(self, total: int, done: int, stream: TextIO | None) -> None:
+        self.total, self.done, self.stream = total, done, stream
+        self.start_done, self.start = done, time.perf_counter()
+        self.interval = PROGRESS_INTERVAL_S
+        self.tty = stream is not None and stream.isatty()
+        self._lock = threading.Lock()
+        self._shown = self.start
+        self._stop = threading.Event()
+        self._thread = None
+        if stream is not None:
+            if done:
+                self._print(f"resuming: {done} of {total} cells already done")
+            self._thread = threading.Thread(target=self._beat, name="p2pdp-progress", daemon=True)
+            self._thread.start()
+
+    def update(self, cells: int) -> None:
+        with self._lock:
+            self.done += cells
+        due = time.perf_counter() - self._shown >= self.interval
+        if self.tty or due or self.done == self.total:
+            self._show()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.tty:
+            self._print("")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(max(0.01, self._shown + self.interval - time.perf_counter())):
+            if time.perf_counter() - self._shown >= self.interval:
+                self._show()
+
+    def _show(self) -> None:
+        with self._lock:
+            now = time.perf_counter()
+            elapsed = now - self.start
+            rate = (self.done - self.start_done) / elapsed if elapsed > 0 else 0.0
+            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+            status = (
+                f"{self.done}/{self.total} cells, {rate:.2f} cells/s, "
+                f"{_duration(elapsed)} elapsed, ETA {_duration(eta)}"
+            )
+            if self.tty:
+                filled = round(30 * self.done / max(self.total, 1))
+                self._print(f"\r[{'#' * filled}{'.' * (30 - filled)}] {status}", end="")
+            else:
+                self._print(f"p2pdp run: {status}")
+            self._shown = now
+
+    def _print(self, text: str, end: str = "\n") -> None:
+        if self.stream is not None:
+            print(text, end=end, file=self.stream, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "?"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"

@@ -1,0 +1,348 @@
+"""One-call API: :func:`simulate` one fold of a scenario and get a :class:`RunResult`.
+
+Randomness: every stream is derived by name from ``config.seed`` (plus fold and repetition)
+through :mod:`p2pdp.core.rng`, so the same config, fold and repetition always give identical
+results, and cells of a sweep that differ only in, e.g., the publication mode share folds,
+shards, local models, group draws and noise streams (common random numbers).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import tracemalloc
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from p2pdp.config import ScenarioConfig, flat_settings
+from p2pdp.core.boundary import calling
+from p2pdp.core.errors import ConfigError, PrivacyWarning
+from p2pdp.core.rng import generator
+from p2pdp.core.validation import IntAtLeast
+from p2pdp.experiments.scenario import config_of
+from p2pdp.privacy.accounting import composed, make_accountant, supports
+from p2pdp.privacy.mechanisms import checked, make_mechanism, mechanism_class
+from p2pdp.privacy.release import Releaser
+from p2pdp.sim.world import World, WorldObserver
+from p2pdp.tasks import (
+    Evaluation,
+    Outcome,
+    evaluated,
+    make_task,
+    prepared,
+    sensitivity_of,
+    task_statistics,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """Outcome of one simulated run (one fold, one repetition).
+
+    ``evaluation`` is the task's scores (for the logistic task:
+    :class:`~p2pdp.tasks.logistic.task.LogisticEvaluation`, errors as fractions of misclassified
+    test rows). Times are seconds (``sim_time`` simulated, until the last group finished;
+    ``wall_times`` real per phase: training, simulation, evaluation).
+
+    Privacy, per peer: ``epsilon_spent`` is what the budget ledger charged under the
+    configured accountant (the nominal schedule); ``guaranteed_epsilon`` is what the
+    releases really guarantee, composed by the same accountant from the mechanism's declared
+    event: equal for every honest mechanism, ``sqrt(d)`` times larger for ``seed-laplace``,
+    ``inf`` for ``none`` or a mechanism that declares no guarantee.
+    ``guarantee_per_aggregation`` is one release's real ``(epsilon, delta)``; ``guarantee``
+    (a column of every row and release) qualifies it: ``"exact"`` when the epsilon holds as
+    stated, ``"none"`` for a mechanism without a guarantee, and a mechanism's own label when
+    it holds only under a condition the run does not meet (``posterior-sampling``:
+    ``"approximate: exact only for exact sampling"``).
+    ``releases`` has one row per release (:mod:`p2pdp.privacy.release` records, plus cell time).
+    ``affordable_aggregations`` is how many aggregations the ledger lets every peer join
+    (the accountant's answer for the budget; with ``privacy.noise_multiplier``, the count
+    that noise buys).
+    """
+
+    config: ScenarioConfig
+    fold: int
+    repetition: int
+    evaluation: Evaluation
+    aggregations: int
+    aborted_groups: int
+    aggregations_per_peer: np.ndarray
+    epsilon_spent: np.ndarray
+    guaranteed_epsilon: np.ndarray
+    shard_sizes: np.ndarray
+    sim_time: float
+    messages_sent: int
+    bytes_sent: int
+    messages_lost: int
+    stop_reason: str
+    data_dependent_bounds: bool
+    guarantee_per_aggregation: tuple[float, float]
+    guarantee: str = "exact"
+    releases: list[dict[str, Any]] = field(default_factory=list)
+    wall_times: dict[str, float] = field(default_factory=dict)
+    peak_memory_mb: float = float("nan")
+    affordable_aggregations: int = -1
+
+    def row(self) -> dict[str, Any]:
+        """Flat results row: every config setting, the seed, and the scalar metrics."""
+        row = flat_settings(self.config)
+        row.update(fold=self.fold, repetition=self.repetition)
+        row.update(self.evaluation.summary())
+        row.update(
+            aggregations=self.aggregations,
+            aborted_groups=self.aborted_groups,
+            affordable_aggregations=self.affordable_aggregations,
+            mean_aggregations_per_peer=float(self.aggregations_per_peer.mean()),
+            max_epsilon_spent=float(self.epsilon_spent.max()),
+            max_guaranteed_epsilon=float(self.guaranteed_epsilon.max()),
+            sim_time=self.sim_time,
+            messages_sent=self.messages_sent,
+            bytes_sent=self.bytes_sent,
+            messages_lost=self.messages_lost,
+            stop_reason=self.stop_reason,
+            data_dependent_bounds=self.data_dependent_bounds,
+            guaranteed_epsilon_per_aggregation=self.guarantee_per_aggregation[0],
+            guaranteed_delta_per_aggregation=self.guarantee_per_aggregation[1],
+            guarantee=self.guarantee,
+        )
+        row.update({f"wall_{phase}_s": seconds for phase, seconds in self.wall_times.items()})
+        return row
+
+    def release_rows(self) -> list[dict[str, Any]]:
+        """The ``releases`` table of this run: one row per release, in release order.
+
+        Columns: ``fold``, ``repetition``, ``time`` (simulated s), ``group``, ``curator``,
+        ``group_size``, ``n_min``, ``lambda``, ``sensitivity``, ``mechanism``, ``epsilon``,
+        ``delta``, ``noise_scale``, ``noise_std`` (public), ``noise_norm`` (FOR ANALYSIS ONLY:
+        the norm of the noise actually drawn, which no party of the protocol learns) and
+        ``secure``, ``guarantee`` (see :meth:`row`).
+        """
+        lam = self.config.training.lam
+        return [
+            {
+                "fold": self.fold,
+                "repetition": self.repetition,
+                **row,
+                "lambda": lam,
+                "guarantee": self.guarantee,
+            }
+            for row in self.releases
+        ]
+
+    def peer_table(self) -> list[dict[str, Any]]:
+        """The ``peers`` table of this run: one row per peer.
+
+        Columns: ``fold``, ``repetition``, ``peer``, ``shard_size``, ``aggregations`` joined,
+        ``epsilon_spent`` (charged), ``guaranteed_epsilon`` (real), then the task's per-peer
+        columns (logistic: ``error``, ``local_only_error``, ``ensemble_size``).
+        """
+        columns = {
+            "peer": np.arange(self.shard_sizes.size),
+            "shard_size": self.shard_sizes,
+            "aggregations": self.aggregations_per_peer,
+            "epsilon_spent": self.epsilon_spent,
+            "guaranteed_epsilon": self.guaranteed_epsilon,
+            **self.evaluation.peer_columns(),
+        }
+        lists = {name: np.asarray(values).tolist() for name, values in columns.items()}
+        return [
+            {
+                "fold": self.fold,
+                "repetition": self.repetition,
+                **dict(zip(lists, values, strict=True)),
+            }
+            for values in zip(*lists.values(), strict=True)
+        ]
+
+
+class ReleaseLog(WorldObserver):
+    """Observer that records one row per release: the public record plus the time."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def released(self, world, group, record) -> None:
+        self.rows.append(
+            {
+                "time": float(world.env.now),
+                "group": group.group_id,
+                "curator": group.curator,
+                **record.as_row(),
+            }
+        )
+
+
+def simulate(
+    config: ScenarioConfig | str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    fold: int = 0,
+    repetition: int = 0,
+    trained: Any = None,
+    track_memory: bool = False,
+    observers: tuple[WorldObserver, ...] = (),
+) -> RunResult:
+    """Simulate fold ``fold`` of ``config`` (its ``sweep`` is ignored) and evaluate it.
+
+    Parameters
+    ----------
+    config : ScenarioConfig, str, path or mapping
+        The cell's settings; a shipped scenario's name, a scenario file or a mapping shaped
+        like one is loaded (it must have one grid point: see
+        :func:`p2pdp.experiments.scenario.config_of`).
+    fold : int
+        Cross-validation fold in ``[0, evaluation.cv_folds)`` (0 for a fixed split).
+    repetition : int
+        Independent repetition index (>= 0): changes every random stream.
+    trained : optional
+        What the task's ``prepare`` returned for the same training key (e.g.
+        :func:`p2pdp.tasks.pipeline.prepare_peers` for the logistic task), to share one training
+        between cells. Refused if it was prepared for another key (say, another lambda:
+        its sensitivity would be wrong).
+    track_memory : bool
+        Measure peak Python/numpy memory with :mod:`tracemalloc` (slower; for benchmarks).
+    observers : tuple of WorldObserver
+        Extra observers of the world (a release log is always attached).
+    """
+    config = config_of(config)
+    IntAtLeast(0).check("fold", fold)
+    IntAtLeast(0).check("repetition", repetition)
+    if config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds:
+        raise ConfigError(f"fold must be in [0, {config.evaluation.cv_folds}), got {fold}")
+    if track_memory:
+        tracemalloc.start()
+    task = make_task(config)
+    wall: dict[str, float] = {}
+    start = time.perf_counter()
+    key = task.training_key(fold=fold, repetition=repetition)
+    if trained is None:
+        trained = prepared(task, fold=fold, repetition=repetition)
+    elif getattr(trained, "key", None) is not None and trained.key != key:
+        raise ConfigError(
+            "trained was prepared for another training key (data, fold, repetition, "
+            "partition, lambda or model differ): its sensitivity would not match this config; "
+            f"expected {key!r}, got {trained.key!r}"
+        )
+    statistics, sizes = task_statistics(task, trained, config.partition.n_peers)
+    wall["training"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    privacy = config.privacy
+    with warnings.catch_warnings():
+        if privacy.mechanism in ("none", "seed-laplace"):  # chosen explicitly in the config
+            warnings.simplefilter("ignore", PrivacyWarning)
+        mechanism_cls = mechanism_class(privacy.mechanism)
+        if hasattr(mechanism_cls, "from_config"):  # calibrated by settings beyond [privacy]
+            with calling("mechanism", mechanism_cls, "from_config"):
+                mechanism = mechanism_cls.from_config(config)
+        else:
+            mechanism = make_mechanism(
+                privacy.mechanism,
+                epsilon=privacy.step_epsilon,
+                delta=privacy.delta_per_aggregation if privacy.approximate else None,
+            )
+    if getattr(mechanism, "local", False) and not getattr(task, "locally_private", False):
+        raise ConfigError(
+            f"privacy.mechanism = {privacy.mechanism!r} declares privacy applied locally, but "
+            f"task {config.task.name!r} shares exact statistics (it does not declare "
+            "locally_private): the claim would be false"
+        )
+    dim = statistics.shape[-1]  # (P, d), or (P, R, d): a fresh statistic per release
+    mechanism = checked(mechanism, dim)
+    rngs = {
+        name: generator(config.seed, name, fold, repetition)
+        for name in ("protocol", "network", "noise", "shares")
+    }
+    releaser = Releaser(
+        mechanism,
+        dim,
+        aggregate=task.aggregate,
+        secure=privacy.secure_aggregation,
+        noise_rng=rngs["noise"],
+        share_rng=rngs["shares"],
+    )
+    log = ReleaseLog()
+    world = World(
+        config,
+        statistics,
+        sizes,
+        releaser=releaser,
+        sensitivity=sensitivity_of(task),
+        rngs=rngs,
+        observers=(log, *observers),
+    )
+    world.run()
+    wall["simulation"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    pairs = np.array(world.receipts, dtype=np.int64).reshape(-1, 2)
+    outcome = Outcome(
+        published=np.array(world.published).reshape(len(world.published), dim),
+        shared=np.array(world.shared, dtype=bool),
+        receipt_peers=pairs[:, 0],
+        receipt_models=pairs[:, 1],
+        releases=tuple(world.releases),
+        members=tuple(world.release_members),
+    )
+    evaluation = evaluated(task, trained, outcome)
+    wall["evaluation"] = time.perf_counter() - start
+
+    peak_mb = float("nan")
+    if track_memory:
+        peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+    transport = world.transport
+    counts = world.ledger.aggregations()
+    return RunResult(
+        config=config,
+        fold=fold,
+        repetition=repetition,
+        evaluation=evaluation,
+        aggregations=world.monitor.aggregations,
+        aborted_groups=world.monitor.aborted,
+        aggregations_per_peer=counts,
+        epsilon_spent=world.ledger.spent_epsilon(),
+        guaranteed_epsilon=_guaranteed_epsilon(mechanism, dim, counts, config),
+        shard_sizes=np.asarray(sizes),
+        sim_time=world.monitor.end_time,
+        messages_sent=int(transport.messages_sent.sum() + transport.control_messages),
+        bytes_sent=int(transport.bytes_sent.sum()),
+        messages_lost=transport.messages_lost,
+        stop_reason=world.monitor.stop_reason,
+        data_dependent_bounds=bool(
+            getattr(getattr(trained, "fold", None), "data_dependent_bounds", False)
+        ),
+        guarantee_per_aggregation=mechanism.guarantee(dim),
+        guarantee=guarantee_label(mechanism.event(dim)),
+        releases=log.rows,
+        wall_times=wall,
+        peak_memory_mb=peak_mb,
+        affordable_aggregations=int(world.ledger.max_aggregations),
+    )
+
+
+def guarantee_label(event: Any) -> str:
+    """``"none"`` (no guarantee), the event's own ``label`` if it has one, else ``"exact"``.
+
+    ``event``: a :class:`~p2pdp.privacy.events.PrivacyEvent` (a mechanism's :meth:`event`).
+    """
+    if not event.private:
+        return "none"
+    return str(getattr(event, "label", "exact"))
+
+
+def _guaranteed_epsilon(
+    mechanism: Any, dim: int, counts: np.ndarray, config: ScenarioConfig
+) -> np.ndarray:
+    """Per-peer epsilon the releases really guarantee (the accountant on the true event)."""
+    event = mechanism.event(dim)
+    if not event.private:
+        return np.where(counts == 0, 0.0, math.inf)
+    accountant = make_accountant(config.privacy.resolved_accountant)
+    if not supports(accountant, event):  # e.g. rdp on a non-Gaussian true event
+        accountant = make_accountant("basic")
+    return composed(accountant, event, counts, delta_total=config.privacy.delta)

@@ -1,0 +1,472 @@
+"""Ensemble prediction and metrics, computed from shared work.
+
+Every peer classifies with an ensemble: its own unperturbed local model plus every published
+model it received (no pruning, as in the seed). With full publication all peers hold the same
+published models, so scoring each peer separately would cost ``P`` times the group case.
+Instead each published model is scored on the test rows once (one matrix product); a peer's
+tally is the *shared* tally of models everyone received plus the sum over the models only it
+received (a sparse peer x model incidence matrix) plus its own local model.
+
+Decision rules (``evaluation.vote``: an :class:`EnsembleRule` component):
+
+``"majority"`` (:class:`MajorityVote`)
+    score = (sum of signs of the ensemble's margins) + tanh(sum of margins). The integer vote
+    decides; a tie is broken by the summed margin, and an exact zero goes to +1.
+``"mean-margin"`` (:class:`MeanMargin`)
+    score = sum of margins (the sign of the mean margin).
+``"majority-own"`` (:class:`MajorityOwnTie`)
+    score = (sum of signs) + tanh(own margin) / 2: as ``majority``, but a tied vote goes to
+    the peer's own model (the seed's tie-break by summed margin hands it to the noisiest
+    member). Reads: received models, own model.
+``"average"`` (:class:`AverageRule`)
+    One linear model per peer: its received models averaged with weights ``1/noise_std^2``
+    (their public noise variances), shrunk towards the peer's own model by a James-Stein
+    factor with a noise test and cap (:func:`p2pdp.learning.ensembles.average_rule`). Reads:
+    received
+    models, their public noise scales (release records), own model.
+``"local-validated"`` (:class:`LocalValidatedRule`)
+    As ``average``, but each peer chooses how much to trust the received average by k-fold
+    cross validation on its own shard, its own model refitted on each training part
+    (:func:`p2pdp.learning.ensembles.local_validated_rule`). Reads: received models, their noise
+    scales, own model and own shard; the refits are computed once per training key.
+
+The predicted label is +1 where ``score >= 0`` and -1 elsewhere. The same score is the
+continuous output used for the ROC curve.
+
+Why no rule costs privacy: each reads only what a peer holds at the end of a run (the
+releases it received with their public records, its own model, its own shard) and the test
+rows it classifies; the result is used by that peer alone. That is post-processing of the
+releases plus the peer's own data, so the budget and the guarantee are unchanged.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.metrics import auc, roc_curve
+
+from p2pdp.core.boundary import calling, check_methods, check_numbers
+from p2pdp.core.errors import ConfigError
+from p2pdp.learning.ensembles import (
+    CrossValidation,
+    OwnShards,
+    PublicView,
+    average_rule,
+    local_validated_rule,
+)
+
+_CHUNK_ELEMENTS = 4_000_000  # test rows x (models + peers) per chunk: bounds memory to ~100 MB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ensembles:
+    """Who holds which model, without materialising P lists.
+
+    Attributes
+    ----------
+    local_weights : (P, d) array
+        Each peer's own unperturbed model (in its own ensemble only).
+    published : (K, d) array
+        Every published (noisy) model, in publication order.
+    shared : (K,) bool array
+        True where the model reached every peer (full publication, no churn).
+    receipts : (P, K) sparse CSR matrix of 0/1
+        Models received by specific peers (group publication, or full publication to the
+        peers that were online). Rows of ``shared`` models are not stored here.
+    noise_std : (K,) array
+        Public per-coordinate noise standard deviation of each published model (from its
+        release record); zeros when unknown.
+    """
+
+    local_weights: np.ndarray
+    published: np.ndarray
+    shared: np.ndarray
+    receipts: sp.csr_matrix
+    noise_std: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def n_peers(self) -> int:
+        return int(self.local_weights.shape[0])
+
+    def sizes(self) -> np.ndarray:
+        """Number of models in each peer's ensemble, (P,) int (own model included)."""
+        per_peer = np.asarray(self.receipts.sum(axis=1)).ravel()
+        return 1 + int(self.shared.sum()) + per_peer.astype(np.int64)
+
+
+def build_ensembles(
+    local_weights: np.ndarray,
+    published: np.ndarray,
+    shared: np.ndarray,
+    receipt_peers: np.ndarray,
+    receipt_models: np.ndarray,
+    noise_std: np.ndarray | None = None,
+) -> Ensembles:
+    """Assemble :class:`Ensembles` from receipt pairs ``(peer, model index)``."""
+    n_peers, n_models = local_weights.shape[0], published.shape[0]
+    data = np.ones(len(receipt_peers), dtype=np.float64)
+    receipts = sp.csr_matrix(
+        (data, (np.asarray(receipt_peers), np.asarray(receipt_models))),
+        shape=(n_peers, n_models),
+    )
+    receipts.sum_duplicates()
+    if receipts.nnz and receipts.data.max() > 1:
+        raise ValueError("a peer received the same published model twice")
+    return Ensembles(
+        local_weights=local_weights,
+        published=published.reshape(n_models, local_weights.shape[1]),
+        shared=np.asarray(shared, dtype=bool),
+        receipts=receipts,
+        noise_std=np.zeros(n_models) if noise_std is None else np.asarray(noise_std, float),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Margins:
+    """What an ensemble rule sees for a block of test rows (everything a peer may use).
+
+    Attributes
+    ----------
+    own : (P, n) array
+        Margin ``w_j . x`` of each peer's own model on each row.
+    published : (K, n) array
+        Margin of each published model on each row.
+    shared : (K,) float array of 0/1
+        1 where the published model reached every peer.
+    receipts : (P, K) sparse CSR matrix of 0/1
+        Published models received by specific peers.
+    noise_std : (K,) array
+        Public per-coordinate noise standard deviation of each published model.
+    rows : (n, d) array, optional
+        The block of test rows themselves (for fitted rules that score with one linear
+        model per peer, :class:`LinearRule`).
+    """
+
+    own: np.ndarray
+    published: np.ndarray
+    shared: np.ndarray
+    receipts: sp.csr_matrix
+    noise_std: np.ndarray
+    rows: np.ndarray | None = None
+
+    def held_sum(self, values: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """``start`` (P, n) plus the sum of ``values`` (K, n) over the models each peer holds."""
+        return start + (self.shared @ values)[None, :] + self.receipts @ values
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerData:
+    """Each peer's own training rows, for rules that validate on them.
+
+    Passed to :meth:`EnsembleRule.fit` when the rule's ``needs_own_data`` is True.
+
+    ``shards``: the rows (each peer reads only its own); ``cv``: the k-fold refits of every
+    peer's own model on its own shard (:func:`p2pdp.learning.ensembles.cross_validate_own_models`),
+    computed once per training key by the task and shared by every run of that fold.
+    """
+
+    shards: OwnShards
+    cv: CrossValidation
+
+
+class EnsembleRule(ABC):
+    """The rule a peer classifies with (the ``ensemble`` component kind, ``evaluation.vote``).
+
+    A rule maps :class:`Margins` of a block of test rows to a decision score per row and
+    peer, shape (n, P); label +1 where the score is >= 0. It must be vectorised over peers
+    (full publication gives every peer the same published models: use
+    :meth:`Margins.held_sum` instead of per-peer loops). A rule reads only a peer's own
+    model and the published models with their public release records (and, if it says so
+    with :attr:`needs_own_data`, the peer's own shard): post-processing, so it costs no
+    privacy. Rules are constructed without arguments.
+
+    Optional step :meth:`fit`: called once per run, before any row is scored, with the run's
+    :class:`Ensembles` (own models, published models, their public ``noise_std``) and, for
+    rules with ``needs_own_data = True``, the peers' :class:`PeerData`; it returns the rule
+    that scores the rows (the default returns ``self``). Rules that turn what a peer holds
+    into one linear model per peer return a :class:`LinearRule`.
+    """
+
+    name: ClassVar[str]
+    #: True if :meth:`fit` needs each peer's own shard (:class:`PeerData`).
+    needs_own_data: ClassVar[bool] = False
+
+    def fit(self, ensembles: Ensembles, own: PeerData | None = None) -> EnsembleRule:
+        """The rule to score this run's rows with (default: ``self``)."""
+        return self
+
+    def for_peers(self, peers: slice) -> EnsembleRule:
+        """This rule for a subset of peers (:func:`evaluate_ensembles` scores the best peer)."""
+        return self
+
+    @abstractmethod
+    def scores(self, margins: Margins) -> np.ndarray:
+        """Decision scores, shape (n_rows, P)."""
+
+
+class LinearRule(EnsembleRule):
+    """A fitted rule: one linear model per peer, ``weights`` (P, d); score ``x . w_p``."""
+
+    name: ClassVar[str] = "linear"
+
+    def __init__(self, weights: np.ndarray) -> None:
+        self.weights = np.asarray(weights, dtype=np.float64)
+
+    def for_peers(self, peers: slice) -> LinearRule:
+        return LinearRule(self.weights[peers])
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        if margins.rows is None:
+            raise ValueError("a LinearRule needs Margins.rows")
+        return margins.rows @ self.weights.T
+
+
+class MajorityVote(EnsembleRule):
+    """Majority of the signs of every model a peer holds, ties broken by the summed margin.
+
+    score = (sum of signs) + tanh(sum of margins): the integer vote decides, a tie goes to
+    the sign of the summed margin, an exact zero to +1 (the seed's rule).
+    """
+
+    name: ClassVar[str] = "majority"
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        margin_total = margins.held_sum(margins.published, margins.own)
+        vote_total = margins.held_sum(np.sign(margins.published), np.sign(margins.own))
+        return (vote_total + np.tanh(margin_total)).T
+
+
+class MeanMargin(EnsembleRule):
+    """Sign of the mean margin of every model a peer holds (0 -> +1)."""
+
+    name: ClassVar[str] = "mean-margin"
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        return margins.held_sum(margins.published, margins.own).T
+
+
+class MajorityOwnTie(EnsembleRule):
+    """Majority of the signs of every model a peer holds, a tied vote going to the own model.
+
+    ``score = (sum of signs) + tanh(own margin) / 2`` (a term below 1/2 in absolute value
+    never overturns a vote that is not tied). As :func:`p2pdp.learning.ensembles.majority_rule`.
+    Reads: received models, own model. Costs no privacy (post-processing; the result stays
+    with the peer).
+    """
+
+    name: ClassVar[str] = "majority-own"
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        votes = margins.held_sum(np.sign(margins.published), np.sign(margins.own))
+        return (votes + 0.5 * np.tanh(margins.own)).T
+
+
+def _public_view(ensembles: Ensembles) -> PublicView:
+    return PublicView.from_ensembles(ensembles, ensembles.noise_std)
+
+
+class AverageRule(EnsembleRule):
+    """Own model mixed with the inverse-noise-variance average of the received models.
+
+    :func:`p2pdp.learning.ensembles.average_rule`: the mix follows the average's public noise
+    variance
+    (James-Stein shrinkage with a noise test and a cap), no tuning. Reads: received models,
+    their public ``noise_std`` (release records), own model. Costs no privacy.
+    """
+
+    name: ClassVar[str] = "average"
+
+    def fit(self, ensembles: Ensembles, own: PeerData | None = None) -> LinearRule:
+        return LinearRule(average_rule(_public_view(ensembles)).weights)
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        raise ValueError("the average rule scores after fit(); use evaluate_ensembles")
+
+
+class LocalValidatedRule(EnsembleRule):
+    """Own model mixed with the received average, the mix chosen on the peer's own shard.
+
+    :func:`p2pdp.learning.ensembles.local_validated_rule` with the k-fold refits of
+    :class:`PeerData`
+    (computed once per training key). Reads: received models, their noise scales, the own
+    model and the own shard. Costs no privacy: nothing leaves the peer.
+    """
+
+    name: ClassVar[str] = "local-validated"
+    needs_own_data: ClassVar[bool] = True
+
+    def fit(self, ensembles: Ensembles, own: PeerData | None = None) -> LinearRule:
+        if own is None:
+            raise ConfigError(
+                "evaluation.vote = 'local-validated' needs each peer's own shard; the task "
+                "must pass PeerData (the logistic task does)"
+            )
+        rule = local_validated_rule(_public_view(ensembles), own.shards, cv=own.cv)
+        return LinearRule(rule.weights)
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        raise ValueError("the local-validated rule scores after fit(); use evaluate_ensembles")
+
+
+def make_ensemble_rule(vote: str | EnsembleRule) -> EnsembleRule:
+    """The rule ``evaluation.vote`` names (a built-in, an import string, or an instance)."""
+    if isinstance(vote, EnsembleRule):
+        return vote
+    from p2pdp.core.components import resolve
+
+    target = resolve("ensemble", vote, key="evaluation.vote")
+    if isinstance(target, type):
+        with calling("ensemble", target, "__init__"):
+            target = target()
+    check_methods(target, "ensemble", ("fit", "scores"), "p2pdp.learning.evaluation.EnsembleRule")
+    return target
+
+
+def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str | EnsembleRule) -> np.ndarray:
+    """Decision score of every peer's ensemble on every row, (n_rows, P).
+
+    Memory grows with ``n_rows * P``: use :func:`evaluate_ensembles` for large runs, which
+    streams over row chunks.
+    """
+    rule = make_ensemble_rule(vote)
+    # Work in (peers or models) x rows orientation: contiguous operands for the sparse product.
+    rows_t = np.ascontiguousarray(X.T)
+    margins = Margins(
+        own=ensembles.local_weights @ rows_t,
+        published=ensembles.published @ rows_t,
+        shared=ensembles.shared.astype(np.float64),
+        receipts=ensembles.receipts,
+        noise_std=ensembles.noise_std,
+        rows=X,
+    )
+    with calling("ensemble", rule, "scores"):
+        scores = rule.scores(margins)
+    return check_numbers(scores, "ensemble", rule, "scores", shape=(X.shape[0], ensembles.n_peers))
+
+
+def predict(scores: np.ndarray) -> np.ndarray:
+    """Labels in {-1, +1} from decision scores (``score >= 0`` -> +1)."""
+    return np.where(scores >= 0, 1, -1).astype(np.int8)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """Test metrics of every peer's ensemble.
+
+    ``errors`` is the per-peer error rate on the test rows (fraction in [0, 1]); ``confusion``
+    pools every peer's predictions: ``[[TN, FP], [FN, TP]]`` with label -1 first.
+    ``roc_fpr``/``roc_tpr``/``auc`` are those of the best peer (lowest error, lowest index on
+    ties), as in the seed.
+    """
+
+    errors: np.ndarray
+    confusion: np.ndarray
+    best_peer: int
+    roc_fpr: np.ndarray
+    roc_tpr: np.ndarray
+    auc: float
+
+    def summary(self) -> dict[str, float]:
+        e = self.errors
+        return {
+            "mean_error": float(e.mean()),
+            "std_error": float(e.std()),
+            "min_error": float(e.min()),
+            "median_error": float(np.median(e)),
+            "max_error": float(e.max()),
+            "best_peer_auc": float(self.auc),
+        }
+
+
+def evaluate_ensembles(
+    ensembles: Ensembles,
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    vote: str | EnsembleRule,
+    own: PeerData | None = None,
+) -> Metrics:
+    """Per-peer errors, pooled confusion matrix, and the best peer's ROC, in row chunks.
+
+    The rule is fitted once (:meth:`EnsembleRule.fit`, with ``own`` for rules that need the
+    peers' own shards), then scores every row block.
+    """
+    rule = make_ensemble_rule(vote)
+    with calling("ensemble", rule, "fit"):
+        vote = rule.fit(ensembles, own)
+    check_methods(vote, "ensemble", ("scores",), "p2pdp.learning.evaluation.EnsembleRule.fit")
+    y = np.asarray(y)
+    n_rows, n_peers = X.shape[0], ensembles.n_peers
+    wrong = np.zeros(n_peers, dtype=np.int64)
+    predicted_positive_on_pos = 0
+    predicted_positive_on_neg = 0
+    for rows in _row_blocks(n_rows, n_peers + ensembles.published.shape[0]):
+        scores = ensemble_scores(ensembles, X[rows], vote=vote)
+        labels = predict(scores)
+        truth = y[rows][:, None]
+        wrong += (labels != truth).sum(axis=0)
+        positive = labels == 1
+        predicted_positive_on_pos += int(positive[y[rows] == 1].sum())
+        predicted_positive_on_neg += int(positive[y[rows] != 1].sum())
+    n_pos = int((y == 1).sum()) * n_peers
+    n_neg = n_rows * n_peers - n_pos
+    confusion = np.array(
+        [
+            [n_neg - predicted_positive_on_neg, predicted_positive_on_neg],
+            [n_pos - predicted_positive_on_pos, predicted_positive_on_pos],
+        ],
+        dtype=np.int64,
+    )
+    errors = wrong / n_rows
+    best = int(np.argmin(errors))
+    if scores.shape[0] == n_rows:  # one block held every row: reuse its scores
+        best_scores = scores[:, best]
+    else:
+        one = _one_peer(ensembles, best)
+        one_rule = vote.for_peers(slice(best, best + 1))
+        blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
+        best_scores = np.concatenate(
+            [ensemble_scores(one, X[r], vote=one_rule)[:, 0] for r in blocks]
+        )
+    if len(np.unique(y)) == 2:
+        fpr, tpr, _ = roc_curve(y, best_scores, pos_label=1)
+        area = float(auc(fpr, tpr))
+    else:  # a test set with one class has no ROC
+        fpr, tpr, area = np.array([0.0, 1.0]), np.array([0.0, 1.0]), float("nan")
+    return Metrics(
+        errors=errors, confusion=confusion, best_peer=best, roc_fpr=fpr, roc_tpr=tpr, auc=area
+    )
+
+
+def _row_blocks(n_rows: int, width: int) -> list[slice]:
+    """Row slices such that a block times ``width`` columns stays under ``_CHUNK_ELEMENTS``."""
+    block = max(1, _CHUNK_ELEMENTS // (width + 1))
+    return [slice(start, start + block) for start in range(0, n_rows, block)]
+
+
+def _one_peer(ensembles: Ensembles, peer: int) -> Ensembles:
+    return Ensembles(
+        local_weights=ensembles.local_weights[peer : peer + 1],
+        published=ensembles.published,
+        shared=ensembles.shared,
+        receipts=ensembles.receipts[peer : peer + 1],
+        noise_std=ensembles.noise_std,
+    )
+
+
+def linear_error(weights: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Test error of each linear model in ``weights`` (m, d) alone: (m,) fractions.
+
+    Computed in blocks of models, so memory stays bounded for 100,000 local models.
+    """
+    weights = np.atleast_2d(weights)
+    y = np.asarray(y)
+    errors = np.empty(weights.shape[0])
+    for models in _row_blocks(weights.shape[0], X.shape[0]):
+        labels = np.where(weights[models] @ X.T >= 0, 1, -1)
+        errors[models] = (labels != y[None, :]).mean(axis=1)
+    return errors

@@ -1,0 +1,268 @@
+"""One release path: a group's statistics in, the noisy aggregate and its record out.
+
+Plaintext and secure aggregation both go through :meth:`Releaser.release`; the curator
+process calls nothing else, so every release is calibrated, drawn and recorded the same way.
+
+A mechanism with ``additive = False`` (e.g. ``pooled-test``) instead defines the whole release
+from the exact aggregate through :meth:`~p2pdp.privacy.mechanisms.Mechanism.release` (plaintext
+only).
+
+What is released to whom: the curator publishes ``aggregate(statistics) + eta``, with ``eta``
+drawn by the run's :class:`~p2pdp.privacy.mechanisms.Mechanism` at the group's L2 sensitivity (the
+task's :meth:`~p2pdp.tasks.Task.sensitivity` of this group's sizes, under the task's
+neighbouring relation). In plaintext the curator sees every member's statistic and draws the
+noise. With secure aggregation each member adds a share of the noise to its own contribution
+and splits the sum into additive shares (:mod:`p2pdp.privacy.secure_aggregation`); the curator
+learns
+only the noisy aggregate, whose noise has ``K / max(K - 1, 1)`` times the mechanism's variance
+(any ``K - 1`` shares carry the full noise).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from p2pdp.core.boundary import calling, check_numbers
+from p2pdp.core.errors import ConfigError
+from p2pdp.privacy.mechanisms import Mechanism
+from p2pdp.privacy.secure_aggregation import draw_noise_shares, secure_noisy_mean, secure_sum
+
+#: Aggregates a group can release; "mean" and "sum" also work under secure aggregation.
+LINEAR_AGGREGATES = ("mean", "sum")
+
+Aggregate = str | Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRecord:
+    """What one release declares (every field but ``noise_norm`` is public).
+
+    :meth:`as_row` gives the ``releases`` table's columns.
+
+    Attributes
+    ----------
+    group_size : int
+        ``K``, members whose statistics were aggregated.
+    n_min : int
+        Smallest member shard size (the sensitivity depends on it).
+    sensitivity : float
+        L2 sensitivity of the aggregate the noise was calibrated to.
+    mechanism : str
+        The mechanism's name.
+    epsilon, delta : float
+        The guarantee of this one release (``inf`` when the mechanism declares none).
+    noise_scale : float
+        The scale parameter of the noise law (:meth:`Mechanism.noise_scale`).
+    noise_std : float
+        Standard deviation of one noise coordinate of the released vector, including the
+        ``K / (K - 1)`` variance of secure aggregation: public (ensembles may weight by it).
+    noise_norm : float
+        ``||released - exact aggregate||_2``. FOR ANALYSIS ONLY: no party of the protocol
+        learns it (it would reveal the exact aggregate).
+    secure : bool
+        Whether secure aggregation produced the release.
+    """
+
+    group_size: int
+    n_min: int
+    sensitivity: float
+    mechanism: str
+    epsilon: float
+    delta: float
+    noise_scale: float
+    noise_std: float
+    noise_norm: float
+    secure: bool
+
+    def as_row(self) -> dict[str, Any]:
+        """The record as ``{column: value}`` (cheaper than :func:`dataclasses.asdict`)."""
+        return {name: getattr(self, name) for name in _RECORD_FIELDS}
+
+
+_RECORD_FIELDS = tuple(item.name for item in fields(ReleaseRecord))
+
+
+class NoiseStream:
+    """Noise for one run, drawn in batches of unit-sensitivity vectors.
+
+    For a mechanism whose noise is a scale family in the sensitivity
+    (:attr:`Mechanism.scale_family`: noise for ``Delta`` is ``Delta`` times noise for 1),
+    drawing a batch of unit vectors and scaling each by its group's sensitivity has the same
+    distribution as one call per group, and is much faster. Other mechanisms are called once
+    per release.
+    """
+
+    _BATCH = 256
+
+    def __init__(self, mechanism: Mechanism, dim: int, *, rng: np.random.Generator) -> None:
+        self.mechanism = mechanism
+        self.dim = dim
+        self.rng = rng
+        self._unit: list[np.ndarray] = []
+
+    def draw(self, sensitivity: float) -> np.ndarray:
+        """One noise vector (dim,) for a release of L2 sensitivity ``sensitivity``."""
+        if not getattr(self.mechanism, "scale_family", False):
+            return self._sample(sensitivity, None)
+        if not self._unit:
+            self._unit = list(self._sample(1.0, self._BATCH)[::-1])
+        return sensitivity * self._unit.pop()
+
+    def _sample(self, sensitivity: float, size: int | None) -> np.ndarray:
+        """The mechanism's noise, checked: numbers, finite, of shape (dim,) or (size, dim)."""
+        with calling("mechanism", self.mechanism, "sample"):
+            noise = self.mechanism.sample(sensitivity, self.dim, rng=self.rng, size=size)
+        shape = (self.dim,) if size is None else (size, self.dim)
+        return check_numbers(noise, "mechanism", self.mechanism, "sample", shape=shape)
+
+
+class Releaser:
+    """Releases groups' aggregates through one mechanism, in plaintext or securely.
+
+    Parameters
+    ----------
+    mechanism : Mechanism
+        Calibrated to one release's epsilon (and delta).
+    dim : int
+        Length ``d`` of every statistic.
+    aggregate : "mean", "sum" or callable
+        How a group combines its members' statistics, shape (K, d) -> (d,). A callable
+        (e.g. a median) needs the curator to see every statistic: not with ``secure``.
+    secure : bool
+        Secure aggregation (the mechanism must be splittable; the aggregate linear).
+    noise_rng, share_rng : numpy.random.Generator
+        Mechanism draws; secure-aggregation masks.
+    """
+
+    def __init__(
+        self,
+        mechanism: Mechanism,
+        dim: int,
+        *,
+        aggregate: Aggregate,
+        secure: bool,
+        noise_rng: np.random.Generator,
+        share_rng: np.random.Generator,
+    ) -> None:
+        if secure and aggregate not in LINEAR_AGGREGATES:
+            raise ConfigError(
+                "privacy.secure_aggregation = true needs a linear aggregate (mean or sum); "
+                f"the task aggregates with {aggregate!r}"
+            )
+        if secure and not getattr(mechanism, "additive", True):
+            raise ConfigError(
+                "privacy.secure_aggregation = true needs additive noise the members can split; "
+                f"mechanism {getattr(mechanism, 'name', mechanism)!r} defines its own release"
+            )
+        if not callable(aggregate) and aggregate not in LINEAR_AGGREGATES:
+            raise ConfigError(
+                f"a task's aggregate must be one of {LINEAR_AGGREGATES} or a callable, "
+                f"got {aggregate!r}"
+            )
+        self.mechanism = mechanism
+        self.dim = dim
+        self.aggregate = aggregate
+        self.secure = secure
+        self.noise = NoiseStream(mechanism, dim, rng=noise_rng)
+        self.share_rng = share_rng
+        self.name = getattr(mechanism, "name", type(mechanism).__name__)
+        self.epsilon, self.delta = (float(v) for v in mechanism.guarantee(dim))
+        # Scale and std are linear in the sensitivity for a scale family: compute them once.
+        self._unit = (
+            (float(mechanism.noise_scale(1.0, dim)), float(mechanism.noise_std(1.0, dim)))
+            if getattr(mechanism, "scale_family", False)
+            else None
+        )
+
+    def exact(self, statistics: np.ndarray) -> np.ndarray:
+        """The aggregate without noise (the curator's view in plaintext), shape (d,)."""
+        if callable(self.aggregate):
+            return np.asarray(self.aggregate(statistics), dtype=np.float64)
+        # Reducing axis 0 of a C-contiguous (K, d) array adds the rows in order.
+        total = statistics.sum(axis=0)
+        return total / statistics.shape[0] if self.aggregate == "mean" else total
+
+    def release(
+        self,
+        statistics: np.ndarray,
+        sizes: list[int],
+        sensitivity: float,
+        *,
+        curator: int = 0,
+    ) -> tuple[np.ndarray, ReleaseRecord]:
+        """The noisy aggregate of one group, and its record.
+
+        Parameters
+        ----------
+        statistics : ndarray, shape (K, d)
+            Members' statistics (plaintext: in arrival order; secure: in member order).
+        sizes : list of int, length K
+            Members' shard sizes (public inside the group).
+        sensitivity : float
+            L2 sensitivity of the aggregate for this group.
+        curator : int
+            Row of the curator in ``statistics`` (secure aggregation).
+
+        Returns
+        -------
+        released : ndarray, shape (d,)
+        record : ReleaseRecord
+        """
+        n_members = statistics.shape[0]
+        if self.secure:
+            with calling("mechanism", self.mechanism, "noise_shares"):
+                shares = draw_noise_shares(
+                    self.mechanism,
+                    sensitivity=sensitivity,
+                    n_members=n_members,
+                    dim=self.dim,
+                    rng=self.noise.rng,
+                )
+            shares = check_numbers(
+                shares, "mechanism", self.mechanism, "noise_shares", shape=(n_members, self.dim)
+            )
+            if self.aggregate == "mean":
+                result = secure_noisy_mean(statistics, shares, curator=curator, rng=self.share_rng)
+            else:
+                result = secure_sum(statistics + shares, curator=curator, rng=self.share_rng)
+            released = result.total
+            noise_norm = float(np.linalg.norm(released - self.exact(statistics)))
+            inflation = math.sqrt(n_members / max(n_members - 1, 1))
+        elif not getattr(self.mechanism, "additive", True):  # the mechanism defines the release
+            exact = self.exact(statistics)
+            with calling("mechanism", self.mechanism, "release"):
+                value = self.mechanism.release(exact, sensitivity, rng=self.noise.rng)
+            released = check_numbers(
+                value, "mechanism", self.mechanism, "release", shape=np.shape(exact)
+            )
+            noise_norm = float(np.linalg.norm(released - exact))
+            inflation = 1.0
+        else:
+            noise = self.noise.draw(sensitivity)
+            released = self.exact(statistics) + noise
+            noise_norm = math.sqrt(float(noise @ noise))
+            inflation = 1.0
+        sensitivity = float(sensitivity)
+        if self._unit is not None:
+            scale, std = self._unit[0] * sensitivity, self._unit[1] * sensitivity
+        else:
+            scale = float(self.mechanism.noise_scale(sensitivity, self.dim))
+            std = float(self.mechanism.noise_std(sensitivity, self.dim))
+        record = ReleaseRecord(
+            n_members,
+            int(min(sizes)),
+            sensitivity,
+            self.name,
+            self.epsilon,
+            self.delta,
+            scale,
+            std * inflation,
+            noise_norm,
+            self.secure,
+        )
+        return released, record

@@ -1,0 +1,225 @@
+"""Everything before the SimPy world: data -> fold -> preprocessing -> shards -> local models.
+
+Local models do not depend on the group size, epsilon, mechanism or publication mode (noise
+is added after training), so :func:`train_peers` is keyed by :func:`training_key` and an
+experiment shares one training between all cells with the same key.
+
+Random streams are derived by name from the scenario seed (:mod:`p2pdp.core.rng`): the folds from
+``("folds", repetition)``, the shards from ``("partition", fold, repetition)``, the data (for
+loaders that take an ``rng``, such as ``synthetic``) from ``("synthetic",)``. Two cells that
+differ only in, say, the publication mode therefore see the same folds, shards and local
+models (common random numbers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from p2pdp.config import DataConfig, EvaluationConfig, PartitionConfig, ScenarioConfig
+from p2pdp.core.boundary import calling, check_numbers, check_type
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.rng import generator
+from p2pdp.data.datasets import load_data
+from p2pdp.data.partition import partition, stratified_folds
+from p2pdp.data.preprocess import Preprocessor
+from p2pdp.learning.models import LocalModel, LocalModels, LogisticModel, make_model
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FoldData:
+    """Preprocessed training and test rows of one fold.
+
+    ``X_train``/``X_test`` rows have L2 norm <= 1 (bias included); labels are in {-1, +1}.
+    ``data_dependent_bounds`` is True when min-max bounds were fitted on the pooled training
+    fold, a global step outside the DP guarantee (as in the seed).
+    """
+
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    data_dependent_bounds: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainedPeers:
+    """A fold, its peer shards (index arrays into ``fold.X_train``) and the exact local models.
+
+    ``centralized`` is the non-private model fitted on all of the fold's training rows, the
+    upper reference line of every accuracy result. ``key`` is the :func:`training_key` it was
+    prepared for (``None`` if built by hand): a simulation refuses models of another key.
+    ``cache`` holds what a task computes lazily from this training and reuses across cells.
+    """
+
+    fold: FoldData
+    shards: tuple[np.ndarray, ...]
+    models: LocalModels
+    centralized: np.ndarray
+    key: tuple | None = None
+    #: Lazily computed, per-training-key extras a task shares between the runs of this fold
+    #: (e.g. the logistic task's k-fold refits of the own models); not part of equality.
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+def load_fold(
+    data: DataConfig, evaluation: EvaluationConfig, *, seed: int, fold: int, repetition: int = 0
+) -> FoldData:
+    """Load ``data.dataset``, take fold ``fold``'s train/test split and preprocess it.
+
+    The loader (:func:`p2pdp.data.datasets.load_data`) gets the stream ``("synthetic",)`` of
+    ``seed``. ``evaluation.split = "fixed"`` trains on the loader's ``X, y`` and tests on its
+    test split; ``"cv"`` cuts stratified folds from ``X, y`` (pooled with the test split if the
+    loader says so). The transform is fitted on the training rows only, then applied to the
+    test rows; ``data.bounds = "manifest"`` takes the loader's data-independent bounds.
+
+    Raises
+    ------
+    ConfigError
+        A fixed split or manifest bounds that the data set does not provide, or too few rows
+        of a class for ``evaluation.cv_folds``.
+    DataError
+        The loader's rows are invalid (see :class:`p2pdp.data.datasets.RawData`).
+    """
+    raw = load_data(data, rng=generator(seed, "synthetic"))
+    if evaluation.split == "fixed":
+        if raw.X_test is None or raw.y_test is None:
+            raise ConfigError(
+                f"evaluation.split = 'fixed' but data set {raw.name!r} has no test split "
+                "(its loader returned no X_test, y_test)"
+            )
+        X_train, y_train, X_test, y_test = raw.X, raw.y, raw.X_test, raw.y_test
+    else:
+        X, y = raw.X, raw.y
+        if raw.cv_pools_test and raw.X_test is not None and raw.y_test is not None:
+            X, y = np.vstack([raw.X, raw.X_test]), np.concatenate([raw.y, raw.y_test])
+        _check_fold_counts(raw.name, y, evaluation.cv_folds)
+        X_train, y_train, X_test, y_test = _cv_split(X, y, evaluation, seed, fold, repetition)
+    if data.bounds == "manifest" and raw.feature_bounds is None:
+        raise ConfigError(
+            f"data.bounds = 'manifest' needs data-independent bounds, but data set "
+            f"{raw.name!r} has none (its loader returned no feature_bounds)"
+        )
+    bounds = raw.feature_bounds if data.bounds == "manifest" else None
+    fitted = Preprocessor(steps=tuple(data.transform), bounds=bounds).fit(X_train)
+    return FoldData(
+        X_train=fitted.transform(X_train),
+        y_train=np.asarray(y_train, dtype=np.int8),
+        X_test=fitted.transform(X_test),
+        y_test=np.asarray(y_test, dtype=np.int8),
+        data_dependent_bounds=fitted.data_dependent,
+    )
+
+
+def _check_fold_counts(name: str, y: np.ndarray, cv_folds: int) -> None:
+    """Stratified folds need at least ``cv_folds`` rows of each class."""
+    for label in (-1, 1):
+        count = int((y == label).sum())
+        if count < cv_folds:
+            raise ConfigError(
+                f"data set {name!r} has {count} rows of class {label:+d}, too few for "
+                f"evaluation.cv_folds = {cv_folds} (each fold needs one of each class): "
+                "lower evaluation.cv_folds or bring more rows"
+            )
+
+
+def _cv_split(
+    X: np.ndarray,
+    y: np.ndarray,
+    evaluation: EvaluationConfig,
+    seed: int,
+    fold: int,
+    repetition: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    folds = stratified_folds(y, evaluation.cv_folds, rng=generator(seed, "folds", repetition))
+    train, test = folds[fold]
+    return X[train], y[train], X[test], y[test]
+
+
+def train_peers(
+    fold: FoldData,
+    partition_config: PartitionConfig,
+    lam: float,
+    *,
+    rng: np.random.Generator,
+    model: LocalModel | None = None,
+    key: tuple | None = None,
+) -> TrainedPeers:
+    """Split the fold's training rows into peer shards and fit every peer's exact model.
+
+    ``model`` is the local learner (default: exact logistic regression).
+    """
+    model = model if model is not None else LogisticModel()
+    shards = partition(
+        fold.y_train,
+        partition_config.n_peers,
+        scheme=partition_config.scheme,
+        alpha=partition_config.alpha,
+        min_shard_size=partition_config.min_shard_size,
+        rng=rng,
+    )
+    models = _fit(model, fold, shards, lam)
+    everyone = _fit(model, fold, [np.arange(len(fold.y_train))], lam)
+    return TrainedPeers(
+        fold=fold, shards=tuple(shards), models=models, centralized=everyone.weights[0], key=key
+    )
+
+
+def _fit(
+    model: LocalModel, fold: FoldData, shards: Sequence[np.ndarray], lam: float
+) -> LocalModels:
+    """``model.fit`` on ``shards`` of the fold's training rows, its output checked."""
+    with calling("model", model, "fit"):
+        models = model.fit(fold.X_train, fold.y_train, shards, lam)
+    check_type(models, LocalModels, "model", model, "fit")
+    shape = (len(shards), fold.X_train.shape[1])
+    check_numbers(models.weights, "model", model, "fit (weights)", shape=shape)
+    check_numbers(models.grad_norms, "model", model, "fit (grad_norms)", shape=shape[:1])
+    return models
+
+
+def training_key(config: ScenarioConfig, *, fold: int, repetition: int) -> tuple:
+    """Everything :func:`prepare_peers` depends on: cells with equal keys share a training."""
+    evaluation = config.evaluation
+    return (
+        config.seed,
+        fold,
+        repetition,
+        config.data,
+        evaluation.split,
+        evaluation.cv_folds,
+        config.partition,
+        config.training.lam,
+        config.training.model,
+    )
+
+
+def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> TrainedPeers:
+    """Load fold ``fold`` of ``config``'s data and train every peer's local model.
+
+    Raises
+    ------
+    ConfigError
+        The fold has fewer training rows than ``partition.n_peers * partition.min_shard_size``.
+    """
+    data = load_fold(
+        config.data, config.evaluation, seed=config.seed, fold=fold, repetition=repetition
+    )
+    partition_config = config.partition
+    needed = partition_config.n_peers * partition_config.min_shard_size
+    if len(data.y_train) < needed:
+        raise ConfigError(
+            f"data set {config.data.dataset!r}: fold {fold} has {len(data.y_train)} training "
+            f"rows, fewer than partition.n_peers ({partition_config.n_peers}) x "
+            f"partition.min_shard_size ({partition_config.min_shard_size}) = {needed}"
+        )
+    return train_peers(
+        data,
+        config.partition,
+        config.training.lam,
+        rng=generator(config.seed, "partition", fold, repetition),
+        model=make_model(config.training.model),
+        key=training_key(config, fold=fold, repetition=repetition),
+    )
