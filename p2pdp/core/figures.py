@@ -18,7 +18,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import NullFormatter, NullLocator
-from scipy import stats
 
 from p2pdp.core.files import write_atomic
 
@@ -76,6 +75,8 @@ def wilson_interval(
     proportions: np.ndarray, counts: Sequence[int], level: float = 0.95
 ) -> tuple[np.ndarray, np.ndarray]:
     """Wilson score interval of binomial proportions ``proportions`` out of ``counts`` trials."""
+    from scipy import stats  # only here: importing scipy.stats costs ~0.2 s
+
     z = float(stats.norm.ppf(0.5 + level / 2))
     n = np.asarray(counts, dtype=float)
     p = np.asarray(proportions, dtype=float)
