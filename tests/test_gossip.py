@@ -110,9 +110,9 @@ def recording():
         log.published.append((group.members.copy(), len(group.sizes), self.online.copy()))
         return publish(self, group, model)
 
-    def send_(self, sender, deliver, message, n_bytes):
+    def send_(self, sender, deliver, message, n_bytes, **kwargs):
         before = self.messages_lost
-        send(self, sender, deliver, message, n_bytes)
+        send(self, sender, deliver, message, n_bytes, **kwargs)
         kind = getattr(message, "kind", None)
         log.publications_lost += kind == world_module.PUBLISH and self.messages_lost > before
 

@@ -1,7 +1,10 @@
 """Message transport between peers: latency, bandwidth, loss, and counters.
 
-A message is delivered by one SimPy timeout event whose callback hands it to the receiver:
-no process per message, so the per-message Python work is a few microseconds.
+A message is delivered by a SimPy timeout event whose callback hands it to the receiver: no
+process per message. Messages that arrive at the same instant and were scheduled one after
+another (a curator's ``g - 1`` submissions under a constant latency, say) share one event:
+SimPy would process their events back to back anyway, so delivering them from one callback,
+in the order they were sent, changes nothing but the number of events (see :meth:`send`).
 Latencies and loss decisions are drawn from the transport's own generator in batches.
 """
 
@@ -12,6 +15,8 @@ from typing import TypeVar
 
 import numpy as np
 import simpy
+from simpy.core import NORMAL
+from simpy.events import Event
 
 from p2pdp.config import NetworkConfig
 
@@ -20,6 +25,38 @@ FLOAT_BYTES = 8
 _BATCH = 4096
 
 _M = TypeVar("_M")
+
+
+class Environment(simpy.Environment):
+    """A SimPy environment that counts the events it schedules (:attr:`scheduled`).
+
+    :meth:`Transport.send` reads the count to know whether anything was scheduled since its
+    last message (if not, a message arriving at the same instant joins that message's event).
+    """
+
+    def __init__(self, initial_time: float = 0) -> None:
+        super().__init__(initial_time)
+        self.scheduled = 0
+
+    def schedule(self, event: Event, priority: int = NORMAL, delay: float = 0) -> None:
+        self.scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+class _Arrivals:
+    """Messages delivered by one event: ``(deliver, message)`` pairs in the order sent."""
+
+    __slots__ = ("at", "items", "mark")
+
+    def __init__(self, at: float, mark: int, items: list) -> None:
+        self.at = at  # arrival time (simulated seconds)
+        self.mark = mark  # env.scheduled right after the last message joined
+        self.items = items
+
+    def deliver(self, event: Event) -> None:
+        self.mark = -1  # delivered: nothing joins it any more
+        for deliver, message in self.items:
+            deliver(message)
 
 
 def model_bytes(dim: int) -> int:
@@ -32,7 +69,7 @@ class Transport:
 
     Parameters
     ----------
-    env : simpy.Environment
+    env : Environment
     config : NetworkConfig
     n_peers : int
         Peers are numbered ``0 .. n_peers-1``; the sender ``-1`` is the central sampler,
@@ -46,7 +83,7 @@ class Transport:
 
     def __init__(
         self,
-        env: simpy.Environment,
+        env: Environment,
         config: NetworkConfig,
         n_peers: int,
         *,
@@ -64,6 +101,7 @@ class Transport:
         self.on_lost: Callable[[int], None] | None = None
         self._latencies: list[float] = []
         self._uniforms: list[float] = []
+        self._open: _Arrivals | None = None  # the last message's event, while joinable
 
     def _latency(self) -> float:
         if not self._latencies:
@@ -108,10 +146,26 @@ class Transport:
             for sender in ids.tolist():
                 self.on_lost(sender)
 
-    def send(self, sender: int, deliver: Callable[[_M], None], message: _M, n_bytes: int) -> None:
+    def send(
+        self,
+        sender: int,
+        deliver: Callable[[_M], None],
+        message: _M,
+        n_bytes: int,
+        *,
+        coalesce: bool = False,
+    ) -> None:
         """Send ``message`` (``n_bytes`` on the wire); ``deliver(message)`` runs on arrival.
 
         A lost message is counted and never delivered: receivers rely on timeouts.
+
+        ``coalesce``: the message may share the event of the previous coalescing message if
+        both arrive at the same instant and no other event was scheduled in between. SimPy
+        orders events by (time, priority, scheduling order), so two such events run back to
+        back with nothing between them, and one event delivering both, in sending order, is
+        the same run. Only for ``deliver`` callbacks that schedule nothing urgent (no new
+        process): an urgent event scheduled while the first message is delivered would run
+        before the second one's separate event, but after it here.
         """
         self._count(sender, n_bytes)
         if self._lost():
@@ -119,8 +173,21 @@ class Transport:
             if self.on_lost is not None:
                 self.on_lost(sender)
             return
-        event = self.env.timeout(self.delay(n_bytes), value=message)
-        event.callbacks.append(lambda ev: deliver(ev.value))
+        env = self.env
+        delay = self.delay(n_bytes)
+        if not coalesce:
+            event = env.timeout(delay, value=message)
+            event.callbacks.append(lambda ev: deliver(ev.value))
+            return
+        at = env.now + delay  # the time SimPy would schedule the message's own event at
+        arrivals = self._open
+        if arrivals is not None and arrivals.at == at and arrivals.mark == env.scheduled:
+            arrivals.items.append((deliver, message))
+            return
+        arrivals = _Arrivals(at, 0, [(deliver, message)])
+        env.timeout(delay).callbacks.append(arrivals.deliver)
+        arrivals.mark = env.scheduled
+        self._open = arrivals
 
     def broadcast(
         self, sender: int, n_recipients: int, n_bytes: int, deliver: Callable[[], None]

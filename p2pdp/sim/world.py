@@ -43,7 +43,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.accounting import BudgetLedger, make_accountant
 from p2pdp.privacy.release import Releaser, ReleaseRecord
 from p2pdp.sim.sampler import GroupSampler
-from p2pdp.sim.transport import HEADER_BYTES, Transport, model_bytes
+from p2pdp.sim.transport import HEADER_BYTES, Environment, Transport, model_bytes
 
 SAMPLER = -1  # sender id of the central sampler
 
@@ -221,7 +221,7 @@ class World:
         observers: Sequence[WorldObserver] = (),
     ) -> None:
         self.config = config
-        self.env = simpy.Environment()
+        self.env = Environment()
         self.statistics = statistics
         self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
         n_peers, dim = statistics.shape[0], statistics.shape[-1]
@@ -308,7 +308,9 @@ class World:
         for member in members.tolist():
             if announce:
                 message = Message(ASSIGN, SAMPLER, group.group_id, group)
-                self.transport.send(SAMPLER, self.peers[member].receive, message, HEADER_BYTES)
+                self.transport.send(
+                    SAMPLER, self.peers[member].receive, message, HEADER_BYTES, coalesce=True
+                )
             else:
                 self.submit(member, group)
         self.env.process(curator_process(self, group))
@@ -350,7 +352,9 @@ class World:
             others = [m for m in group.members.tolist() if m != member]
             for other in others:
                 message = Message(SHARE, member, group.group_id)
-                self.transport.send(member, self.peers[other].receive, message, self.model_bytes)
+                self.transport.send(
+                    member, self.peers[other].receive, message, self.model_bytes, coalesce=True
+                )
             if not others:  # a group of one: its own contribution is its partial sum
                 self._partial_ready(member, group)
             return
@@ -359,7 +363,7 @@ class World:
             self.receive_submission(reply)
         else:
             curator = self.peers[group.curator]
-            self.transport.send(member, curator.receive, reply, self.model_bytes)
+            self.transport.send(member, curator.receive, reply, self.model_bytes, coalesce=True)
 
     def receive_submission(self, message: Message) -> None:
         group = self.groups.get(message.group)
@@ -387,7 +391,7 @@ class World:
         else:
             message = Message(PARTIAL, member, group.group_id)
             self.transport.send(
-                member, self.peers[group.curator].receive, message, self.model_bytes
+                member, self.peers[group.curator].receive, message, self.model_bytes, coalesce=True
             )
 
     def receive_partial(self, message: Message) -> None:
@@ -433,7 +437,7 @@ class World:
                 continue
             message = Message(PUBLISH, group.curator, group.group_id, index)
             self.transport.send(
-                group.curator, self.peers[member].receive, message, self.model_bytes
+                group.curator, self.peers[member].receive, message, self.model_bytes, coalesce=True
             )
 
     def finish_group(self, group: Group, *, published: bool) -> None:
