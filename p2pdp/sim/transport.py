@@ -11,11 +11,11 @@ Latencies and loss decisions are drawn from the transport's own generator in bat
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import simpy
-from simpy.core import NORMAL
+from simpy.core import NORMAL, EventPriority, SimTime
 from simpy.events import Event
 
 from p2pdp.config import NetworkConfig
@@ -38,7 +38,7 @@ class Environment(simpy.Environment):
         super().__init__(initial_time)
         self.scheduled = 0
 
-    def schedule(self, event: Event, priority: int = NORMAL, delay: float = 0) -> None:
+    def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: SimTime = 0) -> None:
         self.scheduled += 1
         super().schedule(event, priority, delay)
 
@@ -48,7 +48,9 @@ class _Arrivals:
 
     __slots__ = ("at", "items", "mark")
 
-    def __init__(self, at: float, mark: int, items: list) -> None:
+    def __init__(
+        self, at: float, mark: int, items: list[tuple[Callable[[Any], None], Any]]
+    ) -> None:
         self.at = at  # arrival time (simulated seconds)
         self.mark = mark  # env.scheduled right after the last message joined
         self.items = items
