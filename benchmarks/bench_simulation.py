@@ -22,6 +22,7 @@ import multiprocessing as mp
 import resource
 import sys
 import time
+from queue import Empty
 
 import numpy as np
 
@@ -32,7 +33,9 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def run_one(dataset: str, peers: int, group_size: int, publication: str) -> dict:
+def run_one(
+    dataset: str, peers: int, group_size: int, publication: str, sampler: str = "central"
+) -> dict:
     """One configuration, in the current process."""
     from p2pdp.config import (
         DataConfig,
@@ -62,7 +65,7 @@ def run_one(dataset: str, peers: int, group_size: int, publication: str) -> dict
         data=data,
         partition=PartitionConfig(n_peers=peers),
         privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=0.1),
-        groups=GroupsConfig(group_size=group_size),
+        groups=GroupsConfig(group_size=group_size, sampler=sampler),
         publication=PublicationConfig(mode=publication),
         evaluation=evaluation,
     )
@@ -77,6 +80,7 @@ def run_one(dataset: str, peers: int, group_size: int, publication: str) -> dict
         "peers": peers,
         "group_size": group_size,
         "publication": publication,
+        "sampler": sampler,
         "aggregations": result.aggregations,
         "mean_error": result.evaluation.metrics.summary()["mean_error"],
         "centralized_error": result.evaluation.centralized_error,
@@ -95,15 +99,26 @@ def _child(args: tuple, queue: mp.Queue) -> None:
     queue.put(run_one(*args))
 
 
-def run_isolated(dataset: str, peers: int, group_size: int, publication: str) -> dict:
+def run_isolated(
+    dataset: str, peers: int, group_size: int, publication: str, sampler: str = "central"
+) -> dict:
     """One configuration in a fresh process, so peak memory is its own."""
     context = mp.get_context("spawn")
     queue = context.Queue()
     process = context.Process(
-        target=_child, args=((dataset, peers, group_size, publication), queue)
+        target=_child, args=((dataset, peers, group_size, publication, sampler), queue)
     )
     process.start()
-    result = queue.get()
+    while True:  # a child killed by the kernel (out of memory) never answers: do not hang
+        try:
+            result = queue.get(timeout=1.0)
+            break
+        except Empty:
+            if not process.is_alive():
+                raise RuntimeError(
+                    f"{dataset} P={peers} {sampler}: the benchmark process died (exit code "
+                    f"{process.exitcode}; -9 is the kernel's out-of-memory kill)"
+                ) from None
     process.join()
     return result
 

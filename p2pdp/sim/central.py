@@ -46,7 +46,12 @@ class CentralSampler:
         Idle peers that can afford one more aggregation.
     in_flight : int
         Groups started and not yet finished.
+    faults : bool
+        False: this sampler takes no peer offline (the world may then skip the curators'
+        collection timeouts when no message can be lost either).
     """
+
+    faults = False
 
     def __init__(self, world: World, *, rng: np.random.Generator) -> None:
         self.world = world

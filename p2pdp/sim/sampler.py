@@ -93,6 +93,10 @@ class GroupSampler(Protocol):
         Succeeds with the stop reason (a short sentence, ``str``) when the run is over. The
         completion monitor records it as the run's ``stop_reason`` and the time it succeeds
         as ``sim_time``.
+    faults : bool, optional
+        Set it to False only if the sampler never writes ``world.online`` (no churn, no
+        crashes): with a loss-free network every group then completes, and the curators skip
+        their collection timeouts (one event per group fewer). Missing means True.
     """
 
     done: simpy.Event

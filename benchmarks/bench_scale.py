@@ -1,0 +1,147 @@
+"""How wall time and memory grow with the number of peers, for the central and gossip samplers.
+
+    python benchmarks/bench_scale.py                                # P = 10^3, 10^4, 10^5
+    python benchmarks/bench_scale.py --peers 1000 10000 --samplers central
+    python benchmarks/bench_scale.py --out docs/scale             # table + figure for the guide
+
+Each configuration is the synthetic workload of ``bench_simulation.py`` (20 training rows per
+peer, d = 58 with the bias, g = 10, epsilon = 1, epsilon_A = 0.1, full publication, one fold),
+run in a fresh process so its peak resident memory is its own. Prints one line per run and the
+fitted growth exponent of each phase's wall time in P (least squares on log-log; 1 is linear).
+With ``--out``, writes ``<out>.csv`` and ``<out>.png``: wall time per phase and peak memory
+against P on log-log axes, one line per sampler and phase, the exponents in the legend.
+
+A P whose peak memory, extrapolated from the smaller runs, would exceed ``--memory-limit``
+(default: 90% of this machine's RAM) is skipped with a message instead of being killed by the
+kernel half-way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+from bench_simulation import growth_exponent, run_isolated
+
+PHASES = ("training_s", "simulation_s", "evaluation_s", "wall_s")
+
+
+def machine_memory_mb() -> float:
+    """Physical memory of this machine in MiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+
+
+def predicted_peak_mb(rows: list[dict], peers: int) -> float | None:
+    """Peak memory at ``peers`` extrapolated on log-log from the runs so far (None: < 2 runs)."""
+    if len(rows) < 2:
+        return None
+    slope, intercept = np.polyfit(
+        np.log([r["peers"] for r in rows]), np.log([r["peak_mb"] for r in rows]), 1
+    )
+    return float(np.exp(intercept + slope * np.log(peers)))
+
+
+def write_figure(rows: list[dict], path: Path) -> None:
+    """Log-log panels: wall time per phase, and peak memory, against P for each sampler."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from p2pdp.core.figures import legend_below, write_figure
+
+    figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+    styles = {"central": "-", "gossip": "--"}
+    colours = dict(zip(PHASES, plt.get_cmap("viridis")(np.linspace(0, 0.85, 4)), strict=True))
+    for sampler in sorted({r["sampler"] for r in rows}):
+        runs = sorted((r for r in rows if r["sampler"] == sampler), key=lambda r: r["peers"])
+        peers = [r["peers"] for r in runs]
+        for phase in PHASES:
+            seconds = [r[phase] for r in runs]
+            exponent = growth_exponent(peers, seconds) if len(runs) > 1 else float("nan")
+            time_axis.plot(
+                peers,
+                seconds,
+                styles.get(sampler, ":"),
+                marker="o",
+                color=colours[phase],
+                label=f"{sampler}: {phase[:-2]} (P^{exponent:.2f})",
+            )
+        memory = [r["peak_mb"] / 1024 for r in runs]
+        exponent = growth_exponent(peers, memory) if len(runs) > 1 else float("nan")
+        memory_axis.plot(
+            peers,
+            memory,
+            styles.get(sampler, ":"),
+            marker="o",
+            color="black",
+            label=f"{sampler}: peak memory (P^{exponent:.2f})",
+        )
+    time_axis.set(xscale="log", yscale="log", xlabel="peers P", ylabel="wall time (s)")
+    memory_axis.set(xscale="log", yscale="log", xlabel="peers P", ylabel="peak memory (GiB)")
+    for axis in (time_axis, memory_axis):
+        axis.grid(alpha=0.3, which="both")
+    figure.suptitle(
+        "Synthetic workload, 20 rows per peer, g = 10, full publication (one fold)", fontsize=9
+    )
+    legend_below(figure, [time_axis, memory_axis], ncols=3)
+    write_figure(figure, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument(
+        "--samplers", nargs="+", choices=("central", "gossip"), default=["central", "gossip"]
+    )
+    parser.add_argument("--memory-limit", type=float, default=0.9 * machine_memory_mb(),
+                        help="MiB; a P predicted to need more is skipped")  # fmt: skip
+    parser.add_argument("--out", type=Path, help="write <out>.csv and <out>.png")
+    args = parser.parse_args(argv)
+
+    rows: list[dict] = []
+    for sampler in args.samplers:
+        done: list[dict] = []
+        for peers in sorted(args.peers):
+            predicted = predicted_peak_mb(done, peers)
+            if predicted is not None and predicted > args.memory_limit:
+                print(
+                    f"{sampler:>7} P={peers:>8}: skipped, predicted peak {predicted / 1024:.1f} "
+                    f"GiB > limit {args.memory_limit / 1024:.1f} GiB",
+                    flush=True,
+                )
+                continue
+            row = run_isolated("synthetic", peers, 10, "full", sampler)
+            done.append(row)
+            print(
+                f"{sampler:>7} P={peers:>8}: training {row['training_s']:7.2f} s  simulation "
+                f"{row['simulation_s']:7.2f} s  evaluation {row['evaluation_s']:6.2f} s  total "
+                f"{row['wall_s']:7.2f} s  peak {row['peak_mb'] / 1024:5.2f} GiB  "
+                f"aggregations {row['aggregations']}",
+                flush=True,
+            )
+        if len(done) >= 2:
+            peers = [r["peers"] for r in done]
+            exponents = {
+                phase[:-2]: growth_exponent(peers, [r[phase] for r in done]) for phase in PHASES
+            }
+            text = ", ".join(f"{phase} {value:.2f}" for phase, value in exponents.items())
+            print(f"{sampler:>7} growth exponent of wall time in P: {text}", flush=True)
+        rows.extend(done)
+    if args.out and rows:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.with_suffix(".csv").open("w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        write_figure(rows, args.out.with_suffix(".png"))
+        print(f"wrote {args.out.with_suffix('.csv')} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
