@@ -11,7 +11,7 @@ fitted growth exponent of each phase's wall time in P (least squares on log-log;
 With ``--out``, writes ``<out>.csv`` and ``<out>.png``: wall time per phase and peak memory
 against P on log-log axes, one line per sampler and phase, the exponents in the legend.
 
-A P whose peak memory, extrapolated from the smaller runs, would exceed ``--memory-limit``
+A P whose peak memory, extrapolated from the two largest runs, would exceed ``--memory-limit``
 (default: 90% of this machine's RAM) is skipped with a message instead of being killed by the
 kernel half-way.
 """
@@ -36,13 +36,16 @@ def machine_memory_mb() -> float:
 
 
 def predicted_peak_mb(rows: list[dict], peers: int) -> float | None:
-    """Peak memory at ``peers`` extrapolated on log-log from the runs so far (None: < 2 runs)."""
+    """Peak memory at ``peers`` extrapolated from the last two runs (None: fewer than 2).
+
+    The local log-log slope, at least 1: memory that grows with P grows linearly once the
+    fixed cost (the interpreter, the libraries) no longer dominates.
+    """
     if len(rows) < 2:
         return None
-    slope, intercept = np.polyfit(
-        np.log([r["peers"] for r in rows]), np.log([r["peak_mb"] for r in rows]), 1
-    )
-    return float(np.exp(intercept + slope * np.log(peers)))
+    (p1, m1), (p2, m2) = ((r["peers"], r["peak_mb"]) for r in rows[-2:])
+    slope = max(1.0, float(np.log(m2 / m1) / np.log(p2 / p1)))
+    return float(m2 * (peers / p2) ** slope)
 
 
 def write_figure(rows: list[dict], path: Path) -> None:

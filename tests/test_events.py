@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import simpy
 
 from p2pdp.config import (
     DataConfig,
@@ -27,16 +28,6 @@ from p2pdp.config import (
 from p2pdp.experiments.simulation import simulate
 from p2pdp.sim import transport as transport_module
 from p2pdp.sim.central import CentralSampler
-from p2pdp.sim.world import WorldObserver
-
-
-class Events(WorldObserver):
-    """Keeps the world, to read how many events its environment scheduled."""
-
-    world = None
-
-    def group_started(self, world, group) -> None:
-        self.world = world
 
 
 def config(**changes) -> ScenarioConfig:
@@ -83,8 +74,15 @@ def run(config: ScenarioConfig, *, reference: bool, monkeypatch) -> tuple:
 
             patch.setattr(transport_module.Transport, "send", one_event_each)
             patch.setattr(CentralSampler, "faults", True)
-        events = Events()
-        result = simulate(config, observers=(events,))
+        counted = [0]
+        schedule = simpy.Environment.schedule
+
+        def counting(self, *args, **kwargs):
+            counted[0] += 1
+            schedule(self, *args, **kwargs)
+
+        patch.setattr(simpy.Environment, "schedule", counting)
+        result = simulate(config)
     outputs = (
         result.evaluation.summary(),
         result.aggregations,
@@ -97,7 +95,7 @@ def run(config: ScenarioConfig, *, reference: bool, monkeypatch) -> tuple:
         result.stop_reason,
         result.releases,
     )
-    return outputs, events.world.env.scheduled
+    return outputs, counted[0]
 
 
 @pytest.mark.parametrize("name", CASES)

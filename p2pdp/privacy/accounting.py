@@ -458,6 +458,14 @@ def format_budget_table(rows: Sequence[dict[str, float | int]]) -> str:
     return "\n".join(lines)
 
 
+#: Arrays of at most this many peer ids are checked with Python builtins (faster when short).
+_SMALL = 256
+
+
+def _count_distinct(ids: np.ndarray) -> int:
+    return len(set(ids.tolist())) if ids.size <= _SMALL else int(np.unique(ids).size)
+
+
 class BudgetLedger:
     """Vectorised per-peer budget ledger for ``n_peers`` peers (tested up to 100,000).
 
@@ -522,8 +530,15 @@ class BudgetLedger:
         ids = np.asarray(peers)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             raise ConfigError(f"peers must be a 1-D sequence of integer ids, got {peers!r}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_peers):
-            raise ConfigError(f"peers must be ids in [0, {self.n_peers}), got {peers!r}")
+        if ids.size:
+            # a group is small: Python's min/max on a list beat two numpy reductions there
+            if ids.size <= _SMALL:
+                values = ids.tolist()
+                low, high = min(values), max(values)
+            else:
+                low, high = ids.min(), ids.max()
+            if low < 0 or high >= self.n_peers:
+                raise ConfigError(f"peers must be ids in [0, {self.n_peers}), got {peers!r}")
         return ids
 
     def can_afford(self, peers: np.ndarray | Sequence[int]) -> np.ndarray:
@@ -545,7 +560,7 @@ class BudgetLedger:
     def spend(self, peers: np.ndarray | Sequence[int]) -> None:
         """Record one aggregation for each of ``peers`` (distinct ids); all or nothing."""
         ids = self._peer_ids(peers)
-        if ids.size > 1 and np.unique(ids).size != ids.size:
+        if ids.size > 1 and _count_distinct(ids) != ids.size:
             raise ConfigError(f"peers must be distinct ids, got {peers!r}")
         self._refuse_broke(ids)
         self._counts[ids] += 1

@@ -71,7 +71,8 @@ class Transport:
 
     Parameters
     ----------
-    env : Environment
+    env : simpy.Environment
+        An :class:`Environment` (which counts its events) lets :meth:`send` coalesce.
     config : NetworkConfig
     n_peers : int
         Peers are numbered ``0 .. n_peers-1``; the sender ``-1`` is the central sampler,
@@ -85,7 +86,7 @@ class Transport:
 
     def __init__(
         self,
-        env: Environment,
+        env: simpy.Environment,
         config: NetworkConfig,
         n_peers: int,
         *,
@@ -104,6 +105,9 @@ class Transport:
         self._latencies: list[float] = []
         self._uniforms: list[float] = []
         self._open: _Arrivals | None = None  # the last message's event, while joinable
+        # Arrival times coincide only under a constant latency (random latencies never tie),
+        # and joining needs the environment's count of scheduled events.
+        self._coalesce = config.latency == "constant" and isinstance(env, Environment)
 
     def _latency(self) -> float:
         if not self._latencies:
@@ -177,10 +181,11 @@ class Transport:
             return
         env = self.env
         delay = self.delay(n_bytes)
-        if not coalesce:
+        if not (coalesce and self._coalesce):
             event = env.timeout(delay, value=message)
             event.callbacks.append(lambda ev: deliver(ev.value))
             return
+        assert isinstance(env, Environment)  # self._coalesce says so
         at = env.now + delay  # the time SimPy would schedule the message's own event at
         arrivals = self._open
         if arrivals is not None and arrivals.at == at and arrivals.mark == env.scheduled:

@@ -128,8 +128,9 @@ class Peer:
     """A peer: reacts to the messages delivered to it.
 
     A message is handled when its delivery event fires (:meth:`receive`, an actor served by
-    the event loop) rather than through a :class:`simpy.Store` and a waiting process: one
-    event per message instead of three, which is what lets 100,000 peers run in a minute.
+    the event loop) rather than through a :class:`simpy.Store` and a waiting process; messages
+    arriving at one instant share their event (:meth:`Transport.send
+    <p2pdp.sim.transport.Transport.send>`).
     The peer's model and shard size are row ``peer_id`` of the world's arrays, its budget row
     ``peer_id`` of the shared, vectorised :class:`BudgetLedger`, and its ensemble the world's
     receipt log. A peer with simulated training time runs a SimPy process that makes it
@@ -224,7 +225,8 @@ class World:
         observers: Sequence[WorldObserver] = (),
     ) -> None:
         self.config = config
-        self.env = Environment()
+        # Counting events costs a little per event; it pays only where messages can coalesce.
+        self.env = Environment() if config.network.latency == "constant" else simpy.Environment()
         self.statistics = statistics
         self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
         n_peers, dim = statistics.shape[0], statistics.shape[-1]
@@ -320,7 +322,7 @@ class World:
             else:
                 self.submit(member, group)
         # The curator reacts to two events, whichever comes first: every statistic arrived, or
-        # the collection timed out. (Callbacks, not a process: 2 events per group, not 5.)
+        # the collection timed out. (Callbacks, not a process: no event to start or resume it.)
         group.complete.callbacks.append(lambda _: self.collected(group))
         if not self._reliable:  # else every group completes: no timeout event to wait for
             timeout = self.env.timeout(self.config.groups.collect_timeout)
