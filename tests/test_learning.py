@@ -8,6 +8,7 @@ import pytest
 from scipy.optimize import check_grad
 
 from p2pdp.core.errors import ConfigError, P2PDPError
+from p2pdp.learning import models as models_module
 from p2pdp.learning.models import (
     LocalModels,
     fit_local_models,
@@ -150,6 +151,26 @@ def test_large_shards_match_sklearn():
     reference = fit_local_models_sklearn(X, y, shards, 1e-3)
     assert models.grad_norms.max() <= TOL
     assert np.abs(models.weights - reference.weights).max() <= 1e-6
+
+
+@pytest.mark.parametrize("rows", [unit_ball_rows, spambase_like_rows])
+def test_a_streamed_large_shard_matches_the_batched_solver(rows, monkeypatch):
+    """The centralised reference on a large data set is solved block by block (no copy of the
+    shard): the same minimiser to the certified tolerance, and the same sklearn reference."""
+    rng = np.random.default_rng(11)
+    X, y = rows(3000, 58, rng)
+    shards = [np.arange(3000), rng.permutation(3000)[:1200], np.arange(40)]
+    batched = fit_local_models(X, y, shards, 1e-3)
+    monkeypatch.setattr(models_module, "STREAM_MIN_ROWS", 1000)
+    monkeypatch.setattr(models_module, "_STREAM_BLOCK", 700)  # several blocks, a short last
+    streamed = fit_local_models(X, y, shards, 1e-3)
+    assert streamed.grad_norms.max() <= TOL
+    np.testing.assert_array_less(gradient_norms(streamed, X, y, shards, 1e-3), TOL)
+    # both within tol / lam of the exact minimiser (strong convexity): within 2 tol / lam
+    assert np.abs(streamed.weights - batched.weights).max() <= 2 * TOL / 1e-3
+    np.testing.assert_array_equal(streamed.weights[2], batched.weights[2])  # small: batched
+    with pytest.raises(P2PDPError, match=r"max_iter=1 .*worst peer 0 has gradient norm"):
+        fit_local_models(X, y, shards[:1], 1e-4, max_iter=1)
 
 
 def test_non_convergence_names_worst_peer():

@@ -1106,6 +1106,9 @@ def adult(data: DataConfig, *, rng: np.random.Generator | None = None) -> RawDat
     return _manifest_data("adult", data)
 
 
+_SYNTHETIC_BLOCK = 65_536  # rows per block of make_synthetic
+
+
 def make_synthetic(
     n_rows: int, n_test_rows: int, n_features: int, *, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -1118,9 +1121,14 @@ def make_synthetic(
     n_total = n_rows + n_test_rows
     X = rng.lognormal(mean=0.0, sigma=1.0, size=(n_total, n_features))
     w = rng.normal(size=n_features) * (4.0 / np.sqrt(n_features))
-    logs = np.log1p(X)
-    logits = logs @ w - logs.mean(axis=0) @ w  # centred features, one temporary
-    del logs
+    # logits of the centred log-features, in row blocks: no temporary of X's size
+    logits = np.empty(n_total)
+    column_sums = np.zeros(n_features)
+    for start in range(0, n_total, _SYNTHETIC_BLOCK):
+        logs = np.log1p(X[start : start + _SYNTHETIC_BLOCK])
+        logits[start : start + _SYNTHETIC_BLOCK] = logs @ w
+        column_sums += logs.sum(axis=0)
+    logits -= (column_sums / n_total) @ w
     y = np.where(rng.random(n_total) < 1.0 / (1.0 + np.exp(-logits)), 1, -1).astype(np.int8)
     return X[:n_rows], y[:n_rows], X[n_rows:], y[n_rows:]
 

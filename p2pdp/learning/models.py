@@ -288,6 +288,83 @@ def _newton(
         values = objective(scores, sq_norms)
 
 
+#: A shard of at least this many rows (the centralised reference on a large data set) is
+#: solved by :func:`_newton_streaming`: the same Newton steps, the rows read in blocks, so
+#: memory stays O(rows) vectors instead of three copies of the shard. Smaller shards keep the
+#: batched solver (and every shipped scenario its bit-identical models).
+STREAM_MIN_ROWS = 200_000
+_STREAM_BLOCK = 65_536  # rows per block
+
+
+def _newton_streaming(
+    X: NDArray[np.float64],
+    y: NDArray[np.float64],
+    rows: NDArray[np.int64],
+    lam: float,
+    tol: float,
+    max_iter: int,
+    peer: int,
+) -> tuple[NDArray[np.float64], float, int]:
+    """Damped Newton for one peer on ``X[rows]``, reading the rows in blocks.
+
+    The steps of :func:`_newton` in primal form (Hessian ``X^T S X + lam I`` and gradient
+    ``X^T c + lam w`` summed block by block, Armijo backtracking on the objective from the
+    kept scores ``X w``), without ever copying the shard: besides ``X``, memory is a few
+    vectors of ``len(rows)`` and one block. Returns the weights, the achieved gradient norm and
+    the Newton steps taken.
+    """
+    n, d = len(rows), X.shape[1]
+    starts = range(0, n, _STREAM_BLOCK)
+    labels = y[rows]
+
+    def block(start: int) -> NDArray[np.float64]:
+        return X[rows[start : start + _STREAM_BLOCK]]
+
+    def scores_of(v: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.concatenate([block(start) @ v for start in starts])
+
+    def objective(scores: NDArray[np.float64], sq_norm: float) -> float:
+        return float(-log_expit(labels * scores).mean() + 0.5 * lam * sq_norm)
+
+    w, scores = np.zeros(d), np.zeros(n)
+    value = objective(scores, 0.0)
+    iteration = 0
+    with threadpool_limits(limits=1, user_api="blas"):
+        while True:
+            margins = labels * scores
+            coefficients = -labels * expit(-margins) / n
+            curvature = expit(margins) * expit(-margins) / n
+            gradient, hessian = lam * w, lam * np.eye(d)
+            for start in starts:
+                Xb, part = block(start), slice(start, start + _STREAM_BLOCK)
+                gradient += coefficients[part] @ Xb
+                hessian += (Xb.T * curvature[part]) @ Xb
+            grad_norm = float(np.linalg.norm(gradient))
+            if grad_norm <= tol:
+                return w, grad_norm, iteration
+            if iteration == max_iter:
+                raise P2PDPError(
+                    f"Newton did not reach gradient norm <= {tol:g} in max_iter={max_iter} "
+                    f"iterations: worst peer {peer} has gradient norm {grad_norm:.3e}"
+                )
+            iteration += 1
+            step = -np.asarray(np.linalg.solve(hessian, gradient), dtype=np.float64)
+            score_step = scores_of(step)
+            slope, cross, step_sq = float(gradient @ step), float(w @ step), float(step @ step)
+            length = 1.0
+            while objective(
+                scores + length * score_step, float(w @ w) + length * (2 * cross + length * step_sq)
+            ) > value + _ARMIJO * length * slope + _ROUNDING_SLACK * abs(value):
+                length *= 0.5
+                if length < _MIN_STEP:
+                    raise P2PDPError(
+                        f"line search failed at Newton iteration {iteration} for peer {peer}"
+                    )
+            w = w + length * step
+            scores = scores_of(w)
+            value = objective(scores, float(w @ w))
+
+
 def _batches(
     sizes: NDArray[np.int64], chunk_size: int | None, d: int, method: str
 ) -> list[NDArray[np.intp]]:
@@ -392,6 +469,13 @@ def fit_local_models(
     iterations = 0
     with threadpool_limits(limits=1, user_api="blas"):
         for batch in _batches(sizes, chunk_size, d, method):
+            if len(batch) == 1 and sizes[batch[0]] >= STREAM_MIN_ROWS:
+                peer = int(batch[0])
+                weights[peer], grad_norms[peer], steps = _newton_streaming(
+                    X, y, shard_arrays[peer], lam, tol, max_iter, peer
+                )
+                iterations = max(iterations, steps)
+                continue
             rows = np.stack([shard_arrays[j] for j in batch])  # (B, n)
             Xb, yb = X[rows], y[rows]
             if rows.shape[1] < d:

@@ -52,7 +52,7 @@ class _Arrivals:
         self, at: float, mark: int, items: list[tuple[Callable[[Any], None], Any]]
     ) -> None:
         self.at = at  # arrival time (simulated seconds)
-        self.mark = mark  # env.scheduled right after the last message joined
+        self.mark = mark  # env.scheduled right after its event was scheduled
         self.items = items
 
     def deliver(self, event: Event) -> None:

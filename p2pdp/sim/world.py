@@ -10,11 +10,11 @@ Protocol of one aggregation (the seed's Algorithms 1 and 2, with DESIGN.md's fix
    (With secure aggregation, members exchange additive shares instead and the curator only
    receives partial sums; see :mod:`p2pdp.privacy.secure_aggregation`.)
 3. The curator (:meth:`World.collected`) waits until all ``g`` models arrived (or
-   ``collect_timeout`` passes: the group is aborted and nobody is charged, since nothing was
-   released: :meth:`World.timed_out`), asks the
-   task for the group's sensitivity, **checks** every member's budget, releases the aggregate
-   through the one release path (:class:`p2pdp.privacy.release.Releaser`: plaintext or secure) and
-   **spends** every member's budget.
+   ``collect_timeout`` passes: :meth:`World.timed_out` aborts the group and nobody is charged,
+   since nothing was released), asks the task for the group's sensitivity, **checks** every
+   member's budget, releases the aggregate through the one release path
+   (:class:`p2pdp.privacy.release.Releaser`: plaintext or secure) and **spends** every
+   member's budget.
 4. The published model goes to the members (``group`` publication) or, as one broadcast, to
    every peer (``full`` publication). Publication is post-processing: it costs no budget.
 5. The :class:`CompletionMonitor` (the seed's CompletionAgent) ends the run when fewer than
