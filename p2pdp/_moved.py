@@ -32,7 +32,6 @@ MOVED: dict[str, str] = {
     "p2pdp.gdp": "p2pdp.privacy.gdp",
     "p2pdp.secure_aggregation": "p2pdp.privacy.secure_aggregation",
     "p2pdp.release": "p2pdp.privacy.release",
-    "p2pdp.audit": "p2pdp.experiments.audit",
     "p2pdp.posterior": "p2pdp.privacy.posterior_sampling.posterior",
     "p2pdp.posterior_mechanism": "p2pdp.privacy.posterior_sampling.mechanism",
     "p2pdp.posterior_audit": "p2pdp.privacy.posterior_sampling.audit",
@@ -47,8 +46,6 @@ MOVED: dict[str, str] = {
     "p2pdp.pipeline": "p2pdp.tasks.pipeline",
     "p2pdp.prevalence": "p2pdp.tasks.prevalence.estimators",
     "p2pdp.pooling": "p2pdp.tasks.pooled_testing.pooling",
-    "p2pdp.figures_prevalence": "p2pdp.tasks.prevalence.figures",
-    "p2pdp.figures_tasks": "p2pdp.tasks.pooled_testing.figures",
     "p2pdp.task_settings": "p2pdp.config",
     "p2pdp.scenario": "p2pdp.experiments.scenario",
     "p2pdp.simulation": "p2pdp.experiments.simulation",
@@ -56,6 +53,28 @@ MOVED: dict[str, str] = {
     "p2pdp.report": "p2pdp.experiments.report",
     "p2pdp.disclosure": "p2pdp.experiments.disclosure",
     "p2pdp.cli": "p2pdp.experiments.cli",
+}
+
+#: Old modules split between several new ones: their names are looked up in this order.
+SPLIT: dict[str, tuple[str, ...]] = {
+    "p2pdp.audit": (
+        "p2pdp.experiments.audit",
+        "p2pdp.privacy.audit",
+        "p2pdp.tasks.prevalence.audit",
+        "p2pdp.tasks.pooled_testing.audit",
+    ),
+    "p2pdp.figures_prevalence": (
+        "p2pdp.tasks.pooled_testing.figures",
+        "p2pdp.tasks.prevalence.figures",
+        "p2pdp.core.figures",
+    ),
+    "p2pdp.figures_tasks": (
+        "p2pdp.tasks.prevalence.figures",
+        "p2pdp.tasks.pooled_testing.figures",
+        "p2pdp.core.figures",
+    ),
+    # not an import path (p2pdp.results still exists): where its 0.1 names went
+    "p2pdp.results": ("p2pdp.experiments.results", "p2pdp.core.figures", "p2pdp.core.files"),
 }
 
 #: Old modules whose path is now a package: the package forwards their names to these.
@@ -89,10 +108,37 @@ class _Loader(importlib.abc.Loader):
         pass  # already executed under its new name
 
 
+class _SplitLoader(importlib.abc.Loader):
+    """Loads an old module that was split as a module whose names come from its new homes."""
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        homes = SPLIT[spec.name]
+        _warn(spec.name, " and ".join(homes))
+        module = ModuleType(spec.name, f"Moved in p2pdp 0.2 to {', '.join(homes)}.")
+
+        def __getattr__(name: str) -> Any:
+            for home in homes:
+                value = getattr(importlib.import_module(home), name, _MISSING)
+                if value is not _MISSING:
+                    return value
+            raise AttributeError(f"module {spec.name!r} has no attribute {name!r}")
+
+        module.__getattr__ = __getattr__  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass
+
+
+_MISSING = object()
+
+
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds the old module paths of :data:`MOVED` (and nothing else)."""
+    """Finds the old module paths of :data:`MOVED` and :data:`SPLIT` (and nothing else)."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name in SPLIT and name != "p2pdp.results":
+            return importlib.util.spec_from_loader(name, _SplitLoader())
         new = MOVED.get(name)
         if new is None:
             return None

@@ -40,6 +40,7 @@ from p2pdp.core.validation import (
     validate_fields,
 )
 from p2pdp.data.settings import FILE_LOADER_OPTIONS, DataConfig
+from p2pdp.data.settings import TRANSFORM_STEPS as TRANSFORM_STEPS  # the schema lists it
 
 # Settings that name a component (data.dataset, training.model, privacy.mechanism,
 # privacy.accountant, groups.sampler, evaluation.vote, task.name) take their options from the

@@ -153,3 +153,24 @@ def test_an_installed_package_registers_a_component_through_the_entry_point_grou
     )
     assert done.returncode == 0, done.stderr
     assert any(line.split()[:1] == ["my-noise"] for line in done.stdout.splitlines()), done.stdout
+
+
+def test_every_public_name_of_the_flat_layout_still_imports_from_its_old_path():
+    """Each of the 484 public names the 42 modules of p2pdp 0.1 defined (listed from that
+    revision in tests/data/flat_layout_names.json) is reachable at its old path until 0.3."""
+    names = json.loads((Path(__file__).parent / "data" / "flat_layout_names.json").read_text())
+    script = textwrap.dedent(
+        f"""
+        import importlib, json, warnings
+        warnings.simplefilter("ignore", DeprecationWarning)
+        missing = []
+        for module, names in {names!r}.items():
+            loaded = importlib.import_module(module)
+            missing += [f"{{module}}.{{name}}" for name in names if not hasattr(loaded, name)]
+        print(json.dumps(missing))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(done.stdout) == []
