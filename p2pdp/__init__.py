@@ -10,7 +10,7 @@ from typing import Any
 
 from p2pdp import _moved
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["__version__", "simulate"]
 
 _moved.install()  # the 0.1 module paths, with a DeprecationWarning, until 0.3
