@@ -34,7 +34,12 @@ def _peak_mb() -> float:
 
 
 def run_one(
-    dataset: str, peers: int, group_size: int, publication: str, sampler: str = "central"
+    dataset: str,
+    peers: int,
+    group_size: int,
+    publication: str,
+    sampler: str = "central",
+    workers: int = 1,
 ) -> dict:
     """One configuration, in the current process."""
     from p2pdp.config import (
@@ -47,6 +52,7 @@ def run_one(
         ScenarioConfig,
     )
     from p2pdp.experiments.simulation import simulate
+    from p2pdp.learning.models import training_workers
     from p2pdp.tasks.pipeline import prepare_peers
 
     if dataset == "synthetic":
@@ -70,7 +76,8 @@ def run_one(
         evaluation=evaluation,
     )
     start = time.perf_counter()
-    trained = prepare_peers(config, fold=0)
+    with training_workers(workers):  # local processes for the local models
+        trained = prepare_peers(config, fold=0)
     training_s = time.perf_counter() - start
     peak_training = _peak_mb()
     result = simulate(config, fold=0, trained=trained)
@@ -81,6 +88,7 @@ def run_one(
         "group_size": group_size,
         "publication": publication,
         "sampler": sampler,
+        "workers": workers,
         "aggregations": result.aggregations,
         "mean_error": result.evaluation.metrics.summary()["mean_error"],
         "centralized_error": result.evaluation.centralized_error,
@@ -100,13 +108,18 @@ def _child(args: tuple, queue: mp.Queue) -> None:
 
 
 def run_isolated(
-    dataset: str, peers: int, group_size: int, publication: str, sampler: str = "central"
+    dataset: str,
+    peers: int,
+    group_size: int,
+    publication: str,
+    sampler: str = "central",
+    workers: int = 1,
 ) -> dict:
     """One configuration in a fresh process, so peak memory is its own."""
     context = mp.get_context("spawn")
     queue = context.Queue()
     process = context.Process(
-        target=_child, args=((dataset, peers, group_size, publication, sampler), queue)
+        target=_child, args=((dataset, peers, group_size, publication, sampler, workers), queue)
     )
     process.start()
     while True:  # a child killed by the kernel (out of memory) never answers: do not hang
@@ -135,12 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=10)
     parser.add_argument("--publication", choices=("group", "full"), default="full")
     parser.add_argument("--json", action="store_true", help="one JSON object per configuration")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="local processes for the local models"
+    )
     args = parser.parse_args(argv)
 
     if args.dataset or args.peers:
         dataset = args.dataset or "synthetic"
         peers = args.peers or (100 if dataset != "synthetic" else 1000)
-        configs = [(dataset, peers, args.group_size, args.publication)]
+        configs = [(dataset, peers, args.group_size, args.publication, "central", args.workers)]
     else:
         configs = [("spambase", 100, 10, args.publication)] + [
             ("synthetic", p, args.group_size, args.publication) for p in (1000, 10_000, 100_000)

@@ -107,6 +107,30 @@ def test_backends_give_identical_rows(tmp_path):
     ).read_text()
 
 
+def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypatch):
+    """A single cell with --jobs 2: one task, run here, its local models solved by 2 forked
+    processes; every row equal to --jobs 1."""
+    from p2pdp.learning import models
+
+    used = []
+    fit = models.fit_local_models
+
+    def recording(*args, **kwargs):
+        used.append(models._WORKERS.get())
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(models, "fit_local_models", recording)
+    one_cell = TINY[: TINY.index("[sweep]")]
+    scenario = parse_scenario(one_cell, overrides=["evaluation.folds=[0]"])
+    assert len(experiment.make_cells(scenario)) == 1
+    for jobs in (1, 2):
+        experiment.run_experiment(scenario, tmp_path / f"jobs{jobs}", jobs=jobs)
+    assert used == [1, 1, 2, 2]  # the peers' models and the centralised one, per run
+    assert without_timing(read_results(tmp_path / "jobs2")) == without_timing(
+        read_results(tmp_path / "jobs1")
+    )
+
+
 def test_unreachable_scheduler_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(experiment, "SCHEDULER_TIMEOUT_S", 0.5)
     out = tmp_path / "out"

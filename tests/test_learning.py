@@ -14,6 +14,7 @@ from p2pdp.learning.models import (
     fit_local_models,
     fit_local_models_sklearn,
     logistic_objective_gradient,
+    training_workers,
 )
 
 TOL = 1e-9
@@ -171,6 +172,20 @@ def test_a_streamed_large_shard_matches_the_batched_solver(rows, monkeypatch):
     np.testing.assert_array_equal(streamed.weights[2], batched.weights[2])  # small: batched
     with pytest.raises(P2PDPError, match=r"max_iter=1 .*worst peer 0 has gradient norm"):
         fit_local_models(X, y, shards[:1], 1e-4, max_iter=1)
+
+
+def test_local_processes_give_bitwise_identical_models():
+    rng = np.random.default_rng(12)
+    X, y = spambase_like_rows(4000, 58, rng)
+    shards = unequal_shards(X.shape[0], rng.integers(5, 80, size=60), rng)
+    alone = fit_local_models(X, y, shards, 1e-3, chunk_size=7)  # many batches
+    with training_workers(3):
+        forked = fit_local_models(X, y, shards, 1e-3, chunk_size=7)
+    np.testing.assert_array_equal(forked.weights, alone.weights)
+    np.testing.assert_array_equal(forked.grad_norms, alone.grad_norms)
+    assert forked.iterations == alone.iterations
+    with pytest.raises(ConfigError, match="workers must be an integer >= 1, got 0"):
+        fit_local_models(X, y, shards, 1e-3, workers=0)
 
 
 def test_non_convergence_names_worst_peer():

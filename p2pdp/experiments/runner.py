@@ -47,6 +47,7 @@ from p2pdp.experiments.disclosure import non_private_column
 from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.experiments.scenario import Scenario
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.models import training_workers as parallel_training
 from p2pdp.tasks import make_task, prepared
 
 Task = tuple["Cell", ...]
@@ -130,7 +131,7 @@ def _training_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
     return list(groups.values())
 
 
-def iter_task(cells: Task) -> Iterator[CellRecord]:
+def iter_task(cells: Task, *, training_workers: int = 1) -> Iterator[CellRecord]:
     """Train once for the task's training key, then simulate the cells, yielding each record.
 
     Rows get ``cell_id`` and ``point`` first, then
@@ -138,9 +139,12 @@ def iter_task(cells: Task) -> Iterator[CellRecord]:
     then ``wall_prepare_s`` (the shared training's seconds) and ``wall_cell_s``. BLAS runs
     single-threaded: on small matrices its threads cost more than they gain (measured 4x
     slower on 2 cores), and parallel workers would oversubscribe the cores.
+    ``training_workers`` local processes solve the local models (:func:`training_workers
+    <p2pdp.learning.models.training_workers>`; the models do not depend on it).
     """
     with threadpool_limits(limits=1):  # parallelism comes from workers, not BLAS threads
-        trained, prepare_seconds = _prepare(cells[0])
+        with parallel_training(training_workers):
+            trained, prepare_seconds = _prepare(cells[0])
         for cell in cells:
             yield _run_cell(cell, trained, prepare_seconds)
 
@@ -245,8 +249,8 @@ def run_experiment(
                 tasks = plan_tasks(pending, workers=workers)
                 if workers > 1 and len(tasks) > 1:
                     outcomes = _WorkerPool(tasks, min(workers, len(tasks)))
-                else:
-                    outcomes = _run_in_process(tasks)
+                else:  # one task: the spare workers solve its local models
+                    outcomes = _run_in_process(tasks, training_workers=workers)
             bar = None
             try:
                 bar = _Progress(len(cells), len(cells) - len(pending), progress)
@@ -281,9 +285,11 @@ def _worker_count(jobs: int | None, client: Any) -> int:
     return jobs
 
 
-def _run_in_process(tasks: Sequence[Task]) -> Generator[CellRecord, None, None]:
+def _run_in_process(
+    tasks: Sequence[Task], *, training_workers: int = 1
+) -> Generator[CellRecord, None, None]:
     for task in tasks:
-        yield from iter_task(task)
+        yield from iter_task(task, training_workers=training_workers)
 
 
 _RECORDS: Any = None  # in a worker process: the queue its records go to

@@ -20,8 +20,11 @@ the per-peer scikit-learn reference it is tested against.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import multiprocessing
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -82,6 +85,25 @@ class LocalModels:
     grad_norms: NDArray[np.float64]
     iterations: int
     shard_sizes: NDArray[np.int64]
+
+
+#: Local processes :func:`fit_local_models` uses by default (set with :func:`training_workers`).
+_WORKERS: contextvars.ContextVar[int] = contextvars.ContextVar("training_workers", default=1)
+
+
+@contextlib.contextmanager
+def training_workers(workers: int) -> Iterator[None]:
+    """Let :func:`fit_local_models` calls inside the block use ``workers`` local processes.
+
+    How the experiment layer hands spare cores to one large run's training (``p2pdp run
+    --jobs``, :func:`p2pdp.simulate`) without changing the model component's interface; the
+    models do not depend on it.
+    """
+    token = _WORKERS.set(workers)
+    try:
+        yield
+    finally:
+        _WORKERS.reset(token)
 
 
 def logistic_objective_gradient(
@@ -382,6 +404,46 @@ def _batches(
     return batches
 
 
+#: A :func:`fit_local_models` problem: X, y, shards, shard sizes, lam, tol, max_iter.
+_Problem = tuple[
+    NDArray[np.float64], NDArray[np.float64], list[NDArray[np.int64]], NDArray[np.int64],
+    float, float, int,
+]  # fmt: skip
+#: The problem of the running :func:`fit_local_models` call, read by its forked workers.
+_PROBLEM: _Problem | None = None
+
+
+def _fit_batch(
+    problem: _Problem, batch: NDArray[np.intp]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
+    """Weights (B, d), achieved gradient norms (B,) and Newton steps of one batch of peers."""
+    X, y, shard_arrays, sizes, lam, tol, max_iter = problem
+    with threadpool_limits(limits=1, user_api="blas"):
+        if len(batch) == 1 and sizes[batch[0]] >= STREAM_MIN_ROWS:
+            peer = int(batch[0])
+            w, norm, steps = _newton_streaming(X, y, shard_arrays[peer], lam, tol, max_iter, peer)
+            return w[None, :], np.array([norm]), steps
+        rows = np.stack([shard_arrays[j] for j in batch])  # (B, n)
+        Xb, yb = X[rows], y[rows]
+        if rows.shape[1] < X.shape[1]:
+            gram = np.matmul(Xb, Xb.transpose(0, 2, 1))
+            alpha, steps = _newton(gram, yb, lam, tol, max_iter, batch, dual=True)
+            wb = np.matmul(alpha[:, None, :], Xb)[:, 0, :]
+        else:
+            wb, steps = _newton(Xb, yb, lam, tol, max_iter, batch, dual=False)
+        coefficients = _loss_coefficients(yb * _batched_matvec(Xb, wb), yb)
+        norms = np.linalg.norm(np.matmul(coefficients[:, None, :], Xb)[:, 0, :] + lam * wb, axis=1)
+        return wb, norms, steps
+
+
+def _fit_batch_of_problem(
+    batch: NDArray[np.intp],
+) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
+    """:func:`_fit_batch` in a forked worker, on the problem it inherited."""
+    assert _PROBLEM is not None  # set by fit_local_models before the fork
+    return _fit_batch(_PROBLEM, batch)
+
+
 def fit_local_models(
     X: ArrayLike,
     y: ArrayLike,
@@ -392,6 +454,7 @@ def fit_local_models(
     max_iter: int = 50,
     method: str = "auto",
     chunk_size: int | None = None,
+    workers: int | None = None,
 ) -> LocalModels:
     """Exact local models of all peers by batched Newton (IRLS).
 
@@ -422,6 +485,10 @@ def fit_local_models(
     chunk_size : int, optional
         Most peers per batch (default: as many as fit in ``CHUNK_BYTES``). Results do not
         depend on it.
+    workers : int, optional
+        Local processes solving batches in parallel (forked: they read ``X`` without a copy).
+        Default: :func:`training_workers`' setting, 1 unless a caller raised it. Results are
+        bitwise identical for any number (a peer's model depends only on its shard).
 
     Returns
     -------
@@ -462,34 +529,32 @@ def fit_local_models(
         raise ConfigError(f"method must be one of {METHODS}, got {method!r}")
     if chunk_size is not None and chunk_size < 1:
         raise ConfigError(f"chunk_size must be >= 1, got {chunk_size!r}")
+    workers = _WORKERS.get() if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
     sizes = np.array([len(shard) for shard in shard_arrays], dtype=np.int64)
     d = X.shape[1]
     weights = np.empty((len(sizes), d))
     grad_norms = np.empty(len(sizes))
     iterations = 0
-    with threadpool_limits(limits=1, user_api="blas"):
-        for batch in _batches(sizes, chunk_size, d, method):
-            if len(batch) == 1 and sizes[batch[0]] >= STREAM_MIN_ROWS:
-                peer = int(batch[0])
-                weights[peer], grad_norms[peer], steps = _newton_streaming(
-                    X, y, shard_arrays[peer], lam, tol, max_iter, peer
-                )
-                iterations = max(iterations, steps)
-                continue
-            rows = np.stack([shard_arrays[j] for j in batch])  # (B, n)
-            Xb, yb = X[rows], y[rows]
-            if rows.shape[1] < d:
-                gram = np.matmul(Xb, Xb.transpose(0, 2, 1))
-                alpha, steps = _newton(gram, yb, lam, tol, max_iter, batch, dual=True)
-                wb = np.matmul(alpha[:, None, :], Xb)[:, 0, :]
-            else:
-                wb, steps = _newton(Xb, yb, lam, tol, max_iter, batch, dual=False)
-            weights[batch] = wb
-            coefficients = _loss_coefficients(yb * _batched_matvec(Xb, wb), yb)
-            grad_norms[batch] = np.linalg.norm(
-                np.matmul(coefficients[:, None, :], Xb)[:, 0, :] + lam * wb, axis=1
-            )
-            iterations = max(iterations, steps)
+    batches = _batches(sizes, chunk_size, d, method)
+    problem = (X, y, shard_arrays, sizes, lam, tol, max_iter)
+    if "fork" not in multiprocessing.get_all_start_methods():  # Windows: one process
+        workers = 1
+    workers = min(workers, len(batches))
+    if workers > 1:  # forked processes read X as it is (copy-on-write): no copy, no pickling
+        global _PROBLEM
+        _PROBLEM = problem
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                fitted = pool.map(_fit_batch_of_problem, batches, chunksize=1)
+        finally:
+            _PROBLEM = None
+    else:
+        fitted = [_fit_batch(problem, batch) for batch in batches]
+    for batch, (wb, norms, steps) in zip(batches, fitted, strict=True):
+        weights[batch], grad_norms[batch] = wb, norms
+        iterations = max(iterations, steps)
     return LocalModels(
         weights=weights, grad_norms=grad_norms, iterations=iterations, shard_sizes=sizes
     )
