@@ -162,7 +162,10 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
-        "--jobs", type=int, help="local worker processes (default: all cores; 1 = in-process)"
+        "--jobs",
+        type=int,
+        help="local worker processes (default: all cores; 1 = in-process); a single task "
+        "uses them for its local models",
     )
     where.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://host:8786")
     parser.add_argument(
