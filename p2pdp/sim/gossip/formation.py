@@ -284,7 +284,8 @@ class GroupFormation:
     def _send(self, kind: str, sender: int, receiver: int, attempt: Attempt, payload=0) -> None:
         self.formation_messages += 1
         message = Envelope(kind, sender, receiver, attempt, payload)
-        self.world.transport.send(sender, self._deliver, message, self._bytes[kind])
+        # handlers schedule nothing urgent (no process), so same-instant messages may share
+        self.world.transport.send(sender, self._deliver, message, self._bytes[kind], coalesce=True)
 
     def _deliver(self, message: Envelope) -> None:
         if not self.world.online[message.receiver]:  # arrived while the receiver was offline
