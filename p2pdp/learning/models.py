@@ -96,8 +96,8 @@ def training_workers(workers: int) -> Iterator[None]:
     """Let :func:`fit_local_models` calls inside the block use ``workers`` local processes.
 
     How the experiment layer hands spare cores to one large run's training (``p2pdp run
-    --jobs``, :func:`p2pdp.simulate`) without changing the model component's interface; the
-    models do not depend on it.
+    --jobs`` with a single task; around :func:`p2pdp.simulate` yourself) without changing the
+    model component's interface; the models do not depend on it.
     """
     token = _WORKERS.set(workers)
     try:
@@ -351,40 +351,39 @@ def _newton_streaming(
     w, scores = np.zeros(d), np.zeros(n)
     value = objective(scores, 0.0)
     iteration = 0
-    with threadpool_limits(limits=1, user_api="blas"):
-        while True:
-            margins = labels * scores
-            coefficients = -labels * expit(-margins) / n
-            curvature = expit(margins) * expit(-margins) / n
-            gradient, hessian = lam * w, lam * np.eye(d)
-            for start in starts:
-                Xb, part = block(start), slice(start, start + _STREAM_BLOCK)
-                gradient += coefficients[part] @ Xb
-                hessian += (Xb.T * curvature[part]) @ Xb
-            grad_norm = float(np.linalg.norm(gradient))
-            if grad_norm <= tol:
-                return w, grad_norm, iteration
-            if iteration == max_iter:
+    while True:
+        margins = labels * scores
+        coefficients = -labels * expit(-margins) / n
+        curvature = expit(margins) * expit(-margins) / n
+        gradient, hessian = lam * w, lam * np.eye(d)
+        for start in starts:
+            Xb, part = block(start), slice(start, start + _STREAM_BLOCK)
+            gradient += coefficients[part] @ Xb
+            hessian += (Xb.T * curvature[part]) @ Xb
+        grad_norm = float(np.linalg.norm(gradient))
+        if grad_norm <= tol:
+            return w, grad_norm, iteration
+        if iteration == max_iter:
+            raise P2PDPError(
+                f"Newton did not reach gradient norm <= {tol:g} in max_iter={max_iter} "
+                f"iterations: worst peer {peer} has gradient norm {grad_norm:.3e}"
+            )
+        iteration += 1
+        step = -np.asarray(np.linalg.solve(hessian, gradient), dtype=np.float64)
+        score_step = scores_of(step)
+        slope, cross, step_sq = float(gradient @ step), float(w @ step), float(step @ step)
+        length = 1.0
+        while objective(
+            scores + length * score_step, float(w @ w) + length * (2 * cross + length * step_sq)
+        ) > value + _ARMIJO * length * slope + _ROUNDING_SLACK * abs(value):
+            length *= 0.5
+            if length < _MIN_STEP:
                 raise P2PDPError(
-                    f"Newton did not reach gradient norm <= {tol:g} in max_iter={max_iter} "
-                    f"iterations: worst peer {peer} has gradient norm {grad_norm:.3e}"
+                    f"line search failed at Newton iteration {iteration} for peer {peer}"
                 )
-            iteration += 1
-            step = -np.asarray(np.linalg.solve(hessian, gradient), dtype=np.float64)
-            score_step = scores_of(step)
-            slope, cross, step_sq = float(gradient @ step), float(w @ step), float(step @ step)
-            length = 1.0
-            while objective(
-                scores + length * score_step, float(w @ w) + length * (2 * cross + length * step_sq)
-            ) > value + _ARMIJO * length * slope + _ROUNDING_SLACK * abs(value):
-                length *= 0.5
-                if length < _MIN_STEP:
-                    raise P2PDPError(
-                        f"line search failed at Newton iteration {iteration} for peer {peer}"
-                    )
-            w = w + length * step
-            scores = scores_of(w)
-            value = objective(scores, float(w @ w))
+        w = w + length * step
+        scores = scores_of(w)
+        value = objective(scores, float(w @ w))
 
 
 def _batches(
@@ -418,22 +417,21 @@ def _fit_batch(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
     """Weights (B, d), achieved gradient norms (B,) and Newton steps of one batch of peers."""
     X, y, shard_arrays, sizes, lam, tol, max_iter = problem
-    with threadpool_limits(limits=1, user_api="blas"):
-        if len(batch) == 1 and sizes[batch[0]] >= STREAM_MIN_ROWS:
-            peer = int(batch[0])
-            w, norm, steps = _newton_streaming(X, y, shard_arrays[peer], lam, tol, max_iter, peer)
-            return w[None, :], np.array([norm]), steps
-        rows = np.stack([shard_arrays[j] for j in batch])  # (B, n)
-        Xb, yb = X[rows], y[rows]
-        if rows.shape[1] < X.shape[1]:
-            gram = np.matmul(Xb, Xb.transpose(0, 2, 1))
-            alpha, steps = _newton(gram, yb, lam, tol, max_iter, batch, dual=True)
-            wb = np.matmul(alpha[:, None, :], Xb)[:, 0, :]
-        else:
-            wb, steps = _newton(Xb, yb, lam, tol, max_iter, batch, dual=False)
-        coefficients = _loss_coefficients(yb * _batched_matvec(Xb, wb), yb)
-        norms = np.linalg.norm(np.matmul(coefficients[:, None, :], Xb)[:, 0, :] + lam * wb, axis=1)
-        return wb, norms, steps
+    if len(batch) == 1 and sizes[batch[0]] >= STREAM_MIN_ROWS:
+        peer = int(batch[0])
+        w, norm, steps = _newton_streaming(X, y, shard_arrays[peer], lam, tol, max_iter, peer)
+        return w[None, :], np.array([norm]), steps
+    rows = np.stack([shard_arrays[j] for j in batch])  # (B, n)
+    Xb, yb = X[rows], y[rows]
+    if rows.shape[1] < X.shape[1]:
+        gram = np.matmul(Xb, Xb.transpose(0, 2, 1))
+        alpha, steps = _newton(gram, yb, lam, tol, max_iter, batch, dual=True)
+        wb = np.matmul(alpha[:, None, :], Xb)[:, 0, :]
+    else:
+        wb, steps = _newton(Xb, yb, lam, tol, max_iter, batch, dual=False)
+    coefficients = _loss_coefficients(yb * _batched_matvec(Xb, wb), yb)
+    norms = np.linalg.norm(np.matmul(coefficients[:, None, :], Xb)[:, 0, :] + lam * wb, axis=1)
+    return wb, norms, steps
 
 
 def _fit_batch_of_problem(
@@ -542,16 +540,17 @@ def fit_local_models(
     if "fork" not in multiprocessing.get_all_start_methods():  # Windows: one process
         workers = 1
     workers = min(workers, len(batches))
-    if workers > 1:  # forked processes read X as it is (copy-on-write): no copy, no pickling
-        global _PROBLEM
-        _PROBLEM = problem
-        try:
-            with multiprocessing.get_context("fork").Pool(workers) as pool:
-                fitted = pool.map(_fit_batch_of_problem, batches, chunksize=1)
-        finally:
-            _PROBLEM = None
-    else:
-        fitted = [_fit_batch(problem, batch) for batch in batches]
+    with threadpool_limits(limits=1, user_api="blas"):  # inherited by forked workers
+        if workers > 1:  # forked processes read X as it is (copy-on-write): no copy, no pickle
+            global _PROBLEM
+            _PROBLEM = problem
+            try:
+                with multiprocessing.get_context("fork").Pool(workers) as pool:
+                    fitted = pool.map(_fit_batch_of_problem, batches, chunksize=1)
+            finally:
+                _PROBLEM = None
+        else:
+            fitted = [_fit_batch(problem, batch) for batch in batches]
     for batch, (wb, norms, steps) in zip(batches, fitted, strict=True):
         weights[batch], grad_norms[batch] = wb, norms
         iterations = max(iterations, steps)
