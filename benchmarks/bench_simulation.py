@@ -23,6 +23,7 @@ import resource
 import sys
 import time
 from queue import Empty
+from typing import Any
 
 import numpy as np
 
@@ -107,20 +108,11 @@ def _child(args: tuple, queue: mp.Queue) -> None:
     queue.put(run_one(*args))
 
 
-def run_isolated(
-    dataset: str,
-    peers: int,
-    group_size: int,
-    publication: str,
-    sampler: str = "central",
-    workers: int = 1,
-) -> dict:
-    """One configuration in a fresh process, so peak memory is its own."""
+def run_isolated(*args: Any) -> dict:
+    """:func:`run_one` (same arguments) in a fresh process, so peak memory is its own."""
     context = mp.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(
-        target=_child, args=((dataset, peers, group_size, publication, sampler, workers), queue)
-    )
+    process = context.Process(target=_child, args=(args, queue))
     process.start()
     while True:  # a child killed by the kernel (out of memory) never answers: do not hang
         try:
@@ -129,7 +121,7 @@ def run_isolated(
         except Empty:
             if not process.is_alive():
                 raise RuntimeError(
-                    f"{dataset} P={peers} {sampler}: the benchmark process died (exit code "
+                    f"{args}: the benchmark process died (exit code "
                     f"{process.exitcode}; -9 is the kernel's out-of-memory kill)"
                 ) from None
     process.join()

@@ -73,16 +73,16 @@ SPLIT: dict[str, tuple[str, ...]] = {
         "p2pdp.tasks.pooled_testing.figures",
         "p2pdp.core.figures",
     ),
-    # not an import path (p2pdp.results still exists): where its 0.1 names went
-    "p2pdp.results": ("p2pdp.experiments.results", "p2pdp.core.figures", "p2pdp.core.files"),
 }
 
-#: Old modules whose path is now a package: the package forwards their names to these.
-FORWARDED: dict[str, str] = {
-    "p2pdp.learning": "p2pdp.learning.models",
-    "p2pdp.tasks.logistic": "p2pdp.tasks.logistic.task",
-    "p2pdp.tasks.prevalence": "p2pdp.tasks.prevalence.task",
-    "p2pdp.tasks.pooled_testing": "p2pdp.tasks.pooled_testing.task",
+#: Old modules whose path still exists (a package now, or a slimmer module): the names they no
+#: longer define are looked up in these, with a warning.
+FORWARDED: dict[str, tuple[str, ...]] = {
+    "p2pdp.learning": ("p2pdp.learning.models",),
+    "p2pdp.tasks.logistic": ("p2pdp.tasks.logistic.task",),
+    "p2pdp.tasks.prevalence": ("p2pdp.tasks.prevalence.task",),
+    "p2pdp.tasks.pooled_testing": ("p2pdp.tasks.pooled_testing.task",),
+    "p2pdp.results": ("p2pdp.experiments.results", "p2pdp.core.figures", "p2pdp.core.files"),
 }
 
 
@@ -108,6 +108,18 @@ class _Loader(importlib.abc.Loader):
         pass  # already executed under its new name
 
 
+def _lookup(old: str, homes: tuple[str, ...], name: str) -> tuple[str, Any]:
+    """``name`` of old module ``old`` in the first of its new ``homes`` that defines it."""
+    for home in homes:
+        value = getattr(importlib.import_module(home), name, _MISSING)
+        if value is not _MISSING:
+            return home, value
+    raise AttributeError(f"module {old!r} has no attribute {name!r}")
+
+
+_MISSING = object()
+
+
 class _SplitLoader(importlib.abc.Loader):
     """Loads an old module that was split as a module whose names come from its new homes."""
 
@@ -115,29 +127,18 @@ class _SplitLoader(importlib.abc.Loader):
         homes = SPLIT[spec.name]
         _warn(spec.name, " and ".join(homes))
         module = ModuleType(spec.name, f"Moved in p2pdp 0.2 to {', '.join(homes)}.")
-
-        def __getattr__(name: str) -> Any:
-            for home in homes:
-                value = getattr(importlib.import_module(home), name, _MISSING)
-                if value is not _MISSING:
-                    return value
-            raise AttributeError(f"module {spec.name!r} has no attribute {name!r}")
-
-        module.__getattr__ = __getattr__  # type: ignore[method-assign]
+        module.__getattr__ = lambda name: _lookup(spec.name, homes, name)[1]  # type: ignore[method-assign]
         return module
 
     def exec_module(self, module: ModuleType) -> None:
         pass
 
 
-_MISSING = object()
-
-
 class _Finder(importlib.abc.MetaPathFinder):
     """Finds the old module paths of :data:`MOVED` and :data:`SPLIT` (and nothing else)."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name in SPLIT and name != "p2pdp.results":
+        if name in SPLIT:
             return importlib.util.spec_from_loader(name, _SplitLoader())
         new = MOVED.get(name)
         if new is None:
@@ -151,21 +152,18 @@ def install() -> None:
         sys.meta_path.append(_Finder())
 
 
-def forwarding(package: str) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for ``package`` forwarding its 0.1 names, with a warning."""
-    new = FORWARDED[package]
+def forwarding(old: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``old`` forwarding the 0.1 names it no longer defines."""
+    homes = FORWARDED[old]
 
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        if importlib.util.find_spec(f"{package}.{name}") is not None:
-            return importlib.import_module(f"{package}.{name}")  # a module of the package
-        module = importlib.import_module(new)
-        try:
-            value = getattr(module, name)
-        except AttributeError:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
-        _warn(f"{package}.{name}", f"{new}.{name}")
+        module = sys.modules[old]
+        if hasattr(module, "__path__") and importlib.util.find_spec(f"{old}.{name}"):
+            return importlib.import_module(f"{old}.{name}")  # a module of the package
+        home, value = _lookup(old, homes, name)
+        _warn(f"{old}.{name}", f"{home}.{name}")
         return value
 
     return __getattr__

@@ -106,14 +106,19 @@ def test_fewer_events_change_nothing_else(name, monkeypatch):
     assert events <= reference_events
 
 
-def test_a_loss_free_central_group_costs_a_handful_of_events(monkeypatch):
-    """g = 10 under a constant latency: 28 messages, yet at most 5 events per aggregation."""
-    cfg = config(groups=GroupsConfig(group_size=10), partition=PartitionConfig(n_peers=40))
+@pytest.mark.parametrize("group_size", [1, 10, 40])
+def test_a_loss_free_central_group_costs_a_handful_of_events(group_size, monkeypatch):
+    """Under a constant latency, 3g - 2 messages per group, yet fewer than 6 events."""
+    cfg = config(
+        groups=GroupsConfig(group_size=group_size),
+        partition=PartitionConfig(n_peers=4 * group_size),
+    )
     (_, aggregations, *_), reference = run(cfg, reference=True, monkeypatch=monkeypatch)
     (_, same, *_), events = run(cfg, reference=False, monkeypatch=monkeypatch)
     assert aggregations == same > 0
-    assert reference / aggregations > 20  # an event per message, and a timeout
     assert events / aggregations < 6, events / aggregations
+    if group_size >= 10:
+        assert reference / aggregations > 2 * group_size  # an event per message and a timeout
 
 
 def test_a_message_never_overtakes_an_event_scheduled_before_it():

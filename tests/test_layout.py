@@ -99,7 +99,8 @@ def test_the_top_level_holds_only_the_packages_and_the_entry_points():
 
 def test_every_old_import_string_of_a_builtin_still_works_with_a_warning():
     """Scenario files of p2pdp 0.1 name built-ins by their old import strings."""
-    renamed = {new: old for old, new in {**_moved.MOVED, **_moved.FORWARDED}.items()}
+    renamed = {new: old for old, new in _moved.MOVED.items()}
+    renamed.update({homes[0]: old for old, homes in _moved.FORWARDED.items()})
     old_targets, kept = {}, set()
     for component in components.listing():
         module, name = component["target"].split(":")

@@ -105,9 +105,9 @@ class Transport:
         self._latencies: list[float] = []
         self._uniforms: list[float] = []
         self._open: _Arrivals | None = None  # the last message's event, while joinable
-        # Arrival times coincide only under a constant latency (random latencies never tie),
-        # and joining needs the environment's count of scheduled events.
-        self._coalesce = config.latency == "constant" and isinstance(env, Environment)
+        # Joining needs the environment's count of scheduled events (the world gives an
+        # Environment only under a constant latency: random latencies never tie).
+        self._coalesce = isinstance(env, Environment)
 
     def _latency(self) -> float:
         if not self._latencies:

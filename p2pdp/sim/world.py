@@ -84,8 +84,7 @@ class Group:
     sizes: list[int] = field(default_factory=list)
     shares_received: dict[int, int] = field(default_factory=dict)  # secure aggregation
     partials: int = 0  # secure aggregation: partial sums the curator holds
-    done: bool = False  # the curator collected every statistic (released or aborted)
-    timed_out: bool = False  # the collection timed out first
+    ended: bool = False  # collected or timed out, whichever came first (the other is ignored)
 
 
 class WorldObserver:
@@ -455,9 +454,9 @@ class World:
 
     def collected(self, group: Group) -> None:
         """The seed's Algorithm 1 at the curator, once every member's statistic arrived."""
-        if group.timed_out:
+        if group.ended:  # timed out first
             return
-        group.done = True
+        group.ended = True
         if not self.online[group.curator]:  # the curator crashed: nothing released
             self.abort(group, "curator offline")
             return
@@ -474,8 +473,8 @@ class World:
     def timed_out(self, group: Group) -> None:
         """``collect_timeout`` passed: abort the group unless it was collected (a message was
         lost, or a member crashed)."""
-        if not group.done:
-            group.timed_out = True
+        if not group.ended:
+            group.ended = True
             self.abort(group, "collect timeout")
 
     def abort(self, group: Group, reason: str) -> None:
