@@ -52,6 +52,8 @@ PUBLICATION_MODES = ("group", "full")
 SPLITS = ("cv", "fixed")
 DEFAULT_EPSILON_PER_AGGREGATION = 0.1
 OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
+#: How a peer of an iterative protocol picks the records of one private step.
+RECORD_SAMPLINGS = ("full", "poisson", "fixed")
 
 
 #: Most aggregations a peer's budget may be meant for (``epsilon / epsilon_per_aggregation``):
@@ -513,11 +515,60 @@ class PoolingConfig:
             )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtocolConfig:
+    """How peers learn from what they receive (``[protocol]``; logistic task only).
+
+    ``name`` is a ``protocol`` component: ``"one-shot"`` (the default: the group protocol of
+    the seed, every other setting here unused), ``"dpsgd"``, ``"muffliato"``,
+    ``"gossip-learning"`` (:mod:`p2pdp.protocols`) or an import string.
+
+    Iterative protocols run ``rounds`` rounds of ``round_period`` simulated seconds. In a round
+    a peer takes one private local step on its own shard (step size ``step_size``): per-record
+    gradients of the logistic loss clipped to L2 norm ``clip_norm``, summed over the records
+    ``sampling`` picks (``"full"``: all; ``"poisson"``: each with probability
+    ``sampling_rate``; ``"fixed"``: ``batch_size`` without replacement), plus Gaussian noise of
+    standard deviation ``noise_multiplier * clip_norm`` added by the peer before anything
+    leaves it. ``noise_multiplier = None`` (the default) calibrates the noise so that
+    ``rounds`` steps spend ``privacy.epsilon`` at ``privacy.delta``; ``0`` adds none (NOT
+    private: every row then says epsilon = inf). ``gossip_steps`` is Muffliato's number of
+    gossip (averaging) steps per private step. ``eval_every``: rounds between two records of
+    the test error in the ``rounds`` table.
+    """
+
+    name: str = field(default="one-shot", metadata=check(ComponentName("protocol")))
+    rounds: int = field(default=100, metadata=check(IntAtLeast(1)))
+    round_period: float = field(default=1.0, metadata=check(Positive()))
+    step_size: float = field(default=1.0, metadata=check(Positive()))
+    gossip_steps: int = field(default=1, metadata=check(IntAtLeast(1)))
+    sampling: str = field(default="full", metadata=check(OneOf(RECORD_SAMPLINGS)))
+    sampling_rate: float = field(default=1.0, metadata=check(Interval(0.0, 1.0, low_open=True)))
+    batch_size: int = field(default=16, metadata=check(IntAtLeast(1)))
+    clip_norm: float = field(default=1.0, metadata=check(Positive(allow_inf=True)))
+    noise_multiplier: float | None = field(default=None, metadata=check(Optional(NonNegative())))
+    eval_every: int = field(default=1, metadata=check(IntAtLeast(1)))
+
+    def __post_init__(self) -> None:
+        validate_fields(self, "protocol")
+        if math.isinf(self.clip_norm) and self.noise_multiplier != 0:
+            raise ConfigError(
+                "protocol.clip_norm = inf bounds no gradient, so no noise can make a step "
+                f"private: set protocol.noise_multiplier = 0 (not private), got "
+                f"{self.noise_multiplier!r}"
+            )
+
+    @property
+    def iterative(self) -> bool:
+        """Whether peers learn from what they receive (any protocol but ``one-shot``)."""
+        return self.name != "one-shot"
+
+
 #: Task-specific tables and the built-in tasks that read them; another task setting one of
 #: them is refused (a setting that does nothing would be recorded in every row as if it did).
 TASK_SECTIONS: dict[str, tuple[str, ...]] = {
     "prevalence": ("prevalence-counts", "randomized-response"),
     "pooling": ("pooled-testing",),
+    "protocol": ("logistic",),
 }
 
 SECTIONS: dict[str, type] = {
@@ -533,6 +584,7 @@ SECTIONS: dict[str, type] = {
     "evaluation": EvaluationConfig,
     "prevalence": PrevalenceConfig,
     "pooling": PoolingConfig,
+    "protocol": ProtocolConfig,
 }
 
 
@@ -560,6 +612,7 @@ class ScenarioConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     prevalence: PrevalenceConfig = field(default_factory=PrevalenceConfig)
     pooling: PoolingConfig = field(default_factory=PoolingConfig)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
 
     def __post_init__(self) -> None:
         for section, cls in SECTIONS.items():

@@ -131,11 +131,11 @@ def test_unknown_component_names_the_key_the_options_and_the_closest(tmp_path):
         parse_scenario(BASE, overrides=['groups.sampler="user_components:Nope"'])
 
 
-def test_components_command_lists_the_seven_kinds_with_their_builtins(capsys):
+def test_components_command_lists_the_eight_kinds_with_their_builtins(capsys):
     assert main(["components", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     kinds = {row["kind"] for row in rows}
-    assert kinds == set(components.KINDS) and len(kinds) == 7
+    assert kinds == set(components.KINDS) and len(kinds) == 8
     names = {(row["kind"], row["name"]) for row in rows}
     for kind in components.KINDS:
         for name in components.names(kind):

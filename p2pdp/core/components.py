@@ -1,8 +1,9 @@
 """Components by kind: built-ins by name, anything else by import string or entry point.
 
-p2pdp's engine is assembled from components of seven kinds (:data:`KINDS`). Wherever a
+p2pdp's engine is assembled from components of eight kinds (:data:`KINDS`). Wherever a
 scenario names a component (``privacy.mechanism``, ``privacy.accountant``, ``groups.sampler``,
-``evaluation.vote``, ``task.name``, ``training.model``, ``data.dataset``) it accepts
+``evaluation.vote``, ``task.name``, ``training.model``, ``data.dataset``, ``protocol.name``)
+it accepts
 
 * the name of a registered component (``"vector-laplace"``), or
 * an import string ``"package.module:Name"`` (as Hydra's ``_target_`` and Flower's app
@@ -17,17 +18,18 @@ object, e.g. in a plug-in's ``pyproject.toml``::
 
 What each kind must provide is documented on its protocol:
 
-==========  ===============================================  ======================
-kind        protocol                                         config key
-==========  ===============================================  ======================
-dataset     :class:`p2pdp.data.datasets.DatasetLoader`       ``data.dataset``
-model       :class:`p2pdp.learning.models.LocalModel`        ``training.model``
-mechanism   :class:`p2pdp.privacy.mechanisms.Mechanism`      ``privacy.mechanism``
-accountant  :class:`p2pdp.privacy.accounting.Accountant`     ``privacy.accountant``
-sampler     :class:`p2pdp.sim.sampler.GroupSampler`          ``groups.sampler``
-ensemble    :class:`p2pdp.learning.evaluation.EnsembleRule`  ``evaluation.vote``
-task        :class:`p2pdp.tasks.Task`                        ``task.name``
-==========  ===============================================  ======================
+==========  ====================================================  ======================
+kind        protocol                                              config key
+==========  ====================================================  ======================
+dataset     :class:`p2pdp.data.datasets.DatasetLoader`            ``data.dataset``
+model       :class:`p2pdp.learning.models.LocalModel`             ``training.model``
+mechanism   :class:`p2pdp.privacy.mechanisms.Mechanism`           ``privacy.mechanism``
+accountant  :class:`p2pdp.privacy.accounting.Accountant`          ``privacy.accountant``
+sampler     :class:`p2pdp.sim.sampler.GroupSampler`               ``groups.sampler``
+ensemble    :class:`p2pdp.learning.evaluation.EnsembleRule`       ``evaluation.vote``
+task        :class:`p2pdp.tasks.Task`                             ``task.name``
+protocol    :class:`p2pdp.protocols.iterative.IterativeProtocol`  ``protocol.name``
+==========  ====================================================  ======================
 
 Built-ins are listed here as import strings, so validating a config never imports the
 heavy modules, and :func:`listing` (``p2pdp components``) needs no import at all.
@@ -53,6 +55,7 @@ KINDS: dict[str, str] = {
     "sampler": "how groups form (who aggregates with whom, and who curates)",
     "ensemble": "the rule a peer classifies with, from its own and the published models",
     "task": "what peers compute, how groups aggregate it, and how results are scored",
+    "protocol": "how peers learn from what they receive: one-shot groups or iterative rounds",
 }
 
 #: Entry-point group through which installed packages register components.
@@ -243,6 +246,30 @@ _BUILTINS: tuple[Component, ...] = tuple(
             "pooled-testing",
             "p2pdp.tasks.pooled_testing.task:PooledTesting",
             "pooled testing: each peer one person, groups are pools, prevalence by the pooled MLE",
+        ),
+        (
+            "protocol",
+            "one-shot",
+            "p2pdp.protocols:OneShot",
+            "the seed's protocol: each peer trains once, groups publish noisy averages",
+        ),
+        (
+            "protocol",
+            "dpsgd",
+            "p2pdp.protocols.iterative:DecentralizedSGD",
+            "D-PSGD: a private local step, then one Metropolis-Hastings averaging, per round",
+        ),
+        (
+            "protocol",
+            "muffliato",
+            "p2pdp.protocols.iterative:Muffliato",
+            "noise-then-gossip: a private step, then protocol.gossip_steps averagings",
+        ),
+        (
+            "protocol",
+            "gossip-learning",
+            "p2pdp.protocols.iterative:GossipLearning",
+            "models random-walk the overlay: merge what arrives, then a private step",
         ),
     )
 )

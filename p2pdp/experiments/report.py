@@ -238,6 +238,7 @@ def _write_report(directory: Path) -> Path:
         write_atomic(report, _with_status(text, directory, manifest, len(rows)))
         return report
     summaries = _summarise(rows, swept, read_roc(directory))
+    protocols = _protocol_comparison(directory, rows, swept)
 
     peers = "partition.n_peers"
     specs = [  # (file stem, title, why skipped or None, draw(path), caption)
@@ -277,6 +278,7 @@ def _write_report(directory: Path) -> Path:
             "For each publication mode, the grid point with the lowest mean error; the best "
             "peer's ROC averaged over folds.",
         ),
+        *protocols.specs,
     ]
     # Each figure replaces its old file atomically and report.md is written last, so a kill at
     # any moment leaves every figure the report on disk links; a figure this report no longer
@@ -291,12 +293,88 @@ def _write_report(directory: Path) -> Path:
             figures.append((title, path.name, caption))
 
     report = directory / REPORT_FILE
-    text = _markdown(rows, manifest, settings, swept, summaries, figures)
+    text = _markdown(rows, manifest, settings, swept, summaries, figures) + protocols.text
     write_atomic(report, _with_status(text, directory, manifest, len(rows)))
     for stem, _, skipped, _, _ in specs:
         if skipped:
             (directory / f"{stem}.png").unlink(missing_ok=True)
     return report
+
+
+@dataclass(frozen=True, slots=True)
+class _Protocols:
+    """The protocol comparison's figure specs and report section (empty unless swept)."""
+
+    specs: list[tuple[str, str, str | None, Any, str]]
+    text: str
+
+
+def _protocol_comparison(
+    directory: Path, rows: Sequence[dict[str, Any]], swept: Sequence[str]
+) -> _Protocols:
+    """Figures and a table comparing protocols at their tuned settings (:mod:`p2pdp.
+    experiments.protocol_report`), when ``protocol.name`` is swept."""
+    from p2pdp.experiments import protocol_report as pr
+
+    if "protocol.name" not in swept:
+        return _Protocols([], "")
+    why = None
+    if len({row["fold"] for row in rows}) < 2:
+        why = "tuning needs at least two folds"
+    elif "privacy.epsilon" not in swept:
+        why = "`privacy.epsilon` is not swept"
+    keys, table = pr.tuned_comparison(rows, swept) if why is None else ([], [])
+    rounds_path = directory / "rounds.csv"
+    rounds = None
+    if why is None and rounds_path.exists():
+        import pandas as pd
+
+        rounds = pd.read_csv(rounds_path)
+    no_rounds = why or (None if rounds is not None else "no rounds.csv (no iterative protocol)")
+    specs = [
+        (
+            "protocols_vs_epsilon",
+            "Protocols at their tuned settings vs privacy budget",
+            why,
+            partial(pr.comparison_figure, table),
+            "Test error of each protocol at its tuned settings (leave-one-fold-out, a "
+            "non-private tuning step), mean over folds, band +/- one standard deviation over "
+            "folds; dotted: local-only models; dashed: centralized non-private model. ε is each "
+            "peer's local DP budget (iterative protocols) or its one-shot budget (both: "
+            "neighbouring shards differ in one record).",
+        ),
+        *(
+            (
+                f"{column}_vs_round",
+                title,
+                no_rounds,
+                partial(pr.rounds_figure, rounds, rows, table, column),
+                f"{title} for each iterative protocol at its most chosen tuning, mean over "
+                "folds; a panel per partition and budget.",
+            )
+            for column, title in (
+                ("mean_error", "Error vs round"),
+                ("consensus_distance", "Consensus distance vs round"),
+            )
+        ),
+    ]
+    if why is not None:
+        return _Protocols(specs, "")
+    text = "\n".join(
+        [
+            "",
+            "## Protocols compared at their tuned settings",
+            "",
+            f"Non-private tuning step: {pr.TUNING_STEP}. ε spent is local DP (what any one "
+            "neighbour learns); the network DP column is Muffliato's pairwise bound, valid only "
+            "against a peer that sees nothing but its own incoming messages: never read it as "
+            "local DP.",
+            "",
+            *pr.markdown(keys, table),
+            "",
+        ]
+    )
+    return _Protocols(specs, text)
 
 
 def _task_figures(rows: Sequence[dict[str, Any]], directory: Path) -> list[tuple[str, str, str]]:
@@ -907,6 +985,10 @@ def non_private_steps_of(
             counts[step] = counts.get(step, 0) + 1
     if "training.lambda" in swept and not any(step.startswith("lambda") for step in counts):
         counts[f"lambda: {LAMBDA_SWEPT}"] = len(rows)
+    if "protocol.name" in swept:
+        from p2pdp.experiments.protocol_report import TUNING_STEP
+
+        counts[TUNING_STEP] = len(rows)
     return list(counts.items())
 
 

@@ -162,7 +162,8 @@ def _prepare(cell: Cell) -> tuple[Any, float]:
 
 
 def _run_cell(cell: Cell, trained: Any, prepare_seconds: float) -> CellRecord:
-    """Simulate one cell: its results row, ROC curve and ``releases``/``peers`` tables."""
+    """Simulate one cell: its results row, ROC curve and its ``releases``, ``peers``,
+    ``rounds`` and ``network_dp`` tables (a table without rows is not written)."""
     start = time.perf_counter()
     result = simulate(cell.config, fold=cell.fold, repetition=cell.repetition, trained=trained)
     row: dict[str, Any] = {"cell_id": cell.cell_id, "point": cell.point, **result.row()}
@@ -173,7 +174,12 @@ def _run_cell(cell: Cell, trained: Any, prepare_seconds: float) -> CellRecord:
         cell_id=cell.cell_id,
         row=row,
         roc_tpr=roc_on_grid(*curve) if curve is not None else None,
-        tables={"releases": result.release_rows(), "peers": result.peer_table()},
+        tables={
+            "releases": result.release_rows(),
+            "peers": result.peer_table(),
+            "rounds": result.round_rows(),
+            "network_dp": result.network_dp_rows(),
+        },
     )
 
 

@@ -8,6 +8,7 @@ shards, local models, group draws and noise streams (common random numbers).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -28,6 +29,7 @@ from p2pdp.experiments.scenario import config_of
 from p2pdp.privacy.accounting import composed, make_accountant, supports
 from p2pdp.privacy.mechanisms import checked, make_mechanism, mechanism_class
 from p2pdp.privacy.release import Releaser
+from p2pdp.protocols import ITERATIVE_COLUMNS
 from p2pdp.sim.world import World, WorldObserver
 from p2pdp.tasks import (
     Evaluation,
@@ -63,6 +65,14 @@ class RunResult:
     ``affordable_aggregations`` is how many aggregations the ledger lets every peer join
     (the accountant's answer for the budget; with ``privacy.noise_multiplier``, the count
     that noise buys).
+
+    Iterative protocols (``protocol.name`` not ``one-shot``, :func:`simulate_iterative`): a
+    peer's "aggregations" are its private local steps (each one a release to its neighbours),
+    ``epsilon_spent`` their local DP; ``protocol_columns`` (:data:`ITERATIVE_COLUMNS
+    <p2pdp.protocols.ITERATIVE_COLUMNS>`, NaN for one-shot runs) add the steps, the noise used,
+    the overlay's spectral gap, the final consensus distance and, for ``muffliato``, the
+    pairwise network DP bound (NOT local DP: see :mod:`p2pdp.protocols.network_dp`);
+    ``rounds`` has one record per evaluated round and ``network_dp`` one per graph distance.
     """
 
     config: ScenarioConfig
@@ -87,6 +97,9 @@ class RunResult:
     wall_times: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = float("nan")
     affordable_aggregations: int = -1
+    protocol_columns: dict[str, Any] = field(default_factory=lambda: dict(ITERATIVE_COLUMNS))
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    network_dp: list[dict[str, Any]] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         """Flat results row: every config setting, the seed, and the scalar metrics."""
@@ -110,8 +123,33 @@ class RunResult:
             guaranteed_delta_per_aggregation=self.guarantee_per_aggregation[1],
             guarantee=self.guarantee,
         )
+        row.update(self.protocol_columns)
         row.update({f"wall_{phase}_s": seconds for phase, seconds in self.wall_times.items()})
         return row
+
+    def round_rows(self) -> list[dict[str, Any]]:
+        """The ``rounds`` table of this run (iterative protocols; empty otherwise).
+
+        Columns: ``fold``, ``repetition``, ``protocol``, ``round``, ``time`` (simulated s),
+        ``mean_error`` and ``worst_error`` of the peers' models on the test rows (NaN on rounds
+        not evaluated, see ``protocol.eval_every``), ``consensus_distance`` (mean squared
+        distance of the models to their average), ``bytes_sent`` and ``messages_lost`` (lost
+        or late) so far, ``mean_steps`` and ``epsilon_spent`` (largest local DP epsilon of any
+        peer so far).
+        """
+        head = {
+            "fold": self.fold,
+            "repetition": self.repetition,
+            "protocol": self.config.protocol.name,
+        }
+        return [{**head, **row} for row in self.rounds]
+
+    def network_dp_rows(self) -> list[dict[str, Any]]:
+        """The ``network_dp`` table (``muffliato``): per graph distance between two peers, the
+        pairs and the mean and max pairwise network DP epsilon at ``privacy.delta``."""
+        return [
+            {"fold": self.fold, "repetition": self.repetition, **row} for row in self.network_dp
+        ]
 
     def release_rows(self) -> list[dict[str, Any]]:
         """The ``releases`` table of this run: one row per release, in release order.
@@ -216,17 +254,16 @@ def simulate(
     if track_memory:
         tracemalloc.start()
     task = make_task(config)
+    if config.protocol.iterative:
+        result = simulate_iterative(config, task, fold=fold, repetition=repetition, trained=trained)
+        if track_memory:
+            peak = tracemalloc.get_traced_memory()[1] / 2**20
+            tracemalloc.stop()
+            result = dataclasses.replace(result, peak_memory_mb=peak)
+        return result
     wall: dict[str, float] = {}
     start = time.perf_counter()
-    key = task.training_key(fold=fold, repetition=repetition)
-    if trained is None:
-        trained = prepared(task, fold=fold, repetition=repetition)
-    elif getattr(trained, "key", None) is not None and trained.key != key:
-        raise ConfigError(
-            "trained was prepared for another training key (data, fold, repetition, "
-            "partition, lambda or model differ): its sensitivity would not match this config; "
-            f"expected {key!r}, got {trained.key!r}"
-        )
+    trained = _trained(task, trained, fold=fold, repetition=repetition)
     statistics, sizes = task_statistics(task, trained, config.partition.n_peers)
     wall["training"] = time.perf_counter() - start
 
@@ -322,6 +359,150 @@ def simulate(
         wall_times=wall,
         peak_memory_mb=peak_mb,
         affordable_aggregations=int(world.ledger.max_aggregations),
+    )
+
+
+def _trained(task: Any, trained: Any, *, fold: int, repetition: int) -> Any:
+    """What ``task.prepare`` gives for the fold: ``trained`` if given (refused if it was
+    prepared for another training key), else prepared now."""
+    key = task.training_key(fold=fold, repetition=repetition)
+    if trained is None:
+        return prepared(task, fold=fold, repetition=repetition)
+    if getattr(trained, "key", None) is not None and trained.key != key:
+        raise ConfigError(
+            "trained was prepared for another training key (data, fold, repetition, "
+            "partition, lambda or model differ): its sensitivity would not match this config; "
+            f"expected {key!r}, got {trained.key!r}"
+        )
+    return trained
+
+
+def simulate_iterative(
+    config: ScenarioConfig, task: Any, *, fold: int, repetition: int, trained: Any = None
+) -> RunResult:
+    """One fold of an iterative protocol (``protocol.name`` not ``one-shot``): see
+    :func:`simulate` for the arguments, :mod:`p2pdp.protocols` for the protocols.
+
+    Streams (by name, from the seed, fold and repetition): ``overlay`` (the graph, shared by
+    cells that differ only in the protocol's settings), ``network`` (delays, losses, phases),
+    ``noise`` (the steps' Gaussian noise), ``sampling`` (records per step), ``gossip``
+    (gossip learning's targets).
+    """
+    from p2pdp.core.components import resolve
+    from p2pdp.learning.evaluation import linear_error
+    from p2pdp.protocols import network_dp
+    from p2pdp.protocols.iterative import IterativeProtocol, LocalProblem, step_privacy
+    from p2pdp.protocols.mixing import Mixing
+    from p2pdp.sim.iterative import consensus_distance, run_iterative
+    from p2pdp.sim.overlay import build_overlay
+
+    if not callable(getattr(task, "evaluate_models", None)):
+        raise ConfigError(
+            f"protocol.name = {config.protocol.name!r} learns logistic models: task.name must "
+            f"be 'logistic' (a task with evaluate_models), got {config.task.name!r}"
+        )
+    cls = resolve("protocol", config.protocol.name, key="protocol.name")
+    if not (isinstance(cls, type) and issubclass(cls, IterativeProtocol)):
+        raise ConfigError(
+            f"protocol.name = {config.protocol.name!r} must name a subclass of "
+            "p2pdp.protocols.iterative.IterativeProtocol"
+        )
+    wall: dict[str, float] = {}
+    start = time.perf_counter()
+    trained = _trained(task, trained, fold=fold, repetition=repetition)
+    data = trained.fold
+    problem = LocalProblem.from_shards(
+        data.X_train, data.y_train, trained.shards, config.training.lam
+    )
+    wall["training"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    n_peers = problem.n_peers
+    overlay = build_overlay(
+        config.gossip, n_peers, rng=generator(config.seed, "overlay", fold, repetition)
+    )
+    mixing = Mixing.metropolis_hastings(overlay.indptr, overlay.indices)
+    privacy = step_privacy(config)
+    rngs = {
+        name: generator(config.seed, name, fold, repetition)
+        for name in ("network", "noise", "sampling", "gossip")
+    }
+    protocol = cls(config.protocol, problem, mixing, privacy, rngs=rngs)
+    run = run_iterative(
+        config,
+        protocol,
+        errors=lambda models: linear_error(models, data.X_test, data.y_test),
+        rng=rngs["network"],
+    )
+    wall["simulation"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    evaluation = task.evaluate_models(trained, protocol.models)
+    steps = protocol.steps
+    mechanism = privacy.mechanism
+    columns = dict(ITERATIVE_COLUMNS)
+    columns.update(
+        mean_steps_per_peer=float(steps.mean()),
+        min_steps_per_peer=float(steps.min()),
+        noise_multiplier_used=mechanism.noise_multiplier,
+        spectral_gap=mixing.spectral_gap(),
+        consensus_distance=consensus_distance(protocol.models),
+    )
+    distances: list[dict[str, Any]] = []
+    if (
+        protocol.network_dp
+        and mechanism.private
+        and mechanism.sampling != "poisson"
+        and n_peers <= network_dp.MAX_PEERS
+    ):
+        coefficients = network_dp.pairwise_coefficients(
+            mixing, int(steps.max()), protocol.gossip_steps
+        )
+        epsilon = network_dp.pairwise_epsilon(
+            coefficients,
+            sensitivity_over_sigma=mechanism.sensitivity
+            / (mechanism.noise_multiplier * mechanism.clip_norm),
+            delta=config.privacy.delta,
+        )
+        epsilon = np.minimum(epsilon, privacy.epsilon(steps.max(keepdims=True))[0])
+        neighbours = np.zeros((n_peers, n_peers), dtype=bool)
+        neighbours[mixing.receivers, mixing.indices] = True
+        beyond = epsilon[~neighbours & np.isfinite(epsilon)]
+        columns.update(
+            network_dp_epsilon_mean=float(np.nanmean(epsilon)),
+            network_dp_epsilon_max=float(np.nanmax(epsilon)),
+            network_dp_epsilon_max_beyond_neighbours=float(beyond.max()) if beyond.size else 0.0,
+        )
+        distances = network_dp.by_distance(mixing, epsilon)
+    wall["evaluation"] = time.perf_counter() - start
+
+    transport = run.transport
+    spent = privacy.epsilon(steps)
+    one_step = privacy.epsilon(np.array([1]))[0]
+    return RunResult(
+        config=config,
+        fold=fold,
+        repetition=repetition,
+        evaluation=evaluation,
+        aggregations=int(steps.sum()),
+        aborted_groups=0,
+        aggregations_per_peer=steps,
+        epsilon_spent=spent,
+        guaranteed_epsilon=spent,
+        shard_sizes=problem.sizes,
+        sim_time=run.end_time,
+        messages_sent=int(transport.messages_sent.sum()),
+        bytes_sent=int(transport.bytes_sent.sum()),
+        messages_lost=transport.messages_lost + transport.messages_late,
+        stop_reason="rounds",
+        data_dependent_bounds=bool(data.data_dependent_bounds),
+        guarantee_per_aggregation=(float(one_step), privacy.delta_total),
+        guarantee=guarantee_label(privacy.event),
+        wall_times=wall,
+        affordable_aggregations=-1 if privacy.max_steps is None else privacy.max_steps,
+        protocol_columns=columns,
+        rounds=run.rounds,
+        network_dp=distances,
     )
 
 

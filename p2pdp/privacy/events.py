@@ -75,6 +75,25 @@ class GaussianEvent(PrivacyEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class SubsampledGaussianEvent(PrivacyEvent):
+    """A Gaussian release of a sum over a Poisson sample of a peer's records.
+
+    Every record joins the sum independently with probability ``sampling_rate``; each term is
+    clipped to L2 norm ``C`` and the noise has standard deviation ``noise_multiplier * C``.
+    Neighbouring relation: **add or remove** one record (the sum's sensitivity is ``C``); the
+    privacy amplification by this sampling is accounted by the ``rdp`` accountant
+    (:func:`p2pdp.privacy.accounting.subsampled_gaussian_rdp`). No ``(epsilon, delta)`` is
+    stated for one release (``epsilon_delta`` is ``(inf, 0)``, so basic composition gives inf).
+    """
+
+    noise_multiplier: float
+    sampling_rate: float
+
+    def epsilon_delta(self) -> tuple[float, float]:
+        return math.inf, 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class NonPrivateEvent(PrivacyEvent):
     """A release with no privacy guarantee (no noise, or a component that declares none).
 

@@ -98,6 +98,7 @@ class Transport:
         self.messages_sent = np.zeros(n_peers, dtype=np.int64)
         self.bytes_sent = np.zeros(n_peers, dtype=np.int64)
         self.messages_lost = 0
+        self.messages_late = 0
         self.control_messages = 0
         self.broadcasts = 0
         #: Called with the sender of every lost message (the world's observers), if set.
@@ -111,16 +112,18 @@ class Transport:
 
     def _latency(self) -> float:
         if not self._latencies:
-            cfg, n = self.config, _BATCH
-            if cfg.latency == "constant":
-                batch = np.full(n, cfg.latency_mean)
-            elif cfg.latency == "exponential":
-                batch = self.rng.exponential(cfg.latency_mean, size=n)
-            else:  # lognormal with the given mean
-                mu = np.log(max(cfg.latency_mean, 1e-300)) - cfg.latency_sigma**2 / 2
-                batch = self.rng.lognormal(mu, cfg.latency_sigma, size=n)
-            self._latencies = batch.tolist()
+            self._latencies = self.latencies(_BATCH).tolist()
         return self._latencies.pop()
+
+    def latencies(self, n: int) -> np.ndarray:
+        """``n`` latencies (simulated seconds) drawn from the configured law, (n,)."""
+        cfg = self.config
+        if cfg.latency == "constant":
+            return np.full(n, cfg.latency_mean)
+        if cfg.latency == "exponential":
+            return self.rng.exponential(cfg.latency_mean, size=n)
+        mu = np.log(max(cfg.latency_mean, 1e-300)) - cfg.latency_sigma**2 / 2  # lognormal, mean
+        return self.rng.lognormal(mu, cfg.latency_sigma, size=n)
 
     def _lost(self) -> bool:
         if self.config.loss == 0.0:
@@ -195,6 +198,29 @@ class Transport:
         env.timeout(delay).callbacks.append(arrivals.deliver)
         arrivals.mark = env.scheduled
         self._open = arrivals
+
+    def exchange(self, senders: np.ndarray, n_bytes: int, *, within: float) -> np.ndarray:
+        """Messages sent at the same instant, one from each of ``senders``: which arrive in time.
+
+        The vectorised form of :meth:`send` for a synchronous round (no event per message):
+        every message is counted as sent; it is lost with probability ``loss``, and it is
+        *late* (counted in ``messages_late``, not delivered) when its delay, latency plus
+        ``n_bytes / bandwidth``, exceeds ``within`` seconds. Returns a (len(senders),) bool
+        mask of the messages delivered.
+        """
+        senders = np.asarray(senders, dtype=np.int64)
+        n = senders.size
+        counts = np.bincount(senders, minlength=self.messages_sent.size)
+        self.messages_sent += counts
+        self.bytes_sent += counts * n_bytes
+        on_time = self.latencies(n) + n_bytes / self.config.bandwidth <= within
+        lost = np.zeros(n, dtype=bool)
+        if self.config.loss > 0:
+            lost = self.rng.random(n) < self.config.loss
+            self.lose(senders[lost])
+        self.messages_late += int((~on_time & ~lost).sum())
+        delivered = on_time & ~lost
+        return delivered
 
     def broadcast(
         self, sender: int, n_recipients: int, n_bytes: int, deliver: Callable[[], None]

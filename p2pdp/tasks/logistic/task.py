@@ -261,7 +261,6 @@ class LogisticEnsembles:
         )
 
     def evaluate(self, prepared: TrainedPeers, outcome: Outcome) -> LogisticEvaluation:
-        data = prepared.fold
         weights = prepared.models.weights
         ensembles = build_ensembles(
             weights,
@@ -272,7 +271,24 @@ class LogisticEnsembles:
             noise_std=np.array([record.noise_std for record in outcome.releases]),
         )
         own = self.peer_data(prepared) if self.rule.needs_own_data else None
-        metrics = evaluate_ensembles(ensembles, data.X_test, data.y_test, vote=self.rule, own=own)
+        return self._evaluation(prepared, ensembles, self.rule, own)
+
+    def evaluate_models(self, prepared: TrainedPeers, models: np.ndarray) -> LogisticEvaluation:
+        """Scores of peers that each classify with one model of their own, ``models`` (P, d).
+
+        For the iterative protocols (:mod:`p2pdp.protocols`): a peer's model already merges
+        what it received, so its "ensemble" is that one model (``mean_ensemble_size`` 1).
+        """
+        empty = np.zeros((0, models.shape[1]))
+        none = np.zeros(0, dtype=np.int64)
+        ensembles = build_ensembles(models, empty, np.zeros(0, dtype=bool), none, none)
+        return self._evaluation(prepared, ensembles, make_ensemble_rule("majority"), None)
+
+    def _evaluation(
+        self, prepared: TrainedPeers, ensembles: Any, rule: Any, own: PeerData | None
+    ) -> LogisticEvaluation:
+        data = prepared.fold
+        metrics = evaluate_ensembles(ensembles, data.X_test, data.y_test, vote=rule, own=own)
         best_error = best_lam = None
         if self.config.evaluation.best_lambda_reference:
             reference = self.best_lambda_reference(prepared)
@@ -283,7 +299,7 @@ class LogisticEnsembles:
             centralized_error=float(
                 linear_error(prepared.centralized, data.X_test, data.y_test)[0]
             ),
-            local_only_errors=linear_error(weights, data.X_test, data.y_test),
+            local_only_errors=linear_error(prepared.models.weights, data.X_test, data.y_test),
             ensemble_sizes=ensembles.sizes(),
             centralized_best_lambda_error=best_error,
             centralized_best_lambda=best_lam,

@@ -1,0 +1,59 @@
+"""Protocols: how peers learn from what they receive (``protocol.name``).
+
+``one-shot`` (:class:`OneShot`, the default) is the source document's protocol: every peer
+trains once, groups release noisy averages of fixed models, and no peer updates its model from
+what it received (the SimPy world of :mod:`p2pdp.sim.world` runs it). The iterative protocols
+of :mod:`p2pdp.protocols.iterative` keep a model per peer and update it from what arrives:
+
+``dpsgd``
+    D-PSGD (Lian et al. 2017) with local DP: each round every peer takes one private local
+    step, sends the result to its overlay neighbours and averages what it received with
+    Metropolis-Hastings weights (:mod:`p2pdp.protocols.mixing`).
+``muffliato``
+    Noise-then-gossip (Cyffers et al. 2022): a private step, then ``protocol.gossip_steps``
+    averagings; its rows add the pairwise network DP bound (:mod:`p2pdp.protocols.network_dp`)
+    beside local DP.
+``gossip-learning``
+    Ormandi, Hegedus & Jelasity 2013: every ``round_period`` each peer sends its model to a
+    random neighbour; a peer merges (averages) each model it receives with its own, then takes
+    a private step. Asynchronous: one SimPy event per message.
+
+A protocol object holds the peers' state (models, steps taken) and never touches SimPy or the
+transport: the driver (:mod:`p2pdp.sim.iterative`) calls it and moves its messages. Privacy
+per step: :mod:`p2pdp.privacy.clipped_gaussian`.
+
+A protocol of your own: an import string ``"package.module:Class"`` for ``protocol.name``,
+a subclass of :class:`p2pdp.protocols.iterative.IterativeProtocol` (see its docstring for what
+to override).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+__all__ = ["ITERATIVE_COLUMNS", "OneShot"]
+
+
+class OneShot:
+    """The group protocol of the source document (``protocol.name = "one-shot"``).
+
+    A marker: the SimPy world (:class:`p2pdp.sim.world.World`) runs it; every other setting
+    of ``[protocol]`` is unused.
+    """
+
+    name: ClassVar[str] = "one-shot"
+
+
+#: Columns every results row has (NaN where they do not apply, e.g. one-shot runs):
+#: what an iterative run did and what it guarantees beyond ``epsilon_spent`` (local DP).
+ITERATIVE_COLUMNS: dict[str, float] = {
+    "mean_steps_per_peer": math.nan,
+    "min_steps_per_peer": math.nan,
+    "noise_multiplier_used": math.nan,
+    "spectral_gap": math.nan,
+    "consensus_distance": math.nan,
+    "network_dp_epsilon_mean": math.nan,
+    "network_dp_epsilon_max": math.nan,
+    "network_dp_epsilon_max_beyond_neighbours": math.nan,
+}

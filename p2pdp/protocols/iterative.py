@@ -1,0 +1,311 @@
+"""Iterative decentralized learning with local DP: D-PSGD, Muffliato, gossip learning.
+
+Every peer ``i`` holds a model ``w_i`` (zeros at the start) and minimises its own
+L2-regularised logistic loss ``f_i(w) = mean_r log(1 + exp(-y_r x_r.w)) + lam/2 ||w||^2``
+over its shard; averaging with neighbours pulls the models towards the minimiser of the mean
+of the ``f_i`` (the centralised model, for equal shards). One **private step** of peer ``i``:
+
+``w_i <- w_i - step_size * ((sum_r clip_C(grad_r) + N(0, (z C)^2 I)) / m_i + lam w_i)``
+
+over the records its sampling picks, ``m_i`` the public denominator
+(:class:`~p2pdp.privacy.clipped_gaussian.ClippedGaussianSum`). The regulariser's gradient uses
+no data. Everything a peer sends afterwards (its model, averages with received models) is
+post-processing of its noisy steps and of what it received, so the peer's local DP is the
+composition of its steps: the accountant turns the number of steps a peer took into its
+``epsilon_spent``; a peer that cannot afford one more step stops stepping and only averages.
+
+Released to: each overlay neighbour (``dpsgd``, ``muffliato``: every message of a round;
+``gossip-learning``: the neighbour the model is sent to).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import expit
+
+from p2pdp.config import ProtocolConfig, ScenarioConfig
+from p2pdp.core.errors import ConfigError
+from p2pdp.privacy.accounting import affordable, composed, make_accountant
+from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum, calibrated_noise_multiplier
+from p2pdp.privacy.events import PrivacyEvent
+from p2pdp.protocols.mixing import Mixing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalProblem:
+    """Every peer's shard, stored peer by peer, for L2-regularised logistic regression.
+
+    Attributes
+    ----------
+    X : (N, d) array
+        Training rows; peer ``j`` holds rows ``indptr[j]:indptr[j + 1]``.
+    y : (N,) array of -1.0 / +1.0
+    indptr : (P + 1,) int64 array
+    lam : float
+        The L2 regularisation ``lambda``.
+    """
+
+    X: np.ndarray
+    y: np.ndarray
+    indptr: np.ndarray
+    lam: float
+
+    @classmethod
+    def from_shards(
+        cls, X: np.ndarray, y: np.ndarray, shards: tuple[np.ndarray, ...], lam: float
+    ) -> LocalProblem:
+        """Rows of ``X``, ``y`` regrouped so that each shard's rows are contiguous."""
+        order = np.concatenate(shards)
+        sizes = np.array([len(shard) for shard in shards], dtype=np.int64)
+        indptr = np.concatenate([[0], np.cumsum(sizes)])
+        return cls(X=X[order], y=np.asarray(y, float)[order], indptr=indptr, lam=lam)
+
+    @property
+    def n_peers(self) -> int:
+        return len(self.indptr) - 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Shard sizes, (P,)."""
+        return np.diff(self.indptr)
+
+    def clipped_sums(
+        self,
+        models: np.ndarray,
+        peers: np.ndarray,
+        mechanism: ClippedGaussianSum,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
+        """Each of ``peers``' sum of clipped per-record loss gradients at its model.
+
+        Parameters
+        ----------
+        models : (P, d) array
+        peers : (m,) int array, distinct, increasing
+        mechanism : ClippedGaussianSum
+            Clipping norm and the sampling of records (drawn from ``rng``).
+
+        Returns
+        -------
+        (m, d) array: ``sum_r clip(grad_r)`` over the sampled records of each peer; the
+        gradient of ``log(1 + exp(-y x.w))`` is ``-y sigmoid(-y x.w) x``.
+        """
+        if len(peers) == self.n_peers:
+            rows: slice | np.ndarray = slice(None)
+            indptr = self.indptr
+        elif len(peers) == 1:  # one peer (gossip learning): its rows are one slice
+            start, stop = self.indptr[peers[0]], self.indptr[peers[0] + 1]
+            rows, indptr = slice(start, stop), np.array([0, stop - start])
+        else:
+            sizes = self.sizes[peers]
+            indptr = np.concatenate([[0], np.cumsum(sizes)])
+            rows = np.repeat(self.indptr[peers] - indptr[:-1], sizes) + np.arange(indptr[-1])
+        X, y = self.X[rows], self.y[rows]
+        owner = np.repeat(np.arange(len(peers)), np.diff(indptr))
+        margins = y * np.einsum("ij,ij->i", X, models[peers][owner])
+        coefficients = -y * expit(-margins)
+        norms = np.abs(coefficients) * np.linalg.norm(X, axis=1)
+        coefficients *= mechanism.clip_factors(norms) * mechanism.select(indptr, rng)
+        if len(peers) == 1:
+            return (coefficients @ X)[None, :]
+        weights = sp.csr_array(
+            (coefficients, np.arange(len(coefficients)), indptr), shape=(len(peers), len(y))
+        )
+        return np.asarray(weights @ X)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepPrivacy:
+    """The private step of a run and what the budget affords.
+
+    ``max_steps`` is ``None`` for non-private steps (no budget to spend).
+    """
+
+    mechanism: ClippedGaussianSum
+    event: PrivacyEvent
+    accountant: str
+    max_steps: int | None
+    delta_total: float
+
+    def epsilon(self, steps: np.ndarray) -> np.ndarray:
+        """Local DP epsilon (at ``delta_total``) of peers that took ``steps`` steps."""
+        steps = np.asarray(steps, dtype=np.int64)
+        if not self.mechanism.private:
+            return np.where(steps == 0, 0.0, np.inf)
+        return composed(
+            make_accountant(self.accountant), self.event, steps, delta_total=self.delta_total
+        )
+
+
+def step_privacy(config: ScenarioConfig) -> StepPrivacy:
+    """The step mechanism of ``config``: noise calibrated to the budget unless given.
+
+    ``privacy.accountant = "auto"``: ``gdp`` (exact) for full and fixed sampling, ``rdp`` for
+    Poisson sampling (the only one of the two that accounts its amplification).
+    """
+    settings, privacy = config.protocol, config.privacy
+    mechanism = ClippedGaussianSum(
+        clip_norm=settings.clip_norm,
+        noise_multiplier=settings.noise_multiplier or 0.0,
+        sampling=settings.sampling,
+        sampling_rate=settings.sampling_rate,
+        batch_size=settings.batch_size,
+    )
+    accountant = privacy.accountant
+    if accountant == "auto":
+        accountant = "rdp" if settings.sampling == "poisson" else "gdp"
+    if settings.noise_multiplier is None:
+        z = calibrated_noise_multiplier(
+            mechanism,
+            steps=settings.rounds,
+            epsilon_total=privacy.epsilon,
+            delta_total=privacy.delta,
+            accountant=accountant,
+        )
+        mechanism = ClippedGaussianSum(
+            clip_norm=mechanism.clip_norm,
+            noise_multiplier=z,
+            sampling=mechanism.sampling,
+            sampling_rate=mechanism.sampling_rate,
+            batch_size=mechanism.batch_size,
+        )
+    event = mechanism.event(privacy.delta / settings.rounds if privacy.delta > 0 else 0.0)
+    max_steps = None
+    if mechanism.private:
+        account = make_accountant(accountant)
+        account.check(event)
+        max_steps = affordable(
+            account, event, epsilon_total=privacy.epsilon, delta_total=privacy.delta
+        )
+    return StepPrivacy(
+        mechanism=mechanism,
+        event=event,
+        accountant=accountant,
+        max_steps=max_steps,
+        delta_total=privacy.delta,
+    )
+
+
+class IterativeProtocol:
+    """Peers that keep a model and update it from their data and what they receive.
+
+    The driver (:mod:`p2pdp.sim.iterative`) calls, for a synchronous protocol
+    (``synchronous = True``), each round: :meth:`step` (every peer's private step), then
+    ``gossip_steps`` times: the transport decides which of the messages along the overlay's
+    edges arrive in time, and :meth:`average` merges them. For an asynchronous one, each
+    peer's wake-up: :meth:`wake` (who to send the model to) and, on arrival, :meth:`receive`.
+    A subclass sets ``name`` and ``synchronous`` and may override any of these.
+
+    State: ``models`` (P, d), ``steps`` (P,) private steps taken.
+    """
+
+    name: ClassVar[str] = "iterative"
+    synchronous: ClassVar[bool] = True
+    #: Whether rows get the pairwise network DP bound (:mod:`p2pdp.protocols.network_dp`).
+    network_dp: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        settings: ProtocolConfig,
+        problem: LocalProblem,
+        mixing: Mixing,
+        privacy: StepPrivacy,
+        *,
+        rngs: dict[str, np.random.Generator],
+    ) -> None:
+        self.settings = settings
+        self.problem = problem
+        self.mixing = mixing
+        self.privacy = privacy
+        self.rngs = rngs
+        self.models = np.zeros((problem.n_peers, problem.X.shape[1]))
+        self.steps = np.zeros(problem.n_peers, dtype=np.int64)
+        self._denominators = privacy.mechanism.denominators(problem.sizes)
+
+    @property
+    def gossip_steps(self) -> int:
+        """Averagings per round (synchronous protocols)."""
+        return 1
+
+    def step(self, peers: np.ndarray | None = None) -> None:
+        """One private local step of each of ``peers`` (default: all) that can afford one."""
+        if peers is None:
+            peers = np.arange(self.problem.n_peers)
+        if self.privacy.max_steps is not None:
+            peers = peers[self.steps[peers] < self.privacy.max_steps]
+        if not len(peers):
+            return
+        mechanism = self.privacy.mechanism
+        sums = self.problem.clipped_sums(self.models, peers, mechanism, self.rngs["sampling"])
+        noisy = sums + mechanism.noise(sums.shape, self.rngs["noise"])
+        models = self.models[peers]
+        gradient = noisy / self._denominators[peers, None] + self.problem.lam * models
+        self.models[peers] = models - self.settings.step_size * gradient
+        self.steps[peers] += 1
+
+    def average(self, delivered: np.ndarray) -> None:
+        """Merge the round's messages: ``delivered`` (E,) marks the edges whose model arrived."""
+        self.models = self.mixing.average(self.models, delivered)
+
+    def wake(self, peer: int) -> int:
+        """The neighbour ``peer`` sends its model to at a wake-up (asynchronous protocols)."""
+        mixing = self.mixing
+        start, stop = mixing.indptr[peer], mixing.indptr[peer + 1]
+        return int(mixing.indices[start + self.rngs["gossip"].integers(stop - start)])
+
+    def receive(self, peer: int, model: np.ndarray) -> None:
+        """``peer`` received ``model`` (asynchronous protocols)."""
+        raise NotImplementedError(f"{type(self).__name__} is synchronous")
+
+
+class DecentralizedSGD(IterativeProtocol):
+    """D-PSGD: one private step, then one Metropolis-Hastings averaging, per round."""
+
+    name: ClassVar[str] = "dpsgd"
+
+    def __init__(self, settings: ProtocolConfig, *args, **kwargs) -> None:
+        if settings.gossip_steps != 1:
+            raise ConfigError(
+                "protocol.gossip_steps must be 1 for protocol.name = 'dpsgd' (one averaging "
+                f"per step); use 'muffliato' for more, got {settings.gossip_steps}"
+            )
+        super().__init__(settings, *args, **kwargs)
+
+
+class Muffliato(IterativeProtocol):
+    """Noise-then-gossip: one private step, then ``protocol.gossip_steps`` averagings."""
+
+    name: ClassVar[str] = "muffliato"
+    network_dp: ClassVar[bool] = True
+
+    @property
+    def gossip_steps(self) -> int:
+        return self.settings.gossip_steps
+
+
+class GossipLearning(IterativeProtocol):
+    """Gossip learning: models random-walk the overlay, merged and updated at each hop.
+
+    Every ``round_period`` (each peer at its own phase) a peer sends its current model to a
+    uniformly random overlay neighbour; the receiver replaces its model by the average of the
+    two, then takes one private step (while its budget lasts).
+    """
+
+    name: ClassVar[str] = "gossip-learning"
+    synchronous: ClassVar[bool] = False
+
+    def __init__(self, settings: ProtocolConfig, *args, **kwargs) -> None:
+        if settings.gossip_steps != 1:
+            raise ConfigError(
+                "protocol.gossip_steps is read only by protocol.name = 'muffliato'; got "
+                f"{settings.gossip_steps} for 'gossip-learning'"
+            )
+        super().__init__(settings, *args, **kwargs)
+
+    def receive(self, peer: int, model: np.ndarray) -> None:
+        self.models[peer] = (self.models[peer] + model) / 2.0
+        self.step(np.array([peer]))

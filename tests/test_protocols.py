@@ -1,0 +1,320 @@
+"""Iterative protocols (issue 20): mixing, the private step, accounting, wiring, records.
+
+Wiring tests go from a config to what a peer actually releases: the noise law of a step at
+the clipping norm this file computes itself, the epsilon the accountant states for the steps
+actually taken against an independent computation, budgets that stop peers, and the
+``rounds`` table a run writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import networkx as nx
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy import integrate, optimize, stats
+
+from p2pdp.config import ScenarioConfig
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.rng import generator
+from p2pdp.experiments.simulation import simulate
+from p2pdp.privacy.accounting import RdpAccountant, subsampled_gaussian_rdp
+from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
+from p2pdp.privacy.events import SubsampledGaussianEvent
+from p2pdp.protocols import network_dp
+from p2pdp.protocols.iterative import (
+    DecentralizedSGD,
+    LocalProblem,
+    step_privacy,
+)
+from p2pdp.protocols.mixing import Mixing
+from p2pdp.sim.transport import Transport
+
+
+def _config(**protocol) -> ScenarioConfig:
+    settings = {"name": "dpsgd", "rounds": 10, "eval_every": 5, **protocol}
+    return ScenarioConfig(
+        data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
+        partition={"n_peers": 20},
+        training={"lam": 0.01},
+        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5},
+        gossip={"degree": 4},
+        evaluation={"cv_folds": 2},
+        protocol=settings,
+    )
+
+
+def _overlay_mixing(n: int = 30, degree: int = 4, seed: int = 3) -> tuple[nx.Graph, Mixing]:
+    graph = nx.random_regular_graph(degree, n, seed=seed)
+    adjacency = sp.csr_array(nx.to_scipy_sparse_array(graph, nodelist=range(n)))
+    adjacency.sort_indices()
+    return graph, Mixing.metropolis_hastings(adjacency.indptr, adjacency.indices)
+
+
+# --- mixing -----------------------------------------------------------------------------------
+def test_metropolis_hastings_weights_match_networkx_reference() -> None:
+    graph, mixing = _overlay_mixing()
+    W = mixing.matrix().toarray()
+    reference = np.zeros_like(W)
+    for i, j in graph.edges():
+        reference[i, j] = reference[j, i] = 1 / (1 + max(graph.degree[i], graph.degree[j]))
+    np.fill_diagonal(reference, 1 - reference.sum(axis=1))
+    np.testing.assert_allclose(W, reference, atol=1e-15)
+    assert np.allclose(W.sum(axis=0), 1) and np.allclose(W, W.T)
+    second = np.sort(np.abs(np.linalg.eigvalsh(reference)))[-2]
+    assert mixing.spectral_gap() == pytest.approx(1 - second, abs=1e-12)
+
+
+def test_average_keeps_lost_weight_on_own_model_and_mean_when_all_arrive() -> None:
+    _, mixing = _overlay_mixing()
+    models = generator(0, "t").normal(size=(30, 5))
+    everything = mixing.average(models, np.ones(len(mixing.indices), dtype=bool))
+    np.testing.assert_allclose(everything, mixing.matrix() @ models, atol=1e-12)
+    np.testing.assert_allclose(everything.mean(axis=0), models.mean(axis=0), atol=1e-12)
+    nothing = mixing.average(models, np.zeros(len(mixing.indices), dtype=bool))
+    np.testing.assert_array_equal(nothing, models)
+
+
+# --- the private step -------------------------------------------------------------------------
+def _problem(rng: np.random.Generator, n_peers: int = 40, rows: int = 6) -> LocalProblem:
+    X = rng.normal(size=(n_peers * rows, 4))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    y = np.where(rng.random(n_peers * rows) < 0.5, -1.0, 1.0)
+    shards = tuple(np.arange(i * rows, (i + 1) * rows) for i in range(n_peers))
+    return LocalProblem.from_shards(X, y, shards, lam=0.1)
+
+
+def _clipped_sums_by_hand(problem: LocalProblem, models: np.ndarray, clip: float) -> np.ndarray:
+    """Each peer's sum of per-record logistic gradients, clipped to ``clip``: a loop."""
+    sums = np.zeros_like(models)
+    for peer in range(problem.n_peers):
+        for r in range(problem.indptr[peer], problem.indptr[peer + 1]):
+            x, y = problem.X[r], problem.y[r]
+            gradient = -y * x / (1 + math.exp(y * x @ models[peer]))
+            sums[peer] += gradient * min(1.0, clip / np.linalg.norm(gradient))
+    return sums
+
+
+def test_step_releases_clipped_sum_plus_noise_at_the_calibrated_scale() -> None:
+    """Config -> released model: (w - w') / eta - lam w = (clipped sum + noise) / n, and the
+    noise is N(0, (z C)^2) with z computed here from the budget (KS test)."""
+    clip, rounds, epsilon, delta = 0.2, 10, 2.0, 1e-5
+    config = _config(clip_norm=clip, rounds=rounds, step_size=0.5)
+    privacy = step_privacy(config)
+
+    # independent calibration: `rounds` Gaussian steps of sensitivity 2C are sqrt(T) (2C/sigma)
+    # -GDP; delta(eps) of mu-GDP (Dong, Roth & Su) solved for the mu that spends the budget
+    def delta_of(mu: float) -> float:
+        return stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(
+            -epsilon / mu - mu / 2
+        )
+
+    mu = optimize.brentq(lambda m: delta_of(m) - delta, 1e-3, 50, xtol=1e-14)
+    sigma = 2 * clip * math.sqrt(rounds) / mu
+    assert privacy.mechanism.noise_multiplier * clip == pytest.approx(sigma, rel=1e-6)
+
+    rng = generator(1, "problem")
+    problem = _problem(rng, n_peers=400)
+    protocol = DecentralizedSGD(
+        config.protocol,
+        problem,
+        Mixing.metropolis_hastings(np.zeros(401, dtype=np.int64), np.zeros(0, dtype=np.int64)),
+        privacy,
+        rngs={name: generator(2, name) for name in ("noise", "sampling", "gossip")},
+    )
+    protocol.models = rng.normal(size=protocol.models.shape)
+    before = protocol.models.copy()
+    protocol.step()
+    gradient = (before - protocol.models) / 0.5 - 0.1 * before
+    noise = gradient * problem.sizes[:, None] - _clipped_sums_by_hand(problem, before, clip)
+    assert stats.kstest(noise.ravel() / sigma, "norm").pvalue > 1e-3
+    assert np.std(noise) == pytest.approx(sigma, rel=0.05)
+    np.testing.assert_array_equal(protocol.steps, 1)
+
+
+def test_step_without_noise_is_exactly_the_clipped_gradient() -> None:
+    """Clipping happens whatever the noise: a step at z = 0 moves by the clipped mean."""
+    config = _config(clip_norm=0.05, noise_multiplier=0.0, step_size=0.5)
+    rng = generator(3, "problem")
+    problem = _problem(rng, n_peers=50)
+    protocol = DecentralizedSGD(
+        config.protocol,
+        problem,
+        Mixing.metropolis_hastings(np.zeros(51, dtype=np.int64), np.zeros(0, dtype=np.int64)),
+        step_privacy(config),
+        rngs={name: generator(2, name) for name in ("noise", "sampling", "gossip")},
+    )
+    protocol.models = rng.normal(size=protocol.models.shape)
+    before = protocol.models.copy()
+    protocol.step()
+    gradient = (before - protocol.models) / 0.5 - 0.1 * before
+    expected = _clipped_sums_by_hand(problem, before, 0.05) / problem.sizes[:, None]
+    np.testing.assert_allclose(gradient, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_poisson_rdp_equals_numerical_integration() -> None:
+    q, z = 0.05, 0.8
+    orders = np.array([2, 3, 5, 8, 16])
+    ours = subsampled_gaussian_rdp(q, z, orders)
+    for alpha, value in zip(orders.tolist(), ours, strict=True):
+
+        def integrand(x: float, alpha: int = alpha) -> float:
+            ratio = (1 - q) + q * math.exp((2 * x - 1) / (2 * z * z))
+            return stats.norm.pdf(x, scale=z) * ratio**alpha
+
+        moment = integrate.quad(integrand, -30, 30, points=[0, 1], limit=400)[0]
+        assert value == pytest.approx(math.log(moment) / (alpha - 1), rel=1e-9)
+    assert subsampled_gaussian_rdp(1.0, 2.0, np.array([4]))[0] == pytest.approx(4 / 8)
+
+
+def test_poisson_steps_charge_rdp_of_the_subsampled_event() -> None:
+    config = _config(sampling="poisson", sampling_rate=0.2, noise_multiplier=1.5, rounds=40)
+    privacy = step_privacy(config)
+    assert privacy.accountant == "rdp"
+    assert privacy.event == SubsampledGaussianEvent(1.5, 0.2)
+    steps = np.array([0, 1, 7, privacy.max_steps])
+    spent = privacy.epsilon(steps)
+    # independent: RDP at integer orders, converted (Balle et al. 2020), minimised
+    alpha = np.arange(2, 257).astype(float)
+    one = np.array([subsampled_gaussian_rdp(0.2, 1.5, np.array([a]))[0] for a in alpha])
+    for k, value in zip(steps.tolist(), spent, strict=True):
+        bound = k * one + np.log1p(-1 / alpha) - (math.log(1e-5) + np.log(alpha)) / (alpha - 1)
+        assert value == pytest.approx(0.0 if k == 0 else max(bound.min(), 0), rel=1e-3, abs=1e-12)
+    assert spent[-1] <= 2.0 < privacy.epsilon(np.array([privacy.max_steps + 1]))[0]
+    with pytest.raises(ConfigError, match="gdp"):
+        step_privacy(dataclasses.replace(config, privacy=dataclasses.replace(
+            config.privacy, accountant="gdp")))  # fmt: skip
+
+
+def test_gdp_refuses_subsampled_event_and_basic_gives_inf() -> None:
+    from p2pdp.privacy.accounting import make_accountant
+
+    event = SubsampledGaussianEvent(1.0, 0.1)
+    assert not make_accountant("gdp").supports(event)
+    assert RdpAccountant().supports(event)
+    assert (
+        make_accountant("basic").composed_epsilon(event, np.array([2]), delta_total=1e-5)[0]
+        == math.inf
+    )
+
+
+def test_fixed_size_sampling_picks_batch_size_records_per_peer() -> None:
+    mechanism = ClippedGaussianSum(clip_norm=1.0, noise_multiplier=1.0, sampling="fixed",
+                                   batch_size=3)  # fmt: skip
+    indptr = np.array([0, 2, 7, 15])
+    mask = mechanism.select(indptr, generator(0, "s"))
+    assert [int(mask[a:b].sum()) for a, b in itertools.pairwise(indptr)] == [2, 3, 3]
+    np.testing.assert_array_equal(mechanism.denominators(np.diff(indptr)), [2, 3, 3])
+
+
+# --- runs ---------------------------------------------------------------------------------------
+def test_run_charges_budget_and_writes_rounds() -> None:
+    result = simulate(_config(rounds=10, eval_every=5))
+    row = result.row()
+    assert row["max_epsilon_spent"] == pytest.approx(2.0, rel=1e-6)  # calibrated to spend it
+    assert row["mean_steps_per_peer"] == row["min_steps_per_peer"] == 10
+    np.testing.assert_array_equal(result.aggregations_per_peer, 10)
+    rounds = result.round_rows()
+    assert [r["round"] for r in rounds] == list(range(11))
+    evaluated = [r["round"] for r in rounds if not math.isnan(r["mean_error"])]
+    assert evaluated == [0, 5, 10]
+    assert rounds[-1]["mean_error"] == pytest.approx(row["mean_error"])
+    assert rounds[-1]["epsilon_spent"] == pytest.approx(2.0, rel=1e-6)
+    assert rounds[-1]["bytes_sent"] == row["bytes_sent"] > rounds[5]["bytes_sent"] > 0
+    assert row["messages_sent"] == 10 * 20 * 4  # a message per directed edge per round
+
+
+def test_gossip_learning_stops_each_peer_at_its_budget() -> None:
+    config = _config(name="gossip-learning", rounds=30, noise_multiplier=5.0)
+    privacy = step_privacy(config)
+    assert 0 < privacy.max_steps < 30
+    result = simulate(config)
+    steps = result.aggregations_per_peer
+    assert steps.max() == privacy.max_steps  # some peers reach it, none passes it
+    assert (result.epsilon_spent <= 2.0 * (1 + 1e-9)).all()
+    assert result.row()["messages_sent"] == pytest.approx(30 * 20, abs=20)
+
+
+def test_non_private_dpsgd_reaches_the_centralised_model() -> None:
+    config = _config(noise_multiplier=0.0, rounds=300, step_size=2.0, eval_every=300)
+    result = simulate(config)
+    row = result.row()
+    assert row["max_epsilon_spent"] == math.inf and row["guarantee"] == "none"
+    assert row["mean_error"] == pytest.approx(row["centralized_error"], abs=0.01)
+    assert row["max_error"] <= row["centralized_error"] + 0.02  # every peer, not just on average
+
+
+def test_loss_and_lateness_drop_messages_not_the_run() -> None:
+    base = _config(noise_multiplier=0.0, rounds=5)
+    lossy = dataclasses.replace(base, network=dataclasses.replace(base.network, loss=0.3))
+    row = simulate(lossy).row()
+    assert 0.2 * row["messages_sent"] < row["messages_lost"] < 0.4 * row["messages_sent"]
+    late = dataclasses.replace(base, network=dataclasses.replace(
+        base.network, latency="exponential", latency_mean=1.0))  # fmt: skip
+    row = simulate(late).row()
+    assert row["messages_lost"] > 0.3 * row["messages_sent"]  # exp(1) > round period 1 often
+
+
+def test_transport_exchange_counts_like_send() -> None:
+    import simpy
+
+    from p2pdp.config import NetworkConfig
+
+    transport = Transport(simpy.Environment(), NetworkConfig(loss=0.5), 3, rng=generator(0, "n"))
+    delivered = transport.exchange(np.array([0, 0, 1, 2] * 250), 100, within=1.0)
+    np.testing.assert_array_equal(transport.messages_sent, [500, 250, 250])
+    np.testing.assert_array_equal(transport.bytes_sent, [50_000, 25_000, 25_000])
+    assert transport.messages_lost == 1000 - delivered.sum()
+    assert 400 < delivered.sum() < 600
+
+
+def test_runs_are_reproducible() -> None:
+    config = _config(name="gossip-learning", rounds=5)
+    a, b = simulate(config), simulate(config)
+    assert a.round_rows() == b.round_rows()
+    np.testing.assert_array_equal(a.aggregations_per_peer, b.aggregations_per_peer)
+
+
+def test_invalid_protocol_settings_are_refused() -> None:
+    with pytest.raises(ConfigError, match="protocol.clip_norm = inf"):
+        _config(clip_norm=math.inf)
+    with pytest.raises(ConfigError, match="gossip_steps must be 1"):
+        simulate(_config(gossip_steps=2))
+    with pytest.raises(ConfigError, match="protocol.step_size"):
+        _config(step_size=-1.0)
+    with pytest.raises(ConfigError, match=r"\[protocol\] is read only by"):
+        ScenarioConfig(task={"name": "prevalence-counts"}, protocol={"name": "dpsgd"})
+    with pytest.raises(ConfigError, match="protocol.name"):
+        _config(name="no-such-protocol")
+
+
+# --- network DP ---------------------------------------------------------------------------------
+def test_network_dp_bound_matches_its_formula_and_shrinks_with_distance() -> None:
+    graph, mixing = _overlay_mixing(n=200, degree=3, seed=5)
+    steps, gossip = 1, 4
+    coefficients = network_dp.pairwise_coefficients(mixing, steps, gossip)
+    W = mixing.matrix().toarray()
+    u = 0
+    v = next(node for node, hops in nx.shortest_path_length(graph, u).items() if hops == 2)
+    expected = 0.0
+    for s in range(gossip):
+        power = np.linalg.matrix_power(W, s)
+        for w in graph.neighbors(v):
+            expected += power[u, w] ** 2 / (power[:, w] ** 2).sum()
+    assert coefficients[u, v] == pytest.approx(min(expected, steps), rel=1e-10)
+    epsilon = network_dp.pairwise_epsilon(coefficients, sensitivity_over_sigma=1.0, delta=1e-5)
+    rows = network_dp.by_distance(mixing, epsilon)
+    means = [r["mean_epsilon"] for r in rows]
+    assert means == sorted(means, reverse=True) and means[-1] == 0.0
+    assert rows[0]["max_epsilon"] == pytest.approx(epsilon[~np.isnan(epsilon)].max())
+
+
+def test_muffliato_reports_network_dp_no_larger_than_local_dp() -> None:
+    row = simulate(_config(name="muffliato", gossip_steps=3, rounds=3)).row()
+    assert row["network_dp_epsilon_max"] <= row["max_epsilon_spent"] * (1 + 1e-12)
+    assert not math.isnan(row["network_dp_epsilon_mean"])
+    assert math.isnan(simulate(_config(rounds=3)).row()["network_dp_epsilon_mean"])
