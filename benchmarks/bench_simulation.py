@@ -12,6 +12,11 @@ Usage::
 Default table: Spambase (P = 100, g = 10, epsilon = 1, epsilon_A = 0.1, full publication, one
 fold), then synthetic data (d = 58 with the bias, 20 rows per peer) for P = 1,000, 10,000 and
 100,000, and the fitted growth exponent of wall time in P (least squares on log-log).
+
+``--protocol NAME`` (repeatable) runs the same world with each protocol (iterative ones: 50
+rounds, Gaussian steps calibrated to epsilon = 1, delta = 1e-5, random-regular overlay of
+degree 10, the test error recorded every 10 rounds) and prints each one's wall time as a ratio
+to the first protocol given, e.g. ``--protocol one-shot --protocol dpsgd``.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ def run_one(
     publication: str,
     sampler: str = "central",
     workers: int = 1,
+    protocol: str = "one-shot",
 ) -> dict:
     """One configuration, in the current process."""
     from p2pdp.config import (
@@ -67,14 +73,20 @@ def run_one(
     else:
         data = DataConfig(dataset=dataset)
         evaluation = EvaluationConfig(split="fixed" if dataset == "adult" else "cv")
+    iterative = protocol != "one-shot"
     config = ScenarioConfig(
         seed=2026,
         data=data,
         partition=PartitionConfig(n_peers=peers),
-        privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=0.1),
+        privacy=PrivacyConfig(
+            epsilon=1.0,
+            epsilon_per_aggregation=0.1,
+            **({"mechanism": "gaussian", "delta": 1e-5} if iterative else {}),
+        ),
         groups=GroupsConfig(group_size=group_size, sampler=sampler),
         publication=PublicationConfig(mode=publication),
         evaluation=evaluation,
+        protocol={"name": protocol, **({"rounds": 50, "eval_every": 10} if iterative else {})},
     )
     start = time.perf_counter()
     with training_workers(workers):  # local processes for the local models
@@ -90,6 +102,7 @@ def run_one(
         "publication": publication,
         "sampler": sampler,
         "workers": workers,
+        "protocol": protocol,
         "aggregations": result.aggregations,
         "mean_error": result.evaluation.metrics.summary()["mean_error"],
         "centralized_error": result.evaluation.centralized_error,
@@ -143,12 +156,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers", type=int, default=1, help="local processes for the local models"
     )
+    parser.add_argument(
+        "--protocol",
+        action="append",
+        default=None,
+        help="protocol.name (repeatable; ratios are to the first one)",
+    )
     args = parser.parse_args(argv)
 
-    if args.dataset or args.peers:
+    if args.dataset or args.peers or args.protocol:
         dataset = args.dataset or "synthetic"
         peers = args.peers or (100 if dataset != "synthetic" else 1000)
-        configs = [(dataset, peers, args.group_size, args.publication, "central", args.workers)]
+        configs = [
+            (dataset, peers, args.group_size, args.publication, "central", args.workers, protocol)
+            for protocol in args.protocol or ["one-shot"]
+        ]
     else:
         configs = [("spambase", 100, 10, args.publication)] + [
             ("synthetic", p, args.group_size, args.publication) for p in (1000, 10_000, 100_000)
@@ -160,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(row), flush=True)
         else:
+            ratio = row["wall_s"] / rows[0]["wall_s"]
             print(
+                f"{row['protocol']:>15} x{ratio:.2f} "
                 f"{row['dataset']:>9} P={row['peers']:>7} g={row['group_size']:>3} "
                 f"{row['publication']:>5}: aggregations={row['aggregations']:>6} "
                 f"mean error={row['mean_error']:.3f}  training={row['training_s']:.2f}s "
@@ -168,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"total={row['wall_s']:.2f}s  peak={row['peak_mb']:.0f} MB",
                 flush=True,
             )
-    synthetic = [r for r in rows if r["dataset"] == "synthetic"]
+    synthetic = [r for r in rows if r["dataset"] == "synthetic" and r["protocol"] == "one-shot"]
     if len(synthetic) >= 2 and not args.json:
         peers = [r["peers"] for r in synthetic]
         for phase in ("training_s", "simulation_s", "evaluation_s", "wall_s"):

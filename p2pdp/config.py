@@ -647,6 +647,13 @@ class ScenarioConfig:
                         f"{' or '.join(map(repr, readers))}; task.name = {self.task.name!r} "
                         "ignores it: remove it"
                     )
+        if self.protocol.iterative and self.protocol.noise_multiplier != 0:
+            if not 0 < self.privacy.delta < 1:
+                raise ConfigError(
+                    f"protocol.name = {self.protocol.name!r} takes Gaussian steps, which need "
+                    f"privacy.delta in (0, 1) (with privacy.mechanism = 'gaussian'); got "
+                    f"privacy.delta = {self.privacy.delta!r}"
+                )
 
 
 def _section(name: str, cls: type, value: Any) -> Any:

@@ -46,11 +46,33 @@ def messages_per_peer(rows: Rows, **where: object) -> float:
     return float(np.mean([int(r["messages_sent"]) / int(r["partition.n_peers"]) for r in chosen]))
 
 
+def tuned(protocol: str, epsilon: float | None, scheme: str, column: str = "error"):
+    """A protocol's leave-one-fold-out tuned error (the report's comparison table)."""
+    from p2pdp.experiments.protocol_report import tuned_comparison
+    from p2pdp.experiments.report import _parse
+
+    def compute(rows: Rows) -> float:
+        parsed = [{k: _parse(v) for k, v in row.items()} for row in rows]
+        swept = [c for c in parsed[0] if "." in c and len({r[c] for r in parsed}) > 1]
+        _, table = tuned_comparison(parsed, swept)
+        (row,) = [
+            r
+            for r in table
+            if r["protocol.name"] == protocol
+            and r.get("privacy.epsilon") == epsilon
+            and r["partition"] == scheme
+        ]
+        return float(row[column])
+
+    return compute
+
+
 def error_at(**where: object) -> Callable[[Rows], float]:
     return lambda rows: mean(rows, "mean_error", **where)
 
 
 Headline = tuple[str, Callable[[Rows], float], str]  # (what, compute, as the README writes it)
+IID, SKEW_1, SKEW_01 = "IID shards", "Dirichlet label skew α = 1", "Dirichlet label skew α = 0.1"
 E10 = {"privacy__epsilon": 10.0}
 
 
@@ -277,6 +299,31 @@ HEADLINES: dict[str, list[Headline]] = {
     # No numbers in its table row (see the README's prevalence section): a full run must
     # complete every cell.
     "pooled_testing": [],
+    "iterative_vs_one_shot": [
+        ("muffliato, epsilon 10, alpha 1", tuned("muffliato", 10.0, SKEW_1), "0.184"),
+        ("dpsgd, epsilon 10, alpha 1", tuned("dpsgd", 10.0, SKEW_1), "0.189"),
+        ("one-shot, epsilon 10, alpha 1", tuned("one-shot", 10.0, SKEW_1), "0.296"),
+        ("local-only, alpha 1", tuned("one-shot", 10.0, SKEW_1, "local_only_error"), "0.333"),
+        ("muffliato, epsilon 10, IID", tuned("muffliato", 10.0, IID), "0.115"),
+        ("one-shot, epsilon 10, IID", tuned("one-shot", 10.0, IID), "0.118"),
+        ("one-shot, epsilon 1, IID", tuned("one-shot", 1.0, IID), "0.122"),
+        ("best iterative, epsilon 1, IID", tuned("muffliato", 1.0, IID), "0.227"),
+        (
+            "network DP / local DP, muffliato (min over cells)",
+            lambda r: min(
+                float(row["network_dp_epsilon_mean"]) / float(row["max_epsilon_spent"])
+                for row in r
+                if row["protocol.name"] == "muffliato"
+            ),
+            "1.00",
+        ),
+    ],
+    "iterative_non_private": [
+        ("dpsgd, IID", tuned("dpsgd", None, IID), "0.109"),
+        ("gossip learning, IID", tuned("gossip-learning", None, IID), "0.111"),
+        ("dpsgd, alpha 0.1", tuned("dpsgd", None, SKEW_01), "0.165"),
+        ("gossip learning, alpha 0.1", tuned("gossip-learning", None, SKEW_01), "0.302"),
+    ],
 }
 
 

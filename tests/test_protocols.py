@@ -318,3 +318,84 @@ def test_muffliato_reports_network_dp_no_larger_than_local_dp() -> None:
     assert row["network_dp_epsilon_max"] <= row["max_epsilon_spent"] * (1 + 1e-12)
     assert not math.isnan(row["network_dp_epsilon_mean"])
     assert math.isnan(simulate(_config(rounds=3)).row()["network_dp_epsilon_mean"])
+
+
+# --- results folder and report ------------------------------------------------------------------
+COMPARISON = """
+name = "compare"
+seed = 3
+[data]
+dataset = "synthetic"
+synthetic_rows = 400
+synthetic_test_rows = 100
+synthetic_features = 6
+[partition]
+n_peers = 10
+[training]
+lambda = 0.05
+[privacy]
+mechanism = "gaussian"
+delta = 1e-5
+[gossip]
+degree = 4
+[protocol]
+rounds = 6
+eval_every = 3
+[evaluation]
+cv_folds = 3
+[sweep]
+"privacy.epsilon,privacy.epsilon_per_aggregation" = [[1, 0.5], [10, 5]]
+"protocol.name,protocol.step_size,protocol.gossip_steps" = [
+    ["one-shot", 1.0, 1], ["dpsgd", 0.5, 1], ["dpsgd", 2.0, 1], ["muffliato", 1.0, 2],
+    ["gossip-learning", 1.0, 1],
+]
+"""
+
+
+def test_a_protocol_sweep_writes_rounds_and_the_report_compares_tuned_protocols(tmp_path):
+    from p2pdp.experiments.report import write_report
+    from p2pdp.experiments.runner import run_experiment
+    from p2pdp.experiments.scenario import load_scenario
+    from p2pdp.results import load
+
+    path = tmp_path / "compare.toml"
+    path.write_text(COMPARISON, encoding="utf-8")
+    out = tmp_path / "out"
+    run_experiment(load_scenario(str(path)), out, jobs=1)
+    tables = load(out)
+    results, rounds = tables["results"], tables["rounds"]
+    iterative = results[results["protocol.name"] != "one-shot"]
+    assert len(results) == 2 * 5 * 3 and len(iterative) == 2 * 4 * 3
+    assert set(rounds["protocol"]) == {"dpsgd", "muffliato", "gossip-learning"}
+    assert len(rounds) == len(iterative) * 7  # rounds 0..6
+    assert rounds["mean_error"].notna().sum() == len(iterative) * 3  # rounds 0, 3 and 6
+    one_shot = results[results["protocol.name"] == "one-shot"]
+    assert one_shot["spectral_gap"].isna().all() and iterative["spectral_gap"].notna().all()
+    assert set(tables["network_dp"]["cell_id"]) == set(
+        results.loc[results["protocol.name"] == "muffliato", "cell_id"]
+    )
+    report = write_report(out).read_text(encoding="utf-8")
+    for figure in ("protocols_vs_epsilon", "mean_error_vs_round", "consensus_distance_vs_round"):
+        assert (out / f"{figure}.png").stat().st_size > 0 and f"({figure}.png)" in report
+    assert "## Protocols compared at their tuned settings" in report
+    assert "protocol comparison: each protocol's tuning settings" in report  # non-private step
+    assert "| dpsgd |" in report and "step_size = " in report
+
+
+def test_leave_one_fold_out_tuning_never_uses_the_folds_own_error() -> None:
+    from p2pdp.experiments.protocol_report import tuned_comparison
+
+    # fold 2's own best is step 2 (0.2), but the other folds pick step 1 for it (error 0.5);
+    # folds 0 and 1 get step 2 (0.3 each), chosen by the other two folds' means
+    errors = {(1.0, 0): 0.1, (1.0, 1): 0.1, (1.0, 2): 0.5, (2.0, 0): 0.3, (2.0, 1): 0.3,
+              (2.0, 2): 0.2}  # fmt: skip
+    base = {"protocol.name": "dpsgd", "privacy.epsilon": 1.0}
+    rows = [
+        {**base, "protocol.step_size": step, "fold": fold, "mean_error": error}
+        for (step, fold), error in errors.items()
+    ]
+    keys, table = tuned_comparison(rows, ["privacy.epsilon", "protocol.step_size"])
+    assert keys == ["protocol.name", "privacy.epsilon"]
+    (row,) = table
+    assert row["error"] == pytest.approx((0.3 + 0.3 + 0.5) / 3)
+    assert row["chosen"] == "step_size = 2.0"

@@ -17,7 +17,7 @@ BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.DOTALL)
 
 def _section() -> str:
     """The guide's "Extending p2pdp" pages: the shared scenario, then one page per kind."""
-    names = ["index", "mechanism", "accountant", "ensemble", "sampler", "model", "task"]
+    names = ["index", "mechanism", "accountant", "ensemble", "sampler", "model", "task", "protocol"]
     return "\n\n".join(page(f"extending/{name}") for name in names)
 
 
@@ -48,6 +48,7 @@ def test_the_section_has_an_example_for_every_kind():
         "training.model",
         "task.name",
         "data.dataset",
+        "protocol.name",
     ):
         assert key in text
     assert len(COMMANDS) >= 6 and "my_scenario.toml" in _files()
@@ -68,4 +69,4 @@ def test_readme_extension_example_runs(command, tmp_path, monkeypatch):
     rows = read_results(out)
     assert rows and int(rows[0]["aggregations"]) > 0
     for setting in re.findall(r"--set '?([\w.]+)=\"?([^\"' ]+)", command):
-        assert rows[0][setting[0]] == setting[1]
+        assert rows[0][setting[0]] == setting[1] or float(rows[0][setting[0]]) == float(setting[1])

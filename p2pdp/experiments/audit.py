@@ -3,8 +3,9 @@
 One table over the privacy layer's mechanisms (threshold test, exact noisy count:
 :mod:`p2pdp.privacy.audit`), the workloads' exact audits (:mod:`p2pdp.tasks.prevalence.audit`,
 :mod:`p2pdp.tasks.pooled_testing.audit`) and the posterior-sampling audits
-(:mod:`p2pdp.privacy.posterior_sampling.audit`), with negative controls that must fail (which
-shows each test has power).
+(:mod:`p2pdp.privacy.posterior_sampling.audit`), one private step of the iterative protocols
+(``clipped-gaussian``: clipping and noise as the protocols compute them), with negative controls
+that must fail (which shows each test has power).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ AUDIT_NAMES: tuple[str, ...] = (
     "pooled-test",
     "pooled-test-rr",
     "pooled-test-known-others",
+    "clipped-gaussian",
+    "clipped-gaussian-unclipped",
 )
 
 
@@ -54,6 +57,7 @@ EXPECTED_TO_FAIL: dict[str, str] = {
     "seed-laplace": "sqrt(d)*eps-DP",
     "vector-laplace-exponential-norm": "Exponential norm bug",
     "pooled-test-known-others": "not worst-case DP",
+    "clipped-gaussian-unclipped": "gradients not clipped",
 }
 
 
@@ -109,6 +113,66 @@ def _audit_pooled(name: str) -> AuditResult:
     )
 
 
+#: Clipping norm of the clipped-Gaussian audit (the records' gradients have norm 0.5 at w = 0).
+AUDIT_CLIP = 0.25
+
+
+def _audit_clipped_gaussian(
+    name: str, *, n_samples: int, rng: np.random.Generator, epsilon: float, delta: float, dim: int
+) -> AuditResult:
+    """One private step of the iterative protocols, end to end (:mod:`p2pdp.privacy.
+    clipped_gaussian` through :meth:`p2pdp.protocols.iterative.LocalProblem.clipped_sums`).
+
+    Two neighbouring shards (replace one record): the replaced record's label flips, so its
+    logistic gradient at ``w = 0`` (norm 0.5) turns around. The step's noise is calibrated for
+    one step at ``(epsilon, delta)`` (exact GDP: ``z = 2 / mu``); the audit's shift is the
+    difference of the two *clipped sums the code computes*, so it is ``2 C`` when clipping
+    works. The negative control sums the same records unclipped (shift ``4 C``) under the same
+    noise.
+    """
+    from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
+    from p2pdp.privacy.gdp import gdp_mu
+    from p2pdp.protocols.iterative import LocalProblem
+
+    z = 2.0 / gdp_mu(epsilon, delta)
+    noise = ClippedGaussianSum(clip_norm=AUDIT_CLIP, noise_multiplier=z)
+    summing = noise if name == "clipped-gaussian" else ClippedGaussianSum(
+        clip_norm=1.0, noise_multiplier=z
+    )  # fmt: skip
+    direction = np.full(dim, 1 / math.sqrt(dim))
+    other = np.zeros(dim)
+    other[0] = 1.0
+    X = np.vstack([direction, other])
+    sums = []
+    for label in (1.0, -1.0):
+        problem = LocalProblem(X=X, y=np.array([label, 1.0]), indptr=np.array([0, 2]), lam=1.0)
+        sums.append(problem.clipped_sums(np.zeros((1, dim)), np.array([0]), summing, rng)[0])
+    shift = float(np.linalg.norm(sums[1] - sums[0]))
+
+    def sample(*, size: int, rng: np.random.Generator) -> np.ndarray:
+        return noise.noise((size, dim), rng)
+
+    test = audit_additive_noise(
+        sample, sensitivity=shift, dim=dim, delta=delta, n_samples=n_samples, rng=rng
+    )
+    return AuditResult(
+        mechanism=name,
+        epsilon=epsilon,
+        delta=delta,
+        eps_lb=test.eps_lb,
+        passed=test.eps_lb <= epsilon,
+        expected_pass=name not in EXPECTED_TO_FAIL,
+        guarantee_epsilon=epsilon,
+        method="threshold-test",
+        dim=dim,
+        n_samples=n_samples,
+        statistic=STATISTICS[test.statistic],
+        threshold=test.threshold,
+        fpr_upper=test.fpr_upper,
+        fnr_upper=test.fnr_upper,
+    )
+
+
 def audit_mechanism(
     name: str,
     *,
@@ -136,6 +200,10 @@ def audit_mechanism(
         return _exact_result(name, epsilon, pooling.epsilon_of_law(law), expected_pass)
     if name.startswith("pooled-test"):
         return _audit_pooled(name)
+    if name.startswith("clipped-gaussian"):
+        return _audit_clipped_gaussian(
+            name, n_samples=n_samples, rng=rng, epsilon=epsilon, delta=delta, dim=dim
+        )
     if name == "noisy-count":
         exact = exact_noisy_count_epsilon(epsilon, AUDIT_COUNT_RECORDS)
         return _exact_result(name, epsilon, exact, expected_pass)

@@ -23,7 +23,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from p2pdp.core.figures import write_figure
+from p2pdp.core.figures import legend_below, write_figure
 
 #: Settings a comparison tunes over (when swept), rather than compares.
 TUNED_KEYS = (
@@ -59,10 +59,10 @@ def tuned_comparison(
     Returns
     -------
     (keys, table): ``keys`` are the compared settings (``protocol.name`` first); each table
-    row has them plus ``folds``, ``error`` (mean over folds of the tuned error), ``error_std``
-    (over folds), ``chosen`` (the setting chosen most often, as text), ``local_only_error``,
-    ``centralized_error``, ``epsilon_spent`` (largest local DP epsilon of a peer) and
-    ``network_dp_epsilon_mean`` (NaN unless measured).
+    row has them plus ``partition`` (a label), ``folds``, ``error`` (mean over folds of the
+    tuned error), ``error_std`` (over folds), ``chosen`` (the setting chosen most often, as
+    text), ``local_only_error``, ``centralized_error``, ``epsilon_spent`` (largest local DP
+    epsilon of a peer) and ``network_dp_epsilon_mean`` (NaN unless measured).
     """
     tuned = [k for k in swept if k in TUNED_KEYS]
     keys = ["protocol.name", *(k for k in swept if k not in TUNED_KEYS and k != "protocol.name")]
@@ -101,6 +101,7 @@ def tuned_comparison(
                 "centralized_error": _mean(cells, "centralized_error"),
                 "epsilon_spent": _mean(cells, "max_epsilon_spent"),
                 "network_dp_epsilon_mean": _mean(cells, "network_dp_epsilon_mean"),
+                "partition": _partition_label(cells[0]),
                 "_chosen": dict(zip(tuned, chosen, strict=True)),
             }
         )
@@ -124,13 +125,13 @@ def _partition_label(row: dict[str, Any]) -> str:
 
 def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
     """Tuned error vs epsilon, a line per protocol, a panel per partition."""
-    panels = sorted({_partition_label(r) for r in table})
+    panels = sorted({r["partition"] for r in table})
     figure, axes = plt.subplots(
         1, len(panels), figsize=(4.6 * len(panels), 4.0), sharey=True, squeeze=False,
         layout="constrained",
     )  # fmt: skip
     for axis, panel in zip(axes[0], panels, strict=True):
-        rows = [r for r in table if _partition_label(r) == panel]
+        rows = [r for r in table if r["partition"] == panel]
         for protocol in sorted({r["protocol.name"] for r in rows}):
             line = sorted(
                 (r for r in rows if r["protocol.name"] == protocol),
@@ -153,7 +154,7 @@ def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
         axis.set_title(panel)
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("test error, tuned (fraction misclassified)")
-    _legend_below(figure, axes[0])
+    legend_below(figure, axes[0], ncols=4)
     write_figure(figure, path)
 
 
@@ -163,21 +164,25 @@ def rounds_figure(
 ) -> None:  # fmt: skip
     """``column`` of the ``rounds`` table vs round, at each protocol's most chosen setting.
 
-    A panel per (partition, epsilon); a line per protocol, averaged over folds.
+    A panel per (partition, epsilon); a line per protocol, averaged over folds; for the error,
+    the centralized non-private model's error (dashed).
     """
     by_cell = {str(r["cell_id"]): r for r in results}
-    keyed: dict[tuple[str, float], dict[str, dict[int, list[float]]]] = {}
+    keyed: dict[tuple[str, float | None], dict[str, dict[int, list[float]]]] = {}
+    reference: dict[tuple[str, float | None], list[float]] = {}
     chosen = {
-        (r["protocol.name"], _partition_label(r), r["privacy.epsilon"]): r["_chosen"] for r in table
+        (r["protocol.name"], r["partition"], r.get("privacy.epsilon")): r["_chosen"] for r in table
     }
     for cell_id, frame in rounds.groupby("cell_id"):
         row = by_cell.get(str(cell_id))
         if row is None:
             continue
         key = (row["protocol.name"], _partition_label(row), row["privacy.epsilon"])
+        key = key if key in chosen else (*key[:2], None)  # epsilon not compared
         if key not in chosen or any(row[k] != v for k, v in chosen[key].items()):
             continue
         values = frame.dropna(subset=[column])
+        reference.setdefault((key[1], key[2]), []).append(float(row["centralized_error"]))
         panel = keyed.setdefault((key[1], key[2]), {}).setdefault(key[0], {})
         for round_, value in zip(values["round"], values[column], strict=True):
             panel.setdefault(int(round_), []).append(float(value))
@@ -195,7 +200,10 @@ def rounds_figure(
         for protocol, points in sorted(keyed[(partition, epsilon)].items()):
             x = sorted(points)
             axis.plot(x, [np.mean(points[r]) for r in x], label=protocol)
-        axis.set_title(f"{partition}, ε = {epsilon:g}", fontsize=9)
+        if column == "mean_error":
+            centralized = float(np.mean(reference[(partition, epsilon)]))
+            axis.axhline(centralized, color="k", ls="--", label="centralized (non-private)")
+        axis.set_title(partition + ("" if epsilon is None else f", ε = {epsilon:g}"), fontsize=9)
         axis.set_xlabel("round")
         axis.grid(alpha=0.3)
         if column == "consensus_distance":
@@ -208,18 +216,8 @@ def rounds_figure(
     }[column]
     for axis in axes[:, 0]:
         axis.set_ylabel(label)
-    _legend_below(figure, flat[: len(panels)])
+    legend_below(figure, flat[: len(panels)], ncols=4)
     write_figure(figure, path)
-
-
-def _legend_below(figure: plt.Figure, axes: Sequence[plt.Axes]) -> None:
-    entries: dict[str, Any] = {}
-    for axis in axes:
-        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
-            entries.setdefault(label, handle)
-    figure.legend(
-        entries.values(), entries.keys(), loc="outside lower center", ncols=min(len(entries), 4)
-    )
 
 
 def markdown(keys: Sequence[str], table: Sequence[dict[str, Any]]) -> list[str]:

@@ -246,7 +246,7 @@ def _write_report(directory: Path) -> Path:
             (
                 stem,
                 title,
-                None if x in swept else f"`{x}` is not swept",
+                _error_figure_skipped(x, swept),
                 partial(_error_figure, summaries, swept, x, panel),
                 _caption(summaries, swept, x, panel),
             )
@@ -301,6 +301,15 @@ def _write_report(directory: Path) -> Path:
     return report
 
 
+def _error_figure_skipped(x: str, swept: Sequence[str]) -> str | None:
+    """Why an error figure with x axis ``x`` is not drawn, or None."""
+    if x not in swept:
+        return f"`{x}` is not swept"
+    if "protocol.name" in swept:  # every protocol's every tuning would be a line
+        return "`protocol.name` is swept: see the protocols compared at their tuned settings"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class _Protocols:
     """The protocol comparison's figure specs and report section (empty unless swept)."""
@@ -318,11 +327,7 @@ def _protocol_comparison(
 
     if "protocol.name" not in swept:
         return _Protocols([], "")
-    why = None
-    if len({row["fold"] for row in rows}) < 2:
-        why = "tuning needs at least two folds"
-    elif "privacy.epsilon" not in swept:
-        why = "`privacy.epsilon` is not swept"
+    why = None if len({row["fold"] for row in rows}) >= 2 else "tuning needs two folds or more"
     keys, table = pr.tuned_comparison(rows, swept) if why is None else ([], [])
     rounds_path = directory / "rounds.csv"
     rounds = None
@@ -331,11 +336,12 @@ def _protocol_comparison(
 
         rounds = pd.read_csv(rounds_path)
     no_rounds = why or (None if rounds is not None else "no rounds.csv (no iterative protocol)")
+    no_epsilon = why or (None if "privacy.epsilon" in swept else "`privacy.epsilon` is not swept")
     specs = [
         (
             "protocols_vs_epsilon",
             "Protocols at their tuned settings vs privacy budget",
-            why,
+            no_epsilon,
             partial(pr.comparison_figure, table),
             "Test error of each protocol at its tuned settings (leave-one-fold-out, a "
             "non-private tuning step), mean over folds, band +/- one standard deviation over "
@@ -365,7 +371,12 @@ def _protocol_comparison(
             "",
             "## Protocols compared at their tuned settings",
             "",
-            f"Non-private tuning step: {pr.TUNING_STEP}. ε spent is local DP (what any one "
+            (
+                f"Non-private tuning step: {pr.TUNING_STEP}. "
+                if any(key in pr.TUNED_KEYS for key in swept)
+                else "Nothing is tuned (no tuning setting is swept). "
+            )
+            + "ε spent is local DP (what any one "
             "neighbour learns); the network DP column is Muffliato's pairwise bound, valid only "
             "against a peer that sees nothing but its own incoming messages: never read it as "
             "local DP.",
@@ -986,9 +997,10 @@ def non_private_steps_of(
     if "training.lambda" in swept and not any(step.startswith("lambda") for step in counts):
         counts[f"lambda: {LAMBDA_SWEPT}"] = len(rows)
     if "protocol.name" in swept:
-        from p2pdp.experiments.protocol_report import TUNING_STEP
+        from p2pdp.experiments.protocol_report import TUNED_KEYS, TUNING_STEP
 
-        counts[TUNING_STEP] = len(rows)
+        if any(key in TUNED_KEYS for key in swept):
+            counts[TUNING_STEP] = len(rows)
     return list(counts.items())
 
 
