@@ -108,24 +108,32 @@ def test_backends_give_identical_rows(tmp_path):
 
 
 def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypatch):
-    """A single cell with --jobs 2: one task, run here, its local models solved by 2 forked
-    processes; every row equal to --jobs 1."""
-    from p2pdp.learning import models
+    """A single cell with --jobs 2: one task, run here, its local models solved and its peers
+    scored by 2 forked processes; every row equal to --jobs 1."""
+    from p2pdp.core.parallel import current_workers
+    from p2pdp.learning import evaluation, models
 
-    used = []
-    fit = models.fit_local_models
+    used, scored = [], []
+    fit, split = models.fit_local_models, evaluation.forked_map
 
     def recording(*args, **kwargs):
-        used.append(models._WORKERS.get())
+        used.append(current_workers())
         return fit(*args, **kwargs)
 
+    def recording_split(function, shared, items, *, workers):
+        scored.append((workers, len(items)))
+        return split(function, shared, items, workers=workers)
+
     monkeypatch.setattr(models, "fit_local_models", recording)
+    monkeypatch.setattr(evaluation, "forked_map", recording_split)
+    monkeypatch.setattr(evaluation, "PARALLEL_MIN_PEERS", 2)  # TINY's run is small
     one_cell = TINY[: TINY.index("[sweep]")]
     scenario = parse_scenario(one_cell, overrides=["evaluation.folds=[0]"])
     assert len(experiment.make_cells(scenario)) == 1
     for jobs in (1, 2):
         experiment.run_experiment(scenario, tmp_path / f"jobs{jobs}", jobs=jobs)
     assert used == [1, 1, 2, 2]  # the peers' models and the centralised one, per run
+    assert scored == [(1, 1), (2, 2)]  # the peers split in two with 2 workers
     assert without_timing(read_results(tmp_path / "jobs2")) == without_timing(
         read_results(tmp_path / "jobs1")
     )

@@ -209,3 +209,24 @@ def test_rows_of_train_and_test_have_norm_at_most_one(
         Z = fitted.transform(X)
         assert Z.shape == (X.shape[0], fitted.n_features_out)
         assert np.all(np.linalg.norm(Z, axis=1) <= 1.0 + 1e-12)
+
+
+def test_transform_in_place_over_a_spare_column_equals_a_fresh_output():
+    """The synthetic loader's rows sit in an array with a spare column; the fold's transform
+    writes the output (bias column included) over them: same numbers, no second array."""
+    from p2pdp.config import DataConfig, EvaluationConfig
+    from p2pdp.core.rng import generator
+    from p2pdp.data.datasets import make_synthetic
+    from p2pdp.tasks.pipeline import load_fold
+
+    data = DataConfig(dataset="synthetic", synthetic_rows=3000, synthetic_test_rows=700,
+                      synthetic_features=6)  # fmt: skip
+    fold = load_fold(data, EvaluationConfig(split="fixed"), seed=4, fold=0)
+    X, _, X_test, _ = make_synthetic(3000, 700, 6, rng=generator(4, "synthetic"))
+    assert X.base is not None and X.base.shape == (3700, 7)  # the spare column
+    reference = Preprocessor(steps=data.transform).fit(X.copy())
+    np.testing.assert_array_equal(fold.X_train, reference.transform(X.copy()))
+    np.testing.assert_array_equal(fold.X_test, reference.transform(X_test.copy()))
+    assert fold.X_train.base is not None and fold.X_train.base.shape == (3700, 7)  # in place
+    with pytest.raises(ConfigError, match="out must be a float64 array of shape"):
+        reference.transform(X, out=np.empty((3000, 6)))

@@ -228,18 +228,24 @@ class FittedPreprocessor:
         """Number of output columns: ``d + 1`` with ``bias``, else ``d``."""
         return self.n_features_in + ("bias" in self.steps)
 
-    def transform(self, X: ArrayLike) -> NDArray[np.float64]:
+    def transform(
+        self, X: ArrayLike, *, out: NDArray[np.float64] | None = None
+    ) -> NDArray[np.float64]:
         """Apply the fitted steps to rows ``X`` without changing the fitted state.
 
         Parameters
         ----------
         X : ndarray of shape (n, d)
             Raw features, finite.
+        out : ndarray of shape (n, n_features_out), optional
+            Where to write the result. It may be the memory of ``X`` itself (``X`` the first
+            ``d`` columns of ``out``): each block of rows is read before it is written, so
+            the rows are transformed in place, with no second copy.
 
         Returns
         -------
         ndarray of shape (n, n_features_out), float64
-            Every row has L2 norm <= 1 (up to rounding, ~1e-16).
+            Every row has L2 norm <= 1 (up to rounding, ~1e-16); ``out`` if given.
         """
         rows_in = _as_finite_matrix(X, "X")
         if rows_in.shape[1] != self.n_features_in:
@@ -248,7 +254,11 @@ class FittedPreprocessor:
                 f"got {rows_in.shape[1]}"
             )
         # Row blocks into one output array: peak memory is the input, the output and one block.
-        out = np.empty((rows_in.shape[0], self.n_features_out))
+        shape = (rows_in.shape[0], self.n_features_out)
+        if out is None:
+            out = np.empty(shape)
+        elif out.shape != shape or out.dtype != np.float64:
+            raise ConfigError(f"out must be a float64 array of shape {shape}, got {out.shape}")
         for start in range(0, rows_in.shape[0], _ROW_BLOCK):
             rows = slice(start, start + _ROW_BLOCK)
             out[rows] = self._transform_rows(rows_in[rows])

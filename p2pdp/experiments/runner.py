@@ -43,11 +43,11 @@ from threadpoolctl import threadpool_limits
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.parallel import local_workers
 from p2pdp.experiments.disclosure import non_private_column
 from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.experiments.scenario import Scenario
 from p2pdp.experiments.simulation import simulate
-from p2pdp.learning.models import training_workers as parallel_training
 from p2pdp.tasks import make_task, prepared
 
 Task = tuple["Cell", ...]
@@ -139,14 +139,14 @@ def iter_task(cells: Task, *, training_workers: int = 1) -> Iterator[CellRecord]
     then ``wall_prepare_s`` (the shared training's seconds) and ``wall_cell_s``. BLAS runs
     single-threaded: on small matrices its threads cost more than they gain (measured 4x
     slower on 2 cores), and parallel workers would oversubscribe the cores.
-    ``training_workers`` local processes solve the local models (:func:`training_workers
-    <p2pdp.learning.models.training_workers>`; the models do not depend on it).
+    ``training_workers`` local processes solve the local models and score the peers
+    (:func:`p2pdp.core.parallel.local_workers`; no result depends on it).
     """
     with threadpool_limits(limits=1):  # parallelism comes from workers, not BLAS threads
-        with parallel_training(training_workers):
+        with local_workers(training_workers):
             trained, prepare_seconds = _prepare(cells[0])
-        for cell in cells:
-            yield _run_cell(cell, trained, prepare_seconds)
+            for cell in cells:
+                yield _run_cell(cell, trained, prepare_seconds)
 
 
 def run_task(cells: Task) -> list[CellRecord]:

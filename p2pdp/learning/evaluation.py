@@ -41,6 +41,7 @@ releases plus the peer's own data, so the budget and the guarantee are unchanged
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -49,8 +50,9 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.metrics import auc, roc_curve
 
-from p2pdp.core.boundary import calling, check_methods, check_numbers
+from p2pdp.core.boundary import calling, check_methods, check_numbers, is_builtin
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.parallel import current_workers, forked_map
 from p2pdp.learning.ensembles import (
     CrossValidation,
     OwnShards,
@@ -393,7 +395,10 @@ def evaluate_ensembles(
     """Per-peer errors, pooled confusion matrix, and the best peer's ROC, in row chunks.
 
     The rule is fitted once (:meth:`EnsembleRule.fit`, with ``own`` for rules that need the
-    peers' own shards), then scores every row block.
+    peers' own shards), then scores every row block. From :data:`PARALLEL_MIN_PEERS` peers
+    on, a built-in rule's peers are split over the local workers
+    (:func:`p2pdp.core.parallel.local_workers`): each peer's errors are its own, so the
+    metrics do not depend on the number of workers.
     """
     rule = make_ensemble_rule(vote)
     with calling("ensemble", rule, "fit"):
@@ -401,17 +406,17 @@ def evaluate_ensembles(
     check_methods(vote, "ensemble", ("scores",), "p2pdp.learning.evaluation.EnsembleRule.fit")
     y = np.asarray(y)
     n_rows, n_peers = X.shape[0], ensembles.n_peers
-    wrong = np.zeros(n_peers, dtype=np.int64)
-    predicted_positive_on_pos = 0
-    predicted_positive_on_neg = 0
-    for rows in _row_blocks(n_rows, n_peers + ensembles.published.shape[0]):
-        scores = ensemble_scores(ensembles, X[rows], vote=vote)
-        labels = predict(scores)
-        truth = y[rows][:, None]
-        wrong += (labels != truth).sum(axis=0)
-        positive = labels == 1
-        predicted_positive_on_pos += int(positive[y[rows] == 1].sum())
-        predicted_positive_on_neg += int(positive[y[rows] != 1].sum())
+    workers = current_workers() if is_builtin(rule) and n_peers >= PARALLEL_MIN_PEERS else 1
+    bounds = np.linspace(0, n_peers, max(1, min(workers, n_peers)) + 1).astype(int)
+    parts = forked_map(
+        _count_errors,
+        (ensembles, X, y, vote),
+        [slice(a, b) for a, b in itertools.pairwise(bounds.tolist())],
+        workers=workers,
+    )
+    wrong = np.concatenate([part[0] for part in parts])
+    predicted_positive_on_pos = sum(part[1] for part in parts)
+    predicted_positive_on_neg = sum(part[2] for part in parts)
     n_pos = int((y == 1).sum()) * n_peers
     n_neg = n_rows * n_peers - n_pos
     confusion = np.array(
@@ -423,15 +428,10 @@ def evaluate_ensembles(
     )
     errors = wrong / n_rows
     best = int(np.argmin(errors))
-    if scores.shape[0] == n_rows:  # one block held every row: reuse its scores
-        best_scores = scores[:, best]
-    else:
-        one = _one_peer(ensembles, best)
-        one_rule = vote.for_peers(slice(best, best + 1))
-        blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
-        best_scores = np.concatenate(
-            [ensemble_scores(one, X[r], vote=one_rule)[:, 0] for r in blocks]
-        )
+    one = _one_peer(ensembles, best)
+    one_rule = vote.for_peers(slice(best, best + 1))
+    blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
+    best_scores = np.concatenate([ensemble_scores(one, X[r], vote=one_rule)[:, 0] for r in blocks])
     if len(np.unique(y)) == 2:
         fpr, tpr, _ = roc_curve(y, best_scores, pos_label=1)
         area = float(auc(fpr, tpr))
@@ -442,6 +442,29 @@ def evaluate_ensembles(
     )
 
 
+#: Fewest peers for which :func:`evaluate_ensembles` splits the peers over local workers.
+PARALLEL_MIN_PEERS = 20_000
+
+
+def _count_errors(
+    problem: tuple[Ensembles, np.ndarray, np.ndarray, EnsembleRule], peers: slice
+) -> tuple[np.ndarray, int, int]:
+    """Errors of the ``peers`` slice's ensembles on every row: wrong labels per peer (m,),
+    positive predictions on positive rows and on negative rows (summed over the peers)."""
+    ensembles, X, y, vote = problem
+    if peers != slice(0, ensembles.n_peers):
+        ensembles, vote = _peer_slice(ensembles, peers), vote.for_peers(peers)
+    wrong = np.zeros(ensembles.n_peers, dtype=np.int64)
+    on_positive = on_negative = 0
+    for rows in _row_blocks(X.shape[0], ensembles.n_peers + ensembles.published.shape[0]):
+        labels = predict(ensemble_scores(ensembles, X[rows], vote=vote))
+        wrong += (labels != y[rows][:, None]).sum(axis=0)
+        positive = labels == 1
+        on_positive += int(positive[y[rows] == 1].sum())
+        on_negative += int(positive[y[rows] != 1].sum())
+    return wrong, on_positive, on_negative
+
+
 def _row_blocks(n_rows: int, width: int) -> list[slice]:
     """Row slices such that a block times ``width`` columns stays under ``_CHUNK_ELEMENTS``."""
     block = max(1, _CHUNK_ELEMENTS // (width + 1))
@@ -449,11 +472,16 @@ def _row_blocks(n_rows: int, width: int) -> list[slice]:
 
 
 def _one_peer(ensembles: Ensembles, peer: int) -> Ensembles:
+    return _peer_slice(ensembles, slice(peer, peer + 1))
+
+
+def _peer_slice(ensembles: Ensembles, peers: slice) -> Ensembles:
+    """The ensembles of the peers ``peers`` (every published model kept)."""
     return Ensembles(
-        local_weights=ensembles.local_weights[peer : peer + 1],
+        local_weights=ensembles.local_weights[peers],
         published=ensembles.published,
         shared=ensembles.shared,
-        receipts=ensembles.receipts[peer : peer + 1],
+        receipts=ensembles.receipts[peers],
         noise_std=ensembles.noise_std,
     )
 

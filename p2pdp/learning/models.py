@@ -20,11 +20,8 @@ the per-peer scikit-learn reference it is tested against.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import multiprocessing
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -37,6 +34,7 @@ from threadpoolctl import threadpool_limits
 
 from p2pdp.core.boundary import calling, check_methods, check_number
 from p2pdp.core.errors import ConfigError, P2PDPError
+from p2pdp.core.parallel import current_workers, forked_map, local_workers
 
 __all__ = [
     "LocalModels",
@@ -87,23 +85,9 @@ class LocalModels:
     shard_sizes: NDArray[np.int64]
 
 
-#: Local processes :func:`fit_local_models` uses by default (set with :func:`training_workers`).
-_WORKERS: contextvars.ContextVar[int] = contextvars.ContextVar("training_workers", default=1)
-
-
-@contextlib.contextmanager
-def training_workers(workers: int) -> Iterator[None]:
-    """Let :func:`fit_local_models` calls inside the block use ``workers`` local processes.
-
-    How the experiment layer hands spare cores to one large run's training (``p2pdp run
-    --jobs`` with a single task; around :func:`p2pdp.simulate` yourself) without changing the
-    model component's interface; the models do not depend on it.
-    """
-    token = _WORKERS.set(workers)
-    try:
-        yield
-    finally:
-        _WORKERS.reset(token)
+#: :func:`fit_local_models`' local processes for a block of code (an alias kept for 0.2 callers
+#: of the training-only name): :func:`p2pdp.core.parallel.local_workers`.
+training_workers = local_workers
 
 
 def logistic_objective_gradient(
@@ -408,8 +392,6 @@ _Problem = tuple[
     NDArray[np.float64], NDArray[np.float64], list[NDArray[np.int64]], NDArray[np.int64],
     float, float, int,
 ]  # fmt: skip
-#: The problem of the running :func:`fit_local_models` call, read by its forked workers.
-_PROBLEM: _Problem | None = None
 
 
 def _fit_batch(
@@ -432,14 +414,6 @@ def _fit_batch(
     coefficients = _loss_coefficients(yb * _batched_matvec(Xb, wb), yb)
     norms = np.linalg.norm(np.matmul(coefficients[:, None, :], Xb)[:, 0, :] + lam * wb, axis=1)
     return wb, norms, steps
-
-
-def _fit_batch_of_problem(
-    batch: NDArray[np.intp],
-) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
-    """:func:`_fit_batch` in a forked worker, on the problem it inherited."""
-    assert _PROBLEM is not None  # set by fit_local_models before the fork
-    return _fit_batch(_PROBLEM, batch)
 
 
 def fit_local_models(
@@ -485,7 +459,8 @@ def fit_local_models(
         depend on it.
     workers : int, optional
         Local processes solving batches in parallel (forked: they read ``X`` without a copy).
-        Default: :func:`training_workers`' setting, 1 unless a caller raised it. Results are
+        Default: :func:`~p2pdp.core.parallel.local_workers`' setting, 1 unless a caller raised
+        it. Results are
         bitwise identical for any number (a peer's model depends only on its shard).
 
     Returns
@@ -527,7 +502,7 @@ def fit_local_models(
         raise ConfigError(f"method must be one of {METHODS}, got {method!r}")
     if chunk_size is not None and chunk_size < 1:
         raise ConfigError(f"chunk_size must be >= 1, got {chunk_size!r}")
-    workers = _WORKERS.get() if workers is None else workers
+    workers = current_workers() if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
     sizes = np.array([len(shard) for shard in shard_arrays], dtype=np.int64)
@@ -537,20 +512,9 @@ def fit_local_models(
     iterations = 0
     batches = _batches(sizes, chunk_size, d, method)
     problem = (X, y, shard_arrays, sizes, lam, tol, max_iter)
-    if "fork" not in multiprocessing.get_all_start_methods():  # Windows: one process
-        workers = 1
-    workers = min(workers, len(batches))
     with threadpool_limits(limits=1, user_api="blas"):  # inherited by forked workers
-        if workers > 1:  # forked processes read X as it is (copy-on-write): no copy, no pickle
-            global _PROBLEM
-            _PROBLEM = problem
-            try:
-                with multiprocessing.get_context("fork").Pool(workers) as pool:
-                    fitted = pool.map(_fit_batch_of_problem, batches, chunksize=1)
-            finally:
-                _PROBLEM = None
-        else:
-            fitted = [_fit_batch(problem, batch) for batch in batches]
+        # forked processes read X as it is (copy-on-write): no copy, no pickle
+        fitted = forked_map(_fit_batch, problem, batches, workers=workers)
     for batch, (wb, norms, steps) in zip(batches, fitted, strict=True):
         weights[batch], grad_norms[batch] = wb, norms
         iterations = max(iterations, steps)

@@ -105,12 +105,40 @@ def load_fold(
     bounds = raw.feature_bounds if data.bounds == "manifest" else None
     fitted = Preprocessor(steps=tuple(data.transform), bounds=bounds).fit(X_train)
     return FoldData(
-        X_train=fitted.transform(X_train),
+        X_train=fitted.transform(X_train, out=_spare_room(X_train, fitted.n_features_out)),
         y_train=np.asarray(y_train, dtype=np.int8),
-        X_test=fitted.transform(X_test),
+        X_test=fitted.transform(X_test, out=_spare_room(X_test, fitted.n_features_out)),
         y_test=np.asarray(y_test, dtype=np.int8),
         data_dependent_bounds=fitted.data_dependent,
     )
+
+
+def _spare_room(X: np.ndarray, columns: int) -> np.ndarray | None:
+    """The rows of ``X``'s own array with ``columns`` columns, if ``X`` is their first columns.
+
+    The synthetic loader leaves a spare column after its rows (see
+    :func:`p2pdp.data.datasets.make_synthetic`), so the transform can write its output (one
+    column more: the bias) over the raw rows instead of into a second array. None otherwise
+    (the transform then allocates its output). Only the loader's own arrays qualify, which
+    nothing else holds once the fold is built.
+    """
+    base = X.base
+    if not (
+        isinstance(base, np.ndarray)
+        and base.ndim == 2
+        and base.dtype == np.float64
+        and X.dtype == np.float64
+        and base.flags.c_contiguous
+        and base.shape[1] == columns
+        and X.shape[1] <= columns
+        and X.strides == base.strides
+    ):
+        return None
+    offset = X.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    first, rest = divmod(offset, base.strides[0])
+    if rest or first + X.shape[0] > base.shape[0]:
+        return None
+    return base[first : first + X.shape[0]]
 
 
 def _check_fold_counts(name: str, y: np.ndarray, cv_folds: int) -> None:
