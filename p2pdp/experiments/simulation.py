@@ -449,31 +449,16 @@ def simulate_iterative(
         consensus_distance=consensus_distance(protocol.models),
     )
     distances: list[dict[str, Any]] = []
-    if (
-        protocol.network_dp
-        and mechanism.private
-        and mechanism.sampling != "poisson"
-        and n_peers <= network_dp.MAX_PEERS
-    ):
-        coefficients = network_dp.pairwise_coefficients(
-            mixing, int(steps.max()), protocol.gossip_steps
-        )
-        epsilon = network_dp.pairwise_epsilon(
-            coefficients,
-            sensitivity_over_sigma=mechanism.sensitivity
-            / (mechanism.noise_multiplier * mechanism.clip_norm),
+    if protocol.network_dp:
+        summary, distances = network_dp.report(
+            mixing,
+            mechanism,
+            steps=int(steps.max()),
+            gossip_steps=protocol.gossip_steps,
             delta=config.privacy.delta,
+            local_epsilon=float(privacy.epsilon(steps.max(keepdims=True))[0]),
         )
-        epsilon = np.minimum(epsilon, privacy.epsilon(steps.max(keepdims=True))[0])
-        neighbours = np.zeros((n_peers, n_peers), dtype=bool)
-        neighbours[mixing.receivers, mixing.indices] = True
-        beyond = epsilon[~neighbours & np.isfinite(epsilon)]
-        columns.update(
-            network_dp_epsilon_mean=float(np.nanmean(epsilon)),
-            network_dp_epsilon_max=float(np.nanmax(epsilon)),
-            network_dp_epsilon_max_beyond_neighbours=float(beyond.max()) if beyond.size else 0.0,
-        )
-        distances = network_dp.by_distance(mixing, epsilon)
+        columns.update(summary)
     wall["evaluation"] = time.perf_counter() - start
 
     transport = run.transport

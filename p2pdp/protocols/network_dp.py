@@ -35,6 +35,7 @@ import math
 import numpy as np
 from scipy.sparse.csgraph import shortest_path
 
+from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.protocols.mixing import Mixing
 
 #: Largest overlay whose pairwise network DP is computed (dense (P, P) powers of W).
@@ -95,3 +96,40 @@ def by_distance(mixing: Mixing, epsilon: np.ndarray) -> list[dict[str, float]]:
             }
         )
     return rows
+
+
+def report(
+    mixing: Mixing,
+    mechanism: ClippedGaussianSum,
+    *,
+    steps: int,
+    gossip_steps: int,
+    delta: float,
+    local_epsilon: float,
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """A run's network DP columns and its per-distance rows (nothing where not computed).
+
+    Columns ``network_dp_epsilon_mean`` / ``_max`` over ordered pairs ``u != v`` and
+    ``_max_beyond_neighbours`` over pairs that are not overlay neighbours; each pair's value is
+    the smaller of the bound and ``local_epsilon`` (both valid). Empty results for noiseless
+    or Poisson-sampled steps and for more than :data:`MAX_PEERS` peers.
+    """
+    n = mixing.n_peers
+    if not mechanism.private or mechanism.sampling == "poisson" or n > MAX_PEERS:
+        return {}, []
+    epsilon = pairwise_epsilon(
+        pairwise_coefficients(mixing, steps, gossip_steps),
+        sensitivity_over_sigma=mechanism.sensitivity
+        / (mechanism.noise_multiplier * mechanism.clip_norm),
+        delta=delta,
+    )
+    epsilon = np.minimum(epsilon, local_epsilon)  # NaN (the diagonal) stays NaN
+    neighbours = np.zeros((n, n), dtype=bool)
+    neighbours[mixing.receivers, mixing.indices] = True
+    beyond = epsilon[~neighbours & np.isfinite(epsilon)]
+    columns = {
+        "network_dp_epsilon_mean": float(np.nanmean(epsilon)),
+        "network_dp_epsilon_max": float(np.nanmax(epsilon)),
+        "network_dp_epsilon_max_beyond_neighbours": float(beyond.max()) if beyond.size else 0.0,
+    }
+    return columns, by_distance(mixing, epsilon)
