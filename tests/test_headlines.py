@@ -318,6 +318,11 @@ HEADLINES: dict[str, list[Headline]] = {
             "1.00",
         ),
     ],
+    "peer_count_1m": [
+        ("mean error", error_at(), "0.308"),
+        ("centralised error", lambda r: mean(r, "centralized_error"), "0.214"),
+        ("local-only error", lambda r: mean(r, "local_only_error"), "0.417"),
+    ],
     "iterative_non_private": [
         ("dpsgd, IID", tuned("dpsgd", None, IID), "0.109"),
         ("gossip learning, IID", tuned("gossip-learning", None, IID), "0.111"),
