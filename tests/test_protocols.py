@@ -399,3 +399,16 @@ def test_leave_one_fold_out_tuning_never_uses_the_folds_own_error() -> None:
     (row,) = table
     assert row["error"] == pytest.approx((0.3 + 0.3 + 0.5) / 3)
     assert row["chosen"] == "step_size = 2.0"
+
+
+def test_a_peer_without_neighbours_keeps_learning_alone() -> None:
+    base = _config(name="gossip-learning", rounds=4, noise_multiplier=0.0)
+    gossip = {"overlay": "erdos-renyi", "edge_probability": 0.03, "allow_disconnected": True}
+    sparse = dataclasses.replace(base, gossip=dataclasses.replace(base.gossip, **gossip))
+    result = simulate(sparse)
+    row = result.row()
+    assert row["spectral_gap"] == 0.0  # a disconnected overlay never mixes
+    assert 0 < row["messages_sent"] < 4 * 20  # isolated peers send nothing
+    assert (result.aggregations_per_peer >= 0).all()
+    dpsgd = dataclasses.replace(sparse.protocol, name="dpsgd")
+    assert simulate(dataclasses.replace(sparse, protocol=dpsgd)).row()["mean_steps_per_peer"] == 4

@@ -20,6 +20,7 @@ Released to: each overlay neighbour (``dpsgd``, ``muffliato``: every message of 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -166,13 +167,7 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
             delta_total=privacy.delta,
             accountant=accountant,
         )
-        mechanism = ClippedGaussianSum(
-            clip_norm=mechanism.clip_norm,
-            noise_multiplier=z,
-            sampling=mechanism.sampling,
-            sampling_rate=mechanism.sampling_rate,
-            batch_size=mechanism.batch_size,
-        )
+        mechanism = dataclasses.replace(mechanism, noise_multiplier=z)
     event = mechanism.event(privacy.delta / settings.rounds if privacy.delta > 0 else 0.0)
     max_steps = None
     if mechanism.private:
@@ -251,10 +246,13 @@ class IterativeProtocol:
         """Merge the round's messages: ``delivered`` (E,) marks the edges whose model arrived."""
         self.models = self.mixing.average(self.models, delivered)
 
-    def wake(self, peer: int) -> int:
-        """The neighbour ``peer`` sends its model to at a wake-up (asynchronous protocols)."""
+    def wake(self, peer: int) -> int | None:
+        """The neighbour ``peer`` sends its model to at a wake-up (asynchronous protocols):
+        uniform over its overlay neighbours; None for a peer without any."""
         mixing = self.mixing
         start, stop = mixing.indptr[peer], mixing.indptr[peer + 1]
+        if stop == start:
+            return None
         return int(mixing.indices[start + self.rngs["gossip"].integers(stop - start)])
 
     def receive(self, peer: int, model: np.ndarray) -> None:

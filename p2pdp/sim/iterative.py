@@ -108,7 +108,8 @@ def run_iterative(
         yield env.timeout(phase)
         while True:
             target = protocol.wake(peer)
-            transport.send(peer, deliver, (target, protocol.models[peer].copy()), n_bytes)
+            if target is not None:
+                transport.send(peer, deliver, (target, protocol.models[peer].copy()), n_bytes)
             yield env.timeout(settings.round_period)
 
     def deliver(message: tuple[int, np.ndarray]) -> None:
