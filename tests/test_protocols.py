@@ -412,3 +412,17 @@ def test_a_peer_without_neighbours_keeps_learning_alone() -> None:
     assert (result.aggregations_per_peer >= 0).all()
     dpsgd = dataclasses.replace(sparse.protocol, name="dpsgd")
     assert simulate(dataclasses.replace(sparse, protocol=dpsgd)).row()["mean_steps_per_peer"] == 4
+
+
+@pytest.mark.parametrize("name", ["dpsgd", "gossip-learning"])
+def test_churn_takes_peers_offline_they_neither_step_nor_receive(name) -> None:
+    base = _config(name=name, rounds=60, noise_multiplier=0.0)
+    churn = {"churn": True, "session_median": 10.0, "downtime_median": 10.0}
+    config = dataclasses.replace(base, gossip=dataclasses.replace(base.gossip, **churn))
+    steps = simulate(config).aggregations_per_peer
+    steady = simulate(base).aggregations_per_peer
+    assert steps.sum() < 0.8 * steady.sum()  # about half the peer-rounds are offline
+    assert steps.min() < steps.max()
+    row = simulate(config).row()
+    assert row["messages_lost"] > 0.1 * row["messages_sent"]  # sent to offline peers
+    np.testing.assert_array_equal(simulate(config).aggregations_per_peer, steps)  # reproducible

@@ -386,7 +386,7 @@ def simulate_iterative(
     Streams (by name, from the seed, fold and repetition): ``overlay`` (the graph, shared by
     cells that differ only in the protocol's settings), ``network`` (delays, losses, phases),
     ``noise`` (the steps' Gaussian noise), ``sampling`` (records per step), ``gossip``
-    (gossip learning's targets).
+    (gossip learning's targets), ``churn`` (sessions and downtimes, with ``gossip.churn``).
     """
     from p2pdp.core.components import resolve
     from p2pdp.learning.evaluation import linear_error
@@ -425,7 +425,7 @@ def simulate_iterative(
     privacy = step_privacy(config)
     rngs = {
         name: generator(config.seed, name, fold, repetition)
-        for name in ("network", "noise", "sampling", "gossip")
+        for name in ("network", "noise", "sampling", "gossip", "churn")
     }
     protocol = cls(config.protocol, problem, mixing, privacy, rngs=rngs)
     run = run_iterative(
@@ -433,6 +433,7 @@ def simulate_iterative(
         protocol,
         errors=lambda models: linear_error(models, data.X_test, data.y_test),
         rng=rngs["network"],
+        churn_rng=rngs["churn"],
     )
     wall["simulation"] = time.perf_counter() - start
 

@@ -15,9 +15,13 @@ the protocol object holds the peers' models and budgets, this module moves their
   :meth:`Transport.send <p2pdp.sim.transport.Transport.send>`, one event per message; the
   receiver merges and steps when it arrives. Messages still in flight at the end are dropped.
 
+With ``gossip.churn`` peers alternate online sessions and offline downtimes as in gossip
+group formation (:class:`~p2pdp.sim.gossip.faults.Faults`, switches applied at each round's
+start): an offline peer takes no step and sends nothing, and a message to an offline peer is
+lost. The crash probabilities of ``[gossip]`` belong to group formation and are not used here.
+
 After each ``eval_every`` rounds (and the last) the driver records one row of the ``rounds``
 table: mean and worst peer test error, consensus distance, bytes sent so far, epsilon spent.
-Churn is not modelled for iterative protocols (every peer stays online).
 """
 
 from __future__ import annotations
@@ -39,6 +43,21 @@ def consensus_distance(models: np.ndarray) -> float:
     return float(((models - models.mean(axis=0)) ** 2).sum(axis=1).mean())
 
 
+class _Online:
+    """Which peers are online, switched by :class:`~p2pdp.sim.gossip.faults.Faults`."""
+
+    def __init__(self, env: simpy.Environment, n_peers: int) -> None:
+        self.env = env
+        self.online = np.ones(n_peers, dtype=bool)
+
+    def set_online(self, peers: np.ndarray, online: bool) -> None:
+        self.online[peers] = online
+
+
+def _no_crash() -> float:
+    return 1.0  # the crash draws of group formation: never used by the iterative driver
+
+
 @dataclass(slots=True)
 class IterativeRun:
     """What a driver leaves: the transport's counters and one record per evaluated round."""
@@ -54,6 +73,7 @@ def run_iterative(
     *,
     errors: Callable[[np.ndarray], np.ndarray],
     rng: np.random.Generator,
+    churn_rng: np.random.Generator | None = None,
 ) -> IterativeRun:
     """Run ``protocol`` for ``protocol.rounds`` rounds in a SimPy world.
 
@@ -67,11 +87,21 @@ def run_iterative(
         (P, d) models -> (P,) test error of each peer's model (for the ``rounds`` table).
     rng : numpy.random.Generator
         The network's stream (latencies, losses, wake-up phases).
+    churn_rng : numpy.random.Generator, optional
+        The churn's stream (sessions, downtimes; default ``rng``).
     """
     settings = config.protocol
     env = simpy.Environment()
-    transport = Transport(env, config.network, protocol.problem.n_peers, rng=rng)
+    n_peers = protocol.problem.n_peers
+    transport = Transport(env, config.network, n_peers, rng=rng)
     run = IterativeRun(transport=transport)
+    state = _Online(env, n_peers)
+    online = state.online
+    faults = None
+    if config.gossip.churn:
+        from p2pdp.sim.gossip.faults import Faults
+
+        faults = Faults(state, config.gossip, uniform=_no_crash, rng=churn_rng or rng)
     n_bytes = model_bytes(protocol.models.shape[1])
     epsilon = protocol.privacy.epsilon
 
@@ -92,14 +122,29 @@ def run_iterative(
             }
         )
 
+    def exchange(senders: np.ndarray, receivers: np.ndarray, within: float) -> np.ndarray:
+        """One message along every edge whose sender is online; which arrive in time."""
+        if faults is None:
+            return transport.exchange(senders, n_bytes, within=within)
+        sending = online[senders]
+        delivered = np.zeros(senders.size, dtype=bool)
+        delivered[sending] = transport.exchange(senders[sending], n_bytes, within=within)
+        missed = delivered & ~online[receivers]  # the receiver is offline: lost
+        transport.lose(senders[missed])
+        return delivered & ~missed
+
     def synchronous() -> Generator[simpy.Event, Any, None]:
         exchanges = protocol.gossip_steps
         period = settings.round_period / exchanges
-        senders = protocol.mixing.indices
+        senders, receivers = protocol.mixing.indices, protocol.mixing.receivers
         for round_ in range(1, settings.rounds + 1):
-            protocol.step()
+            if faults is None:
+                protocol.step()
+            else:
+                faults.apply_churn()
+                protocol.step(np.flatnonzero(online))
             for _ in range(exchanges):
-                delivered = transport.exchange(senders, n_bytes, within=period)
+                delivered = exchange(senders, receivers, period)
                 yield env.timeout(period)
                 protocol.average(delivered)
             record(round_)
@@ -107,20 +152,29 @@ def run_iterative(
     def wake_ups(peer: int, phase: float) -> Generator[simpy.Event, Any, None]:
         yield env.timeout(phase)
         while True:
-            target = protocol.wake(peer)
+            target = protocol.wake(peer) if online[peer] else None
             if target is not None:
-                transport.send(peer, deliver, (target, protocol.models[peer].copy()), n_bytes)
+                message = (peer, target, protocol.models[peer].copy())
+                transport.send(peer, deliver, message, n_bytes)
             yield env.timeout(settings.round_period)
 
-    def deliver(message: tuple[int, np.ndarray]) -> None:
-        protocol.receive(*message)
+    def deliver(message: tuple[int, int, np.ndarray]) -> None:
+        sender, target, model = message
+        if online[target]:
+            protocol.receive(target, model)
+        else:
+            transport.lose(sender)
 
     def clock() -> Generator[simpy.Event, Any, None]:
         for round_ in range(1, settings.rounds + 1):
             yield env.timeout(settings.round_period)
             record(round_)
+            if faults is not None:
+                faults.apply_churn()
 
     record(0)
+    if faults is not None and not protocol.synchronous:
+        faults.apply_churn()
     if protocol.synchronous:
         env.process(synchronous())
         env.run()

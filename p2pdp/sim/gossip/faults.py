@@ -21,15 +21,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:  # the world imports the gossip package lazily
     from p2pdp.config import GossipConfig
-    from p2pdp.sim.world import World
 
-__all__ = ["Faults"]
+__all__ = ["Faults", "OnlineState"]
+
+
+class OnlineState(Protocol):
+    """What the faults switch: a world's ``online`` mask, clock and ``set_online`` (the
+    one-shot :class:`~p2pdp.sim.world.World`, or the iterative protocols' driver)."""
+
+    online: np.ndarray
+    env: Any
+
+    def set_online(self, peers: np.ndarray, online: bool) -> None: ...
 
 
 class Faults:
@@ -37,7 +46,7 @@ class Faults:
 
     Parameters
     ----------
-    world : World
+    world : OnlineState
         Sets ``world.online`` through ``world.set_online`` (observers are told); reads
         ``world.env.now``.
     params : GossipConfig
@@ -56,7 +65,7 @@ class Faults:
 
     def __init__(
         self,
-        world: World,
+        world: OnlineState,
         params: GossipConfig,
         *,
         uniform: Callable[[], float],
