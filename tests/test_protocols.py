@@ -88,6 +88,15 @@ def _problem(rng: np.random.Generator, n_peers: int = 40, rows: int = 6) -> Loca
     return LocalProblem.from_shards(X, y, shards, lam=0.1)
 
 
+def _without_neighbours(config, problem: LocalProblem, privacy) -> DecentralizedSGD:
+    """D-PSGD on ``problem`` over an overlay without edges: a step is all that happens."""
+    empty = Mixing.metropolis_hastings(
+        np.zeros(problem.n_peers + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    )
+    rngs = {name: generator(2, name) for name in ("noise", "sampling", "gossip")}
+    return DecentralizedSGD(config.protocol, problem, empty, privacy, rngs=rngs)
+
+
 def _clipped_sums_by_hand(problem: LocalProblem, models: np.ndarray, clip: float) -> np.ndarray:
     """Each peer's sum of per-record logistic gradients, clipped to ``clip``: a loop."""
     sums = np.zeros_like(models)
@@ -119,13 +128,7 @@ def test_step_releases_clipped_sum_plus_noise_at_the_calibrated_scale() -> None:
 
     rng = generator(1, "problem")
     problem = _problem(rng, n_peers=400)
-    protocol = DecentralizedSGD(
-        config.protocol,
-        problem,
-        Mixing.metropolis_hastings(np.zeros(401, dtype=np.int64), np.zeros(0, dtype=np.int64)),
-        privacy,
-        rngs={name: generator(2, name) for name in ("noise", "sampling", "gossip")},
-    )
+    protocol = _without_neighbours(config, problem, privacy)
     protocol.models = rng.normal(size=protocol.models.shape)
     before = protocol.models.copy()
     protocol.step()
@@ -141,13 +144,7 @@ def test_step_without_noise_is_exactly_the_clipped_gradient() -> None:
     config = _config(clip_norm=0.05, noise_multiplier=0.0, step_size=0.5)
     rng = generator(3, "problem")
     problem = _problem(rng, n_peers=50)
-    protocol = DecentralizedSGD(
-        config.protocol,
-        problem,
-        Mixing.metropolis_hastings(np.zeros(51, dtype=np.int64), np.zeros(0, dtype=np.int64)),
-        step_privacy(config),
-        rngs={name: generator(2, name) for name in ("noise", "sampling", "gossip")},
-    )
+    protocol = _without_neighbours(config, problem, step_privacy(config))
     protocol.models = rng.normal(size=protocol.models.shape)
     before = protocol.models.copy()
     protocol.step()
@@ -282,8 +279,10 @@ def test_runs_are_reproducible() -> None:
 def test_invalid_protocol_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="protocol.clip_norm = inf"):
         _config(clip_norm=math.inf)
-    with pytest.raises(ConfigError, match="gossip_steps must be 1"):
+    with pytest.raises(ConfigError, match="gossip_steps must be 1 for protocol.name = 'dpsgd'"):
         simulate(_config(gossip_steps=2))
+    with pytest.raises(ConfigError, match="must be 1 for protocol.name = 'gossip-learning'"):
+        simulate(_config(name="gossip-learning", gossip_steps=2))
     with pytest.raises(ConfigError, match="protocol.step_size"):
         _config(step_size=-1.0)
     with pytest.raises(ConfigError, match=r"\[protocol\] is read only by"):

@@ -22,6 +22,7 @@ from p2pdp.core.rng import generator
 from p2pdp.privacy.audit import (
     STATISTICS,
     AuditResult,
+    ThresholdTest,
     audit_additive_noise,
     exact_noisy_count_epsilon,
     exponential_norm_vector_laplace,
@@ -155,22 +156,7 @@ def _audit_clipped_gaussian(
     test = audit_additive_noise(
         sample, sensitivity=shift, dim=dim, delta=delta, n_samples=n_samples, rng=rng
     )
-    return AuditResult(
-        mechanism=name,
-        epsilon=epsilon,
-        delta=delta,
-        eps_lb=test.eps_lb,
-        passed=test.eps_lb <= epsilon,
-        expected_pass=name not in EXPECTED_TO_FAIL,
-        guarantee_epsilon=epsilon,
-        method="threshold-test",
-        dim=dim,
-        n_samples=n_samples,
-        statistic=STATISTICS[test.statistic],
-        threshold=test.threshold,
-        fpr_upper=test.fpr_upper,
-        fnr_upper=test.fnr_upper,
-    )
+    return _threshold_result(name, epsilon, delta, epsilon, test, n_samples=n_samples, dim=dim)
 
 
 def audit_mechanism(
@@ -227,13 +213,29 @@ def audit_mechanism(
     test = audit_additive_noise(
         sampler, sensitivity=1.0, dim=dim, delta=claimed_delta, n_samples=n_samples, rng=rng
     )
+    return _threshold_result(
+        name, epsilon, claimed_delta, guarantee, test, n_samples=n_samples, dim=dim
+    )
+
+
+def _threshold_result(
+    name: str,
+    epsilon: float,
+    delta: float,
+    guarantee: float,
+    test: ThresholdTest,
+    *,
+    n_samples: int,
+    dim: int,
+) -> AuditResult:
+    """The row of a threshold-test audit: passed when the test's lower bound <= ``epsilon``."""
     return AuditResult(
         mechanism=name,
         epsilon=epsilon,
-        delta=claimed_delta,
+        delta=delta,
         eps_lb=test.eps_lb,
         passed=test.eps_lb <= epsilon,
-        expected_pass=expected_pass,
+        expected_pass=name not in EXPECTED_TO_FAIL,
         guarantee_epsilon=guarantee,
         method="threshold-test",
         dim=dim,

@@ -193,7 +193,8 @@ class IterativeProtocol:
     ``gossip_steps`` times: the transport decides which of the messages along the overlay's
     edges arrive in time, and :meth:`average` merges them. For an asynchronous one, each
     peer's wake-up: :meth:`wake` (who to send the model to) and, on arrival, :meth:`receive`.
-    A subclass sets ``name`` and ``synchronous`` and may override any of these.
+    A subclass sets ``name`` and ``synchronous`` (and ``reads_gossip_steps`` if it averages
+    more than once a round) and may override any of these.
 
     State: ``models`` (P, d), ``steps`` (P,) private steps taken.
     """
@@ -202,6 +203,8 @@ class IterativeProtocol:
     synchronous: ClassVar[bool] = True
     #: Whether rows get the pairwise network DP bound (:mod:`p2pdp.protocols.network_dp`).
     network_dp: ClassVar[bool] = False
+    #: Whether ``protocol.gossip_steps`` means anything to it (else it must stay 1).
+    reads_gossip_steps: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -212,6 +215,11 @@ class IterativeProtocol:
         *,
         rngs: dict[str, np.random.Generator],
     ) -> None:
+        if settings.gossip_steps != 1 and not self.reads_gossip_steps:
+            raise ConfigError(
+                f"protocol.gossip_steps must be 1 for protocol.name = {self.name!r} (one "
+                f"averaging per step; 'muffliato' takes more), got {settings.gossip_steps}"
+            )
         self.settings = settings
         self.problem = problem
         self.mixing = mixing
@@ -265,20 +273,13 @@ class DecentralizedSGD(IterativeProtocol):
 
     name: ClassVar[str] = "dpsgd"
 
-    def __init__(self, settings: ProtocolConfig, *args, **kwargs) -> None:
-        if settings.gossip_steps != 1:
-            raise ConfigError(
-                "protocol.gossip_steps must be 1 for protocol.name = 'dpsgd' (one averaging "
-                f"per step); use 'muffliato' for more, got {settings.gossip_steps}"
-            )
-        super().__init__(settings, *args, **kwargs)
-
 
 class Muffliato(IterativeProtocol):
     """Noise-then-gossip: one private step, then ``protocol.gossip_steps`` averagings."""
 
     name: ClassVar[str] = "muffliato"
     network_dp: ClassVar[bool] = True
+    reads_gossip_steps: ClassVar[bool] = True
 
     @property
     def gossip_steps(self) -> int:
@@ -295,14 +296,6 @@ class GossipLearning(IterativeProtocol):
 
     name: ClassVar[str] = "gossip-learning"
     synchronous: ClassVar[bool] = False
-
-    def __init__(self, settings: ProtocolConfig, *args, **kwargs) -> None:
-        if settings.gossip_steps != 1:
-            raise ConfigError(
-                "protocol.gossip_steps is read only by protocol.name = 'muffliato'; got "
-                f"{settings.gossip_steps} for 'gossip-learning'"
-            )
-        super().__init__(settings, *args, **kwargs)
 
     def receive(self, peer: int, model: np.ndarray) -> None:
         self.models[peer] = (self.models[peer] + model) / 2.0
