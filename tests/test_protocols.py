@@ -289,6 +289,10 @@ def test_invalid_protocol_settings_are_refused() -> None:
         ScenarioConfig(task={"name": "prevalence-counts"}, protocol={"name": "dpsgd"})
     with pytest.raises(ConfigError, match="protocol.name"):
         _config(name="no-such-protocol")
+    config = _config()
+    sklearn = dataclasses.replace(config.training, model="p2pdp.learning.models:LogisticModel")
+    with pytest.raises(ConfigError, match="training.model must be 'logistic'"):
+        simulate(dataclasses.replace(config, training=sklearn))
 
 
 # --- network DP ---------------------------------------------------------------------------------

@@ -396,6 +396,11 @@ def simulate_iterative(
     from p2pdp.sim.iterative import consensus_distance, run_iterative
     from p2pdp.sim.overlay import build_overlay
 
+    if config.training.model != "logistic":
+        raise ConfigError(
+            f"protocol.name = {config.protocol.name!r} takes logistic-loss steps itself: "
+            f"training.model must be 'logistic', got {config.training.model!r}"
+        )
     if not callable(getattr(task, "evaluate_models", None)):
         raise ConfigError(
             f"protocol.name = {config.protocol.name!r} learns logistic models: task.name must "
