@@ -562,6 +562,14 @@ class ProtocolConfig:
         """Whether peers learn from what they receive (any protocol but ``one-shot``)."""
         return self.name != "one-shot"
 
+    def accountant(self, privacy: PrivacyConfig) -> str:
+        """The accountant of the private steps: ``privacy.accountant``, with ``"auto"``
+        resolved to ``rdp`` for Poisson sampling (the one that accounts its amplification)
+        and ``gdp`` (exact) otherwise."""
+        if privacy.accountant != "auto":
+            return privacy.accountant
+        return "rdp" if self.sampling == "poisson" else "gdp"
+
 
 #: Task-specific tables and the built-in tasks that read them; another task setting one of
 #: them is refused (a setting that does nothing would be recorded in every row as if it did).
@@ -648,6 +656,12 @@ class ScenarioConfig:
                         "ignores it: remove it"
                     )
         if self.protocol.iterative and self.protocol.noise_multiplier != 0:
+            accountant = self.protocol.accountant(self.privacy)
+            if self.protocol.sampling == "poisson" and accountant not in ("rdp", "auto"):
+                raise ConfigError(
+                    f"privacy.accountant = {accountant!r} cannot compose Poisson-subsampled "
+                    "steps (protocol.sampling = 'poisson'): use 'rdp' or 'auto'"
+                )
             if not 0 < self.privacy.delta < 1:
                 raise ConfigError(
                     f"protocol.name = {self.protocol.name!r} takes Gaussian steps, which need "
@@ -760,6 +774,10 @@ def flat_settings(config: ScenarioConfig) -> dict[str, Any]:
                 "+".join(map(str, value)) if isinstance(value, tuple) else value
             )
     # resolved values: what the run used ("auto" -> gdp/basic; the default or z's epsilon_A)
-    row["privacy.accountant"] = config.privacy.resolved_accountant
+    row["privacy.accountant"] = (
+        config.protocol.accountant(config.privacy)
+        if config.protocol.iterative
+        else config.privacy.resolved_accountant
+    )
     row["privacy.epsilon_per_aggregation"] = config.privacy.step_epsilon
     return row

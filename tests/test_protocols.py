@@ -182,9 +182,14 @@ def test_poisson_steps_charge_rdp_of_the_subsampled_event() -> None:
         bound = k * one + np.log1p(-1 / alpha) - (math.log(1e-5) + np.log(alpha)) / (alpha - 1)
         assert value == pytest.approx(0.0 if k == 0 else max(bound.min(), 0), rel=1e-3, abs=1e-12)
     assert spent[-1] <= 2.0 < privacy.epsilon(np.array([privacy.max_steps + 1]))[0]
-    with pytest.raises(ConfigError, match="gdp"):
-        step_privacy(dataclasses.replace(config, privacy=dataclasses.replace(
-            config.privacy, accountant="gdp")))  # fmt: skip
+    assert (
+        simulate(
+            dataclasses.replace(config, protocol=dataclasses.replace(config.protocol, rounds=3))
+        ).row()["privacy.accountant"]
+        == "rdp"
+    )  # what it used
+    with pytest.raises(ConfigError, match=r"'gdp' cannot compose Poisson.*protocol.sampling"):
+        dataclasses.replace(config, privacy=dataclasses.replace(config.privacy, accountant="gdp"))
 
 
 def test_gdp_refuses_subsampled_event_and_basic_gives_inf() -> None:
@@ -317,10 +322,22 @@ def test_network_dp_bound_matches_its_formula_and_shrinks_with_distance() -> Non
 
 
 def test_muffliato_reports_network_dp_no_larger_than_local_dp() -> None:
-    row = simulate(_config(name="muffliato", gossip_steps=3, rounds=3)).row()
+    config = _config(name="muffliato", gossip_steps=3, rounds=3)
+    row = simulate(config).row()
     assert row["network_dp_epsilon_max"] <= row["max_epsilon_spent"] * (1 + 1e-12)
     assert not math.isnan(row["network_dp_epsilon_mean"])
     assert math.isnan(simulate(_config(rounds=3)).row()["network_dp_epsilon_mean"])
+    # the bound assumes every message arrives: a lossy run gets none
+    lossy = dataclasses.replace(config, network=dataclasses.replace(config.network, loss=0.2))
+    assert math.isnan(simulate(lossy).row()["network_dp_epsilon_mean"])
+
+
+def test_non_private_steps_are_labelled_where_results_are_read() -> None:
+    from p2pdp.experiments.disclosure import non_private_steps
+
+    steps = non_private_steps(_config(noise_multiplier=0.0))
+    assert any(step.startswith("protocol.noise_multiplier = 0") for step in steps)
+    assert not any("noise_multiplier" in step for step in non_private_steps(_config()))
 
 
 # --- results folder and report ------------------------------------------------------------------
@@ -383,6 +400,21 @@ def test_a_protocol_sweep_writes_rounds_and_the_report_compares_tuned_protocols(
     assert "## Protocols compared at their tuned settings" in report
     assert "protocol comparison: each protocol's tuning settings" in report  # non-private step
     assert "| dpsgd |" in report and "step_size = " in report
+
+
+def test_a_single_iterative_protocol_gets_its_round_figures(tmp_path) -> None:
+    from p2pdp.experiments.report import write_report
+    from p2pdp.experiments.runner import run_experiment
+    from p2pdp.experiments.scenario import load_scenario
+
+    path = tmp_path / "one.toml"
+    text = COMPARISON[: COMPARISON.index('"protocol.name,')]  # the epsilon axis only
+    path.write_text(text.replace("[protocol]", '[protocol]\nname = "dpsgd"'), encoding="utf-8")
+    out = tmp_path / "out"
+    run_experiment(load_scenario(str(path), ["evaluation.folds=[0]"]), out, jobs=1)
+    report = write_report(out).read_text(encoding="utf-8")
+    assert (out / "mean_error_vs_round.png").exists() and "Nothing is tuned" in report
+    assert "protocol comparison: each protocol's tuning" not in report
 
 
 def test_leave_one_fold_out_tuning_never_uses_the_folds_own_error() -> None:

@@ -94,6 +94,13 @@ def non_private_steps(config: ScenarioConfig, swept: Iterable[str] = ()) -> tupl
         steps.append(
             'min-max bounds fitted on the pooled training rows of each fold (data.bounds = "data")'
         )
+    if config.protocol.iterative and config.protocol.noise_multiplier == 0:
+        steps.append(
+            f"protocol.noise_multiplier = 0: the {config.protocol.name} steps add no noise, so "
+            "no privacy at all (privacy.epsilon is not used)"
+        )
+    if config.protocol.iterative:  # privacy.mechanism is not used: the steps are Gaussian
+        return tuple(steps)
     mechanism = config.privacy.mechanism
     if mechanism == "none":
         steps.append("privacy.mechanism = none: releases carry no noise, so no privacy at all")

@@ -43,7 +43,9 @@ TUNING_STEP = (
     "that fold's training rows (reads data beyond any peer's shard)"
 )
 
-_PARTITION = ("partition.scheme", "partition.alpha")
+#: Marker and line style per protocol: lines that coincide stay visible.
+_MARKERS = ("o", "s", "^", "D")
+_STYLES = ("-", "--", "-.", ":")
 
 
 def tuned_comparison(
@@ -93,6 +95,7 @@ def tuned_comparison(
             {
                 **dict(zip(keys, group, strict=True)),
                 "folds": len(folds),
+                "candidates": len(candidates),
                 "error": float(np.mean(errors)),
                 "error_std": float(np.std(errors)),
                 "chosen": ", ".join(f"{tuned[i].rpartition('.')[2]} = {chosen[i]}" for i in varied)
@@ -106,6 +109,11 @@ def tuned_comparison(
             }
         )
     return keys, table
+
+
+def tunes(table: Sequence[dict[str, Any]]) -> bool:
+    """Whether a comparison chose anything (some compared setting had several candidates)."""
+    return any(row["candidates"] > 1 for row in table)
 
 
 def _mean(cells: Sequence[dict[str, Any]], column: str) -> float:
@@ -132,7 +140,7 @@ def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
     )  # fmt: skip
     for axis, panel in zip(axes[0], panels, strict=True):
         rows = [r for r in table if r["partition"] == panel]
-        for protocol in sorted({r["protocol.name"] for r in rows}):
+        for number, protocol in enumerate(sorted({r["protocol.name"] for r in rows})):
             line = sorted(
                 (r for r in rows if r["protocol.name"] == protocol),
                 key=lambda r: r["privacy.epsilon"],
@@ -140,7 +148,8 @@ def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
             x = [r["privacy.epsilon"] for r in line]
             y = np.array([r["error"] for r in line])
             s = np.array([r["error_std"] for r in line])
-            (drawn,) = axis.plot(x, y, marker="o", label=protocol)
+            style = {"marker": _MARKERS[number % 4], "ls": _STYLES[number % 4]}
+            (drawn,) = axis.plot(x, y, label=protocol, **style)
             axis.fill_between(x, y - s, y + s, color=drawn.get_color(), alpha=0.12)
         ordered = sorted(rows, key=lambda r: r["privacy.epsilon"])
         epsilons = [r["privacy.epsilon"] for r in ordered]
@@ -182,6 +191,8 @@ def rounds_figure(
         if key not in chosen or any(row[k] != v for k, v in chosen[key].items()):
             continue
         values = frame.dropna(subset=[column])
+        if column == "consensus_distance":  # log axis: round 0 (identical models) is 0
+            values = values[values[column] > 0]
         reference.setdefault((key[1], key[2]), []).append(float(row["centralized_error"]))
         panel = keyed.setdefault((key[1], key[2]), {}).setdefault(key[0], {})
         for round_, value in zip(values["round"], values[column], strict=True):

@@ -67,6 +67,7 @@ _LABELS = {
     "groups.sampler": ("group sampler", "sampler"),
     "evaluation.vote": ("ensemble rule", "rule"),
     "privacy.mechanism": ("mechanism", "mechanism"),
+    "protocol.name": ("protocol", "protocol"),
 }
 #: A numeric line key with more values than this is drawn as a colour scale with a colour bar.
 MAX_LEGEND_LINES = 6
@@ -325,11 +326,12 @@ def _protocol_comparison(
     experiments.protocol_report`), when ``protocol.name`` is swept."""
     from p2pdp.experiments import protocol_report as pr
 
-    if "protocol.name" not in swept:
-        return _Protocols([], "")
-    why = None if len({row["fold"] for row in rows}) >= 2 else "tuning needs two folds or more"
-    keys, table = pr.tuned_comparison(rows, swept) if why is None else ([], [])
     rounds_path = directory / "rounds.csv"
+    if "protocol.name" not in swept and not rounds_path.exists():
+        return _Protocols([], "")
+    keys, table = pr.tuned_comparison(rows, swept)
+    folds = len({row["fold"] for row in rows})
+    why = "tuning needs two folds or more" if pr.tunes(table) and folds < 2 else None
     rounds = None
     if why is None and rounds_path.exists():
         import pandas as pd
@@ -373,8 +375,8 @@ def _protocol_comparison(
             "",
             (
                 f"Non-private tuning step: {pr.TUNING_STEP}. "
-                if any(key in pr.TUNED_KEYS for key in swept)
-                else "Nothing is tuned (no tuning setting is swept). "
+                if pr.tunes(table)
+                else "Nothing is tuned (no compared setting has several candidates). "
             )
             + "ε spent is local DP (what any one "
             "neighbour learns); the network DP column is Muffliato's pairwise bound, valid only "
@@ -996,11 +998,11 @@ def non_private_steps_of(
             counts[step] = counts.get(step, 0) + 1
     if "training.lambda" in swept and not any(step.startswith("lambda") for step in counts):
         counts[f"lambda: {LAMBDA_SWEPT}"] = len(rows)
-    if "protocol.name" in swept:
-        from p2pdp.experiments.protocol_report import TUNED_KEYS, TUNING_STEP
+    if "protocol.name" in swept and all("fold" in row for row in rows):
+        from p2pdp.experiments import protocol_report as pr
 
-        if any(key in TUNED_KEYS for key in swept):
-            counts[TUNING_STEP] = len(rows)
+        if pr.tunes(pr.tuned_comparison(rows, swept)[1]):
+            counts[pr.TUNING_STEP] = len(rows)
     return list(counts.items())
 
 

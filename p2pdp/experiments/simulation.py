@@ -455,7 +455,8 @@ def simulate_iterative(
         consensus_distance=consensus_distance(protocol.models),
     )
     distances: list[dict[str, Any]] = []
-    if protocol.network_dp:
+    delivered_all = run.transport.messages_lost + run.transport.messages_late == 0
+    if protocol.network_dp and delivered_all and not config.gossip.churn:  # the bound's world
         summary, distances = network_dp.report(
             mixing,
             mechanism,

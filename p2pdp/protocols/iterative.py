@@ -156,9 +156,7 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
         sampling_rate=settings.sampling_rate,
         batch_size=settings.batch_size,
     )
-    accountant = privacy.accountant
-    if accountant == "auto":
-        accountant = "rdp" if settings.sampling == "poisson" else "gdp"
+    accountant = settings.accountant(privacy)
     if settings.noise_multiplier is None:
         z = calibrated_noise_multiplier(
             mechanism,

@@ -25,7 +25,9 @@ like the ``rdp`` accountant, and reported as the smaller of that and the run's l
 epsilon (both are valid bounds). We implement the paper's expression; we did not re-derive
 it, and the local DP columns are the guarantee p2pdp states. Only for steps without sampling
 amplification (``full``, ``fixed``); exact arithmetic on a dense ``W``, so only for overlays
-of at most :data:`MAX_PEERS` peers (NaN otherwise).
+of at most :data:`MAX_PEERS` peers; and only for runs in which every message arrived (no loss,
+no late message, no churn: the bound is for the gossip matrix ``W`` applied in full). NaN
+otherwise.
 """
 
 from __future__ import annotations
