@@ -196,3 +196,27 @@ def test_quickstart_end_to_end(tmp_path, real_data_home, capsys):
     assert "use --resume" in capsys.readouterr().err
     assert main([*argv, "--resume"]) == 0
     assert "0 run, 8 already done" in capsys.readouterr().out
+
+
+def test_progress_of_a_long_single_cell_says_what_it_is_doing(tmp_path, monkeypatch):
+    """A run of one large cell is one task run here: its progress lines name the phase."""
+    import io
+    import time as clock
+
+    from p2pdp.sim.world import World
+
+    run = World.run
+
+    def slow(self, *args, **kwargs):
+        clock.sleep(0.3)
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(World, "run", slow)
+    monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 0.05)
+    one_cell = TINY[: TINY.index("[sweep]")]
+    scenario = parse_scenario(one_cell, overrides=["evaluation.folds=[0]"])
+    stream = io.StringIO()
+    experiment.run_experiment(scenario, tmp_path / "out", jobs=1, progress=stream)
+    lines = stream.getvalue().splitlines()
+    assert any(line.endswith("(running: simulation)") for line in lines), lines
+    assert lines[-1].startswith("p2pdp run: 1/1 cells") and "running" not in lines[-1]

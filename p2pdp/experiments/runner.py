@@ -47,7 +47,7 @@ from p2pdp.core.parallel import local_workers
 from p2pdp.experiments.disclosure import non_private_column
 from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.experiments.scenario import Scenario
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.simulation import current_phase, simulate
 from p2pdp.tasks import make_task, prepared
 
 Task = tuple["Cell", ...]
@@ -154,11 +154,24 @@ def run_task(cells: Task) -> list[CellRecord]:
     return list(iter_task(cells))
 
 
+#: What the in-process run is doing outside :func:`simulate` (for the progress report).
+_PREPARING = [False]
+
+
 def _prepare(cell: Cell) -> tuple[Any, float]:
     """What the task prepares for ``cell``'s training key (its local training), and seconds."""
     start = time.perf_counter()
-    trained = prepared(make_task(cell.config), fold=cell.fold, repetition=cell.repetition)
+    _PREPARING[0] = True
+    try:
+        trained = prepared(make_task(cell.config), fold=cell.fold, repetition=cell.repetition)
+    finally:
+        _PREPARING[0] = False
     return trained, time.perf_counter() - start
+
+
+def _phase() -> str:
+    """The phase of the cell running in this process, for the progress line (or empty)."""
+    return "data and local models" if _PREPARING[0] else current_phase()
 
 
 def _run_cell(cell: Cell, trained: Any, prepare_seconds: float) -> CellRecord:
@@ -259,7 +272,10 @@ def run_experiment(
                     outcomes = _run_in_process(tasks, training_workers=workers)
             bar = None
             try:
-                bar = _Progress(len(cells), len(cells) - len(pending), progress)
+                in_process = not isinstance(outcomes, _WorkerPool) and client is None
+                bar = _Progress(
+                    len(cells), len(cells) - len(pending), progress, in_process=in_process
+                )
                 for record in outcomes:
                     store.append([record])
                     bar.update(1)
@@ -459,11 +475,16 @@ class _Progress:
 
     A background thread redraws the bar, or prints a line, whenever nothing was shown for
     :data:`PROGRESS_INTERVAL_S` seconds, so a long cell does not leave the run silent. Off a
-    TTY, lines come at most that often (and once at the end).
+    TTY, lines come at most that often (and once at the end). When the cells run in this
+    process (one task: a single large cell, say), the line also says what the running cell is
+    doing (``running: data and local models``, ``simulation``, ...).
     """
 
-    def __init__(self, total: int, done: int, stream: TextIO | None) -> None:
+    def __init__(
+        self, total: int, done: int, stream: TextIO | None, *, in_process: bool = False
+    ) -> None:
         self.total, self.done, self.stream = total, done, stream
+        self.in_process = in_process  # cells run here: the line can say which phase
         self.start_done, self.start = done, time.perf_counter()
         self.interval = PROGRESS_INTERVAL_S
         self.tty = stream is not None and stream.isatty()
@@ -506,6 +527,9 @@ class _Progress:
                 f"{self.done}/{self.total} cells, {rate:.2f} cells/s, "
                 f"{_duration(elapsed)} elapsed, ETA {_duration(eta)}"
             )
+            phase = _phase() if self.in_process and self.done < self.total else ""
+            if phase:
+                status += f" (running: {phase})"
             if self.tty:
                 filled = round(30 * self.done / max(self.total, 1))
                 self._print(f"\r[{'#' * filled}{'.' * (30 - filled)}] {status}", end="")

@@ -198,6 +198,16 @@ class RunResult:
         ]
 
 
+#: The phase the running :func:`simulate` is in (``"training"``, ``"simulation"``,
+#: ``"evaluation"``; empty between runs), for progress reports of long runs.
+_PHASE = [""]
+
+
+def current_phase() -> str:
+    """The phase of the :func:`simulate` running in this process (empty if none)."""
+    return _PHASE[0]
+
+
 class ReleaseLog(WorldObserver):
     """Observer that records one row per release: the public record plus the time."""
 
@@ -246,6 +256,29 @@ def simulate(
     observers : tuple of WorldObserver
         Extra observers of the world (a release log is always attached).
     """
+    try:
+        return _simulate(
+            config,
+            fold=fold,
+            repetition=repetition,
+            trained=trained,
+            track_memory=track_memory,
+            observers=observers,
+        )
+    finally:
+        _PHASE[0] = ""
+
+
+def _simulate(
+    config: ScenarioConfig | str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    fold: int = 0,
+    repetition: int = 0,
+    trained: Any = None,
+    track_memory: bool = False,
+    observers: tuple[WorldObserver, ...] = (),
+) -> RunResult:
+    """:func:`simulate`'s work (which resets the phase when it ends, however it ends)."""
     config = config_of(config)
     IntAtLeast(0).check("fold", fold)
     IntAtLeast(0).check("repetition", repetition)
@@ -263,11 +296,13 @@ def simulate(
         return result
     wall: dict[str, float] = {}
     start = time.perf_counter()
+    _PHASE[0] = "training"
     trained = _trained(task, trained, fold=fold, repetition=repetition)
     statistics, sizes = task_statistics(task, trained, config.partition.n_peers)
     wall["training"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    _PHASE[0] = "simulation"
     privacy = config.privacy
     with warnings.catch_warnings():
         if privacy.mechanism in ("none", "seed-laplace"):  # chosen explicitly in the config
@@ -316,6 +351,7 @@ def simulate(
     wall["simulation"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    _PHASE[0] = "evaluation"
     pairs = np.array(world.receipts, dtype=np.int64).reshape(-1, 2)
     outcome = Outcome(
         published=np.array(world.published).reshape(len(world.published), dim),
@@ -414,6 +450,7 @@ def simulate_iterative(
         )
     wall: dict[str, float] = {}
     start = time.perf_counter()
+    _PHASE[0] = "training"
     trained = _trained(task, trained, fold=fold, repetition=repetition)
     data = trained.fold
     problem = LocalProblem.from_shards(
@@ -422,6 +459,7 @@ def simulate_iterative(
     wall["training"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    _PHASE[0] = "simulation"
     n_peers = problem.n_peers
     overlay = build_overlay(
         config.gossip, n_peers, rng=generator(config.seed, "overlay", fold, repetition)
@@ -443,6 +481,7 @@ def simulate_iterative(
     wall["simulation"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    _PHASE[0] = "evaluation"
     evaluation = task.evaluate_models(trained, protocol.models)
     steps = protocol.steps
     mechanism = privacy.mechanism
