@@ -20,8 +20,9 @@ group formation (:class:`~p2pdp.sim.gossip.faults.Faults`, switches applied at e
 start): an offline peer takes no step and sends nothing, and a message to an offline peer is
 lost. The crash probabilities of ``[gossip]`` belong to group formation and are not used here.
 
-After each ``eval_every`` rounds (and the last) the driver records one row of the ``rounds``
-table: mean and worst peer test error, consensus distance, bytes sent so far, epsilon spent.
+After every round (and before the first) the driver records one row of the ``rounds`` table:
+consensus distance, bytes sent so far, steps, epsilon spent, and every ``eval_every`` rounds
+(and the last) the mean and worst peer test error (NaN on the other rows).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _no_crash() -> float:
 
 @dataclass(slots=True)
 class IterativeRun:
-    """What a driver leaves: the transport's counters and one record per evaluated round."""
+    """What a driver leaves: the transport's counters and one record per round (0 included)."""
 
     transport: Transport
     rounds: list[dict[str, Any]] = field(default_factory=list)
