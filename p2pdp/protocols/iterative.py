@@ -21,7 +21,7 @@ Released to: each overlay neighbour (``dpsgd``, ``muffliato``: every message of 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -131,15 +131,23 @@ class StepPrivacy:
     accountant: str
     max_steps: int | None
     delta_total: float
+    #: Epsilon by number of steps, as the accountant stated it (asked once per count: the
+    #: driver asks every round).
+    _known: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def epsilon(self, steps: np.ndarray) -> np.ndarray:
         """Local DP epsilon (at ``delta_total``) of peers that took ``steps`` steps."""
         steps = np.asarray(steps, dtype=np.int64)
         if not self.mechanism.private:
             return np.where(steps == 0, 0.0, np.inf)
-        return composed(
-            make_accountant(self.accountant), self.event, steps, delta_total=self.delta_total
-        )
+        unique, inverse = np.unique(steps, return_inverse=True)
+        new = np.array([k for k in unique.tolist() if k not in self._known], dtype=np.int64)
+        if new.size:
+            account = make_accountant(self.accountant)
+            values = composed(account, self.event, new, delta_total=self.delta_total)
+            self._known.update(zip(new.tolist(), values.tolist(), strict=True))
+        known = np.array([self._known[k] for k in unique.tolist()])
+        return known[inverse].reshape(steps.shape)
 
 
 def step_privacy(config: ScenarioConfig) -> StepPrivacy:
