@@ -1133,7 +1133,7 @@ def make_synthetic(
     logits = np.empty(n_total)
     column_sums = np.zeros(n_features)
     for start in range(0, n_total, _SYNTHETIC_BLOCK):
-        logs = np.log1p(X[start : start + _SYNTHETIC_BLOCK])
+        logs = np.log1p(np.ascontiguousarray(X[start : start + _SYNTHETIC_BLOCK]))
         logits[start : start + _SYNTHETIC_BLOCK] = logs @ w
         column_sums += logs.sum(axis=0)
     logits -= (column_sums / n_total) @ w

@@ -261,7 +261,9 @@ class FittedPreprocessor:
             raise ConfigError(f"out must be a float64 array of shape {shape}, got {out.shape}")
         for start in range(0, rows_in.shape[0], _ROW_BLOCK):
             rows = slice(start, start + _ROW_BLOCK)
-            out[rows] = self._transform_rows(rows_in[rows])
+            # a contiguous block: the same numpy kernels whether X is an array of its own or
+            # the first columns of ``out`` (strided), so the numbers do not depend on it
+            out[rows] = self._transform_rows(np.ascontiguousarray(rows_in[rows]))
         return out
 
     def _transform_rows(self, Z: NDArray[np.float64]) -> NDArray[np.float64]:

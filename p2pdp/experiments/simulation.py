@@ -9,12 +9,13 @@ shards, local models, group draws and noise streams (common random numbers).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
 import tracemalloc
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +209,19 @@ def current_phase() -> str:
     return _PHASE[0]
 
 
+def _clears_phase(function: Callable[..., RunResult]) -> Callable[..., RunResult]:
+    """``function`` leaving :func:`current_phase` empty when it ends, however it ends."""
+
+    @functools.wraps(function)
+    def cleared(*args: Any, **kwargs: Any) -> RunResult:
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _PHASE[0] = ""
+
+    return cleared
+
+
 class ReleaseLog(WorldObserver):
     """Observer that records one row per release: the public record plus the time."""
 
@@ -225,6 +239,7 @@ class ReleaseLog(WorldObserver):
         )
 
 
+@_clears_phase
 def simulate(
     config: ScenarioConfig | str | os.PathLike[str] | Mapping[str, Any],
     *,
@@ -256,29 +271,6 @@ def simulate(
     observers : tuple of WorldObserver
         Extra observers of the world (a release log is always attached).
     """
-    try:
-        return _simulate(
-            config,
-            fold=fold,
-            repetition=repetition,
-            trained=trained,
-            track_memory=track_memory,
-            observers=observers,
-        )
-    finally:
-        _PHASE[0] = ""
-
-
-def _simulate(
-    config: ScenarioConfig | str | os.PathLike[str] | Mapping[str, Any],
-    *,
-    fold: int = 0,
-    repetition: int = 0,
-    trained: Any = None,
-    track_memory: bool = False,
-    observers: tuple[WorldObserver, ...] = (),
-) -> RunResult:
-    """:func:`simulate`'s work (which resets the phase when it ends, however it ends)."""
     config = config_of(config)
     IntAtLeast(0).check("fold", fold)
     IntAtLeast(0).check("repetition", repetition)

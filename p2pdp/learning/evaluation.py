@@ -428,10 +428,15 @@ def evaluate_ensembles(
     )
     errors = wrong / n_rows
     best = int(np.argmin(errors))
-    one = _one_peer(ensembles, best)
-    one_rule = vote.for_peers(slice(best, best + 1))
-    blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
-    best_scores = np.concatenate([ensemble_scores(one, X[r], vote=one_rule)[:, 0] for r in blocks])
+    if len(parts) == 1 and parts[0][3] is not None:  # one block held every row: reuse it
+        best_scores = parts[0][3][:, best]
+    else:
+        one = _one_peer(ensembles, best)
+        one_rule = vote.for_peers(slice(best, best + 1))
+        blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
+        best_scores = np.concatenate(
+            [ensemble_scores(one, X[r], vote=one_rule)[:, 0] for r in blocks]
+        )
     if len(np.unique(y)) == 2:
         fpr, tpr, _ = roc_curve(y, best_scores, pos_label=1)
         area = float(auc(fpr, tpr))
@@ -448,21 +453,24 @@ PARALLEL_MIN_PEERS = 20_000
 
 def _count_errors(
     problem: tuple[Ensembles, np.ndarray, np.ndarray, EnsembleRule], peers: slice
-) -> tuple[np.ndarray, int, int]:
+) -> tuple[np.ndarray, int, int, np.ndarray | None]:
     """Errors of the ``peers`` slice's ensembles on every row: wrong labels per peer (m,),
-    positive predictions on positive rows and on negative rows (summed over the peers)."""
+    positive predictions on positive rows and on negative rows (summed over the peers), and
+    the scores (n, m) when one block held every row (else None)."""
     ensembles, X, y, vote = problem
     if peers != slice(0, ensembles.n_peers):
         ensembles, vote = _peer_slice(ensembles, peers), vote.for_peers(peers)
     wrong = np.zeros(ensembles.n_peers, dtype=np.int64)
     on_positive = on_negative = 0
-    for rows in _row_blocks(X.shape[0], ensembles.n_peers + ensembles.published.shape[0]):
-        labels = predict(ensemble_scores(ensembles, X[rows], vote=vote))
+    blocks = _row_blocks(X.shape[0], ensembles.n_peers + ensembles.published.shape[0])
+    for rows in blocks:
+        scores = ensemble_scores(ensembles, X[rows], vote=vote)
+        labels = predict(scores)
         wrong += (labels != y[rows][:, None]).sum(axis=0)
         positive = labels == 1
         on_positive += int(positive[y[rows] == 1].sum())
         on_negative += int(positive[y[rows] != 1].sum())
-    return wrong, on_positive, on_negative
+    return wrong, on_positive, on_negative, scores if len(blocks) == 1 else None
 
 
 def _row_blocks(n_rows: int, width: int) -> list[slice]:
