@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-limit", type=float, default=0.9 * machine_memory_mb(),
                         help="MiB; a P predicted to need more is skipped")  # fmt: skip
     parser.add_argument("--out", type=Path, help="write <out>.csv and <out>.png")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="local processes for training and evaluation"
+    )
     args = parser.parse_args(argv)
 
     rows: list[dict] = []
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 continue
-            row = run_isolated("synthetic", peers, 10, "full", sampler)
+            row = run_isolated("synthetic", peers, 10, "full", sampler, args.workers)
             done.append(row)
             print(
                 f"{sampler:>7} P={peers:>8}: training {row['training_s']:7.2f} s  simulation "

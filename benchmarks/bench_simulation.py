@@ -35,8 +35,10 @@ import numpy as np
 ROWS_PER_PEER = 20
 
 
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+def _peak_mb(who: int = resource.RUSAGE_SELF) -> float:
+    """Peak resident memory (MiB) of this process, or (RUSAGE_CHILDREN) of its largest
+    finished worker, shared copy-on-write pages included."""
+    return resource.getrusage(who).ru_maxrss / 1024  # Linux: KiB
 
 
 def run_one(
@@ -58,8 +60,8 @@ def run_one(
         PublicationConfig,
         ScenarioConfig,
     )
+    from p2pdp.core.parallel import local_workers
     from p2pdp.experiments.simulation import simulate
-    from p2pdp.learning.models import training_workers
     from p2pdp.tasks.pipeline import prepare_peers
 
     if dataset == "synthetic":
@@ -88,12 +90,12 @@ def run_one(
         evaluation=evaluation,
         protocol={"name": protocol, **({"rounds": 50, "eval_every": 10} if iterative else {})},
     )
-    start = time.perf_counter()
-    with training_workers(workers):  # local processes for the local models
+    with local_workers(workers):  # local processes for training and evaluation
+        start = time.perf_counter()
         trained = prepare_peers(config, fold=0)
-    training_s = time.perf_counter() - start
-    peak_training = _peak_mb()
-    result = simulate(config, fold=0, trained=trained)
+        training_s = time.perf_counter() - start
+        peak_training = _peak_mb()
+        result = simulate(config, fold=0, trained=trained)
     wall = dict(result.wall_times, training=training_s)
     return {
         "dataset": dataset,
@@ -114,6 +116,7 @@ def run_one(
         "messages": result.messages_sent,
         "peak_mb_after_training": peak_training,
         "peak_mb": _peak_mb(),
+        "peak_worker_mb": _peak_mb(resource.RUSAGE_CHILDREN),
     }
 
 
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publication", choices=("group", "full"), default="full")
     parser.add_argument("--json", action="store_true", help="one JSON object per configuration")
     parser.add_argument(
-        "--workers", type=int, default=1, help="local processes for the local models"
+        "--workers", type=int, default=1, help="local processes for training and evaluation"
     )
     parser.add_argument(
         "--protocol",

@@ -49,6 +49,7 @@ from typing import ClassVar
 import numpy as np
 import scipy.sparse as sp
 from sklearn.metrics import auc, roc_curve
+from threadpoolctl import threadpool_limits
 
 from p2pdp.core.boundary import calling, check_methods, check_numbers, is_builtin
 from p2pdp.core.errors import ConfigError
@@ -408,12 +409,15 @@ def evaluate_ensembles(
     n_rows, n_peers = X.shape[0], ensembles.n_peers
     workers = current_workers() if is_builtin(rule) and n_peers >= PARALLEL_MIN_PEERS else 1
     bounds = np.linspace(0, n_peers, max(1, min(workers, n_peers)) + 1).astype(int)
-    parts = forked_map(
-        _count_errors,
-        (ensembles, X, y, vote),
-        [slice(a, b) for a, b in itertools.pairwise(bounds.tolist())],
-        workers=workers,
-    )
+    # Split over processes, each scores with one BLAS thread (else 2 workers x 2 BLAS threads
+    # on 2 cores run slower than one process whose BLAS uses both cores).
+    with threadpool_limits(limits=1 if workers > 1 else None, user_api="blas"):
+        parts = forked_map(
+            _count_errors,
+            (ensembles, X, y, vote),
+            [slice(a, b) for a, b in itertools.pairwise(bounds.tolist())],
+            workers=workers,
+        )
     wrong = np.concatenate([part[0] for part in parts])
     predicted_positive_on_pos = sum(part[1] for part in parts)
     predicted_positive_on_neg = sum(part[2] for part in parts)
