@@ -18,11 +18,12 @@ from p2pdp.config import (
     ScenarioConfig,
     TrainingConfig,
 )
+from p2pdp.core.rng import Uniforms
 from p2pdp.experiments.simulation import simulate
 from p2pdp.sim import world as world_module
 from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.gossip import GossipSampler
-from p2pdp.sim.sampler import GroupSampler, Uniforms
+from p2pdp.sim.sampler import GroupSampler
 
 
 def config(

@@ -2,8 +2,10 @@
 
 ``one-shot`` (:class:`OneShot`, the default) is the source document's protocol: every peer
 trains once, groups release noisy averages of fixed models, and no peer updates its model from
-what it received (the SimPy world of :mod:`p2pdp.sim.world` runs it). The iterative protocols
-of :mod:`p2pdp.protocols.iterative` keep a model per peer and update it from what arrives:
+what it received. One aggregation is the transport-free state machine of
+:mod:`p2pdp.protocols.groups`; the SimPy world of :mod:`p2pdp.sim.world` drives it (and the
+network runtime of :mod:`p2pdp.net` too). The iterative protocols of
+:mod:`p2pdp.protocols.iterative` keep a model per peer and update it from what arrives:
 
 ``dpsgd``
     D-PSGD (Lian et al. 2017) with local DP: each round every peer takes one private local

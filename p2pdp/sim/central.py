@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from p2pdp.sim.sampler import Uniforms
+from p2pdp.core.rng import Uniforms
+from p2pdp.protocols.groups import GroupPool
 
 if TYPE_CHECKING:  # the world imports this module
     import simpy
@@ -42,8 +43,10 @@ class CentralSampler:
     ----------
     done : simpy.Event
         Succeeds with ``stop_reason`` when the run is over.
-    pool : list of int
-        Idle peers that can afford one more aggregation.
+    pool : GroupPool
+        Idle peers that can afford one more aggregation, and the uniform draws of groups
+        and curators (:class:`p2pdp.protocols.groups.GroupPool`, shared with the network
+        runtime).
     in_flight : int
         Groups started and not yet finished.
     faults : bool
@@ -56,42 +59,28 @@ class CentralSampler:
     def __init__(self, world: World, *, rng: np.random.Generator) -> None:
         self.world = world
         self.rng = rng
-        self.pool: list[int] = []  # idle peers that can afford one more aggregation
+        self.pool = GroupPool(Uniforms(rng).draw)  # idle peers that can afford one more
         self.in_flight = 0
         self.not_ready = 0
         self.failed_in_a_row = 0
         self.stop_reason = ""
         self._wake: simpy.Event | None = None
-        self._uniform = Uniforms(rng).draw
         self.done = world.env.event()
 
     def start(self, ready: list[int], n_not_ready: int) -> None:
         """Begin with the peers ``ready`` at time 0; ``n_not_ready`` are still training."""
-        self.pool.extend(ready)
+        self.pool.add(ready)
         self.not_ready = n_not_ready
         self.world.env.process(self.run())
 
     def peer_ready(self, peer: int) -> None:
         self.not_ready -= 1
-        self.pool.append(peer)
+        self.pool.add([peer])
         self._notify()
 
     def _notify(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
-
-    def _draw_group(self, g: int) -> np.ndarray:
-        """``g`` distinct idle peers, uniformly at random (Floyd's algorithm, O(g))."""
-        n = len(self.pool)
-        picks: set[int] = set()
-        for j in range(n - g, n):
-            t = int(self._uniform() * (j + 1))
-            picks.add(j if t in picks else t)
-        members = np.array([self.pool[i] for i in picks], dtype=np.int64)
-        for i in sorted(picks, reverse=True):  # swap-remove, O(g)
-            self.pool[i] = self.pool[-1]
-            self.pool.pop()
-        return members
 
     def run(self):
         world = self.world
@@ -102,8 +91,7 @@ class CentralSampler:
             while (
                 self.in_flight < limit and len(self.pool) >= g and self.failed_in_a_row < max_failed
             ):
-                members = self._draw_group(g)
-                curator = int(members[int(self._uniform() * g)])
+                members, curator = self.pool.draw(g)
                 self.in_flight += 1
                 world.start_group(members, curator)
             if self.failed_in_a_row >= max_failed:
@@ -122,5 +110,5 @@ class CentralSampler:
         self.failed_in_a_row = 0 if published else self.failed_in_a_row + 1
         if not self.stop_reason:
             solvent = self.world.ledger.can_afford(group.members)
-            self.pool.extend(group.members[solvent].tolist())
+            self.pool.add(group.members[solvent].tolist())
         self._notify()

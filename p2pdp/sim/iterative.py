@@ -35,8 +35,9 @@ import numpy as np
 import simpy
 
 from p2pdp.config import ScenarioConfig
+from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import IterativeProtocol
-from p2pdp.sim.transport import Transport, model_bytes
+from p2pdp.sim.transport import Transport
 
 
 def consensus_distance(models: np.ndarray) -> float:

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from p2pdp.core.rng import Uniforms as Uniforms  # its home until 0.2
+
 if TYPE_CHECKING:  # the world imports this module; import the world's types for typing only
     import numpy as np
     import simpy
 
     from p2pdp.sim.world import Group, World
 
-__all__ = ["GroupSampler", "SamplerFactory", "Uniforms"]
+__all__ = ["GroupSampler", "SamplerFactory"]
 
 
 @runtime_checkable
@@ -155,34 +157,3 @@ class SamplerFactory(Protocol):
     """
 
     def __call__(self, world: World, *, rng: np.random.Generator) -> GroupSampler: ...
-
-
-class Uniforms:
-    """Uniform [0, 1) floats drawn from ``rng`` in batches, for per-event scalar draws.
-
-    One ``rng.random()`` call per event costs about a microsecond; popping from a batch
-    costs a tenth of that. A batch is drawn whenever the previous one is used up, so the
-    values depend on how other draws from ``rng`` interleave with the batches: share one
-    instance among the components of a sampler and keep the order of the draws. Keep the
-    bound method (``uniform = Uniforms(rng).draw``) in per-event code: calling it costs as
-    little as a plain method of the sampler.
-
-    Parameters
-    ----------
-    rng : numpy.random.Generator
-    batch : int
-        Values drawn at a time (>= 1).
-    """
-
-    __slots__ = ("_batch", "_rng", "_values")
-
-    def __init__(self, rng: np.random.Generator, *, batch: int = 4096) -> None:
-        self._rng = rng
-        self._batch = batch
-        self._values: list[float] = []
-
-    def draw(self) -> float:
-        """The next uniform float in [0, 1)."""
-        if not self._values:
-            self._values = self._rng.random(self._batch).tolist()
-        return self._values.pop()

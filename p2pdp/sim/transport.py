@@ -20,8 +20,8 @@ from simpy.events import Event
 
 from p2pdp.config import NetworkConfig
 
-HEADER_BYTES = 64  # per message: ids, kind, group id
-FLOAT_BYTES = 8
+__all__ = ["Environment", "Transport"]
+
 _BATCH = 4096
 
 _M = TypeVar("_M")
@@ -59,11 +59,6 @@ class _Arrivals:
         self.mark = -1  # delivered: nothing joins it any more
         for deliver, message in self.items:
             deliver(message)
-
-
-def model_bytes(dim: int) -> int:
-    """Wire size of one model message: ``dim`` float64 values plus a header."""
-    return HEADER_BYTES + FLOAT_BYTES * dim
 
 
 class Transport:

@@ -1,6 +1,10 @@
 """The SimPy world: peers, a central group sampler, curators, a completion monitor.
 
-Protocol of one aggregation (the seed's Algorithms 1 and 2, with DESIGN.md's fixes):
+The world drives the transport-free state machine of one aggregation
+(:class:`p2pdp.protocols.groups.Group`): it delivers each message that machine sends through
+the simulated transport, and once a group is ready it checks and charges the budgets,
+releases and publishes. Protocol of one aggregation (the seed's Algorithms 1 and 2, with
+DESIGN.md's fixes):
 
 1. The group sampler (:mod:`p2pdp.sim.sampler`; by default the seed's GroupAgent,
    :class:`~p2pdp.sim.central.CentralSampler`) draws ``g`` peers uniformly at random
@@ -33,7 +37,7 @@ message and every peer going offline or online, without reading the world's inte
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -43,48 +47,40 @@ from p2pdp.core.boundary import calling, check_methods, is_builtin, problem
 from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.accounting import BudgetLedger, make_accountant
 from p2pdp.privacy.release import Releaser, ReleaseRecord
+from p2pdp.protocols.groups import (
+    ASSIGN,
+    CARRIES_MODEL,
+    HEADER_BYTES,
+    PARTIAL,
+    PUBLISH,
+    SHARE,
+    SUBMIT,
+    Group,
+    Step,
+    model_bytes,
+)
 from p2pdp.sim.sampler import GroupSampler
-from p2pdp.sim.transport import HEADER_BYTES, Environment, Transport, model_bytes
+from p2pdp.sim.transport import Environment, Transport
 
-SAMPLER = -1  # sender id of the central sampler
-
-ASSIGN = "assign"
-SUBMIT = "submit"
-SHARE = "share"  # secure aggregation: one additive share of a member's masked contribution
-PARTIAL = "partial"  # secure aggregation: a member's sum of the shares it received
-PUBLISH = "publish"
+__all__ = ["CompletionMonitor", "Message", "Peer", "World", "WorldObserver", "budget_ledger"]
 
 
 @dataclass(slots=True)
 class Message:
-    """A protocol message: ``kind``, ``sender`` (peer id, or SAMPLER), ``group`` id, payload.
+    """A protocol message in simulation: ``kind``, ``sender`` (peer id, or SAMPLER), the
+    :class:`~p2pdp.protocols.groups.Group` it belongs to, and ``payload``.
 
-    Payloads: ``ASSIGN`` carries the :class:`Group`; ``SUBMIT`` the sender's peer id (the
-    curator reads that member's statistic and shard size); ``PUBLISH`` the index of the
-    published release; ``SHARE`` and ``PARTIAL`` none (their arithmetic is done in one
-    vectorised call at the curator, see :class:`p2pdp.privacy.release.Releaser`).
+    ``payload`` is the index of the published release for ``PUBLISH`` (else -1). What the
+    other kinds carry on the wire the world reads from its arrays on delivery: the sender's
+    statistic and shard size (``SUBMIT``; its shard size for ``PARTIAL``); the arithmetic of
+    ``SHARE`` and ``PARTIAL`` is done in one vectorised call at the curator (see
+    :class:`p2pdp.privacy.release.Releaser`).
     """
 
     kind: str
     sender: int
-    group: int
-    payload: Group | int | None = None
-
-
-@dataclass(slots=True)
-class Group:
-    """An aggregation in flight: members, curator, and what the curator has received."""
-
-    group_id: int
-    members: np.ndarray
-    curator: int
-    complete: simpy.Event
-    started: float = 0.0
-    submitted: list[int] = field(default_factory=list)  # members whose statistic arrived
-    sizes: list[int] = field(default_factory=list)
-    shares_received: dict[int, int] = field(default_factory=dict)  # secure aggregation
-    partials: int = 0  # secure aggregation: partial sums the curator holds
-    ended: bool = False  # collected or timed out, whichever came first (the other is ignored)
+    group: Group
+    payload: int = -1
 
 
 class WorldObserver:
@@ -150,19 +146,25 @@ class Peer:
 
     def receive(self, message: Message) -> None:
         world = self.world
-        payload = message.payload
+        kind, group = message.kind, message.group
         if not world.online[self.peer_id]:  # arrived while this peer was offline
             world.transport.lose(message.sender)
-        elif message.kind == ASSIGN and isinstance(payload, Group):
-            world.submit(self.peer_id, payload)
-        elif message.kind == SUBMIT:
-            world.receive_submission(message)
-        elif message.kind == SHARE:
-            world.receive_share(self.peer_id, message)
-        elif message.kind == PARTIAL:
-            world.receive_partial(message)
-        elif message.kind == PUBLISH and isinstance(payload, int):
-            world.receipts.append((self.peer_id, payload))
+        elif kind == PUBLISH:
+            world.receipts.append((self.peer_id, message.payload))
+        elif kind == ASSIGN:
+            world.submit(self.peer_id, group)
+        elif group.ended:  # the group already timed out: the curator dropped it
+            return
+        elif kind == SUBMIT:
+            sender = message.sender
+            if group.on_submit(sender, int(world.shard_sizes[sender])):
+                group.handle.succeed()
+        elif kind == SHARE:
+            world.step(group, group.on_share(self.peer_id, int(world.shard_sizes[self.peer_id])))
+        elif kind == PARTIAL:
+            sender = message.sender
+            if group.on_partial(sender, int(world.shard_sizes[sender])):
+                group.handle.succeed()
 
 
 class CompletionMonitor:
@@ -246,17 +248,7 @@ class World:
         self.observers = tuple(observers)
         self.dim = dim
         self.model_bytes = model_bytes(dim)
-        privacy = config.privacy
-        assert privacy.delta_per_aggregation is not None  # PrivacyConfig derives it if not given
-        self.ledger = BudgetLedger(
-            n_peers,
-            epsilon_total=privacy.epsilon,
-            epsilon_per_aggregation=privacy.step_epsilon,
-            delta_total=privacy.delta,
-            delta_per_aggregation=privacy.delta_per_aggregation,
-            accountant=make_accountant(privacy.resolved_accountant),
-            event=releaser.mechanism.budget_event(dim),
-        )
+        self.ledger = budget_ledger(config, releaser, n_peers)
         self.transport = Transport(self.env, config.network, n_peers, rng=rngs["network"])
         # Per-message and per-peer hooks are called only on observers that override them,
         # so an observer of releases costs nothing when messages are lost or peers churn.
@@ -306,23 +298,25 @@ class World:
         if self._check_groups:
             members = self._checked_group(members, curator)
         group = Group(
-            self._next_group, members, curator, complete=self.env.event(), started=self.env.now
+            self._next_group,
+            members,
+            curator,
+            secure=self.config.privacy.secure_aggregation,
+            started=self.env.now,
+            handle=self.env.event(),  # succeeds when the curator holds every contribution
         )
         self._next_group += 1
         self.groups[group.group_id] = group
         for observer in self.observers:
             observer.group_started(self, group)
-        for member in members.tolist():
-            if announce:
-                message = Message(ASSIGN, SAMPLER, group.group_id, group)
-                self.transport.send(
-                    SAMPLER, self.peers[member].receive, message, HEADER_BYTES, coalesce=True
-                )
-            else:
+        if announce:
+            self.step(group, Step(group.assignments(), False))
+        else:
+            for member in members.tolist():
                 self.submit(member, group)
         # The curator reacts to two events, whichever comes first: every statistic arrived, or
         # the collection timed out. (Callbacks, not a process: no event to start or resume it.)
-        group.complete.callbacks.append(lambda _: self.collected(group))
+        group.handle.callbacks.append(lambda _: self.collected(group))
         if not self._reliable:  # else every group completes: no timeout event to wait for
             timeout = self.env.timeout(self.config.groups.collect_timeout)
             timeout.callbacks.append(lambda _: self.timed_out(group))
@@ -352,69 +346,26 @@ class World:
         return array
 
     def submit(self, member: int, group: Group) -> None:
-        """``member`` sends its statistic and shard size to the group's curator.
+        """``member`` contributes to ``group``: its statistic to the curator, or (secure
+        aggregation) one additive share of its noisy, fixed-point encoded contribution to
+        every other member (:mod:`p2pdp.privacy.secure_aggregation`). An offline (crashed)
+        member sends nothing."""
+        if self.online[member]:
+            self.step(group, group.contribute(member, int(self.shard_sizes[member])))
 
-        With secure aggregation it instead sends one additive share of its noisy, fixed-point
-        encoded contribution to every other member (:mod:`p2pdp.privacy.secure_aggregation`).
-        An offline (crashed) member sends nothing.
-        """
-        if not self.online[member]:
-            return
-        if self.config.privacy.secure_aggregation:
-            others = [m for m in group.members.tolist() if m != member]
-            for other in others:
-                message = Message(SHARE, member, group.group_id)
-                self.transport.send(
-                    member, self.peers[other].receive, message, self.model_bytes, coalesce=True
-                )
-            if not others:  # a group of one: its own contribution is its partial sum
-                self._partial_ready(member, group)
-            return
-        reply = Message(SUBMIT, member, group.group_id, member)
-        if member == group.curator:  # the curator holds its own statistic: no message
-            self.receive_submission(reply)
-        else:
-            curator = self.peers[group.curator]
-            self.transport.send(member, curator.receive, reply, self.model_bytes, coalesce=True)
-
-    def receive_submission(self, message: Message) -> None:
-        group = self.groups.get(message.group)
-        if group is None:  # the group already timed out
-            return
-        group.submitted.append(message.sender)
-        group.sizes.append(int(self.shard_sizes[message.sender]))
-        if len(group.submitted) == len(group.members):
-            group.complete.succeed()
-
-    def receive_share(self, member: int, message: Message) -> None:
-        """Secure aggregation: once a member holds a share from every other member (its own
-        share it keeps), it sends their sum, its partial sum, to the curator."""
-        group = self.groups.get(message.group)
-        if group is None:
-            return
-        count = group.shares_received.get(member, 0) + 1
-        group.shares_received[member] = count
-        if count == len(group.members) - 1:
-            self._partial_ready(member, group)
-
-    def _partial_ready(self, member: int, group: Group) -> None:
-        if member == group.curator:
-            self.receive_partial(Message(PARTIAL, member, group.group_id))
-        else:
-            message = Message(PARTIAL, member, group.group_id)
+    def step(self, group: Group, step: Step) -> None:
+        """Carry out what the group's state machine decided: send its messages in order
+        through the transport, then, if the curator holds every contribution, complete."""
+        for kind, sender, receiver in step.sends:
             self.transport.send(
-                member, self.peers[group.curator].receive, message, self.model_bytes, coalesce=True
+                sender,
+                self.peers[receiver].receive,
+                Message(kind, sender, group),
+                self.model_bytes if kind in CARRIES_MODEL else HEADER_BYTES,
+                coalesce=True,
             )
-
-    def receive_partial(self, message: Message) -> None:
-        group = self.groups.get(message.group)
-        if group is None:
-            return
-        group.partials += 1
-        if group.partials == len(group.members):
-            group.submitted = group.members.tolist()  # member order, as the shares were summed
-            group.sizes = self.shard_sizes[group.members].tolist()  # known inside the group
-            group.complete.succeed()
+        if step.ready:
+            group.handle.succeed()
 
     def release(self, group: Group) -> tuple[np.ndarray, ReleaseRecord]:
         """The group's noisy aggregate through the one release path."""
@@ -443,13 +394,11 @@ class World:
             self.transport.broadcast(group.curator, n_recipients - 1, self.model_bytes, deliver)
             return
         self.shared.append(False)
-        for member in group.members.tolist():
-            if member == group.curator:  # the curator already holds the model
-                self.receipts.append((member, index))
-                continue
-            message = Message(PUBLISH, group.curator, group.group_id, index)
+        self.receipts.append((group.curator, index))  # the curator already holds the model
+        for _, sender, receiver in group.publications():
+            message = Message(PUBLISH, sender, group, index)
             self.transport.send(
-                group.curator, self.peers[member].receive, message, self.model_bytes, coalesce=True
+                sender, self.peers[receiver].receive, message, self.model_bytes, coalesce=True
             )
 
     def collected(self, group: Group) -> None:
@@ -491,6 +440,21 @@ class World:
     def run(self) -> None:
         """Run until no group can form and every message in flight has been delivered."""
         self.env.run()
+
+
+def budget_ledger(config: ScenarioConfig, releaser: Releaser, n_peers: int) -> BudgetLedger:
+    """Every peer's budget for a run of ``config`` whose releases go through ``releaser``."""
+    privacy = config.privacy
+    assert privacy.delta_per_aggregation is not None  # PrivacyConfig derives it if not given
+    return BudgetLedger(
+        n_peers,
+        epsilon_total=privacy.epsilon,
+        epsilon_per_aggregation=privacy.step_epsilon,
+        delta_total=privacy.delta,
+        delta_per_aggregation=privacy.delta_per_aggregation,
+        accountant=make_accountant(privacy.resolved_accountant),
+        event=releaser.mechanism.budget_event(releaser.dim),
+    )
 
 
 def make_sampler(world: World, *, rng: np.random.Generator) -> GroupSampler:

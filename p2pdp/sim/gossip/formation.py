@@ -59,8 +59,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import simpy
 
+from p2pdp.protocols.groups import HEADER_BYTES
 from p2pdp.sim.gossip.views import ID_BYTES
-from p2pdp.sim.transport import HEADER_BYTES
 
 if TYPE_CHECKING:  # the world imports the gossip package lazily
     from p2pdp.sim.gossip.views import Newscast

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from p2pdp.core.rng import Uniforms
 from p2pdp.sim.gossip.faults import Faults
 from p2pdp.sim.gossip.formation import GroupFormation
 from p2pdp.sim.gossip.views import TICKS_PER_PERIOD, Newscast, PeerSampling
 from p2pdp.sim.overlay import build_overlay
-from p2pdp.sim.sampler import Uniforms
 
 if TYPE_CHECKING:  # the world imports the gossip package lazily
     from p2pdp.sim.world import Group, World

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from p2pdp.protocols.groups import HEADER_BYTES
 from p2pdp.sim.overlay import Overlay
-from p2pdp.sim.transport import HEADER_BYTES
 
 if TYPE_CHECKING:  # the world imports the gossip package lazily
     from p2pdp.config import GossipConfig

@@ -1,0 +1,228 @@
+"""One aggregation of the one-shot protocol as a transport-free state machine.
+
+The seed's Algorithms 1 and 2 at the level of messages, with DESIGN.md's fixes. A
+:class:`Group` holds what the members and the curator of one aggregation know about it; each
+method handles one event of one party (a member learnt its group, a message reached the
+curator or a member) and returns a :class:`Step`: the messages that party sends now, in
+sending order, and whether the curator now holds everything it needs to release. Nothing here
+touches SimPy, the transport, the budget ledger or the noise: a driver moves the messages and,
+once the group is ``ready``, checks and charges the budgets, releases and publishes
+(:class:`p2pdp.sim.world.World` in simulation). Who is online, timeouts and lost messages
+are the driver's too: a party that is offline handles nothing.
+
+Messages (``kind``: from -> to, what it carries on the wire):
+
+``ASSIGN``
+    sampler -> member: the group (members, curator). Header only.
+``SUBMIT``
+    member -> curator: the member's statistic and shard size. A model.
+``SHARE``
+    member -> member (secure aggregation): one additive share of the sender's noisy,
+    fixed-point encoded contribution. A model.
+``PARTIAL``
+    member -> curator (secure aggregation): the sum of the shares the member holds, its own
+    included, and the member's shard size. A model.
+``PUBLISH``
+    curator -> member (``group`` publication): the released model. A model.
+
+The curator's own statistic, share sum and copy of the release never travel: it holds them.
+A group of one, with secure aggregation, is its own partial sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "ASSIGN",
+    "PARTIAL",
+    "PUBLISH",
+    "SAMPLER",
+    "SHARE",
+    "SUBMIT",
+    "Group",
+    "GroupPool",
+    "Send",
+    "Step",
+    "model_bytes",
+]
+
+SAMPLER = -1  # sender id of the central sampler
+
+ASSIGN = "assign"
+SUBMIT = "submit"
+SHARE = "share"
+PARTIAL = "partial"
+PUBLISH = "publish"
+
+#: Kinds whose payload is a model-sized vector (the rest are a header).
+CARRIES_MODEL = frozenset({SUBMIT, SHARE, PARTIAL, PUBLISH})
+
+#: The simulator's model of a message's size (bytes): a header (ids, kind, group id) and,
+#: for a model, its float64 values.
+HEADER_BYTES, FLOAT_BYTES = 64, 8
+
+
+def model_bytes(dim: int) -> int:
+    """Simulated size of one model message: ``dim`` float64 values plus a header."""
+    return HEADER_BYTES + FLOAT_BYTES * dim
+
+
+class Send(NamedTuple):
+    """One message to send: ``kind`` from ``sender`` (a peer id, or SAMPLER) to ``receiver``."""
+
+    kind: str
+    sender: int
+    receiver: int
+
+
+class Step(NamedTuple):
+    """What one event makes its party do: ``sends`` in order, then ``ready``: the curator
+    holds every contribution (the driver releases)."""
+
+    sends: Sequence[Send]
+    ready: bool
+
+
+_NOTHING = Step((), False)
+
+
+@dataclass(slots=True, eq=False)
+class Group:
+    """An aggregation in flight: members, curator, and what the curator has received.
+
+    Parameters
+    ----------
+    group_id : int
+    members : (g,) int array
+        Distinct peer ids, the curator among them; their order is the order of secure
+        aggregation's sum.
+    curator : int
+    secure : bool
+        Secure aggregation: members exchange shares and the curator receives partial sums.
+    started : float
+        When the group started (simulated seconds), for observers.
+
+    Attributes
+    ----------
+    submitted, sizes : list of int
+        Members whose contribution the curator holds, in arrival order (secure: member
+        order, once every partial sum arrived), and their shard sizes (public inside the
+        group: the sensitivity depends on them).
+    ended : bool
+        Set by the driver when the group was collected or timed out (the other is ignored).
+    handle : object
+        The driver's own bookkeeping for this group (the SimPy event of its completion).
+    """
+
+    group_id: int
+    members: np.ndarray
+    curator: int
+    secure: bool = False
+    started: float = 0.0
+    submitted: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    shares_received: dict[int, int] = field(default_factory=dict)
+    partial_sizes: dict[int, int] = field(default_factory=dict)  # secure: curator's view
+    ended: bool = False
+    handle: Any = None
+
+    def assignments(self) -> list[Send]:
+        """The central sampler tells every member its group (one ``ASSIGN`` each)."""
+        return [Send(ASSIGN, SAMPLER, member) for member in self.members.tolist()]
+
+    def contribute(self, member: int, size: int) -> Step:
+        """``member`` learnt its group (``ASSIGN``, or it agreed to it): it contributes.
+
+        Plain: its statistic goes to the curator (the curator's own stays where it is).
+        Secure: one share to every other member. ``size`` is the member's shard size.
+        """
+        if self.secure:
+            others = [m for m in self.members.tolist() if m != member]
+            if not others:  # a group of one: its own contribution is its partial sum
+                return self._partial_ready(member, size)
+            return Step([Send(SHARE, member, other) for other in others], False)
+        if member == self.curator:
+            return Step((), self.on_submit(member, size))
+        return Step([Send(SUBMIT, member, self.curator)], False)
+
+    def on_submit(self, sender: int, size: int) -> bool:
+        """The curator holds ``sender``'s statistic (of ``size`` records): ready?"""
+        self.submitted.append(sender)
+        self.sizes.append(size)
+        return len(self.submitted) == len(self.members)
+
+    def on_share(self, member: int, size: int) -> Step:
+        """A share reached ``member`` (of ``size`` records); with one from every other member
+        it sends its partial sum to the curator."""
+        count = self.shares_received.get(member, 0) + 1
+        self.shares_received[member] = count
+        if count == len(self.members) - 1:
+            return self._partial_ready(member, size)
+        return _NOTHING
+
+    def _partial_ready(self, member: int, size: int) -> Step:
+        if member == self.curator:
+            return Step((), self.on_partial(member, size))
+        return Step([Send(PARTIAL, member, self.curator)], False)
+
+    def on_partial(self, sender: int, size: int) -> bool:
+        """``sender``'s partial sum (it holds ``size`` records) reached the curator: ready
+        once it holds every member's."""
+        self.partial_sizes[sender] = size
+        if len(self.partial_sizes) < len(self.members):
+            return False
+        members = self.members.tolist()  # member order, as the shares were summed
+        self.submitted, self.sizes = members, [self.partial_sizes[m] for m in members]
+        return True
+
+    def publications(self) -> list[Send]:
+        """``group`` publication: the curator sends the release to every other member."""
+        return [Send(PUBLISH, self.curator, m) for m in self.members.tolist() if m != self.curator]
+
+
+class GroupPool:
+    """The central sampler's choices, transport-free: the idle solvent peers and uniform groups.
+
+    Parameters
+    ----------
+    uniform : callable
+        ``uniform()`` gives the next uniform float in [0, 1) of the protocol stream (a
+        :class:`~p2pdp.core.rng.Uniforms`): every choice of the pool comes from it, so the
+        same stream and the same order of events give the same groups in any driver.
+
+    Attributes
+    ----------
+    peers : list of int
+        Idle peers that can afford one more aggregation.
+    """
+
+    def __init__(self, uniform: Callable[[], float]) -> None:
+        self.peers: list[int] = []
+        self._uniform = uniform
+
+    def __len__(self) -> int:
+        return len(self.peers)
+
+    def add(self, peers: list[int]) -> None:
+        """``peers`` are idle and solvent (ready at the start, or back from a group)."""
+        self.peers.extend(peers)
+
+    def draw(self, g: int) -> tuple[np.ndarray, int]:
+        """``g`` distinct idle peers, uniformly at random, taken out of the pool (Floyd's
+        algorithm, O(g)), and their curator, uniform among them: ((g,) int64, int)."""
+        pool = self.peers
+        n = len(pool)
+        picks: set[int] = set()
+        for j in range(n - g, n):
+            t = int(self._uniform() * (j + 1))
+            picks.add(j if t in picks else t)
+        members = np.array([pool[i] for i in picks], dtype=np.int64)
+        for i in sorted(picks, reverse=True):  # swap-remove, O(g)
+            pool[i] = pool[-1]
+            pool.pop()
+        return members, int(members[int(self._uniform() * g)])
