@@ -22,7 +22,17 @@ from p2pdp.core import components
 ROOT = Path(__file__).resolve().parents[1]
 #: What the ``lint-imports`` command runs (the console script may not be on PATH).
 LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())"
-PACKAGES = ("core", "privacy", "data", "learning", "protocols", "sim", "tasks", "experiments")
+PACKAGES = (
+    "core",
+    "privacy",
+    "data",
+    "learning",
+    "protocols",
+    "sim",
+    "net",
+    "tasks",
+    "experiments",
+)
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess:

@@ -169,6 +169,13 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     )
     where.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://host:8786")
     parser.add_argument(
+        "--runtime",
+        choices=("simulation", "network"),
+        default="simulation",
+        help="simulation (SimPy, default) or network: the peers run as OS processes on this "
+        "machine exchanging real messages over TCP (one-shot protocol, central sampler)",
+    )
+    parser.add_argument(
         "--resume", action="store_true", help="finish an interrupted run of the same scenario"
     )
     parser.add_argument(
@@ -197,12 +204,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 resume=args.resume,
                 force=args.force,
                 progress=sys.stderr,
+                runtime=args.runtime,
             )
         except KeyboardInterrupt as exc:
             name, code = _signal_of(exc)
             again = shlex.join(
                 ["p2pdp", "run", args.scenario, "--out", str(out)]
                 + [word for override in args.overrides for word in ("--set", override)]
+                + (["--runtime", args.runtime] if args.runtime != "simulation" else [])
                 + ["--resume"]
             )
             print(

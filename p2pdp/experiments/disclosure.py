@@ -66,7 +66,9 @@ def seed_laplace_guarantee(config: ScenarioConfig) -> str:
     )
 
 
-def non_private_steps(config: ScenarioConfig, swept: Iterable[str] = ()) -> tuple[str, ...]:
+def non_private_steps(
+    config: ScenarioConfig, swept: Iterable[str] = (), *, runtime: str = "simulation"
+) -> tuple[str, ...]:
     """The steps of ``config`` outside the DP guarantee, one sentence each, in a fixed order.
 
     Parameters
@@ -76,6 +78,8 @@ def non_private_steps(config: ScenarioConfig, swept: Iterable[str] = ()) -> tupl
     swept : iterable of str
         The scenario's swept settings (public names, ``"training.lambda"``): a swept lambda is
         a non-private step even when ``training.lambda_source`` is empty.
+    runtime : "simulation" or "network"
+        The network runtime's curators draw their noise from the seeded stream: listed.
 
     Returns
     -------
@@ -99,6 +103,8 @@ def non_private_steps(config: ScenarioConfig, swept: Iterable[str] = ()) -> tupl
             f"protocol.noise_multiplier = 0: the {config.protocol.name} steps add no noise, so "
             "no privacy at all (privacy.epsilon is not used)"
         )
+    if runtime == "network":
+        steps.append(NETWORK_NOISE)
     if config.protocol.iterative:  # privacy.mechanism is not used: the steps are Gaussian
         return tuple(steps)
     mechanism = config.privacy.mechanism
@@ -169,9 +175,19 @@ def _undeclared(mechanism: str) -> str:
     )
 
 
-def non_private_column(config: ScenarioConfig, swept: Iterable[str] = ()) -> str:
+def non_private_column(
+    config: ScenarioConfig, swept: Iterable[str] = (), *, runtime: str = "simulation"
+) -> str:
     """:func:`non_private_steps` joined by ``"; "`` for the results column (empty if none)."""
-    return "; ".join(non_private_steps(config, swept))
+    return "; ".join(non_private_steps(config, swept, runtime=runtime))
+
+
+#: The network runtime's reproducible noise (p2pdp.net.host), as the disclosure states it.
+NETWORK_NOISE = (
+    "network runtime: each curator draws its noise from the scenario's seeded stream (to "
+    "release what the simulator releases); anyone who knows the seed can remove it, so as "
+    "deployed these releases are not private"
+)
 
 
 def mechanism_warnings(configs: Iterable[ScenarioConfig]) -> list[str]:

@@ -44,10 +44,12 @@ from threadpoolctl import threadpool_limits
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers
+from p2pdp.core.validation import OneOf
 from p2pdp.experiments.disclosure import non_private_column
+from p2pdp.experiments.network import network_hosts
 from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.experiments.scenario import Scenario
-from p2pdp.experiments.simulation import current_phase, simulate
+from p2pdp.experiments.simulation import RUNTIMES, current_phase, simulate
 from p2pdp.tasks import make_task, prepared
 
 Task = tuple["Cell", ...]
@@ -131,7 +133,9 @@ def _training_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
     return list(groups.values())
 
 
-def iter_task(cells: Task, *, training_workers: int = 1) -> Iterator[CellRecord]:
+def iter_task(
+    cells: Task, *, training_workers: int = 1, runtime: str = "simulation"
+) -> Iterator[CellRecord]:
     """Train once for the task's training key, then simulate the cells, yielding each record.
 
     Rows get ``cell_id`` and ``point`` first, then
@@ -140,13 +144,14 @@ def iter_task(cells: Task, *, training_workers: int = 1) -> Iterator[CellRecord]
     single-threaded: on small matrices its threads cost more than they gain (measured 4x
     slower on 2 cores), and parallel workers would oversubscribe the cores.
     ``training_workers`` local processes solve the local models and score the peers
-    (:func:`p2pdp.core.parallel.local_workers`; no result depends on it).
+    (:func:`p2pdp.core.parallel.local_workers`; no result depends on it). ``runtime``: see
+    :func:`~p2pdp.experiments.simulation.simulate`.
     """
     with threadpool_limits(limits=1):  # parallelism comes from workers, not BLAS threads
         with local_workers(training_workers):
             trained, prepare_seconds = _prepare(cells[0])
             for cell in cells:
-                yield _run_cell(cell, trained, prepare_seconds)
+                yield _run_cell(cell, trained, prepare_seconds, runtime=runtime)
 
 
 def run_task(cells: Task) -> list[CellRecord]:
@@ -174,13 +179,22 @@ def _phase() -> str:
     return "data and local models" if _PREPARING[0] else current_phase()
 
 
-def _run_cell(cell: Cell, trained: Any, prepare_seconds: float) -> CellRecord:
+def _run_cell(
+    cell: Cell, trained: Any, prepare_seconds: float, *, runtime: str = "simulation"
+) -> CellRecord:
     """Simulate one cell: its results row, ROC curve and its ``releases``, ``peers``,
-    ``rounds`` and ``network_dp`` tables (a table without rows is not written)."""
+    ``rounds``, ``network_dp`` and ``wire`` tables (a table without rows is not written)."""
     start = time.perf_counter()
-    result = simulate(cell.config, fold=cell.fold, repetition=cell.repetition, trained=trained)
+    result = simulate(
+        cell.config,
+        fold=cell.fold,
+        repetition=cell.repetition,
+        trained=trained,
+        runtime=runtime,
+    )
     row: dict[str, Any] = {"cell_id": cell.cell_id, "point": cell.point, **result.row()}
-    row["non_private_steps"] = non_private_column(cell.config)  # p2pdp.experiments.disclosure
+    # p2pdp.experiments.disclosure
+    row["non_private_steps"] = non_private_column(cell.config, runtime=runtime)
     row.update(wall_prepare_s=prepare_seconds, wall_cell_s=time.perf_counter() - start)
     curve = result.evaluation.roc() if hasattr(result.evaluation, "roc") else None
     return CellRecord(
@@ -192,6 +206,7 @@ def _run_cell(cell: Cell, trained: Any, prepare_seconds: float) -> CellRecord:
             "peers": result.peer_table(),
             "rounds": result.round_rows(),
             "network_dp": result.network_dp_rows(),
+            "wire": result.wire_rows(),
         },
     )
 
@@ -205,6 +220,7 @@ def run_experiment(
     resume: bool = False,
     force: bool = False,
     progress: TextIO | None = None,
+    runtime: str = "simulation",
 ) -> RunSummary:
     """Run every cell of ``scenario`` not yet in ``out`` and store the results there.
 
@@ -230,6 +246,10 @@ def run_experiment(
     progress : text stream, optional
         Where to report progress (a bar on a TTY, log lines otherwise), at least every
         :data:`PROGRESS_INTERVAL_S` seconds; None is silent.
+    runtime : "simulation" or "network"
+        ``network``: every cell runs its peers as OS processes over TCP on this machine
+        (:mod:`p2pdp.net`), one cell at a time (its host processes use the cores; ``jobs``
+        is then unused); not with ``scheduler``.
 
     Raises
     ------
@@ -238,11 +258,20 @@ def run_experiment(
         in use (:class:`~p2pdp.experiments.results.FolderInUseError`) or does not match.
     """
     started = time.perf_counter()
+    OneOf(RUNTIMES).check("runtime", runtime)
+    if runtime == "network" and scheduler is not None:
+        raise ConfigError(
+            "--runtime network runs the peers as processes on this machine; it does not "
+            f"take --scheduler (got {scheduler!r})"
+        )
     cells = make_cells(scenario)
     client = _connect(scheduler) if scheduler is not None else None
     try:
         workers = _worker_count(jobs, client)
         backend = f"dask {scheduler}" if client else f"{workers} local process(es)"
+        if runtime == "network":
+            hosts = network_hosts(scenario.config.partition.n_peers)
+            backend = f"network runtime: {hosts} host processes per cell, over TCP"
         with ResultsStore.open(
             out,
             scenario,
@@ -264,6 +293,8 @@ def run_experiment(
             outcomes: _WorkerPool | Generator[CellRecord, None, None]
             if client is not None:
                 outcomes = _run_dask(pending, client)
+            elif runtime == "network":  # one cell at a time: its host processes use the cores
+                outcomes = _run_in_process(plan_tasks(pending, workers=1), runtime=runtime)
             else:
                 tasks = plan_tasks(pending, workers=workers)
                 if workers > 1 and len(tasks) > 1:
@@ -308,10 +339,10 @@ def _worker_count(jobs: int | None, client: Any) -> int:
 
 
 def _run_in_process(
-    tasks: Sequence[Task], *, training_workers: int = 1
+    tasks: Sequence[Task], *, training_workers: int = 1, runtime: str = "simulation"
 ) -> Generator[CellRecord, None, None]:
     for task in tasks:
-        yield from iter_task(task, training_workers=training_workers)
+        yield from iter_task(task, training_workers=training_workers, runtime=runtime)
 
 
 _RECORDS: Any = None  # in a worker process: the queue its records go to

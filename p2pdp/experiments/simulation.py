@@ -14,7 +14,6 @@ import math
 import os
 import time
 import tracemalloc
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,14 +21,11 @@ from typing import Any
 import numpy as np
 
 from p2pdp.config import ScenarioConfig, flat_settings
-from p2pdp.core.boundary import calling
-from p2pdp.core.errors import ConfigError, PrivacyWarning
+from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
-from p2pdp.core.validation import IntAtLeast
+from p2pdp.core.validation import IntAtLeast, OneOf
 from p2pdp.experiments.scenario import config_of
 from p2pdp.privacy.accounting import composed, make_accountant, supports
-from p2pdp.privacy.mechanisms import checked, make_mechanism, mechanism_class
-from p2pdp.privacy.release import Releaser
 from p2pdp.protocols import ITERATIVE_COLUMNS
 from p2pdp.sim.world import World, WorldObserver
 from p2pdp.tasks import (
@@ -38,6 +34,7 @@ from p2pdp.tasks import (
     evaluated,
     make_task,
     prepared,
+    release_path,
     sensitivity_of,
     task_statistics,
 )
@@ -101,6 +98,7 @@ class RunResult:
     protocol_columns: dict[str, Any] = field(default_factory=lambda: dict(ITERATIVE_COLUMNS))
     rounds: list[dict[str, Any]] = field(default_factory=list)
     network_dp: list[dict[str, Any]] = field(default_factory=list)
+    wire: list[dict[str, Any]] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         """Flat results row: every config setting, the seed, and the scalar metrics."""
@@ -151,6 +149,13 @@ class RunResult:
         return [
             {"fold": self.fold, "repetition": self.repetition, **row} for row in self.network_dp
         ]
+
+    def wire_rows(self) -> list[dict[str, Any]]:
+        """The ``wire`` table (network runtime; empty for simulated runs): per message kind,
+        the ``frames`` sent and their ``wire_bytes`` (measured, framing included); the kind
+        ``refused`` counts frames and connections the receivers refused (malformed, oversize,
+        out of protocol)."""
+        return [{"fold": self.fold, "repetition": self.repetition, **row} for row in self.wire]
 
     def release_rows(self) -> list[dict[str, Any]]:
         """The ``releases`` table of this run: one row per release, in release order.
@@ -239,6 +244,10 @@ class ReleaseLog(WorldObserver):
         )
 
 
+#: Where a one-shot run happens: the SimPy world, or real processes over TCP (p2pdp.net).
+RUNTIMES = ("simulation", "network")
+
+
 @_clears_phase
 def simulate(
     config: ScenarioConfig | str | os.PathLike[str] | Mapping[str, Any],
@@ -248,6 +257,7 @@ def simulate(
     trained: Any = None,
     track_memory: bool = False,
     observers: tuple[WorldObserver, ...] = (),
+    runtime: str = "simulation",
 ) -> RunResult:
     """Simulate fold ``fold`` of ``config`` (its ``sweep`` is ignored) and evaluate it.
 
@@ -270,8 +280,13 @@ def simulate(
         Measure peak Python/numpy memory with :mod:`tracemalloc` (slower; for benchmarks).
     observers : tuple of WorldObserver
         Extra observers of the world (a release log is always attached).
+    runtime : "simulation" or "network"
+        ``network``: the peers run as OS processes exchanging real messages over TCP
+        (:mod:`p2pdp.net`; one-shot protocol, central sampler); the rows are the simulator's
+        up to the timing columns (``sim_time`` is then wall seconds).
     """
     config = config_of(config)
+    OneOf(RUNTIMES).check("runtime", runtime)
     IntAtLeast(0).check("fold", fold)
     IntAtLeast(0).check("repetition", repetition)
     if config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds:
@@ -295,50 +310,31 @@ def simulate(
 
     start = time.perf_counter()
     _PHASE[0] = "simulation"
-    privacy = config.privacy
-    with warnings.catch_warnings():
-        if privacy.mechanism in ("none", "seed-laplace"):  # chosen explicitly in the config
-            warnings.simplefilter("ignore", PrivacyWarning)
-        mechanism_cls = mechanism_class(privacy.mechanism)
-        if hasattr(mechanism_cls, "from_config"):  # calibrated by settings beyond [privacy]
-            with calling("mechanism", mechanism_cls, "from_config"):
-                mechanism = mechanism_cls.from_config(config)
-        else:
-            mechanism = make_mechanism(
-                privacy.mechanism,
-                epsilon=privacy.step_epsilon,
-                delta=privacy.delta_per_aggregation if privacy.approximate else None,
-            )
-    if getattr(mechanism, "local", False) and not getattr(task, "locally_private", False):
-        raise ConfigError(
-            f"privacy.mechanism = {privacy.mechanism!r} declares privacy applied locally, but "
-            f"task {config.task.name!r} shares exact statistics (it does not declare "
-            "locally_private): the claim would be false"
-        )
     dim = statistics.shape[-1]  # (P, d), or (P, R, d): a fresh statistic per release
-    mechanism = checked(mechanism, dim)
-    rngs = {
-        name: generator(config.seed, name, fold, repetition)
-        for name in ("protocol", "network", "noise", "shares")
-    }
-    releaser = Releaser(
-        mechanism,
-        dim,
-        aggregate=task.aggregate,
-        secure=privacy.secure_aggregation,
-        noise_rng=rngs["noise"],
-        share_rng=rngs["shares"],
-    )
+    mechanism, releaser, rngs = release_path(config, task, dim, fold=fold, repetition=repetition)
     log = ReleaseLog()
-    world = World(
-        config,
-        statistics,
-        sizes,
-        releaser=releaser,
-        sensitivity=sensitivity_of(task),
-        rngs=rngs,
-        observers=(log, *observers),
-    )
+    if runtime == "network":
+        from p2pdp.experiments.network import network_world
+
+        world: Any = network_world(
+            config,
+            releaser,
+            statistics,
+            rngs=rngs,
+            fold=fold,
+            repetition=repetition,
+            observers=(log, *observers),
+        )
+    else:
+        world = World(
+            config,
+            statistics,
+            sizes,
+            releaser=releaser,
+            sensitivity=sensitivity_of(task),
+            rngs=rngs,
+            observers=(log, *observers),
+        )
     world.run()
     wall["simulation"] = time.perf_counter() - start
 
@@ -387,6 +383,7 @@ def simulate(
         wall_times=wall,
         peak_memory_mb=peak_mb,
         affordable_aggregations=int(world.ledger.max_aggregations),
+        wire=getattr(world, "wire_rows", list)(),
     )
 
 

@@ -113,6 +113,25 @@ class NoiseStream:
             self._unit = list(self._sample(1.0, self._BATCH)[::-1])
         return sensitivity * self._unit.pop()
 
+    def skip(self, n: int) -> None:
+        """Discard the next ``n`` draws: a replica of the run's stream held by one curator
+        moves to the draw of the release it makes (:mod:`p2pdp.net.host`).
+
+        Only for scale families: another mechanism's draws may depend on the sensitivities
+        of the releases skipped, which this replica does not know.
+        """
+        if n < 0:
+            raise ValueError(f"cannot skip {n} draws: the stream only moves forward")
+        if n and not getattr(self.mechanism, "scale_family", False):
+            raise ConfigError(
+                f"mechanism {getattr(self.mechanism, 'name', self.mechanism)!r} is not a scale "
+                "family: a curator cannot reproduce the run's noise stream (network runtime)"
+            )
+        for _ in range(n):
+            if not self._unit:
+                self._unit = list(self._sample(1.0, self._BATCH)[::-1])
+            self._unit.pop()
+
     def _sample(self, sensitivity: float, size: int | None) -> np.ndarray:
         """The mechanism's noise, checked: numbers, finite, of shape (dim,) or (size, dim)."""
         with calling("mechanism", self.mechanism, "sample"):

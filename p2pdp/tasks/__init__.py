@@ -19,6 +19,7 @@ import string ``package.module:Class``; the class is called with the ScenarioCon
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -34,9 +35,12 @@ from p2pdp.core.boundary import (
     is_builtin,
     problem,
 )
-from p2pdp.privacy.release import Aggregate, ReleaseRecord
+from p2pdp.core.errors import ConfigError, PrivacyWarning
+from p2pdp.core.rng import generator
+from p2pdp.privacy.mechanisms import checked, make_mechanism, mechanism_class
+from p2pdp.privacy.release import Aggregate, Releaser, ReleaseRecord
 
-__all__ = ["Evaluation", "Outcome", "Task", "make_task", "received_releases"]
+__all__ = ["Evaluation", "Outcome", "Task", "make_task", "received_releases", "release_path"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,3 +197,45 @@ def received_releases(outcome: Outcome, n_peers: int) -> tuple[list[int], list[t
     ):
         extra[peer].append(index)
     return shared, [tuple(sorted(set(indices))) for indices in extra]
+
+
+def release_path(
+    config: ScenarioConfig, task: Any, dim: int, *, fold: int, repetition: int
+) -> tuple[Any, Releaser, dict[str, np.random.Generator]]:
+    """The run's mechanism (calibrated, checked), its Releaser and its named random streams
+    (``protocol``, ``network``, ``noise``, ``shares``): the same for the simulator and for
+    every process of the network runtime."""
+    privacy = config.privacy
+    with warnings.catch_warnings():
+        if privacy.mechanism in ("none", "seed-laplace"):  # chosen explicitly in the config
+            warnings.simplefilter("ignore", PrivacyWarning)
+        mechanism_cls = mechanism_class(privacy.mechanism)
+        if hasattr(mechanism_cls, "from_config"):  # calibrated by settings beyond [privacy]
+            with calling("mechanism", mechanism_cls, "from_config"):
+                mechanism = mechanism_cls.from_config(config)
+        else:
+            mechanism = make_mechanism(
+                privacy.mechanism,
+                epsilon=privacy.step_epsilon,
+                delta=privacy.delta_per_aggregation if privacy.approximate else None,
+            )
+    if getattr(mechanism, "local", False) and not getattr(task, "locally_private", False):
+        raise ConfigError(
+            f"privacy.mechanism = {privacy.mechanism!r} declares privacy applied locally, but "
+            f"task {config.task.name!r} shares exact statistics (it does not declare "
+            "locally_private): the claim would be false"
+        )
+    mechanism = checked(mechanism, dim)
+    rngs = {
+        name: generator(config.seed, name, fold, repetition)
+        for name in ("protocol", "network", "noise", "shares")
+    }
+    releaser = Releaser(
+        mechanism,
+        dim,
+        aggregate=task.aggregate,
+        secure=privacy.secure_aggregation,
+        noise_rng=rngs["noise"],
+        share_rng=rngs["shares"],
+    )
+    return mechanism, releaser, rngs

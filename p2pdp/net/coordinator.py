@@ -1,0 +1,402 @@
+"""The coordinator of a network run: the central sampler, over TCP, and the run's bookkeeping.
+
+:class:`NetworkWorld` is the network runtime's counterpart of :class:`p2pdp.sim.world.World`:
+after :meth:`NetworkWorld.run` it holds the same outputs (published models, receipts,
+release records, the budget ledger, message counters), so the experiment code scores a
+network run exactly as it scores a simulated one.
+
+The run: start the host processes (:mod:`p2pdp.net.host`), learn every peer's port, send
+everyone the directory; then, one group at a time (the seed's sequential GroupAgent), draw the
+group from the pool of idle solvent peers with the simulator's
+:class:`~p2pdp.protocols.groups.GroupPool` and the same protocol stream, send each member an
+``ASSIGN`` frame, and wait for the curator's ``DONE`` report (at most
+``groups.collect_timeout`` seconds of wall time: else the group is aborted and nobody is
+charged). A reported release charges every member (the ledger is the coordinator's: membership
+is public) and its solvent members return to the pool. At the end every host reports what it
+sent and received (``STATS``).
+
+What the coordinator sees: the groups it formed, the released models and their public records
+(sensitivity, noise scale; ``noise_norm`` is analysis-only, as in the simulator). It never sees
+a statistic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from p2pdp.config import ScenarioConfig
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.rng import Uniforms
+from p2pdp.net.host import DIRECTORY, DONE, FINISH, HELLO, STATS, HostSettings
+from p2pdp.net.wire import ProtocolError, encode, read_frame, unpack_vector
+from p2pdp.privacy.accounting import BudgetLedger
+from p2pdp.privacy.release import ReleaseRecord
+from p2pdp.protocols.groups import ASSIGN, SAMPLER, Group, GroupPool
+
+__all__ = ["NetworkWorld", "check_supported"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a host may take to start, prepare its peers' data and open their sockets.
+STARTUP_TIMEOUT = 300.0
+
+
+def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: bool) -> None:
+    """ConfigError naming the first setting the network runtime does not run yet."""
+    groups = config.groups
+    refusals = [
+        (groups.sampler != "central", "groups.sampler", groups.sampler, "'central'"),
+        (
+            groups.max_concurrent_groups != 1,
+            "groups.max_concurrent_groups",
+            groups.max_concurrent_groups,
+            "1 (one group at a time)",
+        ),
+        (
+            config.privacy.secure_aggregation,
+            "privacy.secure_aggregation",
+            True,
+            "false (secure aggregation's payloads do not travel yet)",
+        ),
+        (
+            config.training.seconds_per_row > 0,
+            "training.seconds_per_row",
+            config.training.seconds_per_row,
+            "0 (peers train before the run)",
+        ),
+        (
+            not scale_family,
+            "privacy.mechanism",
+            config.privacy.mechanism,
+            "a scale family (its curators replay the run's noise stream)",
+        ),
+        (per_release, "privacy.mechanism", config.privacy.mechanism, "one statistic per peer"),
+    ]
+    for refused, key, value, supported in refusals:
+        if refused:
+            raise ConfigError(
+                f"{key} = {value!r} is not supported by the network runtime yet; it runs "
+                f"{supported}"
+            )
+
+
+@dataclass
+class _Monitor:
+    """The completion monitor's counts (as :class:`p2pdp.sim.world.CompletionMonitor`)."""
+
+    aggregations: int = 0
+    aborted: int = 0
+    end_time: float = 0.0
+    stop_reason: str = ""
+
+
+@dataclass
+class _Counters:
+    """Messages as the simulator counts them (attribute names of its Transport)."""
+
+    messages_sent: np.ndarray
+    bytes_sent: np.ndarray
+    control_messages: int = 0
+    messages_lost: int = 0
+
+
+class _Clock:
+    """``now``: wall seconds since the run began (observers read ``world.env.now``)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    @property
+    def now(self) -> float:
+        return time.perf_counter() - self.start
+
+
+@dataclass
+class WireStats:
+    """What travelled on the wire, measured: frames and bytes per message kind (every
+    sender: coordinator, peers, reports), frames refused per reason, wall seconds."""
+
+    frames: Counter = field(default_factory=Counter)
+    bytes: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def add(self, kind: str, n_bytes: int) -> None:
+        self.frames[kind] += 1
+        self.bytes[kind] += n_bytes
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per kind: ``kind``, ``frames``, ``wire_bytes``; then ``refused``."""
+        rows = [
+            {"kind": kind, "frames": self.frames[kind], "wire_bytes": self.bytes[kind]}
+            for kind in sorted(self.frames)
+        ]
+        rows.append({"kind": "refused", "frames": sum(self.refused.values()), "wire_bytes": 0})
+        return rows
+
+
+class NetworkWorld:
+    """One run of the one-shot protocol between host processes; World's outputs after run().
+
+    Parameters
+    ----------
+    config : ScenarioConfig
+    n_peers, dim : int
+        P and the length of a statistic.
+    ledger : BudgetLedger
+        The run's ledger (built as the simulator builds it).
+    rngs : dict
+        ``"protocol"``: the stream of groups and curators (the simulator's).
+    launch : callable
+        ``launch(host_index, port) -> process`` starts host ``host_index`` (of ``hosts``),
+        which connects to the coordinator at ``127.0.0.1:port``; the process needs ``join``,
+        ``is_alive`` and ``kill``.
+    hosts : int
+        Host processes (peers are split evenly among them).
+    settings : HostSettings
+    observers : sequence
+        :class:`~p2pdp.sim.world.WorldObserver`-like: told of groups started, released,
+        aborted.
+    """
+
+    def __init__(
+        self,
+        config: ScenarioConfig,
+        *,
+        n_peers: int,
+        dim: int,
+        ledger: BudgetLedger,
+        rngs: dict[str, np.random.Generator],
+        launch: Callable[[int, int], Any],
+        hosts: int,
+        settings: HostSettings,
+        observers: Sequence[Any] = (),
+    ) -> None:
+        self.config = config
+        self.n_peers, self.dim = n_peers, dim
+        self.ledger = ledger
+        self.launch = launch
+        self.n_hosts = hosts
+        self.settings = settings
+        self.observers = tuple(observers)
+        self.pool = GroupPool(Uniforms(rngs["protocol"]).draw)
+        self.env = _Clock()
+        self.monitor = _Monitor()
+        self.transport = _Counters(
+            messages_sent=np.zeros(n_peers, dtype=np.int64),
+            bytes_sent=np.zeros(n_peers, dtype=np.int64),
+        )
+        self.wire = WireStats()
+        self.published: list[np.ndarray] = []
+        self.shared: list[bool] = []
+        self.releases: list[ReleaseRecord] = []
+        self.release_members: list[np.ndarray] = []
+        self.curators: list[int] = []
+        self.receipts: list[tuple[int, int]] = []
+        self.ports: list[int] = []
+        self.processes: list[Any] = []
+        self._hosts: dict[int, asyncio.StreamWriter] = {}
+        self._hello = asyncio.Event()
+        self._stats: dict[int, dict[str, Any]] = {}
+        self._all_stats = asyncio.Event()
+        self._done: dict[int, asyncio.Future] = {}
+        self._writers: dict[int, asyncio.StreamWriter] = {}
+
+    def wire_rows(self) -> list[dict[str, Any]]:
+        """What travelled on the wire (the ``wire`` table of the run)."""
+        return self.wire.rows()
+
+    def run(self) -> None:
+        """Run until no group can form; every host reported and exited (or was killed)."""
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        # asyncio objects belong to the loop that runs them: create them inside it
+        self._hello, self._all_stats = asyncio.Event(), asyncio.Event()
+        server = await asyncio.start_server(self._control, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            self.processes = [self.launch(i, port) for i in range(self.n_hosts)]
+            await self._wait(self._hello, STARTUP_TIMEOUT, "every host to start")
+            directory = encode({"kind": DIRECTORY, "ports": self.ports})
+            for writer in self._hosts.values():
+                writer.write(directory)
+                self.wire.add(DIRECTORY, len(directory))
+            self.env = _Clock()
+            await self._groups()
+            self.monitor.end_time = self.env.now
+            await self._finish()
+        finally:
+            server.close()
+            for writer in [*self._writers.values(), *self._hosts.values()]:
+                writer.close()
+            self._stop_processes()
+
+    async def _wait(self, event: asyncio.Event, timeout: float, what: str) -> None:
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            dead = [i for i, p in enumerate(self.processes) if not p.is_alive()]
+            raise RuntimeError(
+                f"network runtime: waited {timeout:.0f} s for {what}; host processes "
+                f"{dead or 'none'} exited"
+            ) from None
+
+    def _stop_processes(self) -> None:
+        for process in self.processes:
+            process.join(timeout=self.settings.timeout)
+            if process.is_alive():
+                log.warning("host process %s did not exit: killed", process)
+                process.kill()
+                process.join()
+
+    # -- control connections (one per host) ---------------------------------------------------
+    async def _control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        settings = self.settings
+        try:
+            while True:
+                message = await read_frame(
+                    reader, timeout=settings.timeout, idle=settings.idle_timeout
+                )
+                if message is None:
+                    return
+                kind = message["kind"]
+                if kind == HELLO:
+                    host = int(message["host"])
+                    self._hosts[host] = writer
+                    if not self.ports:
+                        self.ports = [0] * self.n_peers
+                    for peer, peer_port in message["ports"]:
+                        self.ports[int(peer)] = int(peer_port)
+                    if len(self._hosts) == self.n_hosts:
+                        self._hello.set()
+                elif kind == DONE:
+                    future = self._done.get(int(message["group"]))
+                    if future is not None and not future.done():
+                        future.set_result(message)
+                elif kind == STATS:
+                    self._stats[int(message["host"])] = message
+                    if len(self._stats) == self.n_hosts:
+                        self._all_stats.set()
+                else:
+                    raise ProtocolError(f"unknown control kind {kind!r}")
+        except (ProtocolError, TimeoutError, ConnectionError, KeyError, ValueError) as error:
+            self.wire.refused[type(error).__name__] += 1
+            log.warning("coordinator: refused a control connection: %s", error)
+        except asyncio.CancelledError:  # the run is over
+            pass
+
+    async def _send(self, peer: int, message: dict[str, Any]) -> None:
+        if peer not in self._writers:
+            _, self._writers[peer] = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", self.ports[peer]), self.settings.timeout
+            )
+        frame = encode(message)
+        self.wire.add(message["kind"], len(frame))
+        writer = self._writers[peer]
+        writer.write(frame)
+        await asyncio.wait_for(writer.drain(), self.settings.timeout)
+
+    # -- the sampler -------------------------------------------------------------------------
+    async def _groups(self) -> None:
+        """The seed's GroupAgent, one group at a time (as CentralSampler with one group in
+        flight; the same draws in the same order)."""
+        config = self.config
+        g = config.groups.group_size
+        max_failed = config.groups.max_failed_attempts
+        full = config.publication.mode == "full"
+        if self.ledger.max_aggregations:
+            self.pool.add(list(range(self.n_peers)))
+        failed = 0
+        next_group = 0
+        loop = asyncio.get_running_loop()
+        while len(self.pool) >= g and failed < max_failed:
+            members, curator = self.pool.draw(g)
+            group = Group(next_group, members, curator, started=self.env.now)
+            next_group += 1
+            for observer in self.observers:
+                observer.group_started(self, group)
+            future = self._done[group.group_id] = loop.create_future()
+            assign = {
+                "kind": ASSIGN,
+                "sender": SAMPLER,
+                "group": group.group_id,
+                "members": members.tolist(),
+                "curator": curator,
+                "release": len(self.published),  # the curator's draw of the noise stream
+            }
+            for member in members.tolist():
+                await self._send(member, assign)
+            self.transport.control_messages += g
+            try:
+                report = await asyncio.wait_for(future, config.groups.collect_timeout)
+            except TimeoutError:
+                failed += 1
+                self.monitor.aborted += 1
+                for observer in self.observers:
+                    observer.aborted(self, group, "collect timeout")
+            else:
+                failed = 0
+                self._released(group, report, full=full)
+            finally:
+                del self._done[group.group_id]
+            solvent = self.ledger.can_afford(members)
+            self.pool.add(members[solvent].tolist())
+        self.monitor.stop_reason = (
+            f"{max_failed} aggregations in a row failed"
+            if failed >= max_failed
+            else f"fewer than {g} peers can afford another aggregation"
+        )
+
+    def _released(self, group: Group, report: dict[str, Any], *, full: bool) -> None:
+        """The curator released: charge the members, keep the release and its record."""
+        self.ledger.check(group.members)
+        self.ledger.spend(group.members)
+        record = ReleaseRecord(**report["record"])
+        self.releases.append(record)
+        self.release_members.append(group.members.copy())
+        self.curators.append(group.curator)
+        for observer in self.observers:
+            observer.released(self, group, record)
+        self.published.append(unpack_vector(report["model"], shape=(self.dim,)))
+        self.shared.append(full)  # every peer is online: a full publication reaches everyone
+        self.monitor.aggregations += 1
+
+    # -- the end -----------------------------------------------------------------------------
+    async def _finish(self) -> None:
+        """Tell every host the run is over and how many publications its peers must have
+        received; gather what each sent and received."""
+        host_of = np.empty(self.n_peers, dtype=np.int64)
+        for host, peers in enumerate(np.array_split(np.arange(self.n_peers), self.n_hosts)):
+            host_of[peers] = host
+        expected = np.zeros(self.n_hosts, dtype=np.int64)
+        full = self.config.publication.mode == "full"
+        for members, curator in zip(self.release_members, self.curators, strict=True):
+            receivers = np.arange(self.n_peers) if full else members
+            np.add.at(expected, host_of[receivers], 1)
+            expected[host_of[curator]] -= 1  # the curator holds its release
+        for host, writer in self._hosts.items():
+            frame = encode({"kind": FINISH, "publications": int(expected[host])})
+            writer.write(frame)
+            self.wire.add(FINISH, len(frame))
+        await self._wait(self._all_stats, self.settings.timeout * 3, "every host's report")
+        for stats in self._stats.values():
+            for peer, messages, n_bytes in stats["sent"]:
+                self.transport.messages_sent[int(peer)] += int(messages)
+                self.transport.bytes_sent[int(peer)] += int(n_bytes)
+            for kind, (frames, n_bytes) in stats["wire"].items():
+                self.wire.frames[kind] += int(frames)
+                self.wire.bytes[kind] += int(n_bytes)
+            for reason, count in stats["refused"].items():
+                self.wire.refused[reason] += int(count)
+            if not full:
+                self.receipts.extend((int(p), int(i)) for p, i in stats["receipts"])
+        self.wire.seconds = self.env.now

@@ -1,0 +1,396 @@
+"""Peers as real network endpoints: one OS process hosts several peers, each on its own socket.
+
+A :class:`PeerHost` runs the member and curator sides of the one-shot protocol
+(:class:`p2pdp.protocols.groups.Group`, the state machine the SimPy world drives) over TCP on
+this machine: every peer listens on its own port, every message is a msgpack frame
+(:mod:`p2pdp.net.wire`) written to the receiver's socket, and every wait has a timeout. The
+coordinator (:mod:`p2pdp.net.coordinator`) assigns groups; the host only ever reads its own
+peers' statistics, and a curator only what its members send it.
+
+What a curator does with a complete group, in order: its own statistic first, then the
+others' in the group's member order (the order the simulator's curator receives them under a
+constant latency, so both aggregate the same rows in the same order); the task's sensitivity
+of their shard sizes; the noisy release through the run's :class:`~p2pdp.privacy.release.
+Releaser`; publication to the members (``group``) or to every other peer (``full``); a
+``DONE`` report with the release and its public record to the coordinator.
+
+NOT PRIVATE AS DEPLOYED: a curator draws its noise from the run's seeded stream
+(:meth:`NoiseStream.skip <p2pdp.privacy.release.NoiseStream.skip>` to the release's index),
+so that a network run releases exactly what the simulator releases. Anyone who knows the
+scenario's seed can subtract that noise; a deployment would draw it from the operating
+system's CSPRNG instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
+from p2pdp.privacy.release import Releaser
+from p2pdp.protocols.groups import (
+    ASSIGN,
+    HEADER_BYTES,
+    PUBLISH,
+    SAMPLER,
+    SUBMIT,
+    Group,
+    Send,
+    model_bytes,
+)
+
+__all__ = ["HostSettings", "PeerHost", "serve"]
+
+log = logging.getLogger(__name__)
+
+# Control kinds between a host and the coordinator (peer-protocol kinds: p2pdp.protocols.groups)
+HELLO, DIRECTORY, DONE, FINISH, STATS = "hello", "directory", "done", "finish", "stats"
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """What a host needs to know about the run (the same for every host).
+
+    Attributes
+    ----------
+    n_peers : int
+        P; peers are numbered 0 .. P-1.
+    full_publication : bool
+        ``publication.mode == "full"``: a curator sends the release to every other peer.
+    timeout : float
+        Seconds any wait for a frame's body, a connection or a report may take.
+    idle_timeout : float
+        Seconds a connection may stay silent between frames (the run's longest pause).
+    """
+
+    n_peers: int
+    full_publication: bool
+    timeout: float = 10.0
+    idle_timeout: float = 600.0
+
+
+@dataclass
+class _Counters:
+    """What this host's peers sent and received (by the simulator's definitions, and on the
+    wire)."""
+
+    messages: np.ndarray  # (P,) protocol messages sent per peer, as the simulator counts them
+    bytes: np.ndarray  # (P,) simulated bytes (model_bytes per model message)
+    wire: Counter = field(default_factory=Counter)  # kind -> frames sent
+    wire_bytes: Counter = field(default_factory=Counter)  # kind -> bytes sent on the wire
+    publications_received: int = 0
+    refused: Counter = field(default_factory=Counter)  # reason -> frames refused
+
+
+class PeerHost:
+    """Several peers of one run in this process, each listening on its own TCP port.
+
+    Parameters
+    ----------
+    peers : (k,) int array
+        The peers this host runs.
+    statistics : (k, d) array
+        Their statistics (row i is peer ``peers[i]``'s), read by nothing but that peer.
+    sizes : (k,) int array
+        Their shard sizes.
+    releaser : Releaser
+        The run's release path; its noise stream is the run's (see the module docstring).
+    sensitivity : callable
+        ``sensitivity(sizes) -> float``, the task's.
+    settings : HostSettings
+    report : callable
+        ``report(message)`` sends a control frame to the coordinator (``DONE``).
+    """
+
+    def __init__(
+        self,
+        peers: np.ndarray,
+        statistics: np.ndarray,
+        sizes: np.ndarray,
+        *,
+        releaser: Releaser,
+        sensitivity: Callable[[list[int]], float],
+        settings: HostSettings,
+        report: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.peers = [int(p) for p in peers]
+        self.row = {peer: i for i, peer in enumerate(self.peers)}
+        self.statistics = statistics
+        self.sizes = [int(s) for s in sizes]
+        self.releaser = releaser
+        self.sensitivity = sensitivity
+        self.settings = settings
+        self.report = report
+        self.dim = statistics.shape[-1]
+        self.model_bytes = model_bytes(self.dim)
+        self.ports: list[int] = []  # every peer's port, once the coordinator sent them
+        self.servers: list[asyncio.base_events.Server] = []
+        self.counters = _Counters(
+            messages=np.zeros(settings.n_peers, dtype=np.int64),
+            bytes=np.zeros(settings.n_peers, dtype=np.int64),
+        )
+        self.receipts: list[tuple[int, int]] = []
+        self.groups: dict[int, tuple[Group, dict[int, np.ndarray]]] = {}  # as curator
+        self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
+        self.noise_position = 0  # draws of the run's noise stream consumed or skipped here
+        self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._pending: list[asyncio.Future] = []  # frames being written
+        self._connecting: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    # -- sockets -----------------------------------------------------------------------------
+    async def listen(self, address: str = "127.0.0.1") -> dict[int, int]:
+        """Open one listening socket per peer; returns ``{peer: port}``."""
+        ports = {}
+        for peer in self.peers:
+            server = await asyncio.start_server(functools.partial(self._serve, peer), address, 0)
+            self.servers.append(server)
+            ports[peer] = server.sockets[0].getsockname()[1]
+        return ports
+
+    async def _serve(
+        self, peer: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Read frames addressed to ``peer`` until the connection closes; a bad frame is
+        logged and closes this connection only."""
+        try:
+            while True:
+                message = await read_frame(
+                    reader, timeout=self.settings.timeout, idle=self.settings.idle_timeout
+                )
+                if message is None:
+                    return
+                self.handle(peer, message)
+        except (ProtocolError, TimeoutError, ConnectionError) as error:
+            self.counters.refused[type(error).__name__] += 1
+            log.warning("peer %d: refused a connection: %s", peer, error)
+        except asyncio.CancelledError:  # the host is shutting down
+            pass
+        finally:
+            writer.close()
+
+    async def _writer(self, receiver: int) -> asyncio.StreamWriter:
+        if receiver not in self._writers:
+            async with self._connecting[receiver]:  # one connection per receiver
+                if receiver not in self._writers:
+                    _, self._writers[receiver] = await asyncio.wait_for(
+                        asyncio.open_connection("127.0.0.1", self.ports[receiver]),
+                        self.settings.timeout,
+                    )
+        return self._writers[receiver]
+
+    def send(self, send: Send, group: int, **fields: Any) -> None:
+        """Send one protocol message (counted now; written in the background, in order per
+        receiver)."""
+        frame = encode({"kind": send.kind, "sender": send.sender, "group": group, **fields})
+        counters = self.counters
+        counters.messages[send.sender] += 1
+        counters.bytes[send.sender] += self.model_bytes if send.kind != ASSIGN else HEADER_BYTES
+        counters.wire[send.kind] += 1
+        counters.wire_bytes[send.kind] += len(frame)
+        self._pending.append(asyncio.ensure_future(self._write(send.receiver, frame)))
+
+    async def _write(self, receiver: int, frame: bytes) -> None:
+        writer = await self._writer(receiver)
+        writer.write(frame)
+        await asyncio.wait_for(writer.drain(), self.settings.timeout)
+
+    async def flush(self) -> None:
+        """Wait until every frame sent so far is written."""
+        while self._pending:
+            pending, self._pending = self._pending, []
+            await asyncio.gather(*pending)
+
+    async def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        for writer in self._writers.values():
+            writer.close()
+
+    def stats(self, host_index: int) -> dict[str, Any]:
+        """The ``STATS`` report of this host."""
+        counters = self.counters
+        sent = np.flatnonzero(counters.messages)
+        return {
+            "kind": STATS,
+            "host": host_index,
+            "sent": [[int(p), int(counters.messages[p]), int(counters.bytes[p])] for p in sent],
+            "wire": {k: [counters.wire[k], counters.wire_bytes[k]] for k in counters.wire},
+            "refused": dict(counters.refused),
+            "receipts": [list(pair) for pair in self.receipts],
+        }
+
+    # -- the protocol ------------------------------------------------------------------------
+    def handle(self, peer: int, message: dict[str, Any]) -> None:
+        """One frame addressed to ``peer``, already known to be a map with a kind."""
+        kind = message["kind"]
+        try:
+            if kind == ASSIGN:
+                self._on_assign(peer, message)
+            elif kind == SUBMIT:
+                self._on_submit(peer, message)
+            elif kind == PUBLISH:
+                self.receipts.append((peer, int(message["index"])))
+                self.counters.publications_received += 1
+            else:
+                raise ProtocolError(f"unknown kind {kind!r}")
+        except (KeyError, TypeError, ValueError, ProtocolError) as error:
+            self.counters.refused[kind] += 1
+            log.warning("peer %d: refused a %r frame: %s", peer, kind, error)
+
+    def _group(self, message: dict[str, Any]) -> Group:
+        members = np.array([int(m) for m in message["members"]], dtype=np.int64)
+        curator = int(message["curator"])
+        if curator not in members.tolist() or len(set(members.tolist())) != members.size:
+            raise ProtocolError(f"bad group {members.tolist()} with curator {curator}")
+        return Group(int(message["group"]), members, curator)
+
+    def _on_assign(self, peer: int, message: dict[str, Any]) -> None:
+        if int(message["sender"]) != SAMPLER:
+            raise ProtocolError("an assignment must come from the coordinator")
+        group = self._group(message)
+        if peer not in group.members.tolist():
+            raise ProtocolError(f"assigned to group {group.group_id} without being a member")
+        if peer == group.curator:
+            group, _ = self.groups.setdefault(group.group_id, (group, {}))
+            self.release_index[group.group_id] = int(message["release"])
+        step = group.contribute(peer, self.sizes[self.row[peer]])
+        for send in step.sends:  # a member's statistic and size, to the curator
+            self.send(
+                send,
+                group.group_id,
+                members=group.members.tolist(),
+                curator=group.curator,
+                size=self.sizes[self.row[peer]],
+                statistic=pack_vector(self.statistics[self.row[peer]]),
+            )
+        if step.ready:
+            self._release(group)
+
+    def _on_submit(self, peer: int, message: dict[str, Any]) -> None:
+        group = self._group(message)
+        sender = int(message["sender"])
+        if peer != group.curator or sender not in group.members.tolist() or sender == peer:
+            raise ProtocolError(f"submission from {sender} to {peer} outside its group")
+        group, received = self.groups.setdefault(group.group_id, (group, {}))
+        if sender in received:
+            raise ProtocolError(f"a second submission from {sender} (replayed)")
+        size = int(message["size"])
+        if size < 1:
+            raise ProtocolError(f"shard size {size} < 1")
+        received[sender] = unpack_vector(message["statistic"], shape=(self.dim,))
+        if group.on_submit(sender, size):
+            self._release(group)
+
+    def _release(self, group: Group) -> None:
+        """The curator holds every statistic: release, publish, report."""
+        _, received = self.groups.pop(group.group_id)
+        curator = group.curator
+        received[curator] = self.statistics[self.row[curator]]
+        order = [curator, *(m for m in group.members.tolist() if m != curator)]
+        size_of = dict(zip(group.submitted, group.sizes, strict=True))
+        sizes = [size_of[m] for m in order]
+        index = self.release_index.pop(group.group_id)
+        self.releaser.noise.skip(index - self.noise_position)
+        self.noise_position = index + 1
+        released, record = self.releaser.release(
+            np.stack([received[m] for m in order]), sizes, self.sensitivity(sizes), curator=0
+        )
+        self.receipts.append((curator, index))
+        receivers = (
+            [p for p in range(self.settings.n_peers) if p != curator]
+            if self.settings.full_publication
+            else [m for m in group.members.tolist() if m != curator]
+        )
+        model = pack_vector(released)
+        for receiver in receivers:
+            self.send(Send(PUBLISH, curator, receiver), group.group_id, index=index, model=model)
+        self.report(
+            {
+                "kind": DONE,
+                "group": group.group_id,
+                "curator": curator,
+                "model": model,
+                "record": record.as_row(),
+            }
+        )
+
+
+async def serve(
+    peers: np.ndarray,
+    statistics: np.ndarray,
+    sizes: np.ndarray,
+    *,
+    releaser: Releaser,
+    sensitivity: Callable[[list[int]], float],
+    settings: HostSettings,
+    host_index: int,
+    coordinator_port: int,
+) -> None:
+    """Run host ``host_index``: its peers' sockets, until the coordinator says the run is over.
+
+    Connects to the coordinator (``HELLO`` with every peer's port), waits for the
+    ``DIRECTORY`` of all ports, serves the protocol, and on ``FINISH`` waits until its peers
+    received the publications the coordinator expects, then reports ``STATS``: messages and
+    bytes sent per peer (the simulator's counts), frames and bytes per kind on the wire, the
+    receipts, and the frames refused.
+    """
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection("127.0.0.1", coordinator_port), settings.timeout
+    )
+
+    def report(message: dict[str, Any]) -> None:
+        frame = encode(message)
+        if message["kind"] != STATS:  # the report of the counts cannot count itself
+            host.counters.wire[message["kind"]] += 1
+            host.counters.wire_bytes[message["kind"]] += len(frame)
+        writer.write(frame)
+
+    host = PeerHost(
+        peers,
+        statistics,
+        sizes,
+        releaser=releaser,
+        sensitivity=sensitivity,
+        settings=settings,
+        report=report,
+    )
+    try:
+        ports = await host.listen()
+        report({"kind": HELLO, "host": host_index, "ports": [[p, q] for p, q in ports.items()]})
+        while True:
+            message = await read_frame(reader, timeout=settings.timeout, idle=settings.idle_timeout)
+            if message is None:  # the coordinator is gone: nothing more to do
+                return
+            if message["kind"] == DIRECTORY:
+                host.ports = [int(port) for port in message["ports"]]
+            elif message["kind"] == FINISH:
+                await host.flush()
+                await _received(host, int(message["publications"]), settings.timeout)
+                await host.flush()
+                report(host.stats(host_index))
+                await asyncio.wait_for(writer.drain(), settings.timeout)
+                return
+    finally:
+        await host.close()
+        writer.close()
+
+
+async def _received(host: PeerHost, publications: int, timeout: float) -> None:
+    """Until the host's peers received ``publications`` publications (or ``timeout`` s)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while host.counters.publications_received < publications:
+        if asyncio.get_running_loop().time() > deadline:
+            log.warning(
+                "host: %d of %d publications arrived",
+                host.counters.publications_received,
+                publications,
+            )
+            return
+        await asyncio.sleep(0.005)

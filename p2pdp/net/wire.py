@@ -1,0 +1,106 @@
+"""The wire format of the network runtime: msgpack maps in length-prefixed frames.
+
+A frame is a 4-byte big-endian length followed by that many bytes of one msgpack map
+(`msgpack <https://msgpack.org>`_: no home-made encoding). A map has a ``"kind"`` (str) and
+the fields of its kind; a float vector travels as ``{"shape": [...], "data": bytes}`` of
+little-endian float64 (:func:`pack_vector`), so a model is ``8 d`` bytes plus ~20 of framing.
+
+Every read waits at most ``timeout`` seconds (:func:`read_frame`); a frame longer than
+``max_bytes``, bytes that are not one msgpack map, or a map without a string ``kind`` raise
+:class:`ProtocolError`, which a receiver logs and survives (it closes that connection only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "ProtocolError",
+    "encode",
+    "pack_vector",
+    "read_frame",
+    "unpack_vector",
+]
+
+#: Largest frame a peer accepts by default (bytes): a model of 10^5 float64 and its fields.
+MAX_FRAME_BYTES = 1 << 20
+_LENGTH = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """A frame that breaks the wire format (too long, not msgpack, no kind, bad vector)."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One frame: the length prefix and the msgpack bytes of ``message``."""
+    body = msgpack.packb(message, use_bin_type=True)
+    return _LENGTH.pack(len(body)) + body
+
+
+async def read_frame(
+    reader: asyncio.StreamReader,
+    *,
+    timeout: float,
+    idle: float | None = None,
+    max_bytes: int = MAX_FRAME_BYTES,
+) -> dict[str, Any] | None:
+    """The next message from ``reader``; None at a clean end of stream.
+
+    Waits up to ``idle`` seconds (default ``timeout``) for a frame to begin, then up to
+    ``timeout`` for the rest of it.
+
+    Raises
+    ------
+    TimeoutError
+        No frame began within ``idle`` seconds, or one did not end within ``timeout``.
+    ProtocolError
+        Oversize, truncated or malformed frame.
+    """
+    try:
+        header = await asyncio.wait_for(
+            reader.readexactly(_LENGTH.size), timeout if idle is None else idle
+        )
+    except asyncio.IncompleteReadError as error:
+        if not error.partial:
+            return None
+        raise ProtocolError("connection closed inside a frame's length") from None
+    (length,) = _LENGTH.unpack(header)
+    if length > max_bytes:
+        raise ProtocolError(f"frame of {length} bytes exceeds the maximum of {max_bytes}")
+    try:
+        body = await asyncio.wait_for(reader.readexactly(length), timeout)
+    except asyncio.IncompleteReadError:
+        raise ProtocolError(f"connection closed inside a frame of {length} bytes") from None
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.exceptions.ExtraData, msgpack.exceptions.FormatError) as error:
+        raise ProtocolError(f"frame is not msgpack: {error}") from None
+    if not isinstance(message, dict) or not isinstance(message.get("kind"), str):
+        raise ProtocolError(f"frame is not a map with a string 'kind': {message!r:.80}")
+    return message
+
+
+def pack_vector(vector: np.ndarray) -> dict[str, Any]:
+    """A float array as a msgpack-able map: its shape and its little-endian float64 bytes."""
+    array = np.ascontiguousarray(vector, dtype="<f8")
+    return {"shape": list(array.shape), "data": array.tobytes()}
+
+
+def unpack_vector(value: Any, *, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """The array of :func:`pack_vector`; ProtocolError if malformed or not of ``shape``."""
+    try:
+        declared = tuple(int(n) for n in value["shape"])
+        array = np.frombuffer(value["data"], dtype="<f8").reshape(declared)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ProtocolError(f"malformed vector: {error}") from None
+    if shape is not None and array.shape != shape:
+        raise ProtocolError(f"vector of shape {array.shape}, expected {shape}")
+    if not np.all(np.isfinite(array)):
+        raise ProtocolError("vector holds NaN or infinity")
+    return array.astype(np.float64)

@@ -1,0 +1,263 @@
+"""The network runtime (p2pdp.net): real OS processes over TCP give the simulator's rows.
+
+Each run here starts host processes (spawn: a few seconds each), so the runs are small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import math
+import struct
+
+import msgpack
+import numpy as np
+import pytest
+
+from p2pdp.config import (
+    DataConfig,
+    EvaluationConfig,
+    GroupsConfig,
+    PartitionConfig,
+    PrivacyConfig,
+    PublicationConfig,
+    ScenarioConfig,
+)
+from p2pdp.core.errors import ConfigError
+from p2pdp.experiments.cli import main as cli
+from p2pdp.experiments.simulation import simulate
+from p2pdp.net.host import HostSettings, PeerHost
+from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
+from p2pdp.privacy.mechanisms import make_mechanism
+from p2pdp.privacy.release import Releaser
+from p2pdp.sim.world import WorldObserver
+
+TIMING = {"sim_time", "wall_training_s", "wall_simulation_s", "wall_evaluation_s"}
+
+
+def _config(mode: str, **groups) -> ScenarioConfig:
+    return ScenarioConfig(
+        seed=11,
+        data=DataConfig(dataset="synthetic", synthetic_rows=360, synthetic_test_rows=120),
+        partition=PartitionConfig(n_peers=12),
+        groups=GroupsConfig(group_size=3, **groups),
+        privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=0.25),
+        publication=PublicationConfig(mode=mode),
+        evaluation=EvaluationConfig(split="fixed"),
+    )
+
+
+class _Releases(WorldObserver):
+    """Observer keeping each release's group and record (to compare the two runtimes)."""
+
+    def __init__(self):
+        self.groups = []
+
+    def released(self, world, group, record):
+        self.groups.append((group.group_id, group.members.tolist(), group.curator, record))
+
+    def aborted(self, world, group, reason):
+        raise AssertionError(f"group {group.group_id} aborted: {reason}")
+
+
+@pytest.mark.parametrize("mode", ["group", "full"])
+def test_network_runtime_releases_what_the_simulator_releases(mode, monkeypatch):
+    """Same groups, curators, release records and metrics; messages and bytes per peer as
+    the simulator counts them; the wire table counts one frame per protocol message."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    config = _config(mode)
+    seen = {runtime: _Releases() for runtime in ("simulation", "network")}
+    results = {
+        runtime: simulate(config, runtime=runtime, observers=(seen[runtime],)) for runtime in seen
+    }
+    simulated, network = results["simulation"], results["network"]
+    assert network.aggregations == simulated.aggregations > 0
+    for (g1, m1, c1, r1), (g2, m2, c2, r2) in zip(
+        seen["simulation"].groups, seen["network"].groups, strict=True
+    ):
+        assert (g1, m1, c1) == (g2, m2, c2)
+        assert r1.sensitivity == r2.sensitivity and r1.n_min == r2.n_min
+        assert r2.noise_norm == pytest.approx(r1.noise_norm, rel=1e-12)
+    a, b = simulated.row(), network.row()
+    for key in a.keys() - TIMING:
+        same = a[key] == b[key] or (
+            isinstance(a[key], float) and math.isnan(a[key]) and math.isnan(b[key])
+        )
+        assert same, (key, a[key], b[key])
+    assert simulated.wire == []
+    frames = {row["kind"]: row["frames"] for row in network.wire}
+    g, releases = 3, network.aggregations
+    assert frames["assign"] == g * releases
+    assert frames["submit"] == (g - 1) * releases
+    assert frames["publish"] == (12 - 1 if mode == "full" else g - 1) * releases
+    assert frames["refused"] == 0
+
+
+def test_the_cli_runs_a_scenario_on_the_network_and_says_the_noise_is_seeded(tmp_path, monkeypatch):
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(
+        'name = "tiny"\nseed = 4\n[data]\ndataset = "synthetic"\nsynthetic_rows = 240\n'
+        "synthetic_test_rows = 60\n[partition]\nn_peers = 8\n[groups]\ngroup_size = 4\n"
+        "[privacy]\nepsilon = 1.0\nepsilon_per_aggregation = 0.5\n[evaluation]\n"
+        'split = "fixed"\n'
+    )
+    out = tmp_path / "out"
+    assert cli(["run", str(scenario), "--out", str(out), "--runtime", "network"]) == 0
+    (row,) = csv.DictReader((out / "results.csv").open())
+    assert "seeded stream" in row["non_private_steps"]
+    wire = list(csv.DictReader((out / "wire.csv").open()))
+    assert {r["kind"] for r in wire} >= {"assign", "submit", "publish", "refused"}
+    assert int(row["aggregations"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("sampler", "gossip"),
+        ("max_concurrent_groups", 2),
+    ],
+)
+def test_settings_the_network_runtime_does_not_run_are_refused_by_name(setting, value):
+    with pytest.raises(ConfigError, match=f"groups.{setting} = .* not supported by the network"):
+        simulate(_config("group", **{setting: value}), runtime="network")
+
+
+# -- the wire format -----------------------------------------------------------------------
+def _read(data: bytes, **kwargs):
+    async def go():
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        return await read_frame(reader, timeout=1.0, **kwargs)
+
+    return asyncio.run(go())
+
+
+def test_a_frame_round_trips_and_an_empty_stream_ends_cleanly():
+    vector = np.array([0.5, -1.25, 3.0])
+    message = _read(encode({"kind": "submit", "statistic": pack_vector(vector)}))
+    assert message["kind"] == "submit"
+    np.testing.assert_array_equal(unpack_vector(message["statistic"], shape=(3,)), vector)
+    assert _read(b"") is None
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (struct.pack(">I", 1 << 21) + b"x", "exceeds the maximum"),
+        (struct.pack(">I", 3) + b"\xc1\xc1\xc1", "not msgpack"),
+        (encode({"no": "kind"}), "string 'kind'"),
+        (encode([1, 2]), "string 'kind'"),
+        (struct.pack(">I", 10) + b"abc", "closed inside a frame"),
+        (b"\x00\x00", "closed inside a frame's length"),
+    ],
+)
+def test_oversize_malformed_and_truncated_frames_are_refused(data, reason):
+    with pytest.raises(ProtocolError, match=reason):
+        _read(data)
+
+
+def test_a_silent_connection_times_out():
+    async def go():
+        reader = asyncio.StreamReader()
+        return await read_frame(reader, timeout=0.05)
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"shape": [2], "data": b"\x00" * 8},  # too few bytes
+        {"shape": [1], "data": np.array([np.nan]).tobytes()},
+        {"data": b""},
+    ],
+)
+def test_malformed_vectors_are_refused(value):
+    with pytest.raises(ProtocolError):
+        unpack_vector(value, shape=(1,) if value.get("shape") == [1] else None)
+
+
+# -- a host refuses what breaks the protocol, and keeps serving -------------------------------
+def _host(reports):
+    mechanism = make_mechanism("vector-laplace", epsilon=1.0)
+    releaser = Releaser(
+        mechanism,
+        2,
+        aggregate="mean",
+        secure=False,
+        noise_rng=np.random.default_rng(0),
+        share_rng=np.random.default_rng(1),
+    )
+    host = PeerHost(
+        np.array([0, 1]),
+        np.array([[0.1, 0.2], [0.3, 0.4]]),
+        np.array([5, 7]),
+        releaser=releaser,
+        sensitivity=lambda sizes: 2.0 / min(sizes),
+        settings=HostSettings(n_peers=3, full_publication=False),
+        report=reports.append,
+    )
+    host.send = lambda send, group, **fields: reports.append(("sent", send))  # no sockets
+    return host
+
+
+def _submit(sender=2, size=6, **changes):
+    message = {
+        "kind": "submit",
+        "sender": sender,
+        "group": 0,
+        "members": [0, 1, 2],
+        "curator": 0,
+        "size": size,
+        "statistic": pack_vector(np.array([1.0, 2.0])),
+    }
+    return {**message, **changes}
+
+
+@pytest.mark.parametrize(
+    ("peer", "message", "reason"),
+    [
+        (0, {"kind": "assign", "sender": 2, "group": 0, "members": [0, 1], "curator": 0,
+             "release": 0}, "assign"),
+        (1, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 2], "curator": 0,
+             "release": 0}, "assign"),
+        (0, _submit(size=0), "submit"),
+        (1, _submit(), "submit"),  # peer 1 is not the curator
+        (0, _submit(sender=5), "submit"),  # not a member
+        (0, _submit(members=[0, 2, 2]), "submit"),  # not distinct
+        (0, _submit(statistic=pack_vector(np.ones(3))), "submit"),  # wrong shape
+        (0, {"kind": "gossip", "sender": 2}, "gossip"),
+    ],
+)  # fmt: skip
+def test_a_host_refuses_frames_outside_the_protocol_and_keeps_serving(peer, message, reason):
+    reports = []
+    host = _host(reports)
+    host.handle(peer, message)
+    assert host.counters.refused[reason] == 1
+    assert reports == []  # nothing sent, nothing released
+
+
+def test_a_replayed_submission_is_not_a_second_members():
+    reports = []
+    host = _host(reports)
+    host.handle(0, _submit())
+    host.handle(0, _submit())  # replay
+    assert host.counters.refused["submit"] == 1
+    host.handle(0, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
+                    "curator": 0, "release": 0})  # fmt: skip
+    assert not any(r for r in reports if isinstance(r, dict))  # still waits for member 1
+    host.handle(1, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
+                    "curator": 0, "release": 0})  # fmt: skip
+    assert ("sent", ("submit", 1, 0)) in reports  # member 1 submits to its curator
+    host.handle(0, _submit(sender=1, size=7))
+    (done,) = [r for r in reports if isinstance(r, dict)]
+    assert done["kind"] == "done" and done["record"]["group_size"] == 3
+    assert done["record"]["n_min"] == 5
+
+
+def test_msgpack_is_the_encoding():
+    frame = encode({"kind": "x", "n": 1})
+    assert msgpack.unpackb(frame[4:]) == {"kind": "x", "n": 1}
