@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import csv
 import math
+import os
+import signal
 import struct
 
 import msgpack
@@ -123,6 +125,52 @@ def test_settings_the_network_runtime_does_not_run_are_refused_by_name(setting, 
         simulate(_config("group", **{setting: value}), runtime="network")
 
 
+class _Fault(WorldObserver):
+    """At the ``at``-th release, send ``signal`` to host process 1 (peers 6..11)."""
+
+    def __init__(self, at, signal):
+        self.at, self.signal, self.releases = at, signal, []
+
+    def released(self, world, group, record):
+        self.releases.append(group.members.tolist())
+        if len(self.releases) == self.at:
+            os.kill(world.processes[1].pid, self.signal)
+
+
+def _charged_only_for_releases(result, releases):
+    counts = np.zeros(12, dtype=int)
+    for members in releases:
+        counts[members] += 1
+    np.testing.assert_array_equal(result.aggregations_per_peer, counts)
+
+
+def test_a_host_killed_mid_run_leaves_the_run_to_the_others(monkeypatch):
+    """kill -9 of a host process: its peers leave, the group in flight with one of them is
+    aborted, nobody is charged for it, and the others finish the run."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    fault = _Fault(at=2, signal=signal.SIGKILL)
+    result = simulate(_config("group"), runtime="network", observers=(fault,))
+    lost = {row["kind"]: row["frames"] for row in result.wire}["hosts lost"]
+    assert lost == 1
+    assert result.aggregations == len(fault.releases) > 2
+    assert all(max(members) < 6 for members in fault.releases[2:])  # only host 0's peers
+    _charged_only_for_releases(result, fault.releases)
+
+
+def test_a_stopped_host_times_its_groups_out_and_is_killed_at_the_end(monkeypatch):
+    """A host that stops answering (SIGSTOP: a partition, or a peer slower than the
+    timeout): its groups are aborted after groups.collect_timeout, nobody is charged for
+    them, and the run ends instead of hanging."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    fault = _Fault(at=1, signal=signal.SIGSTOP)
+    config = _config("group", collect_timeout=1.0, max_failed_attempts=3)
+    result = simulate(config, runtime="network", observers=(fault,))
+    assert result.aborted_groups >= 1
+    assert result.stop_reason == "3 aggregations in a row failed"
+    assert {row["kind"]: row["frames"] for row in result.wire}["hosts lost"] == 1
+    _charged_only_for_releases(result, fault.releases)
+
+
 # -- the wire format -----------------------------------------------------------------------
 def _read(data: bytes, **kwargs):
     async def go():
@@ -221,9 +269,9 @@ def _submit(sender=2, size=6, **changes):
     ("peer", "message", "reason"),
     [
         (0, {"kind": "assign", "sender": 2, "group": 0, "members": [0, 1], "curator": 0,
-             "release": 0}, "assign"),
+             "release": 0, "expires": 2e9}, "assign"),
         (1, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 2], "curator": 0,
-             "release": 0}, "assign"),
+             "release": 0, "expires": 2e9}, "assign"),
         (0, _submit(size=0), "submit"),
         (1, _submit(), "submit"),  # peer 1 is not the curator
         (0, _submit(sender=5), "submit"),  # not a member
@@ -247,10 +295,10 @@ def test_a_replayed_submission_is_not_a_second_members():
     host.handle(0, _submit())  # replay
     assert host.counters.refused["submit"] == 1
     host.handle(0, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
-                    "curator": 0, "release": 0})  # fmt: skip
+                    "curator": 0, "release": 0, "expires": 2e9})  # fmt: skip
     assert not any(r for r in reports if isinstance(r, dict))  # still waits for member 1
     host.handle(1, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
-                    "curator": 0, "release": 0})  # fmt: skip
+                    "curator": 0, "release": 0, "expires": 2e9})  # fmt: skip
     assert ("sent", ("submit", 1, 0)) in reports  # member 1 submits to its curator
     host.handle(0, _submit(sender=1, size=7))
     (done,) = [r for r in reports if isinstance(r, dict)]
@@ -261,3 +309,18 @@ def test_a_replayed_submission_is_not_a_second_members():
 def test_msgpack_is_the_encoding():
     frame = encode({"kind": "x", "n": 1})
     assert msgpack.unpackb(frame[4:]) == {"kind": "x", "n": 1}
+
+
+def test_a_curator_never_releases_a_group_past_its_expiry():
+    """The coordinator aborts a group once its expiry passed: its curator must not release
+    it then, even if every statistic is there, and refuses later submissions."""
+    reports = []
+    host = _host(reports)
+    host.handle(0, _submit(sender=2))
+    host.handle(0, _submit(sender=1, size=7))
+    host.handle(0, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
+                    "curator": 0, "release": 0, "expires": 1.0})  # fmt: skip
+    assert not [r for r in reports if isinstance(r, dict)]  # nothing released, no report
+    assert host.counters.refused["expired"] == 1
+    host.handle(0, _submit(sender=2))
+    assert host.counters.refused["submit"] == 1

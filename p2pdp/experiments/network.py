@@ -39,7 +39,9 @@ def _settings(config: ScenarioConfig) -> HostSettings:
     return HostSettings(
         n_peers=config.partition.n_peers,
         full_publication=config.publication.mode == "full",
-        timeout=max(10.0, config.groups.collect_timeout),
+        collect_timeout=config.groups.collect_timeout,
+        # waits for a frame, a connection or a report: as long as a group, within [1, 10] s
+        timeout=min(10.0, max(1.0, config.groups.collect_timeout)),
     )
 
 

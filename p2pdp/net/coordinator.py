@@ -9,11 +9,19 @@ The run: start the host processes (:mod:`p2pdp.net.host`), learn every peer's po
 everyone the directory; then, one group at a time (the seed's sequential GroupAgent), draw the
 group from the pool of idle solvent peers with the simulator's
 :class:`~p2pdp.protocols.groups.GroupPool` and the same protocol stream, send each member an
-``ASSIGN`` frame, and wait for the curator's ``DONE`` report (at most
-``groups.collect_timeout`` seconds of wall time: else the group is aborted and nobody is
-charged). A reported release charges every member (the ledger is the coordinator's: membership
-is public) and its solvent members return to the pool. At the end every host reports what it
-sent and received (``STATS``).
+``ASSIGN`` frame, and wait for the curator's ``DONE`` report. A reported release charges every
+member (the ledger is the coordinator's: membership is public) and its solvent members return
+to the pool. At the end every host reports what it sent and received (``STATS``).
+
+Faults. An assignment carries its expiry, ``groups.collect_timeout`` seconds of wall time
+after it was sent: a curator never releases after it, and the coordinator aborts the group
+(nobody charged) once it passed plus ``timeout`` seconds of slack for the report in
+transit. A ``DONE`` that still arrives later is charged all the same (a release happened) and
+logged as an error. A host process whose control connection closes before its final report
+(killed, crashed) is lost: a group with one of its peers is aborted at once, its peers leave
+the pool, and the run goes on without them (their receipts and counts are lost with them: the
+``wire`` table counts ``hosts lost``). A host that does not answer the final ``FINISH`` in time
+is killed and counted the same way.
 
 What the coordinator sees: the groups it formed, the released models and their public records
 (sensitivity, noise scale; ``noise_norm`` is analysis-only, as in the simulator). It never sees
@@ -133,13 +141,15 @@ class WireStats:
         self.frames[kind] += 1
         self.bytes[kind] += n_bytes
 
-    def rows(self) -> list[dict[str, Any]]:
-        """One row per kind: ``kind``, ``frames``, ``wire_bytes``; then ``refused``."""
+    def rows(self, lost_hosts: int = 0) -> list[dict[str, Any]]:
+        """One row per kind: ``kind``, ``frames``, ``wire_bytes``; then ``refused`` (frames
+        refused, and late releases) and ``hosts lost`` (in ``frames``: host processes)."""
         rows = [
             {"kind": kind, "frames": self.frames[kind], "wire_bytes": self.bytes[kind]}
             for kind in sorted(self.frames)
         ]
         rows.append({"kind": "refused", "frames": sum(self.refused.values()), "wire_bytes": 0})
+        rows.append({"kind": "hosts lost", "frames": lost_hosts, "wire_bytes": 0})
         return rows
 
 
@@ -208,11 +218,16 @@ class NetworkWorld:
         self._stats: dict[int, dict[str, Any]] = {}
         self._all_stats = asyncio.Event()
         self._done: dict[int, asyncio.Future] = {}
+        self._in_flight: dict[int, Group] = {}
         self._writers: dict[int, asyncio.StreamWriter] = {}
+        self.host_of = np.empty(n_peers, dtype=np.int64)
+        for host, peers in enumerate(np.array_split(np.arange(n_peers), hosts)):
+            self.host_of[peers] = host
+        self.lost_hosts: set[int] = set()
 
     def wire_rows(self) -> list[dict[str, Any]]:
         """What travelled on the wire (the ``wire`` table of the run)."""
-        return self.wire.rows()
+        return self.wire.rows(len(self.lost_hosts))
 
     def run(self) -> None:
         """Run until no group can form; every host reported and exited (or was killed)."""
@@ -261,12 +276,15 @@ class NetworkWorld:
     # -- control connections (one per host) ---------------------------------------------------
     async def _control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         settings = self.settings
+        host: int | None = None
         try:
             while True:
                 message = await read_frame(
                     reader, timeout=settings.timeout, idle=settings.idle_timeout
                 )
                 if message is None:
+                    if host is not None and host not in self._stats:
+                        self._host_lost(host, "its connection closed")
                     return
                 kind = message["kind"]
                 if kind == HELLO:
@@ -282,10 +300,11 @@ class NetworkWorld:
                     future = self._done.get(int(message["group"]))
                     if future is not None and not future.done():
                         future.set_result(message)
+                    else:
+                        self._late_release(message)
                 elif kind == STATS:
                     self._stats[int(message["host"])] = message
-                    if len(self._stats) == self.n_hosts:
-                        self._all_stats.set()
+                    self._check_all_stats()
                 else:
                     raise ProtocolError(f"unknown control kind {kind!r}")
         except (ProtocolError, TimeoutError, ConnectionError, KeyError, ValueError) as error:
@@ -293,6 +312,39 @@ class NetworkWorld:
             log.warning("coordinator: refused a control connection: %s", error)
         except asyncio.CancelledError:  # the run is over
             pass
+
+    def _host_lost(self, host: int, why: str) -> None:
+        """Host ``host`` is gone: abort the group in flight with one of its peers, take its
+        peers out of the pool for good."""
+        if host in self.lost_hosts:
+            return
+        log.warning("network runtime: host %d lost (%s); its peers leave the run", host, why)
+        self.lost_hosts.add(host)
+        peers = np.flatnonzero(self.host_of == host)
+        self.pool.remove(set(peers.tolist()))
+        for group_id, group in self._in_flight.items():
+            future = self._done[group_id]
+            if not future.done() and np.isin(group.members, peers).any():
+                future.set_result(None)  # aborted: a member's host is gone
+        self._check_all_stats()
+
+    def _check_all_stats(self) -> None:
+        if len(self._stats) + len(self.lost_hosts - set(self._stats)) >= self.n_hosts:
+            self._all_stats.set()
+
+    def _late_release(self, report: dict[str, Any]) -> None:
+        """A release reported after its group was aborted: it happened, so charge it."""
+        log.error(
+            "network runtime: group %s released after its abort; its members are charged",
+            report.get("group"),
+        )
+        members = np.array(report["members"], dtype=np.int64)
+        group = Group(int(report["group"]), members, int(report["curator"]))
+        if bool(self.ledger.can_afford(members).all()):
+            self._released(group, report, full=self.config.publication.mode == "full")
+        else:  # the budget cannot cover it: say so loudly rather than hide it
+            log.error("network runtime: a late release exceeds members' budgets: %s", members)
+        self.wire.refused["late release"] += 1
 
     async def _send(self, peer: int, message: dict[str, Any]) -> None:
         if peer not in self._writers:
@@ -318,6 +370,7 @@ class NetworkWorld:
         failed = 0
         next_group = 0
         loop = asyncio.get_running_loop()
+        collect = config.groups.collect_timeout
         while len(self.pool) >= g and failed < max_failed:
             members, curator = self.pool.draw(g)
             group = Group(next_group, members, curator, started=self.env.now)
@@ -325,6 +378,7 @@ class NetworkWorld:
             for observer in self.observers:
                 observer.group_started(self, group)
             future = self._done[group.group_id] = loop.create_future()
+            self._in_flight[group.group_id] = group
             assign = {
                 "kind": ASSIGN,
                 "sender": SAMPLER,
@@ -332,24 +386,31 @@ class NetworkWorld:
                 "members": members.tolist(),
                 "curator": curator,
                 "release": len(self.published),  # the curator's draw of the noise stream
+                "expires": time.time() + collect,  # after it, the curator never releases
             }
-            for member in members.tolist():
-                await self._send(member, assign)
-            self.transport.control_messages += g
+            reason = ""
             try:
-                report = await asyncio.wait_for(future, config.groups.collect_timeout)
+                for member in members.tolist():
+                    await self._send(member, assign)
+                    self.transport.control_messages += 1
+                report = await asyncio.wait_for(future, collect + self.settings.timeout)
+                reason = "a member's host was lost" if report is None else ""
             except TimeoutError:
+                reason = "collect timeout"
+            except OSError as error:  # a member's socket is unreachable
+                reason = f"a member is unreachable ({error})"
+            finally:
+                del self._done[group.group_id], self._in_flight[group.group_id]
+            if reason:
                 failed += 1
                 self.monitor.aborted += 1
                 for observer in self.observers:
-                    observer.aborted(self, group, "collect timeout")
+                    observer.aborted(self, group, reason)
             else:
                 failed = 0
                 self._released(group, report, full=full)
-            finally:
-                del self._done[group.group_id]
-            solvent = self.ledger.can_afford(members)
-            self.pool.add(members[solvent].tolist())
+            back = members[self.ledger.can_afford(members)]
+            self.pool.add([p for p in back.tolist() if self.host_of[p] not in self.lost_hosts])
         self.monitor.stop_reason = (
             f"{max_failed} aggregations in a row failed"
             if failed >= max_failed
@@ -374,9 +435,7 @@ class NetworkWorld:
     async def _finish(self) -> None:
         """Tell every host the run is over and how many publications its peers must have
         received; gather what each sent and received."""
-        host_of = np.empty(self.n_peers, dtype=np.int64)
-        for host, peers in enumerate(np.array_split(np.arange(self.n_peers), self.n_hosts)):
-            host_of[peers] = host
+        host_of = self.host_of
         expected = np.zeros(self.n_hosts, dtype=np.int64)
         full = self.config.publication.mode == "full"
         for members, curator in zip(self.release_members, self.curators, strict=True):
@@ -384,10 +443,18 @@ class NetworkWorld:
             np.add.at(expected, host_of[receivers], 1)
             expected[host_of[curator]] -= 1  # the curator holds its release
         for host, writer in self._hosts.items():
+            if host in self.lost_hosts:
+                continue
             frame = encode({"kind": FINISH, "publications": int(expected[host])})
             writer.write(frame)
             self.wire.add(FINISH, len(frame))
-        await self._wait(self._all_stats, self.settings.timeout * 3, "every host's report")
+        self._check_all_stats()
+        try:
+            await asyncio.wait_for(self._all_stats.wait(), self.settings.timeout * 3)
+        except TimeoutError:
+            for host in set(range(self.n_hosts)) - set(self._stats) - self.lost_hosts:
+                self._host_lost(host, "no final report in time")
+                self.processes[host].kill()
         for stats in self._stats.values():
             for peer, messages, n_bytes in stats["sent"]:
                 self.transport.messages_sent[int(peer)] += int(messages)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +66,11 @@ class HostSettings:
         P; peers are numbered 0 .. P-1.
     full_publication : bool
         ``publication.mode == "full"``: a curator sends the release to every other peer.
+    collect_timeout : float
+        Seconds the coordinator gives a group. Its assignment carries the wall-clock time
+        (``time.time()``, one clock: every host is on this machine) after which the curator
+        never releases it; the coordinator aborts it a little later (see
+        :mod:`p2pdp.net.coordinator`).
     timeout : float
         Seconds any wait for a frame's body, a connection or a report may take.
     idle_timeout : float
@@ -72,6 +79,7 @@ class HostSettings:
 
     n_peers: int
     full_publication: bool
+    collect_timeout: float = 10.0
     timeout: float = 10.0
     idle_timeout: float = 600.0
 
@@ -139,6 +147,8 @@ class PeerHost:
         self.receipts: list[tuple[int, int]] = []
         self.groups: dict[int, tuple[Group, dict[int, np.ndarray]]] = {}  # as curator
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
+        self.deadline: dict[int, float] = {}  # group -> when its curator stops collecting
+        self.expired: set[int] = set()  # groups this host's curators will never release
         self.noise_position = 0  # draws of the run's noise stream consumed or skipped here
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._pending: list[asyncio.Future] = []  # frames being written
@@ -260,6 +270,7 @@ class PeerHost:
         if peer == group.curator:
             group, _ = self.groups.setdefault(group.group_id, (group, {}))
             self.release_index[group.group_id] = int(message["release"])
+            self.deadline[group.group_id] = float(message["expires"])
         step = group.contribute(peer, self.sizes[self.row[peer]])
         for send in step.sends:  # a member's statistic and size, to the curator
             self.send(
@@ -278,18 +289,39 @@ class PeerHost:
         sender = int(message["sender"])
         if peer != group.curator or sender not in group.members.tolist() or sender == peer:
             raise ProtocolError(f"submission from {sender} to {peer} outside its group")
+        if group.group_id in self.expired:
+            raise ProtocolError(f"submission from {sender} after group {group.group_id} expired")
         group, received = self.groups.setdefault(group.group_id, (group, {}))
         if sender in received:
             raise ProtocolError(f"a second submission from {sender} (replayed)")
         size = int(message["size"])
         if size < 1:
             raise ProtocolError(f"shard size {size} < 1")
+        if time.time() > self.deadline.get(group.group_id, math.inf):
+            self._expire(group.group_id)
+            raise ProtocolError(f"submission from {sender} after group {group.group_id} expired")
         received[sender] = unpack_vector(message["statistic"], shape=(self.dim,))
         if group.on_submit(sender, size):
             self._release(group)
 
+    def _expire(self, group_id: int) -> None:
+        """The group's collection deadline passed: the coordinator aborts it, so its curator
+        must never release it."""
+        self.expired.add(group_id)
+        self.groups.pop(group_id, None)
+        self.release_index.pop(group_id, None)
+        self.deadline.pop(group_id, None)
+
     def _release(self, group: Group) -> None:
-        """The curator holds every statistic: release, publish, report."""
+        """The curator holds every statistic: release, publish, report (or, past the
+        group's deadline, drop it: the coordinator has aborted it)."""
+        if time.time() > self.deadline[group.group_id]:
+            self._expire(group.group_id)
+            self.counters.refused["expired"] += 1
+            log.warning(
+                "curator %d: group %d expired before it completed", group.curator, group.group_id
+            )
+            return
         _, received = self.groups.pop(group.group_id)
         curator = group.curator
         received[curator] = self.statistics[self.row[curator]]
@@ -297,6 +329,7 @@ class PeerHost:
         size_of = dict(zip(group.submitted, group.sizes, strict=True))
         sizes = [size_of[m] for m in order]
         index = self.release_index.pop(group.group_id)
+        del self.deadline[group.group_id]
         self.releaser.noise.skip(index - self.noise_position)
         self.noise_position = index + 1
         released, record = self.releaser.release(
@@ -315,6 +348,7 @@ class PeerHost:
             {
                 "kind": DONE,
                 "group": group.group_id,
+                "members": group.members.tolist(),
                 "curator": curator,
                 "model": model,
                 "record": record.as_row(),

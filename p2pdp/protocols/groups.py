@@ -212,6 +212,10 @@ class GroupPool:
         """``peers`` are idle and solvent (ready at the start, or back from a group)."""
         self.peers.extend(peers)
 
+    def remove(self, peers: set[int]) -> None:
+        """Take ``peers`` out of the pool for good (they left the network)."""
+        self.peers[:] = [peer for peer in self.peers if peer not in peers]
+
     def draw(self, g: int) -> tuple[np.ndarray, int]:
         """``g`` distinct idle peers, uniformly at random, taken out of the pool (Floyd's
         algorithm, O(g)), and their curator, uniform among them: ((g,) int64, int)."""
