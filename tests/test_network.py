@@ -92,7 +92,7 @@ def test_network_runtime_releases_what_the_simulator_releases(mode, monkeypatch)
     assert frames["assign"] == g * releases
     assert frames["submit"] == (g - 1) * releases
     assert frames["publish"] == (12 - 1 if mode == "full" else g - 1) * releases
-    assert frames["refused"] == 0
+    assert frames["refused"] == 0 and frames["hosts lost"] == 0
 
 
 def test_the_cli_runs_a_scenario_on_the_network_and_says_the_noise_is_seeded(tmp_path, monkeypatch):

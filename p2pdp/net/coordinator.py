@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds a host may take to start, prepare its peers' data and open their sockets.
 STARTUP_TIMEOUT = 300.0
+#: Largest control frame (bytes) from a host the coordinator started: a host's final report
+#: carries its receipts (16 bytes each). Peers' sockets keep MAX_FRAME_BYTES.
+CONTROL_FRAME_BYTES = 1 << 28
 
 
 def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: bool) -> None:
@@ -280,7 +283,10 @@ class NetworkWorld:
         try:
             while True:
                 message = await read_frame(
-                    reader, timeout=settings.timeout, idle=settings.idle_timeout
+                    reader,
+                    timeout=settings.timeout,
+                    idle=settings.idle_timeout,
+                    max_bytes=CONTROL_FRAME_BYTES,
                 )
                 if message is None:
                     if host is not None and host not in self._stats:
@@ -465,5 +471,6 @@ class NetworkWorld:
             for reason, count in stats["refused"].items():
                 self.wire.refused[reason] += int(count)
             if not full:
-                self.receipts.extend((int(p), int(i)) for p, i in stats["receipts"])
+                pairs = np.frombuffer(stats["receipts"], dtype="<i8").reshape(-1, 2)
+                self.receipts.extend(map(tuple, pairs.tolist()))
         self.wire.seconds = self.env.now

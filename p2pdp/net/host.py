@@ -28,7 +28,7 @@ import functools
 import logging
 import math
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,12 +151,15 @@ class PeerHost:
         self.expired: set[int] = set()  # groups this host's curators will never release
         self.noise_position = 0  # draws of the run's noise stream consumed or skipped here
         self._writers: dict[int, asyncio.StreamWriter] = {}
-        self._pending: list[asyncio.Future] = []  # frames being written
+        self._outbox: deque[tuple[int | None, Any]] = deque()  # (receiver, frame) or action
         self._connecting: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._sending: asyncio.Future | None = None
+        self._more, self._idle = asyncio.Event(), asyncio.Event()  # outbox: not empty, empty
 
     # -- sockets -----------------------------------------------------------------------------
     async def listen(self, address: str = "127.0.0.1") -> dict[int, int]:
-        """Open one listening socket per peer; returns ``{peer: port}``."""
+        """Open one listening socket per peer and start the sender task; ``{peer: port}``."""
+        self._sending = asyncio.ensure_future(self._sender())
         ports = {}
         for peer in self.peers:
             server = await asyncio.start_server(functools.partial(self._serve, peer), address, 0)
@@ -196,28 +199,74 @@ class PeerHost:
         return self._writers[receiver]
 
     def send(self, send: Send, group: int, **fields: Any) -> None:
-        """Send one protocol message (counted now; written in the background, in order per
-        receiver)."""
+        """Send one protocol message: counted now, written by the host's sender task in the
+        order sent."""
         frame = encode({"kind": send.kind, "sender": send.sender, "group": group, **fields})
-        counters = self.counters
-        counters.messages[send.sender] += 1
-        counters.bytes[send.sender] += self.model_bytes if send.kind != ASSIGN else HEADER_BYTES
-        counters.wire[send.kind] += 1
-        counters.wire_bytes[send.kind] += len(frame)
-        self._pending.append(asyncio.ensure_future(self._write(send.receiver, frame)))
+        self.send_frame(send.kind, send.sender, [send.receiver], frame)
 
-    async def _write(self, receiver: int, frame: bytes) -> None:
-        writer = await self._writer(receiver)
-        writer.write(frame)
-        await asyncio.wait_for(writer.drain(), self.settings.timeout)
+    def send_frame(self, kind: str, sender: int, receivers: list[int], frame: bytes) -> None:
+        """The same encoded message from ``sender`` to each of ``receivers``."""
+        counters = self.counters
+        n = len(receivers)
+        counters.messages[sender] += n
+        counters.bytes[sender] += n * (self.model_bytes if kind != ASSIGN else HEADER_BYTES)
+        counters.wire[kind] += n
+        counters.wire_bytes[kind] += n * len(frame)
+        self._outbox.extend((receiver, frame) for receiver in receivers)
+        self._more.set()
+
+    def after_sends(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once every frame sent so far is written (at once outside a running
+        event loop: the unit tests drive a host by hand)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            action()
+            return
+        self._outbox.append((None, action))
+        self._more.set()
+
+    async def _sender(self) -> None:
+        """Write the outbox in order, draining each touched connection before the next
+        action (a curator's report waits until its publications are written: back-pressure,
+        so no backlog grows without bound)."""
+        touched: dict[int, asyncio.StreamWriter] = {}
+        while True:
+            if not self._outbox:
+                self._idle.set()
+                self._more.clear()
+                await self._more.wait()
+                self._idle.clear()
+                continue
+            receiver, item = self._outbox.popleft()
+            if receiver is None:
+                for writer in touched.values():
+                    await asyncio.wait_for(writer.drain(), self.settings.timeout)
+                touched.clear()
+                item()
+                continue
+            try:
+                writer = await self._writer(receiver)
+                writer.write(item)
+                touched[receiver] = writer
+                if len(touched) >= 64:  # bound the unflushed bytes
+                    for writer in touched.values():
+                        await asyncio.wait_for(writer.drain(), self.settings.timeout)
+                    touched.clear()
+            except (OSError, TimeoutError) as error:  # the receiver's host is gone
+                self.counters.refused["unreachable"] += 1
+                self._writers.pop(receiver, None)
+                log.warning("frame to peer %d not delivered: %s", receiver, error)
 
     async def flush(self) -> None:
         """Wait until every frame sent so far is written."""
-        while self._pending:
-            pending, self._pending = self._pending, []
-            await asyncio.gather(*pending)
+        self.after_sends(lambda: None)
+        await asyncio.sleep(0)
+        await self._idle.wait()
 
     async def close(self) -> None:
+        if self._sending is not None:
+            self._sending.cancel()
         for server in self.servers:
             server.close()
         for writer in self._writers.values():
@@ -233,7 +282,8 @@ class PeerHost:
             "sent": [[int(p), int(counters.messages[p]), int(counters.bytes[p])] for p in sent],
             "wire": {k: [counters.wire[k], counters.wire_bytes[k]] for k in counters.wire},
             "refused": dict(counters.refused),
-            "receipts": [list(pair) for pair in self.receipts],
+            # (peer, release) pairs as int64 bytes: a msgpack list of lists is ~3x larger
+            "receipts": np.array(self.receipts, dtype="<i8").reshape(-1, 2).tobytes(),
         }
 
     # -- the protocol ------------------------------------------------------------------------
@@ -246,7 +296,8 @@ class PeerHost:
             elif kind == SUBMIT:
                 self._on_submit(peer, message)
             elif kind == PUBLISH:
-                self.receipts.append((peer, int(message["index"])))
+                if not self.settings.full_publication:  # a full one reaches everyone
+                    self.receipts.append((peer, int(message["index"])))
                 self.counters.publications_received += 1
             else:
                 raise ProtocolError(f"unknown kind {kind!r}")
@@ -335,24 +386,28 @@ class PeerHost:
         released, record = self.releaser.release(
             np.stack([received[m] for m in order]), sizes, self.sensitivity(sizes), curator=0
         )
-        self.receipts.append((curator, index))
+        if not self.settings.full_publication:
+            self.receipts.append((curator, index))
         receivers = (
             [p for p in range(self.settings.n_peers) if p != curator]
             if self.settings.full_publication
             else [m for m in group.members.tolist() if m != curator]
         )
         model = pack_vector(released)
-        for receiver in receivers:
-            self.send(Send(PUBLISH, curator, receiver), group.group_id, index=index, model=model)
-        self.report(
-            {
-                "kind": DONE,
-                "group": group.group_id,
-                "members": group.members.tolist(),
-                "curator": curator,
-                "model": model,
-                "record": record.as_row(),
-            }
+        publication = {"kind": PUBLISH, "sender": curator, "group": group.group_id}
+        frame = encode({**publication, "index": index, "model": model})
+        self.send_frame(PUBLISH, curator, receivers, frame)
+        self.after_sends(
+            lambda: self.report(
+                {
+                    "kind": DONE,
+                    "group": group.group_id,
+                    "members": group.members.tolist(),
+                    "curator": curator,
+                    "model": model,
+                    "record": record.as_row(),
+                }
+            )
         )
 
 
@@ -373,7 +428,7 @@ async def serve(
     ``DIRECTORY`` of all ports, serves the protocol, and on ``FINISH`` waits until its peers
     received the publications the coordinator expects, then reports ``STATS``: messages and
     bytes sent per peer (the simulator's counts), frames and bytes per kind on the wire, the
-    receipts, and the frames refused.
+    receipts (``group`` publication: a ``full`` one reaches everyone), and the frames refused.
     """
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection("127.0.0.1", coordinator_port), settings.timeout
