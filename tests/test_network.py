@@ -10,6 +10,7 @@ import csv
 import math
 import os
 import signal
+import ssl
 import struct
 
 import msgpack
@@ -29,6 +30,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.simulation import simulate
 from p2pdp.net.host import HostSettings, PeerHost
+from p2pdp.net.tls import RunCredentials
 from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import Releaser
@@ -245,7 +247,7 @@ def _host(reports):
         np.array([5, 7]),
         releaser=releaser,
         sensitivity=lambda sizes: 2.0 / min(sizes),
-        settings=HostSettings(n_peers=3, full_publication=False),
+        settings=HostSettings(n_peers=3, hosts=1, full_publication=False),
         report=reports.append,
     )
     host.send = lambda send, group, **fields: reports.append(("sent", send))  # no sockets
@@ -324,3 +326,58 @@ def test_a_curator_never_releases_a_group_past_its_expiry():
     assert host.counters.refused["expired"] == 1
     host.handle(0, _submit(sender=2))
     assert host.counters.refused["submit"] == 1
+
+
+# -- mutual TLS: strangers and impostors are refused, the honest keep going ------------------
+def test_mutual_tls_refuses_strangers_impostors_and_replays():
+    credentials = RunCredentials.generate(hosts=2)
+    stranger = RunCredentials.generate(hosts=2)  # another run's CA and certificates
+    assign = {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1], "curator": 0,
+              "release": 0, "expires": 2e9}  # fmt: skip
+
+    async def connect(port, party, *, run=credentials, expect="host-0"):
+        context = run.parties[party].context(server=False)
+        return await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname=expect)
+
+    async def go():
+        host = PeerHost(
+            np.array([0, 1]),
+            np.array([[0.1, 0.2], [0.3, 0.4]]),
+            np.array([5, 7]),
+            releaser=_host([]).releaser,
+            sensitivity=lambda sizes: 2.0 / min(sizes),
+            settings=HostSettings(n_peers=4, hosts=2, full_publication=False),
+            report=lambda message: None,
+            credential=credentials.parties["host-0"],
+        )
+        port = (await host.listen())[0]
+        # no certificate at all: the handshake never completes, no frame is read
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(encode(assign))
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        # a certificate of another run; and a server that is not the host the client meant
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            await connect(port, "host-1", run=stranger)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await connect(port, "host-1", expect="host-1")
+        # host 1 (of this run) speaks for the coordinator, then for host 0's peer 1
+        _, writer = await connect(port, "host-1")
+        writer.write(encode(assign))
+        writer.write(encode(_submit(sender=1, members=[0, 1])))
+        await writer.drain()
+        # the coordinator assigns group 0, then the same frame again (a replay)
+        _, coordinator = await connect(port, "coordinator")
+        coordinator.write(encode(assign) + encode(assign))
+        await coordinator.drain()
+        await asyncio.sleep(0.3)
+        for w in (writer, coordinator):
+            w.close()
+        await host.close()
+        return host
+
+    host = asyncio.run(go())
+    assert host.counters.refused["assign"] == 2  # the impostor's and the replay
+    assert host.counters.refused["submit"] == 1  # host 1 cannot speak for peer 1
+    assert host.last_group == {0: 0}  # the coordinator's assignment was accepted

@@ -21,6 +21,7 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.net.coordinator import NetworkWorld, check_supported
 from p2pdp.net.host import HostSettings, serve
+from p2pdp.net.tls import Credential, RunCredentials, host_name
 from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import budget_ledger
 from p2pdp.tasks import make_task, prepared, release_path, sensitivity_of, task_statistics
@@ -35,9 +36,10 @@ def network_hosts(n_peers: int) -> int:
     return max(1, min(wanted, n_peers))
 
 
-def _settings(config: ScenarioConfig) -> HostSettings:
+def _settings(config: ScenarioConfig, hosts: int) -> HostSettings:
     return HostSettings(
         n_peers=config.partition.n_peers,
+        hosts=hosts,
         full_publication=config.publication.mode == "full",
         collect_timeout=config.groups.collect_timeout,
         # waits for a frame, a connection or a report: as long as a group, within [1, 10] s
@@ -64,11 +66,13 @@ def network_world(
     n_peers = config.partition.n_peers
     hosts = network_hosts(n_peers)
     context = multiprocessing.get_context("spawn")
+    credentials = RunCredentials.generate(hosts)
 
     def launch(host: int, port: int) -> Any:
+        credential = credentials.parties[host_name(host)]
         process = context.Process(
             target=host_main,
-            args=(config, fold, repetition, host, hosts, port),
+            args=(config, fold, repetition, host, hosts, port, credential),
             name=f"p2pdp-host-{host}",
             daemon=True,
         )
@@ -83,16 +87,24 @@ def network_world(
         rngs=rngs,
         launch=launch,
         hosts=hosts,
-        settings=_settings(config),
+        settings=_settings(config, hosts),
+        credentials=credentials,
         observers=observers,
     )
 
 
 def host_main(
-    config: ScenarioConfig, fold: int, repetition: int, host: int, hosts: int, port: int
+    config: ScenarioConfig,
+    fold: int,
+    repetition: int,
+    host: int,
+    hosts: int,
+    port: int,
+    credential: Credential,
 ) -> None:
     """Host process ``host`` of ``hosts``: prepare the fold, keep this host's peers'
-    statistics, serve them until the coordinator at ``127.0.0.1:port`` ends the run."""
+    statistics, serve them until the coordinator at ``127.0.0.1:port`` ends the run, as
+    ``credential`` (mutual TLS)."""
     logging.basicConfig(level=logging.WARNING, format=f"host {host}: %(message)s")
     task = make_task(config)
     statistics, sizes = task_statistics(
@@ -109,8 +121,9 @@ def host_main(
             own_sizes,
             releaser=releaser,
             sensitivity=sensitivity_of(task),
-            settings=_settings(config),
+            settings=_settings(config, hosts),
             host_index=host,
             coordinator_port=port,
+            credential=credential,
         )
     )

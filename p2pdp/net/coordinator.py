@@ -43,7 +43,8 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import Uniforms
-from p2pdp.net.host import DIRECTORY, DONE, FINISH, HELLO, STATS, HostSettings
+from p2pdp.net.host import DIRECTORY, DONE, FINISH, HELLO, STATS, HostSettings, hosts_of
+from p2pdp.net.tls import COORDINATOR, RunCredentials, host_name, identity
 from p2pdp.net.wire import ProtocolError, encode, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
@@ -170,8 +171,11 @@ class NetworkWorld:
         ``"protocol"``: the stream of groups and curators (the simulator's).
     launch : callable
         ``launch(host_index, port) -> process`` starts host ``host_index`` (of ``hosts``),
-        which connects to the coordinator at ``127.0.0.1:port``; the process needs ``join``,
-        ``is_alive`` and ``kill``.
+        which connects to the coordinator at ``127.0.0.1:port`` with its credential of
+        ``credentials``; the process needs ``join``, ``is_alive`` and ``kill``.
+    credentials : RunCredentials
+        The run's CA and every party's certificate (:mod:`p2pdp.net.tls`): every connection
+        is mutual TLS, and a host may speak only for itself.
     hosts : int
         Host processes (peers are split evenly among them).
     settings : HostSettings
@@ -191,6 +195,7 @@ class NetworkWorld:
         launch: Callable[[int, int], Any],
         hosts: int,
         settings: HostSettings,
+        credentials: RunCredentials,
         observers: Sequence[Any] = (),
     ) -> None:
         self.config = config
@@ -223,9 +228,9 @@ class NetworkWorld:
         self._done: dict[int, asyncio.Future] = {}
         self._in_flight: dict[int, Group] = {}
         self._writers: dict[int, asyncio.StreamWriter] = {}
-        self.host_of = np.empty(n_peers, dtype=np.int64)
-        for host, peers in enumerate(np.array_split(np.arange(n_peers), hosts)):
-            self.host_of[peers] = host
+        self.host_of = hosts_of(n_peers, hosts)
+        own = credentials.parties[COORDINATOR]
+        self._server_tls, self._client_tls = own.context(server=True), own.context(server=False)
         self.lost_hosts: set[int] = set()
 
     def wire_rows(self) -> list[dict[str, Any]]:
@@ -239,7 +244,7 @@ class NetworkWorld:
     async def _run(self) -> None:
         # asyncio objects belong to the loop that runs them: create them inside it
         self._hello, self._all_stats = asyncio.Event(), asyncio.Event()
-        server = await asyncio.start_server(self._control, "127.0.0.1", 0)
+        server = await asyncio.start_server(self._control, "127.0.0.1", 0, ssl=self._server_tls)
         port = server.sockets[0].getsockname()[1]
         try:
             self.processes = [self.launch(i, port) for i in range(self.n_hosts)]
@@ -280,6 +285,7 @@ class NetworkWorld:
     async def _control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         settings = self.settings
         host: int | None = None
+        who = identity(writer)
         try:
             while True:
                 message = await read_frame(
@@ -293,8 +299,13 @@ class NetworkWorld:
                         self._host_lost(host, "its connection closed")
                     return
                 kind = message["kind"]
+                claimed = int(message.get("host", -1))
+                if kind in (HELLO, STATS) and who != host_name(claimed):
+                    raise ProtocolError(f"{who!r} claims to be host {claimed}")
+                if kind == DONE and who != host_name(int(self.host_of[int(message["curator"])])):
+                    raise ProtocolError(f"{who!r} reports for curator {message['curator']}")
                 if kind == HELLO:
-                    host = int(message["host"])
+                    host = claimed
                     self._hosts[host] = writer
                     if not self.ports:
                         self.ports = [0] * self.n_peers
@@ -355,7 +366,13 @@ class NetworkWorld:
     async def _send(self, peer: int, message: dict[str, Any]) -> None:
         if peer not in self._writers:
             _, self._writers[peer] = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", self.ports[peer]), self.settings.timeout
+                asyncio.open_connection(
+                    "127.0.0.1",
+                    self.ports[peer],
+                    ssl=self._client_tls,
+                    server_hostname=host_name(int(self.host_of[peer])),
+                ),
+                self.settings.timeout,
             )
         frame = encode(message)
         self.wire.add(message["kind"], len(frame))

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity
 from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
 from p2pdp.privacy.release import Releaser
 from p2pdp.protocols.groups import (
@@ -48,7 +49,7 @@ from p2pdp.protocols.groups import (
     model_bytes,
 )
 
-__all__ = ["HostSettings", "PeerHost", "serve"]
+__all__ = ["HostSettings", "PeerHost", "hosts_of", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class HostSettings:
     ----------
     n_peers : int
         P; peers are numbered 0 .. P-1.
+    hosts : int
+        Host processes; peers are split over them in id order (:func:`hosts_of`).
     full_publication : bool
         ``publication.mode == "full"``: a curator sends the release to every other peer.
     collect_timeout : float
@@ -78,10 +81,19 @@ class HostSettings:
     """
 
     n_peers: int
+    hosts: int
     full_publication: bool
     collect_timeout: float = 10.0
     timeout: float = 10.0
     idle_timeout: float = 600.0
+
+
+def hosts_of(n_peers: int, hosts: int) -> np.ndarray:
+    """The host process of every peer, (P,) int: peers split evenly, in id order."""
+    owner = np.empty(n_peers, dtype=np.int64)
+    for host, peers in enumerate(np.array_split(np.arange(n_peers), hosts)):
+        owner[peers] = host
+    return owner
 
 
 @dataclass
@@ -115,6 +127,10 @@ class PeerHost:
     settings : HostSettings
     report : callable
         ``report(message)`` sends a control frame to the coordinator (``DONE``).
+    credential : Credential or None
+        This host's TLS identity (:mod:`p2pdp.net.tls`): every socket then requires the
+        other side's certificate of this run, and a frame is accepted only from the party
+        entitled to send it. None: plain TCP and no such check (tests of the protocol alone).
     """
 
     def __init__(
@@ -127,8 +143,14 @@ class PeerHost:
         sensitivity: Callable[[list[int]], float],
         settings: HostSettings,
         report: Callable[[dict[str, Any]], None],
+        credential: Credential | None = None,
     ) -> None:
         self.peers = [int(p) for p in peers]
+        self.host_of = hosts_of(settings.n_peers, settings.hosts)
+        self.credential = credential
+        self._server_tls = credential.context(server=True) if credential else None
+        self._client_tls = credential.context(server=False) if credential else None
+        self.last_group: dict[int, int] = {}  # peer -> the last group it was assigned
         self.row = {peer: i for i, peer in enumerate(self.peers)}
         self.statistics = statistics
         self.sizes = [int(s) for s in sizes]
@@ -162,7 +184,9 @@ class PeerHost:
         self._sending = asyncio.ensure_future(self._sender())
         ports = {}
         for peer in self.peers:
-            server = await asyncio.start_server(functools.partial(self._serve, peer), address, 0)
+            server = await asyncio.start_server(
+                functools.partial(self._serve, peer), address, 0, ssl=self._server_tls
+            )
             self.servers.append(server)
             ports[peer] = server.sockets[0].getsockname()[1]
         return ports
@@ -172,6 +196,7 @@ class PeerHost:
     ) -> None:
         """Read frames addressed to ``peer`` until the connection closes; a bad frame is
         logged and closes this connection only."""
+        who = identity(writer)  # the certificate's name (TLS), else None
         try:
             while True:
                 message = await read_frame(
@@ -179,7 +204,7 @@ class PeerHost:
                 )
                 if message is None:
                     return
-                self.handle(peer, message)
+                self.handle(peer, message, who)
         except (ProtocolError, TimeoutError, ConnectionError) as error:
             self.counters.refused[type(error).__name__] += 1
             log.warning("peer %d: refused a connection: %s", peer, error)
@@ -193,7 +218,14 @@ class PeerHost:
             async with self._connecting[receiver]:  # one connection per receiver
                 if receiver not in self._writers:
                     _, self._writers[receiver] = await asyncio.wait_for(
-                        asyncio.open_connection("127.0.0.1", self.ports[receiver]),
+                        asyncio.open_connection(
+                            "127.0.0.1",
+                            self.ports[receiver],
+                            ssl=self._client_tls,
+                            server_hostname=(
+                                host_name(int(self.host_of[receiver])) if self._client_tls else None
+                            ),
+                        ),
                         self.settings.timeout,
                     )
         return self._writers[receiver]
@@ -287,10 +319,13 @@ class PeerHost:
         }
 
     # -- the protocol ------------------------------------------------------------------------
-    def handle(self, peer: int, message: dict[str, Any]) -> None:
-        """One frame addressed to ``peer``, already known to be a map with a kind."""
+    def handle(self, peer: int, message: dict[str, Any], who: str | None = None) -> None:
+        """One frame addressed to ``peer``, already known to be a map with a kind, from the
+        TLS identity ``who`` (checked when this host uses TLS)."""
         kind = message["kind"]
         try:
+            if self.credential is not None:
+                self._check_sender(message, who)
             if kind == ASSIGN:
                 self._on_assign(peer, message)
             elif kind == SUBMIT:
@@ -305,6 +340,16 @@ class PeerHost:
             self.counters.refused[kind] += 1
             log.warning("peer %d: refused a %r frame: %s", peer, kind, error)
 
+    def _check_sender(self, message: dict[str, Any], who: str | None) -> None:
+        """Refuse a frame whose claimed sender is not what the connection authenticated:
+        assignments come from the coordinator, a peer's messages from the host running it."""
+        sender = int(message["sender"])
+        if sender != SAMPLER and not 0 <= sender < self.settings.n_peers:
+            raise ProtocolError(f"unknown sender {sender}")
+        entitled = COORDINATOR if sender == SAMPLER else host_name(int(self.host_of[sender]))
+        if who != entitled:
+            raise ProtocolError(f"sender {sender} impersonated by {who!r} (expected {entitled})")
+
     def _group(self, message: dict[str, Any]) -> Group:
         members = np.array([int(m) for m in message["members"]], dtype=np.int64)
         curator = int(message["curator"])
@@ -318,6 +363,9 @@ class PeerHost:
         group = self._group(message)
         if peer not in group.members.tolist():
             raise ProtocolError(f"assigned to group {group.group_id} without being a member")
+        if group.group_id <= self.last_group.get(peer, -1):  # groups are numbered in order
+            raise ProtocolError(f"assignment to group {group.group_id} replayed or out of order")
+        self.last_group[peer] = group.group_id
         if peer == group.curator:
             group, _ = self.groups.setdefault(group.group_id, (group, {}))
             self.release_index[group.group_id] = int(message["release"])
@@ -421,6 +469,7 @@ async def serve(
     settings: HostSettings,
     host_index: int,
     coordinator_port: int,
+    credential: Credential | None = None,
 ) -> None:
     """Run host ``host_index``: its peers' sockets, until the coordinator says the run is over.
 
@@ -430,8 +479,15 @@ async def serve(
     bytes sent per peer (the simulator's counts), frames and bytes per kind on the wire, the
     receipts (``group`` publication: a ``full`` one reaches everyone), and the frames refused.
     """
+    tls = credential.context(server=False) if credential else None
     reader, writer = await asyncio.wait_for(
-        asyncio.open_connection("127.0.0.1", coordinator_port), settings.timeout
+        asyncio.open_connection(
+            "127.0.0.1",
+            coordinator_port,
+            ssl=tls,
+            server_hostname=COORDINATOR if tls else None,
+        ),
+        settings.timeout,
     )
 
     def report(message: dict[str, Any]) -> None:
@@ -449,6 +505,7 @@ async def serve(
         sensitivity=sensitivity,
         settings=settings,
         report=report,
+        credential=credential,
     )
     try:
         ports = await host.listen()
