@@ -139,6 +139,13 @@ class PrivacyConfig:
     ``tau`` bounds each record's log-likelihood for ``mechanism = "posterior-sampling"`` (the
     utility's sensitivity, :mod:`p2pdp.privacy.posterior_sampling.posterior`); other mechanisms
     ignore it.
+
+    ``min_shard_size`` (default None) is a public lower bound on every peer's records: when
+    set, a group's sensitivity is computed from it (as if every member held that many) instead
+    of the members' claimed shard sizes, so no claim can shrink the noise; a peer with fewer
+    records is refused (the simulator: before the run; the network runtime: a submission
+    claiming fewer). Valid for tasks whose sensitivity does not grow with shard sizes (every
+    built-in one). None: the members' own sizes, taken on trust.
     """
 
     epsilon: float = field(default=1.0, metadata=check(Positive()))
@@ -154,6 +161,7 @@ class PrivacyConfig:
     )
     secure_aggregation: bool = field(default=False, metadata=check(Boolean()))
     noise_multiplier: float | None = field(default=None, metadata=check(Optional(Positive())))
+    min_shard_size: int | None = field(default=None, metadata=check(Optional(IntAtLeast(1))))
 
     def resolve_mechanism_name(self) -> str:
         """``"gaussian"`` when the mechanism's class is (a subclass of) the Gaussian mechanism."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import math
 import os
 import signal
@@ -35,6 +36,7 @@ from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpac
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import WorldObserver
+from p2pdp.tasks import make_task
 
 TIMING = {"sim_time", "wall_training_s", "wall_simulation_s", "wall_evaluation_s"}
 
@@ -381,3 +383,35 @@ def test_mutual_tls_refuses_strangers_impostors_and_replays():
     assert host.counters.refused["assign"] == 2  # the impostor's and the replay
     assert host.counters.refused["submit"] == 1  # host 1 cannot speak for peer 1
     assert host.last_group == {0: 0}  # the coordinator's assignment was accepted
+
+
+def test_a_claim_below_the_public_minimum_shard_size_is_refused():
+    reports = []
+    host = _host(reports)
+    host.settings = HostSettings(n_peers=3, hosts=1, full_publication=False, min_shard_size=6)
+    host.handle(0, _submit(size=5))
+    assert host.counters.refused["submit"] == 1
+    host.handle(0, _submit(size=6))
+    assert host.counters.refused["submit"] == 1  # at the minimum: accepted
+
+
+def test_a_public_minimum_shard_size_sets_every_groups_sensitivity():
+    """With privacy.min_shard_size the noise follows the public bound, never the claims;
+    a peer holding fewer records is refused before the run."""
+    config = _config("group")
+    bounded = dataclasses.replace(
+        config, privacy=dataclasses.replace(config.privacy, min_shard_size=10)
+    )
+    log = _Releases()
+    result = simulate(bounded, observers=(log,))
+    task = make_task(bounded)
+    expected = task.sensitivity([10, 10, 10])
+    assert result.aggregations > 0
+    assert {record.sensitivity for *_, record in log.groups} == {expected}
+    assert min(result.shard_sizes) > 10  # the claims would have given less noise
+    assert task.sensitivity([int(min(result.shard_sizes))] * 3) < expected
+    too_high = dataclasses.replace(
+        config, privacy=dataclasses.replace(config.privacy, min_shard_size=1000)
+    )
+    with pytest.raises(ConfigError, match=r"privacy.min_shard_size = 1000, but peer \d+ holds"):
+        simulate(too_high)

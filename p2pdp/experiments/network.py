@@ -41,6 +41,7 @@ def _settings(config: ScenarioConfig, hosts: int) -> HostSettings:
         n_peers=config.partition.n_peers,
         hosts=hosts,
         full_publication=config.publication.mode == "full",
+        min_shard_size=config.privacy.min_shard_size or 1,
         collect_timeout=config.groups.collect_timeout,
         # waits for a frame, a connection or a report: as long as a group, within [1, 10] s
         timeout=min(10.0, max(1.0, config.groups.collect_timeout)),
@@ -120,7 +121,7 @@ def host_main(
             own,
             own_sizes,
             releaser=releaser,
-            sensitivity=sensitivity_of(task),
+            sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
             settings=_settings(config, hosts),
             host_index=host,
             coordinator_port=port,

@@ -31,6 +31,7 @@ from p2pdp.sim.world import World, WorldObserver
 from p2pdp.tasks import (
     Evaluation,
     Outcome,
+    check_min_shard_size,
     evaluated,
     make_task,
     prepared,
@@ -306,6 +307,7 @@ def simulate(
     _PHASE[0] = "training"
     trained = _trained(task, trained, fold=fold, repetition=repetition)
     statistics, sizes = task_statistics(task, trained, config.partition.n_peers)
+    check_min_shard_size(sizes, config.privacy.min_shard_size)
     wall["training"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -331,7 +333,7 @@ def simulate(
             statistics,
             sizes,
             releaser=releaser,
-            sensitivity=sensitivity_of(task),
+            sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
             rngs=rngs,
             observers=(log, *observers),
         )

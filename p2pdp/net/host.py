@@ -69,6 +69,9 @@ class HostSettings:
         Host processes; peers are split over them in id order (:func:`hosts_of`).
     full_publication : bool
         ``publication.mode == "full"``: a curator sends the release to every other peer.
+    min_shard_size : int
+        The public lower bound on shard sizes (``privacy.min_shard_size``, else 1): a curator
+        refuses a submission that claims fewer records.
     collect_timeout : float
         Seconds the coordinator gives a group. Its assignment carries the wall-clock time
         (``time.time()``, one clock: every host is on this machine) after which the curator
@@ -83,6 +86,7 @@ class HostSettings:
     n_peers: int
     hosts: int
     full_publication: bool
+    min_shard_size: int = 1
     collect_timeout: float = 10.0
     timeout: float = 10.0
     idle_timeout: float = 600.0
@@ -394,8 +398,10 @@ class PeerHost:
         if sender in received:
             raise ProtocolError(f"a second submission from {sender} (replayed)")
         size = int(message["size"])
-        if size < 1:
-            raise ProtocolError(f"shard size {size} < 1")
+        if size < self.settings.min_shard_size:
+            raise ProtocolError(
+                f"shard size {size} below the public minimum {self.settings.min_shard_size}"
+            )
         if time.time() > self.deadline.get(group.group_id, math.inf):
             self._expire(group.group_id)
             raise ProtocolError(f"submission from {sender} after group {group.group_id} expired")

@@ -40,7 +40,15 @@ from p2pdp.core.rng import generator
 from p2pdp.privacy.mechanisms import checked, make_mechanism, mechanism_class
 from p2pdp.privacy.release import Aggregate, Releaser, ReleaseRecord
 
-__all__ = ["Evaluation", "Outcome", "Task", "make_task", "received_releases", "release_path"]
+__all__ = [
+    "Evaluation",
+    "Outcome",
+    "Task",
+    "check_min_shard_size",
+    "make_task",
+    "received_releases",
+    "release_path",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,21 +167,53 @@ def task_statistics(task: Task, prepared: Any, n_peers: int) -> tuple[np.ndarray
     return statistics, sizes
 
 
-def sensitivity_of(task: Task) -> Callable[[list[int]], float]:
+def sensitivity_of(task: Task, min_shard_size: int | None = None) -> Callable[[list[int]], float]:
     """``task.sensitivity`` as the world calls it per group, checked (a plug-in's): a number
-    > 0, finite."""
+    > 0, finite.
+
+    ``min_shard_size`` (``privacy.min_shard_size``): the sensitivity of a group of that many
+    members each holding exactly that many records, whatever sizes they claim; a claim below
+    it raises ConfigError (a curator refuses such a member).
+    """
     if is_builtin(task):
-        return task.sensitivity
+        checked = task.sensitivity
+    else:
 
-    def sensitivity(sizes: list[int]) -> float:
-        with calling("task", task, "sensitivity"):
-            value = task.sensitivity(sizes)
-        value = check_number(value, "task", task, "sensitivity")
-        if value == 0:
-            raise problem("task", task, "sensitivity", "returned 0: no noise would be added")
-        return value
+        def checked(sizes: list[int]) -> float:
+            with calling("task", task, "sensitivity"):
+                value = task.sensitivity(sizes)
+            value = check_number(value, "task", task, "sensitivity")
+            if value == 0:
+                raise problem("task", task, "sensitivity", "returned 0: no noise would be added")
+            return value
 
-    return sensitivity
+    if min_shard_size is None:
+        return checked
+    minimum = min_shard_size
+
+    def public(sizes: list[int]) -> float:
+        if min(sizes) < minimum:
+            raise ConfigError(
+                f"a group member holds {min(sizes)} records, below privacy.min_shard_size = "
+                f"{minimum}"
+            )
+        return checked([minimum] * len(sizes))
+
+    return public
+
+
+def check_min_shard_size(sizes: np.ndarray, min_shard_size: int | None) -> None:
+    """ConfigError naming the first peer whose shard is below ``privacy.min_shard_size``."""
+    if min_shard_size is None:
+        return
+    small = np.flatnonzero(np.asarray(sizes) < min_shard_size)
+    if small.size:
+        peer = int(small[0])
+        raise ConfigError(
+            f"privacy.min_shard_size = {min_shard_size}, but peer {peer} holds "
+            f"{int(sizes[peer])} records ({small.size} peers hold fewer): lower the bound or "
+            "give every peer more records"
+        )
 
 
 def evaluated(task: Task, prepared: Any, outcome: Outcome) -> Evaluation:
