@@ -409,15 +409,13 @@ def evaluate_ensembles(
     n_rows, n_peers = X.shape[0], ensembles.n_peers
     workers = current_workers() if is_builtin(rule) and n_peers >= PARALLEL_MIN_PEERS else 1
     bounds = np.linspace(0, n_peers, max(1, min(workers, n_peers)) + 1).astype(int)
-    # Split over processes, each scores with one BLAS thread (else 2 workers x 2 BLAS threads
-    # on 2 cores run slower than one process whose BLAS uses both cores).
-    with threadpool_limits(limits=1 if workers > 1 else None, user_api="blas"):
-        parts = forked_map(
-            _count_errors,
-            (ensembles, X, y, vote),
-            [slice(a, b) for a, b in itertools.pairwise(bounds.tolist())],
-            workers=workers,
-        )
+    pieces = [slice(a, b) for a, b in itertools.pairwise(bounds.tolist())]
+    if workers > 1:  # each process scores with one BLAS thread (2 workers x 2 BLAS threads
+        # on 2 cores ran slower than one process whose BLAS uses both cores)
+        with threadpool_limits(limits=1, user_api="blas"):
+            parts = forked_map(_count_errors, (ensembles, X, y, vote), pieces, workers=workers)
+    else:  # (threadpool_limits inspects the loaded libraries: ~ms, too much per cell)
+        parts = forked_map(_count_errors, (ensembles, X, y, vote), pieces, workers=1)
     wrong = np.concatenate([part[0] for part in parts])
     predicted_positive_on_pos = sum(part[1] for part in parts)
     predicted_positive_on_neg = sum(part[2] for part in parts)

@@ -638,9 +638,12 @@ class BudgetLedger:
         """Epsilon spent by each peer under the ledger's accountant, shape (P,)."""
         return composed(self.accountant, self.event, self._counts, delta_total=self.delta_total)
 
-    def aggregations(self) -> np.ndarray:
-        """Number of aggregations each peer joined, shape (P,) (a copy)."""
-        return self._counts.copy()
+    def aggregations(self, peers: np.ndarray | Sequence[int] | None = None) -> np.ndarray:
+        """Number of aggregations each peer joined, shape (P,), or of ``peers`` only (a
+        copy)."""
+        if peers is None:
+            return self._counts.copy()
+        return self._counts[self._peer_ids(peers)]
 
     def active_mask(self) -> np.ndarray:
         """Bool mask of peers that can still afford one more aggregation, shape (P,)."""

@@ -15,10 +15,10 @@ DESIGN.md's fixes):
    receives partial sums; see :mod:`p2pdp.privacy.secure_aggregation`.)
 3. The curator (:meth:`World.collected`) waits until all ``g`` models arrived (or
    ``collect_timeout`` passes: :meth:`World.timed_out` aborts the group and nobody is charged,
-   since nothing was released), asks the task for the group's sensitivity, **checks** every
-   member's budget, releases the aggregate through the one release path
-   (:class:`p2pdp.privacy.release.Releaser`: plaintext or secure) and **spends** every
-   member's budget.
+   since nothing was released), **checks and spends** every member's budget (all or nothing:
+   a member that cannot afford it stops the run before any noise is drawn), asks the task for
+   the group's sensitivity and releases the aggregate through the one release path
+   (:class:`p2pdp.privacy.release.Releaser`: plaintext or secure).
 4. The published model goes to the members (``group`` publication) or, as one broadcast, to
    every peer (``full`` publication). Publication is post-processing: it costs no budget.
 5. The :class:`CompletionMonitor` (the seed's CompletionAgent) ends the run when fewer than
@@ -356,14 +356,13 @@ class World:
     def step(self, group: Group, step: Step) -> None:
         """Carry out what the group's state machine decided: send its messages in order
         through the transport, then, if the curator holds every contribution, complete."""
+        send, peers = self.transport.send, self.peers
+        message = None  # one Message per run of (kind, sender): receivers never change it
         for kind, sender, receiver in step.sends:
-            self.transport.send(
-                sender,
-                self.peers[receiver].receive,
-                Message(kind, sender, group),
-                self.model_bytes if kind in CARRIES_MODEL else HEADER_BYTES,
-                coalesce=True,
-            )
+            if message is None or message.kind != kind or message.sender != sender:
+                message = Message(kind, sender, group)
+                n_bytes = self.model_bytes if kind in CARRIES_MODEL else HEADER_BYTES
+            send(sender, peers[receiver].receive, message, n_bytes, coalesce=True)
         if step.ready:
             group.handle.succeed()
 
@@ -372,8 +371,9 @@ class World:
         sensitivity = self.sensitivity(group.sizes)
         curator = group.submitted.index(group.curator)
         rows = np.array(group.submitted)  # an index array is faster than a list here
-        if self.statistics.ndim == 3:  # each member's statistic for its next release
-            statistics = self.statistics[rows, self.ledger.aggregations()[rows]]
+        if self.statistics.ndim == 3:  # each member's statistic for this release: the
+            # ledger already counts it, so its index among the member's releases is count - 1
+            statistics = self.statistics[rows, self.ledger.aggregations(rows) - 1]
         else:
             statistics = self.statistics[rows]
         return self.releaser.release(statistics, group.sizes, sensitivity, curator=curator)
@@ -395,8 +395,8 @@ class World:
             return
         self.shared.append(False)
         self.receipts.append((group.curator, index))  # the curator already holds the model
+        message = Message(PUBLISH, group.curator, group, index)  # the same for every member
         for _, sender, receiver in group.publications():
-            message = Message(PUBLISH, sender, group, index)
             self.transport.send(
                 sender, self.peers[receiver].receive, message, self.model_bytes, coalesce=True
             )
@@ -409,9 +409,10 @@ class World:
         if not self.online[group.curator]:  # the curator crashed: nothing released
             self.abort(group, "curator offline")
             return
-        self.ledger.check(group.members)  # before any noise is drawn
+        # Charge first: spend refuses a member that cannot afford it (all or nothing), so no
+        # noise is drawn for a group with a broke member; the release happens next.
+        self.ledger.spend(group.members)
         released, record = self.release(group)
-        self.ledger.spend(group.members)  # the release happens now
         self.releases.append(record)
         self.release_members.append(group.members.copy())
         for observer in self.observers:
