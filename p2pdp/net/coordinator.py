@@ -134,12 +134,11 @@ class _Clock:
 @dataclass
 class WireStats:
     """What travelled on the wire, measured: frames and bytes per message kind (every
-    sender: coordinator, peers, reports), frames refused per reason, wall seconds."""
+    sender: coordinator, peers, reports) and frames refused per reason."""
 
     frames: Counter = field(default_factory=Counter)
     bytes: Counter = field(default_factory=Counter)
     refused: Counter = field(default_factory=Counter)
-    seconds: float = 0.0
 
     def add(self, kind: str, n_bytes: int) -> None:
         self.frames[kind] += 1
@@ -490,4 +489,3 @@ class NetworkWorld:
             if not full:
                 pairs = np.frombuffer(stats["receipts"], dtype="<i8").reshape(-1, 2)
                 self.receipts.extend(map(tuple, pairs.tolist()))
-        self.wire.seconds = self.env.now
