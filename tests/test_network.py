@@ -13,6 +13,7 @@ import os
 import signal
 import ssl
 import struct
+import time
 
 import msgpack
 import numpy as np
@@ -30,9 +31,11 @@ from p2pdp.config import (
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.simulation import simulate
+from p2pdp.net.coordinator import NetworkWorld
 from p2pdp.net.host import HostSettings, PeerHost
 from p2pdp.net.tls import RunCredentials
 from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
+from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import WorldObserver
@@ -99,7 +102,9 @@ def test_network_runtime_releases_what_the_simulator_releases(mode, monkeypatch)
     assert frames["refused"] == 0 and frames["hosts lost"] == 0
 
 
-def test_the_cli_runs_a_scenario_on_the_network_and_says_the_noise_is_seeded(tmp_path, monkeypatch):
+def test_the_cli_runs_a_scenario_on_the_network_and_says_the_noise_is_seeded(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(
@@ -115,6 +120,9 @@ def test_the_cli_runs_a_scenario_on_the_network_and_says_the_noise_is_seeded(tmp
     wire = list(csv.DictReader((out / "wire.csv").open()))
     assert {r["kind"] for r in wire} >= {"assign", "submit", "publish", "refused"}
     assert int(row["aggregations"]) > 0
+    # its cells must not mix with simulated ones: a resume on the other runtime is refused
+    assert cli(["run", str(scenario), "--out", str(out), "--resume"]) != 0
+    assert "--resume --runtime network" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -127,6 +135,43 @@ def test_the_cli_runs_a_scenario_on_the_network_and_says_the_noise_is_seeded(tmp
 def test_settings_the_network_runtime_does_not_run_are_refused_by_name(setting, value):
     with pytest.raises(ConfigError, match=f"groups.{setting} = .* not supported by the network"):
         simulate(_config("group", **{setting: value}), runtime="network")
+
+
+def test_simulated_message_loss_is_refused_not_ignored():
+    config = _config("group")
+    lossy = dataclasses.replace(config, network=dataclasses.replace(config.network, loss=0.2))
+    with pytest.raises(ConfigError, match="network.loss = 0.2 is not supported"):
+        simulate(lossy, runtime="network")
+
+
+def test_a_host_that_dies_at_start_fails_the_run_at_once():
+    """E.g. a script without the main guard: spawn cannot start the hosts."""
+
+    class Dead:
+        def is_alive(self):
+            return False
+
+        def join(self, timeout=None):
+            pass
+
+        def kill(self):
+            pass
+
+    world = NetworkWorld(
+        _config("group"),
+        n_peers=12,
+        dim=3,
+        ledger=BudgetLedger(12, epsilon_total=1.0, epsilon_per_aggregation=0.25),
+        rngs={"protocol": np.random.default_rng(0)},
+        launch=lambda host, port: Dead(),
+        hosts=2,
+        settings=HostSettings(n_peers=12, hosts=2, full_publication=False),
+        credentials=RunCredentials.generate(hosts=2),
+    )
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"host processes \[0, 1\] exited.*__main__"):
+        world.run()
+    assert time.perf_counter() - start < 5
 
 
 class _Fault(WorldObserver):

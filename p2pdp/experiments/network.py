@@ -26,7 +26,7 @@ from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import budget_ledger
 from p2pdp.tasks import make_task, prepared, release_path, sensitivity_of, task_statistics
 
-__all__ = ["host_main", "network_hosts", "network_world"]
+__all__ = ["check_network_settings", "host_main", "network_hosts", "network_world"]
 
 
 def network_hosts(n_peers: int) -> int:
@@ -48,6 +48,20 @@ def _settings(config: ScenarioConfig, hosts: int) -> HostSettings:
     )
 
 
+def check_network_settings(config: ScenarioConfig) -> None:
+    """ConfigError naming a setting of ``config`` the network runtime does not run (before
+    anything starts: the runner checks every grid point first)."""
+    from p2pdp.privacy.mechanisms import mechanism_class
+
+    check_supported(
+        config,
+        scale_family=bool(
+            getattr(mechanism_class(config.privacy.mechanism), "scale_family", False)
+        ),
+        per_release=config.privacy.needs_records,
+    )
+
+
 def network_world(
     config: ScenarioConfig,
     releaser: Releaser,
@@ -63,7 +77,7 @@ def network_world(
         config,
         scale_family=bool(getattr(releaser.mechanism, "scale_family", False)),
         per_release=statistics.ndim == 3,
-    )
+    )  # the mechanism as built (a plug-in's from_config may differ from its class)
     n_peers = config.partition.n_peers
     hosts = network_hosts(n_peers)
     context = multiprocessing.get_context("spawn")

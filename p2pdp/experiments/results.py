@@ -271,6 +271,7 @@ class ResultsStore:
         resume: bool = False,
         force: bool = False,
         cell_ids: Sequence[str] | None = None,
+        runtime: str = "simulation",
     ) -> ResultsStore:
         """Lock ``directory``, check it against ``scenario``, then create or reopen the store.
 
@@ -281,8 +282,10 @@ class ResultsStore:
         after :func:`repair`), or ``force`` is set (then the old files are deleted first).
         A resume is also refused if what the cells depend on changed (:func:`run_inputs`:
         the p2pdp version, the data files' sha256) or a row names a cell outside
-        ``cell_ids``; a cell whose rows in ``roc.csv`` or an extra table are missing (a file
-        deleted or cut) is not done: its rows are dropped and it runs again.
+        ``cell_ids``, or the folder's cells ran on another ``runtime`` (``simulation`` or
+        ``network``: their rows must not mix); a cell whose rows in ``roc.csv`` or an extra
+        table are missing (a file deleted or cut) is not done: its rows are dropped and it
+        runs again.
 
         Raises
         ------
@@ -329,6 +332,13 @@ class ResultsStore:
             }
             inputs = run_inputs(scenario)
             if existing is not None:
+                before = existing.get("runtime", "simulation")
+                if before != runtime:
+                    flag = "" if before == "simulation" else f" --runtime {before}"
+                    raise ConfigError(
+                        f"--out {directory} holds cells run on the {before} runtime; resume "
+                        f"them on the same one (--resume{flag}), or --force to discard them"
+                    )
                 _check_inputs(directory, existing, inputs)
                 done = repair(directory)
                 _check_cell_ids(directory, existing, done)
@@ -342,6 +352,7 @@ class ResultsStore:
             else:
                 done = frozenset()
                 manifest = _new_manifest(scenario, n_cells, cell_ids, inputs)
+                manifest["runtime"] = runtime
                 manifest["sessions"] = [session]
             manifest["status"] = "running"
             manifest.pop("error", None)

@@ -46,7 +46,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers
 from p2pdp.core.validation import OneOf
 from p2pdp.experiments.disclosure import non_private_column
-from p2pdp.experiments.network import network_hosts
+from p2pdp.experiments.network import check_network_settings, network_hosts
 from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.experiments.scenario import Scenario
 from p2pdp.experiments.simulation import RUNTIMES, current_phase, simulate
@@ -264,6 +264,9 @@ def run_experiment(
             "--runtime network runs the peers as processes on this machine; it does not "
             f"take --scheduler (got {scheduler!r})"
         )
+    if runtime == "network":  # refuse what it does not run before touching the folder
+        for point in scenario.points:
+            check_network_settings(point.config)
     cells = make_cells(scenario)
     client = _connect(scheduler) if scheduler is not None else None
     try:
@@ -280,6 +283,7 @@ def run_experiment(
             backend=backend,
             resume=resume,
             force=force,
+            runtime=runtime,
         ) as store:
             previous = store.lock.previous
             if previous and progress is not None:

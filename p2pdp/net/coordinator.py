@@ -31,6 +31,7 @@ a statistic.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import Counter
@@ -75,7 +76,7 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
         (
             config.privacy.secure_aggregation,
             "privacy.secure_aggregation",
-            True,
+            config.privacy.secure_aggregation,
             "false (secure aggregation's payloads do not travel yet)",
         ),
         (
@@ -91,12 +92,18 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
             "a scale family (its curators replay the run's noise stream)",
         ),
         (per_release, "privacy.mechanism", config.privacy.mechanism, "one statistic per peer"),
+        (
+            config.network.loss > 0,
+            "network.loss",
+            config.network.loss,
+            "0 (a real network loses what it loses; simulated loss is not injected)",
+        ),
     ]
     for refused, key, value, supported in refusals:
         if refused:
             raise ConfigError(
-                f"{key} = {value!r} is not supported by the network runtime yet; it runs "
-                f"{supported}"
+                f"{key} = {json.dumps(value)} is not supported by the network runtime yet; it "
+                f"runs {supported}"
             )
 
 
@@ -263,14 +270,24 @@ class NetworkWorld:
             self._stop_processes()
 
     async def _wait(self, event: asyncio.Event, timeout: float, what: str) -> None:
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
+        """Until ``event`` is set; RuntimeError after ``timeout`` s, or as soon as a host
+        process has exited (it will never answer)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not event.is_set():
             dead = [i for i, p in enumerate(self.processes) if not p.is_alive()]
-            raise RuntimeError(
-                f"network runtime: waited {timeout:.0f} s for {what}; host processes "
-                f"{dead or 'none'} exited"
-            ) from None
+            if dead:
+                raise RuntimeError(
+                    f"network runtime: host processes {dead} exited while waiting for {what} "
+                    "(their errors are printed above). From a script, call simulate/"
+                    'run_experiment under `if __name__ == "__main__":` (hosts start with '
+                    "spawn, which imports the main module again)"
+                )
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"network runtime: waited {timeout:.0f} s for {what}")
+            try:
+                await asyncio.wait_for(event.wait(), 0.2)
+            except TimeoutError:
+                pass
 
     def _stop_processes(self) -> None:
         for process in self.processes:
