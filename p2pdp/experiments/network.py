@@ -20,7 +20,7 @@ import numpy as np
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.net.coordinator import NetworkWorld, check_supported
-from p2pdp.net.host import HostSettings, serve
+from p2pdp.net.host import HostSettings, hosts_of, serve
 from p2pdp.net.tls import Credential, RunCredentials, host_name
 from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import budget_ledger
@@ -125,7 +125,7 @@ def host_main(
     statistics, sizes = task_statistics(
         task, prepared(task, fold=fold, repetition=repetition), config.partition.n_peers
     )
-    peers = np.array_split(np.arange(config.partition.n_peers), hosts)[host]
+    peers = np.flatnonzero(hosts_of(config.partition.n_peers, hosts) == host)
     own, own_sizes = statistics[peers].copy(), sizes[peers].copy()
     del statistics
     _, releaser, _ = release_path(config, task, own.shape[-1], fold=fold, repetition=repetition)

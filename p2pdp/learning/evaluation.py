@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -410,12 +411,11 @@ def evaluate_ensembles(
     workers = current_workers() if is_builtin(rule) and n_peers >= PARALLEL_MIN_PEERS else 1
     bounds = np.linspace(0, n_peers, max(1, min(workers, n_peers)) + 1).astype(int)
     pieces = [slice(a, b) for a, b in itertools.pairwise(bounds.tolist())]
-    if workers > 1:  # each process scores with one BLAS thread (2 workers x 2 BLAS threads
-        # on 2 cores ran slower than one process whose BLAS uses both cores)
-        with threadpool_limits(limits=1, user_api="blas"):
-            parts = forked_map(_count_errors, (ensembles, X, y, vote), pieces, workers=workers)
-    else:  # (threadpool_limits inspects the loaded libraries: ~ms, too much per cell)
-        parts = forked_map(_count_errors, (ensembles, X, y, vote), pieces, workers=1)
+    # Forked workers score with one BLAS thread each (2 workers x 2 BLAS threads on 2 cores
+    # ran slower than one process whose BLAS uses both cores); one process keeps its BLAS.
+    one_thread = threadpool_limits(limits=1, user_api="blas") if workers > 1 else nullcontext()
+    with one_thread:
+        parts = forked_map(_count_errors, (ensembles, X, y, vote), pieces, workers=workers)
     wrong = np.concatenate([part[0] for part in parts])
     predicted_positive_on_pos = sum(part[1] for part in parts)
     predicted_positive_on_neg = sum(part[2] for part in parts)

@@ -49,7 +49,14 @@ from p2pdp.net.tls import COORDINATOR, RunCredentials, host_name, identity
 from p2pdp.net.wire import ProtocolError, encode, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
-from p2pdp.protocols.groups import ASSIGN, SAMPLER, Group, GroupPool
+from p2pdp.protocols.groups import (
+    ASSIGN,
+    SAMPLER,
+    Group,
+    GroupPool,
+    failed_in_a_row,
+    too_few_solvent,
+)
 
 __all__ = ["NetworkWorld", "check_supported"]
 
@@ -248,8 +255,6 @@ class NetworkWorld:
         asyncio.run(self._run())
 
     async def _run(self) -> None:
-        # asyncio objects belong to the loop that runs them: create them inside it
-        self._hello, self._all_stats = asyncio.Event(), asyncio.Event()
         server = await asyncio.start_server(self._control, "127.0.0.1", 0, ssl=self._server_tls)
         port = server.sockets[0].getsockname()[1]
         try:
@@ -451,9 +456,7 @@ class NetworkWorld:
             back = members[self.ledger.can_afford(members)]
             self.pool.add([p for p in back.tolist() if self.host_of[p] not in self.lost_hosts])
         self.monitor.stop_reason = (
-            f"{max_failed} aggregations in a row failed"
-            if failed >= max_failed
-            else f"fewer than {g} peers can afford another aggregation"
+            failed_in_a_row(max_failed) if failed >= max_failed else too_few_solvent(g)
         )
 
     def _released(self, group: Group, report: dict[str, Any], *, full: bool) -> None:

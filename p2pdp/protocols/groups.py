@@ -48,7 +48,9 @@ __all__ = [
     "GroupPool",
     "Send",
     "Step",
+    "failed_in_a_row",
     "model_bytes",
+    "too_few_solvent",
 ]
 
 SAMPLER = -1  # sender id of the central sampler
@@ -70,6 +72,17 @@ HEADER_BYTES, FLOAT_BYTES = 64, 8
 def model_bytes(dim: int) -> int:
     """Simulated size of one model message: ``dim`` float64 values plus a header."""
     return HEADER_BYTES + FLOAT_BYTES * dim
+
+
+def failed_in_a_row(max_failed: int) -> str:
+    """Why a run stops after ``groups.max_failed_attempts`` aborted aggregations in a row
+    (every sampler and runtime words it the same: it is a column of the rows)."""
+    return f"{max_failed} aggregations in a row failed"
+
+
+def too_few_solvent(group_size: int) -> str:
+    """Why a run stops when fewer than ``g`` peers can afford another aggregation."""
+    return f"fewer than {group_size} peers can afford another aggregation"
 
 
 class Send(NamedTuple):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from p2pdp.core.rng import Uniforms
-from p2pdp.protocols.groups import GroupPool
+from p2pdp.protocols.groups import GroupPool, failed_in_a_row, too_few_solvent
 
 if TYPE_CHECKING:  # the world imports this module
     import simpy
@@ -95,9 +95,9 @@ class CentralSampler:
                 self.in_flight += 1
                 world.start_group(members, curator)
             if self.failed_in_a_row >= max_failed:
-                self.stop_reason = f"{max_failed} aggregations in a row failed"
+                self.stop_reason = failed_in_a_row(max_failed)
             elif self.in_flight == 0 and self.not_ready == 0 and len(self.pool) < g:
-                self.stop_reason = f"fewer than {g} peers can afford another aggregation"
+                self.stop_reason = too_few_solvent(g)
             if self.stop_reason and self.in_flight == 0:
                 self.done.succeed(self.stop_reason)
                 return

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from p2pdp.core.rng import Uniforms
+from p2pdp.protocols.groups import failed_in_a_row, too_few_solvent
 from p2pdp.sim.gossip.faults import Faults
 from p2pdp.sim.gossip.formation import GroupFormation
 from p2pdp.sim.gossip.views import TICKS_PER_PERIOD, Newscast, PeerSampling
@@ -160,11 +161,9 @@ class GossipSampler:
         if not self.stop_reason:
             formation = self.formation
             if formation.n_solvent < self.group_size:
-                self.stop_reason = (
-                    f"fewer than {self.group_size} peers can afford another aggregation"
-                )
+                self.stop_reason = too_few_solvent(self.group_size)
             elif self.aborted_in_a_row >= self.max_failed:
-                self.stop_reason = f"{self.max_failed} aggregations in a row failed"
+                self.stop_reason = failed_in_a_row(self.max_failed)
             elif (
                 formation.n_trying == 0
                 and formation.attempts_in_flight == 0
