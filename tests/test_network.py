@@ -461,3 +461,39 @@ def test_a_public_minimum_shard_size_sets_every_groups_sensitivity():
         simulate(too_high)
     with pytest.raises(ConfigError, match="privacy.min_shard_size must be an integer >= 1, got 0"):
         dataclasses.replace(config.privacy, min_shard_size=0)
+
+
+def test_a_host_keeps_sending_when_a_receiver_is_gone():
+    """A connection that fails while draining (its host finished and closed, say) costs its
+    frames, not the host's sender: later frames are still written and a flush returns."""
+
+    class Gone:  # a connection whose other end has closed, with a frame still to send
+        class transport:
+            @staticmethod
+            def get_write_buffer_size():
+                return 1
+
+        def write(self, data):
+            pass
+
+        async def drain(self):
+            raise ConnectionResetError("Connection lost")
+
+        def close(self):
+            pass
+
+    async def go():
+        host = _host([])
+        host._sending = asyncio.ensure_future(host._sender())
+        host._writers = {1: Gone(), 2: Gone()}
+        host.send_frame("publish", 0, [1, 2], b"frame")
+        await asyncio.wait_for(host.flush(), 5)
+        host._writers[1] = Gone()
+        host.send_frame("publish", 0, [1], b"frame")
+        await asyncio.wait_for(host.flush(), 5)
+        await host.close()
+        return host
+
+    host = asyncio.run(go())
+    assert host.counters.refused["unreachable"] == 3
+    assert host.counters.wire["publish"] == 3  # counted as sent, as the simulator counts them

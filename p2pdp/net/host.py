@@ -180,7 +180,7 @@ class PeerHost:
         self._outbox: deque[tuple[int | None, Any]] = deque()  # (receiver, frame) or action
         self._connecting: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._sending: asyncio.Future | None = None
-        self._more, self._idle = asyncio.Event(), asyncio.Event()  # outbox: not empty, empty
+        self._more = asyncio.Event()  # set when the outbox has something to write
 
     # -- sockets -----------------------------------------------------------------------------
     async def listen(self, address: str = "127.0.0.1") -> dict[int, int]:
@@ -265,40 +265,52 @@ class PeerHost:
     async def _sender(self) -> None:
         """Write the outbox in order, draining each touched connection before the next
         action (a curator's report waits until its publications are written: back-pressure,
-        so no backlog grows without bound)."""
+        so no backlog grows without bound). A receiver that is gone costs its frames, never
+        this task: a connection that fails is counted ``unreachable`` and dropped."""
         touched: dict[int, asyncio.StreamWriter] = {}
         while True:
             if not self._outbox:
-                self._idle.set()
                 self._more.clear()
                 await self._more.wait()
-                self._idle.clear()
                 continue
             receiver, item = self._outbox.popleft()
             if receiver is None:
-                for writer in touched.values():
-                    await asyncio.wait_for(writer.drain(), self.settings.timeout)
-                touched.clear()
+                await self._drain(touched)
                 item()
                 continue
             try:
                 writer = await self._writer(receiver)
                 writer.write(item)
-                touched[receiver] = writer
-                if len(touched) >= 64:  # bound the unflushed bytes
-                    for writer in touched.values():
-                        await asyncio.wait_for(writer.drain(), self.settings.timeout)
-                    touched.clear()
-            except (OSError, TimeoutError) as error:  # the receiver's host is gone
-                self.counters.refused["unreachable"] += 1
-                self._writers.pop(receiver, None)
-                log.warning("frame to peer %d not delivered: %s", receiver, error)
+            except (OSError, TimeoutError) as error:
+                self._unreachable(receiver, error)
+                continue
+            touched[receiver] = writer
+            if len(touched) >= 64:  # bound the unflushed bytes
+                await self._drain(touched)
+
+    async def _drain(self, touched: dict[int, asyncio.StreamWriter]) -> None:
+        """Wait until the frames written to ``touched`` receivers left; then forget them. (A
+        connection with nothing left to send is not drained: its other end may have closed
+        since, after reading everything.)"""
+        for receiver, writer in touched.items():
+            if not writer.transport.get_write_buffer_size():
+                continue
+            try:
+                await asyncio.wait_for(writer.drain(), self.settings.timeout)
+            except (OSError, TimeoutError) as error:  # e.g. its host finished and closed
+                self._unreachable(receiver, error)
+        touched.clear()
+
+    def _unreachable(self, receiver: int, error: BaseException) -> None:
+        self.counters.refused["unreachable"] += 1
+        self._writers.pop(receiver, None)
+        log.warning("frame to peer %d not delivered: %s", receiver, error)
 
     async def flush(self) -> None:
-        """Wait until every frame sent so far is written."""
-        self.after_sends(lambda: None)
-        await asyncio.sleep(0)
-        await self._idle.wait()
+        """Wait until every frame sent so far is written (or found undeliverable)."""
+        written = asyncio.get_running_loop().create_future()
+        self.after_sends(lambda: written.set_result(None))  # only this action resolves it
+        await written
 
     async def close(self) -> None:
         if self._sending is not None:
