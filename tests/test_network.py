@@ -43,13 +43,19 @@ from p2pdp.tasks import make_task
 TIMING = {"sim_time", "wall_training_s", "wall_simulation_s", "wall_evaluation_s"}
 
 
-def _config(mode: str, **groups) -> ScenarioConfig:
+#: Secure aggregation: splittable noise, and the public shard-size bound the network needs.
+SECURE = {"mechanism": "coordinate-laplace", "secure_aggregation": True, "min_shard_size": 20}
+
+
+def _config(mode: str, *, secure: bool = False, **groups) -> ScenarioConfig:
     return ScenarioConfig(
         seed=11,
         data=DataConfig(dataset="synthetic", synthetic_rows=360, synthetic_test_rows=120),
         partition=PartitionConfig(n_peers=12),
         groups=GroupsConfig(group_size=3, **groups),
-        privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=0.25),
+        privacy=PrivacyConfig(
+            epsilon=1.0, epsilon_per_aggregation=0.25, **(SECURE if secure else {})
+        ),
         publication=PublicationConfig(mode=mode),
         evaluation=EvaluationConfig(split="fixed"),
     )
@@ -68,12 +74,16 @@ class _Releases(WorldObserver):
         raise AssertionError(f"group {group.group_id} aborted: {reason}")
 
 
-@pytest.mark.parametrize("mode", ["group", "full"])
-def test_network_runtime_releases_what_the_simulator_releases(mode, monkeypatch):
+@pytest.mark.parametrize(
+    ("mode", "secure"), [("group", False), ("full", False), ("group", True), ("full", True)]
+)
+def test_network_runtime_releases_what_the_simulator_releases(mode, secure, monkeypatch):
     """Same groups, curators, release records and metrics; messages and bytes per peer as
-    the simulator counts them; the wire table counts one frame per protocol message."""
+    the simulator counts them; the wire table counts one frame per protocol message. With
+    secure aggregation the fixed-point shares and partial sums travel for real (the masks
+    from each host's CSPRNG: they cancel), and the decoded releases are the simulator's."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
-    config = _config(mode)
+    config = _config(mode, secure=secure)
     seen = {runtime: _Releases() for runtime in ("simulation", "network")}
     results = {
         runtime: simulate(config, runtime=runtime, observers=(seen[runtime],)) for runtime in seen
@@ -96,7 +106,13 @@ def test_network_runtime_releases_what_the_simulator_releases(mode, monkeypatch)
     frames = {row["kind"]: row["frames"] for row in network.wire}
     g, releases = 3, network.aggregations
     assert frames["assign"] == g * releases
-    assert frames["submit"] == (g - 1) * releases
+    if secure:  # every member shares with every other, every other sends its partial sum
+        assert "submit" not in frames
+        assert frames["share"] == g * (g - 1) * releases
+        assert frames["partial"] == (g - 1) * releases
+        assert all(record.secure for *_, record in seen["network"].groups)
+    else:
+        assert frames["submit"] == (g - 1) * releases
     assert frames["publish"] == (12 - 1 if mode == "full" else g - 1) * releases
     assert frames["refused"] == 0 and frames["hosts lost"] == 0
 
@@ -134,6 +150,16 @@ def test_the_cli_runs_a_scenario_on_the_network_and_says_the_noise_is_seeded(
 def test_settings_the_network_runtime_does_not_run_are_refused_by_name(setting, value):
     with pytest.raises(ConfigError, match=f"groups.{setting} = .* not supported by the network"):
         simulate(_config("group", **{setting: value}), runtime="network")
+
+
+def test_secure_aggregation_without_a_public_shard_size_bound_is_refused():
+    config = _config("group", secure=True)
+    unbounded = dataclasses.replace(
+        config, privacy=dataclasses.replace(config.privacy, min_shard_size=None)
+    )
+    with pytest.raises(ConfigError, match="secure_aggregation = true on the network runtime "
+                       "needs privacy.min_shard_size"):  # fmt: skip
+        simulate(unbounded, runtime="network")
 
 
 def test_simulated_message_loss_is_refused_not_ignored():
@@ -192,12 +218,14 @@ def _charged_only_for_releases(result, releases):
     np.testing.assert_array_equal(result.aggregations_per_peer, counts)
 
 
-def test_a_host_killed_mid_run_leaves_the_run_to_the_others(monkeypatch):
+@pytest.mark.parametrize("secure", [False, True])
+def test_a_host_killed_mid_run_leaves_the_run_to_the_others(secure, monkeypatch):
     """kill -9 of a host process: its peers leave, the group in flight with one of them is
-    aborted, nobody is charged for it, and the others finish the run."""
+    aborted (secure: whatever shares were already sent), nobody is charged for it, and the
+    others finish the run."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
     fault = _Fault(at=2, signal=signal.SIGKILL)
-    result = simulate(_config("group"), runtime="network", observers=(fault,))
+    result = simulate(_config("group", secure=secure), runtime="network", observers=(fault,))
     lost = {row["kind"]: row["frames"] for row in result.wire}["hosts lost"]
     assert lost == 1
     assert result.aggregations == len(fault.releases) > 2
@@ -205,13 +233,14 @@ def test_a_host_killed_mid_run_leaves_the_run_to_the_others(monkeypatch):
     _charged_only_for_releases(result, fault.releases)
 
 
-def test_a_stopped_host_times_its_groups_out_and_is_killed_at_the_end(monkeypatch):
+@pytest.mark.parametrize("secure", [False, True])
+def test_a_stopped_host_times_its_groups_out_and_is_killed_at_the_end(secure, monkeypatch):
     """A host that stops answering (SIGSTOP: a partition, or a peer slower than the
     timeout): its groups are aborted after groups.collect_timeout, nobody is charged for
     them, and the run ends instead of hanging."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
     fault = _Fault(at=1, signal=signal.SIGSTOP)
-    config = _config("group", collect_timeout=1.0, max_failed_attempts=3)
+    config = _config("group", secure=secure, collect_timeout=1.0, max_failed_attempts=3)
     result = simulate(config, runtime="network", observers=(fault,))
     assert result.aborted_groups >= 1
     assert result.stop_reason == "3 aggregations in a row failed"
@@ -497,3 +526,112 @@ def test_a_host_keeps_sending_when_a_receiver_is_gone():
     host = asyncio.run(go())
     assert host.counters.refused["unreachable"] == 3
     assert host.counters.wire["publish"] == 3  # counted as sent, as the simulator counts them
+
+
+# -- secure aggregation between the peers of one host, frames routed by hand -----------------
+SECURE_STATISTICS = np.array([[0.1, -0.2], [0.3, 0.4], [-0.5, 0.25]])
+
+
+def _secure_host(reports):
+    """Peers 0, 1, 2 on one host (shard sizes 5, 7, 6; public minimum 5), secure
+    aggregation of the mean; returns the host and the list its messages go to."""
+    releaser = Releaser(
+        make_mechanism("coordinate-laplace", epsilon=1.0),
+        2,
+        aggregate="mean",
+        secure=True,
+        noise_rng=np.random.default_rng(0),
+        share_rng=np.random.default_rng(1),
+        member_seed=np.random.SeedSequence(7),
+    )
+    host = PeerHost(
+        np.arange(3),
+        SECURE_STATISTICS,
+        np.array([5, 7, 6]),
+        releaser=releaser,
+        sensitivity=lambda sizes: 2.0 / min(sizes),
+        settings=HostSettings(n_peers=3, hosts=1, full_publication=False, min_shard_size=5),
+        report=reports.append,
+    )
+    outbox = []
+    host.send = lambda send, group, **fields: outbox.append(
+        (send.receiver, {"kind": send.kind, "sender": send.sender, "group": group, **fields})
+    )
+    return host, outbox
+
+
+def _assign(peer_group=0, expires=2e9):
+    return {"kind": "assign", "sender": -1, "group": peer_group, "members": [0, 1, 2],
+            "curator": 0, "release": 0, "expires": expires}  # fmt: skip
+
+
+def _route(host, outbox):
+    """Deliver every message sent so far (and those they cause), in order."""
+    delivered = []
+    while outbox:
+        receiver, message = outbox.pop(0)
+        delivered.append((receiver, message))
+        host.handle(receiver, message)
+    return delivered
+
+
+def test_a_secure_round_releases_the_noisy_mean_and_only_masked_shares_travel():
+    """Members 0, 1, 2 share fixed-point encodings of w_i / K + eta_i; the curator decodes
+    the sum of the partial sums: the mean plus every member's own noise share (drawn from
+    its stream, so the simulator releases the same), to fixed-point precision. The shares
+    on the wire come from the OS's CSPRNG: another run with the same seeds sends other
+    shares and releases the same model."""
+    runs = []
+    for _ in range(2):
+        reports = []
+        host, outbox = _secure_host(reports)
+        for peer in range(3):
+            host.handle(peer, _assign())
+        runs.append((_route(host, outbox), reports, host))
+    (sent_a, (done_a,), host), (sent_b, (done_b,), _) = runs
+    releaser = host.releaser
+    noise = sum(releaser.noise_share(2.0 / 5, 3, group=0, peer=peer) for peer in range(3))
+    model = unpack_vector(done_a["model"], shape=(2,))
+    np.testing.assert_allclose(model, SECURE_STATISTICS.mean(axis=0) + noise, atol=3 * 2.0**-37)
+    assert done_a["model"] == done_b["model"]
+    assert done_a["record"]["secure"] and done_a["record"]["n_min"] == 5
+    assert np.isnan(done_a["record"]["noise_norm"])  # the curator cannot know it
+    kinds = [message["kind"] for _, message in sent_a]
+    assert kinds.count("share") == 6 and kinds.count("partial") == 2
+    shares_a = [m["share"]["data"] for _, m in sent_a if m["kind"] == "share"]
+    shares_b = [m["share"]["data"] for _, m in sent_b if m["kind"] == "share"]
+    assert not set(shares_a) & set(shares_b)
+    assert "statistic" not in str([m for _, m in sent_a])  # no statistic leaves its peer
+
+
+def test_secure_frames_outside_the_protocol_are_refused_and_the_round_completes():
+    """A share that arrives before its receiver's assignment waits for it; a replayed share,
+    a share from outside the group, a replayed partial sum and one claiming a shard below
+    the public minimum are refused; the honest round still releases."""
+    reports = []
+    host, outbox = _secure_host(reports)
+    host.handle(0, _assign())
+    host.handle(1, _assign())  # peer 2 is not assigned yet
+    to_1 = [message for receiver, message in outbox if receiver == 1]
+    to_2 = [message for receiver, message in outbox if receiver == 2]
+    assert len(to_2) == 2  # from 0 and 1
+    _route(host, outbox)  # peer 2 keeps them until its assignment
+    assert sum(host.counters.refused.values()) == 0
+    host.handle(1, to_1[0])  # replayed: would complete peer 1's partial sum without 2's
+    host.handle(2, to_2[0])  # the same share again, still before the assignment
+    host.handle(1, {**to_2[0], "sender": 5})  # 5 is not in the group
+    assert host.counters.refused["share"] == 3
+    host.handle(2, _assign())  # it sends its shares, and its partial sum at once
+    for receiver, message in [item for item in outbox if item[1]["kind"] == "share"]:
+        host.handle(receiver, message)
+    partials = [(r, m) for r, m in outbox if m["kind"] == "partial"]
+    assert sorted(m["sender"] for _, m in partials) == [1, 2]
+    (_, first), (_, second) = partials
+    host.handle(0, {**second, "size": 4})  # below the public minimum
+    host.handle(0, first)
+    host.handle(0, first)  # replayed
+    assert host.counters.refused["partial"] == 2
+    assert not [r for r in reports if r["kind"] == "done"]
+    host.handle(0, second)
+    (done,) = reports
+    assert done["kind"] == "done" and done["record"]["n_min"] == 5

@@ -184,9 +184,10 @@ def non_private_column(
 
 #: The network runtime's reproducible noise (p2pdp.net.host), as the disclosure states it.
 NETWORK_NOISE = (  # no "; " inside: the column joins steps with it
-    "network runtime: each curator draws its noise from the scenario's seeded stream (to "
-    "release what the simulator releases), and anyone who knows the seed can remove it, so "
-    "as deployed these releases are not private"
+    "network runtime: the noise (each curator's, or with secure aggregation each member's "
+    "share) is drawn from the scenario's seeded streams (to release what the simulator "
+    "releases), and anyone who knows the seed can remove it, so as deployed these releases "
+    "are not private"
 )
 
 

@@ -105,6 +105,7 @@ def network_world(
         settings=_settings(config, hosts),
         credentials=credentials,
         observers=observers,
+        exact=lambda members: releaser.exact(statistics[members]),
     )
 
 

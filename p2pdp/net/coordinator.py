@@ -31,8 +31,10 @@ a statistic.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -81,12 +83,6 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
             "1 (one group at a time)",
         ),
         (
-            config.privacy.secure_aggregation,
-            "privacy.secure_aggregation",
-            config.privacy.secure_aggregation,
-            "false (secure aggregation's payloads do not travel yet)",
-        ),
-        (
             config.training.seconds_per_row > 0,
             "training.seconds_per_row",
             config.training.seconds_per_row,
@@ -106,6 +102,12 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
             "0 (a real network loses what it loses; simulated loss is not injected)",
         ),
     ]
+    if config.privacy.secure_aggregation and config.privacy.min_shard_size is None:
+        raise ConfigError(
+            "privacy.secure_aggregation = true on the network runtime needs "
+            "privacy.min_shard_size: members draw their noise shares before they know each "
+            "other's shard sizes, so the sensitivity must follow a public bound"
+        )
     for refused, key, value, supported in refusals:
         if refused:
             raise ConfigError(
@@ -195,6 +197,10 @@ class NetworkWorld:
     observers : sequence
         :class:`~p2pdp.sim.world.WorldObserver`-like: told of groups started, released,
         aborted.
+    exact : callable, optional
+        ``exact(members) -> (d,)``: a group's aggregate without noise, FOR ANALYSIS ONLY (the
+        experiment's process holds every statistic to evaluate the run): fills a release
+        record's ``noise_norm`` that its curator could not know (secure aggregation).
     """
 
     def __init__(
@@ -210,6 +216,7 @@ class NetworkWorld:
         settings: HostSettings,
         credentials: RunCredentials,
         observers: Sequence[Any] = (),
+        exact: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.config = config
         self.n_peers, self.dim = n_peers, dim
@@ -218,6 +225,7 @@ class NetworkWorld:
         self.n_hosts = hosts
         self.settings = settings
         self.observers = tuple(observers)
+        self.exact = exact
         self.pool = GroupPool(Uniforms(rngs["protocol"]).draw)
         self.env = _Clock()
         self.monitor = _Monitor()
@@ -464,12 +472,16 @@ class NetworkWorld:
         self.ledger.check(group.members)
         self.ledger.spend(group.members)
         record = ReleaseRecord(**report["record"])
+        model = unpack_vector(report["model"], shape=(self.dim,))
+        if math.isnan(record.noise_norm) and self.exact is not None:  # analysis only
+            noise = model - self.exact(group.members)
+            record = dataclasses.replace(record, noise_norm=float(np.linalg.norm(noise)))
         self.releases.append(record)
         self.release_members.append(group.members.copy())
         self.curators.append(group.curator)
         for observer in self.observers:
             observer.released(self, group, record)
-        self.published.append(unpack_vector(report["model"], shape=(self.dim,)))
+        self.published.append(model)
         self.shared.append(full)  # every peer is online: a full publication reaches everyone
         self.monitor.aggregations += 1
 

@@ -14,11 +14,19 @@ of their shard sizes; the noisy release through the run's :class:`~p2pdp.privacy
 Releaser`; publication to the members (``group``) or to every other peer (``full``); a
 ``DONE`` report with the release and its public record to the coordinator.
 
+With secure aggregation (:mod:`p2pdp.privacy.secure_aggregation`, for real) no statistic
+leaves its peer: each member adds its own noise share to its part of the aggregate, encodes
+it in fixed point and sends one additive share (masks from :func:`os.urandom`) to every other
+member; a member holding a share from every other sends their sum, its partial sum, to the
+curator, which decodes the sum of the partial sums and learns only the noisy aggregate.
+
 NOT PRIVATE AS DEPLOYED: a curator draws its noise from the run's seeded stream
 (:meth:`NoiseStream.skip <p2pdp.privacy.release.NoiseStream.skip>` to the release's index),
 so that a network run releases exactly what the simulator releases. Anyone who knows the
 scenario's seed can subtract that noise; a deployment would draw it from the operating
-system's CSPRNG instead.
+system's CSPRNG instead. Likewise a secure member's noise share comes from its seeded stream
+(:meth:`Releaser.member_stream <p2pdp.privacy.release.Releaser.member_stream>`); its masks do
+not (they cancel, and never change a release).
 """
 
 from __future__ import annotations
@@ -38,11 +46,14 @@ import numpy as np
 from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity
 from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
 from p2pdp.privacy.release import Releaser
+from p2pdp.privacy.secure_aggregation import FixedPoint, share
 from p2pdp.protocols.groups import (
     ASSIGN,
     HEADER_BYTES,
+    PARTIAL,
     PUBLISH,
     SAMPLER,
+    SHARE,
     SUBMIT,
     Group,
     Send,
@@ -113,6 +124,21 @@ class _Counters:
     refused: Counter = field(default_factory=Counter)  # reason -> frames refused
 
 
+@dataclass(eq=False)
+class _Member:
+    """Secure aggregation, one member's side of its current group: the sum of the shares it
+    holds (its own first) and who sent them."""
+
+    group: Group
+    partial: np.ndarray  # (d,) uint64
+    senders: set[int] = field(default_factory=set)
+
+
+#: Groups a member keeps shares for that arrived before its assignment to them (the
+#: coordinator's ASSIGN to it may trail another member's share; one group at a time needs 1).
+EARLY_GROUPS = 2
+
+
 class PeerHost:
     """Several peers of one run in this process, each listening on its own TCP port.
 
@@ -172,6 +198,9 @@ class PeerHost:
         )
         self.receipts: list[tuple[int, int]] = []
         self.groups: dict[int, tuple[Group, dict[int, np.ndarray]]] = {}  # as curator
+        self.members: dict[int, _Member] = {}  # secure: peer -> its side of its group
+        self.early: dict[tuple[int, int], dict[int, np.ndarray]] = {}  # (group, peer) -> shares
+        self.codec = FixedPoint()
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
         self.deadline: dict[int, float] = {}  # group -> when its curator stops collecting
         self.expired: set[int] = set()  # groups this host's curators will never release
@@ -346,6 +375,10 @@ class PeerHost:
                 self._on_assign(peer, message)
             elif kind == SUBMIT:
                 self._on_submit(peer, message)
+            elif kind == SHARE:
+                self._on_share(peer, message)
+            elif kind == PARTIAL:
+                self._on_partial(peer, message)
             elif kind == PUBLISH:
                 if not self.settings.full_publication:  # a full one reaches everyone
                     self.receipts.append((peer, int(message["index"])))
@@ -371,7 +404,7 @@ class PeerHost:
         curator = int(message["curator"])
         if curator not in members.tolist() or len(set(members.tolist())) != members.size:
             raise ProtocolError(f"bad group {members.tolist()} with curator {curator}")
-        return Group(int(message["group"]), members, curator)
+        return Group(int(message["group"]), members, curator, secure=self.releaser.secure)
 
     def _on_assign(self, peer: int, message: dict[str, Any]) -> None:
         if int(message["sender"]) != SAMPLER:
@@ -386,6 +419,9 @@ class PeerHost:
             group, _ = self.groups.setdefault(group.group_id, (group, {}))
             self.release_index[group.group_id] = int(message["release"])
             self.deadline[group.group_id] = float(message["expires"])
+        if self.releaser.secure:
+            self._share(peer, group)
+            return
         step = group.contribute(peer, self.sizes[self.row[peer]])
         for send in step.sends:  # a member's statistic and size, to the curator
             self.send(
@@ -400,15 +436,114 @@ class PeerHost:
             self._release(group)
 
     def _on_submit(self, peer: int, message: dict[str, Any]) -> None:
+        group, received = self._collecting(peer, message)
+        sender = int(message["sender"])
+        received[sender] = unpack_vector(message["statistic"], shape=(self.dim,))
+        if group.on_submit(sender, int(message["size"])):
+            self._release(group)
+
+    # -- secure aggregation (p2pdp.privacy.secure_aggregation, for real) ----------------------
+    def _share(self, peer: int, group: Group) -> None:
+        """``peer`` learnt its group: it adds its own noise share to its part of the
+        aggregate, encodes that in fixed point, keeps one additive share and sends one to
+        every other member (drawn from the operating system's CSPRNG)."""
+        n_members = group.members.size
+        statistic = self.statistics[self.row[peer]]
+        # The public bound makes the sensitivity known before anyone's size is.
+        sensitivity = self.sensitivity([self.settings.min_shard_size] * n_members)
+        noise = self.releaser.noise_share(sensitivity, n_members, group=group.group_id, peer=peer)
+        contribution = self.releaser.contribution(statistic, n_members, noise)
+        if not np.abs(contribution).max() * n_members < self.codec.max_abs:
+            raise ProtocolError(  # K such values could wrap the ring: contribute nothing
+                f"contribution outside the fixed-point range of a group of {n_members}"
+            )
+        shares = share(self.codec.encode(contribution), n_members, rng=None)
+        self.early = {
+            key: v for key, v in self.early.items() if key[1] != peer or key[0] >= group.group_id
+        }
+        early = self.early.pop((group.group_id, peer), {})
+        self.members[peer] = _Member(group, shares[-1].copy())  # its own share: the remainder
+        size = self.sizes[self.row[peer]]
+        step = group.contribute(peer, size)
+        for send, row in zip(step.sends, shares[:-1], strict=True):
+            self.send(
+                send,
+                group.group_id,
+                members=group.members.tolist(),
+                curator=group.curator,
+                share=pack_vector(row, ring=True),
+            )
+        if step.ready:  # a group of one: its share is its partial sum
+            self._release_secure(group)
+        for sender, vector in early.items():
+            self._take_share(peer, sender, vector)
+
+    def _on_share(self, peer: int, message: dict[str, Any]) -> None:
+        group_id, sender = int(message["group"]), int(message["sender"])
+        vector = unpack_vector(message["share"], shape=(self.dim,), ring=True)
+        member = self.members.get(peer)
+        if member is not None and member.group.group_id == group_id:
+            self._take_share(peer, sender, vector)
+            return
+        if group_id <= self.last_group.get(peer, -1):
+            raise ProtocolError(f"share for group {group_id}, not {peer}'s current group")
+        pending = sum(key[1] == peer for key in self.early)
+        if (group_id, peer) not in self.early and pending >= EARLY_GROUPS:
+            raise ProtocolError(f"shares for {pending + 1} groups {peer} was not assigned to")
+        early = self.early.setdefault((group_id, peer), {})
+        if sender in early or len(early) >= len(message["members"]):
+            raise ProtocolError(f"a second share from {sender} (replayed)")
+        early[sender] = vector  # checked against the group once its assignment arrives
+
+    def _take_share(self, peer: int, sender: int, vector: np.ndarray) -> None:
+        """A share from ``sender`` for ``peer``'s current group: add it; with one from every
+        other member, send the partial sum (and the shard size) to the curator."""
+        member = self.members[peer]
+        group = member.group
+        if sender == peer or sender not in group.members.tolist():
+            raise ProtocolError(f"share from {sender}, not a member of group {group.group_id}")
+        if sender in member.senders:
+            raise ProtocolError(f"a second share from {sender} (replayed)")
+        member.senders.add(sender)
+        member.partial += vector  # mod 2^64
+        size = self.sizes[self.row[peer]]
+        step = group.on_share(peer, size)
+        for send in step.sends:
+            self.send(
+                send,
+                group.group_id,
+                members=group.members.tolist(),
+                curator=group.curator,
+                size=size,
+                partial=pack_vector(member.partial, ring=True),
+            )
+        if step.ready:
+            self._release_secure(group)
+
+    def _on_partial(self, peer: int, message: dict[str, Any]) -> None:
+        group, received = self._collecting(peer, message)
+        sender = int(message["sender"])
+        received[sender] = unpack_vector(message["partial"], shape=(self.dim,), ring=True)
+        if group.on_partial(sender, int(message["size"])):
+            self._release_secure(group)
+
+    def _collecting(
+        self, peer: int, message: dict[str, Any]
+    ) -> tuple[Group, dict[int, np.ndarray]]:
+        """The curator ``peer``'s group of a submission or partial sum, and what it received
+        so far; ProtocolError if the message has no place there (outside the group, after the
+        deadline, a second one, a shard size below the public minimum)."""
         group = self._group(message)
         sender = int(message["sender"])
         if peer != group.curator or sender not in group.members.tolist() or sender == peer:
-            raise ProtocolError(f"submission from {sender} to {peer} outside its group")
+            raise ProtocolError(f"{message['kind']} from {sender} to {peer} outside its group")
         if group.group_id in self.expired:
-            raise ProtocolError(f"submission from {sender} after group {group.group_id} expired")
+            raise ProtocolError(
+                f"{message['kind']} from {sender} after group {group.group_id} expired"
+            )
         group, received = self.groups.setdefault(group.group_id, (group, {}))
         if sender in received:
-            raise ProtocolError(f"a second submission from {sender} (replayed)")
+            raise ProtocolError(f"a second {message['kind']} from {sender} (replayed)")
         size = int(message["size"])
         if size < self.settings.min_shard_size:
             raise ProtocolError(
@@ -416,10 +551,23 @@ class PeerHost:
             )
         if time.time() > self.deadline.get(group.group_id, math.inf):
             self._expire(group.group_id)
-            raise ProtocolError(f"submission from {sender} after group {group.group_id} expired")
-        received[sender] = unpack_vector(message["statistic"], shape=(self.dim,))
-        if group.on_submit(sender, size):
-            self._release(group)
+            raise ProtocolError(
+                f"{message['kind']} from {sender} after group {group.group_id} expired"
+            )
+        return group, received
+
+    def _release_secure(self, group: Group) -> None:
+        """The curator holds every partial sum (its own is its member side's): their sum mod
+        2^64 decodes to the noisy aggregate, the only thing it learns."""
+        if self._expired(group):
+            return
+        _, received = self.groups.pop(group.group_id)
+        received[group.curator] = self.members[group.curator].partial
+        total = np.sum([received[m] for m in group.submitted], axis=0, dtype=np.uint64)
+        released = self.codec.decode(total)
+        sensitivity = self.sensitivity(group.sizes)
+        record = self.releaser.record(group.members.size, group.sizes, sensitivity, math.nan)
+        self._publish(group, released, record)
 
     def _expire(self, group_id: int) -> None:
         """The group's collection deadline passed: the coordinator aborts it, so its curator
@@ -429,15 +577,21 @@ class PeerHost:
         self.release_index.pop(group_id, None)
         self.deadline.pop(group_id, None)
 
+    def _expired(self, group: Group) -> bool:
+        """Past the group's deadline (the coordinator has aborted it): drop it, never release."""
+        if time.time() <= self.deadline[group.group_id]:
+            return False
+        self._expire(group.group_id)
+        self.counters.refused["expired"] += 1
+        log.warning(
+            "curator %d: group %d expired before it completed", group.curator, group.group_id
+        )
+        return True
+
     def _release(self, group: Group) -> None:
-        """The curator holds every statistic: release, publish, report (or, past the
-        group's deadline, drop it: the coordinator has aborted it)."""
-        if time.time() > self.deadline[group.group_id]:
-            self._expire(group.group_id)
-            self.counters.refused["expired"] += 1
-            log.warning(
-                "curator %d: group %d expired before it completed", group.curator, group.group_id
-            )
+        """The curator holds every statistic: its own first, then the others' in member
+        order; the noisy release from the run's noise stream at the release's index."""
+        if self._expired(group):
             return
         _, received = self.groups.pop(group.group_id)
         curator = group.curator
@@ -445,13 +599,20 @@ class PeerHost:
         order = [curator, *(m for m in group.members.tolist() if m != curator)]
         size_of = dict(zip(group.submitted, group.sizes, strict=True))
         sizes = [size_of[m] for m in order]
-        index = self.release_index.pop(group.group_id)
-        del self.deadline[group.group_id]
+        index = self.release_index[group.group_id]
         self.releaser.noise.skip(index - self.noise_position)
         self.noise_position = index + 1
         released, record = self.releaser.release(
             np.stack([received[m] for m in order]), sizes, self.sensitivity(sizes), curator=0
         )
+        self._publish(group, released, record)
+
+    def _publish(self, group: Group, released: np.ndarray, record: Any) -> None:
+        """Send the release to the members (``group``) or every other peer (``full``), then
+        report it to the coordinator once those frames are written."""
+        index = self.release_index.pop(group.group_id)
+        del self.deadline[group.group_id]
+        curator = group.curator
         if not self.settings.full_publication:
             self.receipts.append((curator, index))
         receivers = (

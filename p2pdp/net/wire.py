@@ -2,8 +2,9 @@
 
 A frame is a 4-byte big-endian length followed by that many bytes of one msgpack map
 (`msgpack <https://msgpack.org>`_: no home-made encoding). A map has a ``"kind"`` (str) and
-the fields of its kind; a float vector travels as ``{"shape": [...], "data": bytes}`` of
-little-endian float64 (:func:`pack_vector`), so a model is ``8 d`` bytes plus ~20 of framing.
+the fields of its kind; a vector travels as ``{"shape": [...], "data": bytes}`` of
+little-endian float64, or uint64 for secure aggregation's shares (:func:`pack_vector`), so a
+model or a share is ``8 d`` bytes plus ~20 of framing.
 
 Every read waits at most ``timeout`` seconds (:func:`read_frame`); a frame longer than
 ``max_bytes``, bytes that are not one msgpack map, or a map without a string ``kind`` raise
@@ -86,21 +87,27 @@ async def read_frame(
     return message
 
 
-def pack_vector(vector: np.ndarray) -> dict[str, Any]:
-    """A float array as a msgpack-able map: its shape and its little-endian float64 bytes."""
-    array = np.ascontiguousarray(vector, dtype="<f8")
+def pack_vector(vector: np.ndarray, *, ring: bool = False) -> dict[str, Any]:
+    """An array as a msgpack-able map: its shape and its little-endian bytes, float64 (or,
+    ``ring``, uint64: secure aggregation's fixed-point shares)."""
+    array = np.ascontiguousarray(vector, dtype="<u8" if ring else "<f8")
     return {"shape": list(array.shape), "data": array.tobytes()}
 
 
-def unpack_vector(value: Any, *, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    """The array of :func:`pack_vector`; ProtocolError if malformed or not of ``shape``."""
+def unpack_vector(
+    value: Any, *, shape: tuple[int, ...] | None = None, ring: bool = False
+) -> np.ndarray:
+    """The array of :func:`pack_vector` (float64, or uint64 with ``ring``); ProtocolError if
+    malformed, not of ``shape``, or (floats) not finite."""
     try:
         declared = tuple(int(n) for n in value["shape"])
-        array = np.frombuffer(value["data"], dtype="<f8").reshape(declared)
+        array = np.frombuffer(value["data"], dtype="<u8" if ring else "<f8").reshape(declared)
     except (KeyError, TypeError, ValueError) as error:
         raise ProtocolError(f"malformed vector: {error}") from None
     if shape is not None and array.shape != shape:
         raise ProtocolError(f"vector of shape {array.shape}, expected {shape}")
+    if ring:
+        return array.astype(np.uint64)
     if not np.all(np.isfinite(array)):
         raise ProtocolError("vector holds NaN or infinity")
     return array.astype(np.float64)

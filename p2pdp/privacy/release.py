@@ -11,10 +11,10 @@ What is released to whom: the curator publishes ``aggregate(statistics) + eta``,
 drawn by the run's :class:`~p2pdp.privacy.mechanisms.Mechanism` at the group's L2 sensitivity (the
 task's :meth:`~p2pdp.tasks.Task.sensitivity` of this group's sizes, under the task's
 neighbouring relation). In plaintext the curator sees every member's statistic and draws the
-noise. With secure aggregation each member adds a share of the noise to its own contribution
-and splits the sum into additive shares (:mod:`p2pdp.privacy.secure_aggregation`); the curator
-learns
-only the noisy aggregate, whose noise has ``K / max(K - 1, 1)`` times the mechanism's variance
+noise. With secure aggregation each member adds a share of the noise, drawn from its own
+stream (:meth:`Releaser.member_stream`), to its own contribution and splits the sum into
+additive shares (:mod:`p2pdp.privacy.secure_aggregation`); the curator learns only the noisy
+aggregate, whose noise has ``K / max(K - 1, 1)`` times the mechanism's variance
 (any ``K - 1`` shares carry the full noise).
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 from p2pdp.core.boundary import calling, check_numbers
 from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.mechanisms import Mechanism
-from p2pdp.privacy.secure_aggregation import draw_noise_shares, secure_noisy_mean, secure_sum
+from p2pdp.privacy.secure_aggregation import member_noise_share, secure_sum
 
 #: Aggregates a group can release; "mean" and "sum" also work under secure aggregation.
 LINEAR_AGGREGATES = ("mean", "sum")
@@ -155,7 +155,11 @@ class Releaser:
     secure : bool
         Secure aggregation (the mechanism must be splittable; the aggregate linear).
     noise_rng, share_rng : numpy.random.Generator
-        Mechanism draws; secure-aggregation masks.
+        Mechanism draws (plaintext); secure-aggregation masks (simulated: a masked share
+        cancels out of the sum, so the masks never change a release).
+    member_seed : numpy.random.SeedSequence
+        Secure aggregation: the root of every member's own noise stream
+        (:meth:`member_stream`). Required with ``secure``.
     """
 
     def __init__(
@@ -167,6 +171,7 @@ class Releaser:
         secure: bool,
         noise_rng: np.random.Generator,
         share_rng: np.random.Generator,
+        member_seed: np.random.SeedSequence | None = None,
     ) -> None:
         if secure and aggregate not in LINEAR_AGGREGATES:
             raise ConfigError(
@@ -183,8 +188,14 @@ class Releaser:
                 f"a task's aggregate must be one of {LINEAR_AGGREGATES} or a callable, "
                 f"got {aggregate!r}"
             )
+        if secure and member_seed is None:
+            raise ConfigError(
+                "secure aggregation draws each member's noise share from its own stream: "
+                "give the Releaser a member_seed"
+            )
         self.mechanism = mechanism
         self.dim = dim
+        self.member_seed = member_seed
         self.aggregate = aggregate
         self.secure = secure
         self.noise = NoiseStream(mechanism, dim, rng=noise_rng)
@@ -206,6 +217,44 @@ class Releaser:
         total = statistics.sum(axis=0)
         return total / statistics.shape[0] if self.aggregate == "mean" else total
 
+    def member_stream(self, group: int, peer: int) -> np.random.Generator:
+        """The generator peer ``peer`` draws its noise share for group ``group`` from (secure
+        aggregation): a child of ``member_seed`` keyed by both, so every member's share is
+        its own draw, reproduced by the network runtime's member (:mod:`p2pdp.net.host`)
+        without any other party's. Seeded, hence NOT private as deployed: a real member
+        draws from its own secret randomness."""
+        assert self.member_seed is not None  # __init__ requires it with secure
+        seed = self.member_seed
+        return np.random.Generator(
+            np.random.PCG64(
+                np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, group, peer))
+            )
+        )
+
+    def noise_share(
+        self, sensitivity: float, n_members: int, *, group: int, peer: int
+    ) -> np.ndarray:
+        """Member ``peer``'s noise share for group ``group`` of ``n_members``, shape (d,)."""
+        with calling("mechanism", self.mechanism, "noise_shares"):
+            share = member_noise_share(
+                self.mechanism,
+                sensitivity=sensitivity,
+                n_members=n_members,
+                dim=self.dim,
+                rng=self.member_stream(group, peer),
+            )
+        return check_numbers(share, "mechanism", self.mechanism, "noise_shares", shape=(self.dim,))
+
+    def contribution(
+        self, statistic: np.ndarray, n_members: int, noise_share: np.ndarray
+    ) -> np.ndarray:
+        """What a member feeds into secure aggregation: its part of the aggregate plus its
+        noise share (``statistic / K + share`` for the mean, ``statistic + share`` for the
+        sum). Rows of ``statistic`` (..., d) and ``noise_share`` are members."""
+        if self.aggregate == "mean":
+            return statistic / n_members + noise_share
+        return statistic + noise_share
+
     def release(
         self,
         statistics: np.ndarray,
@@ -213,6 +262,8 @@ class Releaser:
         sensitivity: float,
         *,
         curator: int = 0,
+        group: int = 0,
+        members: list[int] | None = None,
     ) -> tuple[np.ndarray, ReleaseRecord]:
         """The noisy aggregate of one group, and its record.
 
@@ -226,6 +277,9 @@ class Releaser:
             L2 sensitivity of the aggregate for this group.
         curator : int
             Row of the curator in ``statistics`` (secure aggregation).
+        group, members : int, list of int
+            Secure aggregation: the group's id and the peer behind each row (default
+            ``0 .. K-1``), which select every member's noise stream.
 
         Returns
         -------
@@ -234,24 +288,13 @@ class Releaser:
         """
         n_members = statistics.shape[0]
         if self.secure:
-            with calling("mechanism", self.mechanism, "noise_shares"):
-                shares = draw_noise_shares(
-                    self.mechanism,
-                    sensitivity=sensitivity,
-                    n_members=n_members,
-                    dim=self.dim,
-                    rng=self.noise.rng,
-                )
-            shares = check_numbers(
-                shares, "mechanism", self.mechanism, "noise_shares", shape=(n_members, self.dim)
+            peers = range(n_members) if members is None else members
+            shares = np.stack(
+                [self.noise_share(sensitivity, n_members, group=group, peer=peer) for peer in peers]
             )
-            if self.aggregate == "mean":
-                result = secure_noisy_mean(statistics, shares, curator=curator, rng=self.share_rng)
-            else:
-                result = secure_sum(statistics + shares, curator=curator, rng=self.share_rng)
-            released = result.total
+            contributions = self.contribution(statistics, n_members, shares)
+            released = secure_sum(contributions, curator=curator, rng=self.share_rng).total
             noise_norm = float(np.linalg.norm(released - self.exact(statistics)))
-            inflation = math.sqrt(n_members / max(n_members - 1, 1))
         elif not getattr(self.mechanism, "additive", True):  # the mechanism defines the release
             exact = self.exact(statistics)
             with calling("mechanism", self.mechanism, "release"):
@@ -260,19 +303,26 @@ class Releaser:
                 value, "mechanism", self.mechanism, "release", shape=np.shape(exact)
             )
             noise_norm = float(np.linalg.norm(released - exact))
-            inflation = 1.0
         else:
             noise = self.noise.draw(sensitivity)
             released = self.exact(statistics) + noise
             noise_norm = math.sqrt(float(noise @ noise))
-            inflation = 1.0
+        return released, self.record(n_members, sizes, sensitivity, noise_norm)
+
+    def record(
+        self, n_members: int, sizes: list[int], sensitivity: float, noise_norm: float
+    ) -> ReleaseRecord:
+        """The public record of a release of ``n_members`` statistics (``noise_norm`` is
+        analysis-only: NaN where the curator cannot know it, secure aggregation on the
+        network)."""
         sensitivity = float(sensitivity)
         if self._unit is not None:
             scale, std = self._unit[0] * sensitivity, self._unit[1] * sensitivity
         else:
             scale = float(self.mechanism.noise_scale(sensitivity, self.dim))
             std = float(self.mechanism.noise_std(sensitivity, self.dim))
-        record = ReleaseRecord(
+        inflation = math.sqrt(n_members / max(n_members - 1, 1)) if self.secure else 1.0
+        return ReleaseRecord(
             n_members,
             int(min(sizes)),
             sensitivity,
@@ -284,4 +334,3 @@ class Releaser:
             noise_norm,
             self.secure,
         )
-        return released, record

@@ -4,9 +4,9 @@ In the seed protocol every member of a group sends its local model to the curato
 so the curator sees un-noised models. Here the K members of a group instead run plain additive
 secret sharing over the ring Z_(2^64):
 
-1. **Noise.** Member ``i`` adds its own noise share ``eta_i`` (row ``i`` of a ``(K, d)`` array,
-   see :func:`draw_noise_shares`) to ``w_i / K``, so the contributions sum to the group mean
-   plus the mechanism's noise and no single party knows the total noise.
+1. **Noise.** Member ``i`` adds its own noise share ``eta_i`` (:func:`member_noise_share`,
+   drawn from the member's own generator) to ``w_i / K``, so the contributions sum to the
+   group mean plus the mechanism's noise and no single party knows the total noise.
 2. **Encoding.** Each contribution is encoded in fixed point (:class:`FixedPoint`) as ``uint64``
    (two's complement for negatives).
 3. **Share phase.** Member ``i`` splits its encoding into K shares, uniform mod 2^64 and summing
@@ -26,7 +26,7 @@ curator's messages). What the total reveals is governed by the DP mechanism.
 Privacy of the released mean. Neighbouring datasets differ by replacing one record of one
 member's shard; the unit protected is that record. The caller calibrates the mechanism on the L2
 sensitivity of the group mean, ``2 / (K n_min lambda)``. Every member knows its own noise share
-and can subtract it from the release, so :func:`draw_noise_shares` sizes the shares so that any
+and can subtract it from the release, so :func:`member_noise_share` sizes the shares so that any
 K - 1 of them already add up to the mechanism's noise: the guarantee holds against the curator,
 every member and every outsider. Coalitions of two or more members that pool their noise shares
 are not covered (they remove more than one share).
@@ -40,11 +40,15 @@ charges nobody and retries with a new group.
 A group of one (K = 1) is its own curator: no message is sent and its noise share is the full
 noise.
 
-numpy generators are not cryptographically secure: fine for a simulator, not for deployment.
+numpy generators are not cryptographically secure: fine for a simulator, not for deployment
+(:func:`share` with ``rng=None`` draws the masks from the operating system's CSPRNG, as the
+network runtime's members do).
 """
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
@@ -162,7 +166,9 @@ class FixedPoint:
         return np.asarray(v, dtype=np.uint64).view(np.int64) / self.scale
 
 
-def share(values: ArrayLike, n_shares: int, *, rng: np.random.Generator) -> NDArray[np.uint64]:
+def share(
+    values: ArrayLike, n_shares: int, *, rng: np.random.Generator | None
+) -> NDArray[np.uint64]:
     """Split ring elements into additive shares mod 2^64.
 
     The first ``n_shares - 1`` shares are iid uniform on Z_(2^64); the last is the value minus
@@ -173,7 +179,11 @@ def share(values: ArrayLike, n_shares: int, *, rng: np.random.Generator) -> NDAr
     values : numpy.ndarray of uint64, shape (..., d)
     n_shares : int
         Number of shares, >= 1.
-    rng : numpy.random.Generator
+    rng : numpy.random.Generator or None
+        Draws the uniform shares (reproducible: the simulator). None: the operating system's
+        cryptographically secure generator (:func:`os.urandom`), as a real member must use
+        (:mod:`p2pdp.net.host`): a share drawn from a seeded generator hides nothing from
+        whoever knows the seed.
 
     Returns
     -------
@@ -183,7 +193,11 @@ def share(values: ArrayLike, n_shares: int, *, rng: np.random.Generator) -> NDAr
     n_shares = require_count("n_shares", n_shares)
     values = np.asarray(values, dtype=np.uint64)
     shape = (*values.shape[:-1], n_shares, values.shape[-1])
-    shares = rng.integers(0, 2**64, size=shape, dtype=np.uint64)  # last row is overwritten
+    if rng is None:
+        shares = np.frombuffer(os.urandom(RING_BYTES * math.prod(shape)), dtype=np.uint64)
+        shares = shares.reshape(shape).copy()  # writable
+    else:
+        shares = rng.integers(0, 2**64, size=shape, dtype=np.uint64)  # last row is overwritten
     np.subtract(values, shares[..., :-1, :].sum(axis=-2), out=shares[..., -1, :])
     return shares
 
@@ -348,7 +362,7 @@ def secure_sum(
     return SecureSumResult(total=total, cost=protocol_cost(n_members, dim), transcript=transcript)
 
 
-def draw_noise_shares(
+def member_noise_share(
     mechanism: Mechanism,
     *,
     sensitivity: float,
@@ -356,13 +370,18 @@ def draw_noise_shares(
     dim: int,
     rng: np.random.Generator,
 ) -> NDArray[np.float64]:
-    """One noise share per member; any K - 1 of them add up to the mechanism's noise.
+    """One member's noise share: one share of a ``max(K - 1, 1)``-way split of the noise.
 
     Every member knows its own share and could subtract it from the release; with shares of a
-    ``(K - 1)``-way split the remaining K - 1 shares still carry the full noise of
-    ``mechanism`` (calibrated on ``sensitivity``), so the guarantee holds against every single
-    member, the curator included. The release carries the noise of K shares, ``K / (K - 1)``
-    times the mechanism's variance. With K = 1 and K = 2 each member adds the full noise.
+    ``(K - 1)``-way split the other K - 1 shares still carry the full noise of ``mechanism``
+    (calibrated on ``sensitivity``), so the guarantee holds against every single member, the
+    curator included. The release carries the noise of K shares, ``K / (K - 1)`` times the
+    mechanism's variance. With K = 1 and K = 2 each member adds the full noise.
+
+    Each member draws its share alone, from its own generator (the simulator and the network
+    runtime both give member ``peer`` of group ``group`` the stream
+    :meth:`Releaser.member_stream <p2pdp.privacy.release.Releaser.member_stream>`): no party
+    ever holds another member's share.
 
     Parameters
     ----------
@@ -370,17 +389,17 @@ def draw_noise_shares(
         Must be splittable (``mechanism.splittable``): coordinate Laplace (differences of
         Gamma(1/m, b) per coordinate) or Gaussian (N(0, sigma^2 / m)).
     sensitivity : float
-        L2 sensitivity of the group mean, e.g. ``2 / (K n_min lambda)``.
+        L2 sensitivity of the group's aggregate, e.g. ``2 / (K n_min lambda)`` for the mean.
     n_members : int
         Group size K, >= 1.
     dim : int
         Model dimension d, >= 1.
     rng : numpy.random.Generator
+        The member's own generator.
 
     Returns
     -------
-    numpy.ndarray of float64, shape (K, d)
-        Row ``i`` is member ``i``'s noise share.
+    numpy.ndarray of float64, shape (d,)
 
     Raises
     ------
@@ -389,12 +408,34 @@ def draw_noise_shares(
         :meth:`~p2pdp.privacy.mechanisms.Mechanism.noise_shares`, naming the splittable ones).
     """
     split = max(require_count("n_members", n_members) - 1, 1)
-    # Rows of one draw are iid, so K rows of a `split`-way split take ceil(K / split) draws.
-    draws = [
-        mechanism.noise_shares(sensitivity, dim, split, rng=rng)
-        for _ in range(-(-n_members // split))
-    ]
-    return np.concatenate(draws)[:n_members]
+    # The rows of one split are iid: any one of them is a share (the others are not used).
+    return np.asarray(mechanism.noise_shares(sensitivity, dim, split, rng=rng))[0]
+
+
+def draw_noise_shares(
+    mechanism: Mechanism,
+    *,
+    sensitivity: float,
+    n_members: int,
+    dim: int,
+    rng: np.random.Generator,
+) -> NDArray[np.float64]:
+    """Every member's noise share (:func:`member_noise_share`), drawn in turn from ``rng``.
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape (K, d)
+        Row ``i`` is member ``i``'s noise share; any K - 1 rows add up to the mechanism's
+        noise.
+    """
+    return np.stack(
+        [
+            member_noise_share(
+                mechanism, sensitivity=sensitivity, n_members=n_members, dim=dim, rng=rng
+            )
+            for _ in range(require_count("n_members", n_members))
+        ]
+    )
 
 
 def secure_noisy_mean(

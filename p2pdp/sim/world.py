@@ -376,7 +376,14 @@ class World:
             statistics = self.statistics[rows, self.ledger.aggregations(rows) - 1]
         else:
             statistics = self.statistics[rows]
-        return self.releaser.release(statistics, group.sizes, sensitivity, curator=curator)
+        return self.releaser.release(
+            statistics,
+            group.sizes,
+            sensitivity,
+            curator=curator,
+            group=group.group_id,
+            members=group.submitted,
+        )
 
     def publish(self, group: Group, model: np.ndarray) -> None:
         """Release ``model`` to the group or to everyone (post-processing: no budget)."""

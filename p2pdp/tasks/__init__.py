@@ -36,7 +36,7 @@ from p2pdp.core.boundary import (
     problem,
 )
 from p2pdp.core.errors import ConfigError, PrivacyWarning
-from p2pdp.core.rng import generator
+from p2pdp.core.rng import derive_seed, generator
 from p2pdp.privacy.mechanisms import checked, make_mechanism, mechanism_class
 from p2pdp.privacy.release import Aggregate, Releaser, ReleaseRecord
 
@@ -277,5 +277,6 @@ def release_path(
         secure=privacy.secure_aggregation,
         noise_rng=rngs["noise"],
         share_rng=rngs["shares"],
+        member_seed=derive_seed(config.seed, "member noise", fold, repetition),
     )
     return mechanism, releaser, rngs
