@@ -346,9 +346,9 @@ def _submit(sender=2, size=6, **changes):
     ("peer", "message", "reason"),
     [
         (0, {"kind": "assign", "sender": 2, "group": 0, "members": [0, 1], "curator": 0,
-             "release": 0, "expires": 2e9}, "assign"),
+             "release": 0, "timeout": 60.0}, "assign"),
         (1, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 2], "curator": 0,
-             "release": 0, "expires": 2e9}, "assign"),
+             "release": 0, "timeout": 60.0}, "assign"),
         (0, _submit(size=0), "submit"),
         (1, _submit(), "submit"),  # peer 1 is not the curator
         (0, _submit(sender=5), "submit"),  # not a member
@@ -372,10 +372,10 @@ def test_a_replayed_submission_is_not_a_second_members():
     host.handle(0, _submit())  # replay
     assert host.counters.refused["submit"] == 1
     host.handle(0, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
-                    "curator": 0, "release": 0, "expires": 2e9})  # fmt: skip
+                    "curator": 0, "release": 0, "timeout": 60.0})  # fmt: skip
     assert not any(r for r in reports if isinstance(r, dict))  # still waits for member 1
     host.handle(1, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
-                    "curator": 0, "release": 0, "expires": 2e9})  # fmt: skip
+                    "curator": 0, "release": 0, "timeout": 60.0})  # fmt: skip
     assert ("sent", ("submit", 1, 0)) in reports  # member 1 submits to its curator
     host.handle(0, _submit(sender=1, size=7))
     (done,) = [r for r in reports if isinstance(r, dict)]
@@ -396,7 +396,7 @@ def test_a_curator_never_releases_a_group_past_its_expiry():
     host.handle(0, _submit(sender=2))
     host.handle(0, _submit(sender=1, size=7))
     host.handle(0, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
-                    "curator": 0, "release": 0, "expires": 1.0})  # fmt: skip
+                    "curator": 0, "release": 0, "timeout": 0.0})  # fmt: skip
     assert not [r for r in reports if isinstance(r, dict)]  # nothing released, no report
     assert host.counters.refused["expired"] == 1
     host.handle(0, _submit(sender=2))
@@ -408,7 +408,7 @@ def test_mutual_tls_refuses_strangers_impostors_and_replays():
     credentials = RunCredentials.generate(hosts=2)
     stranger = RunCredentials.generate(hosts=2)  # another run's CA and certificates
     assign = {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1], "curator": 0,
-              "release": 0, "expires": 2e9}  # fmt: skip
+              "release": 0, "timeout": 60.0}  # fmt: skip
 
     async def connect(port, party, *, run=credentials, expect="host-0"):
         context = run.parties[party].context(server=False)
@@ -560,9 +560,9 @@ def _secure_host(reports):
     return host, outbox
 
 
-def _assign(peer_group=0, expires=2e9):
+def _assign(peer_group=0):
     return {"kind": "assign", "sender": -1, "group": peer_group, "members": [0, 1, 2],
-            "curator": 0, "release": 0, "expires": expires}  # fmt: skip
+            "curator": 0, "release": 0, "timeout": 60.0}  # fmt: skip
 
 
 def _route(host, outbox):

@@ -13,13 +13,14 @@ group from the pool of idle solvent peers with the simulator's
 member (the ledger is the coordinator's: membership is public) and its solvent members return
 to the pool. At the end every host reports what it sent and received (``STATS``).
 
-Faults. An assignment carries its expiry, ``groups.collect_timeout`` seconds of wall time
-after it was sent: a curator never releases after it, and the coordinator aborts the group
-(nobody charged) once it passed plus ``timeout`` seconds of slack for the report in
-transit. A ``DONE`` that still arrives later is charged all the same (a release happened) and
+Faults. An assignment carries ``groups.collect_timeout``: the curator starts its own timer when
+the assignment reaches it (its own clock; no clock is shared) and never releases once that ran
+out, and the coordinator aborts the group (nobody charged) ``timeout`` seconds of slack after
+that long since it sent the assignment (the slack covers the assignment and the report in
+transit). A ``DONE`` that still arrives later is charged all the same (a release happened) and
 logged as an error. A host process whose control connection closes before its final report
-(killed, crashed) is lost: a group with one of its peers is aborted at once, its peers leave
-the pool, and the run goes on without them (their receipts and counts are lost with them: the
+(killed, crashed) is lost: a group with one of its peers is aborted at once, its peers leave the
+pool, and the run goes on without them (their receipts and counts are lost with them: the
 ``wire`` table counts ``hosts lost``). A host that does not answer the final ``FINISH`` in time
 is killed and counted the same way.
 
@@ -438,7 +439,7 @@ class NetworkWorld:
                 "members": members.tolist(),
                 "curator": curator,
                 "release": len(self.published),  # the curator's draw of the noise stream
-                "expires": time.time() + collect,  # after it, the curator never releases
+                "timeout": collect,  # the curator's own timer: it never releases after it
             }
             reason = ""
             try:

@@ -84,9 +84,9 @@ class HostSettings:
         The public lower bound on shard sizes (``privacy.min_shard_size``, else 1): a curator
         refuses a submission that claims fewer records.
     collect_timeout : float
-        Seconds the coordinator gives a group. Its assignment carries the wall-clock time
-        (``time.time()``, one clock: every host is on this machine) after which the curator
-        never releases it; the coordinator aborts it a little later (see
+        Seconds the coordinator gives a group. Its assignment repeats them; the curator
+        starts its own timer on receiving it (its own clock: hosts need not share one) and
+        never releases once it ran out; the coordinator aborts the group a little later (see
         :mod:`p2pdp.net.coordinator`).
     timeout : float
         Seconds any wait for a frame's body, a connection or a report may take.
@@ -202,7 +202,7 @@ class PeerHost:
         self.early: dict[tuple[int, int], dict[int, np.ndarray]] = {}  # (group, peer) -> shares
         self.codec = FixedPoint()
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
-        self.deadline: dict[int, float] = {}  # group -> when its curator stops collecting
+        self.deadline: dict[int, float] = {}  # group -> when its curator stops (monotonic s)
         self.expired: set[int] = set()  # groups this host's curators will never release
         self.noise_position = 0  # draws of the run's noise stream consumed or skipped here
         self._writers: dict[int, asyncio.StreamWriter] = {}
@@ -418,7 +418,8 @@ class PeerHost:
         if peer == group.curator:
             group, _ = self.groups.setdefault(group.group_id, (group, {}))
             self.release_index[group.group_id] = int(message["release"])
-            self.deadline[group.group_id] = float(message["expires"])
+            # the curator's own timer, on its own clock (no clock shared with anyone)
+            self.deadline[group.group_id] = time.monotonic() + float(message["timeout"])
         if self.releaser.secure:
             self._share(peer, group)
             return
@@ -549,7 +550,7 @@ class PeerHost:
             raise ProtocolError(
                 f"shard size {size} below the public minimum {self.settings.min_shard_size}"
             )
-        if time.time() > self.deadline.get(group.group_id, math.inf):
+        if time.monotonic() >= self.deadline.get(group.group_id, math.inf):
             self._expire(group.group_id)
             raise ProtocolError(
                 f"{message['kind']} from {sender} after group {group.group_id} expired"
@@ -579,7 +580,7 @@ class PeerHost:
 
     def _expired(self, group: Group) -> bool:
         """Past the group's deadline (the coordinator has aborted it): drop it, never release."""
-        if time.time() <= self.deadline[group.group_id]:
+        if time.monotonic() < self.deadline[group.group_id]:
             return False
         self._expire(group.group_id)
         self.counters.refused["expired"] += 1
