@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import csv
 import dataclasses
+import json
 import os
 import signal
 import ssl
 import struct
+import sys
 import time
 
 import msgpack
@@ -29,6 +31,7 @@ from p2pdp.config import (
 )
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main as cli
+from p2pdp.experiments.network import read_hosts_file
 from p2pdp.experiments.simulation import simulate
 from p2pdp.net.coordinator import NetworkWorld
 from p2pdp.net.host import HostSettings, PeerHost
@@ -74,6 +77,15 @@ class _Releases(WorldObserver):
         raise AssertionError(f"group {group.group_id} aborted: {reason}")
 
 
+def _same_rows(simulated, network):
+    a, b = simulated.row(), network.row()
+    for key in a.keys() - TIMING:  # floats with a tolerance: two processes, two code paths
+        if isinstance(a[key], float):
+            assert b[key] == pytest.approx(a[key], rel=1e-9, nan_ok=True), key
+        else:
+            assert a[key] == b[key], (key, a[key], b[key])
+
+
 @pytest.mark.parametrize(
     ("mode", "secure"), [("group", False), ("full", False), ("group", True), ("full", True)]
 )
@@ -96,12 +108,7 @@ def test_network_runtime_releases_what_the_simulator_releases(mode, secure, monk
         assert (g1, m1, c1) == (g2, m2, c2)
         assert r1.sensitivity == r2.sensitivity and r1.n_min == r2.n_min
         assert r2.noise_norm == pytest.approx(r1.noise_norm, rel=1e-12)
-    a, b = simulated.row(), network.row()
-    for key in a.keys() - TIMING:  # floats with a tolerance: two processes, two code paths
-        if isinstance(a[key], float):
-            assert b[key] == pytest.approx(a[key], rel=1e-9, nan_ok=True), key
-        else:
-            assert a[key] == b[key], (key, a[key], b[key])
+    _same_rows(simulated, network)
     assert simulated.wire == []
     frames = {row["kind"]: row["frames"] for row in network.wire}
     g, releases = 3, network.aggregations
@@ -150,6 +157,51 @@ def test_the_cli_runs_a_scenario_on_the_network_and_says_the_noise_is_seeded(
 def test_settings_the_network_runtime_does_not_run_are_refused_by_name(setting, value):
     with pytest.raises(ConfigError, match=f"groups.{setting} = .* not supported by the network"):
         simulate(_config("group", **{setting: value}), runtime="network")
+
+
+def test_hosts_started_by_a_hosts_files_commands_give_the_simulators_rows(tmp_path, monkeypatch):
+    """Each host is started by its entry's command (here through a launcher, as ssh would
+    be), reads its launch bundle on stdin, listens on its entry's address and tells the
+    others through the coordinator's directory."""
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\nbind = "127.0.0.1"\n'
+        '[[host]]\naddress = "127.0.0.1"\n'
+        f"command = {json.dumps(['env', sys.executable, '-m', 'p2pdp.experiments.network'])}\n"
+        '[[host]]\naddress = "127.0.0.1"\n'
+    )
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    config = _config("group", secure=True)
+    network = simulate(config, runtime="network")
+    assert network.aggregations > 0
+    _same_rows(simulate(config), network)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[host]]\naddress = "a"\n', "coordinator must be a non-empty string, got None"),
+        ('coordinator = "c"\n', r"needs at least one \[\[host\]\] entry"),
+        ('coordinator = "c"\n[[host]]\nadress = "a"\n', "unknown key host.0..adress"),
+        ('coordinator = "c"\n[[host]]\naddress = ""\n', r"host\[0\].address must be a non"),
+        ('coordinator = "c"\n[[host]]\naddress = "a"\ncommand = "ssh a"\n',
+         r"host\[0\].command must be a list of strings, got 'ssh a'"),
+        ('coordinator = "c"\nport = 1\n[[host]]\naddress = "a"\n', "unknown key 'port'"),
+        ("coordinator = \n", "hosts file .*hosts.toml: "),
+    ],
+)  # fmt: skip
+def test_a_bad_hosts_file_is_refused_naming_the_key(tmp_path, text, message):
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        read_hosts_file(hosts)
+
+
+def test_hosts_need_the_network_runtime(tmp_path, capsys):
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text('coordinator = "c"\n[[host]]\naddress = "a"\n')
+    assert cli(["run", "quickstart", "--out", str(tmp_path / "o"), "--hosts", str(hosts)]) != 0
+    assert "--hosts needs --runtime network" in capsys.readouterr().err
 
 
 def test_secure_aggregation_without_a_public_shard_size_bound_is_refused():

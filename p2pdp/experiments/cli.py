@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from p2pdp import __version__
-from p2pdp.core.errors import P2PDPError
+from p2pdp.core.errors import ConfigError, P2PDPError
 
 
 # --- datasets ---------------------------------------------------------------------------------
@@ -173,7 +173,15 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         choices=("simulation", "network"),
         default="simulation",
         help="simulation (SimPy, default) or network: the peers run as OS processes on this "
-        "machine exchanging real messages over TCP (one-shot protocol, central sampler)",
+        "machine (or where --hosts says) exchanging real messages over TCP (one-shot protocol, "
+        "central sampler)",
+    )
+    parser.add_argument(
+        "--hosts",
+        metavar="FILE",
+        help="with --runtime network: a hosts file saying where the host processes run and "
+        "how to start them (e.g. over ssh; see the network guide); default: this machine, "
+        "one per core",
     )
     parser.add_argument(
         "--resume", action="store_true", help="finish an interrupted run of the same scenario"
@@ -191,6 +199,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from p2pdp.experiments.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
+    if args.hosts is not None:
+        from p2pdp.experiments.network import read_hosts_file
+
+        if args.runtime != "network":
+            raise ConfigError("--hosts needs --runtime network")
+        read_hosts_file(args.hosts)  # refused now, naming what is wrong, or used by each cell
+        os.environ["P2PDP_NETWORK_HOSTS"] = os.path.abspath(args.hosts)
     for warning in mechanism_warnings(point.config for point in scenario.points):
         print(f"p2pdp: warning: {warning}", file=sys.stderr)
     out = args.out or default_out_dir(scenario)
@@ -212,6 +227,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 ["p2pdp", "run", args.scenario, "--out", str(out)]
                 + [word for override in args.overrides for word in ("--set", override)]
                 + (["--runtime", args.runtime] if args.runtime != "simulation" else [])
+                + (["--hosts", args.hosts] if args.hosts else [])
                 + ["--resume"]
             )
             print(

@@ -1,10 +1,15 @@
 """The network runtime's processes: what each host process computes, and how they start.
 
 ``simulate(config, runtime="network")`` builds a :class:`p2pdp.net.coordinator.NetworkWorld`
-here. Each host is a fresh OS process (``spawn``) that derives the fold from the seed as the
-simulator does, trains its own peers' models, keeps only their statistics, and serves them
-(:func:`p2pdp.net.host.serve`). Peers are split evenly, in id order, over
-:func:`network_hosts` processes.
+here. Each host is a fresh OS process that derives the fold from the seed as the simulator
+does, trains its own peers' models, keeps only their statistics, and serves them
+(:func:`p2pdp.net.host.serve`). Peers are split evenly, in id order, over the host processes.
+
+Where the hosts run is ``P2PDP_NETWORK_HOSTS``: unset, one per CPU core on this machine; a
+number, that many on this machine (``spawn``); the path of a hosts file
+(:func:`read_hosts_file`), one per entry, each started by the entry's command (e.g. over
+``ssh`` on another machine), which reads its launch bundle (:func:`host_from_stdin`) on its
+standard input.
 """
 
 from __future__ import annotations
@@ -13,12 +18,23 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
 
 import numpy as np
 
 from p2pdp.config import ScenarioConfig
+from p2pdp.core.errors import ConfigError
 from p2pdp.net.coordinator import NetworkWorld, check_supported
 from p2pdp.net.host import HostSettings, hosts_of, serve
 from p2pdp.net.tls import Credential, RunCredentials, host_name
@@ -26,14 +42,135 @@ from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import budget_ledger
 from p2pdp.tasks import make_task, prepared, release_path, sensitivity_of, task_statistics
 
-__all__ = ["check_network_settings", "host_main", "network_hosts", "network_world"]
+__all__ = [
+    "HostsFile",
+    "check_network_settings",
+    "host_from_stdin",
+    "host_main",
+    "network_hosts",
+    "network_world",
+    "read_hosts_file",
+]
+
+#: The command that starts a host from a hosts file when its entry gives none.
+HOST_COMMAND = (sys.executable, "-m", "p2pdp.experiments.network")
+
+
+@dataclass(frozen=True)
+class HostsFile:
+    """Where the host processes of a network run live (a hosts file, :func:`read_hosts_file`).
+
+    Attributes
+    ----------
+    coordinator : str
+        The address the hosts reach the coordinator at (this machine, as they see it).
+    bind : str
+        The address the coordinator listens on.
+    addresses : tuple of str
+        Per host: where its peers listen, and the others connect to them.
+    commands : tuple of tuple of str
+        Per host: the command that starts it; it reads its launch bundle on standard input.
+    """
+
+    coordinator: str
+    bind: str
+    addresses: tuple[str, ...]
+    commands: tuple[tuple[str, ...], ...]
+
+
+def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
+    """Read a hosts file: ConfigError naming the file, the entry, the key and the value.
+
+    Format (TOML)::
+
+        coordinator = "10.0.0.1"   # how the hosts reach this machine
+        bind = "0.0.0.0"           # where the coordinator listens (default: every interface)
+
+        [[host]]
+        address = "10.0.0.2"       # where this host's peers listen
+        command = ["ssh", "10.0.0.2", "python", "-m", "p2pdp.experiments.network"]
+
+    ``command`` defaults to this Python, ``-m p2pdp.experiments.network``, on this machine.
+    """
+    where = os.fspath(path)
+    try:
+        document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"hosts file {where}: {error}") from None
+
+    def text(table: dict[str, Any], key: str, name: str, default: str | None = None) -> str:
+        value = table.get(key, default)
+        if not isinstance(value, str) or not value:
+            raise ConfigError(
+                f"hosts file {where}: {name} must be a non-empty string, got {value!r}"
+            )
+        return value
+
+    unknown = set(document) - {"coordinator", "bind", "host"}
+    if unknown:
+        raise ConfigError(f"hosts file {where}: unknown key {sorted(unknown)[0]!r}")
+    entries = document.get("host")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"hosts file {where}: needs at least one [[host]] entry")
+    addresses, commands = [], []
+    for i, entry in enumerate(entries):
+        unknown = set(entry) - {"address", "command"}
+        if unknown:
+            raise ConfigError(f"hosts file {where}: unknown key host[{i}].{sorted(unknown)[0]}")
+        addresses.append(text(entry, "address", f"host[{i}].address"))
+        command = entry.get("command", list(HOST_COMMAND))
+        if not (isinstance(command, list) and command and all(isinstance(w, str) for w in command)):
+            raise ConfigError(
+                f"hosts file {where}: host[{i}].command must be a list of strings, got {command!r}"
+            )
+        commands.append(tuple(command))
+    return HostsFile(
+        coordinator=text(document, "coordinator", "coordinator"),
+        bind=text(document, "bind", "bind", "0.0.0.0"),
+        addresses=tuple(addresses),
+        commands=tuple(commands),
+    )
+
+
+def _hosts_setting() -> str:
+    return os.environ.get("P2PDP_NETWORK_HOSTS", "").strip()
 
 
 def network_hosts(n_peers: int) -> int:
     """Host processes for a run of ``n_peers`` peers: one per CPU core, at most one per peer
-    (``P2PDP_NETWORK_HOSTS`` overrides)."""
-    wanted = int(os.environ.get("P2PDP_NETWORK_HOSTS", os.cpu_count() or 1))
+    (``P2PDP_NETWORK_HOSTS``, a number, overrides; a hosts file gives one per entry)."""
+    setting = _hosts_setting()
+    if setting and not setting.isdigit():
+        return len(read_hosts_file(setting).addresses)
+    wanted = int(setting) if setting else os.cpu_count() or 1
     return max(1, min(wanted, n_peers))
+
+
+class _Command:
+    """A host started by a hosts file's command, with the process interface the coordinator
+    uses (``join``, ``is_alive``, ``kill``, ``pid``)."""
+
+    def __init__(self, command: Sequence[str], bundle: bytes) -> None:
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE)
+        self.pid = self.process.pid
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(bundle)
+            self.process.stdin.close()
+        except BrokenPipeError:  # it exited at once: is_alive says so
+            pass
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        self.process.kill()
 
 
 def _settings(config: ScenarioConfig, hosts: int) -> HostSettings:
@@ -79,12 +216,21 @@ def network_world(
         per_release=statistics.ndim == 3,
     )  # the mechanism as built (a plug-in's from_config may differ from its class)
     n_peers = config.partition.n_peers
-    hosts = network_hosts(n_peers)
+    setting = _hosts_setting()
+    plan = read_hosts_file(setting) if setting and not setting.isdigit() else None
+    hosts = len(plan.addresses) if plan else network_hosts(n_peers)
+    if hosts > n_peers:
+        raise ConfigError(f"the hosts file {setting} lists {hosts} hosts for {n_peers} peers")
     context = multiprocessing.get_context("spawn")
     credentials = RunCredentials.generate(hosts)
 
     def launch(host: int, port: int) -> Any:
         credential = credentials.parties[host_name(host)]
+        if plan is not None:
+            bundle = dict(config=config, fold=fold, repetition=repetition, host=host,
+                          hosts=hosts, port=port, credential=credential,
+                          coordinator=plan.coordinator, address=plan.addresses[host])  # fmt: skip
+            return _Command(plan.commands[host], pickle.dumps(bundle))
         process = context.Process(
             target=host_main,
             args=(config, fold, repetition, host, hosts, port, credential),
@@ -106,6 +252,7 @@ def network_world(
         credentials=credentials,
         observers=observers,
         exact=lambda members: releaser.exact(statistics[members]),
+        bind=plan.bind if plan else "127.0.0.1",
     )
 
 
@@ -117,10 +264,12 @@ def host_main(
     hosts: int,
     port: int,
     credential: Credential,
+    coordinator: str = "127.0.0.1",
+    address: str = "127.0.0.1",
 ) -> None:
     """Host process ``host`` of ``hosts``: prepare the fold, keep this host's peers'
-    statistics, serve them until the coordinator at ``127.0.0.1:port`` ends the run, as
-    ``credential`` (mutual TLS)."""
+    statistics, serve them on ``address`` until the coordinator at ``coordinator:port`` ends
+    the run, as ``credential`` (mutual TLS)."""
     logging.basicConfig(level=logging.WARNING, format=f"host {host}: %(message)s")
     task = make_task(config)
     statistics, sizes = task_statistics(
@@ -141,5 +290,18 @@ def host_main(
             host_index=host,
             coordinator_port=port,
             credential=credential,
+            coordinator=coordinator,
+            address=address,
         )
     )
+
+
+def host_from_stdin() -> None:
+    """A host started by a hosts file's command: its launch bundle (pickled by the
+    coordinator that started it, the only party that writes to this process's standard
+    input) names its run, fold, index, credential and addresses."""
+    host_main(**pickle.load(sys.stdin.buffer))
+
+
+if __name__ == "__main__":
+    host_from_stdin()

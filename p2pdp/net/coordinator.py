@@ -187,8 +187,9 @@ class NetworkWorld:
         ``"protocol"``: the stream of groups and curators (the simulator's).
     launch : callable
         ``launch(host_index, port) -> process`` starts host ``host_index`` (of ``hosts``),
-        which connects to the coordinator at ``127.0.0.1:port`` with its credential of
-        ``credentials``; the process needs ``join``, ``is_alive`` and ``kill``.
+        which connects to the coordinator's ``port`` with its credential of ``credentials``
+        and says where its peers listen; the process needs ``join``, ``is_alive`` and
+        ``kill``.
     credentials : RunCredentials
         The run's CA and every party's certificate (:mod:`p2pdp.net.tls`): every connection
         is mutual TLS, and a host may speak only for itself.
@@ -202,6 +203,9 @@ class NetworkWorld:
         ``exact(members) -> (d,)``: a group's aggregate without noise, FOR ANALYSIS ONLY (the
         experiment's process holds every statistic to evaluate the run): fills a release
         record's ``noise_norm`` that its curator could not know (secure aggregation).
+    bind : str
+        Address the coordinator listens on for the hosts (``0.0.0.0``: every interface, for
+        hosts on other machines).
     """
 
     def __init__(
@@ -218,6 +222,7 @@ class NetworkWorld:
         credentials: RunCredentials,
         observers: Sequence[Any] = (),
         exact: Callable[[np.ndarray], np.ndarray] | None = None,
+        bind: str = "127.0.0.1",
     ) -> None:
         self.config = config
         self.n_peers, self.dim = n_peers, dim
@@ -227,6 +232,7 @@ class NetworkWorld:
         self.settings = settings
         self.observers = tuple(observers)
         self.exact = exact
+        self.bind = bind
         self.pool = GroupPool(Uniforms(rngs["protocol"]).draw)
         self.env = _Clock()
         self.monitor = _Monitor()
@@ -242,6 +248,7 @@ class NetworkWorld:
         self.curators: list[int] = []
         self.receipts: list[tuple[int, int]] = []
         self.ports: list[int] = []
+        self.addresses = [""] * hosts  # where each host's peers listen (its HELLO)
         self.processes: list[Any] = []
         self._hosts: dict[int, asyncio.StreamWriter] = {}
         self._hello = asyncio.Event()
@@ -264,12 +271,14 @@ class NetworkWorld:
         asyncio.run(self._run())
 
     async def _run(self) -> None:
-        server = await asyncio.start_server(self._control, "127.0.0.1", 0, ssl=self._server_tls)
+        server = await asyncio.start_server(self._control, self.bind, 0, ssl=self._server_tls)
         port = server.sockets[0].getsockname()[1]
         try:
             self.processes = [self.launch(i, port) for i in range(self.n_hosts)]
             await self._wait(self._hello, STARTUP_TIMEOUT, "every host to start")
-            directory = encode({"kind": DIRECTORY, "ports": self.ports})
+            directory = encode(
+                {"kind": DIRECTORY, "ports": self.ports, "addresses": self.addresses}
+            )
             for writer in self._hosts.values():
                 writer.write(directory)
                 self.wire.add(DIRECTORY, len(directory))
@@ -294,7 +303,8 @@ class NetworkWorld:
                     f"network runtime: host processes {dead} exited while waiting for {what} "
                     "(their errors are printed above). From a script, call simulate/"
                     'run_experiment under `if __name__ == "__main__":` (hosts start with '
-                    "spawn, which imports the main module again)"
+                    "spawn, which imports the main module again); with a hosts file, check "
+                    "that each host's command starts it"
                 )
             if asyncio.get_running_loop().time() > deadline:
                 raise RuntimeError(f"network runtime: waited {timeout:.0f} s for {what}")
@@ -337,6 +347,7 @@ class NetworkWorld:
                 if kind == HELLO:
                     host = claimed
                     self._hosts[host] = writer
+                    self.addresses[host] = str(message["address"])
                     if not self.ports:
                         self.ports = [0] * self.n_peers
                     for peer, peer_port in message["ports"]:
@@ -397,7 +408,7 @@ class NetworkWorld:
         if peer not in self._writers:
             _, self._writers[peer] = await asyncio.wait_for(
                 asyncio.open_connection(
-                    "127.0.0.1",
+                    self.addresses[int(self.host_of[peer])],
                     self.ports[peer],
                     ssl=self._client_tls,
                     server_hostname=host_name(int(self.host_of[peer])),

@@ -191,6 +191,7 @@ class PeerHost:
         self.dim = statistics.shape[-1]
         self.model_bytes = model_bytes(self.dim)
         self.ports: list[int] = []  # every peer's port, once the coordinator sent them
+        self.addresses: list[str] = []  # every host's address, likewise
         self.servers: list[asyncio.base_events.Server] = []
         self.counters = _Counters(
             messages=np.zeros(settings.n_peers, dtype=np.int64),
@@ -252,7 +253,7 @@ class PeerHost:
                 if receiver not in self._writers:
                     _, self._writers[receiver] = await asyncio.wait_for(
                         asyncio.open_connection(
-                            "127.0.0.1",
+                            self.addresses[int(self.host_of[receiver])],
                             self.ports[receiver],
                             ssl=self._client_tls,
                             server_hostname=(
@@ -650,19 +651,23 @@ async def serve(
     host_index: int,
     coordinator_port: int,
     credential: Credential | None = None,
+    coordinator: str = "127.0.0.1",
+    address: str = "127.0.0.1",
 ) -> None:
     """Run host ``host_index``: its peers' sockets, until the coordinator says the run is over.
 
-    Connects to the coordinator (``HELLO`` with every peer's port), waits for the
-    ``DIRECTORY`` of all ports, serves the protocol, and on ``FINISH`` waits until its peers
-    received the publications the coordinator expects, then reports ``STATS``: messages and
-    bytes sent per peer (the simulator's counts), frames and bytes per kind on the wire, the
-    receipts (``group`` publication: a ``full`` one reaches everyone), and the frames refused.
+    Connects to the coordinator at ``coordinator:coordinator_port`` (``HELLO`` with the
+    host's ``address``, where its peers listen, and every peer's port), waits for the
+    ``DIRECTORY`` of every host's address and every peer's port, serves the protocol, and on
+    ``FINISH`` waits until its peers received the publications the coordinator expects, then
+    reports ``STATS``: messages and bytes sent per peer (the simulator's counts), frames and
+    bytes per kind on the wire, the receipts (``group`` publication: a ``full`` one reaches
+    everyone), and the frames refused.
     """
     tls = credential.context(server=False) if credential else None
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(
-            "127.0.0.1",
+            coordinator,
             coordinator_port,
             ssl=tls,
             server_hostname=COORDINATOR if tls else None,
@@ -688,14 +693,22 @@ async def serve(
         credential=credential,
     )
     try:
-        ports = await host.listen()
-        report({"kind": HELLO, "host": host_index, "ports": [[p, q] for p, q in ports.items()]})
+        ports = await host.listen(address)
+        report(
+            {
+                "kind": HELLO,
+                "host": host_index,
+                "address": address,
+                "ports": [[p, q] for p, q in ports.items()],
+            }
+        )
         while True:
             message = await read_frame(reader, timeout=settings.timeout, idle=settings.idle_timeout)
             if message is None:  # the coordinator is gone: nothing more to do
                 return
             if message["kind"] == DIRECTORY:
                 host.ports = [int(port) for port in message["ports"]]
+                host.addresses = [str(a) for a in message["addresses"]]
             elif message["kind"] == FINISH:
                 await host.flush()
                 await _received(host, int(message["publications"]), settings.timeout)
