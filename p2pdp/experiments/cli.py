@@ -199,17 +199,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from p2pdp.experiments.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
+    hosts: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if args.hosts is not None:
         from p2pdp.experiments.network import read_hosts_file
 
         if args.runtime != "network":
             raise ConfigError("--hosts needs --runtime network")
         read_hosts_file(args.hosts)  # refused now, naming what is wrong, or used by each cell
-        os.environ["P2PDP_NETWORK_HOSTS"] = os.path.abspath(args.hosts)
+        hosts = _environment("P2PDP_NETWORK_HOSTS", os.path.abspath(args.hosts))
     for warning in mechanism_warnings(point.config for point in scenario.points):
         print(f"p2pdp: warning: {warning}", file=sys.stderr)
     out = args.out or default_out_dir(scenario)
-    with _signals_interrupt():
+    with hosts, _signals_interrupt():
         try:
             summary = run_experiment(
                 scenario,
@@ -243,6 +244,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
             f"{summary.seconds:.1f} s; results in {summary.directory}"
         )
         return _report(write_report, summary.directory)
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """The environment variable ``name`` set to ``value`` while the block runs."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def _report(write_report: Callable[[Path], Path], directory: Path) -> int:

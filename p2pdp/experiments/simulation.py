@@ -205,8 +205,8 @@ class RunResult:
         ]
 
 
-#: The phase the running :func:`simulate` is in (``"training"``, ``"simulation"``,
-#: ``"evaluation"``; empty between runs), for progress reports of long runs.
+#: The phase the running :func:`simulate` is in (``"training"``, ``"simulation"`` or
+#: ``"network run"``, ``"evaluation"``; empty between runs), for progress reports of long runs.
 _PHASE = [""]
 
 
@@ -311,7 +311,7 @@ def simulate(
     wall["training"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    _PHASE[0] = "simulation"
+    _PHASE[0] = "network run" if runtime == "network" else "simulation"
     dim = statistics.shape[-1]  # (P, d), or (P, R, d): a fresh statistic per release
     mechanism, releaser, rngs = release_path(config, task, dim, fold=fold, repetition=repetition)
     log = ReleaseLog()

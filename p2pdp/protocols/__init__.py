@@ -4,7 +4,9 @@
 trains once, groups release noisy averages of fixed models, and no peer updates its model from
 what it received. One aggregation is the transport-free state machine of
 :mod:`p2pdp.protocols.groups`; the SimPy world of :mod:`p2pdp.sim.world` drives it (and the
-network runtime of :mod:`p2pdp.net` too). The iterative protocols of
+network runtime of :mod:`p2pdp.net` too). Gossip group formation (``groups.sampler =
+"gossip"``) is another, :mod:`p2pdp.protocols.gossip`, driven in simulation by
+:mod:`p2pdp.sim.gossip.formation`. The iterative protocols of
 :mod:`p2pdp.protocols.iterative` keep a model per peer and update it from what arrives:
 
 ``dpsgd``

@@ -12,8 +12,9 @@ module                                 holds
 :mod:`p2pdp.sim.gossip.views`          peer sampling: Newscast views (``merge_views``,
                                        ``bootstrap_views``, ``Newscast``) and the
                                        vectorised view exchanges over the transport
-:mod:`p2pdp.sim.gossip.formation`      the group-formation protocol: invitations and locks,
-                                       commit-reveal curator election, attempts, backoff
+:mod:`p2pdp.sim.gossip.formation`      the SimPy driver of the group-formation protocol
+                                       (:mod:`p2pdp.protocols.gossip`: invitations and
+                                       locks, commit-reveal election, attempts, backoff)
 :mod:`p2pdp.sim.gossip.faults`         churn and crashes (``world.online``)
 :mod:`p2pdp.sim.gossip.sampler`        ``GossipSampler``: composes the three, one clock
                                        process, the termination rule

@@ -1,64 +1,41 @@
-"""The group-formation protocol of gossip sampling: invitations, commit-reveal, locks.
+"""The SimPy driver of gossip group formation (:mod:`p2pdp.protocols.gossip`).
 
-Group formation (messages through the transport; c.f. GroupsConfig/GossipConfig)
-    A free peer (not initiating, not locked, not in a group) that can afford one more
-    aggregation waits an exponential backoff (mean ``gossip.backoff``) and initiates:
+The protocol itself (states, locks, invitations, commit-reveal, attempts) is the
+transport-free :class:`~p2pdp.protocols.gossip.GossipFormation`; :class:`GroupFormation` runs
+it in simulation: messages go through the world's transport (delayed, lost and counted like any
+other; a message that reaches an offline peer is lost), each attempt's coroutine is a SimPy
+process (its :class:`~p2pdp.protocols.gossip.StartTimer` a timeout, its
+:class:`~p2pdp.protocols.gossip.Wait` a wait for a wake-up or the timer), initiations are
+timeouts scheduled at each tick, and a formed group goes to the world.
 
-    1. ``INVITE`` to g - 1 random members of its view. A candidate accepts only if it is free,
-       online and solvent (``world.ledger.can_afford``); it then locks itself to this group
-       and answers ``ACCEPT`` with a signed commitment ``H(nonce)`` to a random nonce, else
-       ``DECLINE``. A refusal is replaced by another view member at once; each retry round
-       asks the peers that entered the view meanwhile, then again the silent and refusing.
-    2. ``GROUP``: the member list (order fixed now) and every signed commitment, to each
-       member; each member answers ``REVEAL`` with its signed nonce.
-    3. ``START``: every revealed nonce, to each member, who checks them against the
-       commitments, computes the curator ``members[sum(nonces) mod g]`` and answers ``ACK``
-       (it is now committed to submit its model).
-    4. With every ``ACK`` in, :meth:`~p2pdp.sim.world.World.start_group` runs the
-       aggregation (members submit to the curator, who checks and spends budgets, releases,
-       publishes).
-
-    Curator election: the list order and every commitment are fixed before any nonce is
-    revealed, so a member that changes its own nonce cannot steer the sum; the curator is
-    uniform if any one member is honest. The initiator relays commitments and nonces, which
-    is safe because they are signed by their authors. What remains is the veto of the last
-    revealer (it can abort, not choose); that is inherent to commit-reveal. Steps 2-3 are the
-    extra round trips this costs: 4 (g - 1) messages on top of the 2 (g - 1) of step 1.
-
-    Every step waits ``gossip.invite_timeout`` for replies and re-sends to the silent members
-    at most ``gossip.max_retries`` times. A group that cannot complete sends ``RELEASE`` to
-    its members; any lock also expires by itself ``gossip.lock_timeout`` seconds after the
-    last message of its group (``lock_timeout + groups.collect_timeout`` once committed), so
-    a lost ``RELEASE`` or a crashed initiator never blocks a peer. Nobody is charged: budgets
-    are only spent by the curator at release. Modelling simplification: the submissions leave
-    when the initiator holds every ``ACK`` (a real member submits on ``START``, one latency
-    earlier); if an ``ACK`` never arrives, the group is not started (in reality the other
-    members would submit and the curator abort after ``collect_timeout``: same outcome, no
-    release and no charge, different timing).
-
-Contention. Concurrent initiators compete for the same free peers. A peer's backoff mean
-doubles with each failure in a row it saw (its attempts that did not form, its aggregations
-that aborted; up to ``BACKOFF_DOUBLINGS`` times) and resets when it joins a published
-aggregation; a peer that declines because it cannot afford another aggregation says so,
-and the initiator drops it from its view.
-
-Giving up (a local rule). A peer stops initiating after ``groups.max_failed_attempts``
-failures in a row (it still accepts invitations, and joining a published aggregation makes
-it try again). When the whole run ends is decided by an observer, not by the protocol (see
-:mod:`p2pdp.sim.gossip.sampler`).
+Message sizes (the simulator's model of the wire): a header, plus ``ACCEPT``: a commitment
+(hash) and its signature; ``GROUP``: per member its id, commitment and signature; ``REVEAL``: a
+nonce and its signature; ``START``: per member a nonce and a signature (Ed25519 signatures).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import simpy
 
+from p2pdp.protocols.gossip import (
+    ACCEPT,
+    ACK,
+    DECLINE,
+    GROUP,
+    INVITE,
+    RELEASE,
+    REVEAL,
+    START,
+    Attempt,
+    Envelope,
+    GossipFormation,
+    StartTimer,
+)
 from p2pdp.protocols.groups import HEADER_BYTES
 from p2pdp.sim.gossip.views import ID_BYTES
 
@@ -66,60 +43,27 @@ if TYPE_CHECKING:  # the world imports the gossip package lazily
     from p2pdp.sim.gossip.views import Newscast
     from p2pdp.sim.world import World
 
-__all__ = ["Attempt", "Envelope", "GroupFormation"]
+__all__ = ["GroupFormation"]
 
-#: A peer's mean backoff doubles after each failure in a row, at most this many times.
-BACKOFF_DOUBLINGS = 3
 #: Wire sizes (bytes): hash (commitment), nonce, signature (Ed25519).
 HASH_BYTES, NONCE_BYTES, SIGNATURE_BYTES = 32, 32, 64
 
-INVITE, ACCEPT, DECLINE, GROUP, REVEAL, START, ACK, RELEASE = (
-    "invite",
-    "accept",
-    "decline",
-    "group",
-    "reveal",
-    "start",
-    "ack",
-    "release",
-)
-# Peer states of the formation protocol (a peer's own knowledge of itself).
-TRAINING, FREE, INITIATING, LOCKED, COMMITTED, IN_GROUP, RETIRED = range(7)
+
+class _Timer:
+    """A timeout as the protocol sees it: ``fired`` once processed."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: simpy.Event) -> None:
+        self.event = event
+
+    @property
+    def fired(self) -> bool:
+        return bool(self.event.processed)
 
 
-@dataclass(slots=True, eq=False)
-class Attempt:
-    """One group being formed, as its initiator tracks it.
-
-    ``nonces`` holds each member's secret nonce (drawn when it accepts; the initiator's when
-    it sends ``GROUP``): simulation bookkeeping, read only through ``REVEAL`` messages.
-    """
-
-    attempt_id: int
-    initiator: int
-    phase: str = INVITE
-    accepted: list[int] = field(default_factory=list)
-    pending: set[int] = field(default_factory=set)
-    pool: list[int] = field(default_factory=list)  # view members to invite
-    declined: list[int] = field(default_factory=list)  # refused in this round
-    replies: dict[int, int] = field(default_factory=dict)
-    nonces: dict[int, int] = field(default_factory=dict)
-    revealed: dict[int, int] = field(default_factory=dict)
-    wake: simpy.Event | None = None
-    active: bool = True
-
-
-@dataclass(slots=True)
-class Envelope:
-    kind: str
-    sender: int
-    receiver: int
-    attempt: Attempt
-    payload: int = 0
-
-
-class GroupFormation:
-    """Every peer's side of the formation protocol: states, locks, timers, attempts.
+class GroupFormation(GossipFormation):
+    """The formation protocol, every peer's side, driven by the world's clock and transport.
 
     Parameters
     ----------
@@ -130,7 +74,7 @@ class GroupFormation:
         Whom an initiator invites; it forgets the peers that retired.
     uniform : callable
         ``uniform()`` gives the next buffered uniform of the protocol stream
-        (:class:`~p2pdp.sim.sampler.Uniforms`; backoffs, nonces), shared with the faults.
+        (:class:`~p2pdp.core.rng.Uniforms`; backoffs, nonces), shared with the faults.
     rng : numpy.random.Generator
         The protocol stream (the order of invitations).
     on_formed : callable
@@ -138,21 +82,6 @@ class GroupFormation:
         and its curator); the caller starts its aggregation.
     on_attempt_over : callable
         ``on_attempt_over()``: an attempt ended, formed or not (the observer may stop).
-
-    Attributes
-    ----------
-    state : (P,) int8 array
-        Each peer's protocol state (``TRAINING``, ``FREE``, ``INITIATING``, ``LOCKED``,
-        ``COMMITTED``, ``IN_GROUP``, ``RETIRED``).
-    stopped : bool
-        Set by the observer when the run ends: no peer initiates or starts a group any more.
-    attempts_started, attempts_failed, attempts_in_flight : int
-        Formation attempts: all, those that did not form a group, those under way.
-    formation_messages : int
-        Messages sent by the protocol (also counted, per sender, in ``world.transport``).
-    n_solvent, n_trying : int
-        Peers that can afford another aggregation, and those of them still initiating:
-        global counts for the observer; no peer acts on them.
     """
 
     def __init__(
@@ -165,41 +94,27 @@ class GroupFormation:
         on_formed: Callable[[np.ndarray, int], None],
         on_attempt_over: Callable[[], None],
     ) -> None:
+        config = world.config
+        env = world.env
+        super().__init__(
+            group_size=config.groups.group_size,
+            max_failed=config.groups.max_failed_attempts,
+            params=config.gossip,
+            collect_timeout=config.groups.collect_timeout,
+            views=views,
+            clock=lambda: env.now,
+            online=world.online,
+            can_afford=world.ledger.can_afford,
+            solvent=int(np.count_nonzero(world.ledger.active_mask())),
+            uniform=uniform,
+            rng=rng,
+        )
         self.world = world
-        self.env = world.env
-        self.rng = rng
-        self.views = views
-        self.params = world.config.gossip
-        self.group_size = world.config.groups.group_size
-        self.max_failed = world.config.groups.max_failed_attempts
-        self._uniform = uniform
+        self.env = env
         self._on_formed = on_formed
         self._on_attempt_over = on_attempt_over
-        n_peers = world.ledger.n_peers
-        self.state = np.full(n_peers, TRAINING, dtype=np.int8)
-        self.bound = np.full(n_peers, -1, dtype=np.int64)  # attempt a peer is tied to
-        # timers, served by the sampler's tick process (resolution: one tick)
-        self.initiate_at = np.full(n_peers, np.inf)  # a free peer's next initiation
-        self.lock_until = np.full(n_peers, np.inf)  # a locked or committed peer's lock expiry
-        self.failures = np.zeros(n_peers, dtype=np.int64)
-        self._next_attempt = 0
-        self.n_solvent = int(np.count_nonzero(world.ledger.active_mask()))  # observer only
-        self.n_trying = self.n_solvent  # solvent peers still initiating; observer only
-        self.attempts_in_flight = 0
-        self.attempts_started = self.attempts_failed = 0
-        self.formation_messages = 0
-        self.stopped = False
-        self._handlers = {
-            INVITE: self._on_invite,
-            ACCEPT: self._on_accept,
-            DECLINE: self._on_decline,
-            GROUP: self._on_group,
-            REVEAL: self._on_reply,
-            START: self._on_start,
-            ACK: self._on_reply,
-            RELEASE: self._on_release,
-        }
-        g = self.group_size
+        self._wakes: dict[int, simpy.Event] = {}  # attempt -> the event its initiator awaits
+        g = config.groups.group_size
         self._bytes = {
             INVITE: HEADER_BYTES,
             ACCEPT: HEADER_BYTES + HASH_BYTES + SIGNATURE_BYTES,
@@ -211,282 +126,58 @@ class GroupFormation:
             RELEASE: HEADER_BYTES,
         }
 
-    # -- what the sampler drives -------------------------------------------------------------
-    def members_back(self, members: np.ndarray, *, published: bool) -> None:
-        """A group's aggregation ended: its members become free, or retire if broke."""
-        solvent = self.world.ledger.can_afford(members).tolist()
-        for member, can_afford in zip(members.tolist(), solvent, strict=True):
-            if published:
-                self._succeeded(member)
-            else:
-                self._failed(member)
-            if can_afford:
-                self.become_free(member)
-            else:
-                self._retire(member)
-
-    def become_free(self, peer: int) -> None:
-        """``peer`` is idle and can afford an aggregation: it schedules an initiation."""
-        self.state[peer] = FREE
-        self.bound[peer] = -1
-        self.lock_until[peer] = np.inf
-        self._schedule_initiation(peer)
-
-    def expire_locks(self) -> None:
-        """Free the peers whose lock ran out (its group never started)."""
-        for peer in np.flatnonzero(self.lock_until <= self.env.now).tolist():
-            self.become_free(peer)
-
     def start_initiations(self, tick: float) -> None:
         """Initiations due before the next tick, each at its own time (not in lockstep)."""
         now = self.env.now
-        for peer in np.flatnonzero(self.initiate_at < now + tick).tolist():
-            at = float(self.initiate_at[peer])
+        for peer, at in self.due(now + tick):
             timer = self.env.timeout(max(0.0, at - now))
             timer.callbacks.append(partial(self._initiate, peer, at))
 
-    def rejoin(self, peers: np.ndarray) -> None:
-        """``peers`` came back online: the free ones schedule an initiation again."""
-        for peer in peers[self.state[peers] == FREE].tolist():
-            self._schedule_initiation(peer)
+    def _initiate(self, peer: int, at: float, _timer: simpy.Event | None = None) -> None:
+        attempt = self.initiate(peer, at)
+        if attempt is not None:
+            self.env.process(self._drive(attempt))
 
-    def retired(self, peers: np.ndarray) -> np.ndarray:
-        """Bool mask (k,): which of ``peers`` retired (cannot afford another aggregation)."""
-        return self.state[peers] == RETIRED
-
-    # -- a peer's backoff, failures in a row and retirement ------------------------------------
-    def _schedule_initiation(self, peer: int) -> None:
-        """Exponential backoff, its mean doubled per failure in a row of this peer."""
-        if self.stopped or self.failures[peer] >= self.max_failed:
-            self.initiate_at[peer] = np.inf
-            return
-        mean = self.params.backoff * 2.0 ** min(int(self.failures[peer]), BACKOFF_DOUBLINGS)
-        self.initiate_at[peer] = self.env.now - mean * math.log1p(-self._uniform())
-
-    def _succeeded(self, peer: int) -> None:
-        if self.failures[peer] >= self.max_failed:
-            self.n_trying += 1
-        self.failures[peer] = 0
-
-    def _failed(self, peer: int) -> None:
-        self.failures[peer] += 1
-        if self.failures[peer] == self.max_failed:
-            self.n_trying -= 1
-
-    def _retire(self, peer: int) -> None:
-        self.state[peer] = RETIRED
-        self.bound[peer] = -1
-        self.n_solvent -= 1
-        if self.failures[peer] < self.max_failed:
-            self.n_trying -= 1
-
-    # -- messages ----------------------------------------------------------------------------
-    def _send(self, kind: str, sender: int, receiver: int, attempt: Attempt, payload=0) -> None:
-        self.formation_messages += 1
-        message = Envelope(kind, sender, receiver, attempt, payload)
-        # handlers schedule nothing urgent (no process), so same-instant messages may share
-        self.world.transport.send(sender, self._deliver, message, self._bytes[kind], coalesce=True)
+    def _drive(self, attempt: Attempt) -> Generator[simpy.Event, Any, None]:
+        """The initiator's coroutine as a SimPy process: its effects are carried out before
+        each of its commands, in the order it decided them."""
+        coroutine = self.run_attempt(attempt)
+        reply = None
+        while True:
+            try:
+                command = coroutine.send(reply)
+            except StopIteration:
+                break
+            self._flush()
+            if isinstance(command, StartTimer):
+                reply = _Timer(self.env.timeout(command.seconds))
+            else:
+                wake = self._wakes[attempt.attempt_id] = self.env.event()
+                yield wake | cast(_Timer, command.timer).event  # the driver's own timer
+                reply = None
+        self._wakes.pop(attempt.attempt_id, None)
+        self._flush()
 
     def _deliver(self, message: Envelope) -> None:
-        if not self.world.online[message.receiver]:  # arrived while the receiver was offline
+        if not self.online[message.receiver]:  # arrived while the receiver was offline
             self.world.transport.lose(message.sender)
             return
-        self._handlers[message.kind](message)
+        self.handle(message)
+        self._flush()
 
-    def _wake(self, attempt: Attempt) -> None:
-        if attempt.wake is not None and not attempt.wake.triggered:
-            attempt.wake.succeed()
-
-    def _tied(self, peer: int, attempt: Attempt, *states: int) -> bool:
-        return self.bound[peer] == attempt.attempt_id and self.state[peer] in states
-
-    # candidate / member side
-    def _on_invite(self, message: Envelope) -> None:
-        peer, attempt = message.receiver, message.attempt
-        if self._tied(peer, attempt, LOCKED):  # a re-sent invitation
-            self._send(ACCEPT, peer, message.sender, attempt)
-        elif self.state[peer] == FREE and self.world.ledger.can_afford([peer])[0]:
-            self.state[peer] = LOCKED
-            self.bound[peer] = attempt.attempt_id
-            self.lock_until[peer] = self.env.now + self.params.lock_timeout
-            attempt.nonces[peer] = int(self._uniform() * 2**53)
-            self._send(ACCEPT, peer, message.sender, attempt)
-        else:  # busy, or retired: then the payload says so and the initiator forgets it
-            self._send(DECLINE, peer, message.sender, attempt, int(self.state[peer] == RETIRED))
-
-    def _on_group(self, message: Envelope) -> None:
-        peer, attempt = message.receiver, message.attempt
-        if self._tied(peer, attempt, LOCKED):
-            self.lock_until[peer] = self.env.now + self.params.lock_timeout
-            self._send(REVEAL, peer, message.sender, attempt, attempt.nonces[peer])
-
-    def _on_start(self, message: Envelope) -> None:
-        peer, attempt = message.receiver, message.attempt
-        if self._tied(peer, attempt, LOCKED, COMMITTED):
-            self.state[peer] = COMMITTED
-            seconds = self.params.lock_timeout + self.world.config.groups.collect_timeout
-            self.lock_until[peer] = self.env.now + seconds
-            self._send(ACK, peer, message.sender, attempt)
-
-    def _on_release(self, message: Envelope) -> None:
-        if self._tied(message.receiver, message.attempt, LOCKED, COMMITTED):
-            self.become_free(message.receiver)
-
-    # initiator side
-    def _on_accept(self, message: Envelope) -> None:
-        attempt, peer = message.attempt, message.sender
-        if peer in attempt.accepted:
-            return
-        if (
-            attempt.active
-            and attempt.phase == INVITE
-            and len(attempt.accepted) < self.group_size - 1
-        ):
-            attempt.pending.discard(peer)
-            if peer in attempt.pool:  # a late answer to a timed-out invitation
-                attempt.pool.remove(peer)
-            if peer in attempt.declined:  # refused earlier, accepted a later invitation
-                attempt.declined.remove(peer)
-            attempt.accepted.append(peer)
-            if len(attempt.accepted) == self.group_size - 1:
-                self._wake(attempt)
-        else:  # not needed (any more): unlock it now rather than at its lock timeout
-            self._send(RELEASE, attempt.initiator, peer, attempt)
-
-    def _on_decline(self, message: Envelope) -> None:
-        attempt, peer, retired = message.attempt, message.sender, message.payload
-        if retired:
-            self.views.forget(attempt.initiator, peer)
-        if attempt.active and attempt.phase == INVITE and peer in attempt.pending:
-            attempt.pending.discard(peer)
-            if not retired:
-                attempt.declined.append(peer)
-            if attempt.pool:  # the initiator can invite a replacement
-                self._wake(attempt)
-
-    def _on_reply(self, message: Envelope) -> None:
-        attempt = message.attempt
-        expected = REVEAL if attempt.phase == GROUP else ACK
-        if attempt.active and message.kind == expected and message.sender in attempt.accepted:
-            attempt.replies[message.sender] = message.payload
-            if len(attempt.replies) == len(attempt.accepted):
-                self._wake(attempt)
-
-    # -- the initiator's process -------------------------------------------------------------
-    def _initiate(self, peer: int, at: float, _timer: simpy.Event | None = None) -> None:
-        if self.initiate_at[peer] != at:  # rescheduled since
-            return
-        self.initiate_at[peer] = np.inf
-        if self.state[peer] != FREE or self.stopped or not self.world.online[peer]:
-            return
-        attempt = Attempt(self._next_attempt, peer)
-        self._next_attempt += 1
-        self.attempts_started += 1
-        self.attempts_in_flight += 1
-        self.state[peer] = INITIATING
-        self.bound[peer] = attempt.attempt_id
-        self.env.process(self._run_attempt(attempt))
-
-    def _wait(self, attempt: Attempt, deadline: simpy.Event):
-        """Until a message handler wakes the initiator or ``deadline`` fires."""
-        attempt.wake = self.env.event()
-        yield attempt.wake | deadline
-
-    def _run_attempt(self, attempt: Attempt):
-        formed = yield from self._invite_phase(attempt)
-        if formed:
-            attempt.nonces[attempt.initiator] = int(self._uniform() * 2**53)
-            formed = yield from self._request_phase(attempt, GROUP)
-        if formed:
-            attempt.revealed = dict(attempt.replies)
-            formed = yield from self._request_phase(attempt, START)
-        if formed and self._can_start(attempt):
-            self._start(attempt)
-        else:
-            self._abandon(attempt)
-        self.attempts_in_flight -= 1
-        self._on_attempt_over()
-
-    def _invite_phase(self, attempt: Attempt):
-        """Gather g - 1 acceptances from the initiator's view.
-
-        A refusal is replaced at once by another view member. Each of the ``max_retries``
-        further rounds first asks the members that entered the view meanwhile (gossip keeps
-        refreshing it), then again the candidates that refused or were silent (they may be
-        free by then).
-        """
-        need = self.group_size - 1
-        initiator = attempt.initiator
-        asked: set[int] = set()
-        for _ in range(self.params.max_retries + 1):
-            view = self.views.view(initiator).tolist()
-            fresh = [peer for peer in view if peer not in asked]
-            asked.update(fresh)
-            retry, attempt.pending, attempt.declined = (
-                [*attempt.pending, *attempt.declined],
-                set(),
-                [],
-            )
-            attempt.pool = [*retry, *self.rng.permutation(fresh).tolist()]  # fresh ones first
-            deadline = self.env.timeout(self.params.invite_timeout)
-            while (
-                len(attempt.accepted) < need
-                and self.world.online[initiator]
-                and not deadline.processed
-            ):
-                while len(attempt.accepted) + len(attempt.pending) < need and attempt.pool:
-                    candidate = attempt.pool.pop()
-                    attempt.pending.add(candidate)
-                    self._send(INVITE, initiator, candidate, attempt)
-                yield from self._wait(attempt, deadline)
-            if len(attempt.accepted) == need:
-                return True
-            if not self.world.online[initiator]:
-                return False
-        return False
-
-    def _request_phase(self, attempt: Attempt, kind: str):
-        """Send ``kind`` to every member and collect their replies, re-sending to the silent."""
-        attempt.phase, attempt.replies = kind, {}
-        for _ in range(self.params.max_retries + 1):
-            if not self.world.online[attempt.initiator]:
-                return False
-            for member in attempt.accepted:
-                if member not in attempt.replies:
-                    self._send(kind, attempt.initiator, member, attempt)
-            deadline = self.env.timeout(self.params.invite_timeout)
-            while len(attempt.replies) < len(attempt.accepted) and not deadline.processed:
-                yield from self._wait(attempt, deadline)
-            if len(attempt.replies) == len(attempt.accepted):
-                return True
-        return False
-
-    def _can_start(self, attempt: Attempt) -> bool:
-        return (
-            not self.stopped
-            and bool(self.world.online[attempt.initiator])
-            and self._tied(attempt.initiator, attempt, INITIATING)
-            and all(self._tied(m, attempt, COMMITTED) for m in attempt.accepted)
-        )
-
-    def _start(self, attempt: Attempt) -> None:
-        attempt.active = False
-        members = np.array([attempt.initiator, *attempt.accepted], dtype=np.int64)
-        nonce_sum = attempt.nonces[attempt.initiator] + sum(attempt.revealed.values())
-        curator = int(members[nonce_sum % self.group_size])
-        self.state[members] = IN_GROUP
-        self.bound[members] = -1
-        self.lock_until[members] = np.inf
-        self._on_formed(members, curator)
-
-    def _abandon(self, attempt: Attempt) -> None:
-        """The group did not form: release its members (nobody is charged)."""
-        attempt.active = False
-        self.attempts_failed += 1
-        initiator = attempt.initiator
-        if self.world.online[initiator]:
-            for member in attempt.accepted:
-                self._send(RELEASE, initiator, member, attempt)
-        self._failed(initiator)
-        if self._tied(initiator, attempt, INITIATING):
-            self.become_free(initiator)
+    def _flush(self) -> None:
+        """Carry out the protocol's effects, in order."""
+        for kind, value in self.effects():
+            if kind == "send":
+                # handlers schedule nothing urgent (no process): same-instant messages share
+                self.world.transport.send(
+                    value.sender, self._deliver, value, self._bytes[value.kind], coalesce=True
+                )
+            elif kind == "wake":
+                wake = self._wakes.get(value.attempt_id)
+                if wake is not None and not wake.triggered:
+                    wake.succeed()
+            elif kind == "formed":
+                self._on_formed(*value)
+            else:  # "over"
+                self._on_attempt_over()
