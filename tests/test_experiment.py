@@ -220,3 +220,28 @@ def test_progress_of_a_long_single_cell_says_what_it_is_doing(tmp_path, monkeypa
     lines = stream.getvalue().splitlines()
     assert any(line.endswith("(running: simulation)") for line in lines), lines
     assert lines[-1].startswith("p2pdp run: 1/1 cells") and "running" not in lines[-1]
+
+
+def _signal_handlers(_shared, _item):
+    import signal
+
+    return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+
+def test_forked_workers_leave_signals_to_their_parent():
+    """A forked worker must not inherit the CLI's SIGTERM handler (KeyboardInterrupt): its
+    pool stops it with SIGTERM, and an exception raised while it holds the pool's queue lock
+    hangs the run (seen on a config error). It ignores SIGINT and dies on SIGTERM."""
+    import signal
+
+    from p2pdp.core.parallel import forked_map
+
+    def interrupt(number, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        handlers = forked_map(_signal_handlers, None, [0, 1], workers=2)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert handlers == [(signal.SIG_IGN, signal.SIG_DFL)] * 2

@@ -13,6 +13,7 @@ import os
 import signal
 import ssl
 import struct
+import subprocess
 import sys
 import time
 
@@ -33,6 +34,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.network import read_hosts_file
 from p2pdp.experiments.simulation import simulate
+from p2pdp.net import coordinator
 from p2pdp.net.coordinator import NetworkWorld
 from p2pdp.net.host import HostSettings, PeerHost
 from p2pdp.net.tls import RunCredentials
@@ -40,6 +42,7 @@ from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpac
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import Releaser
+from p2pdp.protocols.groups import Group
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks import make_task
 
@@ -177,6 +180,24 @@ def test_hosts_started_by_a_hosts_files_commands_give_the_simulators_rows(tmp_pa
     _same_rows(simulate(config), network)
 
 
+def test_a_host_command_that_never_connects_is_named_and_killed_with_its_children(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(coordinator, "STARTUP_TIMEOUT", 3.0)
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\nbind = "127.0.0.1"\n[[host]]\naddress = "127.0.0.1"\n'
+        '[[host]]\naddress = "127.0.0.1"\ncommand = ["sh", "-c", "sleep 61.25; true"]\n'
+    )
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    with pytest.raises(
+        RuntimeError, match=r"never connected: host 1 \(sh -c 'sleep 61.25; true'\)"
+    ):
+        simulate(_config("group"), runtime="network")
+    left = subprocess.run(["pgrep", "-f", "sleep 61.25"], capture_output=True, text=True)
+    assert left.stdout == ""  # the shell's child went with it
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -188,6 +209,7 @@ def test_hosts_started_by_a_hosts_files_commands_give_the_simulators_rows(tmp_pa
          r"host\[0\].command must be a list of strings, got 'ssh a'"),
         ('coordinator = "c"\nport = 1\n[[host]]\naddress = "a"\n', "unknown key 'port'"),
         ("coordinator = \n", "hosts file .*hosts.toml: "),
+        ('coordinator = "c"\nhost = [1]\n', r"host\[0\] must be a table"),
     ],
 )  # fmt: skip
 def test_a_bad_hosts_file_is_refused_naming_the_key(tmp_path, text, message):
@@ -249,6 +271,34 @@ def test_a_host_that_dies_at_start_fails_the_run_at_once():
     with pytest.raises(RuntimeError, match=r"host processes \[0, 1\] exited.*__main__"):
         world.run()
     assert time.perf_counter() - start < 5
+
+
+def test_the_coordinator_charges_only_releases_of_groups_it_aborted():
+    """A curator's late report charges the members the coordinator assigned, once; a report
+    of a group never aborted (made up, or reported twice) charges nobody."""
+    world = NetworkWorld(
+        _config("group"),
+        n_peers=12,
+        dim=2,
+        ledger=BudgetLedger(12, epsilon_total=1.0, epsilon_per_aggregation=0.25),
+        rngs={"protocol": np.random.default_rng(0)},
+        launch=lambda host, port: None,
+        hosts=2,
+        settings=HostSettings(n_peers=12, hosts=2, full_publication=False),
+        credentials=RunCredentials.generate(hosts=2),
+    )
+    record = {"group_size": 3, "n_min": 30, "sensitivity": 0.1, "mechanism": "vector-laplace",
+              "epsilon": 0.25, "delta": 0.0, "noise_scale": 0.4, "noise_std": 0.5,
+              "noise_norm": 0.3, "secure": False}  # fmt: skip
+    report = {"kind": "done", "group": 7, "members": [0, 1, 2, 3, 4, 5], "curator": 1,
+              "model": pack_vector(np.zeros(2)), "record": record}  # fmt: skip
+    world._late_release(report)  # group 7 was never aborted
+    assert world.ledger.aggregations().sum() == 0 and world.wire.refused["unknown release"] == 1
+    world._aborted[7] = Group(7, np.array([1, 4, 9]), 1)
+    world._late_release(report)  # its members as assigned, not as reported
+    assert np.flatnonzero(world.ledger.aggregations()).tolist() == [1, 4, 9]
+    world._late_release(report)  # reported twice
+    assert world.ledger.aggregations().sum() == 3 and world.wire.refused["unknown release"] == 2
 
 
 class _Fault(WorldObserver):
@@ -394,40 +444,77 @@ def _submit(sender=2, size=6, **changes):
     return {**message, **changes}
 
 
+ASSIGN_0 = {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2], "curator": 0,
+            "release": 0, "timeout": 60.0}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("peer", "message", "reason"),
     [
-        (0, {"kind": "assign", "sender": 2, "group": 0, "members": [0, 1], "curator": 0,
-             "release": 0, "timeout": 60.0}, "assign"),
-        (1, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 2], "curator": 0,
-             "release": 0, "timeout": 60.0}, "assign"),
+        (0, {**ASSIGN_0, "sender": 2}, "assign"),  # not from the coordinator
+        (1, {**ASSIGN_0, "members": [0, 2]}, "assign"),  # peer 1 is not a member
         (0, _submit(size=0), "submit"),
-        (1, _submit(), "submit"),  # peer 1 is not the curator
+        (1, _submit(), "submit"),  # peer 1 is a member, not the curator
         (0, _submit(sender=5), "submit"),  # not a member
-        (0, _submit(members=[0, 2, 2]), "submit"),  # not distinct
         (0, _submit(statistic=pack_vector(np.ones(3))), "submit"),  # wrong shape
+        (0, {**ASSIGN_0, "members": [0, 2**64 - 1]}, "assign"),  # an id beyond int64
+        (0, {**_submit(), "group": -1}, "submit"),  # a group behind the curator
         (0, {"kind": "gossip", "sender": 2}, "gossip"),
     ],
 )  # fmt: skip
 def test_a_host_refuses_frames_outside_the_protocol_and_keeps_serving(peer, message, reason):
+    """Peers 0 (curator) and 1 of group 0 are assigned, then one frame arrives."""
     reports = []
     host = _host(reports)
+    if message["kind"] != "assign":
+        host.handle(0, ASSIGN_0)
+        host.handle(1, ASSIGN_0)
     host.handle(peer, message)
     assert host.counters.refused[reason] == 1
-    assert reports == []  # nothing sent, nothing released
+    assert not [r for r in reports if isinstance(r, dict)]  # nothing released
+
+
+def test_a_submission_is_judged_by_the_curators_own_assignment():
+    """A submission names its group's members, but only the coordinator's assignment to the
+    curator counts: one that arrives first waits for it (then is checked against it), and
+    its member list never replaces the assigned one (seen by a reviewer's probe)."""
+    reports = []
+    host = _host(reports)
+    host.handle(0, _submit(sender=2, members=[0, 2]))  # before the assignment: kept
+    assert sum(host.counters.refused.values()) == 0
+    host.handle(0, ASSIGN_0)
+    assert not [r for r in reports if isinstance(r, dict)]  # still waits for member 1
+    host.handle(0, _submit(sender=1, size=7))
+    (done,) = [r for r in reports if isinstance(r, dict)]
+    assert done["members"] == [0, 1, 2] and done["record"]["group_size"] == 3
+
+
+def test_messages_for_groups_far_ahead_cannot_crowd_out_the_next_one():
+    """A peer keeps messages for at most EARLY_GROUPS groups it was not assigned yet; when
+    full, the latest group goes, so made-up group ids cannot block the real next group."""
+    reports = []
+    host = _host(reports)
+    for group in (10**9, 10**9 + 1, 10**9 + 2):
+        host.handle(0, {**_submit(), "group": group})
+    assert host.counters.refused["submit"] == 1  # the third far-ahead group
+    host.handle(0, _submit(sender=2))  # group 0, before its assignment: kept
+    assert host.counters.refused["early"] == 1  # group 10^9 + 1 made room
+    host.handle(0, ASSIGN_0)
+    host.handle(0, _submit(sender=1, size=7))
+    assert [r["kind"] for r in reports if isinstance(r, dict)] == ["done"]
 
 
 def test_a_replayed_submission_is_not_a_second_members():
     reports = []
     host = _host(reports)
     host.handle(0, _submit())
-    host.handle(0, _submit())  # replay
+    host.handle(0, _submit())  # replay, before the assignment
     assert host.counters.refused["submit"] == 1
-    host.handle(0, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
-                    "curator": 0, "release": 0, "timeout": 60.0})  # fmt: skip
+    host.handle(0, ASSIGN_0)
+    host.handle(0, _submit())  # replay, after it
+    assert host.counters.refused["submit"] == 2
     assert not any(r for r in reports if isinstance(r, dict))  # still waits for member 1
-    host.handle(1, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
-                    "curator": 0, "release": 0, "timeout": 60.0})  # fmt: skip
+    host.handle(1, ASSIGN_0)
     assert ("sent", ("submit", 1, 0)) in reports  # member 1 submits to its curator
     host.handle(0, _submit(sender=1, size=7))
     (done,) = [r for r in reports if isinstance(r, dict)]
@@ -441,18 +528,17 @@ def test_msgpack_is_the_encoding():
 
 
 def test_a_curator_never_releases_a_group_past_its_expiry():
-    """The coordinator aborts a group once its expiry passed: its curator must not release
-    it then, even if every statistic is there, and refuses later submissions."""
+    """The coordinator aborts a group once the curator's timer (started by its assignment)
+    ran out: the curator then refuses every submission, so it never releases that group."""
     reports = []
     host = _host(reports)
-    host.handle(0, _submit(sender=2))
+    host.handle(0, _submit(sender=2))  # kept until the assignment
     host.handle(0, _submit(sender=1, size=7))
-    host.handle(0, {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2],
-                    "curator": 0, "release": 0, "timeout": 0.0})  # fmt: skip
+    host.handle(0, {**ASSIGN_0, "timeout": 0.0})
     assert not [r for r in reports if isinstance(r, dict)]  # nothing released, no report
-    assert host.counters.refused["expired"] == 1
+    assert host.counters.refused["submit"] == 2
     host.handle(0, _submit(sender=2))
-    assert host.counters.refused["submit"] == 1
+    assert host.counters.refused["submit"] == 3
 
 
 # -- mutual TLS: strangers and impostors are refused, the honest keep going ------------------
@@ -514,6 +600,7 @@ def test_a_claim_below_the_public_minimum_shard_size_is_refused():
     reports = []
     host = _host(reports)
     host.settings = HostSettings(n_peers=3, hosts=1, full_publication=False, min_shard_size=6)
+    host.handle(0, ASSIGN_0)
     host.handle(0, _submit(size=5))
     assert host.counters.refused["submit"] == 1
     host.handle(0, _submit(size=6))
@@ -612,9 +699,8 @@ def _secure_host(reports):
     return host, outbox
 
 
-def _assign(peer_group=0):
-    return {"kind": "assign", "sender": -1, "group": peer_group, "members": [0, 1, 2],
-            "curator": 0, "release": 0, "timeout": 60.0}  # fmt: skip
+def _assign(timeout=60.0):
+    return {**ASSIGN_0, "timeout": timeout}
 
 
 def _route(host, outbox):
@@ -687,3 +773,18 @@ def test_secure_frames_outside_the_protocol_are_refused_and_the_round_completes(
     host.handle(0, second)
     (done,) = reports
     assert done["kind"] == "done" and done["record"]["n_min"] == 5
+
+
+def test_a_secure_curator_never_releases_past_its_timer():
+    """Every partial sum arrived in time, but the curator's own completes (its last share
+    arrives) after its timer ran out: it releases nothing."""
+    reports = []
+    host, outbox = _secure_host(reports)
+    for peer in range(3):
+        host.handle(peer, _assign(timeout=0.2))
+    last = next(i for i, (r, m) in enumerate(outbox) if r == 0 and m["kind"] == "share")
+    receiver, late_share = outbox.pop(last)
+    _route(host, outbox)  # every other share, then partial sums 1 and 2, in time
+    time.sleep(0.3)
+    host.handle(receiver, late_share)
+    assert reports == [] and host.counters.refused["expired"] == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import multiprocessing
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -41,6 +42,18 @@ def current_workers() -> int:
     return _WORKERS.get()
 
 
+def worker_signals() -> None:
+    """In a worker process: signals are the parent's business. A terminal's Ctrl-C reaches
+    the whole process group, so a worker ignores SIGINT; it dies at once on SIGTERM and
+    SIGHUP, which its parent sends to stop it (a handler inherited from the parent, say one
+    raising KeyboardInterrupt, could stop it while it holds its pool's queue lock and hang the
+    pool)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 def _call(item: Any) -> Any:
     assert _TASK is not None  # set by forked_map before the fork
     function, shared = _TASK
@@ -62,7 +75,7 @@ def forked_map(
     global _TASK
     _TASK = (function, shared)
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, worker_signals) as pool:
             return pool.map(_call, items, chunksize=1)
     finally:
         _TASK = None

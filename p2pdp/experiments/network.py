@@ -2,7 +2,8 @@
 
 ``simulate(config, runtime="network")`` builds a :class:`p2pdp.net.coordinator.NetworkWorld`
 here. Each host is a fresh OS process that derives the fold from the seed as the simulator
-does, trains its own peers' models, keeps only their statistics, and serves them
+does (every peer's data and local model: a simulation shortcut), keeps only its own peers'
+statistics, and serves them
 (:func:`p2pdp.net.host.serve`). Peers are split evenly, in id order, over the host processes.
 
 Where the hosts run is ``P2PDP_NETWORK_HOSTS``: unset, one per CPU core on this machine; a
@@ -19,6 +20,8 @@ import logging
 import multiprocessing
 import os
 import pickle
+import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -114,6 +117,11 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
         raise ConfigError(f"hosts file {where}: needs at least one [[host]] entry")
     addresses, commands = [], []
     for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ConfigError(
+                f"hosts file {where}: host[{i}] must be a table ([[host]] with an address), "
+                f"got {entry!r}"
+            )
         unknown = set(entry) - {"address", "command"}
         if unknown:
             raise ConfigError(f"hosts file {where}: unknown key host[{i}].{sorted(unknown)[0]}")
@@ -148,10 +156,12 @@ def network_hosts(n_peers: int) -> int:
 
 class _Command:
     """A host started by a hosts file's command, with the process interface the coordinator
-    uses (``join``, ``is_alive``, ``kill``, ``pid``)."""
+    uses (``join``, ``is_alive``, ``kill``, ``pid``). The command runs in a session of its
+    own, so that killing it kills what it started too (a shell's children, ssh)."""
 
-    def __init__(self, command: Sequence[str], bundle: bytes) -> None:
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE)
+    def __init__(self, host: int, command: Sequence[str], bundle: bytes) -> None:
+        self.name = f"host {host} ({shlex.join(command)})"
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
         self.pid = self.process.pid
         assert self.process.stdin is not None
         try:
@@ -170,7 +180,14 @@ class _Command:
         return self.process.poll() is None
 
     def kill(self) -> None:
-        self.process.kill()
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:  # already gone, with everything it started
+            pass
+        self.process.wait()
+
+    def __str__(self) -> str:
+        return self.name
 
 
 def _settings(config: ScenarioConfig, hosts: int) -> HostSettings:
@@ -230,7 +247,7 @@ def network_world(
             bundle = dict(config=config, fold=fold, repetition=repetition, host=host,
                           hosts=hosts, port=port, credential=credential,
                           coordinator=plan.coordinator, address=plan.addresses[host])  # fmt: skip
-            return _Command(plan.commands[host], pickle.dumps(bundle))
+            return _Command(host, plan.commands[host], pickle.dumps(bundle))
         process = context.Process(
             target=host_main,
             args=(config, fold, repetition, host, hosts, port, credential),

@@ -43,7 +43,7 @@ from threadpoolctl import threadpool_limits
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
-from p2pdp.core.parallel import local_workers
+from p2pdp.core.parallel import local_workers, worker_signals
 from p2pdp.core.validation import OneOf
 from p2pdp.experiments.disclosure import non_private_column
 from p2pdp.experiments.network import check_network_settings, network_hosts
@@ -361,10 +361,7 @@ def _start_worker(records: Any, parent: int) -> None:
     """
     global _RECORDS
     _RECORDS = records
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    worker_signals()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

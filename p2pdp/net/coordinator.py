@@ -256,6 +256,7 @@ class NetworkWorld:
         self._all_stats = asyncio.Event()
         self._done: dict[int, asyncio.Future] = {}
         self._in_flight: dict[int, Group] = {}
+        self._aborted: dict[int, Group] = {}  # groups aborted whose release never came
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self.host_of = hosts_of(n_peers, hosts)
         own = credentials.parties[COORDINATOR]
@@ -271,7 +272,12 @@ class NetworkWorld:
         asyncio.run(self._run())
 
     async def _run(self) -> None:
-        server = await asyncio.start_server(self._control, self.bind, 0, ssl=self._server_tls)
+        try:
+            server = await asyncio.start_server(self._control, self.bind, 0, ssl=self._server_tls)
+        except OSError as error:
+            raise ConfigError(
+                f"the coordinator cannot listen on {self.bind!r} (a hosts file's bind): {error}"
+            ) from None
         port = server.sockets[0].getsockname()[1]
         try:
             self.processes = [self.launch(i, port) for i in range(self.n_hosts)]
@@ -307,7 +313,11 @@ class NetworkWorld:
                     "that each host's command starts it"
                 )
             if asyncio.get_running_loop().time() > deadline:
-                raise RuntimeError(f"network runtime: waited {timeout:.0f} s for {what}")
+                silent = [self.processes[i] for i in range(self.n_hosts) if i not in self._hosts]
+                raise RuntimeError(
+                    f"network runtime: waited {timeout:.0f} s for {what}"
+                    + (f"; never connected: {', '.join(map(str, silent))}" if silent else "")
+                )
             try:
                 await asyncio.wait_for(event.wait(), 0.2)
             except TimeoutError:
@@ -391,17 +401,24 @@ class NetworkWorld:
             self._all_stats.set()
 
     def _late_release(self, report: dict[str, Any]) -> None:
-        """A release reported after its group was aborted: it happened, so charge it."""
+        """A release reported after its group was aborted: it happened, so charge it, to the
+        members the coordinator itself assigned. A report of any other group (never formed,
+        still to come, reported twice, or from another curator) is refused: a host cannot
+        make up releases or charges."""
+        group = self._aborted.get(int(report["group"]))
+        if group is None or group.curator != int(report["curator"]):
+            log.warning("coordinator: refused a release of group %s: not aborted", report["group"])
+            self.wire.refused["unknown release"] += 1
+            return
+        del self._aborted[group.group_id]
         log.error(
             "network runtime: group %s released after its abort; its members are charged",
-            report.get("group"),
+            group.group_id,
         )
-        members = np.array(report["members"], dtype=np.int64)
-        group = Group(int(report["group"]), members, int(report["curator"]))
-        if bool(self.ledger.can_afford(members).all()):
+        if bool(self.ledger.can_afford(group.members).all()):
             self._released(group, report, full=self.config.publication.mode == "full")
         else:  # the budget cannot cover it: say so loudly rather than hide it
-            log.error("network runtime: a late release exceeds members' budgets: %s", members)
+            log.error("network runtime: a late release exceeds members' budgets: %s", group.members)
         self.wire.refused["late release"] += 1
 
     async def _send(self, peer: int, message: dict[str, Any]) -> None:
@@ -468,6 +485,7 @@ class NetworkWorld:
             if reason:
                 failed += 1
                 self.monitor.aborted += 1
+                self._aborted[group.group_id] = group  # its curator may still report it
                 for observer in self.observers:
                     observer.aborted(self, group, reason)
             else:

@@ -134,8 +134,8 @@ class _Member:
     senders: set[int] = field(default_factory=set)
 
 
-#: Groups a member keeps shares for that arrived before its assignment to them (the
-#: coordinator's ASSIGN to it may trail another member's share; one group at a time needs 1).
+#: Groups a peer keeps messages for that arrived before its assignment to them (the
+#: coordinator's ASSIGN to it may trail another member's message; one group at a time needs 1).
 EARLY_GROUPS = 2
 
 
@@ -200,11 +200,12 @@ class PeerHost:
         self.receipts: list[tuple[int, int]] = []
         self.groups: dict[int, tuple[Group, dict[int, np.ndarray]]] = {}  # as curator
         self.members: dict[int, _Member] = {}  # secure: peer -> its side of its group
-        self.early: dict[tuple[int, int], dict[int, np.ndarray]] = {}  # (group, peer) -> shares
+        # (group, peer) -> {(sender, kind): (message, sender's TLS name)}: before the assignment
+        self.early: dict[tuple[int, int], dict[tuple[int, str], tuple[dict[str, Any], str | None]]]
+        self.early = {}
         self.codec = FixedPoint()
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
         self.deadline: dict[int, float] = {}  # group -> when its curator stops (monotonic s)
-        self.expired: set[int] = set()  # groups this host's curators will never release
         self.noise_position = 0  # draws of the run's noise stream consumed or skipped here
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._outbox: deque[tuple[int | None, Any]] = deque()  # (receiver, frame) or action
@@ -372,7 +373,9 @@ class PeerHost:
         try:
             if self.credential is not None:
                 self._check_sender(message, who)
-            if kind == ASSIGN:
+            if kind in (SUBMIT, SHARE, PARTIAL) and not self._assigned(peer, kind, message):
+                self._keep_early(peer, message, who)
+            elif kind == ASSIGN:
                 self._on_assign(peer, message)
             elif kind == SUBMIT:
                 self._on_submit(peer, message)
@@ -386,9 +389,48 @@ class PeerHost:
                 self.counters.publications_received += 1
             else:
                 raise ProtocolError(f"unknown kind {kind!r}")
-        except (KeyError, TypeError, ValueError, ProtocolError) as error:
+        except (KeyError, TypeError, ValueError, OverflowError, ProtocolError) as error:
             self.counters.refused[kind] += 1
             log.warning("peer %d: refused a %r frame: %s", peer, kind, error)
+
+    def _assigned(self, peer: int, kind: str, message: dict[str, Any]) -> bool:
+        """Whether ``peer`` was assigned the group of ``message`` in the role it needs: a
+        member for a share, its curator for a submission or a partial sum."""
+        group_id = int(message["group"])
+        if kind == SHARE:
+            member = self.members.get(peer)
+            return member is not None and member.group.group_id == group_id
+        entry = self.groups.get(group_id)
+        return entry is not None and entry[0].curator == peer
+
+    def _keep_early(self, peer: int, message: dict[str, Any], who: str | None) -> None:
+        """A message for a group ``peer`` is not (yet) assigned to: the coordinator's
+        assignment may trail another member's message (different connections), so keep it
+        until then, for at most ``EARLY_GROUPS`` groups per peer, one message per sender and
+        kind; refuse it if that group is behind the peer already. When full, a message for a
+        later group than every kept one is refused, else the latest kept group is dropped:
+        made-up group ids far ahead cannot crowd out the next real group."""
+        group_id, sender = int(message["group"]), int(message["sender"])
+        if group_id <= self.last_group.get(peer, -1):
+            raise ProtocolError(f"group {group_id} is not one {peer} takes part in now")
+        kept = [key for key in self.early if key[1] == peer]
+        if (group_id, peer) not in self.early and len(kept) >= EARLY_GROUPS:
+            latest = max(kept)
+            if group_id > latest[0]:
+                raise ProtocolError(f"messages for {len(kept) + 1} groups {peer} was not assigned")
+            self.counters.refused["early"] += len(self.early.pop(latest))
+        early = self.early.setdefault((group_id, peer), {})
+        if (sender, message["kind"]) in early:
+            raise ProtocolError(f"a second {message['kind']} from {sender} (replayed)")
+        early[(sender, message["kind"])] = (message, who)
+
+    def _replay_early(self, peer: int, group_id: int) -> None:
+        """``peer`` was just assigned ``group_id``: handle what arrived for it before (and
+        drop what it kept for earlier groups: they are over for it)."""
+        for key in [key for key in self.early if key[1] == peer and key[0] < group_id]:
+            self.counters.refused["early"] += len(self.early.pop(key))
+        for message, who in self.early.pop((group_id, peer), {}).values():
+            self.handle(peer, message, who)
 
     def _check_sender(self, message: dict[str, Any], who: str | None) -> None:
         """Refuse a frame whose claimed sender is not what the connection authenticated:
@@ -416,14 +458,18 @@ class PeerHost:
         if group.group_id <= self.last_group.get(peer, -1):  # groups are numbered in order
             raise ProtocolError(f"assignment to group {group.group_id} replayed or out of order")
         self.last_group[peer] = group.group_id
-        if peer == group.curator:
-            group, _ = self.groups.setdefault(group.group_id, (group, {}))
+        if peer == group.curator:  # the group as the coordinator formed it, nobody else
+            self.groups[group.group_id] = (group, {})
             self.release_index[group.group_id] = int(message["release"])
             # the curator's own timer, on its own clock (no clock shared with anyone)
             self.deadline[group.group_id] = time.monotonic() + float(message["timeout"])
         if self.releaser.secure:
             self._share(peer, group)
-            return
+        else:
+            self._submit(peer, group)
+        self._replay_early(peer, group.group_id)
+
+    def _submit(self, peer: int, group: Group) -> None:
         step = group.contribute(peer, self.sizes[self.row[peer]])
         for send in step.sends:  # a member's statistic and size, to the curator
             self.send(
@@ -460,10 +506,6 @@ class PeerHost:
                 f"contribution outside the fixed-point range of a group of {n_members}"
             )
         shares = share(self.codec.encode(contribution), n_members, rng=None)
-        self.early = {
-            key: v for key, v in self.early.items() if key[1] != peer or key[0] >= group.group_id
-        }
-        early = self.early.pop((group.group_id, peer), {})
         self.members[peer] = _Member(group, shares[-1].copy())  # its own share: the remainder
         size = self.sizes[self.row[peer]]
         step = group.contribute(peer, size)
@@ -477,29 +519,12 @@ class PeerHost:
             )
         if step.ready:  # a group of one: its share is its partial sum
             self._release_secure(group)
-        for sender, vector in early.items():
-            self._take_share(peer, sender, vector)
 
     def _on_share(self, peer: int, message: dict[str, Any]) -> None:
-        group_id, sender = int(message["group"]), int(message["sender"])
+        """A share for ``peer``'s current group: add it; with one from every other member,
+        send the partial sum (and the shard size) to the curator."""
+        sender = int(message["sender"])
         vector = unpack_vector(message["share"], shape=(self.dim,), ring=True)
-        member = self.members.get(peer)
-        if member is not None and member.group.group_id == group_id:
-            self._take_share(peer, sender, vector)
-            return
-        if group_id <= self.last_group.get(peer, -1):
-            raise ProtocolError(f"share for group {group_id}, not {peer}'s current group")
-        pending = sum(key[1] == peer for key in self.early)
-        if (group_id, peer) not in self.early and pending >= EARLY_GROUPS:
-            raise ProtocolError(f"shares for {pending + 1} groups {peer} was not assigned to")
-        early = self.early.setdefault((group_id, peer), {})
-        if sender in early or len(early) >= len(message["members"]):
-            raise ProtocolError(f"a second share from {sender} (replayed)")
-        early[sender] = vector  # checked against the group once its assignment arrives
-
-    def _take_share(self, peer: int, sender: int, vector: np.ndarray) -> None:
-        """A share from ``sender`` for ``peer``'s current group: add it; with one from every
-        other member, send the partial sum (and the shard size) to the curator."""
         member = self.members[peer]
         group = member.group
         if sender == peer or sender not in group.members.tolist():
@@ -532,18 +557,14 @@ class PeerHost:
     def _collecting(
         self, peer: int, message: dict[str, Any]
     ) -> tuple[Group, dict[int, np.ndarray]]:
-        """The curator ``peer``'s group of a submission or partial sum, and what it received
-        so far; ProtocolError if the message has no place there (outside the group, after the
-        deadline, a second one, a shard size below the public minimum)."""
-        group = self._group(message)
+        """The curator ``peer``'s group of a submission or partial sum (as its own assignment
+        gave it), and what it received so far; ProtocolError if the message has no place
+        there (from outside the group, a second one, a shard size below the public minimum,
+        after the deadline)."""
+        group, received = self.groups[int(message["group"])]  # _assigned checked it is
         sender = int(message["sender"])
-        if peer != group.curator or sender not in group.members.tolist() or sender == peer:
+        if sender not in group.members.tolist() or sender == peer:
             raise ProtocolError(f"{message['kind']} from {sender} to {peer} outside its group")
-        if group.group_id in self.expired:
-            raise ProtocolError(
-                f"{message['kind']} from {sender} after group {group.group_id} expired"
-            )
-        group, received = self.groups.setdefault(group.group_id, (group, {}))
         if sender in received:
             raise ProtocolError(f"a second {message['kind']} from {sender} (replayed)")
         size = int(message["size"])
@@ -574,7 +595,6 @@ class PeerHost:
     def _expire(self, group_id: int) -> None:
         """The group's collection deadline passed: the coordinator aborts it, so its curator
         must never release it."""
-        self.expired.add(group_id)
         self.groups.pop(group_id, None)
         self.release_index.pop(group_id, None)
         self.deadline.pop(group_id, None)
