@@ -41,7 +41,7 @@ from p2pdp.net.tls import RunCredentials
 from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
-from p2pdp.privacy.release import Releaser
+from p2pdp.privacy.release import NoiseStream, Releaser
 from p2pdp.protocols.groups import Group
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks import make_task
@@ -274,8 +274,9 @@ def test_a_host_that_dies_at_start_fails_the_run_at_once():
 
 
 def test_the_coordinator_charges_only_releases_of_groups_it_aborted():
-    """A curator's late report charges the members the coordinator assigned, once; a report
-    of a group never aborted (made up, or reported twice) charges nobody."""
+    """A curator's late report charges the members the coordinator assigned, once, from the
+    charge held back at the abort; a report of a group never aborted (made up, or reported
+    twice) is refused and charges nobody; a malformed one is refused before anything counts."""
     world = NetworkWorld(
         _config("group"),
         n_peers=12,
@@ -290,15 +291,23 @@ def test_the_coordinator_charges_only_releases_of_groups_it_aborted():
     record = {"group_size": 3, "n_min": 30, "sensitivity": 0.1, "mechanism": "vector-laplace",
               "epsilon": 0.25, "delta": 0.0, "noise_scale": 0.4, "noise_std": 0.5,
               "noise_norm": 0.3, "secure": False}  # fmt: skip
-    report = {"kind": "done", "group": 7, "members": [0, 1, 2, 3, 4, 5], "curator": 1,
-              "model": pack_vector(np.zeros(2)), "record": record}  # fmt: skip
-    world._late_release(report)  # group 7 was never aborted
-    assert world.ledger.aggregations().sum() == 0 and world.wire.refused["unknown release"] == 1
-    world._aborted[7] = Group(7, np.array([1, 4, 9]), 1)
+    done = {"kind": "done", "group": 7, "members": [0, 1, 2, 3, 4, 5], "curator": 1,
+            "model": pack_vector(np.zeros(2)), "record": record}  # fmt: skip
+    report = world._release_report(done, "host-0")
+    with pytest.raises(ProtocolError, match="not aborted"):  # group 7 was never aborted
+        world._late_release(report)
+    assert world.ledger.aggregations().sum() == 0
+    world._hold(Group(7, np.array([1, 4, 9]), 1))  # aborted: one charge held back
+    assert world._held.tolist() == [0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0]
     world._late_release(report)  # its members as assigned, not as reported
     assert np.flatnonzero(world.ledger.aggregations()).tolist() == [1, 4, 9]
-    world._late_release(report)  # reported twice
-    assert world.ledger.aggregations().sum() == 3 and world.wire.refused["unknown release"] == 2
+    assert world._held.sum() == 0 and world.position == {7: 0}
+    with pytest.raises(ProtocolError):  # reported twice
+        world._late_release(report)
+    with pytest.raises(ProtocolError, match="reports for curator 1"):  # from another host
+        world._release_report(done, "host-1")
+    with pytest.raises(TypeError):  # a record with a field too many
+        world._release_report({**done, "record": {**record, "extra": 1}}, "host-0")
 
 
 class _Fault(WorldObserver):
@@ -341,6 +350,14 @@ def test_a_stopped_host_times_its_groups_out_and_is_killed_at_the_end(secure, mo
     timeout): its groups are aborted after groups.collect_timeout, nobody is charged for
     them, and the run ends instead of hanging."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    assigned = {}  # group -> the noise index its assignment carried
+    send = NetworkWorld._send
+
+    async def recording(world, peer, message):
+        assigned[message["group"]] = message["release"]
+        await send(world, peer, message)
+
+    monkeypatch.setattr(NetworkWorld, "_send", recording)
     fault = _Fault(at=1, signal=signal.SIGSTOP)
     config = _config("group", secure=secure, collect_timeout=1.0, max_failed_attempts=3)
     result = simulate(config, runtime="network", observers=(fault,))
@@ -348,6 +365,8 @@ def test_a_stopped_host_times_its_groups_out_and_is_killed_at_the_end(secure, mo
     assert result.stop_reason == "3 aggregations in a row failed"
     assert {row["kind"]: row["frames"] for row in result.wire}["hosts lost"] == 1
     _charged_only_for_releases(result, fault.releases)
+    # an aborted group's index is never handed out again (its curator may release late)
+    assert all(index == group for group, index in assigned.items())
 
 
 # -- the wire format -----------------------------------------------------------------------
@@ -489,19 +508,22 @@ def test_a_submission_is_judged_by_the_curators_own_assignment():
     assert done["members"] == [0, 1, 2] and done["record"]["group_size"] == 3
 
 
-def test_messages_for_groups_far_ahead_cannot_crowd_out_the_next_one():
-    """A peer keeps messages for at most EARLY_GROUPS groups it was not assigned yet; when
-    full, the latest group goes, so made-up group ids cannot block the real next group."""
+def test_made_up_groups_cannot_crowd_out_an_honest_senders_message():
+    """A peer keeps, per sender, the messages of one group it was not assigned yet (an
+    honest sender only moves forward): a sender that makes up groups only replaces its own,
+    and an honest member's early submission still reaches the curator (a reviewer's probe:
+    made-up groups 1 and 2, then the real group 3)."""
     reports = []
     host = _host(reports)
-    for group in (10**9, 10**9 + 1, 10**9 + 2):
-        host.handle(0, {**_submit(), "group": group})
-    assert host.counters.refused["submit"] == 1  # the third far-ahead group
-    host.handle(0, _submit(sender=2))  # group 0, before its assignment: kept
-    assert host.counters.refused["early"] == 1  # group 10^9 + 1 made room
-    host.handle(0, ASSIGN_0)
-    host.handle(0, _submit(sender=1, size=7))
-    assert [r["kind"] for r in reports if isinstance(r, dict)] == ["done"]
+    for group in (1, 2, 10**9):
+        host.handle(0, {**_submit(sender=2), "group": group})  # sender 2 makes groups up
+    assert host.counters.refused["early"] == 2  # each replaced the one before
+    host.handle(0, {**_submit(sender=1, size=7), "group": 3})  # honest, before the assignment
+    host.handle(0, {**_submit(sender=2), "group": 3})  # from 2: behind its own made-up group
+    assert host.counters.refused["submit"] == 1
+    host.handle(0, {**ASSIGN_0, "group": 3})
+    assert not [r for r in reports if isinstance(r, dict)]  # waits for 2, which held itself up
+    assert 1 in host.groups[3][1]  # the honest submission was kept and replayed
 
 
 def test_a_replayed_submission_is_not_a_second_members():
@@ -788,3 +810,50 @@ def test_a_secure_curator_never_releases_past_its_timer():
     time.sleep(0.3)
     host.handle(receiver, late_share)
     assert reports == [] and host.counters.refused["expired"] == 1
+
+
+def test_a_curators_noise_index_is_its_groups_so_no_two_releases_share_a_draw():
+    """The assignment's noise index is the group id: after an aborted group (id 1) the next
+    release (id 2) skips its draw, so a late release of group 1 could never reuse another
+    release's noise; with no abort, group id = release index, as in the simulator."""
+    reports = []
+    host = _host(reports)
+    releaser = host.releaser
+    for group in (0, 2):
+        assign = {**ASSIGN_0, "group": group, "release": group}
+        host.handle(0, assign)
+        host.handle(1, assign)
+        host.handle(0, {**_submit(sender=2), "group": group})
+        host.handle(0, {**_submit(sender=1, size=7), "group": group})
+    done = [r for r in reports if isinstance(r, dict)]
+    assert [r["group"] for r in done] == [0, 2]
+    twin = NoiseStream(releaser.mechanism, 2, rng=np.random.default_rng(0))  # the host's
+    draws = [twin.draw(1.0) for _ in range(3)]
+    statistics = np.array([[0.1, 0.2], [1.0, 2.0], [1.0, 2.0]])  # the curator's, 1's, 2's
+    for report, draw in zip(done, (draws[0], draws[2]), strict=True):
+        sensitivity = report["record"]["sensitivity"]
+        noise = unpack_vector(report["model"], shape=(2,)) - statistics.mean(axis=0)
+        np.testing.assert_allclose(noise, sensitivity * draw, rtol=1e-12)
+
+
+def test_a_secure_curator_assigned_anew_drops_its_unfinished_group():
+    """A curator is in one group at a time: a new assignment expires its unfinished group,
+    so a partial sum arriving for it later completes nothing (a reviewer's probe: it was
+    decoded with the curator's partial sum of the new group, a garbage release)."""
+    reports = []
+    host, outbox = _secure_host(reports)
+    for peer in range(3):
+        host.handle(peer, _assign())
+    late = []
+    while outbox:  # everything but member 1's partial sum to the curator
+        receiver, message = outbox.pop(0)
+        if message["kind"] == "partial" and message["sender"] == 1:
+            late.append((receiver, message))
+        else:
+            host.handle(receiver, message)
+    assert len(late) == 1 and not reports  # the curator waits for it
+    for peer in range(3):
+        host.handle(peer, {**_assign(), "group": 1})  # the coordinator moved on
+    host.handle(*late[0])
+    assert not [r for r in reports if r["group"] == 0]
+    assert host.counters.refused["partial"] == 1

@@ -18,11 +18,12 @@ the assignment reaches it (its own clock; no clock is shared) and never releases
 out, and the coordinator aborts the group (nobody charged) ``timeout`` seconds of slack after
 that long since it sent the assignment (the slack covers the assignment and the report in
 transit). A ``DONE`` that still arrives later is charged all the same (a release happened) and
-logged as an error. A host process whose control connection closes before its final report
-(killed, crashed) is lost: a group with one of its peers is aborted at once, its peers leave the
-pool, and the run goes on without them (their receipts and counts are lost with them: the
-``wire`` table counts ``hosts lost``). A host that does not answer the final ``FINISH`` in time
-is killed and counted the same way.
+logged as an error: an aborted group's members keep one charge held back for it, and each
+group's curator draws the noise of its own index (the group id), never another's. A host process
+whose control connection closes before its final report (killed, crashed) is lost: a group with
+one of its peers is aborted at once, its peers leave the pool, and the run goes on without them
+(their receipts and counts are lost with them: the ``wire`` table counts ``hosts lost``). A host
+that does not answer the final ``FINISH`` in time is killed and counted the same way.
 
 What the coordinator sees: the groups it formed, the released models and their public records
 (sensitivity, noise scale; ``noise_norm`` is analysis-only, as in the simulator). It never sees
@@ -257,6 +258,8 @@ class NetworkWorld:
         self._done: dict[int, asyncio.Future] = {}
         self._in_flight: dict[int, Group] = {}
         self._aborted: dict[int, Group] = {}  # groups aborted whose release never came
+        self._held = np.zeros(n_peers, dtype=np.int64)  # per peer: aborted groups' charges
+        self.position: dict[int, int] = {}  # group -> index of its release in published
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self.host_of = hosts_of(n_peers, hosts)
         own = credentials.parties[COORDINATOR]
@@ -333,6 +336,9 @@ class NetworkWorld:
 
     # -- control connections (one per host) ---------------------------------------------------
     async def _control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read one host's control frames until its connection closes. A frame that breaks
+        the protocol (a host speaking for another, a malformed report) is refused and
+        counted, and the connection goes on; one that breaks the wire format ends it."""
         settings = self.settings
         host: int | None = None
         who = identity(writer)
@@ -348,38 +354,65 @@ class NetworkWorld:
                     if host is not None and host not in self._stats:
                         self._host_lost(host, "its connection closed")
                     return
-                kind = message["kind"]
-                claimed = int(message.get("host", -1))
-                if kind in (HELLO, STATS) and who != host_name(claimed):
-                    raise ProtocolError(f"{who!r} claims to be host {claimed}")
-                if kind == DONE and who != host_name(int(self.host_of[int(message["curator"])])):
-                    raise ProtocolError(f"{who!r} reports for curator {message['curator']}")
-                if kind == HELLO:
-                    host = claimed
-                    self._hosts[host] = writer
-                    self.addresses[host] = str(message["address"])
-                    if not self.ports:
-                        self.ports = [0] * self.n_peers
-                    for peer, peer_port in message["ports"]:
-                        self.ports[int(peer)] = int(peer_port)
-                    if len(self._hosts) == self.n_hosts:
-                        self._hello.set()
-                elif kind == DONE:
-                    future = self._done.get(int(message["group"]))
-                    if future is not None and not future.done():
-                        future.set_result(message)
-                    else:
-                        self._late_release(message)
-                elif kind == STATS:
-                    self._stats[int(message["host"])] = message
-                    self._check_all_stats()
-                else:
-                    raise ProtocolError(f"unknown control kind {kind!r}")
-        except (ProtocolError, TimeoutError, ConnectionError, KeyError, ValueError) as error:
+                try:
+                    host = self._on_control(message, who, writer, host)
+                except (ProtocolError, KeyError, TypeError, ValueError, OverflowError) as error:
+                    self.wire.refused[message["kind"]] += 1
+                    log.warning("coordinator: refused a %r frame: %s", message["kind"], error)
+        except (ProtocolError, TimeoutError, ConnectionError) as error:
             self.wire.refused[type(error).__name__] += 1
             log.warning("coordinator: refused a control connection: %s", error)
         except asyncio.CancelledError:  # the run is over
             pass
+
+    def _on_control(
+        self,
+        message: dict[str, Any],
+        who: str | None,
+        writer: asyncio.StreamWriter,
+        host: int | None,
+    ) -> int | None:
+        """One control frame from the host authenticated as ``who``; the connection's host."""
+        kind = message["kind"]
+        claimed = int(message.get("host", -1))
+        if kind in (HELLO, STATS) and who != host_name(claimed):
+            raise ProtocolError(f"{who!r} claims to be host {claimed}")
+        if kind == HELLO:
+            self._hosts[claimed] = writer
+            self.addresses[claimed] = str(message["address"])
+            if not self.ports:
+                self.ports = [0] * self.n_peers
+            for peer, peer_port in message["ports"]:
+                self.ports[int(peer)] = int(peer_port)
+            if len(self._hosts) == self.n_hosts:
+                self._hello.set()
+            return claimed
+        if kind == DONE:
+            report = self._release_report(message, who)
+            future = self._done.get(report["group"])
+            if future is not None and not future.done():
+                future.set_result(report)
+            else:
+                self._late_release(report)
+        elif kind == STATS:
+            self._stats[claimed] = message
+            self._check_all_stats()
+        else:
+            raise ProtocolError(f"unknown control kind {kind!r}")
+        return host
+
+    def _release_report(self, message: dict[str, Any], who: str | None) -> dict[str, Any]:
+        """A curator's ``DONE``, checked: from the curator's own host, with a well-formed
+        record and model (parsed here, so a bad report is refused before anything counts)."""
+        group, curator = int(message["group"]), int(message["curator"])
+        if who != host_name(int(self.host_of[curator])):
+            raise ProtocolError(f"{who!r} reports for curator {curator}")
+        return {
+            "group": group,
+            "curator": curator,
+            "record": ReleaseRecord(**message["record"]),
+            "model": unpack_vector(message["model"], shape=(self.dim,)),
+        }
 
     def _host_lost(self, host: int, why: str) -> None:
         """Host ``host`` is gone: abort the group in flight with one of its peers, take its
@@ -393,8 +426,17 @@ class NetworkWorld:
         for group_id, group in self._in_flight.items():
             future = self._done[group_id]
             if not future.done() and np.isin(group.members, peers).any():
+                self._hold(group)  # at once: its curator's report may be next in line
                 future.set_result(None)  # aborted: a member's host is gone
         self._check_all_stats()
+
+    def _hold(self, group: Group) -> None:
+        """``group`` is aborted, but its curator may still release it (unless its host is
+        gone): hold one charge back for its members until its report comes (for good if it
+        never does: their budget may have been spent)."""
+        if self.host_of[group.curator] not in self.lost_hosts:
+            self._aborted[group.group_id] = group
+            self._held[group.members] += 1
 
     def _check_all_stats(self) -> None:
         if len(self._stats) + len(self.lost_hosts - set(self._stats)) >= self.n_hosts:
@@ -402,23 +444,20 @@ class NetworkWorld:
 
     def _late_release(self, report: dict[str, Any]) -> None:
         """A release reported after its group was aborted: it happened, so charge it, to the
-        members the coordinator itself assigned. A report of any other group (never formed,
-        still to come, reported twice, or from another curator) is refused: a host cannot
-        make up releases or charges."""
-        group = self._aborted.get(int(report["group"]))
-        if group is None or group.curator != int(report["curator"]):
-            log.warning("coordinator: refused a release of group %s: not aborted", report["group"])
-            self.wire.refused["unknown release"] += 1
-            return
+        members the coordinator itself assigned (their budget for it was held back since
+        the abort, see :meth:`_groups`). A report of any other group (never formed, still to
+        come, reported twice, or from another curator) is refused: a host cannot make up
+        releases or charges."""
+        group = self._aborted.get(report["group"])
+        if group is None or group.curator != report["curator"]:
+            raise ProtocolError(f"a release of group {report['group']}, which was not aborted")
         del self._aborted[group.group_id]
+        self._held[group.members] -= 1
         log.error(
             "network runtime: group %s released after its abort; its members are charged",
             group.group_id,
         )
-        if bool(self.ledger.can_afford(group.members).all()):
-            self._released(group, report, full=self.config.publication.mode == "full")
-        else:  # the budget cannot cover it: say so loudly rather than hide it
-            log.error("network runtime: a late release exceeds members' budgets: %s", group.members)
+        self._released(group, report, full=self.config.publication.mode == "full")
         self.wire.refused["late release"] += 1
 
     async def _send(self, peer: int, message: dict[str, Any]) -> None:
@@ -466,7 +505,9 @@ class NetworkWorld:
                 "group": group.group_id,
                 "members": members.tolist(),
                 "curator": curator,
-                "release": len(self.published),  # the curator's draw of the noise stream
+                # the curator's draw of the noise stream: the group's own, never reused (with
+                # no abort, the release's index, as in the simulator)
+                "release": group.group_id,
                 "timeout": collect,  # the curator's own timer: it never releases after it
             }
             reason = ""
@@ -478,20 +519,23 @@ class NetworkWorld:
                 reason = "a member's host was lost" if report is None else ""
             except TimeoutError:
                 reason = "collect timeout"
+                self._hold(group)
             except OSError as error:  # a member's socket is unreachable
                 reason = f"a member is unreachable ({error})"
+                self._hold(group)
             finally:
                 del self._done[group.group_id], self._in_flight[group.group_id]
             if reason:
                 failed += 1
                 self.monitor.aborted += 1
-                self._aborted[group.group_id] = group  # its curator may still report it
                 for observer in self.observers:
                     observer.aborted(self, group, reason)
             else:
                 failed = 0
                 self._released(group, report, full=full)
-            back = members[self.ledger.can_afford(members)]
+            # back to the pool: whoever can afford one more aggregation beyond those held back
+            held = self.ledger.aggregations(members) + self._held[members]
+            back = members[held < self.ledger.max_aggregations]
             self.pool.add([p for p in back.tolist() if self.host_of[p] not in self.lost_hosts])
         self.monitor.stop_reason = (
             failed_in_a_row(max_failed) if failed >= max_failed else too_few_solvent(g)
@@ -499,10 +543,9 @@ class NetworkWorld:
 
     def _released(self, group: Group, report: dict[str, Any], *, full: bool) -> None:
         """The curator released: charge the members, keep the release and its record."""
-        self.ledger.check(group.members)
-        self.ledger.spend(group.members)
-        record = ReleaseRecord(**report["record"])
-        model = unpack_vector(report["model"], shape=(self.dim,))
+        self.ledger.spend(group.members)  # refuses (all or nothing) a member that is broke
+        record, model = report["record"], report["model"]
+        self.position[group.group_id] = len(self.published)
         if math.isnan(record.noise_norm) and self.exact is not None:  # analysis only
             noise = model - self.exact(group.members)
             record = dataclasses.replace(record, noise_norm=float(np.linalg.norm(noise)))
@@ -548,6 +591,9 @@ class NetworkWorld:
                 self.wire.bytes[kind] += int(n_bytes)
             for reason, count in stats["refused"].items():
                 self.wire.refused[reason] += int(count)
-            if not full:
+            if not full:  # (peer, group) pairs; a group's model is at its position
                 pairs = np.frombuffer(stats["receipts"], dtype="<i8").reshape(-1, 2)
-                self.receipts.extend(map(tuple, pairs.tolist()))
+                position = self.position
+                self.receipts.extend(
+                    (peer, position[group]) for peer, group in pairs.tolist() if group in position
+                )

@@ -21,7 +21,7 @@ member; a member holding a share from every other sends their sum, its partial s
 curator, which decodes the sum of the partial sums and learns only the noisy aggregate.
 
 NOT PRIVATE AS DEPLOYED: a curator draws its noise from the run's seeded stream
-(:meth:`NoiseStream.skip <p2pdp.privacy.release.NoiseStream.skip>` to the release's index),
+(:meth:`NoiseStream.skip <p2pdp.privacy.release.NoiseStream.skip>` to its group's index),
 so that a network run releases exactly what the simulator releases. Anyone who knows the
 scenario's seed can subtract that noise; a deployment would draw it from the operating
 system's CSPRNG instead. Likewise a secure member's noise share comes from its seeded stream
@@ -134,11 +134,6 @@ class _Member:
     senders: set[int] = field(default_factory=set)
 
 
-#: Groups a peer keeps messages for that arrived before its assignment to them (the
-#: coordinator's ASSIGN to it may trail another member's message; one group at a time needs 1).
-EARLY_GROUPS = 2
-
-
 class PeerHost:
     """Several peers of one run in this process, each listening on its own TCP port.
 
@@ -201,7 +196,9 @@ class PeerHost:
         self.groups: dict[int, tuple[Group, dict[int, np.ndarray]]] = {}  # as curator
         self.members: dict[int, _Member] = {}  # secure: peer -> its side of its group
         # (group, peer) -> {(sender, kind): (message, sender's TLS name)}: before the assignment
-        self.early: dict[tuple[int, int], dict[tuple[int, str], tuple[dict[str, Any], str | None]]]
+        # peer -> {sender: (group, {kind: (message, sender's TLS name))}}: what arrived for a
+        # group before the peer's assignment to it
+        self.early: dict[int, dict[int, tuple[int, dict[str, tuple[dict[str, Any], Any]]]]]
         self.early = {}
         self.codec = FixedPoint()
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
@@ -406,31 +403,38 @@ class PeerHost:
     def _keep_early(self, peer: int, message: dict[str, Any], who: str | None) -> None:
         """A message for a group ``peer`` is not (yet) assigned to: the coordinator's
         assignment may trail another member's message (different connections), so keep it
-        until then, for at most ``EARLY_GROUPS`` groups per peer, one message per sender and
-        kind; refuse it if that group is behind the peer already. When full, a message for a
-        later group than every kept one is refused, else the latest kept group is dropped:
-        made-up group ids far ahead cannot crowd out the next real group."""
-        group_id, sender = int(message["group"]), int(message["sender"])
+        until then. Refused if that group is behind the peer already. At most one group's
+        messages per sender (one per kind): an honest sender is in one group at a time and
+        only moves forward, so a newer group replaces an older one, and a sender that makes
+        up groups only ever takes its own place, never an honest sender's."""
+        group_id, sender, kind = int(message["group"]), int(message["sender"]), message["kind"]
         if group_id <= self.last_group.get(peer, -1):
             raise ProtocolError(f"group {group_id} is not one {peer} takes part in now")
-        kept = [key for key in self.early if key[1] == peer]
-        if (group_id, peer) not in self.early and len(kept) >= EARLY_GROUPS:
-            latest = max(kept)
-            if group_id > latest[0]:
-                raise ProtocolError(f"messages for {len(kept) + 1} groups {peer} was not assigned")
-            self.counters.refused["early"] += len(self.early.pop(latest))
-        early = self.early.setdefault((group_id, peer), {})
-        if (sender, message["kind"]) in early:
-            raise ProtocolError(f"a second {message['kind']} from {sender} (replayed)")
-        early[(sender, message["kind"])] = (message, who)
+        kept = self.early.setdefault(peer, {})
+        held = kept.get(sender)
+        if held is not None and held[0] > group_id:
+            raise ProtocolError(f"{kind} from {sender} for group {group_id} after a later one")
+        if held is None or held[0] < group_id:
+            if held is not None:
+                self.counters.refused["early"] += len(held[1])
+            held = kept[sender] = (group_id, {})
+        if kind in held[1]:
+            raise ProtocolError(f"a second {kind} from {sender} (replayed)")
+        held[1][kind] = (message, who)
 
     def _replay_early(self, peer: int, group_id: int) -> None:
         """``peer`` was just assigned ``group_id``: handle what arrived for it before (and
         drop what it kept for earlier groups: they are over for it)."""
-        for key in [key for key in self.early if key[1] == peer and key[0] < group_id]:
-            self.counters.refused["early"] += len(self.early.pop(key))
-        for message, who in self.early.pop((group_id, peer), {}).values():
-            self.handle(peer, message, who)
+        kept = self.early.get(peer, {})
+        for sender, (group, messages) in list(kept.items()):
+            if group > group_id:
+                continue
+            del kept[sender]
+            if group < group_id:
+                self.counters.refused["early"] += len(messages)
+                continue
+            for message, who in messages.values():
+                self.handle(peer, message, who)
 
     def _check_sender(self, message: dict[str, Any], who: str | None) -> None:
         """Refuse a frame whose claimed sender is not what the connection authenticated:
@@ -458,6 +462,8 @@ class PeerHost:
         if group.group_id <= self.last_group.get(peer, -1):  # groups are numbered in order
             raise ProtocolError(f"assignment to group {group.group_id} replayed or out of order")
         self.last_group[peer] = group.group_id
+        for older in [g for g, (held, _) in self.groups.items() if held.curator == peer]:
+            self._expire(older)  # it curates one group at a time: the older one is over
         if peer == group.curator:  # the group as the coordinator formed it, nobody else
             self.groups[group.group_id] = (group, {})
             self.release_index[group.group_id] = int(message["release"])
@@ -585,6 +591,8 @@ class PeerHost:
         if self._expired(group):
             return
         _, received = self.groups.pop(group.group_id)
+        # its own partial sum: its member side is still this group's (a new assignment of the
+        # curator expires the group first)
         received[group.curator] = self.members[group.curator].partial
         total = np.sum([received[m] for m in group.submitted], axis=0, dtype=np.uint64)
         released = self.codec.decode(total)
@@ -612,7 +620,7 @@ class PeerHost:
 
     def _release(self, group: Group) -> None:
         """The curator holds every statistic: its own first, then the others' in member
-        order; the noisy release from the run's noise stream at the release's index."""
+        order; the noisy release from the run's noise stream at its group's index."""
         if self._expired(group):
             return
         _, received = self.groups.pop(group.group_id)
