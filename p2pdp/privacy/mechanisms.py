@@ -152,7 +152,7 @@ def group_sensitivity(
 
 # --- distributed noise ----------------------------------------------------------------------------
 def laplace_noise_shares(
-    scale: float, n_shares: int, dim: int, *, rng: np.random.Generator
+    scale: float, n_shares: int, dim: int, *, rng: np.random.Generator, rows: int | None = None
 ) -> np.ndarray:
     """Per-member shares whose sum is iid ``Laplace(0, scale)`` per coordinate.
 
@@ -161,32 +161,35 @@ def laplace_noise_shares(
     difference of two ``Exponential(scale)`` variables, i.e. ``Laplace(scale)``. A single share
     (or any ``K - 1`` of them) does not reveal the total.
 
+    ``rows``: draw only that many of the (iid) shares, e.g. 1 for one member's own.
+
     Returns
     -------
-    ndarray, shape (n_shares, dim)
+    ndarray, shape (rows, dim); rows defaults to n_shares
     """
     scale = require_positive("scale", scale)
     n_shares = require_count("n_shares", n_shares)
     dim = require_count("dim", dim)
-    shape = (n_shares, dim)
+    shape = (n_shares if rows is None else require_count("rows", rows), dim)
     return rng.gamma(1.0 / n_shares, scale, shape) - rng.gamma(1.0 / n_shares, scale, shape)
 
 
 def gaussian_noise_shares(
-    sigma: float, n_shares: int, dim: int, *, rng: np.random.Generator
+    sigma: float, n_shares: int, dim: int, *, rng: np.random.Generator, rows: int | None = None
 ) -> np.ndarray:
     """Per-member shares whose sum is iid ``N(0, sigma^2)`` per coordinate.
 
-    Each share is ``N(0, sigma^2 / K)``.
+    Each share is ``N(0, sigma^2 / K)``. ``rows``: draw only that many of the (iid) shares.
 
     Returns
     -------
-    ndarray, shape (n_shares, dim)
+    ndarray, shape (rows, dim); rows defaults to n_shares
     """
     sigma = require_positive("sigma", sigma)
     n_shares = require_count("n_shares", n_shares)
     dim = require_count("dim", dim)
-    return rng.normal(0.0, sigma / math.sqrt(n_shares), (n_shares, dim))
+    rows = n_shares if rows is None else require_count("rows", rows)
+    return rng.normal(0.0, sigma / math.sqrt(n_shares), (rows, dim))
 
 
 # --- analytic Gaussian calibration ----------------------------------------------------------------
@@ -359,6 +362,17 @@ class Mechanism(ABC):
         n_shares = require_count("n_shares", n_shares)
         return self._shares(sensitivity, dim, n_shares, rng)
 
+    def noise_share(
+        self, sensitivity: float, dim: int, n_shares: int, *, rng: np.random.Generator
+    ) -> np.ndarray:
+        """One share of an ``n_shares``-way split (a member's own), shape (dim,).
+
+        The shares of :meth:`noise_shares` are iid, so any one of them will do: the first,
+        by default; a mechanism that can draw one share alone overrides this (the built-in
+        splittable ones do: a member then draws ``dim`` values, not ``n_shares * dim``).
+        """
+        return self.noise_shares(sensitivity, dim, n_shares, rng=rng)[0]
+
     @abstractmethod
     def noise_std(self, sensitivity: float, dim: int) -> float:
         """Standard deviation of one noise coordinate (same units as ``sensitivity``)."""
@@ -468,6 +482,10 @@ class CoordinateLaplace(Mechanism):
     def _shares(self, sensitivity, dim, n_shares, rng):
         return laplace_noise_shares(self.scale(sensitivity, dim), n_shares, dim, rng=rng)
 
+    def noise_share(self, sensitivity, dim, n_shares, *, rng):
+        scale = self.scale(require_positive("sensitivity", sensitivity), require_count("dim", dim))
+        return laplace_noise_shares(scale, n_shares, dim, rng=rng, rows=1)[0]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SeedLaplace(CoordinateLaplace):
@@ -530,6 +548,12 @@ class Gaussian(Mechanism):
 
     def _shares(self, sensitivity, dim, n_shares, rng):
         return gaussian_noise_shares(self.noise_std(sensitivity, dim), n_shares, dim, rng=rng)
+
+    def noise_share(self, sensitivity, dim, n_shares, *, rng):
+        std = self.noise_std(
+            require_positive("sensitivity", sensitivity), require_count("dim", dim)
+        )
+        return gaussian_noise_shares(std, n_shares, dim, rng=rng, rows=1)[0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

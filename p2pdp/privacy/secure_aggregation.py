@@ -408,8 +408,10 @@ def member_noise_share(
         :meth:`~p2pdp.privacy.mechanisms.Mechanism.noise_shares`, naming the splittable ones).
     """
     split = max(require_count("n_members", n_members) - 1, 1)
-    # The rows of one split are iid: any one of them is a share (the others are not used).
-    return np.asarray(mechanism.noise_shares(sensitivity, dim, split, rng=rng))[0]
+    one = getattr(mechanism, "noise_share", None)  # a plug-in may only split whole draws
+    if one is None:  # the shares of a split are iid: any one of them is a member's
+        return np.asarray(mechanism.noise_shares(sensitivity, dim, split, rng=rng))[0]
+    return np.asarray(one(sensitivity, dim, split, rng=rng))
 
 
 def draw_noise_shares(
