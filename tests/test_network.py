@@ -198,6 +198,21 @@ def test_a_host_command_that_never_connects_is_named_and_killed_with_its_childre
     assert left.stdout == ""  # the shell's child went with it
 
 
+def test_a_host_that_cannot_reach_the_coordinator_says_where_it_looked(
+    tmp_path, monkeypatch, capfd
+):
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(  # the coordinator listens on 127.0.0.1 only: 127.0.0.2 refuses
+        'coordinator = "127.0.0.2"\nbind = "127.0.0.1"\n[[host]]\naddress = "127.0.0.1"\n'
+    )
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    with pytest.raises(RuntimeError, match=r"host processes \[0\] exited.*addresses are right"):
+        simulate(_config("group"), runtime="network")
+    err = capfd.readouterr().err
+    assert "p2pdp host 0: cannot reach the coordinator at 127.0.0.2:" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

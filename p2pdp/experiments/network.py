@@ -39,7 +39,7 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.net.coordinator import NetworkWorld, check_supported
-from p2pdp.net.host import HostSettings, hosts_of, serve
+from p2pdp.net.host import HostError, HostSettings, hosts_of, serve
 from p2pdp.net.tls import Credential, RunCredentials, host_name
 from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import budget_ledger
@@ -296,21 +296,25 @@ def host_main(
     own, own_sizes = statistics[peers].copy(), sizes[peers].copy()
     del statistics
     _, releaser, _ = release_path(config, task, own.shape[-1], fold=fold, repetition=repetition)
-    asyncio.run(
-        serve(
-            peers,
-            own,
-            own_sizes,
-            releaser=releaser,
-            sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
-            settings=_settings(config, hosts),
-            host_index=host,
-            coordinator_port=port,
-            credential=credential,
-            coordinator=coordinator,
-            address=address,
+    try:
+        asyncio.run(
+            serve(
+                peers,
+                own,
+                own_sizes,
+                releaser=releaser,
+                sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
+                settings=_settings(config, hosts),
+                host_index=host,
+                coordinator_port=port,
+                credential=credential,
+                coordinator=coordinator,
+                address=address,
+            )
         )
-    )
+    except HostError as error:  # one line, not a traceback: it names what to fix
+        print(f"p2pdp host {host}: {error}", file=sys.stderr)
+        sys.exit(1)
 
 
 def host_from_stdin() -> None:

@@ -313,7 +313,7 @@ class NetworkWorld:
                     "(their errors are printed above). From a script, call simulate/"
                     'run_experiment under `if __name__ == "__main__":` (hosts start with '
                     "spawn, which imports the main module again); with a hosts file, check "
-                    "that each host's command starts it"
+                    "that each host's command starts it and its addresses are right"
                 )
             if asyncio.get_running_loop().time() > deadline:
                 silent = [self.processes[i] for i in range(self.n_hosts) if i not in self._hosts]

@@ -60,7 +60,7 @@ from p2pdp.protocols.groups import (
     model_bytes,
 )
 
-__all__ = ["HostSettings", "PeerHost", "hosts_of", "serve"]
+__all__ = ["HostError", "HostSettings", "PeerHost", "hosts_of", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,11 @@ class _Member:
     group: Group
     partial: np.ndarray  # (d,) uint64
     senders: set[int] = field(default_factory=set)
+
+
+class HostError(Exception):
+    """A host process cannot take part: the coordinator is unreachable, or its peers cannot
+    listen on its address (a hosts file's ``coordinator`` or ``address``, say)."""
 
 
 class PeerHost:
@@ -693,15 +698,19 @@ async def serve(
     everyone), and the frames refused.
     """
     tls = credential.context(server=False) if credential else None
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(
-            coordinator,
-            coordinator_port,
-            ssl=tls,
-            server_hostname=COORDINATOR if tls else None,
-        ),
-        settings.timeout,
-    )
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(
+                coordinator,
+                coordinator_port,
+                ssl=tls,
+                server_hostname=COORDINATOR if tls else None,
+            ),
+            settings.timeout,
+        )
+    except (OSError, TimeoutError) as error:
+        raise HostError(f"cannot reach the coordinator at {coordinator}:{coordinator_port}: "
+                        f"{error or 'timed out'}") from None  # fmt: skip
 
     def report(message: dict[str, Any]) -> None:
         frame = encode(message)
@@ -721,7 +730,10 @@ async def serve(
         credential=credential,
     )
     try:
-        ports = await host.listen(address)
+        try:
+            ports = await host.listen(address)
+        except OSError as error:
+            raise HostError(f"cannot listen on {address}: {error}") from None
         report(
             {
                 "kind": HELLO,
