@@ -38,6 +38,7 @@ import numpy as np
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.parallel import worker_signals
 from p2pdp.net.coordinator import NetworkWorld, check_supported
 from p2pdp.net.host import HostError, HostSettings, hosts_of, serve
 from p2pdp.net.tls import Credential, RunCredentials, host_name
@@ -288,6 +289,7 @@ def host_main(
     statistics, serve them on ``address`` until the coordinator at ``coordinator:port`` ends
     the run, as ``credential`` (mutual TLS)."""
     logging.basicConfig(level=logging.WARNING, format=f"host {host}: %(message)s")
+    worker_signals()  # a Ctrl-C is the coordinator's to handle: it ends the run, and the hosts
     task = make_task(config)
     statistics, sizes = task_statistics(
         task, prepared(task, fold=fold, repetition=repetition), config.partition.n_peers
