@@ -29,16 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
 import numpy as np
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import worker_signals
+from p2pdp.experiments.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
 from p2pdp.net.host import HostError, HostSettings, hosts_of, serve
 from p2pdp.net.tls import Credential, RunCredentials, host_name
@@ -98,9 +94,10 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
     """
     where = os.fspath(path)
     try:
-        document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as error:
+        source = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
         raise ConfigError(f"hosts file {where}: {error}") from None
+    document = parse_toml(source, f"hosts file {where}")
 
     def text(table: dict[str, Any], key: str, name: str, default: str | None = None) -> str:
         value = table.get(key, default)

@@ -289,7 +289,7 @@ def parse_scenario(
         values of the wrong type, invalid settings, or an empty axis. An error that only the
         overrides cause names the ``--set KEY=VALUE`` argument(s), not the file.
     """
-    settings, axes = _read_document(_parse_toml(text, source), source)
+    settings, axes = _read_document(parse_toml(text, source), source)
     file_only = (dict(settings), list(axes))
     origin: dict[str, str] = {}  # key -> the --set argument that set or swept it last
     released: dict[str, str] = {}  # key -> the --set argument that took its zipped axis away
@@ -386,7 +386,8 @@ def _zipped_with(key: str, axes: Sequence[Axis]) -> tuple[str, ...]:
     return next((axis.keys for axis in axes if key in axis.keys), (key,))
 
 
-def _parse_toml(text: str, source: str) -> dict[str, Any]:
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """The TOML document ``text``; ConfigError naming ``source``, line and column if invalid."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
