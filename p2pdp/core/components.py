@@ -280,6 +280,12 @@ for _component in _BUILTINS:
 _entry_points_loaded = False
 
 
+def load(target: str, *, key: str) -> Any:
+    """The object the import string ``target`` names (imported once); ConfigError naming
+    ``key`` if it cannot be imported."""
+    return _import(target, "", key)
+
+
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise ConfigError(f"component kind must be one of {', '.join(KINDS)}; got {kind!r}")

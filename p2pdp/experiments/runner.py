@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 from threadpoolctl import threadpool_limits
 
-from p2pdp.config import ScenarioConfig
+from p2pdp.config import ScenarioConfig, check_reads
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, worker_signals
 from p2pdp.core.validation import OneOf
@@ -266,6 +266,7 @@ def run_experiment(
         )
     if runtime == "network":  # refuse what it does not run before touching the folder
         for point in scenario.points:
+            check_reads(point.config, runtime)
             check_network_settings(point.config)
     cells = make_cells(scenario)
     client = _connect(scheduler) if scheduler is not None else None

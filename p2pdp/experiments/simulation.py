@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from p2pdp.config import ScenarioConfig, flat_settings
+from p2pdp.config import ScenarioConfig, check_reads, flat_settings, settings_read
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
@@ -100,10 +100,12 @@ class RunResult:
     rounds: list[dict[str, Any]] = field(default_factory=list)
     network_dp: list[dict[str, Any]] = field(default_factory=list)
     wire: list[dict[str, Any]] = field(default_factory=list)
+    runtime: str = "simulation"
 
     def row(self) -> dict[str, Any]:
-        """Flat results row: every config setting, the seed, and the scalar metrics."""
-        row = flat_settings(self.config)
+        """Flat results row: every config setting (empty where the run read none), the
+        seed, and the scalar metrics."""
+        row = flat_settings(self.config, settings_read(self.config, self.runtime))
         row.update(fold=self.fold, repetition=self.repetition)
         row.update(self.evaluation.summary())
         row.update(
@@ -288,6 +290,7 @@ def simulate(
     """
     config = config_of(config)
     OneOf(RUNTIMES).check("runtime", runtime)
+    check_reads(config, runtime)
     IntAtLeast(0).check("fold", fold)
     IntAtLeast(0).check("repetition", repetition)
     if config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds:
@@ -386,6 +389,7 @@ def simulate(
         peak_memory_mb=peak_mb,
         affordable_aggregations=int(world.ledger.max_aggregations),
         wire=getattr(world, "wire_rows", list)(),
+        runtime=runtime,
     )
 
 

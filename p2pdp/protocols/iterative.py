@@ -29,7 +29,6 @@ import scipy.sparse as sp
 from scipy.special import expit
 
 from p2pdp.config import ProtocolConfig, ScenarioConfig
-from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.accounting import affordable, composed, make_accountant
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum, calibrated_noise_multiplier
 from p2pdp.privacy.events import PrivacyEvent
@@ -157,15 +156,16 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
     Poisson sampling (the only one of the two that accounts its amplification).
     """
     settings, privacy = config.protocol, config.privacy
+    private = settings.private(privacy)
     mechanism = ClippedGaussianSum(
         clip_norm=settings.clip_norm,
-        noise_multiplier=settings.noise_multiplier or 0.0,
+        noise_multiplier=(settings.noise_multiplier or 0.0) if private else 0.0,
         sampling=settings.sampling,
         sampling_rate=settings.sampling_rate,
         batch_size=settings.batch_size,
     )
     accountant = settings.accountant(privacy)
-    if settings.noise_multiplier is None:
+    if private and settings.noise_multiplier is None:
         z = calibrated_noise_multiplier(
             mechanism,
             steps=settings.rounds,
@@ -199,8 +199,8 @@ class IterativeProtocol:
     ``gossip_steps`` times: the transport decides which of the messages along the overlay's
     edges arrive in time, and :meth:`average` merges them. For an asynchronous one, each
     peer's wake-up: :meth:`wake` (who to send the model to) and, on arrival, :meth:`receive`.
-    A subclass sets ``name`` and ``synchronous`` (and ``reads_gossip_steps`` if it averages
-    more than once a round) and may override any of these.
+    A subclass sets ``name`` and ``synchronous`` (and adds ``"protocol.gossip_steps"`` to
+    ``reads`` if it averages more than once a round) and may override any of these.
 
     State: ``models`` (P, d), ``steps`` (P,) private steps taken.
     """
@@ -209,8 +209,25 @@ class IterativeProtocol:
     synchronous: ClassVar[bool] = True
     #: Whether rows get the pairwise network DP bound (:mod:`p2pdp.protocols.network_dp`).
     network_dp: ClassVar[bool] = False
-    #: Whether ``protocol.gossip_steps`` means anything to it (else it must stay 1).
-    reads_gossip_steps: ClassVar[bool] = False
+    #: The settings it reads (:mod:`p2pdp.core.reads`); ``protocol.gossip_steps`` only if
+    #: it averages more than once a round (the scenario refuses it otherwise).
+    reads: ClassVar[tuple[str, ...]] = (
+        "protocol.rounds",
+        "protocol.round_period",
+        "protocol.step_size",
+        "protocol.sampling",
+        "protocol.clip_norm",
+        "protocol.noise_multiplier",
+        "protocol.eval_every",
+        "privacy.epsilon",
+        "privacy.delta",
+        "privacy.mechanism",
+        "privacy.accountant",
+        "gossip.overlay",
+        "gossip.allow_disconnected",
+        "gossip.churn",
+        "training.lambda",
+    )
 
     def __init__(
         self,
@@ -221,11 +238,6 @@ class IterativeProtocol:
         *,
         rngs: dict[str, np.random.Generator],
     ) -> None:
-        if settings.gossip_steps != 1 and not self.reads_gossip_steps:
-            raise ConfigError(
-                f"protocol.gossip_steps must be 1 for protocol.name = {self.name!r} (one "
-                f"averaging per step; 'muffliato' takes more), got {settings.gossip_steps}"
-            )
         self.settings = settings
         self.problem = problem
         self.mixing = mixing
@@ -285,7 +297,7 @@ class Muffliato(IterativeProtocol):
 
     name: ClassVar[str] = "muffliato"
     network_dp: ClassVar[bool] = True
-    reads_gossip_steps: ClassVar[bool] = True
+    reads: ClassVar[tuple[str, ...]] = (*IterativeProtocol.reads, "protocol.gossip_steps")
 
     @property
     def gossip_steps(self) -> int:
