@@ -54,6 +54,10 @@ DEFAULT_EPSILON_PER_AGGREGATION = 0.1
 OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
 #: How a peer of an iterative protocol picks the records of one private step.
 RECORD_SAMPLINGS = ("full", "poisson", "fixed")
+#: Most rounds, and averaging exchanges (rounds x gossip steps), of one iterative cell: about
+#: an hour of one core at P = 100 (a guard against a typo such as ``rounds = 1e11``).
+MAX_ROUNDS = 1_000_000
+MAX_EXCHANGES = 10_000_000
 
 
 #: Settings every run reads, whatever its components: the grid's seed, repetitions and folds,
@@ -288,8 +292,14 @@ class PrivacyConfig:
                     "privacy.delta_per_aggregation must be given with privacy.noise_multiplier "
                     "(the delta at which one release's epsilon is stated); got None"
                 )
-            from p2pdp.privacy.gdp import gdp_epsilon
+            from p2pdp.privacy.gdp import MAX_MU, gdp_epsilon
 
+            if 1.0 / self.noise_multiplier > MAX_MU:
+                raise ConfigError(
+                    f"privacy.noise_multiplier must be >= {1 / MAX_MU:g} (below it one release's "
+                    f"epsilon exceeds 5e11: no privacy), got {self.noise_multiplier!r}; for a "
+                    "run without noise set privacy.mechanism = 'none'"
+                )
             value = Derived(float(gdp_epsilon(1.0 / self.noise_multiplier, delta_step)))
         object.__setattr__(self, "epsilon_per_aggregation", value)
 
@@ -653,11 +663,26 @@ class ProtocolConfig:
 
     def __post_init__(self) -> None:
         validate_fields(self, "protocol")
+        if self.rounds > MAX_ROUNDS:
+            raise invalid("protocol.rounds", f"<= {MAX_ROUNDS:,} (one cell)", self.rounds)
+        if self.rounds * self.gossip_steps > MAX_EXCHANGES:
+            raise ConfigError(
+                f"protocol.rounds x protocol.gossip_steps must be <= {MAX_EXCHANGES:,} averaging "
+                f"exchanges per cell, got {self.rounds} x {self.gossip_steps}"
+            )
         if self.noise_multiplier == 0:
             raise ConfigError(
                 "protocol.noise_multiplier must be > 0, got 0: for a run without noise (NOT "
                 "private) set privacy.mechanism = 'none', the non-private setting of every "
                 "protocol"
+            )
+        from p2pdp.privacy.gdp import MAX_MU
+
+        if self.noise_multiplier is not None and 2.0 / self.noise_multiplier > MAX_MU:
+            raise ConfigError(
+                f"protocol.noise_multiplier must be >= {2 / MAX_MU:g} (below it one step's "
+                f"epsilon exceeds 5e11: no privacy), got {self.noise_multiplier!r}; for a run "
+                "without noise set privacy.mechanism = 'none'"
             )
 
     @staticmethod
@@ -679,6 +704,15 @@ class ProtocolConfig:
             return privacy.accountant
         return "rdp" if self.sampling == "poisson" else "gdp"
 
+
+#: Deprecated (kept for importers of the 0.2 layout until 0.3): the task-specific tables and the
+#: built-in tasks that read them. What reads a setting is now declared by each component
+#: (:func:`settings_read`); nothing here reads this.
+TASK_SECTIONS: dict[str, tuple[str, ...]] = {
+    "prevalence": ("prevalence-counts", "randomized-response"),
+    "pooling": ("pooled-testing",),
+    "protocol": ("logistic",),
+}
 
 SECTIONS: dict[str, type] = {
     "task": TaskConfig,
@@ -933,7 +967,7 @@ def settings_read(config: ScenarioConfig, runtime: str = "simulation") -> dict[s
     dict
         Public dotted key -> who reads it (``"protocol.name = 'dpsgd'"``, ``"the engine"``).
     """
-    from p2pdp.core.reads import When, declared_reads
+    from p2pdp.core.reads import When, declared_reads, declares_reads
 
     read: dict[str, str] = {}
     pending: list[tuple[str, str]] = [(key, "the engine") for key in ENGINE_READS]
@@ -950,7 +984,13 @@ def settings_read(config: ScenarioConfig, runtime: str = "simulation") -> dict[s
             entries: tuple[Any, ...] = ()
             who = f"{name} = {value!r}"
             if name in COMPONENT_SETTINGS:
-                entries = declared_reads(_reader_of(name, value))
+                reader_object = _reader_of(name, value)
+                entries = declared_reads(reader_object)
+                kind = COMPONENT_SETTINGS[name]
+                if reader_object is not None and not (
+                    declares_reads(reader_object) or components.is_builtin(kind, value)
+                ):
+                    entries = tuple(f"{section}.*" for section in SECTIONS)  # may read anything
             elif name in OPTION_READS:
                 options = OPTION_READS[name]
                 entries = options.get(value, tuple({k for ks in options.values() for k in ks}))
@@ -1007,8 +1047,12 @@ def readers_of(key: str) -> dict[str, list[Any]]:
                 entries = declared_reads(components.resolve(kind, name))
             except ConfigError:
                 continue
-            if key in names(entries):
+            if key in names(e for e in entries if not isinstance(e, When)):
                 found.setdefault(setting, []).append(name)
+            for entry in entries:  # read under a condition: name the condition
+                if isinstance(entry, When) and key in names([entry]):
+                    if entry.value not in found.setdefault(entry.key, []):
+                        found[entry.key].append(entry.value)
     for setting, options in OPTION_READS.items():
         for value, keys in options.items():
             if key in names(keys):
@@ -1062,5 +1106,5 @@ def refuse_unread(keys: list[str], config: ScenarioConfig, read: dict[str, str])
         f"{'; '.join(lines)}: nothing this scenario selects reads "
         f"{'it' if len(keys) == 1 else 'them'}, so {'it' if len(keys) == 1 else 'they'} "
         f"would change nothing; remove {'it' if len(keys) == 1 else 'them'} or select a "
-        "component that reads it"
+        f"component that reads {'it' if len(keys) == 1 else 'them'}"
     )

@@ -41,6 +41,12 @@ def declared_reads(obj: Any) -> tuple[Read, ...]:
     return tuple(reads) if isinstance(reads, (tuple, list)) else ()
 
 
+def declares_reads(obj: Any) -> bool:
+    """Whether ``obj`` declares what it reads (a plug-in that does not is taken to read every
+    setting: nothing it might read is refused, and every value is recorded)."""
+    return isinstance(getattr(obj, "reads", None), (tuple, list))
+
+
 def describe(reads: tuple[Read, ...]) -> str:
-    """``reads`` as one line for listings: ``"a.b, c.* , d.e (when f = 'g')"``."""
-    return "; ".join(map(str, reads)) if reads else "(none beyond its kind's setting)"
+    """``reads`` as one line for listings: ``"a.b, c.*, d.e (when f = 'g')"``."""
+    return ", ".join(map(str, reads)) if reads else "nothing else"

@@ -199,6 +199,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from p2pdp.experiments.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
+    for key in scenario.unread_axes:
+        print(
+            f"p2pdp: note: {key} is swept, but no cell's components read it: its values give "
+            f"the same cells, run once ({len(scenario.points)} grid points in all)",
+            file=sys.stderr,
+        )
     hosts: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if args.hosts is not None:
         from p2pdp.experiments.network import read_hosts_file
@@ -354,10 +360,25 @@ def _add_components(subparsers: argparse._SubParsersAction) -> None:
 def _cmd_components(args: argparse.Namespace) -> int:
     import json
 
-    from p2pdp.core.components import format_listing, listing
+    from p2pdp.config import ENGINE_READS, OPTION_READS, RUNTIME_READERS
+    from p2pdp.core.components import format_listing, listing, load
+    from p2pdp.core.reads import declared_reads, describe
 
     rows = listing(args.kind)
-    print(json.dumps(rows, indent=2) if args.json else format_listing(rows))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(format_listing(rows))
+    if args.kind is None:  # the rest of the declaration: what is read besides components
+        print("\nread by every run:", ", ".join(ENGINE_READS))
+        print("read by the runtime:")
+        for runtime, target in RUNTIME_READERS.items():
+            print(f"  {runtime:<11} {describe(declared_reads(load(target, key='runtime')))}")
+        print("read only for some values of a setting (while that setting is read):")
+        for setting, options in OPTION_READS.items():
+            for value, keys in options.items():
+                if keys:
+                    print(f"  {setting} = {value!r}: {', '.join(keys)}")
     return 0
 
 

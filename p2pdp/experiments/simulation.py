@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from p2pdp.config import ScenarioConfig, check_reads, flat_settings, settings_read
+from p2pdp.config import ScenarioConfig, flat_settings, settings_read
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
@@ -290,7 +290,6 @@ def simulate(
     """
     config = config_of(config)
     OneOf(RUNTIMES).check("runtime", runtime)
-    check_reads(config, runtime)
     IntAtLeast(0).check("fold", fold)
     IntAtLeast(0).check("repetition", repetition)
     if config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds:
@@ -408,6 +407,22 @@ def _trained(task: Any, trained: Any, *, fold: int, repetition: int) -> Any:
     return trained
 
 
+def check_budget(config: ScenarioConfig) -> None:
+    """ConfigError if no peer's budget affords one private step of an iterative protocol
+    at the given ``protocol.noise_multiplier`` (a calibrated one always affords
+    ``protocol.rounds``); one-shot budgets are checked by the config itself."""
+    settings = config.protocol
+    if settings.iterative and settings.noise_multiplier is not None:
+        from p2pdp.protocols.iterative import step_privacy
+
+        step_privacy(config)
+
+
+def _round_phase(rounds: int, round_: int) -> None:
+    """The progress line's phase during an iterative cell: its round."""
+    _PHASE[0] = f"simulation, round {round_} of {rounds}"
+
+
 def simulate_iterative(
     config: ScenarioConfig, task: Any, *, fold: int, repetition: int, trained: Any = None
 ) -> RunResult:
@@ -472,6 +487,7 @@ def simulate_iterative(
         errors=lambda models: linear_error(models, data.X_test, data.y_test),
         rng=rngs["network"],
         churn_rng=rngs["churn"],
+        on_round=functools.partial(_round_phase, config.protocol.rounds),
     )
     wall["simulation"] = time.perf_counter() - start
 

@@ -29,6 +29,7 @@ import scipy.sparse as sp
 from scipy.special import expit
 
 from p2pdp.config import ProtocolConfig, ScenarioConfig
+from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.accounting import affordable, composed, make_accountant
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum, calibrated_noise_multiplier
 from p2pdp.privacy.events import PrivacyEvent
@@ -182,13 +183,25 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
         max_steps = affordable(
             account, event, epsilon_total=privacy.epsilon, delta_total=privacy.delta
         )
-    return StepPrivacy(
+    result = StepPrivacy(
         mechanism=mechanism,
         event=event,
         accountant=accountant,
         max_steps=max_steps,
         delta_total=privacy.delta,
     )
+    if max_steps == 0:  # no peer could take one step: refuse before the run
+        try:
+            one = f"epsilon = {float(result.epsilon(np.array([1]))[0]):.4g}"
+        except ConfigError as exc:
+            one = f"more than can be accounted ({exc})"
+        raise ConfigError(
+            f"privacy.epsilon = {privacy.epsilon!r} (at privacy.delta = {privacy.delta!r}) "
+            f"affords no step at protocol.noise_multiplier = {settings.noise_multiplier!r}: one "
+            f"step costs {one}; raise privacy.epsilon to at least that, or the noise "
+            "multiplier (unset, it is calibrated so that protocol.rounds steps fit the budget)"
+        )
+    return result
 
 
 class IterativeProtocol:
