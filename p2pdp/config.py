@@ -972,7 +972,11 @@ def settings_read(config: ScenarioConfig, runtime: str = "simulation") -> dict[s
     read: dict[str, str] = {}
     pending: list[tuple[str, str]] = [(key, "the engine") for key in ENGINE_READS]
     runtime_reader = components.load(RUNTIME_READERS[runtime], key="runtime")
-    pending += [(key, f"runtime {runtime!r}") for key in declared_reads(runtime_reader)]
+    pending += [
+        (key, f"runtime {runtime!r}")
+        for key in declared_reads(runtime_reader)
+        if isinstance(key, str)
+    ]
     implicit_protocol = False
     while pending:
         key, reader = pending.pop(0)

@@ -321,3 +321,31 @@ def test_components_lists_what_each_component_reads(capsys):
     out = capsys.readouterr().out
     assert "partition.scheme = 'label_skew': partition.alpha" in out
     assert "simulation  network.latency" in out
+
+
+def _reads_table() -> str:
+    """The guide's table of what each component reads, from the declarations themselves."""
+    from p2pdp.core.reads import describe
+
+    lines = ["| setting = value | reads |", "|---|---|"]
+    lines.append("| (every run) | " + ", ".join(f"`{k}`" for k in ENGINE_READS) + " |")
+    for runtime, target in RUNTIME_READERS.items():
+        reads = describe(declared_reads(components.load(target, key="runtime")))
+        lines.append(f"| `--runtime {runtime}` | {reads} |")
+    for setting, kind in COMPONENT_SETTINGS.items():
+        for name in components.names(kind):
+            reads = declared_reads(components.resolve(kind, name))
+            if reads:
+                lines.append(f'| `{setting} = "{name}"` | {describe(reads)} |')
+    for setting, options in OPTION_READS.items():
+        for value, keys in options.items():
+            if keys:
+                shown = f'"{value}"' if isinstance(value, str) else str(value).lower()
+                lines.append(f"| `{setting} = {shown}` | {', '.join(keys)} |")
+    return "\n".join(lines)
+
+
+def test_the_guide_lists_what_every_component_reads():
+    from docs_pages import page
+
+    assert _reads_table() in page("scenarios")
