@@ -236,7 +236,7 @@ def adversary_scores(protocol: _Observed, canaries: slice) -> np.ndarray:
     return scores
 
 
-def _run(
+def audited_run(
     config: ScenarioConfig,
     privacy: StepPrivacy,
     *,
@@ -245,7 +245,26 @@ def _run(
     name: str,
     run: int,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """One audited run: (canary states (m,), adversary scores (m,), peer 0's private steps)."""
+    """One audited run of ``config`` (from :func:`audit_config`) with the step of ``privacy``.
+
+    Parameters
+    ----------
+    config : ScenarioConfig
+    privacy : StepPrivacy
+        The run's step and claim (:func:`~p2pdp.protocols.iterative.step_privacy`);
+        ``control`` (None, ``"unclipped"`` or ``"half-noise"``) changes the step, not the
+        claim.
+    seed, name, run : the random streams are ``(seed, "audit", name, run, stream)``.
+
+    Returns
+    -------
+    states : (m,) array of -1.0 / +1.0
+        The canaries' labels.
+    scores : (m,) array
+        The adversary's scores (:func:`adversary_scores`).
+    steps : int
+        Private steps peer 0 took.
+    """
     from p2pdp.core.components import resolve
     from p2pdp.sim.iterative import run_iterative
 
@@ -289,7 +308,9 @@ def audit_iterative(
     privacy = step_privacy(config)
     labels, scores, steps = [], [], 0
     for run in range(runs):
-        states, score, taken = _run(config, privacy, control=control, seed=seed, name=name, run=run)
+        states, score, taken = audited_run(
+            config, privacy, control=control, seed=seed, name=name, run=run
+        )
         labels.append(states)
         scores.append(score)
         steps = max(steps, taken)
