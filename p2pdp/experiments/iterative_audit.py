@@ -215,7 +215,7 @@ def adversary_scores(protocol: _Observed, canaries: slice) -> np.ndarray:
     steps = 0
     if protocol.synchronous:
         weight = protocol.mixing.weights[protocol.mixing.indptr[0]]  # W[0, 1]
-        per_round = protocol.gossip_steps
+        per_round = settings.gossip_steps  # public: what the adversary knows
         for exchange, (own, other) in enumerate(protocol.sent):
             own, other = own[canaries], other[canaries]
             if exchange % per_round == 0 and steps < budget:  # a step came before it
