@@ -19,7 +19,6 @@ from p2pdp.experiments.iterative_audit import (
     AUDIT_PROTOCOLS,
     AUDIT_RECORDS,
     ITERATIVE_AUDIT_NAMES,
-    ITERATIVE_EXPECTED_TO_FAIL,
     audit_config,
     audit_iterative,
     audited_run,
@@ -163,8 +162,7 @@ def test_every_iterative_audit_row_is_as_expected():
     results = run_iterative_audit(seed=2)
     assert [result.mechanism for result in results] == list(ITERATIVE_AUDIT_NAMES)
     for result in results:
-        assert result.as_expected, result
-        assert result.passed == (result.mechanism not in ITERATIVE_EXPECTED_TO_FAIL)
+        assert result.as_expected, result  # the honest rows pass, the controls fail
         assert result.eps_lb <= result.guarantee_epsilon
 
 
