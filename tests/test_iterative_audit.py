@@ -96,11 +96,12 @@ def test_guesses_take_the_extreme_scores():
 
 
 # --- the adversary's view -----------------------------------------------------------------------
-def _scores(protocol: str, *, noise_multiplier: float | None = None, runs: int = 1):
+def _scores(protocol: str, *, private: bool = True, runs: int = 1):
     config = audit_config(protocol)
-    if noise_multiplier is not None:
-        settings = dataclasses.replace(config.protocol, noise_multiplier=noise_multiplier)
-        config = dataclasses.replace(config, protocol=settings)
+    if not private:  # no noise on the steps
+        config = dataclasses.replace(
+            config, privacy=dataclasses.replace(config.privacy, mechanism="none", delta=0.0)
+        )
     privacy = step_privacy(config)
     results = [
         audited_run(config, privacy, control=None, seed=3, name="test", run=run)
@@ -116,7 +117,7 @@ def test_without_noise_the_adversary_recovers_each_canarys_clipped_gradient_exac
     # every step adds step_size * C / n_0 along the canary's coordinate, signed by its label:
     # the neighbour's reconstruction of peer 0's steps from the models it receives is exact
     # (in gossip learning, a step after peer 0's last message that arrived is not seen)
-    config, _, states, scores, (steps,) = _scores(protocol, noise_multiplier=0.0)
+    config, _, states, scores, (steps,) = _scores(protocol, private=False)
     settings = config.protocol
     per_step = settings.step_size * settings.clip_norm / (AUDIT_RECORDS + AUDIT_CANARIES)
     seen = steps if protocol != "gossip-learning" else steps - 1
