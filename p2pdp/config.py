@@ -648,6 +648,7 @@ class ScenarioConfig:
             )
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
             _check_data_provides(self.data, self.evaluation)
+        _check_row_norm_bound(self)
         for section, readers in TASK_SECTIONS.items():
             settings = getattr(self, section)
             if self.task.name in components.names("task") and self.task.name not in readers:
@@ -692,6 +693,36 @@ def _section(name: str, cls: type, value: Any) -> Any:
         return cls(**value)
     raise ConfigError(
         f"{name} must be a {cls.__name__} or a dict of its settings, got {type(value).__name__}"
+    )
+
+
+def _check_row_norm_bound(config: ScenarioConfig) -> None:
+    """Refuse a transform without a norm step where the release's sensitivity needs one.
+
+    A one-shot release of exact local models (output perturbation, sensitivity
+    ``2 L / (K n_min lambda)``, or posterior sampling) is private only if every training row
+    has ``||x||_2 <= 1`` (DESIGN.md section 3). Iterative protocols clip every per-record
+    gradient (the clipping bounds their sensitivity whatever the rows), a non-private run
+    (``privacy.mechanism = "none"``) has no sensitivity, and a task that reads no features
+    (``reads_features = False``) has no rows to bound: they need no norm step.
+    """
+    from p2pdp.data.preprocess import NORM_STEPS, Preprocessor
+    from p2pdp.privacy.mechanisms import NoNoise
+
+    if Preprocessor(steps=config.data.transform).bounds_row_norms or config.protocol.iterative:
+        return
+    task = components.resolve("task", config.task.name, key="task.name")
+    mechanism = components.resolve("mechanism", config.privacy.mechanism, key="privacy.mechanism")
+    if not getattr(task, "reads_features", True) or (
+        isinstance(mechanism, type) and issubclass(mechanism, NoNoise)
+    ):
+        return
+    raise ConfigError(
+        f"data.transform = {list(config.data.transform)} leaves row norms unbounded, but "
+        f"privacy.mechanism = {config.privacy.mechanism!r} releases one-shot models whose "
+        "sensitivity holds only for rows of L2 norm <= 1: end data.transform with one of "
+        f"{', '.join(NORM_STEPS)} (an iterative protocol, which clips gradients, or "
+        "privacy.mechanism = 'none', which is not private, needs neither)"
     )
 
 

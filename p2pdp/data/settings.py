@@ -23,9 +23,7 @@ from p2pdp.core.validation import (
     invalid,
     validate_fields,
 )
-
-#: Preprocessing steps ``data.transform`` may list, in the order a user writes them.
-TRANSFORM_STEPS = ("log1p", "minmax", "bias", "project_unit_ball", "scale_sqrt_d")
+from p2pdp.data.preprocess import TRANSFORM_STEPS, Preprocessor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,10 +44,13 @@ class DataConfig:
     the label, negative from the end, default -1: the last (``csv``); ``n_features`` the number
     of features d, default: the largest index in the file(s) (``libsvm``).
 
-    ``transform`` steps are applied in order (see :mod:`p2pdp.data.preprocess`); the last step must
-    bound every row's L2 norm by 1, which the privacy proof needs. ``bounds = "data"`` fits
+    ``transform`` steps are applied in order (see :mod:`p2pdp.data.preprocess`). A norm step
+    (``project_unit_ball`` or ``scale_sqrt_d``) bounds every row's L2 norm by 1; a scenario
+    whose privacy depends on that bound (a one-shot release of exact local models) refuses a
+    transform without one (:class:`p2pdp.config.ScenarioConfig`). ``bounds = "data"`` fits
     min-max on the pooled training fold (a global, non-private step, recorded in results);
-    ``"manifest"`` uses the data set's data-independent feature bounds.
+    ``"manifest"`` uses the data set's data-independent feature bounds. ``standardize``
+    is always fitted on the pooled training fold (the same kind of non-private step).
     ``synthetic_*`` size the ``synthetic`` data set (a logistic model with lognormal features).
     """
 
@@ -106,6 +107,10 @@ class DataConfig:
             raise invalid("data.transform", "a non-empty list of steps", list(self.transform))
         for step in self.transform:
             OneOf(TRANSFORM_STEPS).check("data.transform", step)
+        try:
+            Preprocessor(steps=self.transform)
+        except ConfigError as exc:
+            raise ConfigError(f"data.transform = {list(self.transform)}: {exc}") from None
 
 
 #: Options of the built-in file loaders (data.dataset = "csv" / "libsvm") and their defaults.
