@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,7 @@ from p2pdp.data.settings import TRANSFORM_STEPS as TRANSFORM_STEPS  # the schema
 # Settings that name a component (data.dataset, training.model, privacy.mechanism,
 # privacy.accountant, groups.sampler, evaluation.vote, task.name) take their options from the
 # registry (p2pdp.core.components): a registered name or an import string 'package.module:Name'.
-PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew")
+PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew", "column", "file")
 SENSITIVITY_MODES = ("group-mean", "pathak")
 LATENCY_MODELS = ("constant", "exponential", "lognormal")
 PUBLICATION_MODES = ("group", "full")
@@ -73,15 +74,39 @@ class Derived(float):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PartitionConfig:
-    """How training rows are split into peer shards (``alpha`` for the skewed schemes)."""
+    """How training rows are split into peer shards (:mod:`p2pdp.data.partition`).
+
+    ``scheme``: ``"iid"``, ``"label_skew"`` / ``"quantity_skew"`` (Dirichlet ``alpha``), or a
+    partition the user gives, one peer id in ``0..n_peers-1`` per row of the data set (the
+    rows the folds are cut from; a fold's test rows are simply not used for training):
+    ``"column"`` takes it from the data set (``data.peer_column``, or a loader's
+    ``RawData.peers``), ``"file"`` from the text file ``path`` (one id per line). Every peer
+    id must be used, and every peer must hold at least ``min_shard_size`` training rows in
+    every fold.
+    """
 
     n_peers: int = field(default=100, metadata=check(IntAtLeast(1)))
     scheme: str = field(default="iid", metadata=check(OneOf(PARTITION_SCHEMES)))
     alpha: float = field(default=0.5, metadata=check(Positive()))
     min_shard_size: int = field(default=1, metadata=check(IntAtLeast(1)))
+    path: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.path, os.PathLike):
+            object.__setattr__(self, "path", os.fspath(self.path))
         validate_fields(self, "partition")
+        if self.path is not None and not (isinstance(self.path, str) and self.path):
+            raise invalid("partition.path", "a non-empty path string", self.path)
+        if (self.scheme == "file") != (self.path is not None):
+            if self.path is None:
+                raise ConfigError(
+                    "partition.path is required for partition.scheme = 'file': the file of "
+                    "peer ids, one per row of the data set"
+                )
+            raise ConfigError(
+                f"partition.path is read only by partition.scheme = 'file'; got "
+                f"partition.path = {self.path!r} with partition.scheme = {self.scheme!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -649,6 +674,7 @@ class ScenarioConfig:
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
             _check_data_provides(self.data, self.evaluation)
         _check_row_norm_bound(self)
+        _check_peer_column(self.data, self.partition)
         for section, readers in TASK_SECTIONS.items():
             settings = getattr(self, section)
             if self.task.name in components.names("task") and self.task.name not in readers:
@@ -694,6 +720,36 @@ def _section(name: str, cls: type, value: Any) -> Any:
     raise ConfigError(
         f"{name} must be a {cls.__name__} or a dict of its settings, got {type(value).__name__}"
     )
+
+
+def _check_peer_column(data: DataConfig, partition: PartitionConfig) -> None:
+    """``data.peer_column`` and ``partition.scheme = "column"`` go together for the file loaders.
+
+    An import-string loader may return ``RawData.peers`` without any setting: it is checked
+    when loaded (:func:`p2pdp.tasks.pipeline.load_fold`).
+    """
+    if data.peer_column is not None and partition.scheme != "column":
+        raise ConfigError(
+            f"data.peer_column = {data.peer_column!r} is read only by partition.scheme = "
+            f"'column'; got partition.scheme = {partition.scheme!r}"
+        )
+    if (
+        partition.scheme == "column"
+        and data.peer_column is None
+        and any(
+            row["name"] == data.dataset and row["origin"] == "built-in"
+            for row in components.listing("dataset")
+        )
+    ):
+        where = (
+            "set data.peer_column to the column of peer ids"
+            if "peer_column" in FILE_LOADER_OPTIONS.get(data.dataset, ())
+            else f"data.dataset = {data.dataset!r} has no peer column (csv and numpy files "
+            "do, with data.peer_column; a loader of your own returns RawData.peers)"
+        )
+        raise ConfigError(
+            f"partition.scheme = 'column' takes each row's peer from the data: {where}"
+        )
 
 
 def _check_row_norm_bound(config: ScenarioConfig) -> None:

@@ -451,12 +451,12 @@ def test_what_files_and_import_strings_declare():
         ),
         (
             dict(dataset="synthetic", test_path="b"),
-            "data.test_path is an option of data.dataset = 'csv' or 'libsvm'",
+            "data.test_path is an option of data.dataset = 'csv' or 'libsvm' or 'numpy'",
         ),
         (
             dict(dataset="mnist"),
             "data.dataset must be one of spambase, australian, adult, "
-            "synthetic, csv, libsvm or an import string",
+            "synthetic, csv, libsvm, numpy or an import string",
         ),
     ],
 )
