@@ -822,3 +822,68 @@ def test_readme_example_runs(tmp_path, monkeypatch, write_module, capsys):
     )
     errors = [float(row["mean_error"]) for row in read_results(tmp_path / "validated")]
     assert np.mean(errors) == pytest.approx(0.205, abs=5e-4)
+
+
+# --- standardised features and a partition the user gives --------------------------------------
+SCALES = np.array([1e-2, 1.0, 1e2, 1e4])  # features on scales minmax or nothing would not fix
+
+
+def write_peer_table(tmp_path: Path, n: int = 300, n_peers: int = 20) -> tuple[Path, np.ndarray]:
+    """The guide's ``mypeers.csv``: 4 features on very different scales, a label-skewed
+    ``peer`` column (each peer holds a run of rows sorted by a noisy label) and the label."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(n, 4))
+    y = (X @ [1.0, -1.0, 0.5, 0.0] + 0.5 * rng.normal(size=n) > 0).astype(int)
+    order = np.argsort(y + 0.6 * rng.random(n), kind="stable")
+    peers = np.empty(n, dtype=int)
+    peers[order] = np.repeat(np.arange(n_peers), n // n_peers)
+    table = pd.DataFrame(X * SCALES + [0.0, 5.0, -300.0, 2e4], columns=["a", "b", "c", "d"])
+    table["peer"], table["label"] = peers, y
+    path = tmp_path / "mypeers.csv"
+    table.to_csv(path, index=False)
+    return path, peers
+
+
+def test_guide_dpsgd_on_standardised_features_and_own_peers_needs_only_a_scenario_file(
+    tmp_path, monkeypatch
+):
+    """The guide's non-private D-PSGD run: no loader module, no projection, the user's peers.
+
+    Uses the documented non-private form of D-PSGD today (``protocol.noise_multiplier = 0``
+    with a Gaussian mechanism and a delta)."""
+    _, peers = write_peer_table(tmp_path)
+    blocks = readme_blocks()
+    scenario = blocks[
+        "# mine-dpsgd.toml: D-PSGD (not private) on standardised features and your own peers"
+    ]
+    (tmp_path / "mine-dpsgd.toml").write_text(scenario, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "mine-dpsgd.toml", "--out", "out", "--jobs", "1"]) == 0
+    rows = read_results(tmp_path / "out")
+    assert len(rows) == 3 and {row["partition.scheme"] for row in rows} == {"column"}
+    assert {row["data.transform"] for row in rows} == {"standardize+bias"}
+    assert {row["max_guaranteed_epsilon"] for row in rows} == {"inf"}
+    assert "standardize: feature means" in rows[0]["non_private_steps"]
+    mean = {k: np.mean([float(row[k]) for row in rows]) for k in rows[0] if k.endswith("_error")}
+    # the numbers the guide quotes
+    assert mean["mean_error"] == pytest.approx(GUIDE_DPSGD["mean_error"], abs=5e-4)
+    assert mean["local_only_error"] == pytest.approx(GUIDE_DPSGD["local_only_error"], abs=5e-4)
+    assert mean["centralized_error"] == pytest.approx(GUIDE_DPSGD["centralized_error"], abs=5e-4)
+    # the peers trained on exactly the rows the column gives them, in every fold
+    config = load_scenario(tmp_path / "mine-dpsgd.toml").points[0].config
+    for fold in range(3):
+        trained = prepare_peers(config, fold=fold)
+        assert np.all(np.linalg.norm(trained.fold.X_train, axis=1) > 1)  # nothing projected
+        train_peers_of_rows = trained.fold.peers
+        for j, shard in enumerate(trained.shards):
+            np.testing.assert_array_equal(train_peers_of_rows[shard], j)
+        assert sum(map(len, trained.shards)) == len(trained.fold.y_train) == 200
+    np.testing.assert_array_equal(np.bincount(peers), 15)
+    # the guide's comparison: min-max and the projection instead of standardize
+    minmax = ['data.transform=["minmax", "bias", "project_unit_ball"]']
+    run_experiment(load_scenario("mine-dpsgd.toml", minmax), tmp_path / "minmax", jobs=1)
+    errors = [float(row["mean_error"]) for row in read_results(tmp_path / "minmax")]
+    assert np.mean(errors) == pytest.approx(0.182, abs=5e-4)
+
+
+GUIDE_DPSGD = {"mean_error": 0.1132, "local_only_error": 0.4595, "centralized_error": 0.1133}
