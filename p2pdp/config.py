@@ -97,12 +97,12 @@ class PartitionConfig:
         validate_fields(self, "partition")
         if self.path is not None and not (isinstance(self.path, str) and self.path):
             raise invalid("partition.path", "a non-empty path string", self.path)
-        if (self.scheme == "file") != (self.path is not None):
-            if self.path is None:
-                raise ConfigError(
-                    "partition.path is required for partition.scheme = 'file': the file of "
-                    "peer ids, one per row of the data set"
-                )
+        if self.scheme == "file" and self.path is None:
+            raise ConfigError(
+                "partition.path is required for partition.scheme = 'file': the file of "
+                "peer ids, one per row of the data set"
+            )
+        if self.scheme != "file" and self.path is not None:
             raise ConfigError(
                 f"partition.path is read only by partition.scheme = 'file'; got "
                 f"partition.path = {self.path!r} with partition.scheme = {self.scheme!r}"

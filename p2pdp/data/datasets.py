@@ -1408,19 +1408,19 @@ def _read_numpy(path: Path, data: DataConfig, key: str) -> dict[str, np.ndarray]
 def _npz_arrays(
     arrays: dict[str, np.ndarray], path: Path, data: DataConfig, key: str
 ) -> dict[str, np.ndarray]:
-    wanted = (*NPZ_ARRAYS, *([data.peer_column] if data.peer_column is not None else []))
-    unknown = sorted(set(arrays) - set(wanted))
+    peer = [str(data.peer_column)] if data.peer_column is not None else []
+    unknown = sorted(set(arrays) - {*NPZ_ARRAYS, *peer})
     if unknown:
         raise DataError(
             f"{key} = {str(path)!r}: array {unknown[0]!r} is not read (a .npz file holds "
             f"X, y, optionally X_test, y_test, and the array named by data.peer_column); "
             f"it holds {sorted(arrays)}"
         )
-    for name in ("X", "y", *([data.peer_column] if data.peer_column is not None else [])):
+    for name in ("X", "y", *peer):
         if name not in arrays:
             raise DataError(f"{key} = {str(path)!r}: no array {name!r}; it holds {sorted(arrays)}")
-    if data.peer_column is not None:
-        arrays["peers"] = arrays.pop(str(data.peer_column))
+    if peer:
+        arrays["peers"] = arrays.pop(peer[0])
     return arrays
 
 

@@ -314,9 +314,7 @@ def partition(
     raise ConfigError(f"partition scheme must be one of {PARTITION_SCHEMES}, got {scheme!r}")
 
 
-def read_assignment(
-    path: str | os.PathLike[str], *, key: str = "partition.path"
-) -> NDArray[np.int64]:
+def read_assignment(path: str | os.PathLike[str]) -> NDArray[np.int64]:
     """The peer of every row of the data set, from a text file with one integer per line.
 
     Line ``i`` (1-based) holds the peer id of row ``i - 1`` of the data set (the rows the
@@ -326,9 +324,7 @@ def read_assignment(
     Parameters
     ----------
     path : path-like
-        The file.
-    key : str
-        The setting that names the file, for messages.
+        The file (``partition.path``).
 
     Returns
     -------
@@ -342,7 +338,7 @@ def read_assignment(
         the file, the 1-based line and its text).
     """
     file = Path(path).expanduser()
-    where = f"{key} = {os.fspath(path)!r}"
+    where = f"partition.path = {os.fspath(path)!r}"
     try:
         text = file.read_bytes().decode("utf-8")
     except OSError as exc:
@@ -453,9 +449,9 @@ def partition_given(
         A peer holds fewer than ``min_shard_size`` rows (at least one) of these rows.
     """
     rows = np.asarray(owner, dtype=np.int64)
-    sizes = np.bincount(rows, minlength=n_peers)
-    if sizes.size > n_peers or rows.min(initial=0) < 0:
+    if rows.size and not 0 <= rows.min() <= rows.max() < n_peers:
         raise ConfigError(f"{where}: peer ids must be in 0..{n_peers - 1}")
+    sizes = np.bincount(rows, minlength=n_peers)
     small = np.flatnonzero(sizes < min_shard_size)
     if small.size:
         j = int(small[0])

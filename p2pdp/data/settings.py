@@ -39,8 +39,8 @@ class DataConfig:
     free for your own loader to read.
 
     Options of the file loaders (an error for any other data set unless left at the default):
-    ``test_path`` a second file in the same format, the predefined test split
-    (``csv``, ``libsvm``); ``delimiter`` a single character or ``"whitespace"`` (``csv``);
+    ``test_path`` a second file in the same format, the predefined test split (``csv``,
+    ``libsvm``, ``numpy``); ``delimiter`` a single character or ``"whitespace"`` (``csv``);
     ``header`` skip a first line of column names (``csv``); ``label_column`` 0-based column of
     the label, negative from the end, default -1: the last (``csv``, a ``.npy`` file of
     ``numpy``); ``n_features`` the number of features d, default: the largest index in the
@@ -163,7 +163,8 @@ class DataConfig:
             )
 
 
-#: Options of the built-in file loaders (data.dataset = "csv" / "libsvm") and their defaults.
+#: Options of the built-in file loaders (data.dataset = "csv" / "libsvm" / "numpy") and their
+#: defaults.
 FILE_LOADER_OPTIONS = {
     "csv": ("test_path", "delimiter", "header", "label_column", "peer_column"),
     "libsvm": ("test_path", "n_features"),
