@@ -264,6 +264,11 @@ def test_runs_whose_privacy_does_not_depend_on_row_norms_need_no_norm_step(setti
     assert ScenarioConfig(data=UNBOUNDED, **settings).data.transform == ("standardize", "bias")
 
 
+def test_standardize_takes_no_manifest_bounds():
+    with pytest.raises(ConfigError, match="data.bounds = 'manifest' gives the bounds of the"):
+        DataConfig(dataset="adult", bounds="manifest", transform=("standardize", "bias"))
+
+
 TINY_DPSGD = """
 name = "tiny"
 [data]

@@ -120,6 +120,11 @@ class DataConfig:
             Preprocessor(steps=self.transform)
         except ConfigError as exc:
             raise ConfigError(f"data.transform = {list(self.transform)}: {exc}") from None
+        if self.bounds == "manifest" and "minmax" not in self.transform:
+            raise ConfigError(
+                "data.bounds = 'manifest' gives the bounds of the 'minmax' step; got "
+                f"data.transform = {list(self.transform)} without it"
+            )
 
     def _check_peer_column(self) -> None:
         value = self.peer_column
