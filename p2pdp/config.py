@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,7 @@ from p2pdp.data.settings import TRANSFORM_STEPS as TRANSFORM_STEPS  # the schema
 # Settings that name a component (data.dataset, training.model, privacy.mechanism,
 # privacy.accountant, groups.sampler, evaluation.vote, task.name) take their options from the
 # registry (p2pdp.core.components): a registered name or an import string 'package.module:Name'.
-PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew")
+PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew", "column", "file")
 SENSITIVITY_MODES = ("group-mean", "pathak")
 LATENCY_MODELS = ("constant", "exponential", "lognormal")
 PUBLICATION_MODES = ("group", "full")
@@ -86,6 +87,17 @@ COMPONENT_SETTINGS = {
     "data.dataset": "dataset",
 }
 
+#: The tables a plug-in that declares no ``reads`` is taken to read, by kind (what a component
+#: of that kind is given); a task or protocol plug-in may read any table.
+UNDECLARED_READS = {
+    "dataset": ("data",),
+    "model": ("training",),
+    "mechanism": ("privacy",),
+    "accountant": ("privacy",),
+    "sampler": ("groups", "gossip"),
+    "ensemble": ("evaluation",),
+}
+
 #: What each runtime reads (its driver's ``reads``): the simulator's transport model reads
 #: ``[network]``; on the network runtime messages cross a real network.
 RUNTIME_READERS = {
@@ -100,6 +112,8 @@ OPTION_READS: dict[str, dict[Any, tuple[str, ...]]] = {
         "iid": (),
         "label_skew": ("partition.alpha",),
         "quantity_skew": ("partition.alpha",),
+        "column": (),
+        "file": ("partition.path",),
     },
     "protocol.sampling": {
         "full": (),
@@ -147,15 +161,39 @@ class Derived(float):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PartitionConfig:
-    """How training rows are split into peer shards (``alpha`` for the skewed schemes)."""
+    """How training rows are split into peer shards (:mod:`p2pdp.data.partition`).
+
+    ``scheme``: ``"iid"``, ``"label_skew"`` / ``"quantity_skew"`` (Dirichlet ``alpha``), or a
+    partition the user gives, one peer id in ``0..n_peers-1`` per row of the data set (the
+    rows the folds are cut from; a fold's test rows are simply not used for training):
+    ``"column"`` takes it from the data set (``data.peer_column``, or a loader's
+    ``RawData.peers``), ``"file"`` from the text file ``path`` (one id per line). Every peer
+    id must be used, and every peer must hold at least ``min_shard_size`` training rows in
+    every fold.
+    """
 
     n_peers: int = field(default=100, metadata=check(IntAtLeast(1)))
     scheme: str = field(default="iid", metadata=check(OneOf(PARTITION_SCHEMES)))
     alpha: float = field(default=0.5, metadata=check(Positive()))
     min_shard_size: int = field(default=1, metadata=check(IntAtLeast(1)))
+    path: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.path, os.PathLike):
+            object.__setattr__(self, "path", os.fspath(self.path))
         validate_fields(self, "partition")
+        if self.path is not None and not (isinstance(self.path, str) and self.path):
+            raise invalid("partition.path", "a non-empty path string", self.path)
+        if self.scheme == "file" and self.path is None:
+            raise ConfigError(
+                "partition.path is required for partition.scheme = 'file': the file of "
+                "peer ids, one per row of the data set"
+            )
+        if self.scheme != "file" and self.path is not None:
+            raise ConfigError(
+                f"partition.path is read only by partition.scheme = 'file'; got "
+                f"partition.path = {self.path!r} with partition.scheme = {self.scheme!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -782,6 +820,8 @@ class ScenarioConfig:
             )
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
             _check_data_provides(self.data, self.evaluation)
+        _check_row_norm_bound(self)
+        _check_peer_column(self.data, self.partition)
         if "protocol.name" in read and self.protocol.iterative:
             self._check_iterative_privacy()
 
@@ -830,6 +870,63 @@ def _section(name: str, cls: type, value: Any) -> Any:
         return cls(**value)
     raise ConfigError(
         f"{name} must be a {cls.__name__} or a dict of its settings, got {type(value).__name__}"
+    )
+
+
+def _check_peer_column(data: DataConfig, partition: PartitionConfig) -> None:
+    """``data.peer_column`` and ``partition.scheme = "column"`` go together for the file loaders.
+
+    An import-string loader may return ``RawData.peers`` without any setting: it is checked
+    when loaded (:func:`p2pdp.tasks.pipeline.load_fold`).
+    """
+    if data.peer_column is not None and partition.scheme != "column":
+        raise ConfigError(
+            f"data.peer_column = {data.peer_column!r} is read only by partition.scheme = "
+            f"'column'; got partition.scheme = {partition.scheme!r}"
+        )
+    if (
+        partition.scheme == "column"
+        and data.peer_column is None
+        and components.is_builtin("dataset", data.dataset)
+    ):
+        where = (
+            "set data.peer_column to the column of peer ids"
+            if "peer_column" in FILE_LOADER_OPTIONS.get(data.dataset, ())
+            else f"data.dataset = {data.dataset!r} has no peer column (csv and numpy files "
+            "do, with data.peer_column; a loader of your own returns RawData.peers)"
+        )
+        raise ConfigError(
+            f"partition.scheme = 'column' takes each row's peer from the data: {where}"
+        )
+
+
+def _check_row_norm_bound(config: ScenarioConfig) -> None:
+    """Refuse a transform without a norm step where the release's sensitivity needs one.
+
+    A one-shot release of exact local models (output perturbation, sensitivity
+    ``2 L / (K n_min lambda)``, or posterior sampling) is private only if every training row
+    has ``||x||_2 <= 1`` (DESIGN.md section 3). Iterative protocols clip every per-record
+    gradient (the clipping bounds their sensitivity whatever the rows), a non-private run
+    (``privacy.mechanism = "none"``) has no sensitivity, and a task that reads no features
+    (``reads_features = False``) has no rows to bound: they need no norm step.
+    """
+    from p2pdp.data.preprocess import NORM_STEPS, Preprocessor
+    from p2pdp.privacy.mechanisms import NoNoise
+
+    if Preprocessor(steps=config.data.transform).bounds_row_norms or config.protocol.iterative:
+        return
+    task = components.resolve("task", config.task.name, key="task.name")
+    mechanism = components.resolve("mechanism", config.privacy.mechanism, key="privacy.mechanism")
+    if not getattr(task, "reads_features", True) or (
+        isinstance(mechanism, type) and issubclass(mechanism, NoNoise)
+    ):
+        return
+    raise ConfigError(
+        f"data.transform = {list(config.data.transform)} leaves row norms unbounded, but "
+        f"privacy.mechanism = {config.privacy.mechanism!r} releases one-shot models whose "
+        "sensitivity holds only for rows of L2 norm <= 1: end data.transform with one of "
+        f"{', '.join(NORM_STEPS)} (an iterative protocol, which clips gradients, or "
+        "privacy.mechanism = 'none', which is not private, needs neither)"
     )
 
 
@@ -993,8 +1090,8 @@ def settings_read(config: ScenarioConfig, runtime: str = "simulation") -> dict[s
                 kind = COMPONENT_SETTINGS[name]
                 if reader_object is not None and not (
                     declares_reads(reader_object) or components.is_builtin(kind, value)
-                ):
-                    entries = tuple(f"{section}.*" for section in SECTIONS)  # may read anything
+                ):  # a plug-in that does not say: whatever a component of its kind is given
+                    entries = tuple(f"{s}.*" for s in UNDECLARED_READS.get(kind, SECTIONS))
             elif name in OPTION_READS:
                 options = OPTION_READS[name]
                 entries = options.get(value, tuple({k for ks in options.values() for k in ks}))

@@ -207,3 +207,94 @@ def test_every_shipped_scenario_is_valid_and_silent():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert load_scenario(path).points, path.name
+
+
+# --- the unit-ball projection: required only where a release's sensitivity needs it ------------
+UNBOUNDED = DataConfig(dataset="synthetic", transform=("standardize", "bias"))
+
+
+@pytest.mark.parametrize(
+    ("privacy", "groups"),
+    [
+        ({}, {}),  # vector-laplace
+        ({"mechanism": "coordinate-laplace"}, {}),
+        ({"mechanism": "gaussian", "delta": 1e-5}, {}),
+        ({"mechanism": "seed-laplace"}, {}),
+        ({"mechanism": "posterior-sampling"}, {"group_size": 1}),
+    ],
+)
+def test_a_private_one_shot_release_needs_a_norm_step(privacy, groups):
+    with pytest.raises(ConfigError) as caught:
+        ScenarioConfig(data=UNBOUNDED, privacy=privacy, groups=groups)
+    message = str(caught.value)
+    assert message.startswith(
+        "data.transform = ['standardize', 'bias'] leaves row norms unbounded, but "
+        f"privacy.mechanism = {PrivacyConfig(**privacy).mechanism!r} releases one-shot models"
+    )
+    assert "project_unit_ball, scale_sqrt_d" in message
+    for norm_step in ("project_unit_ball", "scale_sqrt_d"):
+        transform = ("minmax", "bias", norm_step)
+        data = dataclasses.replace(UNBOUNDED, transform=transform)
+        ScenarioConfig(data=data, privacy=privacy, groups=groups)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"privacy": {"mechanism": "none"}},  # not private: no sensitivity to bound
+        # clipped gradients: the sensitivity is the clip norm, whatever the rows
+        {"protocol": {"name": "dpsgd"}, "privacy": {"mechanism": "gaussian", "delta": 1e-5}},
+        {"protocol": {"name": "muffliato"}, "privacy": {"mechanism": "gaussian", "delta": 1e-5}},
+        {"protocol": {"name": "gossip-learning"}, "privacy": {"mechanism": "none"}},
+    ],
+)
+def test_runs_whose_privacy_does_not_depend_on_row_norms_need_no_norm_step(settings):
+    assert ScenarioConfig(data=UNBOUNDED, **settings).data.transform == ("standardize", "bias")
+
+
+def test_standardize_takes_no_manifest_bounds():
+    with pytest.raises(ConfigError, match="data.bounds = 'manifest' gives the bounds of the"):
+        DataConfig(dataset="adult", bounds="manifest", transform=("standardize", "bias"))
+
+
+TINY_DPSGD = """
+name = "tiny"
+[data]
+dataset = "synthetic"
+synthetic_rows = 240
+synthetic_test_rows = 60
+synthetic_features = 4
+transform = ["standardize", "bias"]
+[partition]
+n_peers = 12
+[protocol]
+name = "dpsgd"
+rounds = 5
+[privacy]
+mechanism = "gaussian"
+epsilon = 1.0
+delta = 1e-5
+[evaluation]
+cv_folds = 3
+folds = [0]
+"""
+
+
+def test_private_dpsgd_without_projection_spends_what_it_would_with_it(tmp_path):
+    """The D-PSGD accounting depends on the clip norm, not on the rows: leaving the projection
+    out changes the model, not the epsilon a peer spends (<= privacy.epsilon)."""
+    from p2pdp.experiments.results import read_results
+    from p2pdp.experiments.runner import run_experiment
+    from p2pdp.experiments.scenario import parse_scenario
+
+    spent = {}
+    for name, transform in (
+        ("free", '["standardize", "bias"]'),
+        ("ball", '["standardize", "bias", "project_unit_ball"]'),
+    ):
+        scenario = parse_scenario(TINY_DPSGD, overrides=[f"data.transform={transform}"])
+        run_experiment(scenario, tmp_path / name, jobs=1)
+        (row,) = read_results(tmp_path / name)
+        spent[name] = float(row["max_epsilon_spent"])
+        assert float(row["min_steps_per_peer"]) == 5
+    assert 0 < spent["free"] == spent["ball"] <= 1.0

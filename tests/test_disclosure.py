@@ -46,7 +46,9 @@ folds = [0]
 def adult(**privacy) -> ScenarioConfig:
     """Adult with manifest bounds: no data-dependent preprocessing."""
     return ScenarioConfig(
-        data=DataConfig(dataset="adult", transform=("minmax", "bias"), bounds="manifest"),
+        data=DataConfig(
+            dataset="adult", transform=("minmax", "bias", "project_unit_ball"), bounds="manifest"
+        ),
         privacy=PrivacyConfig(**privacy),
     )
 
@@ -61,6 +63,11 @@ def test_each_kind_of_step_is_listed():
     assert len(bounds) == 1 and 'data.bounds = "data"' in bounds[0]
     no_minmax = ScenarioConfig(data=DataConfig(transform=("log1p", "bias", "project_unit_ball")))
     assert non_private_steps(no_minmax) == ()  # "data" bounds without min-max fit nothing
+    standardized = ScenarioConfig(
+        data=DataConfig(transform=("standardize", "bias", "project_unit_ball"))
+    )
+    (step,) = non_private_steps(standardized)
+    assert step.startswith("standardize: feature means and standard deviations fitted")
 
     chosen = adult().__class__(
         data=adult().data, training=TrainingConfig(lam=0.25, lambda_source="picked on a9a.t")

@@ -7,6 +7,7 @@ component cache), so two tests may use the same module name.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import os
@@ -26,6 +27,8 @@ from p2pdp.config import (
     EvaluationConfig,
     GroupsConfig,
     PartitionConfig,
+    PrivacyConfig,
+    ProtocolConfig,
     ScenarioConfig,
 )
 from p2pdp.core import components
@@ -451,12 +454,12 @@ def test_what_files_and_import_strings_declare():
         ),
         (
             dict(dataset="synthetic", test_path="b"),
-            "data.test_path is an option of data.dataset = 'csv' or 'libsvm'",
+            "data.test_path is an option of data.dataset = 'csv' or 'libsvm' or 'numpy'",
         ),
         (
             dict(dataset="mnist"),
             "data.dataset must be one of spambase, australian, adult, "
-            "synthetic, csv, libsvm or an import string",
+            "synthetic, csv, libsvm, numpy or an import string",
         ),
     ],
 )
@@ -822,3 +825,362 @@ def test_readme_example_runs(tmp_path, monkeypatch, write_module, capsys):
     )
     errors = [float(row["mean_error"]) for row in read_results(tmp_path / "validated")]
     assert np.mean(errors) == pytest.approx(0.205, abs=5e-4)
+
+
+# --- standardised features and a partition the user gives --------------------------------------
+SCALES = np.array([1e-2, 1.0, 1e2, 1e4])  # features on scales minmax or nothing would not fix
+
+
+def write_peer_table(tmp_path: Path, n: int = 300, n_peers: int = 20) -> tuple[Path, np.ndarray]:
+    """The guide's ``mypeers.csv``: 4 features on very different scales, a label-skewed
+    ``peer`` column (each peer holds a run of rows sorted by a noisy label) and the label."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(n, 4))
+    y = (X @ [1.0, -1.0, 0.5, 0.0] + 0.5 * rng.normal(size=n) > 0).astype(int)
+    order = np.argsort(y + 0.6 * rng.random(n), kind="stable")
+    peers = np.empty(n, dtype=int)
+    peers[order] = np.repeat(np.arange(n_peers), n // n_peers)
+    table = pd.DataFrame(X * SCALES + [0.0, 5.0, -300.0, 2e4], columns=["a", "b", "c", "d"])
+    table["peer"], table["label"] = peers, y
+    path = tmp_path / "mypeers.csv"
+    table.to_csv(path, index=False)
+    return path, peers
+
+
+def test_guide_dpsgd_on_standardised_features_and_own_peers_needs_only_a_scenario_file(
+    tmp_path, monkeypatch
+):
+    """The guide's non-private D-PSGD run: no loader module, no projection, the user's peers.
+
+    Non-private as every protocol is: ``privacy.mechanism = "none"``."""
+    _, peers = write_peer_table(tmp_path)
+    blocks = readme_blocks()
+    scenario = blocks[
+        "# mine-dpsgd.toml: D-PSGD (not private) on standardised features and your own peers"
+    ]
+    (tmp_path / "mine-dpsgd.toml").write_text(scenario, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "mine-dpsgd.toml", "--out", "out", "--jobs", "1"]) == 0
+    rows = read_results(tmp_path / "out")
+    assert len(rows) == 3 and {row["partition.scheme"] for row in rows} == {"column"}
+    assert {row["data.transform"] for row in rows} == {"standardize+bias"}
+    assert {row["max_guaranteed_epsilon"] for row in rows} == {"inf"}
+    assert "standardize: feature means" in rows[0]["non_private_steps"]
+    mean = {k: np.mean([float(row[k]) for row in rows]) for k in rows[0] if k.endswith("_error")}
+    # the numbers the guide quotes
+    assert mean["mean_error"] == pytest.approx(GUIDE_DPSGD["mean_error"], abs=5e-4)
+    assert mean["local_only_error"] == pytest.approx(GUIDE_DPSGD["local_only_error"], abs=5e-4)
+    assert mean["centralized_error"] == pytest.approx(GUIDE_DPSGD["centralized_error"], abs=5e-4)
+    # the peers trained on exactly the rows the column gives them, in every fold
+    config = load_scenario(tmp_path / "mine-dpsgd.toml").points[0].config
+    for fold in range(3):
+        trained = prepare_peers(config, fold=fold)
+        assert np.all(np.linalg.norm(trained.fold.X_train, axis=1) > 1)  # nothing projected
+        train_peers_of_rows = trained.fold.peers
+        for j, shard in enumerate(trained.shards):
+            np.testing.assert_array_equal(train_peers_of_rows[shard], j)
+        assert sum(map(len, trained.shards)) == len(trained.fold.y_train) == 200
+    np.testing.assert_array_equal(np.bincount(peers), 15)
+    # the guide's comparison: min-max and the projection instead of standardize
+    minmax = ['data.transform=["minmax", "bias", "project_unit_ball"]']
+    run_experiment(load_scenario("mine-dpsgd.toml", minmax), tmp_path / "minmax", jobs=1)
+    errors = [float(row["mean_error"]) for row in read_results(tmp_path / "minmax")]
+    assert np.mean(errors) == pytest.approx(0.182, abs=5e-4)
+
+
+GUIDE_DPSGD = {"mean_error": 0.1132, "local_only_error": 0.4595, "centralized_error": 0.1133}
+
+
+def test_a_peer_file_and_a_loader_s_peers_give_the_same_shards_as_the_column(
+    tmp_path, write_module
+):
+    path, peers = write_peer_table(tmp_path)
+    np.savetxt(tmp_path / "peers.txt", peers, fmt="%d")
+    base = dict(
+        data=DataConfig(
+            dataset="csv", path=str(path), header=True, peer_column="peer", transform=("bias",)
+        ),
+        partition=PartitionConfig(scheme="column", n_peers=20),
+        privacy=PrivacyConfig(mechanism="none"),
+        evaluation=EvaluationConfig(cv_folds=3),
+    )
+    table = pd.read_csv(path)
+    np.save(tmp_path / "table.npy", table[["a", "b", "peer", "c", "d", "label"]].to_numpy())
+    np.savez(
+        tmp_path / "arrays.npz",
+        X=table[["a", "b", "c", "d"]].to_numpy(),
+        y=table["label"].to_numpy(),
+        site=peers,
+    )
+    write_module(
+        "peerdata",
+        f"""
+        import pandas as pd
+        from p2pdp.data.datasets import RawData
+
+        def load():
+            t = pd.read_csv({str(path)!r})
+            X, y = t[["a", "b", "c", "d"]], t["label"]
+            return RawData(name="peerdata", X=X, y=y, peers=t["peer"])
+        """,
+    )
+    variants = {
+        "file": dict(
+            data=DataConfig(dataset="csv", path=str(path), header=True, label_column=-1),
+            partition=PartitionConfig(scheme="file", path=tmp_path / "peers.txt", n_peers=20),
+        ),
+        "column index": dict(
+            data=DataConfig(dataset="csv", path=str(path), header=True, peer_column=4),
+        ),
+        "npy": dict(
+            data=DataConfig(dataset="numpy", path=str(tmp_path / "table.npy"), peer_column=2),
+        ),
+        "npz": dict(
+            data=DataConfig(dataset="numpy", path=str(tmp_path / "arrays.npz"), peer_column="site"),
+        ),
+        "loader": dict(data=DataConfig(dataset="peerdata:load")),
+    }
+    reference = prepare_peers(ScenarioConfig(**base), fold=1)
+    assert [len(s) for s in reference.shards] != [10] * 20  # not equal shards by chance
+    for name, changes in variants.items():
+        settings = {**base, **changes}
+        settings["data"] = dataclasses.replace(settings["data"], transform=("bias",))
+        trained = prepare_peers(ScenarioConfig(**settings), fold=1)
+        for got, expected in zip(trained.shards, reference.shards, strict=True):
+            np.testing.assert_array_equal(got, expected, err_msg=name)
+        if name == "file":  # the file's "peer" column is a feature here: one more column
+            assert trained.fold.X_train.shape[1] == reference.fold.X_train.shape[1] + 1
+        else:
+            np.testing.assert_allclose(trained.fold.X_train, reference.fold.X_train, rtol=1e-12)
+    # a drawn scheme on the same rows gives other shards: the given partition is what ran
+    drawn = prepare_peers(
+        ScenarioConfig(**{**base, **variants["file"], "partition": PartitionConfig(n_peers=20)}),
+        fold=1,
+    )
+    assert any(
+        not np.array_equal(a, b) for a, b in zip(drawn.shards, reference.shards, strict=True)
+    )
+
+
+def test_a_fixed_split_keeps_every_training_row_s_peer(tmp_path):
+    path, peers = write_peer_table(tmp_path)
+    test = write_lines(tmp_path / "test.csv", path.read_text().splitlines()[:31])
+    config = ScenarioConfig(
+        data=DataConfig(
+            dataset="csv",
+            path=str(path),
+            test_path=str(test),
+            header=True,
+            peer_column="peer",
+            transform=("standardize", "bias"),
+        ),
+        partition=PartitionConfig(scheme="column", n_peers=20),
+        protocol=ProtocolConfig(name="dpsgd"),
+        privacy=PrivacyConfig(mechanism="none"),
+        evaluation=EvaluationConfig(split="fixed"),
+    )
+    trained = prepare_peers(config, fold=0)
+    np.testing.assert_array_equal(trained.fold.peers, peers)
+    assert trained.fold.X_test.shape == (30, 5)  # the test file's peer column is dropped too
+    for j, shard in enumerate(trained.shards):
+        np.testing.assert_array_equal(shard, np.flatnonzero(peers == j))
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        (
+            {"partition": {"n_peers": 19}},
+            DataError,
+            r"the peer column of data set '.*mypeers.csv': row \d+ \(0-based\) assigns peer 19, "
+            r"not an integer in 0\.\.18 \(partition.n_peers = 19\)",
+        ),
+        (
+            {"partition": {"n_peers": 21}},
+            DataError,
+            r"no row is assigned to peer 20 \(1 of the 21 peers",
+        ),
+        (
+            {"partition": {"min_shard_size": 9}},
+            ConfigError,
+            r"the data set's peer column \(partition.scheme = 'column'\), fold 0: peer \d+ holds "
+            r"8 training rows, fewer than partition.min_shard_size = 9 \(2 of 20 peers do\)",
+        ),
+        (
+            {"data": {"peer_column": "site"}},
+            ConfigError,
+            r"data.peer_column = 'site' is not a column of .*mypeers.csv; its header names "
+            r"\['a', 'b', 'c', 'd', 'peer', 'label'\]",
+        ),
+        (
+            {"data": {"peer_column": 5}},
+            ConfigError,
+            "data.peer_column = 5 and data.label_column = -1 are the same column 5",
+        ),
+        (
+            {"data": {"peer_column": 9}},
+            ConfigError,
+            "data.peer_column must index one of the 6 columns",
+        ),
+        (
+            {"data": {"peer_column": 0}},
+            DataError,
+            r"mypeers.csv, line 2: peer id -?\d+\.\d+ \(column 1\) is not an integer >= 0",
+        ),
+    ],
+)
+def test_a_bad_peer_column_names_the_setting_row_and_value(tmp_path, changes, error, message):
+    path, _ = write_peer_table(tmp_path)
+    sections = {
+        "data": {"dataset": "csv", "path": str(path), "header": True, "peer_column": "peer"},
+        "partition": {"scheme": "column", "n_peers": 20},
+        "evaluation": {"cv_folds": 3},
+        "privacy": {"mechanism": "none"},
+    }
+    for section, values in changes.items():
+        sections[section] = {**sections[section], **values}
+    config = ScenarioConfig(**sections)
+    with pytest.raises(error, match=message):
+        prepare_peers(config, fold=0)
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        (
+            {"data": {"dataset": "csv", "path": "a.csv", "peer_column": 0}},
+            "data.peer_column = 0 is read only by partition.scheme = 'column'; got "
+            "partition.scheme = 'iid'",
+        ),
+        (
+            {"partition": {"scheme": "column"}},
+            "partition.scheme = 'column' takes each row's peer from the data: data.dataset = "
+            "'spambase' has no peer column",
+        ),
+        (
+            {"data": {"dataset": "csv", "path": "a.csv"}, "partition": {"scheme": "column"}},
+            "partition.scheme = 'column' takes each row's peer from the data: set data.peer_column",
+        ),
+        ({"partition": {"scheme": "file"}}, "partition.path is required for partition.scheme"),
+        (
+            {"partition": {"path": "peers.txt"}},
+            "partition.path is read only by partition.scheme = 'file'; got partition.path = "
+            "'peers.txt' with partition.scheme = 'iid'",
+        ),
+        ({"partition": {"scheme": "file", "path": ""}}, "partition.path must be a non-empty"),
+        (
+            {"data": {"dataset": "csv", "path": "a.csv", "peer_column": "peer"}},
+            "data.peer_column = 'peer' names a column, which needs data.header = true",
+        ),
+        (
+            {"data": {"dataset": "csv", "path": "a.csv", "peer_column": True}},
+            "data.peer_column must be a 0-based column index or a non-empty column name",
+        ),
+        (
+            {"data": {"dataset": "spambase", "peer_column": 3}},
+            "data.peer_column is an option of data.dataset = 'csv' or 'numpy'",
+        ),
+        (
+            {"data": {"dataset": "numpy", "path": "a.npz", "peer_column": 2}},
+            "data.peer_column must be the name of an array of the .npz file",
+        ),
+        (
+            {"data": {"dataset": "numpy", "path": "a.npy", "peer_column": "site"}},
+            "data.peer_column must be a 0-based column index of the .npy table",
+        ),
+        (
+            {"data": {"dataset": "numpy", "path": "a.npz", "label_column": 0}},
+            "data.label_column picks a column of a .npy table",
+        ),
+        (
+            {"data": {"dataset": "numpy", "path": "a.npz", "test_path": "b.npy"}},
+            "data.path (and data.test_path) of data.dataset = 'numpy' must both be .npy or both",
+        ),
+        (
+            {"data": {"dataset": "numpy", "path": "a.csv"}},
+            "must both be .npy or both be .npz files, got 'a.csv'",
+        ),
+    ],
+)
+def test_partition_and_peer_settings_are_checked_before_anything_runs(sections, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ScenarioConfig(**sections)
+
+
+def test_numpy_files(tmp_path):
+    X, y = toy(40, 3)
+    np.savez(tmp_path / "a.npz", X=X[:30], y=y[:30], X_test=X[30:], y_test=y[30:])
+    raw = load_data(
+        DataConfig(dataset="numpy", path=str(tmp_path / "a.npz")), rng=generator(0, "x")
+    )
+    np.testing.assert_array_equal(raw.X, X[:30])
+    np.testing.assert_array_equal(raw.y, 2 * y[:30] - 1)
+    np.testing.assert_array_equal(raw.X_test, X[30:])
+    assert raw.peers is None
+    np.save(tmp_path / "train.npy", np.column_stack([y[:30], X[:30]]))
+    np.save(tmp_path / "test.npy", np.column_stack([y[30:], X[30:]]))
+    data = DataConfig(
+        dataset="numpy",
+        path=str(tmp_path / "train.npy"),
+        test_path=str(tmp_path / "test.npy"),
+        label_column=0,
+    )
+    raw = load_data(data, rng=generator(0, "x"))
+    np.testing.assert_array_equal(raw.X_test, X[30:])
+    np.testing.assert_array_equal(raw.y, 2 * y[:30] - 1)
+    # what is known before loading: a .npy file alone has no test split; a .npz may
+    assert provides(DataConfig(dataset="numpy", path="a.npy")).test_split is False
+    assert provides(DataConfig(dataset="numpy", path="a.npz")).test_split is None
+    assert provides(data).test_split is True
+    # a scenario with a fixed split runs on the .npz file's own test split
+    config = ScenarioConfig(
+        data=DataConfig(dataset="numpy", path=str(tmp_path / "a.npz")),
+        partition=PartitionConfig(n_peers=3),
+        groups=GroupsConfig(group_size=3),
+        evaluation=EvaluationConfig(split="fixed"),
+    )
+    assert prepare_peers(config, fold=0).fold.X_test.shape == (10, 4)
+
+
+@pytest.mark.parametrize(
+    ("arrays", "options", "message"),
+    [
+        ({"X": np.ones((4, 2)), "y": [0, 1, 0, 1], "w": [1]}, {}, "array 'w' is not read"),
+        ({"X": np.ones((4, 2))}, {}, "no array 'y'; it holds ['X']"),
+        ({"X": np.ones((4, 2)), "y": [0, 1, 0, 1]}, {"peer_column": "site"}, "no array 'site'"),
+        (
+            {"X": np.ones((4, 2)), "y": [0, 1, 0, 1], "site": [0, 1.5, 0, 1]},
+            {"peer_column": "site"},
+            "peers must be non-negative integers; row 1 (0-based) has 1.5",
+        ),
+        (
+            {"X": np.array([[1.0], [None]], dtype=object), "y": [0, 1]},
+            {},
+            "cannot be read as a numpy file",
+        ),
+        ({"X": np.ones(4), "y": [0, 1, 0, 1]}, {}, "X must be a 2-D array"),
+    ],
+)
+def test_bad_npz_files_name_the_file_and_array(tmp_path, arrays, options, message):
+    np.savez(tmp_path / "bad.npz", **arrays)
+    data = DataConfig(dataset="numpy", path=str(tmp_path / "bad.npz"), **options)
+    with pytest.raises(DataError) as caught:
+        load_data(data, rng=generator(0, "x"))
+    assert message in str(caught.value)
+
+
+def test_bad_npy_files_and_two_test_splits(tmp_path):
+    np.save(tmp_path / "flat.npy", np.arange(6.0))
+    with pytest.raises(DataError, match=r"must hold a 2-D table .* got shape \(6,\)"):
+        load_data(DataConfig(dataset="numpy", path=str(tmp_path / "flat.npy")), rng=None)
+    (tmp_path / "fake.npy").write_text("not numpy", encoding="utf-8")
+    with pytest.raises(DataError, match="data.path = .*fake.npy'.*cannot be read as a numpy"):
+        load_data(DataConfig(dataset="numpy", path=str(tmp_path / "fake.npy")), rng=None)
+    X, y = toy(10, 2)
+    np.savez(tmp_path / "a.npz", X=X, y=y, X_test=X, y_test=y)
+    np.savez(tmp_path / "b.npz", X=X, y=y)
+    two = DataConfig(
+        dataset="numpy", path=str(tmp_path / "a.npz"), test_path=str(tmp_path / "b.npz")
+    )
+    with pytest.raises(DataError, match="holds a test split .* and data.test_path .* keep one"):
+        load_data(two, rng=None)

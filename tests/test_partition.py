@@ -5,13 +5,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pdp.core.errors import ConfigError
+from p2pdp import config
+from p2pdp.core.errors import ConfigError, DataError
 from p2pdp.data.partition import (
+    DRAWN_SCHEMES,
     PARTITION_SCHEMES,
+    check_assignment,
     partition,
+    partition_given,
     partition_iid,
     partition_label_skew,
     partition_quantity_skew,
+    read_assignment,
     stratified_folds,
 )
 
@@ -79,7 +84,7 @@ def test_skewed_shards_cover_all_rows_and_respect_min_size(
     assert min(shard.size for shard in shards) >= min_shard_size
 
 
-@pytest.mark.parametrize("scheme", PARTITION_SCHEMES)
+@pytest.mark.parametrize("scheme", DRAWN_SCHEMES)
 def test_same_seed_gives_same_shards(scheme: str) -> None:
     def shards(seed: int) -> list[np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -170,3 +175,76 @@ def test_partition_rejects_bad_arguments(kwargs: dict, named: str) -> None:
 def test_labels_must_be_one_dimensional() -> None:
     with pytest.raises(ConfigError, match=r"y must be .*got shape \(2, 5\)"):
         partition_iid(np.zeros((2, 5)), 2, rng=np.random.default_rng(0))
+
+
+def test_the_schema_offers_every_scheme_the_data_layer_implements() -> None:
+    assert config.PARTITION_SCHEMES == PARTITION_SCHEMES
+    with pytest.raises(ConfigError, match="'file' takes the peer of every row from the user"):
+        partition(np.arange(10) % 2, 2, scheme="file", rng=np.random.default_rng(0))
+
+
+# --- partitions the user gives ----------------------------------------------------------------
+def test_given_shards_are_the_rows_of_each_peer(tmp_path) -> None:
+    path = tmp_path / "peers.txt"
+    path.write_text("2\n0\n1\n2\n0\n1\n1", encoding="utf-8")  # no final newline
+    owner = check_assignment(read_assignment(path), 3, n_rows=7, where="w", first_line=1)
+    np.testing.assert_array_equal(owner, [2, 0, 1, 2, 0, 1, 1])
+    shards = partition_given(owner, 3, min_shard_size=2, where="w")
+    assert [shard.tolist() for shard in shards] == [[1, 4], [2, 5, 6], [0, 3]]
+    assert all(shard.dtype == np.int64 for shard in shards)
+    # a fold's training rows are a subset: the shards index into that subset
+    train = np.array([0, 1, 2, 3, 5, 6])
+    shards = partition_given(owner[train], 3, where="w")
+    assert [shard.tolist() for shard in shards] == [[1], [2, 4, 5], [0, 3]]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("0\n1\n\n1\n", r"line 3: '' is not a peer id"),
+        ("0\n1\n-1\n", r"line 3: '-1' is not a peer id"),
+        ("0\n1.5\n", r"line 2: '1.5' is not a peer id"),
+        ("0,1\n", r"line 1: '0,1' is not a peer id"),
+        ("", "the file is empty"),
+    ],
+)
+def test_a_bad_assignment_file_names_the_file_and_line(tmp_path, text: str, named: str) -> None:
+    path = tmp_path / "peers.txt"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^partition.path = '.*peers.txt'.*{named}"):
+        read_assignment(path)
+    with pytest.raises(DataError, match="cannot read the file"):
+        read_assignment(tmp_path / "missing.txt")
+
+
+@pytest.mark.parametrize(
+    ("peers", "first_line", "named"),
+    [
+        ([0, 1, 2], None, "3 peer ids for 4 rows of the data set"),
+        (
+            [0, 1, 2, 3],
+            1,
+            r"line 4 assigns peer 3, not an integer in 0\.\.2 \(partition.n_peers = 3\)",
+        ),
+        ([0, 1, 2.5, 1], None, r"row 2 \(0-based\) assigns peer 2.5"),
+        ([0, 1, np.nan, 1], None, r"row 2 \(0-based\) assigns peer nan"),
+        ([0, 1, 1, 0], None, r"no row is assigned to peer 2 \(1 of the 3 peers"),
+        (["a", "b", "c", "d"], None, "row 0 .* assigns peer 'a'"),
+    ],
+)
+def test_a_bad_assignment_names_the_row_and_value(peers, first_line, named: str) -> None:
+    with pytest.raises(DataError, match=f"^mine: {named}"):
+        check_assignment(np.array(peers), 3, n_rows=4, where="mine", first_line=first_line)
+
+
+def test_given_shards_respect_min_shard_size() -> None:
+    owner = np.array([0, 1, 1, 2, 2, 2])
+    assert [len(s) for s in partition_given(owner, 3, min_shard_size=1, where="w")] == [1, 2, 3]
+    with pytest.raises(
+        ConfigError,
+        match=r"^fold 1: peer 0 holds 1 training rows, fewer than "
+        r"partition.min_shard_size = 2 \(1 of 3 peers do\)",
+    ):
+        partition_given(owner, 3, min_shard_size=2, where="fold 1")
+    with pytest.raises(ConfigError, match="peer 1 holds 0 training rows"):
+        partition_given(np.array([0, 2, 2]), 3, where="w")

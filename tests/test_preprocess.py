@@ -30,8 +30,9 @@ def _minmax(X: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
         (("minmax", "bias", "normalize"), "'normalize'"),
         (("bias", "minmax", "project_unit_ball"), "'minmax' may not follow 'bias'"),
         (("minmax", "minmax", "project_unit_ball"), "'minmax' may not follow 'minmax'"),
-        (("log1p", "minmax", "bias"), "exactly one of"),
-        (("minmax", "bias", "project_unit_ball", "scale_sqrt_d"), "exactly one of"),
+        (("minmax", "bias", "project_unit_ball", "scale_sqrt_d"), "at most one of"),
+        (("minmax", "standardize", "bias"), "at most one of"),
+        (("standardize", "minmax", "bias"), "'minmax' may not follow 'standardize'"),
         (("bias", "scale_sqrt_d"), "requires 'minmax'"),
     ],
 )
@@ -230,3 +231,39 @@ def test_transform_in_place_over_a_spare_column_equals_a_fresh_output():
     assert fold.X_train.base is not None and fold.X_train.base.shape == (3700, 7)  # in place
     with pytest.raises(ConfigError, match="out must be a float64 array of shape"):
         reference.transform(X, out=np.empty((3000, 6)))
+
+
+def test_standardize_is_fitted_on_training_rows_only(split: tuple[np.ndarray, np.ndarray]) -> None:
+    X_train, X_test = split
+    X_train = X_train.copy()
+    X_train[:, 2] = 3.0  # a constant feature maps to 0, without a warning
+    fitted = Preprocessor(steps=("standardize", "bias")).fit(X_train)
+    assert fitted.data_dependent and fitted.n_features_out == 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Z_train, Z_test = fitted.transform(X_train), fitted.transform(X_test)
+    np.testing.assert_allclose(Z_train[:, :5].mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(Z_train[:, :5].std(axis=0), [1, 1, 0, 1, 1], atol=1e-12)
+    np.testing.assert_array_equal(Z_train[:, 5], 1.0)
+    # the test rows use the training statistics, not their own
+    expected = (X_test - X_train.mean(axis=0)) / np.where(
+        X_train.std(axis=0) > 0, X_train.std(axis=0), 1
+    )
+    expected[:, 2] = 0.0
+    np.testing.assert_allclose(Z_test[:, :5], expected, rtol=1e-12)
+    assert not np.allclose(Z_test[:, [0, 1, 3, 4]].mean(axis=0), 0.0, atol=1e-3)
+    assert not Preprocessor(steps=("standardize", "bias")).bounds_row_norms
+
+
+def test_standardize_follows_log1p_and_precedes_the_projection(
+    split: tuple[np.ndarray, np.ndarray],
+) -> None:
+    X_train, X_test = split
+    steps = ("log1p", "standardize", "bias", "project_unit_ball")
+    assert Preprocessor(steps=steps).bounds_row_norms
+    fitted = Preprocessor(steps=steps).fit(X_train)
+    logged = np.log1p(X_train)
+    np.testing.assert_allclose(fitted.mean, logged.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(fitted.std, logged.std(axis=0), rtol=1e-12)
+    for Z in (fitted.transform(X_train), fitted.transform(X_test)):
+        assert np.linalg.norm(Z, axis=1).max() <= 1 + 1e-12

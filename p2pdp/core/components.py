@@ -110,6 +110,12 @@ _BUILTINS: tuple[Component, ...] = tuple(
             "your own LIBSVM file at data.path",
         ),
         (
+            "dataset",
+            "numpy",
+            "p2pdp.data.datasets:numpy_file",
+            "your own .npz (arrays X, y) or .npy (label last) file at data.path",
+        ),
+        (
             "model",
             "logistic",
             "p2pdp.learning.models:LogisticModel",

@@ -3,9 +3,9 @@
 A scenario's ``data.dataset`` names a *loader* (:class:`DatasetLoader`, the ``dataset`` kind
 of :mod:`p2pdp.core.components`) that returns the rows as :class:`RawData`; :func:`load_data` calls
 it. Built-in loaders: :func:`spambase`, :func:`australian`, :func:`adult` (the benchmark
-files below), :func:`synthetic`, :func:`csv_file` and :func:`libsvm_file` (your own file at
-``data.path``). Anything else is an import string ``"package.module:function"`` whose function
-returns ``(X, y)`` or ``(X, y, X_test, y_test)``.
+files below), :func:`synthetic`, :func:`csv_file`, :func:`libsvm_file` and :func:`numpy_file`
+(your own file at ``data.path``). Anything else is an import string
+``"package.module:function"`` whose function returns ``(X, y)`` or ``(X, y, X_test, y_test)``.
 
 Benchmark data sets: Spambase, Statlog Australian credit and Adult (LIBSVM a9a / a9a.t).
 
@@ -44,6 +44,7 @@ import re
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -79,11 +80,13 @@ __all__ = [
     "data_home_candidates",
     "dataset_info",
     "fetch_dataset",
+    "file_fingerprint",
     "libsvm_file",
     "load_data",
     "load_dataset",
     "load_manifest",
     "make_synthetic",
+    "numpy_file",
     "provides",
     "spambase",
     "synthetic",
@@ -808,6 +811,10 @@ class RawData:
         Under ``evaluation.split = "cv"``, pool the test split with ``X`` before cutting folds
         (True: the test rows are just more draws, as for ``synthetic``) or leave it out and
         cut folds from ``X`` only (False, the default: a predefined test split stays unseen).
+    peers : ndarray, shape (n,), int64, or None
+        The peer of each row of ``X`` (non-negative integers), read by
+        ``partition.scheme = "column"``; None: the data set assigns no peers. Not with
+        ``cv_pools_test`` (the pooled test rows would have none).
     """
 
     name: str
@@ -817,6 +824,7 @@ class RawData:
     y_test: np.ndarray | None = None
     feature_bounds: tuple[np.ndarray, np.ndarray] | None = None
     cv_pools_test: bool = False
+    peers: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         where = f"data set {self.name!r}"
@@ -847,6 +855,13 @@ class RawData:
             )
         if not isinstance(self.cv_pools_test, bool):
             raise DataError(f"{where}: cv_pools_test must be True or False")
+        if self.peers is not None:
+            if self.cv_pools_test:
+                raise DataError(
+                    f"{where}: peers cannot be given with cv_pools_test = True (the pooled "
+                    "test rows would have no peer)"
+                )
+            object.__setattr__(self, "peers", _peer_ids(self.peers, X.shape[0], where))
 
 
 def _dense(value: Any) -> Any:
@@ -901,6 +916,26 @@ def _labels(value: Any, what: str, n_rows: int, where: str) -> np.ndarray:
             f"got the values {shown}{more}"
         )
     return _read_only(np.where(y.astype(np.float64) == 1.0, 1, -1).astype(np.int8), np.int8)
+
+
+def _peer_ids(value: Any, n_rows: int, where: str) -> np.ndarray:
+    """``value`` as read-only int64 peer ids, one per row: non-negative integers."""
+    peers = np.asarray(_dense(value))
+    if peers.ndim != 1 or peers.shape[0] != n_rows:
+        raise DataError(
+            f"{where}: peers must have shape ({n_rows},), one per row, got {peers.shape}"
+        )
+    if peers.dtype.kind not in "biuf":
+        raise DataError(f"{where}: peers must be integer peer ids, got dtype {peers.dtype}")
+    numbers = peers.astype(np.float64)
+    bad = ~np.isfinite(numbers) | (numbers != np.round(numbers)) | (numbers < 0)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise DataError(
+            f"{where}: peers must be non-negative integers; row {row} (0-based) has "
+            f"{peers[row].item()!r}"
+        )
+    return _read_only(peers.astype(np.int64), np.int64)
 
 
 def _bounds(value: Any, d: int, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -1013,7 +1048,14 @@ def data_fingerprint(data: DataConfig) -> dict[str, str]:
             found = None
         if found is not None and found.origin and Path(found.origin).is_file():
             files.append(Path(found.origin))
-    for path in files:
+    return {**fingerprint, **file_fingerprint(files)}
+
+
+def file_fingerprint(paths: Iterable[str | os.PathLike[str]]) -> dict[str, str]:
+    """sha256 of each existing file of ``paths`` (as bytes), by its resolved path."""
+    fingerprint: dict[str, str] = {}
+    for path in map(Path, paths):
+        path = path.expanduser()
         if path.is_file():
             fingerprint[str(path.resolve())] = hashlib.sha256(path.read_bytes()).hexdigest()
     return fingerprint
@@ -1173,9 +1215,13 @@ def _text_lines(path: Path) -> list[tuple[int, str]]:
     return [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
 
 
-def _read_csv(path: Path, data: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+def _read_csv(path: Path, data: DataConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Features, labels and (with ``data.peer_column``) the peer column of a CSV file."""
     rows = _text_lines(path)
+    names: list[str] = []
     if data.header and rows:
+        delimiter = None if data.delimiter == "whitespace" else data.delimiter
+        names = [name.strip().strip('"') for name in rows[0][1].split(delimiter)]
         rows = rows[1:]
     if not rows:
         raise DataError(f"{path}: the file has no data lines")
@@ -1186,11 +1232,7 @@ def _read_csv(path: Path, data: DataConfig) -> tuple[np.ndarray, np.ndarray]:
             f"{path}, line {rows[0][0]}: 1 column; a row needs features and a label "
             f"(is data.delimiter = {data.delimiter!r} right?)"
         )
-    if not -n_columns <= data.label_column < n_columns:
-        raise ConfigError(
-            f"data.label_column must index one of the {n_columns} columns of {path} "
-            f"(0..{n_columns - 1}, or -1 for the last), got {data.label_column}"
-        )
+    label, peer = _label_and_peer_columns(data, names, n_columns, path)
     try:
         table = np.loadtxt(
             [line for _, line in rows],
@@ -1215,8 +1257,47 @@ def _read_csv(path: Path, data: DataConfig) -> tuple[np.ndarray, np.ndarray]:
             f"column {column + 1} is {table[row, column]}, not a finite number "
             f"({len(non_finite)} non-finite cells in the file)",
         )
+    labels = _file_labels(table[:, label], rows, path)
+    if peer is None:
+        return np.delete(table, label, axis=1), labels, None
+    peers = table[:, peer]
+    bad = (peers != np.round(peers)) | (peers < 0)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise _line_error(
+            path, rows[row][0], f"peer id {peers[row]:g} (column {peer + 1}) is not an integer >= 0"
+        )
+    return np.delete(table, [label, peer], axis=1), labels, peers
+
+
+def _label_and_peer_columns(
+    data: DataConfig, names: list[str], n_columns: int, path: Path
+) -> tuple[int, int | None]:
+    """0-based columns of the label and of ``data.peer_column`` (None if unset) in a table.
+
+    ``names`` is the header (empty without one); a string ``data.peer_column`` is one of them.
+    """
+    for key, column in (("label_column", data.label_column), ("peer_column", data.peer_column)):
+        if isinstance(column, int) and not -n_columns <= column < n_columns:
+            raise ConfigError(
+                f"data.{key} must index one of the {n_columns} columns of {path} "
+                f"(0..{n_columns - 1}, or -1 for the last), got {column}"
+            )
     label = data.label_column % n_columns
-    return np.delete(table, label, axis=1), _file_labels(table[:, label], rows, path)
+    column = data.peer_column
+    if column is None:
+        return label, None
+    if isinstance(column, str) and column not in names:
+        raise ConfigError(
+            f"data.peer_column = {column!r} is not a column of {path}; its header names {names}"
+        )
+    peer = names.index(column) if isinstance(column, str) else column % n_columns
+    if peer == label:
+        raise ConfigError(
+            f"data.peer_column = {column!r} and data.label_column = {data.label_column!r} "
+            f"are the same column {peer} of {path}"
+        )
+    return label, peer
 
 
 def _file_labels(labels: np.ndarray, rows: list[tuple[int, str]], path: Path) -> np.ndarray:
@@ -1237,16 +1318,18 @@ def csv_file(data: DataConfig, *, rng: np.random.Generator | None = None) -> Raw
     ``"whitespace"`` for runs of spaces and tabs), the label in column ``data.label_column``
     (0-based, default -1: the last) with values 0/1 or -1/+1, and a first line of column
     names to skip if ``data.header``. Blank lines are skipped; cells may be quoted with ``"``.
-    A bad line raises :class:`~p2pdp.core.errors.DataError` naming the file, the 1-based line
-    number and the problem (wrong column count, non-numeric or empty cell, NaN or inf,
-    unexpected label). ``rng`` is not used.
+    ``data.peer_column`` (an index, or a name of the header) is a column of peer ids
+    (integers >= 0), returned as ``peers`` rather than as a feature. A bad line raises
+    :class:`~p2pdp.core.errors.DataError` naming the file, the 1-based line number and the
+    problem (wrong column count, non-numeric or empty cell, NaN or inf, unexpected label or
+    peer id). ``rng`` is not used.
     """
     path = _file(data.path, "data.path")
-    X, y = _read_csv(path, data)
+    X, y, peers = _read_csv(path, data)
     X_test = y_test = None
-    if data.test_path is not None:
-        X_test, y_test = _read_csv(_file(data.test_path, "data.test_path"), data)
-    return RawData(name=str(path), X=X, y=y, X_test=X_test, y_test=y_test)
+    if data.test_path is not None:  # its peer column, if any, is dropped: test rows train no peer
+        X_test, y_test, _ = _read_csv(_file(data.test_path, "data.test_path"), data)
+    return RawData(name=str(path), X=X, y=y, X_test=X_test, y_test=y_test, peers=peers)
 
 
 def _read_libsvm(paths: list[Path], n_features: int | None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -1305,6 +1388,90 @@ def libsvm_file(data: DataConfig, *, rng: np.random.Generator | None = None) -> 
     return RawData(name=str(paths[0]), X=splits[0][0], y=splits[0][1], X_test=X_test, y_test=y_test)
 
 
+#: Arrays a ``.npz`` file of the ``numpy`` data set may hold (besides ``data.peer_column``).
+NPZ_ARRAYS = ("X", "y", "X_test", "y_test")
+
+
+def _read_numpy(path: Path, data: DataConfig, key: str) -> dict[str, np.ndarray]:
+    """The arrays of a ``.npz`` file, or ``X``, ``y`` (and ``peers``) of a ``.npy`` table."""
+    try:
+        loaded = np.load(path, allow_pickle=False)  # never unpickle a data file
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                arrays = dict(loaded)  # reads every array (a bad one raises here)
+            return _npz_arrays(arrays, path, data, key)
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(f"{key} = {str(path)!r}: cannot be read as a numpy file: {exc}") from None
+    return _npy_arrays(np.asarray(loaded), path, data, key)
+
+
+def _npz_arrays(
+    arrays: dict[str, np.ndarray], path: Path, data: DataConfig, key: str
+) -> dict[str, np.ndarray]:
+    peer = [str(data.peer_column)] if data.peer_column is not None else []
+    unknown = sorted(set(arrays) - {*NPZ_ARRAYS, *peer})
+    if unknown:
+        raise DataError(
+            f"{key} = {str(path)!r}: array {unknown[0]!r} is not read (a .npz file holds "
+            f"X, y, optionally X_test, y_test, and the array named by data.peer_column); "
+            f"it holds {sorted(arrays)}"
+        )
+    for name in ("X", "y", *peer):
+        if name not in arrays:
+            raise DataError(f"{key} = {str(path)!r}: no array {name!r}; it holds {sorted(arrays)}")
+    if peer:
+        arrays["peers"] = arrays.pop(peer[0])
+    return arrays
+
+
+def _npy_arrays(table: np.ndarray, path: Path, data: DataConfig, key: str) -> dict[str, np.ndarray]:
+    if table.ndim != 2 or table.shape[1] < 2:
+        raise DataError(
+            f"{key} = {str(path)!r}: a .npy file must hold a 2-D table (rows x columns: the "
+            f"features and the label), got shape {table.shape}"
+        )
+    label, peer = _label_and_peer_columns(data, [], table.shape[1], path)
+    dropped = [label] if peer is None else [label, peer]
+    arrays = {"y": table[:, label], "X": np.delete(table, dropped, axis=1)}
+    if peer is not None:
+        arrays["peers"] = table[:, peer]
+    return arrays
+
+
+def numpy_file(data: DataConfig, *, rng: np.random.Generator | None = None) -> RawData:
+    """Your own numpy arrays: ``data.path`` (and ``data.test_path``), both ``.npz`` or ``.npy``.
+
+    A ``.npz`` file (``numpy.savez``) holds the arrays ``X`` (n, d) and ``y`` (n,), optionally
+    a predefined test split ``X_test`` (n_test, d) and ``y_test`` (n_test,), and the array of
+    peer ids (n,) named by ``data.peer_column``; any other array is an error (it would be
+    silently unused). A ``.npy`` file (``numpy.save``) holds one 2-D table (n, d + 1) whose
+    column ``data.label_column`` (default -1: the last) is the label, and column
+    ``data.peer_column`` (if set) the peer ids. ``data.test_path`` is a second file of the
+    same kind, the test split (its peer ids are dropped). Labels 0/1 or -1/+1; files are read
+    with ``allow_pickle=False`` (no object arrays). ``rng`` is not used.
+    """
+    path = _file(data.path, "data.path")
+    arrays = _read_numpy(path, data, "data.path")
+    if data.test_path is not None:
+        if "X_test" in arrays or "y_test" in arrays:
+            raise DataError(
+                f"data.path = {data.path!r} holds a test split (X_test, y_test) and "
+                f"data.test_path = {data.test_path!r} gives another: keep one"
+            )
+        test = _read_numpy(_file(data.test_path, "data.test_path"), data, "data.test_path")
+        if "X_test" in test or "y_test" in test:
+            raise DataError(f"data.test_path = {data.test_path!r}: holds X_test, y_test; give X, y")
+        arrays["X_test"], arrays["y_test"] = test["X"], test["y"]
+    return RawData(
+        name=str(path),
+        X=arrays["X"],
+        y=arrays["y"],
+        X_test=arrays.get("X_test"),
+        y_test=arrays.get("y_test"),
+        peers=arrays.get("peers"),
+    )
+
+
 # --- what a data set declares before it is loaded ---------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Provides:
@@ -1323,7 +1490,8 @@ def provides(data: DataConfig) -> Provides:
 
     Manifest data sets answer from their manifest, ``synthetic`` has a test split and no
     bounds, ``csv`` / ``libsvm`` have a test split exactly when ``data.test_path`` is set and
-    never bounds. Anything else (an import string, a plug-in) is only known once loaded:
+    never bounds (``numpy``: a ``.npz`` file without ``test_path`` may hold a test split, known
+    once loaded). Anything else (an import string, a plug-in) is only known once loaded:
     :func:`p2pdp.tasks.pipeline.load_fold` checks it then.
     """
     if data.dataset in available_datasets():
@@ -1334,6 +1502,9 @@ def provides(data: DataConfig) -> Provides:
         )
     if data.dataset == "synthetic":
         return Provides(True, False)
+    if data.dataset == "numpy" and data.test_path is None:
+        # a .npy table has no test split; a .npz file may hold X_test, y_test
+        return Provides(None if str(data.path).lower().endswith(".npz") else False, False)
     if data.dataset in FILE_LOADER_OPTIONS:
         return Provides(data.test_path is not None, False)
     return Provides(None, None)

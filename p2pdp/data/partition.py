@@ -1,9 +1,9 @@
 """Cross-validation folds and partitions of training rows into peer shards.
 
-Every function takes the label vector ``y`` of the rows to split and returns sorted ``int64``
-index arrays into ``y``. Every partition scheme here covers the rows exactly: the shards are
-pairwise disjoint and their union is ``arange(len(y))``. Results are a deterministic function of
-the arguments and the state of ``rng``.
+Every function takes the label vector ``y`` (or the given peer of each row) of the rows to
+split and returns sorted ``int64`` index arrays into it. Every partition scheme here covers the
+rows exactly: the shards are pairwise disjoint and their union is ``arange(len(y))``. Results
+are a deterministic function of the arguments and the state of ``rng``.
 
 Schemes (:data:`PARTITION_SCHEMES`):
 
@@ -15,17 +15,34 @@ Schemes (:data:`PARTITION_SCHEMES`):
     dominated by one class.
 ``quantity_skew``
     Shard sizes from Dirichlet(``alpha``) over peers, rows assigned at random.
+
+Given by the user (:data:`GIVEN_SCHEMES`): the peer of every row of the data set, read by
+:func:`read_assignment` or taken from the data set itself, checked by :func:`check_assignment`
+and cut into shards by :func:`partition_given` (no randomness).
+
+``column``
+    The data set's peer column (``data.peer_column`` of a CSV or ``.npy`` file, the named array
+    of a ``.npz`` file, or ``RawData.peers`` of a loader).
+``file``
+    A text file (``partition.path``) with one peer id per row of the data set.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from sklearn.model_selection import StratifiedKFold
 
-from p2pdp.core.errors import ConfigError
+from p2pdp.core.errors import ConfigError, DataError
 
-PARTITION_SCHEMES: tuple[str, ...] = ("iid", "label_skew", "quantity_skew")
+#: Schemes that draw the shards with ``rng`` (:func:`partition`).
+DRAWN_SCHEMES: tuple[str, ...] = ("iid", "label_skew", "quantity_skew")
+#: Schemes whose shards the user gives (a peer per row of the data set) instead of drawing them.
+GIVEN_SCHEMES: tuple[str, ...] = ("column", "file")
+PARTITION_SCHEMES: tuple[str, ...] = (*DRAWN_SCHEMES, *GIVEN_SCHEMES)
 
 
 def _class_codes(y: ArrayLike) -> NDArray[np.intp]:
@@ -267,7 +284,8 @@ def partition(
     n_peers : int
         Number of shards.
     scheme : str
-        One of :data:`PARTITION_SCHEMES`.
+        One of :data:`DRAWN_SCHEMES` (the schemes of :data:`GIVEN_SCHEMES` are
+        :func:`partition_given`'s).
     rng : numpy.random.Generator
         Randomness of the scheme.
     alpha : float
@@ -288,4 +306,157 @@ def partition(
         return partition_quantity_skew(
             y, n_peers, alpha=alpha, rng=rng, min_shard_size=min_shard_size
         )
+    if scheme in GIVEN_SCHEMES:
+        raise ConfigError(
+            f"partition scheme {scheme!r} takes the peer of every row from the user: "
+            "use partition_given"
+        )
     raise ConfigError(f"partition scheme must be one of {PARTITION_SCHEMES}, got {scheme!r}")
+
+
+def read_assignment(path: str | os.PathLike[str]) -> NDArray[np.int64]:
+    """The peer of every row of the data set, from a text file with one integer per line.
+
+    Line ``i`` (1-based) holds the peer id of row ``i - 1`` of the data set (the rows the
+    folds are cut from, in the data set's order); a final newline is optional, blank lines
+    and anything else are errors.
+
+    Parameters
+    ----------
+    path : path-like
+        The file (``partition.path``).
+
+    Returns
+    -------
+    ndarray of shape (n,), int64
+        Non-negative peer ids (their range is checked by :func:`check_assignment`).
+
+    Raises
+    ------
+    DataError
+        The file is missing or unreadable, or a line is not a non-negative integer (naming
+        the file, the 1-based line and its text).
+    """
+    file = Path(path).expanduser()
+    where = f"partition.path = {os.fspath(path)!r}"
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise DataError(f"{where}: cannot read the file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not a text file (byte {exc.start} is not UTF-8)") from None
+    lines = text.splitlines()
+    if not lines:
+        raise DataError(f"{where}: the file is empty; it needs one peer id per row of the data set")
+    peers = np.empty(len(lines), dtype=np.int64)
+    for number, line in enumerate(lines, 1):
+        value = line.strip()
+        if not (value.isascii() and value.isdigit()):
+            raise DataError(
+                f"{where}, line {number}: {line!r} is not a peer id (a non-negative integer, "
+                "one per line, one line per row of the data set)"
+            )
+        peers[number - 1] = int(value)
+    return peers
+
+
+def check_assignment(
+    peers: ArrayLike, n_peers: int, *, n_rows: int, where: str, first_line: int | None = None
+) -> NDArray[np.int64]:
+    """Check that ``peers`` assigns each of ``n_rows`` rows to one of peers ``0..n_peers-1``.
+
+    Parameters
+    ----------
+    peers : array of shape (n_rows,)
+        The peer id of every row of the data set (integers, possibly stored as floats).
+    n_peers : int
+        ``partition.n_peers``: the ids must be exactly ``0..n_peers - 1``, each used.
+    n_rows : int
+        The number of rows of the data set the assignment is for.
+    where : str
+        What the assignment is (``"partition.path = 'peers.txt'"``), for messages.
+    first_line : int or None
+        The file line of row 0 (messages then name lines), or None (they name 0-based rows).
+
+    Returns
+    -------
+    ndarray of shape (n_rows,), int64
+
+    Raises
+    ------
+    DataError
+        A length other than ``n_rows``, a value that is not an integer in ``0..n_peers-1``
+        (naming its row or line and the value), or a peer id no row uses.
+    """
+    values = np.asarray(peers)
+    if values.ndim != 1 or values.shape[0] != n_rows:
+        raise DataError(
+            f"{where}: {values.shape[0] if values.ndim == 1 else values.shape} peer ids for "
+            f"{n_rows} rows of the data set; give one per row"
+        )
+    numeric = values.astype(np.float64) if values.dtype.kind in "biuf" else None
+    bad = (
+        np.ones(n_rows, dtype=bool)
+        if numeric is None
+        else ~(np.isfinite(numeric) & (numeric == np.round(numeric)))
+        | (numeric < 0)
+        | (numeric >= n_peers)
+    )
+    if bad.any():
+        row = int(np.argmax(bad))
+        place = f"line {row + first_line}" if first_line is not None else f"row {row} (0-based)"
+        raise DataError(
+            f"{where}: {place} assigns peer {values[row].item()!r}, not an integer in "
+            f"0..{n_peers - 1} (partition.n_peers = {n_peers})"
+        )
+    owner = values.astype(np.int64)
+    unused = np.flatnonzero(np.bincount(owner, minlength=n_peers) == 0)
+    if unused.size:
+        used = n_peers - unused.size
+        raise DataError(
+            f"{where}: no row is assigned to peer {int(unused[0])} ({unused.size} of the "
+            f"{n_peers} peers 0..{n_peers - 1} have no row, {used} do); "
+            "partition.n_peers must be the number of peers the assignment names"
+        )
+    return owner
+
+
+def partition_given(
+    owner: ArrayLike, n_peers: int, *, min_shard_size: int = 1, where: str
+) -> list[NDArray[np.int64]]:
+    """Shards of the rows whose peers the user gave: peer ``j`` holds the rows ``owner == j``.
+
+    Parameters
+    ----------
+    owner : ndarray of shape (n,), int
+        The peer of each row to split (e.g. the training rows of one fold), in ``0..n_peers-1``
+        (see :func:`check_assignment`).
+    n_peers : int
+        Number of shards.
+    min_shard_size : int
+        Smallest allowed shard, ``>= 1``.
+    where : str
+        What the assignment is and which rows these are, for messages.
+
+    Returns
+    -------
+    list of ndarray
+        ``n_peers`` sorted int64 index arrays into ``owner``; disjoint, their union is all rows.
+
+    Raises
+    ------
+    ConfigError
+        A peer holds fewer than ``min_shard_size`` rows (at least one) of these rows.
+    """
+    rows = np.asarray(owner, dtype=np.int64)
+    if rows.size and not 0 <= rows.min() <= rows.max() < n_peers:
+        raise ConfigError(f"{where}: peer ids must be in 0..{n_peers - 1}")
+    sizes = np.bincount(rows, minlength=n_peers)
+    small = np.flatnonzero(sizes < min_shard_size)
+    if small.size:
+        j = int(small[0])
+        raise ConfigError(
+            f"{where}: peer {j} holds {int(sizes[j])} training rows, fewer than "
+            f"partition.min_shard_size = {min_shard_size} ({small.size} of {n_peers} peers do)"
+        )
+    return _shards(rows, n_peers)

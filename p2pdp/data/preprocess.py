@@ -1,7 +1,11 @@
-"""Feature transforms that give every record the L2 norm bound the privacy proofs need.
+"""Feature transforms, and the L2 norm bound some privacy proofs need.
 
-The sensitivity bound of a peer's regularised logistic regression model (DESIGN.md section 3)
-holds only if every training row, *including* the appended bias feature, has ``||x||_2 <= 1``.
+The sensitivity bound of a peer's exact regularised logistic regression model released with
+output perturbation (DESIGN.md section 3) holds only if every training row, *including* the
+appended bias feature, has ``||x||_2 <= 1``; a norm step (``project_unit_ball`` or
+``scale_sqrt_d``) gives it. Where nothing depends on the row norm (a non-private run, or
+iterative steps whose per-record gradients are clipped) the norm step may be left out; which
+runs need it is decided by the scenario (:class:`p2pdp.config.ScenarioConfig`), not here.
 A :class:`Preprocessor` names the steps; :meth:`Preprocessor.fit` fits it on training rows only
 and returns a :class:`FittedPreprocessor` that is then applied unchanged to training and test
 rows. Test rows are never seen by ``fit``.
@@ -18,6 +22,12 @@ Steps, always applied in this order:
     data-independent bounds given by the user. A constant feature (``high == low``) maps to 0.
     Test values outside the training range are clipped so that test rows live in the same
     domain as training rows; privacy concerns only training rows, so this costs nothing.
+``standardize``
+    ``(x - mean) / std`` per feature: mean 0 and unit variance on the training rows (population
+    standard deviation, ``ddof = 0``), like scikit-learn's ``StandardScaler``. The mean and
+    standard deviation are training statistics (a global, non-private step:
+    ``data_dependent=True``); a constant feature maps to 0. Not bounded: rows keep no norm
+    bound unless a norm step follows. Exclusive with ``minmax`` (one rescaling per feature).
 ``bias``
     Appends a constant 1.0 feature (regularised like the others).
 ``project_unit_ball``
@@ -28,8 +38,8 @@ Steps, always applied in this order:
     every entry is in ``[0, 1]`` and the norm bound holds; it shrinks the signal of typical rows
     far more than the projection does.
 
-Exactly one of ``project_unit_ball`` / ``scale_sqrt_d`` is required: without it the norm bound,
-and with it the privacy guarantee, would not hold.
+At most one of ``project_unit_ball`` / ``scale_sqrt_d`` (:data:`NORM_STEPS`) may be given;
+:attr:`Preprocessor.bounds_row_norms` says whether the steps bound every row's norm by 1.
 """
 
 from __future__ import annotations
@@ -43,7 +53,15 @@ from numpy.typing import ArrayLike, NDArray
 
 from p2pdp.core.errors import ConfigError
 
-TRANSFORM_STEPS: tuple[str, ...] = ("log1p", "minmax", "bias", "project_unit_ball", "scale_sqrt_d")
+#: Preprocessing steps ``data.transform`` may list, in the order they are applied.
+TRANSFORM_STEPS: tuple[str, ...] = (
+    "log1p",
+    "minmax",
+    "standardize",
+    "bias",
+    "project_unit_ball",
+    "scale_sqrt_d",
+)
 DEFAULT_STEPS: tuple[str, ...] = ("log1p", "minmax", "bias", "project_unit_ball")
 SEED_STEPS: tuple[str, ...] = ("minmax", "bias", "scale_sqrt_d")
 NORM_STEPS: tuple[str, ...] = ("project_unit_ball", "scale_sqrt_d")
@@ -78,8 +96,9 @@ class Preprocessor:
     Parameters
     ----------
     steps : tuple of str
-        A subsequence of :data:`TRANSFORM_STEPS`, in that order, containing exactly one of
-        ``"project_unit_ball"`` and ``"scale_sqrt_d"`` (the latter requires ``"minmax"``).
+        A subsequence of :data:`TRANSFORM_STEPS`, in that order, with at most one of
+        ``"minmax"`` / ``"standardize"`` and at most one of ``"project_unit_ball"`` /
+        ``"scale_sqrt_d"`` (the latter requires ``"minmax"``).
     bounds : (ndarray, ndarray) or None
         Data-independent ``(low, high)`` per *raw* feature, each of shape ``(d,)``, finite,
         ``low <= high``. When given, ``minmax`` uses them (after ``log1p`` if that step is on)
@@ -102,12 +121,11 @@ class Preprocessor:
                     f"preprocess step {later!r} may not follow {earlier!r}; steps must be in "
                     f"the order {TRANSFORM_STEPS} without repeats, got {steps}"
                 )
-        norm_steps = [step for step in steps if step in NORM_STEPS]
-        if len(norm_steps) != 1:
-            raise ConfigError(
-                f"preprocess steps must contain exactly one of {NORM_STEPS} (the privacy proof "
-                f"needs row norms <= 1), got {steps}"
-            )
+        for exclusive in (("minmax", "standardize"), NORM_STEPS):
+            if all(step in steps for step in exclusive):
+                raise ConfigError(
+                    f"preprocess steps may contain at most one of {exclusive}, got {steps}"
+                )
         if "scale_sqrt_d" in steps and "minmax" not in steps:
             raise ConfigError(
                 "preprocess step 'scale_sqrt_d' bounds row norms only for entries in [0, 1]; "
@@ -115,6 +133,11 @@ class Preprocessor:
             )
         if self.bounds is not None:
             self._validate_bounds(self.bounds)
+
+    @property
+    def bounds_row_norms(self) -> bool:
+        """Whether every transformed row has L2 norm <= 1 (a norm step is on)."""
+        return any(step in NORM_STEPS for step in self.steps)
 
     def _validate_bounds(self, bounds: Sequence[ArrayLike]) -> None:
         """Store ``bounds`` (any pair of array-likes) as read-only float64 arrays, or raise."""
@@ -171,6 +194,20 @@ class Preprocessor:
                 steps=self.steps, n_features_in=shape[1], low=low, high=high, data_dependent=False
             )
         X = _as_finite_matrix(X_train, "X_train")
+        if "standardize" in self.steps:
+            Z = _signed_log1p(X) if "log1p" in self.steps else X
+            mean, std = Z.mean(axis=0), Z.std(axis=0)
+            # a feature constant up to the rounding of its mean is constant: it maps to 0
+            std[std <= 10 * np.finfo(np.float64).eps * np.abs(mean)] = 0.0
+            return FittedPreprocessor(
+                steps=self.steps,
+                n_features_in=X.shape[1],
+                low=None,
+                high=None,
+                mean=_read_only(mean),
+                std=_read_only(std),
+                data_dependent=True,
+            )
         if "minmax" not in self.steps:
             return FittedPreprocessor(
                 steps=self.steps,
@@ -203,25 +240,31 @@ class FittedPreprocessor:
         Number of raw features ``d``.
     low, high : ndarray of shape (d,) or None
         Min-max bounds (after ``log1p`` if on); None when ``minmax`` is off.
+    mean, std : ndarray of shape (d,) or None
+        Per-feature training mean and standard deviation (``ddof = 0``, after ``log1p`` if
+        on) of the ``standardize`` step; None when it is off.
     data_dependent : bool
-        True when ``low``/``high`` were computed from the pooled training data: a global,
-        non-private step that results must label as such.
+        True when ``low``/``high`` or ``mean``/``std`` were computed from the pooled training
+        data: a global, non-private step that results must label as such.
     """
 
     steps: tuple[str, ...]
     n_features_in: int
     low: NDArray[np.float64] | None
     high: NDArray[np.float64] | None
+    mean: NDArray[np.float64] | None = None
+    std: NDArray[np.float64] | None = None
     data_dependent: bool
 
     def __post_init__(self) -> None:
-        has_minmax = "minmax" in self.steps
-        if has_minmax != (self.low is not None) or has_minmax != (self.high is not None):
-            raise ConfigError(
-                "FittedPreprocessor low and high must be given exactly when the 'minmax' step "
-                f"is on, got steps {self.steps}, low given: {self.low is not None}, "
-                f"high given: {self.high is not None}"
-            )
+        for step, names in (("minmax", ("low", "high")), ("standardize", ("mean", "std"))):
+            given = [getattr(self, name) is not None for name in names]
+            if given != [step in self.steps] * 2:
+                raise ConfigError(
+                    f"FittedPreprocessor {' and '.join(names)} must be given exactly when the "
+                    f"{step!r} step is on, got steps {self.steps}, "
+                    + ", ".join(f"{n} given: {g}" for n, g in zip(names, given, strict=True))
+                )
 
     @property
     def n_features_out(self) -> int:
@@ -245,7 +288,8 @@ class FittedPreprocessor:
         Returns
         -------
         ndarray of shape (n, n_features_out), float64
-            Every row has L2 norm <= 1 (up to rounding, ~1e-16); ``out`` if given.
+            ``out`` if given. With a norm step every row has L2 norm <= 1 (up to rounding,
+            ~1e-16).
         """
         rows_in = _as_finite_matrix(X, "X")
         if rows_in.shape[1] != self.n_features_in:
@@ -275,8 +319,12 @@ class FittedPreprocessor:
             with np.errstate(over="ignore"):
                 scaled = np.divide(Z - self.low, span, out=np.zeros_like(Z), where=span > 0)
             Z = np.clip(scaled, 0.0, 1.0)
+        if self.mean is not None and self.std is not None:  # the standardize step
+            Z = np.divide(Z - self.mean, self.std, out=np.zeros_like(Z), where=self.std > 0)
         if "bias" in self.steps:
             Z = np.hstack([Z, np.ones((Z.shape[0], 1))])
         if "project_unit_ball" in self.steps:
             return Z / np.maximum(np.linalg.norm(Z, axis=1), 1.0)[:, None]
-        return Z / np.sqrt(Z.shape[1])
+        if "scale_sqrt_d" in self.steps:
+            return Z / np.sqrt(Z.shape[1])
+        return Z

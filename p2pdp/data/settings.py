@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.validation import (
@@ -23,9 +24,7 @@ from p2pdp.core.validation import (
     invalid,
     validate_fields,
 )
-
-#: Preprocessing steps ``data.transform`` may list, in the order a user writes them.
-TRANSFORM_STEPS = ("log1p", "minmax", "bias", "project_unit_ball", "scale_sqrt_d")
+from p2pdp.data.preprocess import TRANSFORM_STEPS, Preprocessor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,23 +32,30 @@ class DataConfig:
     """Which data set, and how rows are transformed before training.
 
     ``dataset`` names a registered loader (``p2pdp components dataset``: ``spambase``,
-    ``australian``, ``adult``, ``synthetic``, ``csv``, ``libsvm``) or gives an import string
-    ``"package.module:function"`` of your own loader (see
+    ``australian``, ``adult``, ``synthetic``, ``csv``, ``libsvm``, ``numpy``) or gives an
+    import string ``"package.module:function"`` of your own loader (see
     :class:`p2pdp.data.datasets.DatasetLoader`). ``path`` is where a built-in data set's files are
-    searched first, the file ``csv`` and ``libsvm`` read (required for them), and free for
-    your own loader to read.
+    searched first, the file ``csv``, ``libsvm`` and ``numpy`` read (required for them), and
+    free for your own loader to read.
 
     Options of the file loaders (an error for any other data set unless left at the default):
-    ``test_path`` a second file in the same format, the predefined test split
-    (``csv``, ``libsvm``); ``delimiter`` a single character or ``"whitespace"`` (``csv``);
+    ``test_path`` a second file in the same format, the predefined test split (``csv``,
+    ``libsvm``, ``numpy``); ``delimiter`` a single character or ``"whitespace"`` (``csv``);
     ``header`` skip a first line of column names (``csv``); ``label_column`` 0-based column of
-    the label, negative from the end, default -1: the last (``csv``); ``n_features`` the number
-    of features d, default: the largest index in the file(s) (``libsvm``).
+    the label, negative from the end, default -1: the last (``csv``, a ``.npy`` file of
+    ``numpy``); ``n_features`` the number of features d, default: the largest index in the
+    file(s) (``libsvm``); ``peer_column`` the column holding each row's peer id, read by
+    ``partition.scheme = "column"`` and not a feature: a 0-based index or, with ``header``,
+    a column name (``csv``), an index (a ``.npy`` file) or the name of an array (a ``.npz``
+    file) (``numpy``).
 
-    ``transform`` steps are applied in order (see :mod:`p2pdp.data.preprocess`); the last step must
-    bound every row's L2 norm by 1, which the privacy proof needs. ``bounds = "data"`` fits
+    ``transform`` steps are applied in order (see :mod:`p2pdp.data.preprocess`). A norm step
+    (``project_unit_ball`` or ``scale_sqrt_d``) bounds every row's L2 norm by 1; a scenario
+    whose privacy depends on that bound (a one-shot release of exact local models) refuses a
+    transform without one (:class:`p2pdp.config.ScenarioConfig`). ``bounds = "data"`` fits
     min-max on the pooled training fold (a global, non-private step, recorded in results);
-    ``"manifest"`` uses the data set's data-independent feature bounds.
+    ``"manifest"`` uses the data set's data-independent feature bounds. ``standardize``
+    is always fitted on the pooled training fold (the same kind of non-private step).
     ``synthetic_*`` size the ``synthetic`` data set (a logistic model with lognormal features).
     """
 
@@ -60,6 +66,7 @@ class DataConfig:
     header: bool = field(default=False, metadata=check(Boolean()))
     label_column: int = -1
     n_features: int | None = field(default=None, metadata=check(Optional(IntAtLeast(1))))
+    peer_column: int | str | None = None
     transform: tuple[str, ...] = ("log1p", "minmax", "bias", "project_unit_ball")
     bounds: str = field(default="data", metadata=check(OneOf(("data", "manifest"))))
     synthetic_rows: int = field(default=4000, metadata=check(IntAtLeast(2)))
@@ -93,6 +100,7 @@ class DataConfig:
         if not isinstance(self.label_column, int) or isinstance(self.label_column, bool):
             requirement = "an integer (0-based; -1 is the last column)"
             raise invalid("data.label_column", requirement, self.label_column)
+        self._check_peer_column()
         for key, default in _FILE_OPTION_DEFAULTS.items():
             value = getattr(self, key)
             if value != default and key not in FILE_LOADER_OPTIONS.get(self.dataset, ()):
@@ -101,17 +109,71 @@ class DataConfig:
                     f"data.{key} is an option of data.dataset = {' or '.join(map(repr, users))}; "
                     f"got data.{key} = {value!r} with data.dataset = {self.dataset!r}"
                 )
+        if self.dataset == "numpy":
+            self._check_numpy_options()
         object.__setattr__(self, "transform", as_list("data.transform", self.transform))
         if not self.transform:
             raise invalid("data.transform", "a non-empty list of steps", list(self.transform))
         for step in self.transform:
             OneOf(TRANSFORM_STEPS).check("data.transform", step)
+        try:
+            Preprocessor(steps=self.transform)
+        except ConfigError as exc:
+            raise ConfigError(f"data.transform = {list(self.transform)}: {exc}") from None
+        if self.bounds == "manifest" and "minmax" not in self.transform:
+            raise ConfigError(
+                "data.bounds = 'manifest' gives the bounds of the 'minmax' step; got "
+                f"data.transform = {list(self.transform)} without it"
+            )
+
+    def _check_peer_column(self) -> None:
+        value = self.peer_column
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+            requirement = "a 0-based column index or a non-empty column name"
+            raise invalid("data.peer_column", requirement, value)
+        if isinstance(value, int) and value == self.label_column:
+            raise ConfigError(
+                f"data.peer_column must differ from data.label_column, got {value!r} for both"
+            )
+        if self.dataset == "csv" and isinstance(value, str) and not self.header:
+            raise ConfigError(
+                f"data.peer_column = {value!r} names a column, which needs data.header = true "
+                "(a first line of column names); or give its 0-based index"
+            )
+
+    def _check_numpy_options(self) -> None:
+        """A ``.npz`` file holds named arrays, a ``.npy`` file one table of columns."""
+        suffixes = {Path(p).suffix.lower() for p in (self.path, self.test_path) if p is not None}
+        if not suffixes <= {".npy", ".npz"} or len(suffixes) != 1:
+            raise ConfigError(
+                "data.path (and data.test_path) of data.dataset = 'numpy' must both be .npy or "
+                f"both be .npz files, got {self.path!r}"
+                + (f" and {self.test_path!r}" if self.test_path is not None else "")
+            )
+        if suffixes == {".npz"}:
+            if self.label_column != -1:
+                raise ConfigError(
+                    "data.label_column picks a column of a .npy table; a .npz file holds its "
+                    f"labels in the array 'y', got data.label_column = {self.label_column!r}"
+                )
+            if self.peer_column is not None and not isinstance(self.peer_column, str):
+                raise invalid(
+                    "data.peer_column", "the name of an array of the .npz file", self.peer_column
+                )
+        elif isinstance(self.peer_column, str):
+            raise invalid(
+                "data.peer_column", "a 0-based column index of the .npy table", self.peer_column
+            )
 
 
-#: Options of the built-in file loaders (data.dataset = "csv" / "libsvm") and their defaults.
+#: Options of the built-in file loaders (data.dataset = "csv" / "libsvm" / "numpy") and their
+#: defaults.
 FILE_LOADER_OPTIONS = {
-    "csv": ("test_path", "delimiter", "header", "label_column"),
+    "csv": ("test_path", "delimiter", "header", "label_column", "peer_column"),
     "libsvm": ("test_path", "n_features"),
+    "numpy": ("test_path", "label_column", "peer_column"),
 }
 _FILE_OPTION_DEFAULTS = {
     f.name: f.default

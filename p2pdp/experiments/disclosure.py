@@ -8,7 +8,8 @@ scenario may take fall outside it, and are listed here so that every results row
 * lambda chosen by looking at the data (``training.lambda_source``), or swept so that a reader
   picks the best value from the results (reads every peer's data and the test folds);
 * min-max feature bounds fitted on the pooled training rows (``data.bounds = "data"`` with a
-  ``minmax`` step): every peer's data shape the preprocessing of all;
+  ``minmax`` step), or the means and standard deviations of a ``standardize`` step: every
+  peer's data shape the preprocessing of all;
 * ``privacy.mechanism = "none"``: releases carry no noise;
 * ``privacy.mechanism = "seed-laplace"``: the seed's per-coordinate noise is only
   ``sqrt(d) * epsilon``-DP per release, not ``epsilon``;
@@ -97,6 +98,11 @@ def non_private_steps(
     if features and data.bounds == "data" and "minmax" in data.transform:
         steps.append(
             'min-max bounds fitted on the pooled training rows of each fold (data.bounds = "data")'
+        )
+    if features and "standardize" in data.transform:
+        steps.append(
+            "standardize: feature means and standard deviations fitted on the pooled training "
+            "rows of each fold"
         )
     if config.protocol.iterative and not config.protocol.private(config.privacy):
         steps.append(

@@ -748,14 +748,18 @@ def run_inputs(scenario: Scenario) -> dict[str, Any]:
     """What a scenario's cells depend on besides its settings: p2pdp's version, the data.
 
     ``{"p2pdp": version, "data": {file: sha256}}`` over the data files of every grid point
-    (:func:`p2pdp.data.datasets.data_fingerprint`). Recorded in the manifest; ``--resume`` refuses a
-    folder whose inputs differ, so it never merges results of two data sets or versions.
+    (:func:`p2pdp.data.datasets.data_fingerprint`) and of every ``partition.path``. Recorded in
+    the manifest; ``--resume`` refuses a folder whose inputs differ, so it never merges results
+    of two data sets or versions.
     """
-    from p2pdp.data.datasets import data_fingerprint
+    from p2pdp.data.datasets import data_fingerprint, file_fingerprint
 
     data: dict[str, str] = {}
     for config in {point.config.data for point in scenario.points}:
         data.update(data_fingerprint(config))
+    data.update(
+        file_fingerprint({point.config.partition.path or "" for point in scenario.points} - {""})
+    )
     return {"p2pdp": _version("p2pdp"), "data": dict(sorted(data.items()))}
 
 

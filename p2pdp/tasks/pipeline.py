@@ -22,8 +22,15 @@ from p2pdp.config import DataConfig, EvaluationConfig, PartitionConfig, Scenario
 from p2pdp.core.boundary import calling, check_numbers, check_type
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
-from p2pdp.data.datasets import load_data
-from p2pdp.data.partition import partition, stratified_folds
+from p2pdp.data.datasets import RawData, load_data
+from p2pdp.data.partition import (
+    GIVEN_SCHEMES,
+    check_assignment,
+    partition,
+    partition_given,
+    read_assignment,
+    stratified_folds,
+)
 from p2pdp.data.preprocess import Preprocessor
 from p2pdp.learning.models import LocalModel, LocalModels, LogisticModel, make_model
 
@@ -32,9 +39,11 @@ from p2pdp.learning.models import LocalModel, LocalModels, LogisticModel, make_m
 class FoldData:
     """Preprocessed training and test rows of one fold.
 
-    ``X_train``/``X_test`` rows have L2 norm <= 1 (bias included); labels are in {-1, +1}.
-    ``data_dependent_bounds`` is True when min-max bounds were fitted on the pooled training
-    fold, a global step outside the DP guarantee (as in the seed).
+    ``X_train``/``X_test`` rows have L2 norm <= 1 (bias included) when ``data.transform`` has a
+    norm step; labels are in {-1, +1}. ``data_dependent_bounds`` is True when min-max bounds
+    or standardisation statistics were fitted on the pooled training fold, a global step
+    outside the DP guarantee (as in the seed). ``peers`` is the peer of each training row when
+    the user gives the partition (``partition.scheme = "column"`` or ``"file"``), else None.
     """
 
     X_train: np.ndarray
@@ -42,6 +51,7 @@ class FoldData:
     X_test: np.ndarray
     y_test: np.ndarray
     data_dependent_bounds: bool
+    peers: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,7 +75,13 @@ class TrainedPeers:
 
 
 def load_fold(
-    data: DataConfig, evaluation: EvaluationConfig, *, seed: int, fold: int, repetition: int = 0
+    data: DataConfig,
+    evaluation: EvaluationConfig,
+    *,
+    seed: int,
+    fold: int,
+    repetition: int = 0,
+    partition_config: PartitionConfig | None = None,
 ) -> FoldData:
     """Load ``data.dataset``, take fold ``fold``'s train/test split and preprocess it.
 
@@ -73,17 +89,25 @@ def load_fold(
     ``seed``. ``evaluation.split = "fixed"`` trains on the loader's ``X, y`` and tests on its
     test split; ``"cv"`` cuts stratified folds from ``X, y`` (pooled with the test split if the
     loader says so). The transform is fitted on the training rows only, then applied to the
-    test rows; ``data.bounds = "manifest"`` takes the loader's data-independent bounds.
+    test rows; ``data.bounds = "manifest"`` takes the loader's data-independent bounds. With a
+    given partition (``partition_config.scheme`` ``"column"`` or ``"file"``) the peer of every
+    row of the data set is read and checked, and the fold keeps those of its training rows.
 
     Raises
     ------
     ConfigError
-        A fixed split or manifest bounds that the data set does not provide, or too few rows
-        of a class for ``evaluation.cv_folds``.
+        A fixed split or manifest bounds that the data set does not provide, too few rows
+        of a class for ``evaluation.cv_folds``, or a peer column the data set lacks.
     DataError
-        The loader's rows are invalid (see :class:`p2pdp.data.datasets.RawData`).
+        The loader's rows, or the given peer ids, are invalid (see
+        :class:`p2pdp.data.datasets.RawData`, :func:`p2pdp.data.partition.check_assignment`).
     """
     raw = load_data(data, rng=generator(seed, "synthetic"))
+    X, y = raw.X, raw.y
+    if evaluation.split != "fixed" and raw.cv_pools_test:
+        if raw.X_test is not None and raw.y_test is not None:
+            X, y = np.vstack([raw.X, raw.X_test]), np.concatenate([raw.y, raw.y_test])
+    peers = _given_peers(raw, len(y), partition_config)
     if evaluation.split == "fixed":
         if raw.X_test is None or raw.y_test is None:
             raise ConfigError(
@@ -92,11 +116,10 @@ def load_fold(
             )
         X_train, y_train, X_test, y_test = raw.X, raw.y, raw.X_test, raw.y_test
     else:
-        X, y = raw.X, raw.y
-        if raw.cv_pools_test and raw.X_test is not None and raw.y_test is not None:
-            X, y = np.vstack([raw.X, raw.X_test]), np.concatenate([raw.y, raw.y_test])
         _check_fold_counts(raw.name, y, evaluation.cv_folds)
-        X_train, y_train, X_test, y_test = _cv_split(X, y, evaluation, seed, fold, repetition)
+        train, test = _cv_split(y, evaluation, seed, fold, repetition)
+        X_train, y_train, X_test, y_test = X[train], y[train], X[test], y[test]
+        peers = peers[train] if peers is not None else None
     if data.bounds == "manifest" and raw.feature_bounds is None:
         raise ConfigError(
             f"data.bounds = 'manifest' needs data-independent bounds, but data set "
@@ -110,7 +133,30 @@ def load_fold(
         X_test=fitted.transform(X_test, out=_spare_room(X_test, fitted.n_features_out)),
         y_test=np.asarray(y_test, dtype=np.int8),
         data_dependent_bounds=fitted.data_dependent,
+        peers=peers,
     )
+
+
+def _given_peers(
+    raw: RawData, n_rows: int, partition_config: PartitionConfig | None
+) -> np.ndarray | None:
+    """The checked peer of each of the ``n_rows`` rows folds are cut from, if the user gives it."""
+    if partition_config is None or partition_config.scheme not in GIVEN_SCHEMES:
+        return None
+    n_peers = partition_config.n_peers
+    if partition_config.scheme == "file":
+        path = str(partition_config.path)
+        where = f"partition.path = {path!r} (for data set {raw.name!r})"
+        return check_assignment(
+            read_assignment(path), n_peers, n_rows=n_rows, where=where, first_line=1
+        )
+    if raw.peers is None:
+        raise ConfigError(
+            f"partition.scheme = 'column' but data set {raw.name!r} has no peer column (its "
+            "loader returned no RawData.peers; csv and numpy files take data.peer_column)"
+        )
+    where = f"the peer column of data set {raw.name!r}"
+    return check_assignment(raw.peers, n_peers, n_rows=n_rows, where=where)
 
 
 def _spare_room(X: np.ndarray, columns: int) -> np.ndarray | None:
@@ -154,16 +200,11 @@ def _check_fold_counts(name: str, y: np.ndarray, cv_folds: int) -> None:
 
 
 def _cv_split(
-    X: np.ndarray,
-    y: np.ndarray,
-    evaluation: EvaluationConfig,
-    seed: int,
-    fold: int,
-    repetition: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    y: np.ndarray, evaluation: EvaluationConfig, seed: int, fold: int, repetition: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices ``(train, test)`` of fold ``fold``."""
     folds = stratified_folds(y, evaluation.cv_folds, rng=generator(seed, "folds", repetition))
-    train, test = folds[fold]
-    return X[train], y[train], X[test], y[test]
+    return folds[fold]
 
 
 def train_peers(
@@ -174,20 +215,40 @@ def train_peers(
     rng: np.random.Generator,
     model: LocalModel | None = None,
     key: tuple | None = None,
+    fold_name: str = "the fold",
 ) -> TrainedPeers:
     """Split the fold's training rows into peer shards and fit every peer's exact model.
 
-    ``model`` is the local learner (default: exact logistic regression).
+    ``model`` is the local learner (default: exact logistic regression); ``fold_name`` names
+    the fold in messages.
     """
     model = model if model is not None else LogisticModel()
-    shards = partition(
-        fold.y_train,
-        partition_config.n_peers,
-        scheme=partition_config.scheme,
-        alpha=partition_config.alpha,
-        min_shard_size=partition_config.min_shard_size,
-        rng=rng,
-    )
+    if partition_config.scheme in GIVEN_SCHEMES:
+        if fold.peers is None:
+            raise ConfigError(
+                f"partition.scheme = {partition_config.scheme!r} but the fold carries no peer "
+                "ids: load it with load_fold(..., partition_config=...)"
+            )
+        shards = partition_given(
+            fold.peers,
+            partition_config.n_peers,
+            min_shard_size=partition_config.min_shard_size,
+            where=(
+                f"partition.path = {partition_config.path!r}"
+                if partition_config.scheme == "file"
+                else "the data set's peer column (partition.scheme = 'column')"
+            )
+            + f", {fold_name}",
+        )
+    else:
+        shards = partition(
+            fold.y_train,
+            partition_config.n_peers,
+            scheme=partition_config.scheme,
+            alpha=partition_config.alpha,
+            min_shard_size=partition_config.min_shard_size,
+            rng=rng,
+        )
     models = _fit(model, fold, shards, lam)
     everyone = _fit(model, fold, [np.arange(len(fold.y_train))], lam)
     return TrainedPeers(
@@ -233,7 +294,12 @@ def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> 
         The fold has fewer training rows than ``partition.n_peers * partition.min_shard_size``.
     """
     data = load_fold(
-        config.data, config.evaluation, seed=config.seed, fold=fold, repetition=repetition
+        config.data,
+        config.evaluation,
+        seed=config.seed,
+        fold=fold,
+        repetition=repetition,
+        partition_config=config.partition,
     )
     partition_config = config.partition
     needed = partition_config.n_peers * partition_config.min_shard_size
@@ -250,4 +316,5 @@ def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> 
         rng=generator(config.seed, "partition", fold, repetition),
         model=make_model(config.training.model),
         key=training_key(config, fold=fold, repetition=repetition),
+        fold_name=f"fold {fold}" + (f" of repetition {repetition}" if repetition else ""),
     )
