@@ -35,13 +35,15 @@ from p2pdp.protocols.mixing import Mixing
 from p2pdp.sim.transport import Transport
 
 
-def _config(**protocol) -> ScenarioConfig:
+def _config(privacy: dict | None = None, **protocol) -> ScenarioConfig:
     settings = {"name": "dpsgd", "rounds": 10, "eval_every": 5, **protocol}
+    if protocol.get("sampling") == "poisson":
+        privacy = {"min_shard_size": 5, **(privacy or {})}
     return ScenarioConfig(
         data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
         partition={"n_peers": 20},
         training={"lam": 0.01},
-        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5},
+        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5, **(privacy or {})},
         gossip={"degree": 4},
         evaluation={"cv_folds": 2},
         protocol=settings,
@@ -169,10 +171,16 @@ def test_poisson_rdp_equals_numerical_integration() -> None:
 
 
 def test_poisson_steps_charge_rdp_of_the_subsampled_event() -> None:
-    config = _config(sampling="poisson", sampling_rate=0.2, noise_multiplier=1.5, rounds=40)
+    config = _config(
+        {"accountant": "rdp"},
+        sampling="poisson",
+        sampling_rate=0.2,
+        noise_multiplier=1.5,
+        rounds=40,
+    )
     privacy = step_privacy(config)
     assert privacy.accountant == "rdp"
-    assert privacy.event == SubsampledGaussianEvent(1.5, 0.2)
+    assert privacy.event == SubsampledGaussianEvent(1.5, 0.2, relation="add-remove")
     steps = np.array([0, 1, 7, privacy.max_steps])
     spent = privacy.epsilon(steps)
     # independent: RDP at integer orders, converted (Balle et al. 2020), minimised
