@@ -469,3 +469,89 @@ def test_churn_takes_peers_offline_they_neither_step_nor_receive(name) -> None:
     row = simulate(config).row()
     assert row["messages_lost"] > 0.1 * row["messages_sent"]  # sent to offline peers
     np.testing.assert_array_equal(simulate(config).aggregations_per_peer, steps)  # reproducible
+
+
+# --- one neighbouring relation per step ---------------------------------------------------------
+def test_poisson_step_divisor_does_not_change_when_a_record_is_added() -> None:
+    """Add/remove: the peer's shard gains one record; the divisor of its released step (read
+    from the model update at z = 0 with all records clipped to the same norm) stays
+    q * privacy.min_shard_size, for every peer, and rows say add-remove."""
+    config = _config(
+        {"min_shard_size": 4},
+        sampling="poisson",
+        sampling_rate=0.5,
+        noise_multiplier=0.0,
+        step_size=1.0,
+    )
+    rng = generator(5, "problem")
+    problem = _problem(rng, n_peers=3, rows=6)
+    shards = tuple(
+        np.arange(problem.indptr[j], problem.indptr[j + 1]) for j in range(problem.n_peers)
+    )
+    grown = (np.append(shards[0], shards[1][0]), *shards[1:])  # peer 0 gains one record
+    bigger = LocalProblem.from_shards(problem.X, problem.y, grown, problem.lam)
+    privacy = step_privacy(config)
+    assert privacy.mechanism.relation == "add-remove"
+    noisy = dataclasses.replace(config.protocol, noise_multiplier=1.0)
+    assert step_privacy(dataclasses.replace(config, protocol=noisy)).event.relation == "add-remove"
+    for data in (problem, bigger):
+        protocol = _without_neighbours(config, data, privacy)
+        np.testing.assert_array_equal(protocol._denominators, 0.5 * 4)
+    full = step_privacy(_config(noise_multiplier=1.0))
+    assert full.event.relation == "replace-one"  # its divisor n is public: the size is fixed
+    np.testing.assert_array_equal(full.mechanism.denominators(np.array([6, 7])), [6, 7])
+    with pytest.raises(ConfigError, match=r"privacy.min_shard_size.*got privacy.min_shard_size"):
+        _config({"min_shard_size": None}, sampling="poisson", sampling_rate=0.5)
+
+
+@pytest.mark.parametrize("sampling", ["full", "fixed"])
+def test_replace_one_step_moves_the_sum_by_its_declared_sensitivity(sampling) -> None:
+    """Replace one record by the one whose clipped gradient points the other way: the sum
+    moves by exactly 2C, the event's sensitivity, and the event's noise multiplier is the
+    noise std over it (z C / 2C); sensitivity C would understate epsilon."""
+    clip = 0.1
+    mechanism = ClippedGaussianSum(clip_norm=clip, noise_multiplier=3.0, sampling=sampling,
+                                   batch_size=4)  # fmt: skip
+    X = np.tile([[0.6, 0.8]], (4, 1))
+    y = np.array([1.0, 1.0, -1.0, 1.0])
+    y_replaced = y.copy()
+    y_replaced[0] = -1.0  # same features, other label: the gradient flips
+    sums = [
+        LocalProblem(X=X, y=labels, indptr=np.array([0, 4]), lam=0.1).clipped_sums(
+            np.zeros((1, 2)), np.array([0]), mechanism, generator(0, "s")
+        )
+        for labels in (y, y_replaced)
+    ]
+    moved = float(np.linalg.norm(sums[0] - sums[1]))
+    assert moved == pytest.approx(2 * clip, rel=1e-12)
+    assert moved <= mechanism.sensitivity * (1 + 1e-12)
+    event = mechanism.event(1e-6)
+    assert event.relation == "replace-one"
+    assert event.noise_multiplier * moved == pytest.approx(3.0 * clip, rel=1e-12)
+
+
+def test_rows_state_their_neighbouring_relation_and_poisson_is_charged_by_pld() -> None:
+    """Config -> accountant -> row: Poisson steps are charged the PLD epsilon of the steps
+    taken (dp-accounting, computed here) under add/remove; full steps and one-shot releases
+    are replace-one."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from p2pdp.privacy.accounting import PLD_DISCRETIZATION
+
+    config = _config(sampling="poisson", sampling_rate=0.3, rounds=6)
+    result = simulate(config)
+    row = result.row()
+    assert row["neighbouring_relation"] == "add-remove"
+    assert row["privacy.accountant"] == "pld"
+    z = row["noise_multiplier_used"]
+    independent = pld_privacy_accountant.PLDAccountant(
+        value_discretization_interval=PLD_DISCRETIZATION
+    )
+    independent.compose(dp_event.PoissonSampledDpEvent(0.3, dp_event.GaussianDpEvent(z)), 6)
+    assert row["max_epsilon_spent"] == pytest.approx(independent.get_epsilon(1e-5), rel=1e-9)
+    assert 2.0 * (1 - 1e-3) <= row["max_epsilon_spent"] <= 2.0 * (1 + 1e-9)  # calibrated
+    assert simulate(_config(rounds=2)).row()["neighbouring_relation"] == "replace-one"
+    one_shot = dataclasses.replace(config, protocol=dataclasses.replace(config.protocol,
+                                                                        name="one-shot"))  # fmt: skip
+    assert simulate(one_shot).row()["neighbouring_relation"] == "replace-one"

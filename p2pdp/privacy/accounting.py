@@ -182,7 +182,8 @@ class BasicAccountant(Accountant):
         unique, inverse = np.unique(counts, return_inverse=True)
         steps = unique.astype(float)
         within_delta = steps * delta_step <= delta_total * (1 + BUDGET_TOLERANCE)
-        spent = np.where(within_delta, steps * eps_step, math.inf)
+        with np.errstate(invalid="ignore"):  # 0 * inf, for 0 releases: set to 0 below
+            spent = np.where(within_delta, steps * eps_step, math.inf)
         spent = np.where(unique == 0, 0.0, spent)
         return spent[inverse].reshape(counts.shape)
 
@@ -360,16 +361,25 @@ class PldAccountant(BasicAccountant):
             return event.epsilon < math.inf
         return isinstance(event, (GaussianEvent, SubsampledGaussianEvent, LaplaceEvent))
 
-    def distribution(self, event: PrivacyEvent):  # -> PrivacyLossDistribution (untyped library)
-        """The pessimistic PLD of one release of ``event`` (cached per event)."""
+    def distribution(self, event: PrivacyEvent, count: int = 1):  # -> dp-accounting's PLD
+        """The pessimistic PLD of ``count`` releases of ``event``.
+
+        ``count`` Gaussian releases are one Gaussian release at noise ``z / sqrt(count)``
+        (exact, and one rounding instead of ``count``); every other event is the PLD of one
+        release (cached per event) convolved ``count`` times.
+        """
         self.check(event)
+        from dp_accounting.pld import privacy_loss_distribution as pld
+
+        grid = self.discretization
+        if isinstance(event, GaussianEvent):
+            return pld.from_gaussian_mechanism(
+                event.noise_multiplier / math.sqrt(count), value_discretization_interval=grid
+            )
         if event not in self._distributions:
             if len(self._distributions) >= _PLD_CACHE:  # a calibration tries many events
                 self._distributions.clear()
                 self._epsilons.clear()
-            from dp_accounting.pld import privacy_loss_distribution as pld
-
-            grid = self.discretization
             if isinstance(event, SubsampledGaussianEvent):
                 from dp_accounting import NeighboringRelation
 
@@ -384,10 +394,6 @@ class PldAccountant(BasicAccountant):
                     neighboring_relation=relation,
                     value_discretization_interval=grid,
                 )
-            elif isinstance(event, GaussianEvent):
-                distribution = pld.from_gaussian_mechanism(
-                    event.noise_multiplier, value_discretization_interval=grid
-                )
             elif isinstance(event, LaplaceEvent):
                 distribution = pld.from_laplace_mechanism(
                     event.noise_multiplier, value_discretization_interval=grid
@@ -399,7 +405,8 @@ class PldAccountant(BasicAccountant):
                     value_discretization_interval=grid,
                 )
             self._distributions[event] = distribution
-        return self._distributions[event]
+        one = self._distributions[event]
+        return one if count == 1 else one.self_compose(count)
 
     def composed_epsilon(self, event, counts, *, delta_total):
         counts = _counts(counts)
@@ -415,7 +422,7 @@ class PldAccountant(BasicAccountant):
     def _epsilon(self, event: PrivacyEvent, count: int, delta_total: float) -> float:
         key = (event, count, delta_total)
         if key not in self._epsilons:
-            composed_pld = self.distribution(event).self_compose(count)
+            composed_pld = self.distribution(event, count)
             self._epsilons[key] = float(composed_pld.get_epsilon_for_delta(delta_total))
         return self._epsilons[key]
 
@@ -442,7 +449,7 @@ class PldAccountant(BasicAccountant):
             return 0.0
         total = None
         for event, count in releases:
-            part = self.distribution(event).self_compose(int(count))
+            part = self.distribution(event, int(count))
             total = part if total is None else total.compose(part)
         return float(total.get_epsilon_for_delta(delta_total))
 
