@@ -291,7 +291,7 @@ def _dp_accounting_pld(events, relation: str, delta: float, *, pessimistic: bool
         for event, count in events:
             accountant.compose(event, count)
         return float(accountant.get_epsilon(delta))
-    (event, count), = events  # optimistic: one Poisson-subsampled Gaussian, add/remove
+    ((event, count),) = events  # optimistic: one Poisson-subsampled Gaussian, add/remove
     assert isinstance(event, dp_event.PoissonSampledDpEvent)
     optimistic = pld.from_gaussian_mechanism(
         event.event.noise_multiplier,
@@ -435,9 +435,7 @@ def test_pld_composes_a_mixed_sequence_exactly() -> None:
         math.inf
     )
     with pytest.raises(ConfigError, match="one neighbouring relation"):
-        pld.sequence_epsilon(
-            [*releases, (GaussianEvent(4.0, math.inf, 0.0), 1)], delta_total=1e-5
-        )
+        pld.sequence_epsilon([*releases, (GaussianEvent(4.0, math.inf, 0.0), 1)], delta_total=1e-5)
 
 
 def test_rdp_of_the_subsampled_gaussian_uses_orders_up_to_256() -> None:

@@ -552,6 +552,5 @@ def test_rows_state_their_neighbouring_relation_and_poisson_is_charged_by_pld() 
     assert row["max_epsilon_spent"] == pytest.approx(independent.get_epsilon(1e-5), rel=1e-9)
     assert 2.0 * (1 - 1e-3) <= row["max_epsilon_spent"] <= 2.0 * (1 + 1e-9)  # calibrated
     assert simulate(_config(rounds=2)).row()["neighbouring_relation"] == "replace-one"
-    one_shot = dataclasses.replace(config, protocol=dataclasses.replace(config.protocol,
-                                                                        name="one-shot"))  # fmt: skip
+    one_shot = dataclasses.replace(config, protocol={"name": "one-shot"})
     assert simulate(one_shot).row()["neighbouring_relation"] == "replace-one"

@@ -37,10 +37,11 @@ into the epsilon spent, at ``delta_total``:
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -353,7 +354,7 @@ class PldAccountant(BasicAccountant):
 
     def __init__(self, discretization: float = PLD_DISCRETIZATION) -> None:
         self.discretization = require_positive("discretization", discretization)
-        self._distributions: dict[PrivacyEvent, object] = {}
+        self._distributions: dict[PrivacyEvent, Any] = {}  # dp-accounting's PLDs
         self._epsilons: dict[tuple[PrivacyEvent, int, float], float] = {}
 
     def supports(self, event: PrivacyEvent) -> bool:
@@ -361,7 +362,7 @@ class PldAccountant(BasicAccountant):
             return event.epsilon < math.inf
         return isinstance(event, (GaussianEvent, SubsampledGaussianEvent, LaplaceEvent))
 
-    def distribution(self, event: PrivacyEvent, count: int = 1):  # -> dp-accounting's PLD
+    def distribution(self, event: PrivacyEvent, count: int = 1) -> Any:  # dp-accounting's PLD
         """The pessimistic PLD of ``count`` releases of ``event``.
 
         ``count`` Gaussian releases are one Gaussian release at noise ``z / sqrt(count)``
@@ -447,10 +448,8 @@ class PldAccountant(BasicAccountant):
             )
         if not releases:
             return 0.0
-        total = None
-        for event, count in releases:
-            part = self.distribution(event, int(count))
-            total = part if total is None else total.compose(part)
+        parts = [self.distribution(event, int(count)) for event, count in releases]
+        total = functools.reduce(lambda left, right: left.compose(right), parts)
         return float(total.get_epsilon_for_delta(delta_total))
 
 
