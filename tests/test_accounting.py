@@ -404,13 +404,16 @@ def test_pld_composes_a_mixed_sequence_exactly() -> None:
         SubsampledGaussianEvent,
     )
 
+    from p2pdp.privacy.mechanisms import CoordinateLaplace
+
     pld = make_accountant("pld")
     releases = [
         (GaussianEvent(4.0, math.inf, 0.0, relation="add-remove"), 7),
         (GaussianEvent(9.0, math.inf, 0.0, relation="add-remove"), 20),
-        (LaplaceEvent(20.0, relation="add-remove"), 3),
+        (LaplaceEvent(0.05, relation="add-remove"), 3),
         (SubsampledGaussianEvent(1.5, 0.05), 50),
     ]
+    assert CoordinateLaplace(epsilon=0.05).event(1) == LaplaceEvent(0.05)  # declared in 1-D
     ours = pld.sequence_epsilon(releases, delta_total=1e-5)
     theirs = _dp_accounting_pld(
         [

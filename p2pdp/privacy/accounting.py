@@ -338,7 +338,8 @@ class PldAccountant(BasicAccountant):
       at rate ``q`` and noise ``z``, under the event's relation (add/remove: both the add and
       the remove direction; replace-one: ``q N(1) + (1-q) N(0)`` against ``q N(-1) + (1-q)
       N(0)``);
-    * :class:`~p2pdp.privacy.events.LaplaceEvent`: the Laplace shift of ``1 / b``;
+    * :class:`~p2pdp.privacy.events.LaplaceEvent`: the shift of one scale ``1 / epsilon`` of a
+      Laplace law;
     * any other :class:`~p2pdp.privacy.events.EpsilonDeltaEvent` (and a distributional one:
       its threat model is unchanged): the worst ``(epsilon, delta)``-DP pair, which dominates
       every mechanism with that guarantee (Kairouz, Oh & Viswanath 2015).
@@ -360,7 +361,9 @@ class PldAccountant(BasicAccountant):
     def supports(self, event: PrivacyEvent) -> bool:
         if isinstance(event, EpsilonDeltaEvent):
             return event.epsilon < math.inf
-        return isinstance(event, (GaussianEvent, SubsampledGaussianEvent, LaplaceEvent))
+        if isinstance(event, LaplaceEvent):
+            return event.epsilon < math.inf
+        return isinstance(event, (GaussianEvent, SubsampledGaussianEvent))
 
     def distribution(self, event: PrivacyEvent, count: int = 1) -> Any:  # dp-accounting's PLD
         """The pessimistic PLD of ``count`` releases of ``event``.
@@ -397,7 +400,7 @@ class PldAccountant(BasicAccountant):
                 )
             elif isinstance(event, LaplaceEvent):
                 distribution = pld.from_laplace_mechanism(
-                    event.noise_multiplier, value_discretization_interval=grid
+                    1.0 / event.epsilon, value_discretization_interval=grid
                 )
             else:
                 epsilon, delta = event.epsilon_delta()

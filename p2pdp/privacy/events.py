@@ -115,21 +115,21 @@ class GaussianEvent(PrivacyEvent):
 
 @dataclass(frozen=True, slots=True)
 class LaplaceEvent(PrivacyEvent):
-    """A scalar Laplace release with scale ``noise_multiplier * Delta_1``.
+    """A scalar Laplace release with scale ``Delta_1 / epsilon``: ``epsilon``-DP.
 
-    ``Delta_1`` is the release's sensitivity under ``relation``; one release is
-    ``1 / noise_multiplier``-DP, and the ``pld`` accountant composes its exact privacy loss
-    distribution (tighter than ``k`` times that epsilon once ``delta > 0``).
+    ``Delta_1`` is the release's sensitivity under ``relation`` (one release is a Laplace
+    shift of at most ``Delta_1``). Basic composition reads its ``(epsilon, 0)``; the ``pld``
+    accountant composes its exact privacy loss distribution, tighter once ``delta > 0``.
     """
 
-    noise_multiplier: float
+    epsilon: float
     relation: str = REPLACE_ONE
 
     def __post_init__(self) -> None:
         _check_relation(self, self.relation)
 
     def epsilon_delta(self) -> tuple[float, float]:
-        return 1.0 / self.noise_multiplier, 0.0
+        return self.epsilon, 0.0
 
 
 @dataclass(frozen=True, slots=True)
