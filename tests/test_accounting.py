@@ -403,7 +403,6 @@ def test_pld_composes_a_mixed_sequence_exactly() -> None:
         NonPrivateEvent,
         SubsampledGaussianEvent,
     )
-
     from p2pdp.privacy.mechanisms import CoordinateLaplace
 
     pld = make_accountant("pld")
