@@ -134,7 +134,9 @@ class PrivacyConfig:
     the analytic Gaussian calibration of that ``z`` (:attr:`step_epsilon`).
 
     ``accountant = "auto"`` (the default) is ``gdp`` (exact composition) for the Gaussian
-    mechanism and ``basic`` for every other; results rows record the resolved name
+    mechanism and ``basic`` for every other (the iterative protocols: ``pld`` for Poisson
+    sampling, :meth:`ProtocolConfig.accountant`); ``pld`` composes privacy loss distributions
+    (dp-accounting) of any of them. Results rows record the resolved name
     (:attr:`resolved_accountant`).
     ``tau`` bounds each record's log-likelihood for ``mechanism = "posterior-sampling"`` (the
     utility's sensitivity, :mod:`p2pdp.privacy.posterior_sampling.posterior`); other mechanisms
@@ -145,7 +147,9 @@ class PrivacyConfig:
     of the members' claimed shard sizes, so no claim can shrink the noise; a peer with fewer
     records is refused (the simulator: before the run; the network runtime: a submission
     claiming fewer). Valid for tasks whose sensitivity does not grow with shard sizes (every
-    built-in one). None: the members' own sizes, taken on trust.
+    built-in one). None: the members' own sizes, taken on trust. The iterative protocols'
+    Poisson sampling needs it: its steps divide by ``sampling_rate * min_shard_size`` (under
+    add/remove the peer's own shard size is private).
     """
 
     epsilon: float = field(default=1.0, metadata=check(Positive()))
@@ -535,7 +539,9 @@ class ProtocolConfig:
     a peer takes one private local step on its own shard (step size ``step_size``): per-record
     gradients of the logistic loss clipped to L2 norm ``clip_norm``, summed over the records
     ``sampling`` picks (``"full"``: all; ``"poisson"``: each with probability
-    ``sampling_rate``; ``"fixed"``: ``batch_size`` without replacement), plus Gaussian noise of
+    ``sampling_rate``, guarantee stated for add/remove and divided by ``sampling_rate *
+    privacy.min_shard_size``, which must be set; ``"fixed"``: ``batch_size`` without
+    replacement; full and fixed are stated for replace-one), plus Gaussian noise of
     standard deviation ``noise_multiplier * clip_norm`` added by the peer before anything
     leaves it. ``noise_multiplier = None`` (the default) calibrates the noise so that
     ``rounds`` steps spend ``privacy.epsilon`` at ``privacy.delta``; ``0`` adds none (NOT
