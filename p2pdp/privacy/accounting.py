@@ -67,8 +67,9 @@ GAUSSIAN_ACCOUNTANTS: tuple[str, ...] = ("rdp", "gdp")
 BUDGET_TABLE_ACCOUNTANTS: tuple[str, ...] = ("basic", "rdp", "gdp")
 
 #: Width of the privacy-loss grid of the ``pld`` accountant (nats). Pessimistic rounding keeps
-#: the epsilon an upper bound; against a 10x finer grid it is at most 0.3% larger on
-#: q in {0.01, 0.1, 0.5, 1}, z in {0.5, 1, 2, 5}, T <= 1000 (tests/test_accounting.py).
+#: the epsilon an upper bound, at most ``k`` grid widths above the optimistic estimate after
+#: ``k`` releases (tests/test_accounting.py); q = 0.01, z = 2, 1000 steps: 0.6239, against
+#: 0.6221 on a 10x finer grid, which takes 10x longer.
 PLD_DISCRETIZATION = 1e-3
 
 #: Relative tolerance when comparing spent to total epsilon (and delta), so that float error
