@@ -473,9 +473,9 @@ def test_churn_takes_peers_offline_they_neither_step_nor_receive(name) -> None:
 
 # --- one neighbouring relation per step ---------------------------------------------------------
 def test_poisson_step_divisor_does_not_change_when_a_record_is_added() -> None:
-    """Add/remove: the peer's shard gains one record; the divisor of its released step (read
-    from the model update at z = 0 with all records clipped to the same norm) stays
-    q * privacy.min_shard_size, for every peer, and rows say add-remove."""
+    """Add/remove: peer 0's shard gains one record; the divisor the protocol built from the
+    config for every peer's steps stays q * privacy.min_shard_size, and the step's event says
+    add-remove. Full sampling divides by the shard size, public under its replace-one."""
     config = _config(
         {"min_shard_size": 4},
         sampling="poisson",
