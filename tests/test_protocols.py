@@ -21,6 +21,7 @@ from scipy import integrate, optimize, stats
 from p2pdp.config import PrivacyConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
+from p2pdp.experiments.scenario import Scenario
 from p2pdp.experiments.simulation import simulate
 from p2pdp.privacy.accounting import RdpAccountant, subsampled_gaussian_rdp
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
@@ -35,13 +36,15 @@ from p2pdp.protocols.mixing import Mixing
 from p2pdp.sim.transport import Transport
 
 
-def _config(**protocol) -> ScenarioConfig:
+def _config(privacy: dict | None = None, **protocol) -> ScenarioConfig:
     settings = {"name": "dpsgd", "rounds": 10, "eval_every": 5, **protocol}
+    if protocol.get("sampling") == "poisson":
+        privacy = {"min_shard_size": 5, **(privacy or {})}
     return ScenarioConfig(
         data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
         partition={"n_peers": 20},
         training={"lam": 0.01},
-        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5},
+        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5, **(privacy or {})},
         gossip={"degree": 4},
         evaluation={"cv_folds": 2},
         protocol=settings,
@@ -175,10 +178,16 @@ def test_poisson_rdp_equals_numerical_integration() -> None:
 
 
 def test_poisson_steps_charge_rdp_of_the_subsampled_event() -> None:
-    config = _config(sampling="poisson", sampling_rate=0.2, noise_multiplier=1.5, rounds=40)
+    config = _config(
+        {"accountant": "rdp"},
+        sampling="poisson",
+        sampling_rate=0.2,
+        noise_multiplier=1.5,
+        rounds=40,
+    )
     privacy = step_privacy(config)
     assert privacy.accountant == "rdp"
-    assert privacy.event == SubsampledGaussianEvent(1.5, 0.2)
+    assert privacy.event == SubsampledGaussianEvent(1.5, 0.2, relation="add-remove")
     steps = np.array([0, 1, 7, privacy.max_steps])
     spent = privacy.epsilon(steps)
     # independent: RDP at integer orders, converted (Balle et al. 2020), minimised
@@ -295,13 +304,15 @@ def test_invalid_protocol_settings_are_refused() -> None:
         match=r"gossip_steps = 2 is read only with protocol.name = "
         r"'muffliato' \(here 'dpsgd'\)",
     ):
-        simulate(_config(gossip_steps=2))
+        Scenario(config=_config(gossip_steps=2))  # a scenario refuses what nothing reads
     with pytest.raises(ConfigError, match="gossip_steps = 2 is read only with protocol.name"):
-        simulate(_config(name="gossip-learning", gossip_steps=2))
+        Scenario(config=_config(name="gossip-learning", gossip_steps=2))
     with pytest.raises(ConfigError, match="protocol.step_size"):
         _config(step_size=-1.0)
     with pytest.raises(ConfigError, match=r"protocol.name = 'dpsgd' is read only with task.name"):
-        simulate(ScenarioConfig(task={"name": "prevalence-counts"}, protocol={"name": "dpsgd"}))
+        Scenario(
+            config=ScenarioConfig(task={"name": "prevalence-counts"}, protocol={"name": "dpsgd"})
+        )
     with pytest.raises(ConfigError, match="protocol.name"):
         _config(name="no-such-protocol")
     config = _config()
@@ -471,3 +482,89 @@ def test_churn_takes_peers_offline_they_neither_step_nor_receive(name) -> None:
     row = simulate(config).row()
     assert row["messages_lost"] > 0.1 * row["messages_sent"]  # sent to offline peers
     np.testing.assert_array_equal(simulate(config).aggregations_per_peer, steps)  # reproducible
+
+
+# --- one neighbouring relation per step ---------------------------------------------------------
+def test_poisson_step_divisor_does_not_change_when_a_record_is_added() -> None:
+    """Add/remove: peer 0's shard gains one record; the divisor the protocol built from the
+    config for every peer's steps stays q * privacy.min_shard_size, and the step's event says
+    add-remove. Full sampling divides by the shard size, public under its replace-one."""
+    config = _config(
+        {"min_shard_size": 4, "mechanism": "none", "delta": 0.0},
+        sampling="poisson",
+        sampling_rate=0.5,
+        step_size=1.0,
+    )
+    rng = generator(5, "problem")
+    problem = _problem(rng, n_peers=3, rows=6)
+    shards = tuple(
+        np.arange(problem.indptr[j], problem.indptr[j + 1]) for j in range(problem.n_peers)
+    )
+    grown = (np.append(shards[0], shards[1][0]), *shards[1:])  # peer 0 gains one record
+    bigger = LocalProblem.from_shards(problem.X, problem.y, grown, problem.lam)
+    privacy = step_privacy(config)
+    assert privacy.mechanism.relation == "add-remove"
+    noisy = _config(
+        {"min_shard_size": 4}, sampling="poisson", sampling_rate=0.5, noise_multiplier=4.0
+    )
+    assert step_privacy(noisy).event.relation == "add-remove"
+    for data in (problem, bigger):
+        protocol = _without_neighbours(config, data, privacy)
+        np.testing.assert_array_equal(protocol._denominators, 0.5 * 4)
+    full = step_privacy(_config(noise_multiplier=4.0))
+    assert full.event.relation == "replace-one"  # its divisor n is public: the size is fixed
+    np.testing.assert_array_equal(full.mechanism.denominators(np.array([6, 7])), [6, 7])
+    with pytest.raises(ConfigError, match=r"privacy.min_shard_size.*got privacy.min_shard_size"):
+        _config({"min_shard_size": None}, sampling="poisson", sampling_rate=0.5)
+
+
+@pytest.mark.parametrize("sampling", ["full", "fixed"])
+def test_replace_one_step_moves_the_sum_by_its_declared_sensitivity(sampling) -> None:
+    """Replace one record by the one whose clipped gradient points the other way: the sum
+    moves by exactly 2C, the event's sensitivity, and the event's noise multiplier is the
+    noise std over it (z C / 2C); sensitivity C would understate epsilon."""
+    clip = 0.1
+    mechanism = ClippedGaussianSum(clip_norm=clip, noise_multiplier=3.0, sampling=sampling,
+                                   batch_size=4)  # fmt: skip
+    X = np.tile([[0.6, 0.8]], (4, 1))
+    y = np.array([1.0, 1.0, -1.0, 1.0])
+    y_replaced = y.copy()
+    y_replaced[0] = -1.0  # same features, other label: the gradient flips
+    sums = [
+        LocalProblem(X=X, y=labels, indptr=np.array([0, 4]), lam=0.1).clipped_sums(
+            np.zeros((1, 2)), np.array([0]), mechanism, generator(0, "s")
+        )
+        for labels in (y, y_replaced)
+    ]
+    moved = float(np.linalg.norm(sums[0] - sums[1]))
+    assert moved == pytest.approx(2 * clip, rel=1e-12)
+    assert moved <= mechanism.sensitivity * (1 + 1e-12)
+    event = mechanism.event(1e-6)
+    assert event.relation == "replace-one"
+    assert event.noise_multiplier * moved == pytest.approx(3.0 * clip, rel=1e-12)
+
+
+def test_rows_state_their_neighbouring_relation_and_poisson_is_charged_by_pld() -> None:
+    """Config -> accountant -> row: Poisson steps are charged the PLD epsilon of the steps
+    taken (dp-accounting, computed here) under add/remove; full steps and one-shot releases
+    are replace-one."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from p2pdp.privacy.accounting import PLD_DISCRETIZATION
+
+    config = _config(sampling="poisson", sampling_rate=0.3, rounds=6)
+    result = simulate(config)
+    row = result.row()
+    assert row["neighbouring_relation"] == "add-remove"
+    assert row["privacy.accountant"] == "pld"
+    z = row["noise_multiplier_used"]
+    independent = pld_privacy_accountant.PLDAccountant(
+        value_discretization_interval=PLD_DISCRETIZATION
+    )
+    independent.compose(dp_event.PoissonSampledDpEvent(0.3, dp_event.GaussianDpEvent(z)), 6)
+    assert row["max_epsilon_spent"] == pytest.approx(independent.get_epsilon(1e-5), rel=1e-9)
+    assert 2.0 * (1 - 1e-3) <= row["max_epsilon_spent"] <= 2.0 * (1 + 1e-9)  # calibrated
+    assert simulate(_config(rounds=2)).row()["neighbouring_relation"] == "replace-one"
+    one_shot = dataclasses.replace(config, protocol={"name": "one-shot"})
+    assert simulate(one_shot).row()["neighbouring_relation"] == "replace-one"

@@ -182,6 +182,12 @@ _BUILTINS: tuple[Component, ...] = tuple(
             "exact Gaussian composition (mu = sqrt(k)/z GDP); default for gaussian",
         ),
         (
+            "accountant",
+            "pld",
+            "p2pdp.privacy.accounting:PldAccountant",
+            "privacy loss distributions (dp-accounting); default for Poisson-sampled steps",
+        ),
+        (
             "mechanism",
             "posterior-sampling",
             "p2pdp.privacy.posterior_sampling.mechanism:PosteriorSampling",

@@ -60,6 +60,10 @@ class RunResult:
     stated, ``"none"`` for a mechanism without a guarantee, and a mechanism's own label when
     it holds only under a condition the run does not meet (``posterior-sampling``:
     ``"approximate: exact only for exact sampling"``).
+    ``neighbouring_relation`` (a column of every row) is the relation all those epsilons are
+    stated for (:data:`p2pdp.privacy.events.RELATIONS`, ``"none"`` without a guarantee):
+    ``"replace-one"`` for the one-shot mechanisms and full or fixed sampling, ``"add-remove"``
+    for Poisson sampling. Epsilons of rows with different relations are not comparable.
     ``releases`` has one row per release (:mod:`p2pdp.privacy.release` records, plus cell time).
     ``affordable_aggregations`` is how many aggregations the ledger lets every peer join
     (the accountant's answer for the budget; with ``privacy.noise_multiplier``, the count
@@ -92,6 +96,7 @@ class RunResult:
     data_dependent_bounds: bool
     guarantee_per_aggregation: tuple[float, float]
     guarantee: str = "exact"
+    neighbouring_relation: str = "replace-one"
     releases: list[dict[str, Any]] = field(default_factory=list)
     wall_times: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = float("nan")
@@ -124,6 +129,7 @@ class RunResult:
             guaranteed_epsilon_per_aggregation=self.guarantee_per_aggregation[0],
             guaranteed_delta_per_aggregation=self.guarantee_per_aggregation[1],
             guarantee=self.guarantee,
+            neighbouring_relation=self.neighbouring_relation,
         )
         row.update(self.protocol_columns)
         row.update({f"wall_{phase}_s": seconds for phase, seconds in self.wall_times.items()})
@@ -383,6 +389,7 @@ def simulate(
         ),
         guarantee_per_aggregation=mechanism.guarantee(dim),
         guarantee=guarantee_label(mechanism.event(dim)),
+        neighbouring_relation=mechanism.event(dim).relation,
         releases=log.rows,
         wall_times=wall,
         peak_memory_mb=peak_mb,
@@ -466,6 +473,7 @@ def simulate_iterative(
     problem = LocalProblem.from_shards(
         data.X_train, data.y_train, trained.shards, config.training.lam
     )
+    check_min_shard_size(problem.sizes, config.privacy.min_shard_size)
     wall["training"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -540,6 +548,7 @@ def simulate_iterative(
         data_dependent_bounds=bool(data.data_dependent_bounds),
         guarantee_per_aggregation=(float(one_step), privacy.delta_total),
         guarantee=guarantee_label(privacy.event),
+        neighbouring_relation=privacy.event.relation,
         wall_times=wall,
         affordable_aggregations=-1 if privacy.max_steps is None else privacy.max_steps,
         protocol_columns=columns,

@@ -24,14 +24,24 @@ into the epsilon spent, at ``delta_total``:
     the Gaussian's tight privacy profile (:mod:`p2pdp.privacy.gdp`). No valid accountant can state a
     smaller epsilon for these releases, so it affords the most aggregations (README's table:
     80 -> 94 against ``rdp``). The default for ``gaussian`` (``privacy.accountant = "auto"``).
+``pld``
+    Privacy loss distributions (Koskela et al. 2020; Doroshenko et al. 2022), computed by
+    Google's dp-accounting: the pessimistic discretisation of each event's privacy loss,
+    composed by convolution, so the epsilon is an upper bound within the discretisation
+    (:data:`PLD_DISCRETIZATION`) of the exact one. Composes Gaussian, Poisson-subsampled
+    Gaussian (add/remove or replace-one), Laplace and ``(epsilon, delta)`` events, and mixed
+    sequences of them (:meth:`PldAccountant.sequence_epsilon`). The default for the
+    Poisson-subsampled steps of the iterative protocols, where it is up to 7 times tighter
+    than ``rdp`` (q = 0.01, z = 2, one step: 0.028 against 0.194 at delta = 1e-5).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,17 +49,28 @@ from p2pdp.core.boundary import calling, check_methods, check_numbers, check_typ
 from p2pdp.core.errors import BudgetExhaustedError, ConfigError
 from p2pdp.core.validation import require_count, require_positive, require_probability
 from p2pdp.privacy.events import (
+    ADD_REMOVE,
     EpsilonDeltaEvent,
     GaussianEvent,
+    LaplaceEvent,
     PrivacyEvent,
     SubsampledGaussianEvent,
 )
 from p2pdp.privacy.mechanisms import analytic_gaussian_sigma
 
-ACCOUNTANTS: tuple[str, ...] = ("basic", "rdp", "gdp")
+ACCOUNTANTS: tuple[str, ...] = ("basic", "rdp", "gdp", "pld")
 
 #: Accountants that compose only Gaussian releases (they need ``delta > 0``).
 GAUSSIAN_ACCOUNTANTS: tuple[str, ...] = ("rdp", "gdp")
+
+#: Accountants whose epsilon the README's budget table compares.
+BUDGET_TABLE_ACCOUNTANTS: tuple[str, ...] = ("basic", "rdp", "gdp")
+
+#: Width of the privacy-loss grid of the ``pld`` accountant (nats). Pessimistic rounding keeps
+#: the epsilon an upper bound, at most ``k`` grid widths above the optimistic estimate after
+#: ``k`` releases (tests/test_accounting.py); q = 0.01, z = 2, 1000 steps: 0.6239, against
+#: 0.6221 on a 10x finer grid, which takes 10x longer.
+PLD_DISCRETIZATION = 1e-3
 
 #: Relative tolerance when comparing spent to total epsilon (and delta), so that float error
 #: in e.g. ``3 * 0.1 = 0.30000000000000004`` does not cost a peer an aggregation.
@@ -163,7 +184,8 @@ class BasicAccountant(Accountant):
         unique, inverse = np.unique(counts, return_inverse=True)
         steps = unique.astype(float)
         within_delta = steps * delta_step <= delta_total * (1 + BUDGET_TOLERANCE)
-        spent = np.where(within_delta, steps * eps_step, math.inf)
+        with np.errstate(invalid="ignore"):  # 0 * inf, for 0 releases: set to 0 below
+            spent = np.where(within_delta, steps * eps_step, math.inf)
         spent = np.where(unique == 0, 0.0, spent)
         return spent[inverse].reshape(counts.shape)
 
@@ -212,11 +234,14 @@ class RdpAccountant(_GaussianAccountant):
     name: ClassVar[str] = "rdp"
 
     def supports(self, event: PrivacyEvent) -> bool:
-        return isinstance(event, (GaussianEvent, SubsampledGaussianEvent))
+        if isinstance(event, SubsampledGaussianEvent):
+            return event.relation == ADD_REMOVE  # the RDP bound used is for add/remove only
+        return isinstance(event, GaussianEvent)
 
     def composed_epsilon(self, event, counts, *, delta_total):
         if not isinstance(event, SubsampledGaussianEvent):
             return super().composed_epsilon(event, counts, delta_total=delta_total)
+        self.check(event)
         counts = _counts(counts)
         unique, inverse = np.unique(counts, return_inverse=True)
         alpha = INTEGER_RDP_ORDERS.astype(float)
@@ -298,10 +323,145 @@ class GdpAccountant(_GaussianAccountant):
         )
 
 
+#: Events whose PLD a :class:`PldAccountant` keeps (a bisection on the noise tries ~30).
+_PLD_CACHE = 64
+
+
+class PldAccountant(BasicAccountant):
+    """Privacy loss distributions, composed exactly by Google's dp-accounting.
+
+    Each event becomes the pessimistic PLD of its dominating pair of distributions, at the
+    grid width :data:`PLD_DISCRETIZATION`:
+
+    * :class:`~p2pdp.privacy.events.GaussianEvent`: the Gaussian shift of ``1 / z`` standard
+      deviations (its relation is already in its sensitivity);
+    * :class:`~p2pdp.privacy.events.SubsampledGaussianEvent`: the Poisson-subsampled Gaussian
+      at rate ``q`` and noise ``z``, under the event's relation (add/remove: both the add and
+      the remove direction; replace-one: ``q N(1) + (1-q) N(0)`` against ``q N(-1) + (1-q)
+      N(0)``);
+    * :class:`~p2pdp.privacy.events.LaplaceEvent`: the shift of one scale ``1 / epsilon`` of a
+      Laplace law;
+    * any other :class:`~p2pdp.privacy.events.EpsilonDeltaEvent` (and a distributional one:
+      its threat model is unchanged): the worst ``(epsilon, delta)``-DP pair, which dominates
+      every mechanism with that guarantee (Kairouz, Oh & Viswanath 2015).
+
+    ``k`` releases are the ``k``-fold convolution, and the epsilon at ``delta_total`` is read
+    from its hockey-stick curve: a valid upper bound (pessimistic rounding), exact up to the
+    grid. The basic bound is kept where it is smaller (both are valid, so the minimum is).
+    Events of every relation are composed as stated; a sequence must not mix relations
+    (:meth:`sequence_epsilon` refuses it).
+    """
+
+    name: ClassVar[str] = "pld"
+
+    def __init__(self, discretization: float = PLD_DISCRETIZATION) -> None:
+        self.discretization = require_positive("discretization", discretization)
+        self._distributions: dict[PrivacyEvent, Any] = {}  # dp-accounting's PLDs
+        self._epsilons: dict[tuple[PrivacyEvent, int, float], float] = {}
+
+    def supports(self, event: PrivacyEvent) -> bool:
+        if isinstance(event, EpsilonDeltaEvent):
+            return event.epsilon < math.inf
+        if isinstance(event, LaplaceEvent):
+            return event.epsilon < math.inf
+        return isinstance(event, (GaussianEvent, SubsampledGaussianEvent))
+
+    def distribution(self, event: PrivacyEvent, count: int = 1) -> Any:  # dp-accounting's PLD
+        """The pessimistic PLD of ``count`` releases of ``event``.
+
+        ``count`` Gaussian releases are one Gaussian release at noise ``z / sqrt(count)``
+        (exact, and one rounding instead of ``count``); every other event is the PLD of one
+        release (cached per event) convolved ``count`` times.
+        """
+        self.check(event)
+        from dp_accounting.pld import privacy_loss_distribution as pld
+
+        grid = self.discretization
+        if isinstance(event, GaussianEvent):
+            return pld.from_gaussian_mechanism(
+                event.noise_multiplier / math.sqrt(count), value_discretization_interval=grid
+            )
+        if event not in self._distributions:
+            if len(self._distributions) >= _PLD_CACHE:  # a calibration tries many events
+                self._distributions.clear()
+                self._epsilons.clear()
+            if isinstance(event, SubsampledGaussianEvent):
+                from dp_accounting import NeighboringRelation
+
+                relation = (
+                    NeighboringRelation.ADD_OR_REMOVE_ONE
+                    if event.relation == ADD_REMOVE
+                    else NeighboringRelation.REPLACE_ONE
+                )
+                distribution = pld.from_gaussian_mechanism(
+                    event.noise_multiplier,
+                    sampling_prob=event.sampling_rate,
+                    neighboring_relation=relation,
+                    value_discretization_interval=grid,
+                )
+            elif isinstance(event, LaplaceEvent):
+                distribution = pld.from_laplace_mechanism(
+                    1.0 / event.epsilon, value_discretization_interval=grid
+                )
+            else:
+                epsilon, delta = event.epsilon_delta()
+                distribution = pld.from_privacy_parameters(
+                    pld.common.DifferentialPrivacyParameters(epsilon, delta),
+                    value_discretization_interval=grid,
+                )
+            self._distributions[event] = distribution
+        one = self._distributions[event]
+        return one if count == 1 else one.self_compose(count)
+
+    def composed_epsilon(self, event, counts, *, delta_total):
+        counts = _counts(counts)
+        basic = super().composed_epsilon(event, counts, delta_total=delta_total)
+        if not event.private:
+            return basic
+        unique, inverse = np.unique(counts, return_inverse=True)
+        spent = np.array(
+            [self._epsilon(event, k, delta_total) if k else 0.0 for k in unique.tolist()]
+        )
+        return np.minimum(basic, spent[inverse].reshape(counts.shape))
+
+    def _epsilon(self, event: PrivacyEvent, count: int, delta_total: float) -> float:
+        key = (event, count, delta_total)
+        if key not in self._epsilons:
+            composed_pld = self.distribution(event, count)
+            self._epsilons[key] = float(composed_pld.get_epsilon_for_delta(delta_total))
+        return self._epsilons[key]
+
+    def sequence_epsilon(
+        self, releases: Sequence[tuple[PrivacyEvent, int]], *, delta_total: float
+    ) -> float:
+        """Epsilon at ``delta_total`` of a mixed sequence: ``count`` releases of each event.
+
+        The exact composition (convolution of the PLDs) of everything one peer took part in,
+        e.g. aggregations of different group sizes or mechanisms in one run. Every event must
+        state the same neighbouring relation (a guarantee under two relations is neither).
+        ``inf`` if any release is not private; 0 for no release.
+        """
+        releases = [(event, count) for event, count in releases if count]
+        if any(not event.private for event, _ in releases):
+            return math.inf
+        relations = {event.relation for event, _ in releases}
+        if len(relations) > 1:
+            raise ConfigError(
+                f"releases must state one neighbouring relation to be composed, got "
+                f"{sorted(relations)}"
+            )
+        if not releases:
+            return 0.0
+        parts = [self.distribution(event, int(count)) for event, count in releases]
+        total = functools.reduce(lambda left, right: left.compose(right), parts)
+        return float(total.get_epsilon_for_delta(delta_total))
+
+
 _ACCOUNTANTS: dict[str, Accountant] = {
     "basic": BasicAccountant(),
     "rdp": RdpAccountant(),
     "gdp": GdpAccountant(),
+    "pld": PldAccountant(),
 }
 
 
@@ -504,7 +664,7 @@ def budget_table(
             "delta_total": delta_total,
             "delta_per_aggregation": delta_step,
         }
-        for accountant in ACCOUNTANTS:
+        for accountant in BUDGET_TABLE_ACCOUNTANTS:
             row[accountant] = affordable_aggregations(
                 eps_total, eps_step, delta_total, delta_step, accountant
             )

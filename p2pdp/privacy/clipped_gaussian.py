@@ -2,27 +2,34 @@
 
 A peer of an iterative protocol (:mod:`p2pdp.protocols`) computes one vector per record of
 the records it samples (a gradient), clips each to L2 norm ``C`` (``clip_norm``), sums them,
-adds ``N(0, (z C)^2 I_d)`` noise (``z`` = ``noise_multiplier``) and divides by a public
-denominator; only that noisy vector, and models computed from it, ever leave the peer. What
-one step guarantees depends on how the records are sampled (:data:`SAMPLINGS`), and the event
-the accountant composes says so:
+adds ``N(0, (z C)^2 I_d)`` noise (``z`` = ``noise_multiplier``) and divides by a denominator
+that depends on no private data under the step's neighbouring relation; only that noisy
+vector, and models computed from it, ever leave the peer. What one step guarantees depends on
+how the records are sampled (:data:`SAMPLINGS`), and the event the accountant composes says so
+(its ``relation``, :mod:`p2pdp.privacy.events`):
 
 ``full``
-    Every record. Neighbouring relation: **replace** one record of the peer's shard (as in
-    the one-shot protocol); the sum moves by at most ``2 C``, so the step is a Gaussian
-    mechanism with noise multiplier ``z / 2`` relative to its sensitivity
-    (:class:`~p2pdp.privacy.events.GaussianEvent`, composed exactly by ``gdp``). Denominator:
-    the shard size ``n``.
+    Every record. Neighbouring relation: **replace-one** (as in the one-shot protocol): the
+    shard size ``n`` is the same in both neighbours, so it is public and is the denominator;
+    the sum moves by at most ``2 C``, so the step is a Gaussian mechanism with noise
+    multiplier ``z / 2`` relative to its sensitivity
+    (:class:`~p2pdp.privacy.events.GaussianEvent`, composed exactly by ``gdp``).
 ``fixed``
-    ``min(batch_size, n)`` records without replacement. The same event as ``full`` (replace
-    one record, sensitivity ``2 C``): no amplification by this sampling is claimed, so the
-    accounting is valid and conservative. Denominator: ``min(batch_size, n)``.
+    ``min(batch_size, n)`` records without replacement. The same event as ``full``
+    (replace-one, sensitivity ``2 C``): no amplification by this sampling is claimed, so the
+    accounting is valid and conservative. Denominator: ``min(batch_size, n)`` (public under
+    replace-one).
 ``poisson``
     Each record independently with probability ``q`` (``sampling_rate``). Neighbouring
-    relation: **add or remove** one record (sensitivity ``C``; the DP-SGD convention), the
+    relation: **add-remove** (the DP-SGD convention; sensitivity ``C``), the
     :class:`~p2pdp.privacy.events.SubsampledGaussianEvent`, amplification by sampling
-    accounted by ``rdp``. Denominator: ``q n``, a public constant (the shard size is public in
-    p2pdp, as in the one-shot protocol whose group sensitivities use it).
+    accounted by ``pld`` (or ``rdp``). Under add/remove the shard size is private, so the
+    denominator is ``q * min_shard_size``, the expected batch of a shard of the public
+    lower bound ``min_shard_size`` (``privacy.min_shard_size``), never the peer's own ``q n``.
+
+Rows of full or fixed sampling (and of the one-shot protocol) state replace-one epsilons;
+rows of Poisson sampling state add/remove epsilons, which are worth twice as much under
+replace-one: compare rows of the same ``neighbouring_relation`` only.
 
 ``z = 0`` adds no noise: the step is NOT private (:class:`~p2pdp.privacy.events.NonPrivateEvent`).
 """
@@ -36,6 +43,8 @@ import numpy as np
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.events import (
+    ADD_REMOVE,
+    REPLACE_ONE,
     GaussianEvent,
     NonPrivateEvent,
     PrivacyEvent,
@@ -62,6 +71,9 @@ class ClippedGaussianSum:
         ``q`` of Poisson sampling.
     batch_size : int
         Records per step of fixed-size sampling.
+    min_shard_size : int or None
+        Public lower bound on every peer's records: Poisson sampling divides by
+        ``sampling_rate * min_shard_size`` (required for it; unused otherwise).
     """
 
     clip_norm: float
@@ -69,6 +81,7 @@ class ClippedGaussianSum:
     sampling: str = "full"
     sampling_rate: float = 1.0
     batch_size: int = 1
+    min_shard_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.sampling not in SAMPLINGS:
@@ -81,6 +94,12 @@ class ClippedGaussianSum:
             raise ConfigError("clip_norm = inf leaves the sum unbounded: noise cannot hide it")
         if not 0 < self.sampling_rate <= 1:
             raise ConfigError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
+        if self.sampling == "poisson" and not (self.min_shard_size or 0) >= 1:
+            raise ConfigError(
+                "min_shard_size (privacy.min_shard_size) must be a public shard-size bound >= 1 "
+                "for Poisson sampling: its add/remove guarantee forbids dividing by the "
+                f"peer's own shard size; got {self.min_shard_size!r}"
+            )
 
     @property
     def private(self) -> bool:
@@ -89,10 +108,9 @@ class ClippedGaussianSum:
 
     @property
     def relation(self) -> str:
-        """The neighbouring relation the guarantee is stated for."""
-        if self.sampling == "poisson":
-            return "add or remove one record of a peer's shard"
-        return "replace one record of a peer's shard"
+        """The neighbouring relation the guarantee is stated for (:data:`RELATIONS
+        <p2pdp.privacy.events.RELATIONS>`)."""
+        return ADD_REMOVE if self.sampling == "poisson" else REPLACE_ONE
 
     @property
     def sensitivity(self) -> float:
@@ -109,20 +127,28 @@ class ClippedGaussianSum:
         if not self.private:
             return NonPrivateEvent("privacy.mechanism = 'none': no noise on the steps")
         if self.sampling == "poisson":
-            return SubsampledGaussianEvent(self.noise_multiplier, self.sampling_rate)
+            return SubsampledGaussianEvent(
+                self.noise_multiplier, self.sampling_rate, relation=self.relation
+            )
         z = self.noise_multiplier * self.clip_norm / self.sensitivity  # = noise_multiplier / 2
         epsilon = math.inf
         if delta_per_step > 0:
             from p2pdp.privacy.gdp import gdp_epsilon
 
             epsilon = float(gdp_epsilon(1.0 / z, delta_per_step))
-        return GaussianEvent(z, epsilon, delta_per_step)
+        return GaussianEvent(z, epsilon, delta_per_step, relation=self.relation)
 
     def denominators(self, sizes: np.ndarray) -> np.ndarray:
-        """The public divisor of each peer's noisy sum (its expected number of records), (P,)."""
+        """The divisor of each peer's noisy sum, (P,): public under :attr:`relation`.
+
+        ``full``: the shard size; ``fixed``: ``min(batch_size, n)`` (both fixed under
+        replace-one); ``poisson``: ``sampling_rate * min_shard_size`` for every peer, whatever
+        its ``sizes`` (under add/remove they are private).
+        """
         sizes = np.asarray(sizes, dtype=float)
         if self.sampling == "poisson":
-            return self.sampling_rate * sizes
+            assert self.min_shard_size is not None  # checked on construction
+            return np.full(sizes.shape, self.sampling_rate * self.min_shard_size)
         if self.sampling == "fixed":
             return np.minimum(float(self.batch_size), sizes)
         return sizes
@@ -170,8 +196,9 @@ def calibrated_noise_multiplier(
     """Smallest ``z`` with which ``steps`` steps of ``mechanism`` spend at most the budget.
 
     ``gdp`` on full or fixed sampling is exact (``z / 2 = sqrt(steps) / mu*``); otherwise a
-    bisection on ``z`` against the accountant's composed epsilon (relative precision 1e-6,
-    rounded up, so the returned ``z`` always fits).
+    bisection on ``z`` against the accountant's composed epsilon (``pld``: its PLD; relative
+    precision 1e-6, or 1e-4 for ``pld`` whose grid is coarser than that anyway; rounded up,
+    so the returned ``z`` always fits).
     """
     from dataclasses import replace
 
@@ -197,7 +224,8 @@ def calibrated_noise_multiplier(
                 f"no noise multiplier lets {steps} steps fit epsilon = {epsilon_total:g}, "
                 f"delta = {delta_total:g} under the {accountant} accountant"
             )
-    while (high - low) > 1e-6 * high:
+    precision = 1e-4 if accountant == "pld" else 1e-6
+    while (high - low) > precision * high:
         middle = (low + high) / 2
         low, high = (low, middle) if fits(middle) else (middle, high)
     return high

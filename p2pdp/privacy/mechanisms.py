@@ -53,7 +53,13 @@ from scipy.special import expit, log_ndtr
 from p2pdp.core.boundary import calling, check_methods, check_number, check_numbers, check_type
 from p2pdp.core.errors import ConfigError, PrivacyWarning
 from p2pdp.core.validation import require_count, require_positive, require_probability
-from p2pdp.privacy.events import EpsilonDeltaEvent, GaussianEvent, NonPrivateEvent, PrivacyEvent
+from p2pdp.privacy.events import (
+    EpsilonDeltaEvent,
+    GaussianEvent,
+    LaplaceEvent,
+    NonPrivateEvent,
+    PrivacyEvent,
+)
 
 MECHANISMS: tuple[str, ...] = (
     "vector-laplace",
@@ -457,6 +463,9 @@ class CoordinateLaplace(Mechanism):
     """epsilon-DP iid ``Laplace(sqrt(d) * Delta_2 / epsilon)`` noise per coordinate.
 
     ``sqrt(d) * Delta_2`` bounds the L1 sensitivity. Splittable (Gamma-difference shares).
+    In one dimension a release is the scalar Laplace mechanism
+    (:class:`~p2pdp.privacy.events.LaplaceEvent`, whose exact privacy loss the ``pld``
+    accountant composes); in more, only its ``epsilon`` is declared.
     """
 
     name: ClassVar[str] = "coordinate-laplace"
@@ -473,7 +482,8 @@ class CoordinateLaplace(Mechanism):
         return self.scale(sensitivity, dim)
 
     def event(self, dim: int) -> PrivacyEvent:
-        require_count("dim", dim)
+        if require_count("dim", dim) == 1:
+            return LaplaceEvent(self.epsilon)
         return EpsilonDeltaEvent(self.epsilon, 0.0)
 
     def _draw(self, sensitivity, dim, n, rng):

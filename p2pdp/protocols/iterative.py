@@ -7,7 +7,7 @@ of the ``f_i`` (the centralised model, for equal shards). One **private step** o
 
 ``w_i <- w_i - step_size * ((sum_r clip_C(grad_r) + N(0, (z C)^2 I)) / m_i + lam w_i)``
 
-over the records its sampling picks, ``m_i`` the public denominator
+over the records its sampling picks, ``m_i`` a denominator public under the step's relation
 (:class:`~p2pdp.privacy.clipped_gaussian.ClippedGaussianSum`). The regulariser's gradient uses
 no data. Everything a peer sends afterwards (its model, averages with received models) is
 post-processing of its noisy steps and of what it received, so the peer's local DP is the
@@ -153,8 +153,8 @@ class StepPrivacy:
 def step_privacy(config: ScenarioConfig) -> StepPrivacy:
     """The step mechanism of ``config``: noise calibrated to the budget unless given.
 
-    ``privacy.accountant = "auto"``: ``gdp`` (exact) for full and fixed sampling, ``rdp`` for
-    Poisson sampling (the only one of the two that accounts its amplification).
+    ``privacy.accountant = "auto"``: ``gdp`` (exact) for full and fixed sampling, ``pld`` for
+    Poisson sampling (exact up to its grid; it accounts the amplification by sampling).
     """
     settings, privacy = config.protocol, config.privacy
     private = settings.private(privacy)
@@ -164,6 +164,7 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
         sampling=settings.sampling,
         sampling_rate=settings.sampling_rate,
         batch_size=settings.batch_size,
+        min_shard_size=privacy.min_shard_size,
     )
     accountant = settings.accountant(privacy)
     if private and settings.noise_multiplier is None:

@@ -174,7 +174,7 @@ class PooledTest(Mechanism):
         require_count("dim", dim)
         if self.threat_model == WORST_CASE:
             return EpsilonDeltaEvent(self.epsilon, 0.0)
-        return DistributionalEvent(self.epsilon, 0.0, self.threat_model)
+        return DistributionalEvent(self.epsilon, 0.0, threat_model=self.threat_model)
 
     def budget_event(self, dim: int) -> PrivacyEvent:
         return EpsilonDeltaEvent(self.budget_per_pool, 0.0)
