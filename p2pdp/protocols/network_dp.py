@@ -1,85 +1,240 @@
-"""Pairwise network DP of Muffliato (Cyffers, Even, Bellet & Massoulie 2022).
+"""Pairwise network DP of Muffliato (Cyffers, Even, Bellet & Massoulie 2022), exact over a view.
 
 **What it bounds, and against whom.** Local DP (the protocols' ``epsilon_spent``) bounds what
-*any* neighbour learns from a peer's messages. Pairwise network DP bounds what a peer ``v``
-learns about a peer ``u``'s data from the messages ``v`` itself receives, when every peer
-follows the protocol and ``v`` sees nothing else (no other peer's messages, no collusion).
-It is a weaker adversary, so a smaller number: report it beside local DP, never as it.
+*any* neighbour learns from a peer's messages. Pairwise network DP bounds what one peer ``v``
+learns about a peer ``u``'s data from its **whole view** of the run: every message ``v``
+received (on time or late: a late message is not averaged, but ``v`` has read it), its own
+noise and data (so its own model at every moment), over every private step and every
+averaging exchange the run made, including those peers keep making after their budget stops
+their steps. ``v`` is honest-but-curious and alone: it sees no other peer's messages and does
+not collude. A weaker adversary than local DP's, so a smaller number: report it beside local
+DP, never as it. Neighbouring relation: replace one record of ``u``'s shard (``full`` and
+``fixed`` sampling; a step's sum moves by at most ``Delta = 2 C``).
 
-**The bound used** (the paper's Theorem 1, each observation of an injected noise a Gaussian
-mechanism, summed over observations, applied to every injection of the run): every peer
-injects noise at every private step (``T`` of them), then the models are averaged ``K``
-times per step with the Metropolis-Hastings matrix ``W`` (``K`` = ``protocol.gossip_steps``);
-``s`` gossip steps after an injection, ``v`` receives ``(W^s y)_w`` from each neighbour ``w``,
-in which ``u``'s contribution moves by ``(W^s)_{wu} Delta`` under noise of variance
-``sigma^2 ||W^s e_w||^2``. With ``Delta`` the sensitivity of a step's sum and ``sigma`` its
-noise standard deviation, ``u``'s Renyi loss towards ``v`` at order ``alpha`` is at most
+**The view model** (the linear-Gaussian view of the paper). Per model coordinate (all
+coordinates alike; the noise is iid across them), a private step of peer ``i`` is
+``x_i <- (1 - eta lam) x_i - (eta / m_i) (g_i + n)``, ``n ~ N(0, sigma^2)``, and an exchange is
+``x_i <- x_i + sum_{j delivered} W_ij (x_j - x_i)`` (:mod:`p2pdp.protocols.mixing`), as the
+run made them (:class:`ViewTrace`: which peers stepped, which messages arrived, which were
+late, which lost). ``v``'s view is then ``A n + b(D)``: ``A`` a linear map of the stacked
+noises of the run and ``b`` the gradient terms. Knowing its own noises, ``v`` removes their
+columns from ``A``. Changing one record of ``u`` moves ``u``'s gradient term at its ``t``-th
+step by some ``c_t`` with ``||c_t|| <= Delta`` (chosen by an adversary, one per step, in any
+direction); it enters ``A`` exactly where ``u``'s ``t``-th noise does, so the mean of the view
+moves by ``B c``, ``B`` = the columns of ``A`` of ``u``'s noises. Two Gaussians with the
+covariance ``sigma^2 A A^T`` and means ``B c`` apart are exactly ``mu``-GDP with
+``mu^2 = c^T B^T (A A^T)^+ B c / sigma^2`` (Renyi divergence ``alpha mu^2 / 2`` at every order)
+and the worst case over the ``c_t`` is
 
-``alpha Delta^2 / (2 sigma^2) * min(T, sum_{s=0}^{TK-1} (T - floor(s / K))
-sum_{w in N(v)} (W^s)_{uw}^2 / ||W^s e_w||^2)``
+``mu^2 = (Delta / sigma)^2 * kappa,  kappa = sup_{||a_t|| <= 1} sum_{s,t} M_st a_s . a_t``,
 
-(``T - floor(s / K)`` injections are observed ``s`` gossip steps later), where the ``min``
-with ``T`` is the local DP bound in Renyi form (a neighbour sees each injection directly;
-every other view is post-processing of ``u``'s messages). Converted to ``(epsilon, delta)``
-like the ``rdp`` accountant, and reported as the smaller of that and the run's local DP
-epsilon (both are valid bounds). We implement the paper's expression; we did not re-derive
-it, and the local DP columns are the guarantee p2pdp states. Only for steps without sampling
-amplification (``full``, ``fixed``); exact arithmetic on a dense ``W``, so only for overlays
-of at most :data:`MAX_PEERS` peers; and only for runs in which every message arrived (no loss,
-no late message, no churn: the bound is for the gossip matrix ``W`` applied in full). NaN
-otherwise.
+``M = B^T (A A^T)^+ B``: the block of ``u``'s noises in the projection onto the row space of
+``A`` (the shift always lies in the range of the covariance: it is a combination of columns of
+``A``). ``0 <= M <= I``, so ``kappa <= T_u``, ``u``'s number of steps: never more than local
+DP. ``kappa`` is the value of a max-cut-like semidefinite program; :func:`worst_case_shift`
+computes a feasible point (a lower bound) and a dual certificate (an upper bound) and the
+columns report the upper bound (equal to the lower one to ~1e-12 on the graphs tested; exact
+when ``T_u <= 2``). Converted to ``(epsilon, delta)`` at the rows' ``privacy.delta`` exactly
+(``mu``-GDP, Dong, Roth & Su), the conversion of the ``gdp`` accountant.
+
+**Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps;
+Poisson sampling (the view is then a mixture of Gaussians); churn; runs whose views exceed
+:data:`MAX_VIEW_ENTRIES`. **Assumption.** Like the paper, the model takes the gradient terms
+``g`` as fixed functions of the data; in a real run they also depend on the models, hence on
+the noise (the local DP accounting needs no such assumption).
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.sparse.csgraph import shortest_path
 
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
+from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols.mixing import Mixing
 
-#: Largest overlay whose pairwise network DP is computed (dense (P, P) powers of W).
-MAX_PEERS = 500
+#: Largest computation: the sum over peers ``v`` of (rows of ``v``'s view) x (noises injected
+#: in the run), i.e. the entries of all views' matrices ``A`` (8 bytes each).
+MAX_VIEW_ENTRIES = 10_000_000
 
-#: Renyi orders over which the conversion to (epsilon, delta) is minimised.
-ORDERS = 1.0 + np.geomspace(1e-2, 1e4, 300)
+#: Barrier rounds (each dividing the barrier weight by 10) and Newton steps per round of
+#: :func:`worst_case_shift` (both stop earlier once converged).
+_BARRIER_ROUNDS = 30
+_NEWTON_STEPS = 50
 
 
-def pairwise_coefficients(mixing: Mixing, steps: int, gossip_steps: int) -> np.ndarray:
-    """``c[u, v]``: the bound above without ``alpha Delta^2 / (2 sigma^2)``, (P, P).
+@dataclass(slots=True)
+class ViewTrace:
+    """What a synchronous run did, in order: every step's peers and every exchange's messages.
 
-    The diagonal (a peer towards itself) is NaN.
+    ``events[k]`` is either a (k,) int array, the peers that took a private step, or a pair
+    ``(delivered, late)`` of (E,) bool arrays over the overlay's edges (``Mixing.indices``):
+    the messages averaged, and those that arrived after the exchange's deadline (read by
+    their receiver, not averaged). An edge in neither was lost (never seen).
     """
-    W = mixing.matrix().toarray()
-    n = W.shape[0]
-    adjacency = np.zeros((n, n), dtype=bool)
-    adjacency[mixing.receivers, mixing.indices] = True  # adjacency[v, w]: w sends to v
-    total = np.zeros((n, n))
-    power = np.eye(n)
-    for s in range(steps * gossip_steps):
-        weight = steps - s // gossip_steps
-        column_norms = (power**2).sum(axis=0)  # ||W^s e_w||^2
-        ratio = power**2 / column_norms[None, :]  # (W^s)_{uw}^2 / ||W^s e_w||^2
-        total += weight * (ratio @ adjacency.T.astype(float))  # sum over w in N(v)
-        power = power @ W
-    total = np.minimum(total, float(steps))
-    np.fill_diagonal(total, np.nan)
-    return total
+
+    events: list[np.ndarray | tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def step(self, peers: np.ndarray) -> None:
+        self.events.append(np.array(peers, dtype=np.int64))
+
+    def exchange(self, delivered: np.ndarray, late: np.ndarray) -> None:
+        self.events.append((np.array(delivered, dtype=bool), np.array(late, dtype=bool)))
+
+    def view_entries(self, mixing: Mixing) -> int:
+        """The size :data:`MAX_VIEW_ENTRIES` limits (counted without building anything)."""
+        noises = sum(e.size for e in self.events if isinstance(e, np.ndarray))
+        received = sum(int((d | late).sum()) for d, late in self._exchanges())
+        return received * noises
+
+    def _exchanges(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [e for e in self.events if isinstance(e, tuple)]
 
 
-def pairwise_epsilon(
-    coefficients: np.ndarray, *, sensitivity_over_sigma: float, delta: float
-) -> np.ndarray:
-    """``(epsilon, delta)`` of every pair from its coefficient, same shape (NaN kept)."""
-    flat = coefficients.ravel()
-    out = np.full(flat.shape, np.nan)
-    ok = np.isfinite(flat)
-    rdp = flat[ok, None] * ORDERS[None, :] * sensitivity_over_sigma**2 / 2.0
-    conversion = np.log1p(-1.0 / ORDERS) - (math.log(delta) + np.log(ORDERS)) / (ORDERS - 1)
-    out[ok] = np.where(flat[ok] > 0, np.maximum((rdp + conversion).min(axis=1), 0.0), 0.0)
-    return out.reshape(coefficients.shape)
+def worst_case_shift(M: np.ndarray) -> tuple[float, float]:
+    """``kappa = sup sum_{s,t} M_st a_s . a_t`` over vectors ``||a_t|| <= 1``: (upper, lower).
+
+    A semidefinite program (the sup over Gram matrices ``G >= 0`` with ``diag G <= 1`` of
+    ``tr(M G)``; attained at ``diag G = 1`` since ``M >= 0``), solved by the barrier method
+    on its dual ``min sum y s.t. diag(y) - M >= 0`` (Newton steps on ``sum y - tau logdet(diag
+    y - M)``, ``tau`` shrinking).
+
+    Parameters
+    ----------
+    M : (T, T) symmetric positive semidefinite array
+
+    Returns
+    -------
+    (upper, lower): ``upper = sum y + T lambda_max(M - diag y)``, a bound valid for every ``y``
+    (for ``diag G = 1``, ``tr(M G) = sum y + tr((M - diag y) G) <= sum y + T lambda_max``),
+    also capped by ``sum |M_st|`` and ``T lambda_max(M)``; ``lower = tr(M G)`` at the primal
+    point ``G`` of the central path (``tau (diag y - M)^-1``, scaled to a unit diagonal),
+    attained by unit vectors ``a_t``. They agree to about ``1e-9``; for ``T <= 2`` both are
+    the closed form ``M_11 + M_22 + 2 |M_12|`` (``max(M, 0)`` for ``T = 1``).
+    """
+    T = M.shape[0]
+    if T == 0:
+        return 0.0, 0.0
+    top = float(np.linalg.eigvalsh(M)[-1])
+    if T == 1 or top <= 0:
+        value = max(float(M[0, 0]), 0.0) if T == 1 else 0.0
+        return value, value
+    if T == 2:  # a_1 . a_2 = sign(M_12): exact
+        value = float(M[0, 0] + M[1, 1] + 2.0 * abs(M[0, 1]))
+        return value, value
+    cap = min(float(np.abs(M).sum()), T * top)
+    sign = np.where(np.linalg.eigh(M)[1][:, -1] >= 0, 1.0, -1.0)
+    easy = max(float(np.trace(M)), float(sign @ M @ sign))  # G = I, G = sign sign^T
+    if cap - easy <= 1e-12 * cap:
+        return cap, easy
+    y = np.full(T, 2.0 * top)
+    tau = top
+    for _ in range(_BARRIER_ROUNDS):
+        for _ in range(_NEWTON_STEPS):  # Newton on sum(y) / tau - logdet(diag y - M)
+            inverse = np.linalg.inv(np.diag(y) - M)
+            gradient = 1.0 / tau - np.diag(inverse)
+            step = np.linalg.solve(inverse**2, -gradient)
+            if -gradient @ step < 1e-12:  # squared Newton decrement
+                break
+            length = 1.0
+            while not _positive_definite(np.diag(y + length * step) - M) and length > 1e-12:
+                length /= 2.0
+            y = y + length * step
+        if tau * T < 1e-12 * y.sum():
+            break
+        tau /= 10.0
+    G = tau * np.linalg.inv(np.diag(y) - M)
+    scale = 1.0 / np.sqrt(np.diag(G))
+    lower = float(np.sum(M * (G * scale[:, None] * scale[None, :])))
+    certificate = y.sum() + T * np.linalg.eigvalsh(M - np.diag(y))[-1]
+    upper = min(float(certificate), cap)
+    return max(upper, lower), max(lower, easy)
+
+
+def _positive_definite(S: np.ndarray) -> bool:
+    try:
+        np.linalg.cholesky(S)
+    except np.linalg.LinAlgError:
+        return False
+    return True
+
+
+def view_coefficients(
+    trace: ViewTrace, mixing: Mixing, *, scales: np.ndarray, decay: float
+) -> tuple[np.ndarray, float]:
+    """``kappa[u, v]`` of every ordered pair (the diagonal NaN) and the largest relative gap.
+
+    Parameters
+    ----------
+    trace : ViewTrace
+        The run.
+    mixing : Mixing
+        The overlay's weights (``trace``'s masks are over its edges).
+    scales : (P,) array
+        ``eta / m_i``: how much of a step's noisy sum enters peer ``i``'s model.
+    decay : float
+        ``1 - eta lam``: what a step keeps of the stepping peer's model.
+
+    Returns
+    -------
+    (kappa, gap): kappa (P, P), ``u``'s worst-case squared mean shift in ``v``'s view in units
+    of ``(Delta / sigma)^2`` (the upper bound of :func:`worst_case_shift`); gap, the largest
+    ``(upper - lower) / upper`` over pairs (0: every value exact).
+    """
+    n = mixing.n_peers
+    steps = [e for e in trace.events if isinstance(e, np.ndarray)]
+    owner = np.concatenate(steps) if steps else np.zeros(0, dtype=np.int64)
+    X = np.zeros((n, owner.size))  # each peer's model as a combination of the noises
+    views: list[list[np.ndarray]] = [[] for _ in range(n)]
+    senders, receivers = mixing.indices, mixing.receivers
+    column = 0
+    for event in trace.events:
+        if isinstance(event, np.ndarray):
+            X[event] *= decay
+            X[event, column + np.arange(event.size)] = -scales[event]
+            column += event.size
+            continue
+        delivered, late = event
+        seen = np.flatnonzero(delivered | late)
+        for v in np.unique(receivers[seen]).tolist():
+            views[v].append(X[senders[seen[receivers[seen] == v]]])
+        X = mixing.average(X, delivered)
+    kappa = np.full((n, n), np.nan)
+    gap = 0.0
+    for v in range(n):
+        others = owner != v  # v knows its own noises: their columns leave the view
+        A = np.concatenate(views[v])[:, others] if views[v] else np.zeros((0, int(others.sum())))
+        basis = _row_space(A)
+        kept = owner[others]
+        for u in range(n):
+            if u == v:
+                continue
+            block = basis[:, kept == u]
+            upper, lower = worst_case_shift(block.T @ block)
+            kappa[u, v] = upper
+            if upper > 0:
+                gap = max(gap, (upper - lower) / upper)
+    return kappa, gap
+
+
+def _row_space(A: np.ndarray) -> np.ndarray:
+    """An orthonormal basis of the row space of ``A`` (rows), numerical rank as numpy's."""
+    if A.size == 0:
+        return np.zeros((0, A.shape[1]))
+    _, singular, Vt = np.linalg.svd(A, full_matrices=False)
+    tolerance = singular.max(initial=0.0) * max(A.shape) * np.finfo(float).eps
+    return Vt[singular > tolerance]
+
+
+def pairwise_epsilon(kappa: np.ndarray, *, sensitivity_over_sigma: float, delta: float) -> np.ndarray:
+    """``(epsilon, delta)`` of every pair: ``mu = (Delta / sigma) sqrt(kappa)``-GDP (NaN kept)."""
+    out = np.full(kappa.shape, np.nan)
+    ok = np.isfinite(kappa)
+    mu = sensitivity_over_sigma * np.sqrt(np.maximum(kappa[ok], 0.0))
+    out[ok] = gdp_epsilon(mu, delta)
+    return out
 
 
 def by_distance(mixing: Mixing, epsilon: np.ndarray) -> list[dict[str, float]]:
@@ -100,38 +255,68 @@ def by_distance(mixing: Mixing, epsilon: np.ndarray) -> list[dict[str, float]]:
     return rows
 
 
+def not_computed(mechanism: ClippedGaussianSum, *, churn: bool) -> str:
+    """Why a run's network DP is not computed ("" when it is computable)."""
+    if not mechanism.private:
+        return "not computed: protocol.noise_multiplier = 0 (no noise, no guarantee)"
+    if mechanism.sampling == "poisson":
+        return (
+            "not computed: protocol.sampling = 'poisson' (the view is a mixture of Gaussians, "
+            "its exact divergence is not implemented)"
+        )
+    if churn:
+        return "not computed: gossip.churn = true (views under churn are not implemented)"
+    return ""
+
+
 def report(
+    trace: ViewTrace,
     mixing: Mixing,
     mechanism: ClippedGaussianSum,
     *,
-    steps: int,
-    gossip_steps: int,
+    scales: np.ndarray,
+    decay: float,
     delta: float,
-    local_epsilon: float,
-) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """A run's network DP columns and its per-distance rows (nothing where not computed).
+    churn: bool = False,
+) -> tuple[dict[str, float | str], list[dict[str, float]]]:
+    """A run's network DP columns and its per-distance rows.
 
-    Columns ``network_dp_epsilon_mean`` / ``_max`` over ordered pairs ``u != v`` and
-    ``_max_beyond_neighbours`` over pairs that are not overlay neighbours; each pair's value is
-    the smaller of the bound and ``local_epsilon`` (both valid). Empty results for noiseless
-    or Poisson-sampled steps and for more than :data:`MAX_PEERS` peers.
+    Columns ``network_dp_epsilon_mean`` / ``_max`` over ordered pairs ``u != v``,
+    ``_max_beyond_neighbours`` over pairs that are not overlay neighbours, and
+    ``network_dp_note``: "" when computed, else why not (the epsilon columns then NaN and no
+    per-distance rows). ``scales``, ``decay``: see :func:`view_coefficients`; ``delta``: the
+    rows' ``privacy.delta``.
     """
-    n = mixing.n_peers
-    if not mechanism.private or mechanism.sampling == "poisson" or n > MAX_PEERS:
-        return {}, []
+    nan = float("nan")
+    empty: dict[str, float | str] = {
+        "network_dp_epsilon_mean": nan,
+        "network_dp_epsilon_max": nan,
+        "network_dp_epsilon_max_beyond_neighbours": nan,
+    }
+    reason = not_computed(mechanism, churn=churn)
+    entries = trace.view_entries(mixing)
+    if not reason and entries > MAX_VIEW_ENTRIES:
+        reason = (
+            f"not computed: the views have {entries:,} entries (received messages x noises "
+            f"injected), more than the {MAX_VIEW_ENTRIES:,} of an exact computation"
+        )
+    if reason:
+        return {**empty, "network_dp_note": reason}, []
+    kappa, gap = view_coefficients(trace, mixing, scales=scales, decay=decay)
     epsilon = pairwise_epsilon(
-        pairwise_coefficients(mixing, steps, gossip_steps),
+        kappa,
         sensitivity_over_sigma=mechanism.sensitivity
         / (mechanism.noise_multiplier * mechanism.clip_norm),
         delta=delta,
     )
-    epsilon = np.minimum(epsilon, local_epsilon)  # NaN (the diagonal) stays NaN
-    neighbours = np.zeros((n, n), dtype=bool)
+    n = mixing.n_peers
+    neighbours = np.eye(n, dtype=bool)
     neighbours[mixing.receivers, mixing.indices] = True
-    beyond = epsilon[~neighbours & np.isfinite(epsilon)]
-    columns = {
+    beyond = epsilon[~neighbours]
+    columns: dict[str, float | str] = {
         "network_dp_epsilon_mean": float(np.nanmean(epsilon)),
         "network_dp_epsilon_max": float(np.nanmax(epsilon)),
         "network_dp_epsilon_max_beyond_neighbours": float(beyond.max()) if beyond.size else 0.0,
+        "network_dp_note": "" if gap <= 1e-6 else f"upper bound: semidefinite gap {gap:.1e}",
     }
     return columns, by_distance(mixing, epsilon)
