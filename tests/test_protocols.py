@@ -25,7 +25,6 @@ from p2pdp.experiments.simulation import simulate
 from p2pdp.privacy.accounting import RdpAccountant, subsampled_gaussian_rdp
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.events import SubsampledGaussianEvent
-from p2pdp.protocols import network_dp
 from p2pdp.protocols.iterative import (
     DecentralizedSGD,
     LocalProblem,
