@@ -503,6 +503,28 @@ def test_leave_one_fold_out_tuning_never_uses_the_folds_own_error() -> None:
     assert row["chosen"] == "step_size = 2.0"
 
 
+def test_the_comparison_leaves_network_dp_empty_with_the_cells_reasons() -> None:
+    from p2pdp.experiments.protocol_report import markdown, tuned_comparison
+
+    note = "not computed: gossip.churn = true (views under churn are not implemented)"
+    base = {
+        "protocol.name": "muffliato",
+        "privacy.epsilon": 1.0,
+        "mean_error": 0.2,
+        "max_epsilon_spent": 1.0,
+        "local_only_error": 0.3,
+        "centralized_error": 0.1,
+    }
+    rows = [
+        {**base, "fold": 0, "network_dp_epsilon_mean": 0.5, "network_dp_note": ""},
+        {**base, "fold": 1, "network_dp_epsilon_mean": math.nan, "network_dp_note": note},
+    ]
+    keys, table = tuned_comparison(rows, ["privacy.epsilon"])
+    assert math.isnan(table[0]["network_dp_epsilon_mean"])  # not the mean of the one computed
+    lines = markdown(keys, table)
+    assert lines[2].endswith("| - |") and f"- muffliato: {note}" in lines
+
+
 def test_a_peer_without_neighbours_keeps_learning_alone() -> None:
     base = _config(name="gossip-learning", rounds=4, noise_multiplier=0.0)
     gossip = {"overlay": "erdos-renyi", "edge_probability": 0.03, "allow_disconnected": True}
