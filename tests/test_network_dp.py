@@ -175,14 +175,14 @@ def test_vector_changes_beat_signs_and_the_reported_value_is_the_vector_optimum(
     W = _mixing(GRAPHS["ring-10"]).matrix().toarray()
     for u, v in [(1, 0), (9, 0), (4, 3)]:  # neighbours, T = 4, K = 1
         M = _brute_M(W, 4, 1, u, v)
-        upper, lower = network_dp.worst_case_shift(M)
+        (upper,), (lower,) = network_dp.worst_case_shifts(M[None])
         ascent = _ascent(M)
         assert lower - 1e-9 <= upper <= ascent + 1e-8 and ascent <= upper + 1e-9
         assert ascent > _sign_max(M) + 3e-4  # vectors leak more than signs ...
         assert min(np.abs(M).sum(), 4 * np.linalg.eigvalsh(M)[-1]) > ascent + 0.05  # < caps
     # a 5-cycle's max-cut form (known value): SDP (25 + 5 sqrt 5) / 8 > best signs 4
     L = nx.laplacian_matrix(nx.cycle_graph(5)).toarray() / 4.0
-    upper, lower = network_dp.worst_case_shift(L)
+    (upper,), (lower,) = network_dp.worst_case_shifts(L[None])
     assert upper == pytest.approx((25 + 5 * math.sqrt(5)) / 8, abs=1e-8)
     assert lower == pytest.approx(upper, abs=1e-8) and upper > _sign_max(L) + 0.5
 

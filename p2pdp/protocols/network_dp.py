@@ -31,7 +31,7 @@ and the worst case over the ``c_t`` is
 ``M = B^T (A A^T)^+ B``: the block of ``u``'s noises in the projection onto the row space of
 ``A`` (the shift always lies in the range of the covariance: it is a combination of columns of
 ``A``). ``0 <= M <= I``, so ``kappa <= T_u``, ``u``'s number of steps: never more than local
-DP. ``kappa`` is the value of a max-cut-like semidefinite program; :func:`worst_case_shift`
+DP. ``kappa`` is the value of a max-cut-like semidefinite program; :func:`worst_case_shifts`
 computes a feasible point (a lower bound) and a dual certificate (an upper bound) and the
 columns report the upper bound (closed form, exact, when ``T_u <= 2``; within 1e-8 of the
 lower one on the graphs tested; ``network_dp_note`` says so where the gap exceeds 1e-6).
@@ -61,7 +61,7 @@ from p2pdp.protocols.mixing import Mixing
 MAX_VIEW_ENTRIES = 10_000_000
 
 #: Barrier rounds (each dividing the barrier weight by 10) and Newton steps per round of
-#: :func:`worst_case_shift` (both stop earlier once converged).
+#: :func:`worst_case_shifts` (both stop earlier once converged).
 _BARRIER_ROUNDS = 30
 _NEWTON_STEPS = 50
 
@@ -91,72 +91,73 @@ class ViewTrace:
         return received * noises
 
 
-def worst_case_shift(M: np.ndarray) -> tuple[float, float]:
-    """``kappa = sup sum_{s,t} M_st a_s . a_t`` over vectors ``||a_t|| <= 1``: (upper, lower).
+def worst_case_shifts(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``kappa = sup sum_{s,t} M_st a_s . a_t`` over vectors ``||a_t|| <= 1``, for a batch.
 
     A semidefinite program (the sup over Gram matrices ``G >= 0`` with ``diag G <= 1`` of
     ``tr(M G)``; attained at ``diag G = 1`` since ``M >= 0``), solved by the barrier method
-    on its dual ``min sum y s.t. diag(y) - M >= 0`` (Newton steps on ``sum y - tau logdet(diag
-    y - M)``, ``tau`` shrinking).
+    on its dual ``min sum y s.t. diag(y) - M >= 0`` (Newton steps on ``sum y / tau - logdet
+    (diag y - M)``, ``tau`` divided by 10 until ``tau T < 1e-12 sum y``), every matrix of the
+    batch at once.
 
     Parameters
     ----------
-    M : (T, T) symmetric positive semidefinite array
+    M : (B, T, T) array of symmetric positive semidefinite matrices
 
     Returns
     -------
-    (upper, lower): ``upper = sum y + T lambda_max(M - diag y)``, a bound valid for every ``y``
-    (for ``diag G = 1``, ``tr(M G) = sum y + tr((M - diag y) G) <= sum y + T lambda_max``),
-    also capped by ``sum |M_st|`` and ``T lambda_max(M)``; ``lower = tr(M G)`` at the primal
-    point ``G`` of the central path (``tau (diag y - M)^-1``, scaled to a unit diagonal),
-    attained by unit vectors ``a_t``. They agree to about ``1e-9``; for ``T <= 2`` both are
-    the closed form ``M_11 + M_22 + 2 |M_12|`` (``max(M, 0)`` for ``T = 1``).
+    (upper, lower), each (B,): ``upper = sum y + T lambda_max(M - diag y)``, a bound valid for
+    every ``y`` (for ``diag G = 1``, ``tr(M G) = sum y + tr((M - diag y) G) <= sum y + T
+    lambda_max``), capped by ``sum |M_st|`` and ``T lambda_max(M)``; ``lower = tr(M G)`` at
+    the primal point ``G`` of the central path (``tau (diag y - M)^-1`` scaled to a unit
+    diagonal), or at ``G = I`` or ``G = s s^T`` (``s`` the signs of the top eigenvector),
+    attained by unit vectors ``a_t``. For ``T <= 2`` both are the closed form
+    ``M_11 + M_22 + 2 |M_12|`` (``max(M_11, 0)`` for ``T = 1``).
     """
-    T = M.shape[0]
-    if T == 0:
-        return 0.0, 0.0
-    top = float(np.linalg.eigvalsh(M)[-1])
-    if T == 1 or top <= 0:
-        value = max(float(M[0, 0]), 0.0) if T == 1 else 0.0
-        return value, value
-    if T == 2:  # a_1 . a_2 = sign(M_12): exact
-        value = float(M[0, 0] + M[1, 1] + 2.0 * abs(M[0, 1]))
-        return value, value
-    cap = min(float(np.abs(M).sum()), T * top)
-    sign = np.where(np.linalg.eigh(M)[1][:, -1] >= 0, 1.0, -1.0)
-    easy = max(float(np.trace(M)), float(sign @ M @ sign))  # G = I, G = sign sign^T
-    if cap - easy <= 1e-12 * cap:
-        return cap, easy
-    y = np.full(T, 2.0 * top)
-    tau = top
+    T = M.shape[-1]
+    if T <= 2:
+        value = np.maximum(np.trace(M, axis1=1, axis2=2), 0.0)
+        if T == 2:
+            value = value + 2.0 * np.abs(M[:, 0, 1])
+        return value, value.copy()
+    values, vectors = np.linalg.eigh(M)
+    top = np.maximum(values[:, -1], 0.0)
+    cap = np.minimum(np.abs(M).sum(axis=(1, 2)), T * top)
+    sign = np.where(vectors[:, :, -1] >= 0, 1.0, -1.0)
+    lower = np.maximum(np.trace(M, axis1=1, axis2=2), np.einsum("bi,bij,bj->b", sign, M, sign))
+    upper = np.maximum(cap, lower)
+    hard = np.flatnonzero((cap - lower > 1e-12 * cap) & (top > 0))
+    if not hard.size:
+        return upper, lower
+    M_hard, eye = M[hard], np.eye(T)
+    y = np.repeat(2.0 * top[hard, None], T, axis=1)
+    tau = top[hard].copy()
     for _ in range(_BARRIER_ROUNDS):
         for _ in range(_NEWTON_STEPS):  # Newton on sum(y) / tau - logdet(diag y - M)
-            inverse = np.linalg.inv(np.diag(y) - M)
-            gradient = 1.0 / tau - np.diag(inverse)
-            step = np.linalg.solve(inverse**2, -gradient)
-            if -gradient @ step < 1e-12:  # squared Newton decrement
+            inverse = np.linalg.inv(y[:, :, None] * eye - M_hard)
+            gradient = 1.0 / tau[:, None] - np.diagonal(inverse, axis1=1, axis2=2)
+            step = np.linalg.solve(inverse**2, -gradient[:, :, None])[:, :, 0]
+            decrement = -np.einsum("bi,bi->b", gradient, step)  # squared Newton decrement
+            if decrement.max() < 1e-12:
                 break
-            length = 1.0
-            while not _positive_definite(np.diag(y + length * step) - M) and length > 1e-12:
-                length /= 2.0
-            y = y + length * step
-        if tau * T < 1e-12 * y.sum():
+            length = np.where(decrement < 1e-12, 0.0, 1.0)
+            for _ in range(40):  # halve each step until diag y - M stays positive definite
+                trial = (y + length[:, None] * step)[:, :, None] * eye - M_hard
+                bad = np.linalg.eigvalsh(trial)[:, 0] <= 0
+                if not bad.any():
+                    break
+                length[bad] /= 2.0
+            y = y + length[:, None] * step
+        if (tau * T < 1e-12 * y.sum(axis=1)).all():
             break
         tau /= 10.0
-    G = tau * np.linalg.inv(np.diag(y) - M)
-    scale = 1.0 / np.sqrt(np.diag(G))
-    lower = float(np.sum(M * (G * scale[:, None] * scale[None, :])))
-    certificate = y.sum() + T * np.linalg.eigvalsh(M - np.diag(y))[-1]
-    upper = min(float(certificate), cap)
-    return max(upper, lower), max(lower, easy)
-
-
-def _positive_definite(S: np.ndarray) -> bool:
-    try:
-        np.linalg.cholesky(S)
-    except np.linalg.LinAlgError:
-        return False
-    return True
+    G = tau[:, None, None] * np.linalg.inv(y[:, :, None] * eye - M_hard)
+    scale = 1.0 / np.sqrt(np.diagonal(G, axis1=1, axis2=2))
+    G = G * scale[:, :, None] * scale[:, None, :]
+    lower[hard] = np.maximum(lower[hard], np.einsum("bij,bij->b", M_hard, G))
+    certificate = y.sum(axis=1) + T * np.linalg.eigvalsh(M_hard - y[:, :, None] * eye)[:, -1]
+    upper[hard] = np.maximum(np.minimum(certificate, cap[hard]), lower[hard])
+    return upper, lower
 
 
 def view_coefficients(
@@ -178,7 +179,7 @@ def view_coefficients(
     Returns
     -------
     (kappa, gap): kappa (P, P), ``u``'s worst-case squared mean shift in ``v``'s view in units
-    of ``(Delta / sigma)^2`` (the upper bound of :func:`worst_case_shift`); gap, the largest
+    of ``(Delta / sigma)^2`` (the upper bound of :func:`worst_case_shifts`); gap, the largest
     ``(upper - lower) / upper`` over pairs (0: every value exact).
     """
     n = mixing.n_peers
@@ -206,14 +207,16 @@ def view_coefficients(
         A = np.concatenate(views[v])[:, others] if views[v] else np.zeros((0, int(others.sum())))
         basis = _row_space(A)
         kept = owner[others]
-        for u in range(n):
-            if u == v:
-                continue
-            block = basis[:, kept == u]
-            upper, lower = worst_case_shift(block.T @ block)
-            kappa[u, v] = upper
-            if upper > 0:
-                gap = max(gap, (upper - lower) / upper)
+        peers = [u for u in range(n) if u != v]
+        counts = np.array([int((kept == u).sum()) for u in peers])
+        for T in np.unique(counts).tolist():  # the peers that took T steps, at once
+            same = [u for u, c in zip(peers, counts, strict=True) if c == T]
+            blocks = np.stack([basis[:, kept == u] for u in same])  # (k, rank, T)
+            upper, lower = worst_case_shifts(np.einsum("bri,brj->bij", blocks, blocks))
+            kappa[same, v] = upper
+            positive = upper > 0
+            if positive.any():
+                gap = max(gap, float(((upper - lower)[positive] / upper[positive]).max()))
     return kappa, gap
 
 
