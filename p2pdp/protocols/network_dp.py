@@ -96,9 +96,9 @@ def worst_case_shifts(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     A semidefinite program (the sup over Gram matrices ``G >= 0`` with ``diag G <= 1`` of
     ``tr(M G)``; attained at ``diag G = 1`` since ``M >= 0``), solved by the barrier method
-    on its dual ``min sum y s.t. diag(y) - M >= 0`` (Newton steps on ``sum y / tau - logdet
-    (diag y - M)``, ``tau`` divided by 10 until ``tau T < 1e-12 sum y``), every matrix of the
-    batch at once.
+    on its dual ``min sum y s.t. diag(y) - M >= 0`` (Newton steps on
+    ``sum y / tau - logdet(diag y - M)``, ``tau`` divided by 10 until ``tau T < 1e-12 sum y``),
+    every matrix of the batch at once.
 
     Parameters
     ----------
@@ -107,8 +107,9 @@ def worst_case_shifts(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Returns
     -------
     (upper, lower), each (B,): ``upper = sum y + T lambda_max(M - diag y)``, a bound valid for
-    every ``y`` (for ``diag G = 1``, ``tr(M G) = sum y + tr((M - diag y) G) <= sum y + T
-    lambda_max``), capped by ``sum |M_st|`` and ``T lambda_max(M)``; ``lower = tr(M G)`` at
+    every ``y`` (for ``diag G = 1``,
+    ``tr(M G) = sum y + tr((M - diag y) G) <= sum y + T lambda_max``), capped by
+    ``sum |M_st|`` and ``T lambda_max(M)``; ``lower = tr(M G)`` at
     the primal point ``G`` of the central path (``tau (diag y - M)^-1`` scaled to a unit
     diagonal), or at ``G = I`` or ``G = s s^T`` (``s`` the signs of the top eigenvector),
     attained by unit vectors ``a_t``. For ``T <= 2`` both are the closed form
