@@ -54,7 +54,81 @@ DEFAULT_EPSILON_PER_AGGREGATION = 0.1
 OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
 #: How a peer of an iterative protocol picks the records of one private step.
 RECORD_SAMPLINGS = ("full", "poisson", "fixed")
+#: Most rounds, and averaging exchanges (rounds x gossip steps), of one iterative cell: about
+#: an hour of one core at P = 100 (a guard against a typo such as ``rounds = 1e11``).
+MAX_ROUNDS = 1_000_000
+MAX_EXCHANGES = 10_000_000
 
+
+#: Settings every run reads, whatever its components: the grid's seed, repetitions and folds,
+#: the workload and the number of peers (:mod:`p2pdp.experiments.runner`).
+ENGINE_READS = (
+    "name",
+    "seed",
+    "repetitions",
+    "task.name",
+    "partition.n_peers",
+    "evaluation.split",
+    "evaluation.cv_folds",
+    "evaluation.folds",
+)
+
+#: Settings that name a component, and the component kind they name: the named component's
+#: ``reads`` (:mod:`p2pdp.core.reads`) are read while the setting is.
+COMPONENT_SETTINGS = {
+    "task.name": "task",
+    "protocol.name": "protocol",
+    "groups.sampler": "sampler",
+    "privacy.mechanism": "mechanism",
+    "privacy.accountant": "accountant",
+    "evaluation.vote": "ensemble",
+    "training.model": "model",
+    "data.dataset": "dataset",
+}
+
+#: What each runtime reads (its driver's ``reads``): the simulator's transport model reads
+#: ``[network]``; on the network runtime messages cross a real network.
+RUNTIME_READERS = {
+    "simulation": "p2pdp.sim.transport:Transport",
+    "network": "p2pdp.net.coordinator:NetworkWorld",
+}
+
+#: Settings an option-valued setting reads only for some of its values (while it is read
+#: itself): setting -> value -> settings. A value missing here (a plug-in's) reads them all.
+OPTION_READS: dict[str, dict[Any, tuple[str, ...]]] = {
+    "partition.scheme": {
+        "iid": (),
+        "label_skew": ("partition.alpha",),
+        "quantity_skew": ("partition.alpha",),
+    },
+    "protocol.sampling": {
+        "full": (),
+        "poisson": ("protocol.sampling_rate",),
+        "fixed": ("protocol.batch_size",),
+    },
+    "gossip.overlay": {
+        "random-regular": ("gossip.degree",),
+        "erdos-renyi": ("gossip.degree", "gossip.edge_probability"),
+        "watts-strogatz": ("gossip.degree", "gossip.rewiring"),
+        "barabasi-albert": ("gossip.attachment",),
+    },
+    "gossip.churn": {
+        False: (),
+        True: (
+            "gossip.session_median",
+            "gossip.session_sigma",
+            "gossip.downtime_median",
+            "gossip.downtime_sigma",
+        ),
+    },
+    "network.latency": {
+        "constant": (),
+        "exponential": (),
+        "lognormal": ("network.latency_sigma",),
+    },
+    "prevalence.source": {"synthetic": ("prevalence.prevalence",), "dataset": ("data.*",)},
+    "prevalence.response": {"keep": (), "two-coin": ("prevalence.theta2",)},
+}
 
 #: Most aggregations a peer's budget may be meant for (``epsilon / epsilon_per_aggregation``):
 #: far beyond any simulated run, and a guard against a typo such as ``epsilon = 1e308``.
@@ -218,10 +292,61 @@ class PrivacyConfig:
                     "privacy.delta_per_aggregation must be given with privacy.noise_multiplier "
                     "(the delta at which one release's epsilon is stated); got None"
                 )
-            from p2pdp.privacy.gdp import gdp_epsilon
+            from p2pdp.privacy.gdp import MAX_MU, gdp_epsilon
 
+            if 1.0 / self.noise_multiplier > MAX_MU:
+                raise ConfigError(
+                    f"privacy.noise_multiplier must be >= {1 / MAX_MU:g} (below it one release's "
+                    f"epsilon exceeds 5e11: no privacy), got {self.noise_multiplier!r}; for a "
+                    "run without noise set privacy.mechanism = 'none'"
+                )
             value = Derived(float(gdp_epsilon(1.0 / self.noise_multiplier, delta_step)))
         object.__setattr__(self, "epsilon_per_aggregation", value)
+
+    @property
+    def per_aggregation_derived(self) -> bool:
+        """Whether the user gave neither ``epsilon_per_aggregation``, ``delta_per_aggregation``
+        nor ``noise_multiplier`` (both per-aggregation values are the derived defaults)."""
+        return (
+            self.noise_multiplier is None
+            and isinstance(self.epsilon_per_aggregation, Derived)
+            and isinstance(self.delta_per_aggregation, Derived)
+        )
+
+    def check_per_aggregation(self) -> None:
+        """ConfigError unless one aggregation's (epsilon, delta) fit the budget.
+
+        Checked on construction when a per-aggregation value was given, else by
+        :class:`ScenarioConfig` only when the protocol reads them (an iterative protocol
+        spends its budget by steps, not aggregations).
+        """
+        if self.approximate:
+            value = self.delta_per_aggregation
+            if not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
+                raise invalid(
+                    "privacy.delta_per_aggregation",
+                    f"in (0, 1) for the {self.mechanism} mechanism",
+                    value,
+                )
+            if value > self.delta:
+                raise ConfigError(
+                    "privacy.delta_per_aggregation must be <= privacy.delta "
+                    f"({self.delta!r}), got {value!r}"
+                )
+        step = self.step_epsilon
+        if step > self.epsilon * (1 + 1e-12):
+            key = (
+                "privacy.epsilon_per_aggregation"
+                if self.noise_multiplier is None
+                else "the epsilon of one release at privacy.noise_multiplier"
+            )
+            raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
+        if self.epsilon / step > MAX_AGGREGATIONS_PER_PEER:
+            raise ConfigError(
+                f"privacy.epsilon / privacy.epsilon_per_aggregation must be <= "
+                f"{MAX_AGGREGATIONS_PER_PEER:g} (aggregations per peer), got {self.epsilon!r} / "
+                f"{step!r} = {self.epsilon / step:g}"
+            )
 
     def __post_init__(self) -> None:
         validate_fields(self, "privacy")
@@ -233,17 +358,9 @@ class PrivacyConfig:
             derived = Derived(delta / (self.epsilon / step) if ok else 0.0)
             object.__setattr__(self, "delta_per_aggregation", derived)
         if self.approximate:
-            for key, value in (
-                ("privacy.delta", self.delta),
-                ("privacy.delta_per_aggregation", self.delta_per_aggregation),
-            ):
-                if not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
-                    raise invalid(key, f"in (0, 1) for the {self.mechanism} mechanism", value)
-            assert self.delta_per_aggregation is not None  # derived above when not given
-            if self.delta_per_aggregation > self.delta:
-                raise ConfigError(
-                    "privacy.delta_per_aggregation must be <= privacy.delta "
-                    f"({self.delta!r}), got {self.delta_per_aggregation!r}"
+            if not (isinstance(self.delta, (int, float)) and 0.0 < self.delta < 1.0):
+                raise invalid(
+                    "privacy.delta", f"in (0, 1) for the {self.mechanism} mechanism", self.delta
                 )
         elif self.delta != 0 or self.delta_per_aggregation != 0:
             raise ConfigError(
@@ -263,20 +380,8 @@ class PrivacyConfig:
                     "privacy.noise_multiplier needs privacy.mechanism = 'gaussian'; "
                     f"got {self.mechanism!r}"
                 )
-        step = self.step_epsilon
-        if step > self.epsilon * (1 + 1e-12):
-            key = (
-                "privacy.epsilon_per_aggregation"
-                if self.noise_multiplier is None
-                else "the epsilon of one release at privacy.noise_multiplier"
-            )
-            raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
-        if self.epsilon / step > MAX_AGGREGATIONS_PER_PEER:
-            raise ConfigError(
-                f"privacy.epsilon / privacy.epsilon_per_aggregation must be <= "
-                f"{MAX_AGGREGATIONS_PER_PEER:g} (aggregations per peer), got {self.epsilon!r} / "
-                f"{step!r} = {self.epsilon / step:g}"
-            )
+        if not self.per_aggregation_derived:
+            self.check_per_aggregation()
         if self.secure_aggregation and self.needs_records:
             raise ConfigError(
                 f"privacy.secure_aggregation = true cannot be used with privacy.mechanism = "
@@ -558,12 +663,33 @@ class ProtocolConfig:
 
     def __post_init__(self) -> None:
         validate_fields(self, "protocol")
-        if math.isinf(self.clip_norm) and self.noise_multiplier != 0:
+        if self.rounds > MAX_ROUNDS:
+            raise invalid("protocol.rounds", f"<= {MAX_ROUNDS:,} (one cell)", self.rounds)
+        if self.rounds * self.gossip_steps > MAX_EXCHANGES:
             raise ConfigError(
-                "protocol.clip_norm = inf bounds no gradient, so no noise can make a step "
-                f"private: set protocol.noise_multiplier = 0 (not private), got "
-                f"{self.noise_multiplier!r}"
+                f"protocol.rounds x protocol.gossip_steps must be <= {MAX_EXCHANGES:,} averaging "
+                f"exchanges per cell, got {self.rounds} x {self.gossip_steps}"
             )
+        if self.noise_multiplier == 0:
+            raise ConfigError(
+                "protocol.noise_multiplier must be > 0, got 0: for a run without noise (NOT "
+                "private) set privacy.mechanism = 'none', the non-private setting of every "
+                "protocol"
+            )
+        from p2pdp.privacy.gdp import MAX_MU
+
+        if self.noise_multiplier is not None and 2.0 / self.noise_multiplier > MAX_MU:
+            raise ConfigError(
+                f"protocol.noise_multiplier must be >= {2 / MAX_MU:g} (below it one step's "
+                f"epsilon exceeds 5e11: no privacy), got {self.noise_multiplier!r}; for a run "
+                "without noise set privacy.mechanism = 'none'"
+            )
+
+    @staticmethod
+    def private(privacy: PrivacyConfig) -> bool:
+        """Whether the steps add noise: not with ``privacy.mechanism = "none"`` (the
+        non-private setting of every protocol)."""
+        return privacy.mechanism != "none"
 
     @property
     def iterative(self) -> bool:
@@ -579,8 +705,9 @@ class ProtocolConfig:
         return "rdp" if self.sampling == "poisson" else "gdp"
 
 
-#: Task-specific tables and the built-in tasks that read them; another task setting one of
-#: them is refused (a setting that does nothing would be recorded in every row as if it did).
+#: Deprecated (kept for importers of the 0.2 layout until 0.3): the task-specific tables and the
+#: built-in tasks that read them. What reads a setting is now declared by each component
+#: (:func:`settings_read`); nothing here reads this.
 TASK_SECTIONS: dict[str, tuple[str, ...]] = {
     "prevalence": ("prevalence-counts", "randomized-response"),
     "pooling": ("pooled-testing",),
@@ -634,12 +761,19 @@ class ScenarioConfig:
         for section, cls in SECTIONS.items():
             object.__setattr__(self, section, _section(section, cls, getattr(self, section)))
         validate_fields(self, "")
-        if self.groups.group_size > self.partition.n_peers:
+        read = settings_read(self)  # cross-field rules apply only to settings that are read
+        if "privacy.epsilon_per_aggregation" in read and self.privacy.per_aggregation_derived:
+            self.privacy.check_per_aggregation()
+        if "groups.group_size" in read and self.groups.group_size > self.partition.n_peers:
             raise ConfigError(
                 f"groups.group_size must be <= partition.n_peers ({self.partition.n_peers}), "
                 f"got {self.groups.group_size}"
             )
-        if self.groups.group_size > 1 and self.privacy.needs_records:
+        if (
+            "groups.group_size" in read
+            and self.groups.group_size > 1
+            and self.privacy.needs_records
+        ):
             raise ConfigError(
                 f"groups.group_size must be 1 for privacy.mechanism = "
                 f"{self.privacy.mechanism!r} (each peer samples from its own records; a group "
@@ -648,34 +782,38 @@ class ScenarioConfig:
             )
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
             _check_data_provides(self.data, self.evaluation)
-        for section, readers in TASK_SECTIONS.items():
-            settings = getattr(self, section)
-            if self.task.name in components.names("task") and self.task.name not in readers:
-                default = type(settings)()
-                changed = [
-                    f"{section}.{f.name}"
-                    for f in dataclasses.fields(settings)
-                    if getattr(settings, f.name) != getattr(default, f.name)
-                ]
-                if changed:
-                    raise ConfigError(
-                        f"{', '.join(changed)}: [{section}] is read only by task.name = "
-                        f"{' or '.join(map(repr, readers))}; task.name = {self.task.name!r} "
-                        "ignores it: remove it"
-                    )
-        if self.protocol.iterative and self.protocol.noise_multiplier != 0:
-            accountant = self.protocol.accountant(self.privacy)
-            if self.protocol.sampling == "poisson" and accountant not in ("rdp", "auto"):
-                raise ConfigError(
-                    f"privacy.accountant = {accountant!r} cannot compose Poisson-subsampled "
-                    "steps (protocol.sampling = 'poisson'): use 'rdp' or 'auto'"
-                )
-            if not 0 < self.privacy.delta < 1:
-                raise ConfigError(
-                    f"protocol.name = {self.protocol.name!r} takes Gaussian steps, which need "
-                    f"privacy.delta in (0, 1) (with privacy.mechanism = 'gaussian'); got "
-                    f"privacy.delta = {self.privacy.delta!r}"
-                )
+        if "protocol.name" in read and self.protocol.iterative:
+            self._check_iterative_privacy()
+
+    def _check_iterative_privacy(self) -> None:
+        """Cross-field rules of an iterative protocol's private steps."""
+        settings = self.protocol
+        if self.privacy.mechanism == "none" and settings.noise_multiplier not in (None, 0.0):
+            raise ConfigError(
+                f"protocol.noise_multiplier = {settings.noise_multiplier!r} adds noise, but "
+                "privacy.mechanism = 'none' asks for a non-private run: remove "
+                "protocol.noise_multiplier, or set privacy.mechanism = 'gaussian'"
+            )
+        if not settings.private(self.privacy):
+            return  # NOT private: no noise, any clipping norm, no delta
+        if math.isinf(settings.clip_norm):
+            raise ConfigError(
+                "protocol.clip_norm = inf bounds no gradient, so no noise can make a step "
+                f"private: set privacy.mechanism = 'none' (not private), got "
+                f"protocol.noise_multiplier = {settings.noise_multiplier!r}"
+            )
+        accountant = self.protocol.accountant(self.privacy)
+        if self.protocol.sampling == "poisson" and accountant not in ("rdp", "auto"):
+            raise ConfigError(
+                f"privacy.accountant = {accountant!r} cannot compose Poisson-subsampled "
+                "steps (protocol.sampling = 'poisson'): use 'rdp' or 'auto'"
+            )
+        if not 0 < self.privacy.delta < 1:
+            raise ConfigError(
+                f"protocol.name = {self.protocol.name!r} takes Gaussian steps, which need "
+                f"privacy.delta in (0, 1) (with privacy.mechanism = 'gaussian'; 'none' for a "
+                f"run without noise, NOT private); got privacy.delta = {self.privacy.delta!r}"
+            )
 
 
 def _section(name: str, cls: type, value: Any) -> Any:
@@ -770,11 +908,14 @@ def with_value(config: ScenarioConfig, key: str, value: Any) -> ScenarioConfig:
     return dataclasses.replace(config, **{section: new_section})
 
 
-def flat_settings(config: ScenarioConfig) -> dict[str, Any]:
+def flat_settings(config: ScenarioConfig, read: Any = None) -> dict[str, Any]:
     """Every setting as ``{"section.field": value}`` for results rows (tuples joined by ``+``).
 
-    Keys are public names (:func:`public_key`): lambda is ``"training.lambda"``.
+    Keys are public names (:func:`public_key`): lambda is ``"training.lambda"``. A setting
+    not in ``read`` (default: :func:`settings_read` of the simulator) is None: no value is
+    recorded for a setting the run never read.
     """
+    read = settings_read(config) if read is None else read
     row: dict[str, Any] = {"name": config.name, "seed": config.seed}
     for section in SECTIONS:
         for key, value in dataclasses.asdict(getattr(config, section)).items():
@@ -788,4 +929,186 @@ def flat_settings(config: ScenarioConfig) -> dict[str, Any]:
         else config.privacy.resolved_accountant
     )
     row["privacy.epsilon_per_aggregation"] = config.privacy.step_epsilon
-    return row
+    return {key: value if key in read or "." not in key else None for key, value in row.items()}
+
+
+# --- which settings a config's components read ------------------------------------------------
+def _reader_of(key: str, value: Any) -> Any:
+    """The object declaring what the component ``key = value`` reads (None: not resolvable)."""
+    if key == "privacy.accountant" and value == "auto":
+        return None
+    return components.resolve(COMPONENT_SETTINGS[key], value, key=key)
+
+
+def _expand(key: str) -> tuple[str, ...]:
+    """``"gossip.*"`` -> every setting of ``[gossip]``; a dotted key -> itself."""
+    section, _, name = key.partition(".")
+    if name == "*":
+        return tuple(public_key(f"{section}.{n}") for n in _field_names(SECTIONS[section]))
+    return (key,)
+
+
+def setting_value(config: ScenarioConfig, key: str) -> Any:
+    """The value of the dotted setting ``key`` (public name, e.g. ``"training.lambda"``)."""
+    section, dot, name = field_key(key).partition(".")
+    return getattr(getattr(config, section), name) if dot else getattr(config, section)
+
+
+def settings_read(config: ScenarioConfig, runtime: str = "simulation") -> dict[str, str]:
+    """Every setting that ``config``'s selected components read, and the first reader found.
+
+    Starts from :data:`ENGINE_READS` and the runtime's reads; a setting naming a component
+    (:data:`COMPONENT_SETTINGS`) adds that component's declared ``reads``
+    (:mod:`p2pdp.core.reads`), an option (:data:`OPTION_READS`) the settings of its value. A
+    task that does not read ``protocol.name`` runs the one-shot protocol, whose reads are added.
+
+    Returns
+    -------
+    dict
+        Public dotted key -> who reads it (``"protocol.name = 'dpsgd'"``, ``"the engine"``).
+    """
+    from p2pdp.core.reads import When, declared_reads, declares_reads
+
+    read: dict[str, str] = {}
+    pending: list[tuple[str, str]] = [(key, "the engine") for key in ENGINE_READS]
+    runtime_reader = components.load(RUNTIME_READERS[runtime], key="runtime")
+    pending += [
+        (key, f"runtime {runtime!r}")
+        for key in declared_reads(runtime_reader)
+        if isinstance(key, str)
+    ]
+    implicit_protocol = False
+    while pending:
+        key, reader = pending.pop(0)
+        for name in _expand(key):
+            if name in read:
+                continue
+            read[name] = reader
+            value = setting_value(config, name)
+            entries: tuple[Any, ...] = ()
+            who = f"{name} = {value!r}"
+            if name in COMPONENT_SETTINGS:
+                reader_object = _reader_of(name, value)
+                entries = declared_reads(reader_object)
+                kind = COMPONENT_SETTINGS[name]
+                if reader_object is not None and not (
+                    declares_reads(reader_object) or components.is_builtin(kind, value)
+                ):
+                    entries = tuple(f"{section}.*" for section in SECTIONS)  # may read anything
+            elif name in OPTION_READS:
+                options = OPTION_READS[name]
+                entries = options.get(value, tuple({k for ks in options.values() for k in ks}))
+            for entry in entries:
+                if isinstance(entry, When):
+                    if setting_value(config, entry.key) == entry.value:
+                        pending += [(k, who) for k in entry.keys]
+                else:
+                    pending.append((entry, who))
+        if not pending and "protocol.name" not in read and not implicit_protocol:
+            implicit_protocol = True  # tasks without [protocol] run the one-shot protocol
+            one_shot = components.resolve("protocol", "one-shot")
+            reader = f"task.name = {config.task.name!r} (one-shot protocol)"
+            pending = [(k, reader) for k in declared_reads(one_shot) if isinstance(k, str)]
+    return read
+
+
+def _default_sections() -> dict[str, Any]:
+    return {section: cls() for section, cls in SECTIONS.items()}
+
+
+def unread_settings(config: ScenarioConfig, read: Any) -> list[str]:
+    """Settings of ``config`` that differ from their default and are not in ``read``.
+
+    Only an explicit setting can differ from its default; a value derived from others
+    (:class:`Derived`) counts as a default.
+    """
+    defaults = _default_sections()
+    unread = []
+    for section in SECTIONS:
+        values, default = getattr(config, section), defaults[section]
+        for f in dataclasses.fields(values):
+            key = public_key(f"{section}.{f.name}")
+            value = getattr(values, f.name)
+            if key in read or isinstance(value, Derived) or value == getattr(default, f.name):
+                continue
+            unread.append(key)
+    return unread
+
+
+def readers_of(key: str) -> dict[str, list[Any]]:
+    """Which settings' values make the dotted setting ``key`` read: setting -> its values
+    (built-in components, option values, ``"runtime"`` -> runtimes), for error messages."""
+    from p2pdp.core.reads import When, declared_reads
+
+    def names(entries: Any) -> set[str]:
+        keys = [k for e in entries for k in (e.keys if isinstance(e, When) else (e,))]
+        return {name for k in keys for name in _expand(k)}
+
+    found: dict[str, list[Any]] = {}
+    for setting, kind in COMPONENT_SETTINGS.items():
+        for name in components.names(kind):
+            try:
+                entries = declared_reads(components.resolve(kind, name))
+            except ConfigError:
+                continue
+            if key in names(e for e in entries if not isinstance(e, When)):
+                found.setdefault(setting, []).append(name)
+            for entry in entries:  # read under a condition: name the condition
+                if isinstance(entry, When) and key in names([entry]):
+                    if entry.value not in found.setdefault(entry.key, []):
+                        found[entry.key].append(entry.value)
+    for setting, options in OPTION_READS.items():
+        for value, keys in options.items():
+            if key in names(keys):
+                found.setdefault(setting, []).append(value)
+    for runtime, target in RUNTIME_READERS.items():
+        if key in names(declared_reads(components.load(target, key="runtime"))):
+            found.setdefault("runtime", []).append(runtime)
+    return found
+
+
+def check_reads(config: ScenarioConfig, runtime: str = "simulation") -> dict[str, str]:
+    """What ``config``'s components read (:func:`settings_read`); ConfigError if a setting
+    that none of them reads differs from its default (it would change nothing)."""
+    read = settings_read(config, runtime)
+    refuse_unread(unread_settings(config, read), config, read)
+    return read
+
+
+def _here(setting: str, config: ScenarioConfig, read: dict[str, str]) -> str:
+    """What ``config`` has for ``setting``, or which components would read it, for messages."""
+    if setting == "runtime":
+        return ""
+    if setting in read:
+        return f" (here {setting_value(config, setting)!r})"
+    readers = readers_of(setting)
+    return (
+        " (itself read only with "
+        + "; ".join(f"{s} = {' or '.join(map(repr, values))}" for s, values in readers.items())
+        + ")"
+    )
+
+
+def refuse_unread(keys: list[str], config: ScenarioConfig, read: dict[str, str]) -> None:
+    """ConfigError naming each of ``keys`` (settings no selected component reads), its value,
+    the components that would read it and what this config selects instead."""
+    if not keys:
+        return
+    lines = []
+    for key in keys:
+        readers = readers_of(key)
+        would = "; ".join(
+            f"{setting} = {' or '.join(map(repr, values))}" + _here(setting, config, read)
+            for setting, values in readers.items()
+        )
+        lines.append(
+            f"{key} = {setting_value(config, key)!r} is read only with {would}"
+            if readers
+            else f"{key} = {setting_value(config, key)!r} is read by no built-in component"
+        )
+    raise ConfigError(
+        f"{'; '.join(lines)}: nothing this scenario selects reads "
+        f"{'it' if len(keys) == 1 else 'them'}, so {'it' if len(keys) == 1 else 'they'} "
+        f"would change nothing; remove {'it' if len(keys) == 1 else 'them'} or select a "
+        f"component that reads {'it' if len(keys) == 1 else 'them'}"
+    )

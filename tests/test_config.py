@@ -181,15 +181,6 @@ def test_lambda_is_spelled_training_lambda_in_rows_and_with_value():
         ({"evaluation": {"folds": [0, 0]}}, "evaluation.folds must not repeat a fold"),
         ({"evaluation": {"folds": [True]}}, "evaluation.folds must be fold indices"),
         ({"privacy": {"delta": 1e-5}}, "privacy.delta must be 0 for privacy.mechanism = 'vector"),
-        (
-            {"prevalence": {"records_per_peer": 5}},
-            "prevalence.records_per_peer: [prevalence] is read only by task.name = "
-            "'prevalence-counts' or 'randomized-response'; task.name = 'logistic' ignores it",
-        ),
-        (
-            {"pooling": {"prevalence": 0.2}},
-            "[pooling] is read only by task.name = 'pooled-testing'",
-        ),
     ],
 )
 def test_bad_settings_are_refused_naming_the_setting(settings, message):

@@ -18,7 +18,7 @@ import pytest
 import scipy.sparse as sp
 from scipy import optimize, stats
 
-from p2pdp.config import ScenarioConfig
+from p2pdp.config import PrivacyConfig, ScenarioConfig
 from p2pdp.core.rng import generator
 from p2pdp.experiments.simulation import simulate
 from p2pdp.protocols import network_dp
@@ -256,8 +256,8 @@ def test_network_dp_is_empty_with_the_reason_where_not_computed(monkeypatch) -> 
         "gossip.churn = true": dataclasses.replace(
             base, gossip=dataclasses.replace(base.gossip, churn=True)
         ),
-        "protocol.noise_multiplier = 0": dataclasses.replace(
-            base, protocol=dataclasses.replace(base.protocol, noise_multiplier=0.0)
+        "privacy.mechanism = 'none'": dataclasses.replace(
+            base, privacy=PrivacyConfig(mechanism="none", epsilon=2.0)
         ),
     }
     for reason, config in cases.items():

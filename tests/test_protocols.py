@@ -18,7 +18,7 @@ import pytest
 import scipy.sparse as sp
 from scipy import integrate, optimize, stats
 
-from p2pdp.config import ScenarioConfig
+from p2pdp.config import PrivacyConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.simulation import simulate
@@ -45,6 +45,12 @@ def _config(**protocol) -> ScenarioConfig:
         evaluation={"cv_folds": 2},
         protocol=settings,
     )
+
+
+def _non_private(**protocol) -> ScenarioConfig:
+    """:func:`_config` with no noise on the steps (``privacy.mechanism = "none"``)."""
+    config = _config(**protocol)
+    return dataclasses.replace(config, privacy=PrivacyConfig(mechanism="none", epsilon=2.0))
 
 
 def _overlay_mixing(n: int = 30, degree: int = 4, seed: int = 3) -> tuple[nx.Graph, Mixing]:
@@ -163,7 +169,7 @@ def test_step_releases_clipped_sum_plus_noise_at_the_calibrated_scale() -> None:
 
 def test_step_without_noise_is_exactly_the_clipped_gradient() -> None:
     """Clipping happens whatever the noise: a step at z = 0 moves by the clipped mean."""
-    config = _config(clip_norm=0.05, noise_multiplier=0.0, step_size=0.5)
+    config = _non_private(clip_norm=0.05, step_size=0.5)
     rng = generator(3, "problem")
     problem = _problem(rng, n_peers=50)
     protocol = _without_neighbours(config, problem, step_privacy(config))
@@ -264,7 +270,7 @@ def test_gossip_learning_stops_each_peer_at_its_budget() -> None:
 
 
 def test_non_private_dpsgd_reaches_the_centralised_model() -> None:
-    config = _config(noise_multiplier=0.0, rounds=300, step_size=2.0, eval_every=300)
+    config = _non_private(rounds=300, step_size=2.0, eval_every=300)
     result = simulate(config)
     row = result.row()
     assert row["max_epsilon_spent"] == math.inf and row["guarantee"] == "none"
@@ -273,7 +279,7 @@ def test_non_private_dpsgd_reaches_the_centralised_model() -> None:
 
 
 def test_loss_and_lateness_drop_messages_not_the_run() -> None:
-    base = _config(noise_multiplier=0.0, rounds=5)
+    base = _non_private(rounds=5)
     lossy = dataclasses.replace(base, network=dataclasses.replace(base.network, loss=0.3))
     row = simulate(lossy).row()
     assert 0.2 * row["messages_sent"] < row["messages_lost"] < 0.4 * row["messages_sent"]
@@ -302,7 +308,7 @@ def test_late_messages_are_read_not_averaged_and_lost_ones_are_not_late(latency)
     from p2pdp.protocols.network_dp import ViewTrace
     from p2pdp.sim.iterative import run_iterative
 
-    base = _config(rounds=3, noise_multiplier=1.0)
+    base = _config(rounds=3)
     config = dataclasses.replace(
         base, network=dataclasses.replace(base.network, latency_mean=latency, loss=0.5)
     )
@@ -363,14 +369,18 @@ def test_runs_are_reproducible() -> None:
 def test_invalid_protocol_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="protocol.clip_norm = inf"):
         _config(clip_norm=math.inf)
-    with pytest.raises(ConfigError, match="gossip_steps must be 1 for protocol.name = 'dpsgd'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"gossip_steps = 2 is read only with protocol.name = "
+        r"'muffliato' \(here 'dpsgd'\)",
+    ):
         simulate(_config(gossip_steps=2))
-    with pytest.raises(ConfigError, match="must be 1 for protocol.name = 'gossip-learning'"):
+    with pytest.raises(ConfigError, match="gossip_steps = 2 is read only with protocol.name"):
         simulate(_config(name="gossip-learning", gossip_steps=2))
     with pytest.raises(ConfigError, match="protocol.step_size"):
         _config(step_size=-1.0)
-    with pytest.raises(ConfigError, match=r"\[protocol\] is read only by"):
-        ScenarioConfig(task={"name": "prevalence-counts"}, protocol={"name": "dpsgd"})
+    with pytest.raises(ConfigError, match=r"protocol.name = 'dpsgd' is read only with task.name"):
+        simulate(ScenarioConfig(task={"name": "prevalence-counts"}, protocol={"name": "dpsgd"}))
     with pytest.raises(ConfigError, match="protocol.name"):
         _config(name="no-such-protocol")
     config = _config()
@@ -402,8 +412,8 @@ def test_muffliato_reports_network_dp_no_larger_than_local_dp_and_grows_with_gos
 def test_non_private_steps_are_labelled_where_results_are_read() -> None:
     from p2pdp.experiments.disclosure import non_private_steps
 
-    steps = non_private_steps(_config(noise_multiplier=0.0))
-    assert any(step.startswith("protocol.noise_multiplier = 0") for step in steps)
+    steps = non_private_steps(_non_private())
+    assert any(step.startswith("privacy.mechanism = 'none'") for step in steps)
     assert not any("noise_multiplier" in step for step in non_private_steps(_config()))
 
 
@@ -526,7 +536,7 @@ def test_the_comparison_leaves_network_dp_empty_with_the_cells_reasons() -> None
 
 
 def test_a_peer_without_neighbours_keeps_learning_alone() -> None:
-    base = _config(name="gossip-learning", rounds=4, noise_multiplier=0.0)
+    base = _non_private(name="gossip-learning", rounds=4)
     gossip = {"overlay": "erdos-renyi", "edge_probability": 0.03, "allow_disconnected": True}
     sparse = dataclasses.replace(base, gossip=dataclasses.replace(base.gossip, **gossip))
     result = simulate(sparse)
@@ -540,7 +550,7 @@ def test_a_peer_without_neighbours_keeps_learning_alone() -> None:
 
 @pytest.mark.parametrize("name", ["dpsgd", "gossip-learning"])
 def test_churn_takes_peers_offline_they_neither_step_nor_receive(name) -> None:
-    base = _config(name=name, rounds=60, noise_multiplier=0.0)
+    base = _non_private(name=name, rounds=60)
     churn = {"churn": True, "session_median": 10.0, "downtime_median": 10.0}
     config = dataclasses.replace(base, gossip=dataclasses.replace(base.gossip, **churn))
     steps = simulate(config).aggregations_per_peer

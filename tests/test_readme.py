@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from docs_pages import all_text, page
 
+from p2pdp.config import setting_value, settings_read
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import build_parser, main
 from p2pdp.experiments.scenario import load_scenario, shipped_scenarios_dir
@@ -110,7 +111,12 @@ def test_inline_set_examples_load_on_every_shipped_scenario(example, scenario):
         with pytest.raises(ConfigError, match=r"groups\.group_size must be 1"):
             load_scenario(scenario, [override])
         return
-    assert load_scenario(scenario, [override]).points
+    key = override.partition("=")[0]
+    try:
+        assert load_scenario(scenario, [override]).points
+    except ConfigError as exc:  # refused only as a setting none of the scenario's cells reads
+        assert not any(key in settings_read(p.config) for p in load_scenario(scenario).points)
+        assert re.search(rf"{re.escape(key)} = .* is read only with", str(exc)), exc
 
 
 def test_datasets_list_runs(capsys):
@@ -120,6 +126,22 @@ def test_datasets_list_runs(capsys):
         assert name in printed
 
 
+def _point_that_runs_alone(scenario):
+    """The first grid point whose settings need no other point (a scenario comparing protocols
+    sets some settings only the other protocols read: alone, one point would refuse them)."""
+    for point in scenario.points:
+        fixed = [
+            f'sweep."{key}"=[{_toml(setting_value(point.config, key))}]'
+            for key in scenario.swept_keys()
+        ]
+        try:
+            load_scenario(scenario.source, [*scenario.overrides, *fixed])
+        except ConfigError:
+            continue
+        return point
+    raise AssertionError(f"no point of {scenario.source} runs alone")
+
+
 def test_readme_run_commands_run_on_tiny_settings(real_data_home, tmp_path, capsys):
     """Each `p2pdp run` of the README, cut to one fold and one point of its grid."""
     runs = [argv for argv in P2PDP if argv[1] == "run" and not _on_readme_file(argv)]
@@ -127,6 +149,7 @@ def test_readme_run_commands_run_on_tiny_settings(real_data_home, tmp_path, caps
     for index, argv in enumerate(runs):
         args = build_parser().parse_args(argv[1:])
         scenario = load_scenario(args.scenario, args.overrides)
+        point = _point_that_runs_alone(scenario)
         tiny = [
             "--out",
             str(tmp_path / str(index)),
@@ -135,7 +158,7 @@ def test_readme_run_commands_run_on_tiny_settings(real_data_home, tmp_path, caps
             "--set",
             "evaluation.folds=[0]",
             *(
-                f'--set=sweep."{key}"=[{_toml(scenario.points[0].settings[key])}]'
+                f'--set=sweep."{key}"=[{_toml(setting_value(point.config, key))}]'
                 for key in scenario.swept_keys()
             ),
         ]

@@ -68,5 +68,7 @@ def test_readme_extension_example_runs(command, tmp_path, monkeypatch):
     out = Path(args[args.index("--out") + 1])
     rows = read_results(out)
     assert rows and int(rows[0]["aggregations"]) > 0
-    for setting in re.findall(r"--set '?([\w.]+)=\"?([^\"' ]+)", command):
-        assert rows[0][setting[0]] == setting[1] or float(rows[0][setting[0]]) == float(setting[1])
+    for key, value in re.findall(r"--set '?([\w.]+)=\"?([^\"' ]+)", command):
+        # every row that read the setting has it (a protocol sweep leaves it empty elsewhere)
+        values = [row[key] for row in rows if row[key] != ""]
+        assert values and all(v == value or float(v) == float(value) for v in values), key

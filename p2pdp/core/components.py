@@ -31,8 +31,8 @@ task        :class:`p2pdp.tasks.Task`                             ``task.name``
 protocol    :class:`p2pdp.protocols.iterative.IterativeProtocol`  ``protocol.name``
 ==========  ====================================================  ======================
 
-Built-ins are listed here as import strings, so validating a config never imports the
-heavy modules, and :func:`listing` (``p2pdp components``) needs no import at all.
+Built-ins are listed here as import strings, so naming one in a config imports nothing;
+resolving it (to read what it declares it reads, :mod:`p2pdp.core.reads`) imports its module.
 """
 
 from __future__ import annotations
@@ -280,6 +280,12 @@ for _component in _BUILTINS:
 _entry_points_loaded = False
 
 
+def load(target: str, *, key: str) -> Any:
+    """The object the import string ``target`` names (imported once); ConfigError naming
+    ``key`` if it cannot be imported."""
+    return _import(target, "", key)
+
+
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise ConfigError(f"component kind must be one of {', '.join(KINDS)}; got {kind!r}")
@@ -367,6 +373,12 @@ def names(kind: str) -> tuple[str, ...]:
     return tuple(_registry[kind])
 
 
+def is_builtin(kind: str, value: object) -> bool:
+    """Whether ``value`` names one of p2pdp's own components of ``kind``."""
+    _check_kind(kind)
+    return isinstance(value, str) and any(c.name == value for c in _BUILTINS if c.kind == kind)
+
+
 def check(kind: str, value: object, key: str) -> None:
     """Validate a config value naming a component: a registered name or an importable string.
 
@@ -413,10 +425,14 @@ def resolve(kind: str, value: object, *, key: str | None = None) -> Any:
 
 
 def listing(kind: str | None = None) -> list[dict[str, str]]:
-    """Every registered component (of ``kind``), as dicts ``kind, name, target, description``.
+    """Every registered component (of ``kind``), as dicts ``kind, name, target, description,
+    origin, reads``.
 
-    Descriptions of entry points are read from their objects' docstrings (which imports them).
+    ``reads`` lists the settings the component declares it reads (:mod:`p2pdp.core.reads`),
+    which imports it; descriptions of entry points are read from their docstrings.
     """
+    from p2pdp.core.reads import declared_reads, describe
+
     kinds = [kind] if kind is not None else list(KINDS)
     for k in kinds:
         _check_kind(k)
@@ -425,11 +441,13 @@ def listing(kind: str | None = None) -> list[dict[str, str]]:
     for k in kinds:
         for component in _registry[k].values():
             description = component.description
-            if not description:
-                try:
-                    description = _first_line(_import(component.target, k, f"{k}.{component.name}"))
-                except ConfigError as exc:
-                    description = f"(cannot import: {exc})"
+            try:
+                obj = _import(component.target, k, f"{k}.{component.name}")
+                description = description or _first_line(obj)
+                reads = describe(declared_reads(obj))
+            except ConfigError as exc:
+                description = description or f"(cannot import: {exc})"
+                reads = "(cannot import it to read its declaration)"
             rows.append(
                 {
                     "kind": k,
@@ -437,6 +455,7 @@ def listing(kind: str | None = None) -> list[dict[str, str]]:
                     "target": component.target,
                     "description": description,
                     "origin": component.origin,
+                    "reads": reads,
                 }
             )
     return rows
@@ -454,4 +473,6 @@ def format_listing(rows: list[dict[str, str]]) -> str:
                 lines.append("")
             lines.append(f"{current}: {KINDS[current]}")
         lines.append(f"  {row['name']:<{width}}  {row['description']}")
+        if "reads" in row:
+            lines.append(f"  {'':<{width}}  reads: {row['reads']}")
     return "\n".join(lines)

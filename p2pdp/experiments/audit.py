@@ -4,7 +4,8 @@ One table over the privacy layer's mechanisms (threshold test, exact noisy count
 :mod:`p2pdp.privacy.audit`), the workloads' exact audits (:mod:`p2pdp.tasks.prevalence.audit`,
 :mod:`p2pdp.tasks.pooled_testing.audit`) and the posterior-sampling audits
 (:mod:`p2pdp.privacy.posterior_sampling.audit`), one private step of the iterative protocols
-(``clipped-gaussian``: clipping and noise as the protocols compute them), with negative controls
+(``clipped-gaussian``: clipping and noise as the protocols compute them) and whole runs of
+the iterative protocols (:mod:`p2pdp.experiments.iterative_audit`), with negative controls
 that must fail (which shows each test has power).
 """
 
@@ -271,10 +272,14 @@ def run_audit(
 
 
 def _expected_failure(name: str) -> str:
-    """Why the negative control ``name`` must fail (this module's or the posterior audit's)."""
-    if name in EXPECTED_TO_FAIL:
-        return EXPECTED_TO_FAIL[name]
-    return POSTERIOR_EXPECTED_TO_FAIL.get(name, "negative control")
+    """Why the negative control ``name`` must fail (this module's, the iterative protocols' or
+    the posterior audit's)."""
+    from p2pdp.experiments.iterative_audit import ITERATIVE_EXPECTED_TO_FAIL
+
+    for reasons in (EXPECTED_TO_FAIL, ITERATIVE_EXPECTED_TO_FAIL, POSTERIOR_EXPECTED_TO_FAIL):
+        if name in reasons:
+            return reasons[name]
+    return "negative control"
 
 
 def format_audit_table(results: Sequence[AuditResult]) -> str:
@@ -285,7 +290,11 @@ def format_audit_table(results: Sequence[AuditResult]) -> str:
     )
     lines = [header, "-" * len(header)]
     for result in results:
-        method = result.method if result.statistic is None else f"test on {result.statistic}"
+        method = result.method
+        if result.statistic is not None:
+            method = f"test on {result.statistic}"
+        elif result.canaries is not None:
+            method = f"one run, {result.canaries} canaries"
         verdict = "pass" if result.passed else "FAIL"
         if not result.expected_pass:
             verdict += f", expected: fail ({_expected_failure(result.mechanism)})"

@@ -103,7 +103,11 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
         "is not worst-case DP) are negative controls that must fail. Then the posterior-"
         "sampling audits: the exponential mechanism's exact epsilon on a grid of neighbouring "
         "data sets (linear and logistic; a half-sensitivity negative control) and a KS test of "
-        "the Langevin sampler's stationary law (a wrong-noise negative control). Exit status "
+        "the Langevin sampler's stationary law (a wrong-noise negative control). Then whole "
+        "runs of dpsgd, muffliato and gossip-learning: canaries in one peer's shard, guessed by "
+        "a neighbour from the models it receives, turned into an epsilon lower bound by the "
+        "one-run audit (Steinke, Nasr & Jagielski 2023, 95%%) against the peer's epsilon_spent; "
+        "the -unclipped and -half-noise rows are negative controls (~1 minute). Exit status "
         "1 if any outcome differs from its expectation.",
     )
     parser.add_argument(
@@ -113,6 +117,12 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--samples", type=int, default=100_000, help="outputs per side (default: 100000)"
     )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=100,
+        help="runs pooled by each iterative protocol's audit, 500 canaries each (default: 100)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="root random seed (default: 0)")
     parser.set_defaults(func=_cmd_audit)
 
@@ -121,16 +131,21 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     import json
 
     from p2pdp.experiments.audit import AUDIT_NAMES, format_audit_table, run_audit
+    from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES, run_iterative_audit
     from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
 
-    if args.mechanism is None:  # then the posterior audits: exact and Langevin (~3 s)
-        names, posterior = AUDIT_NAMES, POSTERIOR_AUDIT_NAMES
+    # then the posterior audits (exact and Langevin, ~3 s) and whole iterative runs (~1 min)
+    if args.mechanism is None:
+        names, posterior, iterative = AUDIT_NAMES, POSTERIOR_AUDIT_NAMES, ITERATIVE_AUDIT_NAMES
     elif args.mechanism in POSTERIOR_AUDIT_NAMES:
-        names, posterior = (), (args.mechanism,)
+        names, posterior, iterative = (), (args.mechanism,), ()
+    elif args.mechanism in ITERATIVE_AUDIT_NAMES:
+        names, posterior, iterative = (), (), (args.mechanism,)
     else:
-        names, posterior = (args.mechanism,), ()
+        names, posterior, iterative = (args.mechanism,), (), ()
     results = run_audit(names, n_samples=args.samples, seed=args.seed) if names else []
     results += run_posterior_audit(posterior, seed=args.seed)
+    results += run_iterative_audit(iterative, seed=args.seed, runs=args.runs)
     if args.json:
         print(json.dumps([result.as_dict() for result in results], indent=2))
     else:
@@ -199,6 +214,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from p2pdp.experiments.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
+    for key in scenario.unread_axes:
+        print(
+            f"p2pdp: note: {key} is swept, but no cell's components read it: its values give "
+            f"the same cells, run once ({len(scenario.points)} grid points in all)",
+            file=sys.stderr,
+        )
     hosts: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if args.hosts is not None:
         from p2pdp.experiments.network import read_hosts_file
@@ -354,10 +375,25 @@ def _add_components(subparsers: argparse._SubParsersAction) -> None:
 def _cmd_components(args: argparse.Namespace) -> int:
     import json
 
-    from p2pdp.core.components import format_listing, listing
+    from p2pdp.config import ENGINE_READS, OPTION_READS, RUNTIME_READERS
+    from p2pdp.core.components import format_listing, listing, load
+    from p2pdp.core.reads import declared_reads, describe
 
     rows = listing(args.kind)
-    print(json.dumps(rows, indent=2) if args.json else format_listing(rows))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(format_listing(rows))
+    if args.kind is None:  # the rest of the declaration: what is read besides components
+        print("\nread by every run:", ", ".join(ENGINE_READS))
+        print("read by the runtime:")
+        for runtime, target in RUNTIME_READERS.items():
+            print(f"  {runtime:<11} {describe(declared_reads(load(target, key='runtime')))}")
+        print("read only for some values of a setting (while that setting is read):")
+        for setting, options in OPTION_READS.items():
+            for value, keys in options.items():
+                if keys:
+                    print(f"  {setting} = {value!r}: {', '.join(keys)}")
     return 0
 
 

@@ -98,9 +98,9 @@ def non_private_steps(
         steps.append(
             'min-max bounds fitted on the pooled training rows of each fold (data.bounds = "data")'
         )
-    if config.protocol.iterative and config.protocol.noise_multiplier == 0:
+    if config.protocol.iterative and not config.protocol.private(config.privacy):
         steps.append(
-            f"protocol.noise_multiplier = 0: the {config.protocol.name} steps add no noise, so "
+            f"privacy.mechanism = 'none': the {config.protocol.name} steps add no noise, so "
             "no privacy at all (privacy.epsilon is not used)"
         )
     if runtime == "network":

@@ -583,6 +583,11 @@ def _label(key: str, value: Any) -> str:
     return f"{_short(key)} = {_number(value)}"
 
 
+def _name(keys: Sequence[str], values: Sequence[Any]) -> str:
+    """Legend text for several settings; a setting the cells did not read (empty) is left out."""
+    return ", ".join(_label(k, v) for k, v in zip(keys, values, strict=True) if v is not None)
+
+
 def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -740,7 +745,7 @@ def _error_figure(
             xs = np.array([s.settings[x] for s in points], dtype=float)
             mean = np.array([s.mean_error for s in points])
             std = np.array([s.std_error for s in points])
-            name = ", ".join(_label(k, line_value[lines.index(k)]) for k in shown)
+            name = _name(shown, [line_value[lines.index(k)] for k in shown])
             label = name or ("_nolegend_" if scale else "mean error")
             (drawn,) = axis.plot(xs, mean, label=label, **{"marker": "o", **style(line_value)})
             top = max(top, float(np.max(mean + (0 if scale else std))))
@@ -833,6 +838,8 @@ def _merged_label(keys: Sequence[str], values: Sequence[tuple]) -> str:
     parts = []
     for i, key in enumerate(keys):
         distinct = sorted({v[i] for v in values}, key=_order)
+        if distinct == [None]:
+            continue  # not read by these cells
         if len(distinct) == 1:
             parts.append(_label(key, distinct[0]))
         else:
@@ -849,7 +856,7 @@ def _loss_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: 
     for line_value, points in _by(summaries, lines).items():
         points = sorted(points, key=lambda s: s.settings[x])
         xs = np.array([s.settings[x] for s in points], dtype=float)
-        name = ", ".join(_label(k, v) for k, v in zip(lines, line_value, strict=True)) or "all"
+        name = _name(lines, line_value) or "all"
         axes[0].plot(xs, [s.aggregations for s in points], marker="o", label=name)
         mean = np.array([s.mean_error for s in points])
         std = np.array([s.std_error for s in points])
@@ -867,12 +874,18 @@ def _loss_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: 
 
 def _roc_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: Path) -> None:
     modes = ["publication.mode"] if "publication.mode" in swept else []
-    shown = _independent(swept, summaries, modes)
+    curves = [
+        min(members, key=lambda s: s.mean_error) for members in _by(summaries, modes).values()
+    ]
+    # a curve is named by the settings that tell the curves drawn apart: those with several
+    # values among the curves that read them (a setting a curve's cells did not read is empty)
+    shown = [
+        k for k in swept if k not in modes and len({s.settings[k] for s in curves} - {None}) > 1
+    ]
     figure, axis = plt.subplots(figsize=(6.4, 4.8), layout="constrained")
-    for members in _by(summaries, modes).values():
-        best = min(members, key=lambda s: s.mean_error)
+    for best in curves:
         assert best.roc_tpr is not None
-        name = ", ".join(_label(k, best.settings[k]) for k in modes + shown)
+        name = _name(modes + shown, [best.settings[k] for k in modes + shown])
         axis.plot(ROC_FPR, best.roc_tpr, label=f"{name or 'all cells'} (AUC {best.auc:.3f})")
     axis.plot([0, 1], [0, 1], color="grey", linestyle=":", label="chance")
     axis.set_xlabel("false positive rate")
@@ -912,6 +925,8 @@ def _with_status(text: str, directory: Path, manifest: dict[str, Any], n_rows: i
     status = manifest.get("status", "unknown")
     missing = f"{total - n_rows} of {total} cells missing" if total else "cells may be missing"
     why = f" ({manifest['error']})" if manifest.get("error") else ""
+    if status == "complete":  # every cell ran, but a row is gone (cut by a crash or a full disk)
+        status = "incomplete: its manifest says complete, but results.csv lacks rows"
     warning = (
         f"**Incomplete results: {missing}; the run is {status}{why}.** Every number below is "
         f"over the {n_rows} cells done. Finish it with `{resume_command(directory, manifest)}`."

@@ -406,22 +406,31 @@ class ResultsStore:
         self._last_sync = time.monotonic()
 
     def finish(self) -> None:
-        """Sort every CSV file by ``cell_id`` (atomically), mark complete, release the lock."""
+        """Sort every CSV file by ``cell_id`` (atomically), mark complete, release the lock.
+
+        Interrupted meanwhile (Ctrl-C after the last cell), the run is marked ``interrupted``
+        like any other: ``--resume`` then completes it.
+        """
         try:
-            self._close_files()
-            for name in ("results", "roc", *self.manifest["tables"]):
-                path = self.directory / f"{name}.csv"
-                if path.exists():
-                    header, *rows = _read_rows(path)
-                    rows.sort(key=lambda row: row[0])  # stable: keeps each cell's rows in order
-                    write_atomic(path, _csv_text([header, *rows]))
-            finished = _now()
-            self.manifest["sessions"][-1]["finished"] = finished
-            self.manifest.update(status="complete", finished=finished)
-            self._write_manifest()
-        finally:
-            self.closed = True
-            self.lock.release()
+            self._finish()
+        except BaseException as error:
+            self.fail(error)
+            raise
+        self.closed = True
+        self.lock.release()
+
+    def _finish(self) -> None:
+        self._close_files()
+        for name in ("results", "roc", *self.manifest["tables"]):
+            path = self.directory / f"{name}.csv"
+            if path.exists():
+                header, *rows = _read_rows(path)
+                rows.sort(key=lambda row: row[0])  # stable: keeps each cell's rows in order
+                write_atomic(path, _csv_text([header, *rows]))
+        finished = _now()
+        self.manifest["sessions"][-1]["finished"] = finished
+        self.manifest.update(status="complete", finished=finished)
+        self._write_manifest()
 
     def fail(self, error: BaseException) -> None:
         """Mark the run ``failed`` (``interrupted`` for KeyboardInterrupt) and release the lock.

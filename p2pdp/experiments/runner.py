@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 from threadpoolctl import threadpool_limits
 
-from p2pdp.config import ScenarioConfig
+from p2pdp.config import ScenarioConfig, check_reads
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, worker_signals
 from p2pdp.core.validation import OneOf
@@ -49,7 +49,7 @@ from p2pdp.experiments.disclosure import non_private_column
 from p2pdp.experiments.network import check_network_settings, network_hosts
 from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.experiments.scenario import Scenario
-from p2pdp.experiments.simulation import RUNTIMES, current_phase, simulate
+from p2pdp.experiments.simulation import RUNTIMES, check_budget, current_phase, simulate
 from p2pdp.tasks import make_task, prepared
 
 Task = tuple["Cell", ...]
@@ -264,8 +264,10 @@ def run_experiment(
             "--runtime network runs the peers as processes on this machine; it does not "
             f"take --scheduler (got {scheduler!r})"
         )
-    if runtime == "network":  # refuse what it does not run before touching the folder
-        for point in scenario.points:
+    for point in scenario.points:  # refuse what cannot run before touching the folder
+        check_budget(point.config)
+        if runtime == "network":
+            check_reads(point.config, runtime)
             check_network_settings(point.config)
     cells = make_cells(scenario)
     client = _connect(scheduler) if scheduler is not None else None

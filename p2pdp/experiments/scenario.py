@@ -37,7 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from p2pdp.config import SECTIONS, ScenarioConfig, field_key, public_key
+from p2pdp.config import (
+    SECTIONS,
+    ScenarioConfig,
+    field_key,
+    public_key,
+    refuse_unread,
+    settings_read,
+    unread_settings,
+)
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.disclosure import LAMBDA_SWEPT
 
@@ -106,8 +114,14 @@ class Scenario:
     Attributes
     ----------
     points : tuple of GridPoint
-        Every grid point, validated on construction (an invalid combination raises
-        :class:`ConfigError` naming the source and the point).
+        Every distinct grid point, validated on construction (an invalid combination raises
+        :class:`ConfigError` naming the source and the point). A point keeps only the
+        settings its components read (:func:`p2pdp.config.settings_read`; the others take
+        their defaults and its ``settings`` omit them), so combinations that differ only in
+        settings nobody reads there are one point. A setting of the file that no point reads
+        is refused.
+    unread_axes : tuple of str
+        Swept settings that no point reads (their values collapse into one point).
     digest : str
         SHA-256 of the effective settings (base config and axes), hex: equal digests mean
         the same experiment, whatever the file's comments or formatting.
@@ -119,6 +133,7 @@ class Scenario:
     source: str = "<scenario>"
     overrides: tuple[str, ...] = ()
     points: tuple[GridPoint, ...] = field(init=False, repr=False, compare=False)
+    unread_axes: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "axes", tuple(axis.public() for axis in self.axes))
@@ -146,8 +161,11 @@ class Scenario:
         fill = {}
         if "training.lambda" in seen and not self.config.training.lambda_source:
             fill = {"training.lambda_source": LAMBDA_SWEPT}
-        points = []
-        for index, combination in enumerate(itertools.product(*(a.values for a in self.axes))):
+        # A point takes only the settings its components read: the others go back to their
+        # defaults (its rows leave them empty), and points that then coincide are one.
+        points: dict[ScenarioConfig, GridPoint] = {}
+        read_anywhere: set[str] = set()
+        for combination in itertools.product(*(a.values for a in self.axes)):
             settings = {
                 key: value
                 for axis, values in zip(self.axes, combination, strict=True)
@@ -155,10 +173,26 @@ class Scenario:
             }
             try:
                 config = with_values(self.config, {**settings, **fill})
+                read = settings_read(config)
+                unread = [*unread_settings(config, read), *(k for k in settings if k not in read)]
+                if unread:
+                    config = with_values(config, {key: _default(key) for key in unread})
+                    settings = {k: v for k, v in settings.items() if k not in unread}
             except ConfigError as exc:
                 raise ConfigError(f"{self.source}: sweep point {settings}: {exc}") from None
-            points.append(GridPoint(index, settings, config))
-        object.__setattr__(self, "points", tuple(points))
+            read_anywhere.update(read)
+            if config not in points:
+                points[config] = GridPoint(len(points), settings, config)
+        object.__setattr__(self, "points", tuple(points.values()))
+        object.__setattr__(
+            self, "unread_axes", tuple(key for key in self.swept_keys() if key not in read_anywhere)
+        )
+        fixed = [k for k in unread_settings(self.config, read_anywhere) if k not in seen]
+        if fixed:
+            try:
+                refuse_unread(fixed, self.config, settings_read(self.config))
+            except ConfigError as exc:
+                raise ConfigError(f"{self.source}: {exc}") from None
 
     @property
     def name(self) -> str:
@@ -480,6 +514,12 @@ def _resolve(dotted: str, value: Any, where: str) -> tuple[str, Any]:
         raise _unknown(where, dotted, value, [f"{section}.{n}" for n in public_to_field])
     field_name = public_to_field[name]
     return dotted, typing.get_type_hints(SECTIONS[section])[field_name]
+
+
+def _default(key: str) -> Any:
+    """The default value of the dotted setting ``key``."""
+    section, _, name = field_key(key).partition(".")
+    return getattr(SECTIONS[section](), name)
 
 
 def _field_names(cls: type) -> tuple[str, ...]:

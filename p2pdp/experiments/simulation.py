@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from p2pdp.config import ScenarioConfig, flat_settings
+from p2pdp.config import ScenarioConfig, flat_settings, settings_read
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
@@ -100,10 +100,12 @@ class RunResult:
     rounds: list[dict[str, Any]] = field(default_factory=list)
     network_dp: list[dict[str, Any]] = field(default_factory=list)
     wire: list[dict[str, Any]] = field(default_factory=list)
+    runtime: str = "simulation"
 
     def row(self) -> dict[str, Any]:
-        """Flat results row: every config setting, the seed, and the scalar metrics."""
-        row = flat_settings(self.config)
+        """Flat results row: every config setting (empty where the run read none), the
+        seed, and the scalar metrics."""
+        row = flat_settings(self.config, settings_read(self.config, self.runtime))
         row.update(fold=self.fold, repetition=self.repetition)
         row.update(self.evaluation.summary())
         row.update(
@@ -386,6 +388,7 @@ def simulate(
         peak_memory_mb=peak_mb,
         affordable_aggregations=int(world.ledger.max_aggregations),
         wire=getattr(world, "wire_rows", list)(),
+        runtime=runtime,
     )
 
 
@@ -402,6 +405,22 @@ def _trained(task: Any, trained: Any, *, fold: int, repetition: int) -> Any:
             f"expected {key!r}, got {trained.key!r}"
         )
     return trained
+
+
+def check_budget(config: ScenarioConfig) -> None:
+    """ConfigError if no peer's budget affords one private step of an iterative protocol
+    at the given ``protocol.noise_multiplier`` (a calibrated one always affords
+    ``protocol.rounds``); one-shot budgets are checked by the config itself."""
+    settings = config.protocol
+    if settings.iterative and settings.noise_multiplier is not None:
+        from p2pdp.protocols.iterative import step_privacy
+
+        step_privacy(config)
+
+
+def _round_phase(rounds: int, round_: int) -> None:
+    """The progress line's phase during an iterative cell: its round."""
+    _PHASE[0] = f"simulation, round {round_} of {rounds}"
 
 
 def simulate_iterative(
@@ -469,6 +488,7 @@ def simulate_iterative(
         errors=lambda models: linear_error(models, data.X_test, data.y_test),
         rng=rngs["network"],
         churn_rng=rngs["churn"],
+        on_round=functools.partial(_round_phase, config.protocol.rounds),
         trace=trace,
     )
     wall["simulation"] = time.perf_counter() - start

@@ -41,7 +41,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -208,6 +208,10 @@ class NetworkWorld:
         Address the coordinator listens on for the hosts (``0.0.0.0``: every interface, for
         hosts on other machines).
     """
+
+    #: Messages cross a real network: no simulated ``[network]`` setting applies
+    #: (:mod:`p2pdp.core.reads`).
+    reads: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,

@@ -34,6 +34,17 @@ Discrete mechanisms (exact)
 Randomized response (keep form and the seed's two-coin form) and the clamped noisy count have
 known output distributions, so their epsilon is computed exactly as the worst log likelihood
 ratio over outputs and neighbouring inputs (:func:`exact_noisy_count_epsilon`).
+
+Whole runs (one-run audit)
+--------------------------
+Steinke, Nasr & Jagielski (2023), "Privacy auditing with one (1) training run": ``m`` canaries,
+each independently in one of two neighbouring states with probability 1/2, go through one run
+(or several independent runs: each canary still affects one run only); an adversary sees the
+run's output, guesses the state of ``r`` of them and abstains on the others. If the run is
+``(epsilon, delta)``-DP towards each canary, ``v`` or more correct guesses happen with
+probability at most the p-value of :func:`one_run_p_value` (their Theorem 5.2, computed as in
+their Appendix D); :func:`one_run_epsilon_lower_bound` inverts it: the largest ``epsilon`` that
+the observed ``v`` rejects at the given confidence.
 """
 
 from __future__ import annotations
@@ -88,6 +99,10 @@ class AuditResult:
         Test statistic chosen on the calibration half, one of :data:`STATISTICS`.
     threshold, fpr_upper, fnr_upper : float or None
         Chosen threshold and the Clopper-Pearson upper bounds (threshold test only).
+    canaries : int or None
+        Canaries of a one-run audit (:func:`one_run_epsilon_lower_bound`).
+    confidence : float or None
+        Probability with which ``eps_lb`` is a valid lower bound (statistical audits).
     """
 
     mechanism: str
@@ -104,6 +119,8 @@ class AuditResult:
     threshold: float | None = None
     fpr_upper: float | None = None
     fnr_upper: float | None = None
+    canaries: int | None = None
+    confidence: float | None = None
 
     @property
     def as_expected(self) -> bool:
@@ -352,3 +369,87 @@ def exact_noisy_count_epsilon(epsilon: float, n: int) -> float:
         ]
     )
     return float(np.abs(np.diff(log_law, axis=0)).max())
+
+
+def one_run_p_value(
+    *, canaries: int, guesses: int, correct: int, epsilon: float, delta: float
+) -> float:
+    """Probability of ``correct`` or more right guesses if the run is ``(epsilon, delta)``-DP.
+
+    Steinke, Nasr & Jagielski (2023), Theorem 5.2 as computed in their Appendix D: with
+    ``q = e^eps / (1 + e^eps)`` (the accuracy of ``epsilon``-randomized response),
+    ``beta = P[Binomial(r, q) >= v]``, ``alpha = max_{1 <= i <= v} P[v - i <= Binomial(r, q)
+    < v] / i``, the p-value is ``min(1, beta + 2 m delta alpha)``.
+
+    Parameters
+    ----------
+    canaries : int
+        ``m``: canaries whose state was drawn (each state with probability 1/2).
+    guesses : int
+        ``r <= m``: canaries guessed (the others abstained on).
+    correct : int
+        ``v <= r``: right guesses.
+    epsilon : float
+        ``>= 0``.
+    delta : float
+        In [0, 1].
+    """
+    m = require_count("canaries", canaries)
+    r = require_count("guesses", guesses, minimum=0)
+    v = require_count("correct", correct, minimum=0)
+    if not v <= r <= m:
+        raise ConfigError(f"need correct <= guesses <= canaries, got {v}, {r}, {m}")
+    if not epsilon >= 0:
+        raise ConfigError(f"epsilon must be >= 0, got {epsilon!r}")
+    delta = require_probability("delta", delta)
+    q = float(1.0 / (1.0 + np.exp(-epsilon)))
+    beta = float(stats.binom.sf(v - 1, r, q))
+    alpha = 0.0
+    if v > 0:
+        below = np.cumsum(stats.binom.pmf(v - np.arange(1, v + 1), r, q))
+        alpha = float((below / np.arange(1, v + 1)).max())
+    return min(1.0, beta + 2.0 * m * delta * alpha)
+
+
+def one_run_epsilon_lower_bound(
+    *, canaries: int, guesses: int, correct: int, delta: float, confidence: float = 0.95
+) -> float:
+    """Largest ``epsilon`` that ``correct`` right guesses out of ``guesses`` reject.
+
+    The bisection of Steinke et al.'s Appendix D on :func:`one_run_p_value` (which increases
+    with ``epsilon``): with probability ``>= confidence`` over the canaries' states and the
+    run, a run that is ``(epsilon, delta)``-DP towards each canary gives a bound ``<=
+    epsilon``. Returns 0 when even ``epsilon = 0`` is not rejected; the bisection stops at
+    relative precision 1e-6 on its lower end, so the bound is never above the exact root.
+    """
+    confidence = require_probability("confidence", confidence, low_open=True, high_open=True)
+    level = 1.0 - confidence
+
+    def rejects(epsilon: float) -> bool:
+        p_value = one_run_p_value(
+            canaries=canaries, guesses=guesses, correct=correct, epsilon=epsilon, delta=delta
+        )
+        return p_value < level
+
+    if not rejects(0.0):
+        return 0.0
+    low, high = 0.0, 1.0
+    while rejects(high):
+        low, high = high, 2.0 * high
+    while high - low > 1e-6 * high:
+        middle = (low + high) / 2
+        low, high = (middle, high) if rejects(middle) else (low, middle)
+    return low
+
+
+def one_run_guesses(
+    scores: NDArray[np.float64], *, guesses_per_side: int
+) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    """The canaries guessed in state +1 (the ``k`` highest scores) and in state -1 (the ``k``
+    lowest), ``k = guesses_per_side``; the others are abstained on. Ties are broken by index
+    (a stable sort), so the guesses depend on the scores only."""
+    k = require_count("guesses_per_side", guesses_per_side)
+    order = np.argsort(np.asarray(scores, float), kind="stable")
+    if 2 * k > order.size:
+        raise ConfigError(f"guesses_per_side must be <= {order.size // 2}, got {k}")
+    return order[-k:], order[:k]

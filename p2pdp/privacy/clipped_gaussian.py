@@ -107,7 +107,7 @@ class ClippedGaussianSum:
         ``rdp`` read the noise multiplier.
         """
         if not self.private:
-            return NonPrivateEvent("protocol.noise_multiplier = 0: no noise on the steps")
+            return NonPrivateEvent("privacy.mechanism = 'none': no noise on the steps")
         if self.sampling == "poisson":
             return SubsampledGaussianEvent(self.noise_multiplier, self.sampling_rate)
         z = self.noise_multiplier * self.clip_norm / self.sensitivity  # = noise_multiplier / 2

@@ -55,6 +55,9 @@ __all__ = [
 
 #: Relative tolerance on the budget (as :data:`p2pdp.privacy.accounting.BUDGET_TOLERANCE`).
 BUDGET_TOLERANCE = 1e-9
+#: Largest ``mu`` whose epsilon is computed (about 5e11 at any delta): beyond it the log-space
+#: formula loses every digit (NaN at mu = 1e12), and no such guarantee protects anyone.
+MAX_MU = 1e6
 
 
 def _positive(name: str, value: float) -> float:
@@ -166,6 +169,12 @@ def gdp_epsilon(mu: float | np.ndarray, delta: float) -> np.ndarray:
     mus = np.asarray(mu, dtype=np.float64)
     if np.any(~(mus >= 0)) or np.any(~np.isfinite(mus)):
         raise ConfigError(f"mu must be >= 0 and finite, got {mu!r}")
+    if np.any(mus > MAX_MU):
+        raise ConfigError(
+            f"mu = {float(mus.max()):g} (GDP) is beyond {MAX_MU:g}, where epsilon would exceed "
+            "5e11: so little noise protects nothing (a noise multiplier of about 1/mu); "
+            "for a run without noise say so (privacy.mechanism = 'none')"
+        )
     unique, inverse = np.unique(mus, return_inverse=True)
     log_delta = math.log(delta)
     values = np.array([0.0 if m == 0 else _epsilon_one(float(m), log_delta) for m in unique])

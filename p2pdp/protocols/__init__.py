@@ -42,11 +42,32 @@ __all__ = ["ITERATIVE_COLUMNS", "OneShot"]
 class OneShot:
     """The group protocol of the source document (``protocol.name = "one-shot"``).
 
-    A marker: the SimPy world (:class:`p2pdp.sim.world.World`) runs it; every other setting
-    of ``[protocol]`` is unused.
+    A marker: the SimPy world (:class:`p2pdp.sim.world.World`) runs it (or the network
+    runtime); every other setting of ``[protocol]`` is unused. It is also the protocol of the
+    tasks that have no ``[protocol]`` table (prevalence, pooled testing).
     """
 
     name: ClassVar[str] = "one-shot"
+    #: The settings the group protocol reads (:mod:`p2pdp.core.reads`): group formation, the
+    #: release's budget and mechanism, publication, peers' training time.
+    reads: ClassVar[tuple[str, ...]] = (
+        "groups.sampler",
+        "groups.group_size",
+        "groups.max_concurrent_groups",
+        "groups.collect_timeout",
+        "groups.max_failed_attempts",
+        "publication.mode",
+        "privacy.epsilon",
+        "privacy.epsilon_per_aggregation",
+        "privacy.delta",
+        "privacy.delta_per_aggregation",
+        "privacy.mechanism",
+        "privacy.accountant",
+        "privacy.secure_aggregation",
+        "privacy.noise_multiplier",
+        "privacy.min_shard_size",
+        "training.seconds_per_row",
+    )
 
 
 #: Columns every results row has (NaN where they do not apply, e.g. one-shot runs):

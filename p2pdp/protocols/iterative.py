@@ -157,15 +157,16 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
     Poisson sampling (the only one of the two that accounts its amplification).
     """
     settings, privacy = config.protocol, config.privacy
+    private = settings.private(privacy)
     mechanism = ClippedGaussianSum(
         clip_norm=settings.clip_norm,
-        noise_multiplier=settings.noise_multiplier or 0.0,
+        noise_multiplier=(settings.noise_multiplier or 0.0) if private else 0.0,
         sampling=settings.sampling,
         sampling_rate=settings.sampling_rate,
         batch_size=settings.batch_size,
     )
     accountant = settings.accountant(privacy)
-    if settings.noise_multiplier is None:
+    if private and settings.noise_multiplier is None:
         z = calibrated_noise_multiplier(
             mechanism,
             steps=settings.rounds,
@@ -182,13 +183,25 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
         max_steps = affordable(
             account, event, epsilon_total=privacy.epsilon, delta_total=privacy.delta
         )
-    return StepPrivacy(
+    result = StepPrivacy(
         mechanism=mechanism,
         event=event,
         accountant=accountant,
         max_steps=max_steps,
         delta_total=privacy.delta,
     )
+    if max_steps == 0:  # no peer could take one step: refuse before the run
+        try:
+            one = f"epsilon = {float(result.epsilon(np.array([1]))[0]):.4g}"
+        except ConfigError as exc:
+            one = f"more than can be accounted ({exc})"
+        raise ConfigError(
+            f"privacy.epsilon = {privacy.epsilon!r} (at privacy.delta = {privacy.delta!r}) "
+            f"affords no step at protocol.noise_multiplier = {settings.noise_multiplier!r}: one "
+            f"step costs {one}; raise privacy.epsilon to at least that, or the noise "
+            "multiplier (unset, it is calibrated so that protocol.rounds steps fit the budget)"
+        )
+    return result
 
 
 class IterativeProtocol:
@@ -199,8 +212,8 @@ class IterativeProtocol:
     ``gossip_steps`` times: the transport decides which of the messages along the overlay's
     edges arrive in time, and :meth:`average` merges them. For an asynchronous one, each
     peer's wake-up: :meth:`wake` (who to send the model to) and, on arrival, :meth:`receive`.
-    A subclass sets ``name`` and ``synchronous`` (and ``reads_gossip_steps`` if it averages
-    more than once a round) and may override any of these.
+    A subclass sets ``name`` and ``synchronous`` (and adds ``"protocol.gossip_steps"`` to
+    ``reads`` if it averages more than once a round) and may override any of these.
 
     State: ``models`` (P, d), ``steps`` (P,) private steps taken.
     """
@@ -209,8 +222,25 @@ class IterativeProtocol:
     synchronous: ClassVar[bool] = True
     #: Whether rows get the pairwise network DP bound (:mod:`p2pdp.protocols.network_dp`).
     network_dp: ClassVar[bool] = False
-    #: Whether ``protocol.gossip_steps`` means anything to it (else it must stay 1).
-    reads_gossip_steps: ClassVar[bool] = False
+    #: The settings it reads (:mod:`p2pdp.core.reads`); ``protocol.gossip_steps`` only if
+    #: it averages more than once a round (the scenario refuses it otherwise).
+    reads: ClassVar[tuple[str, ...]] = (
+        "protocol.rounds",
+        "protocol.round_period",
+        "protocol.step_size",
+        "protocol.sampling",
+        "protocol.clip_norm",
+        "protocol.noise_multiplier",
+        "protocol.eval_every",
+        "privacy.epsilon",
+        "privacy.delta",
+        "privacy.mechanism",
+        "privacy.accountant",
+        "gossip.overlay",
+        "gossip.allow_disconnected",
+        "gossip.churn",
+        "training.lambda",
+    )
 
     def __init__(
         self,
@@ -221,11 +251,6 @@ class IterativeProtocol:
         *,
         rngs: dict[str, np.random.Generator],
     ) -> None:
-        if settings.gossip_steps != 1 and not self.reads_gossip_steps:
-            raise ConfigError(
-                f"protocol.gossip_steps must be 1 for protocol.name = {self.name!r} (one "
-                f"averaging per step; 'muffliato' takes more), got {settings.gossip_steps}"
-            )
         self.settings = settings
         self.problem = problem
         self.mixing = mixing
@@ -287,7 +312,7 @@ class Muffliato(IterativeProtocol):
 
     name: ClassVar[str] = "muffliato"
     network_dp: ClassVar[bool] = True
-    reads_gossip_steps: ClassVar[bool] = True
+    reads: ClassVar[tuple[str, ...]] = (*IterativeProtocol.reads, "protocol.gossip_steps")
 
     @property
     def gossip_steps(self) -> int:

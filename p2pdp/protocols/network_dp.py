@@ -266,7 +266,7 @@ def by_distance(mixing: Mixing, epsilon: np.ndarray) -> list[dict[str, float]]:
 def not_computed(mechanism: ClippedGaussianSum, *, churn: bool) -> str:
     """Why a run's network DP is not computed ("" when it is computable)."""
     if not mechanism.private:
-        return "not computed: protocol.noise_multiplier = 0 (no noise, no guarantee)"
+        return "not computed: privacy.mechanism = 'none' (no noise, no guarantee)"
     if mechanism.sampling == "poisson":
         return (
             "not computed: protocol.sampling = 'poisson' (the view is a mixture of Gaussians, "

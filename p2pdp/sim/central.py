@@ -11,7 +11,7 @@ groups are in flight at once. The run ends, once no group is in flight, when few
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -53,6 +53,9 @@ class CentralSampler:
         False: this sampler takes no peer offline (the world may then skip the curators'
         collection timeouts when no message can be lost either).
     """
+
+    #: Reads nothing beyond ``[groups]`` (the protocol's; :mod:`p2pdp.core.reads`).
+    reads: ClassVar[tuple[str, ...]] = ()
 
     faults = False
 

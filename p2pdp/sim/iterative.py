@@ -35,6 +35,7 @@ import numpy as np
 import simpy
 
 from p2pdp.config import ScenarioConfig
+from p2pdp.core.errors import ConfigError
 from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import IterativeProtocol
 from p2pdp.protocols.network_dp import ViewTrace
@@ -77,6 +78,7 @@ def run_iterative(
     errors: Callable[[np.ndarray], np.ndarray],
     rng: np.random.Generator,
     churn_rng: np.random.Generator | None = None,
+    on_round: Callable[[int], None] | None = None,
     trace: ViewTrace | None = None,
 ) -> IterativeRun:
     """Run ``protocol`` for ``protocol.rounds`` rounds in a SimPy world.
@@ -93,9 +95,16 @@ def run_iterative(
         The network's stream (latencies, losses, wake-up phases).
     churn_rng : numpy.random.Generator, optional
         The churn's stream (sessions, downtimes; default ``rng``).
+    on_round : callable, optional
+        Called with each round's number once it is recorded (progress).
     trace : ViewTrace, optional
         Receives, for a synchronous protocol, the peers of every step and the delivered and
         late messages of every exchange (for :mod:`p2pdp.protocols.network_dp`).
+
+    Raises
+    ------
+    ConfigError
+        Naming ``protocol.step_size`` when a model stops being finite (the steps diverge).
     """
     settings = config.protocol
     env = simpy.Environment()
@@ -113,6 +122,13 @@ def run_iterative(
     epsilon = protocol.privacy.epsilon
 
     def record(round_: int) -> None:
+        if not np.isfinite(protocol.models).all():
+            raise ConfigError(
+                f"protocol.step_size = {settings.step_size!r}: the {protocol.name} models "
+                f"diverged by round {round_} (values no longer finite); lower the step size"
+            )
+        if on_round is not None:
+            on_round(round_)
         evaluated = round_ % settings.eval_every == 0 or round_ == settings.rounds
         peer_errors = errors(protocol.models) if evaluated else None
         run.rounds.append(

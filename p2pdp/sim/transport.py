@@ -11,7 +11,7 @@ Latencies and loss decisions are drawn from the transport's own generator in bat
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import simpy
@@ -78,6 +78,15 @@ class Transport:
     Counters: ``messages_sent``/``bytes_sent`` per peer (attempts, lost ones included),
     ``messages_lost``, ``control_messages``, ``broadcasts``.
     """
+
+    #: The settings the simulator's message model reads (:mod:`p2pdp.core.reads`;
+    #: ``network.latency`` adds ``latency_sigma`` for the lognormal model).
+    reads: ClassVar[tuple[str, ...]] = (
+        "network.latency",
+        "network.latency_mean",
+        "network.bandwidth",
+        "network.loss",
+    )
 
     def __init__(
         self,

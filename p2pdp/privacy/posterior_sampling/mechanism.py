@@ -63,6 +63,8 @@ class PosteriorSampling(Mechanism):
     #: The statistic a peer submits must be a private sample drawn from its records for each
     #: release (a (P, R, d) array of statistics), never its exact model.
     needs_records: ClassVar[bool] = True
+    #: Reads the bound on each record's log-likelihood (:mod:`p2pdp.core.reads`).
+    reads: ClassVar[tuple[str, ...]] = ("privacy.tau",)
 
     def noise_std(self, sensitivity: float, dim: int) -> float:
         """0: no additive noise (the randomness is in the sample, whose spread is not public)."""

@@ -24,7 +24,7 @@ the backoff).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -68,6 +68,21 @@ class GossipSampler:
         Messages sent by the formation protocol and by view exchanges (also counted, per
         sender, in ``world.transport``).
     """
+
+    #: The settings of gossip group formation it reads (:mod:`p2pdp.core.reads`).
+    reads: ClassVar[tuple[str, ...]] = (
+        "gossip.overlay",
+        "gossip.allow_disconnected",
+        "gossip.view_size",
+        "gossip.gossip_period",
+        "gossip.backoff",
+        "gossip.invite_timeout",
+        "gossip.lock_timeout",
+        "gossip.max_retries",
+        "gossip.churn",
+        "gossip.curator_crash_probability",
+        "gossip.member_crash_probability",
+    )
 
     def __init__(self, world: World, *, rng: np.random.Generator) -> None:
         self.world = world

@@ -40,6 +40,7 @@ import numpy as np
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.reads import Read, When
 from p2pdp.core.rng import generator
 from p2pdp.learning.ensembles import OwnShards, cross_validate_own_models
 from p2pdp.learning.evaluation import (
@@ -197,6 +198,19 @@ class LogisticEnsembles:
 
     name: ClassVar[str] = "logistic"
     aggregate: ClassVar[str] = "mean"
+    #: The settings it reads (:mod:`p2pdp.core.reads`); the one-shot protocol's sensitivity
+    #: mode and ensemble rule only under that protocol (iterative peers keep one model).
+    reads: ClassVar[tuple[Read, ...]] = (
+        "data.*",
+        "partition.scheme",
+        "partition.min_shard_size",
+        "training.lambda",
+        "training.lambda_source",
+        "training.model",
+        "evaluation.best_lambda_reference",
+        "protocol.name",
+        When("protocol.name", "one-shot", ("privacy.sensitivity", "evaluation.vote")),
+    )
 
     def __init__(self, config: ScenarioConfig) -> None:
         self.config = config

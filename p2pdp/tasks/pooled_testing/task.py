@@ -272,6 +272,8 @@ class PooledTesting:
 
     name: ClassVar[str] = "pooled-testing"
     #: Counts binary records: no features, so no lambda or min-max bounds to disclose.
+    #: The settings it reads (:mod:`p2pdp.core.reads`).
+    reads: ClassVar[tuple[str, ...]] = ("pooling.*",)
     reads_features: ClassVar[bool] = False
     aggregate: ClassVar[Any] = staticmethod(_pool_status)
 

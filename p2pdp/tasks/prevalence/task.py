@@ -271,6 +271,15 @@ class _BinaryCounts:
     reads_features: ClassVar[bool] = False
     aggregate: ClassVar[str] = "sum"
     locally_private: ClassVar[bool] = False
+    #: The settings it reads (:mod:`p2pdp.core.reads`; ``prevalence.source`` adds the truth
+    #: or the data set's settings).
+    reads: ClassVar[tuple[str, ...]] = (
+        "prevalence.source",
+        "prevalence.records_per_peer",
+        "prevalence.prior_a",
+        "prevalence.prior_b",
+        "prevalence.level",
+    )
 
     def __init__(self, config: ScenarioConfig) -> None:
         self.config = config
@@ -435,6 +444,7 @@ class RandomizedResponseCounts(_BinaryCounts):
 
     name: ClassVar[str] = "randomized-response"
     locally_private: ClassVar[bool] = True
+    reads: ClassVar[tuple[str, ...]] = (*_BinaryCounts.reads, "prevalence.response")
 
     def __init__(self, config: ScenarioConfig) -> None:
         super().__init__(config)
