@@ -53,11 +53,16 @@ def _non_private(**protocol) -> ScenarioConfig:
     return dataclasses.replace(config, privacy=PrivacyConfig(mechanism="none", epsilon=2.0))
 
 
-def _overlay_mixing(n: int = 30, degree: int = 4, seed: int = 3) -> tuple[nx.Graph, Mixing]:
-    graph = nx.random_regular_graph(degree, n, seed=seed)
+def _mixing_of(graph: nx.Graph) -> Mixing:
+    n = graph.number_of_nodes()
     adjacency = sp.csr_array(nx.to_scipy_sparse_array(graph, nodelist=range(n)))
     adjacency.sort_indices()
-    return graph, Mixing.metropolis_hastings(adjacency.indptr, adjacency.indices)
+    return Mixing.metropolis_hastings(adjacency.indptr, adjacency.indices)
+
+
+def _overlay_mixing(n: int = 30, degree: int = 4, seed: int = 3) -> tuple[nx.Graph, Mixing]:
+    graph = nx.random_regular_graph(degree, n, seed=seed)
+    return graph, _mixing_of(graph)
 
 
 # --- mixing -----------------------------------------------------------------------------------
@@ -66,13 +71,6 @@ IRREGULAR = {
     "path": nx.path_graph(10),
     "erdos-renyi": nx.erdos_renyi_graph(30, 0.15, seed=4),
 }
-
-
-def _mixing_of(graph: nx.Graph) -> Mixing:
-    n = graph.number_of_nodes()
-    adjacency = sp.csr_array(nx.to_scipy_sparse_array(graph, nodelist=range(n)))
-    adjacency.sort_indices()
-    return Mixing.metropolis_hastings(adjacency.indptr, adjacency.indices)
 
 
 @pytest.mark.parametrize("overlay", ["random-regular", *IRREGULAR])
