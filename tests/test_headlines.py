@@ -308,15 +308,6 @@ HEADLINES: dict[str, list[Headline]] = {
         ("one-shot, epsilon 10, IID", tuned("one-shot", 10.0, IID), "0.118"),
         ("one-shot, epsilon 1, IID", tuned("one-shot", 1.0, IID), "0.122"),
         ("best iterative, epsilon 1, IID", tuned("muffliato", 1.0, IID), "0.227"),
-        (
-            "network DP / local DP, muffliato (min over cells)",
-            lambda r: min(
-                float(row["network_dp_epsilon_mean"]) / float(row["max_epsilon_spent"])
-                for row in r
-                if row["protocol.name"] == "muffliato"
-            ),
-            "1.00",
-        ),
     ],
     "peer_count_1m": [
         ("mean error", error_at(), "0.308"),

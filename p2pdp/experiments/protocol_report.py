@@ -64,7 +64,8 @@ def tuned_comparison(
     row has them plus ``partition`` (a label), ``folds``, ``error`` (mean over folds of the
     tuned error), ``error_std`` (over folds), ``chosen`` (the setting chosen most often, as
     text), ``local_only_error``, ``centralized_error``, ``epsilon_spent`` (largest local DP
-    epsilon of a peer) and ``network_dp_epsilon_mean`` (NaN unless measured).
+    epsilon of a peer), ``network_dp_epsilon_mean`` (NaN unless computed for every cell) and
+    ``network_dp_notes`` (the cells' distinct reasons for not computing it).
     """
     tuned = [k for k in swept if k in TUNED_KEYS]
     keys = ["protocol.name", *(k for k in swept if k not in TUNED_KEYS and k != "protocol.name")]
@@ -104,6 +105,9 @@ def tuned_comparison(
                 "centralized_error": _mean(cells, "centralized_error"),
                 "epsilon_spent": _mean(cells, "max_epsilon_spent"),
                 "network_dp_epsilon_mean": _mean(cells, "network_dp_epsilon_mean"),
+                "network_dp_notes": sorted(
+                    {str(c["network_dp_note"]) for c in cells if c.get("network_dp_note")}
+                ),
                 "partition": _partition_label(cells[0]),
                 "_chosen": dict(zip(tuned, chosen, strict=True)),
             }
@@ -264,4 +268,10 @@ def markdown(keys: Sequence[str], table: Sequence[dict[str, Any]]) -> list[str]:
             )
             + " |"
         )
+    notes = sorted(
+        {(row["protocol.name"], note) for row in table for note in row.get("network_dp_notes", [])}
+    )
+    if notes:
+        lines += ["", "Network DP left empty:"]
+        lines += [f"- {protocol}: {note}" for protocol, note in notes]
     return lines

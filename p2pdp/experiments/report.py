@@ -379,9 +379,9 @@ def _protocol_comparison(
                 else "Nothing is tuned (no compared setting has several candidates). "
             )
             + "ε spent is local DP (what any one "
-            "neighbour learns); the network DP column is Muffliato's pairwise bound, valid only "
-            "against a peer that sees nothing but its own incoming messages: never read it as "
-            "local DP.",
+            "neighbour learns); the network DP column is Muffliato's pairwise guarantee "
+            "computed from a peer's whole view (every message it received, its own state), "
+            "valid only against one peer that sees nothing else: never read it as local DP.",
             "",
             *pr.markdown(keys, table),
             "",

@@ -489,6 +489,7 @@ def simulate_iterative(
         for name in ("network", "noise", "sampling", "gossip", "churn")
     }
     protocol = cls(config.protocol, problem, mixing, privacy, rngs=rngs)
+    trace = network_dp.ViewTrace() if protocol.network_dp else None
     run = run_iterative(
         config,
         protocol,
@@ -496,6 +497,7 @@ def simulate_iterative(
         rng=rngs["network"],
         churn_rng=rngs["churn"],
         on_round=functools.partial(_round_phase, config.protocol.rounds),
+        trace=trace,
     )
     wall["simulation"] = time.perf_counter() - start
 
@@ -513,15 +515,16 @@ def simulate_iterative(
         consensus_distance=consensus_distance(protocol.models),
     )
     distances: list[dict[str, Any]] = []
-    delivered_all = run.transport.messages_lost + run.transport.messages_late == 0
-    if protocol.network_dp and delivered_all and not config.gossip.churn:  # the bound's world
+    if trace is not None:  # the view of every peer over the run as it happened
+        step_size = config.protocol.step_size
         summary, distances = network_dp.report(
+            trace,
             mixing,
             mechanism,
-            steps=int(steps.max()),
-            gossip_steps=protocol.gossip_steps,
+            scales=step_size / mechanism.denominators(problem.sizes),
+            decay=1.0 - step_size * problem.lam,
             delta=config.privacy.delta,
-            local_epsilon=float(privacy.epsilon(steps.max(keepdims=True))[0]),
+            churn=config.gossip.churn,
         )
         columns.update(summary)
     wall["evaluation"] = time.perf_counter() - start

@@ -71,8 +71,9 @@ class OneShot:
 
 
 #: Columns every results row has (NaN where they do not apply, e.g. one-shot runs):
-#: what an iterative run did and what it guarantees beyond ``epsilon_spent`` (local DP).
-ITERATIVE_COLUMNS: dict[str, float] = {
+#: what an iterative run did and what it guarantees beyond ``epsilon_spent`` (local DP);
+#: ``network_dp_note`` says why a ``muffliato`` run's network DP columns are empty.
+ITERATIVE_COLUMNS: dict[str, float | str] = {
     "mean_steps_per_peer": math.nan,
     "min_steps_per_peer": math.nan,
     "noise_multiplier_used": math.nan,
@@ -81,4 +82,5 @@ ITERATIVE_COLUMNS: dict[str, float] = {
     "network_dp_epsilon_mean": math.nan,
     "network_dp_epsilon_max": math.nan,
     "network_dp_epsilon_max_beyond_neighbours": math.nan,
+    "network_dp_note": "",
 }

@@ -266,14 +266,15 @@ class IterativeProtocol:
         """Averagings per round (synchronous protocols)."""
         return 1
 
-    def step(self, peers: np.ndarray | None = None) -> None:
-        """One private local step of each of ``peers`` (default: all) that can afford one."""
+    def step(self, peers: np.ndarray | None = None) -> np.ndarray:
+        """One private local step of each of ``peers`` (default: all) that can afford one;
+        returns the peers that stepped, (k,) int array."""
         if peers is None:
             peers = np.arange(self.problem.n_peers)
         if self.privacy.max_steps is not None:
             peers = peers[self.steps[peers] < self.privacy.max_steps]
         if not len(peers):
-            return
+            return peers
         mechanism = self.privacy.mechanism
         sums = self.problem.clipped_sums(self.models, peers, mechanism, self.rngs["sampling"])
         noisy = sums + mechanism.noise(sums.shape, self.rngs["noise"])
@@ -281,6 +282,7 @@ class IterativeProtocol:
         gradient = noisy / self._denominators[peers, None] + self.problem.lam * models
         self.models[peers] = models - self.settings.step_size * gradient
         self.steps[peers] += 1
+        return peers
 
     def average(self, delivered: np.ndarray) -> None:
         """Merge the round's messages: ``delivered`` (E,) marks the edges whose model arrived."""

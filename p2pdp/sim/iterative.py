@@ -38,6 +38,7 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import IterativeProtocol
+from p2pdp.protocols.network_dp import ViewTrace
 from p2pdp.sim.transport import Transport
 
 
@@ -78,6 +79,7 @@ def run_iterative(
     rng: np.random.Generator,
     churn_rng: np.random.Generator | None = None,
     on_round: Callable[[int], None] | None = None,
+    trace: ViewTrace | None = None,
 ) -> IterativeRun:
     """Run ``protocol`` for ``protocol.rounds`` rounds in a SimPy world.
 
@@ -95,6 +97,9 @@ def run_iterative(
         The churn's stream (sessions, downtimes; default ``rng``).
     on_round : callable, optional
         Called with each round's number once it is recorded (progress).
+    trace : ViewTrace, optional
+        Receives, for a synchronous protocol, the peers of every step and the delivered and
+        late messages of every exchange (for :mod:`p2pdp.protocols.network_dp`).
 
     Raises
     ------
@@ -140,16 +145,22 @@ def run_iterative(
             }
         )
 
-    def exchange(senders: np.ndarray, receivers: np.ndarray, within: float) -> np.ndarray:
-        """One message along every edge whose sender is online; which arrive in time."""
+    def exchange(
+        senders: np.ndarray, receivers: np.ndarray, within: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One message along every edge whose sender is online: which arrive in time, which
+        late (read by the receiver, not averaged)."""
         if faults is None:
             return transport.exchange(senders, n_bytes, within=within)
         sending = online[senders]
         delivered = np.zeros(senders.size, dtype=bool)
-        delivered[sending] = transport.exchange(senders[sending], n_bytes, within=within)
+        late = np.zeros(senders.size, dtype=bool)
+        delivered[sending], late[sending] = transport.exchange(
+            senders[sending], n_bytes, within=within
+        )
         missed = delivered & ~online[receivers]  # the receiver is offline: lost
         transport.lose(senders[missed])
-        return delivered & ~missed
+        return delivered & ~missed, late
 
     def synchronous() -> Generator[simpy.Event, Any, None]:
         exchanges = protocol.gossip_steps
@@ -157,14 +168,18 @@ def run_iterative(
         senders, receivers = protocol.mixing.indices, protocol.mixing.receivers
         for round_ in range(1, settings.rounds + 1):
             if faults is None:
-                protocol.step()
+                stepped = protocol.step()
             else:
                 faults.apply_churn()
-                protocol.step(np.flatnonzero(online))
+                stepped = protocol.step(np.flatnonzero(online))
+            if trace is not None:
+                trace.step(stepped)
             for _ in range(exchanges):
-                delivered = exchange(senders, receivers, period)
+                delivered, late = exchange(senders, receivers, period)
                 yield env.timeout(period)
                 protocol.average(delivered)
+                if trace is not None:
+                    trace.exchange(delivered, late)
             record(round_)
 
     def wake_ups(peer: int, phase: float) -> Generator[simpy.Event, Any, None]:

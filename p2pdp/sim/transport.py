@@ -203,14 +203,17 @@ class Transport:
         arrivals.mark = env.scheduled
         self._open = arrivals
 
-    def exchange(self, senders: np.ndarray, n_bytes: int, *, within: float) -> np.ndarray:
+    def exchange(
+        self, senders: np.ndarray, n_bytes: int, *, within: float
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Messages sent at the same instant, one from each of ``senders``: which arrive in time.
 
         The vectorised form of :meth:`send` for a synchronous round (no event per message):
         every message is counted as sent; it is lost with probability ``loss``, and it is
         *late* (counted in ``messages_late``, not delivered) when its delay, latency plus
-        ``n_bytes / bandwidth``, exceeds ``within`` seconds. Returns a (len(senders),) bool
-        mask of the messages delivered.
+        ``n_bytes / bandwidth``, exceeds ``within`` seconds. Returns two (len(senders),) bool
+        masks: the messages delivered in time, and the late ones (they reach their receiver,
+        which reads them but does not average them); a message in neither was lost.
         """
         senders = np.asarray(senders, dtype=np.int64)
         n = senders.size
@@ -222,9 +225,9 @@ class Transport:
         if self.config.loss > 0:
             lost = self.rng.random(n) < self.config.loss
             self.lose(senders[lost])
-        self.messages_late += int((~on_time & ~lost).sum())
-        delivered = on_time & ~lost
-        return delivered
+        late = ~on_time & ~lost
+        self.messages_late += int(late.sum())
+        return on_time & ~lost, late
 
     def broadcast(
         self, sender: int, n_recipients: int, n_bytes: int, deliver: Callable[[], None]

@@ -1,0 +1,275 @@
+"""Pairwise network DP (issue 28): the exact divergence of a peer's whole view, by brute force.
+
+The brute force here is independent of :mod:`p2pdp.protocols.network_dp`: it builds ``v``'s
+view of a noise-then-gossip run explicitly (the dense powers of ``W``, ``v``'s own noises as
+observed rows, every message of every exchange), its full joint covariance, the Mahalanobis
+form ``M = B^T Sigma^+ B`` of ``u``'s noise columns, and enumerates the adversary's signs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import networkx as nx
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy import optimize, stats
+
+from p2pdp.config import PrivacyConfig, ScenarioConfig
+from p2pdp.core.rng import generator
+from p2pdp.experiments.simulation import simulate
+from p2pdp.protocols import network_dp
+from p2pdp.protocols.mixing import Mixing
+
+
+def _config(**protocol) -> ScenarioConfig:
+    settings = {"name": "muffliato", "rounds": 2, "gossip_steps": 2, **protocol}
+    return ScenarioConfig(
+        data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
+        partition={"n_peers": 20},
+        training={"lam": 0.01},
+        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5},
+        gossip={"degree": 4},
+        evaluation={"cv_folds": 2},
+        protocol=settings,
+    )
+
+
+def _mixing(graph: nx.Graph) -> Mixing:
+    n = graph.number_of_nodes()
+    adjacency = sp.csr_array(nx.to_scipy_sparse_array(graph, nodelist=range(n)))
+    adjacency.sort_indices()
+    return Mixing.metropolis_hastings(adjacency.indptr, adjacency.indices)
+
+
+GRAPHS = {
+    "ring-10": nx.cycle_graph(10),
+    "4-regular-12": nx.random_regular_graph(4, 12, seed=1),
+    "3-regular-14": nx.random_regular_graph(3, 14, seed=1),
+}
+
+
+def _trace(mixing: Mixing, steps: int, gossip: int, after: int = 0) -> network_dp.ViewTrace:
+    """Every peer steps ``steps`` times, ``gossip`` exchanges after each, all delivered; then
+    ``after`` more exchanges without steps (budget spent)."""
+    trace = network_dp.ViewTrace()
+    every = np.ones(len(mixing.indices), dtype=bool)
+    for _ in range(steps):
+        trace.step(np.arange(mixing.n_peers))
+        for _ in range(gossip):
+            trace.exchange(every, ~every)
+    for _ in range(after):
+        trace.exchange(every, ~every)
+    return trace
+
+
+def _brute_view(W, steps, gossip, v, *, after=0, scales=None, decay=1.0, own=True):
+    """(R, T P) view matrix of ``v``: column ``t P + i`` is peer i's t-th noise."""
+    P = len(W)
+    scales = np.ones(P) if scales is None else scales
+    state = np.zeros((P, steps * P))
+    rows = []
+    neighbours = [w for w in range(P) if w != v and W[v, w] > 0]
+    for t in range(steps + (1 if after else 0)):
+        if t < steps:
+            state = decay * state
+            state[np.arange(P), t * P + np.arange(P)] = -scales
+            if own:
+                rows.append(np.eye(steps * P)[t * P + v])
+        for _ in range(gossip if t < steps else after):
+            rows.extend(state[w].copy() for w in neighbours)
+            state = W @ state
+    return np.array(rows)
+
+
+def _brute_Ms(W, steps, gossip, v, **kwargs) -> dict[int, np.ndarray]:
+    """``M = B^T Sigma^+ B`` of every ``u != v`` in ``v``'s view (Sigma = A A^T)."""
+    A = _brute_view(W, steps, gossip, v, **kwargs)
+    precision = np.linalg.pinv(A @ A.T, rcond=1e-13, hermitian=True)
+    Ms = {}
+    for u in range(len(W)):
+        if u != v:
+            B = A[:, [t * len(W) + u for t in range(steps)]]
+            Ms[u] = B.T @ precision @ B
+    return Ms
+
+
+def _brute_M(W, steps, gossip, u, v, **kwargs) -> np.ndarray:
+    return _brute_Ms(W, steps, gossip, v, **kwargs)[u]
+
+
+def _sign_max(M: np.ndarray) -> float:
+    """The adversary's best signs (one direction for every step's change)."""
+    return max(
+        float(np.array(s) @ M @ np.array(s)) for s in itertools.product((-1, 1), repeat=len(M))
+    )
+
+
+def _ascent(M: np.ndarray, iterations: int = 20000) -> float:
+    """A feasible point of the vector problem by projected power ascent (a lower bound)."""
+    V = np.linalg.qr(generator(0, "ascent").normal(size=(len(M), len(M))))[0]
+    for _ in range(iterations):
+        MV = M @ V
+        norms = np.linalg.norm(MV, axis=1, keepdims=True)
+        V = np.where(norms > 0, MV / np.where(norms > 0, norms, 1.0), V)
+    return float(np.einsum("ij,ij->", V, M @ V))
+
+
+def _gdp_delta(epsilon: float, mu: float) -> float:
+    return stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(
+        -epsilon / mu - mu / 2
+    )
+
+
+def test_two_hops_on_the_ring_leak_as_much_as_a_neighbour_once_v_knows_its_own_value() -> None:
+    """Ring of 10, one step, K = 2, u = 9, v = 7: the whole view without v's own noise gives
+    2/3 (the old per-message sum said 1/3); with it, 1 (local DP)."""
+    mixing = _mixing(GRAPHS["ring-10"])
+    W = mixing.matrix().toarray()
+    assert _brute_M(W, 1, 2, 9, 7, own=False)[0, 0] == pytest.approx(2 / 3, abs=1e-12)
+    assert _brute_M(W, 1, 2, 9, 7)[0, 0] == pytest.approx(1.0, abs=1e-12)
+    kappa, gap = network_dp.view_coefficients(
+        _trace(mixing, 1, 2), mixing, scales=np.ones(10), decay=1.0
+    )
+    assert kappa[9, 7] == pytest.approx(1.0, abs=1e-12) and gap == 0.0
+    assert np.isnan(np.diag(kappa)).all()
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_reported_epsilon_is_at_least_the_brute_force_value_for_every_pair(name, steps) -> None:
+    """Every pair, K in {1, 2, 4}: brute-force sign maximum <= kappa <= both SDP caps and T
+    (equal to the signs for T <= 2, where they are exact); epsilon bounds the brute force's;
+    kappa never decreases with K."""
+    mixing = _mixing(GRAPHS[name])
+    W = mixing.matrix().toarray()
+    P = mixing.n_peers
+    previous = None
+    for gossip in (1, 2, 4):
+        kappa, _ = network_dp.view_coefficients(
+            _trace(mixing, steps, gossip), mixing, scales=np.ones(P), decay=1.0
+        )
+        epsilon = network_dp.pairwise_epsilon(kappa, sensitivity_over_sigma=0.7, delta=1e-5)
+        for v in range(P):
+            for u, M in _brute_Ms(W, steps, gossip, v).items():
+                signs = _sign_max(M)
+                caps = min(np.abs(M).sum(), steps * np.linalg.eigvalsh(M)[-1])
+                assert signs - 1e-9 <= kappa[u, v] <= min(caps, steps) + 1e-9, (u, v, gossip)
+                if steps <= 2:
+                    assert kappa[u, v] == pytest.approx(signs, abs=1e-9)
+                if signs > 1e-12:  # the reported epsilon holds for the brute force's mu
+                    delta = _gdp_delta(epsilon[u, v], 0.7 * math.sqrt(signs))
+                    assert delta <= 1e-5 * (1 + 1e-6)
+        if previous is not None:
+            assert np.nanmin(kappa - previous) >= -1e-9  # more gossip, more seen
+        previous = kappa
+
+
+def test_vector_changes_beat_signs_and_the_reported_value_is_the_vector_optimum() -> None:
+    """Changes in R^d (d >= T) can leak more than one direction with signs: the semidefinite
+    value is checked against an independent feasible point (power ascent) on views where the
+    signs fall short, and the caps sum |M| and T lambda_max are not what is reported."""
+    W = _mixing(GRAPHS["ring-10"]).matrix().toarray()
+    for u, v in [(1, 0), (9, 0), (4, 3)]:  # neighbours, T = 4, K = 1
+        M = _brute_M(W, 4, 1, u, v)
+        (upper,), (lower,) = network_dp.worst_case_shifts(M[None])
+        ascent = _ascent(M)
+        assert lower - 1e-9 <= upper <= ascent + 1e-8 and ascent <= upper + 1e-9
+        assert ascent > _sign_max(M) + 3e-4  # vectors leak more than signs ...
+        assert min(np.abs(M).sum(), 4 * np.linalg.eigvalsh(M)[-1]) > ascent + 0.05  # < caps
+    # a 5-cycle's max-cut form (known value): SDP (25 + 5 sqrt 5) / 8 > best signs 4
+    L = nx.laplacian_matrix(nx.cycle_graph(5)).toarray() / 4.0
+    (upper,), (lower,) = network_dp.worst_case_shifts(L[None])
+    assert upper == pytest.approx((25 + 5 * math.sqrt(5)) / 8, abs=1e-8)
+    assert lower == pytest.approx(upper, abs=1e-8) and upper > _sign_max(L) + 0.5
+
+
+def test_exchanges_after_the_budget_and_late_messages_are_in_the_view_lost_ones_not() -> None:
+    mixing = _mixing(GRAPHS["ring-10"])
+    W = mixing.matrix().toarray()
+    ones = np.ones(10)
+    during, _ = network_dp.view_coefficients(_trace(mixing, 1, 1), mixing, scales=ones, decay=1)
+    longer, _ = network_dp.view_coefficients(
+        _trace(mixing, 1, 1, after=3), mixing, scales=ones, decay=1
+    )
+    assert longer[9, 6] > during[9, 6] + 0.1  # 3 hops: seen only after the budget stopped u
+    assert longer[9, 6] == pytest.approx(_brute_M(W, 1, 1, 9, 6, after=3)[0, 0], abs=1e-9)
+    E = len(mixing.indices)
+    late, lost = network_dp.ViewTrace(), network_dp.ViewTrace()
+    for trace, is_late in ((late, True), (lost, False)):
+        trace.step(np.arange(10))
+        trace.exchange(np.zeros(E, dtype=bool), np.full(E, is_late))
+    late_kappa, _ = network_dp.view_coefficients(late, mixing, scales=ones, decay=1.0)
+    lost_kappa, _ = network_dp.view_coefficients(lost, mixing, scales=ones, decay=1.0)
+    assert late_kappa[9, 0] == pytest.approx(1.0) and late_kappa[9, 7] == 0.0  # read, not mixed
+    assert np.nanmax(lost_kappa) == 0.0
+
+
+def test_a_muffliato_run_reports_the_exact_value_of_its_recorded_exchanges() -> None:
+    """Config -> run -> columns: 4 rounds of K = 3 exchanges, a budget of 2 steps (two rounds
+    of averaging after it), unequal shards, the step's decay: the columns equal the brute force
+    of that run, computed here from the config alone."""
+    from p2pdp.protocols.iterative import step_privacy
+    from p2pdp.sim.overlay import build_overlay
+
+    config = _config(name="muffliato", gossip_steps=3, rounds=4, noise_multiplier=6.0,
+                     step_size=0.7)  # fmt: skip
+    config = dataclasses.replace(
+        config, partition=dataclasses.replace(config.partition, scheme="quantity_skew")
+    )
+    privacy = step_privacy(config)
+    assert privacy.max_steps == 2
+    result = simulate(config)
+    row = result.row()
+    np.testing.assert_array_equal(result.aggregations_per_peer, 2)
+    overlay = build_overlay(config.gossip, 20, rng=generator(config.seed, "overlay", 0, 0))
+    W = Mixing.metropolis_hastings(overlay.indptr, overlay.indices).matrix().toarray()
+    eta, K = 0.7, config.protocol.gossip_steps
+    scales = eta / result.shard_sizes.astype(float)
+    assert np.ptp(scales) > 0  # unequal shards: the noises enter with different weights
+    ratio = 2.0 / 6.0  # Delta / sigma = 2 C / (z C)
+    mu = np.full((20, 20), np.nan)
+    for v in range(20):
+        Ms = _brute_Ms(W, 2, K, v, after=2 * K, scales=scales, decay=1 - eta * 0.01)
+        for u, M in Ms.items():
+            mu[u, v] = ratio * math.sqrt(_sign_max(M))
+    epsilon = np.full((20, 20), np.nan)
+    for (u, v), m in np.ndenumerate(mu):
+        if np.isfinite(m):
+            epsilon[u, v] = optimize.brentq(lambda e, m=m: _gdp_delta(e, m) - 1e-5, 0, 50,
+                                            xtol=1e-13)  # fmt: skip
+    assert row["network_dp_epsilon_mean"] == pytest.approx(np.nanmean(epsilon), rel=1e-7)
+    assert row["network_dp_epsilon_max"] == pytest.approx(np.nanmax(epsilon), rel=1e-7)
+    assert row["network_dp_epsilon_max"] <= row["max_epsilon_spent"] * (1 + 1e-9)
+    assert row["network_dp_note"] == ""
+
+
+def test_network_dp_is_empty_with_the_reason_where_not_computed(monkeypatch) -> None:
+    base = _config(name="muffliato", gossip_steps=2, rounds=2)
+    cases = {
+        "protocol.sampling = 'poisson'": dataclasses.replace(
+            base,
+            protocol=dataclasses.replace(base.protocol, sampling="poisson"),
+            privacy=dataclasses.replace(base.privacy, min_shard_size=5),
+        ),
+        "gossip.churn = true": dataclasses.replace(
+            base, gossip=dataclasses.replace(base.gossip, churn=True)
+        ),
+        "privacy.mechanism = 'none'": dataclasses.replace(
+            base, privacy=PrivacyConfig(mechanism="none", epsilon=2.0)
+        ),
+    }
+    for reason, config in cases.items():
+        row = simulate(config).row()
+        assert reason in row["network_dp_note"]
+        assert math.isnan(row["network_dp_epsilon_mean"]) and math.isnan(
+            row["network_dp_epsilon_max"]
+        )
+    monkeypatch.setattr(network_dp, "MAX_VIEW_ENTRIES", 100)
+    result = simulate(base)
+    assert "more than the 100 of an exact computation" in result.row()["network_dp_note"]
+    assert math.isnan(result.row()["network_dp_epsilon_max"]) and result.network_dp == []
+    assert simulate(_config(name="dpsgd", gossip_steps=1)).row()["network_dp_note"] == ""
