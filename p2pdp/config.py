@@ -433,6 +433,14 @@ class NetworkConfig:
     ``latency = "constant"`` uses ``latency_mean``; ``"exponential"`` draws with that mean;
     ``"lognormal"`` has mean ``latency_mean`` and log-space std ``latency_sigma``.
     ``bandwidth = inf`` means transfers take no time beyond the latency.
+
+    ``seeded_noise`` (network runtime only, :mod:`p2pdp.net`): draw every noise (a curator's,
+    or with secure aggregation each member's share) from the scenario's seeded streams, so that
+    the run releases exactly what the simulator releases. For tests of parity: anyone who knows
+    the seed can remove that noise, and the rows say so (``non_private_steps``). By default
+    each draw comes from the operating system's CSPRNG in the process that adds it. The
+    simulator always draws from the seeded streams (it is a simulation) and does not read
+    the setting.
     """
 
     latency: str = field(default="constant", metadata=check(OneOf(LATENCY_MODELS)))
@@ -440,6 +448,7 @@ class NetworkConfig:
     latency_sigma: float = field(default=0.5, metadata=check(NonNegative()))
     bandwidth: float = field(default=math.inf, metadata=check(Positive(allow_inf=True)))
     loss: float = field(default=0.0, metadata=check(Probability()))
+    seeded_noise: bool = field(default=False, metadata=check(Boolean()))
 
     def __post_init__(self) -> None:
         validate_fields(self, "network")

@@ -197,6 +197,7 @@ def _settings(config: ScenarioConfig, hosts: int) -> HostSettings:
         collect_timeout=config.groups.collect_timeout,
         # waits for a frame, a connection or a report: as long as a group, within [1, 10] s
         timeout=min(10.0, max(1.0, config.groups.collect_timeout)),
+        seeded_noise=config.network.seeded_noise,
     )
 
 

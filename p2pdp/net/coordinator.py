@@ -205,13 +205,13 @@ class NetworkWorld:
         experiment's process holds every statistic to evaluate the run): fills a release
         record's ``noise_norm`` that its curator could not know (secure aggregation).
     bind : str
-        Address the coordinator listens on for the hosts (``0.0.0.0``: every interface, for
-        hosts on other machines).
+        Address the coordinator listens on for the hosts (a hosts file's ``bind``; default
+        loopback).
     """
 
-    #: Messages cross a real network: no simulated ``[network]`` setting applies
-    #: (:mod:`p2pdp.core.reads`).
-    reads: ClassVar[tuple[str, ...]] = ()
+    #: Messages cross a real network: no simulated ``[network]`` setting applies, only where
+    #: the noise comes from (:mod:`p2pdp.net.host`; :mod:`p2pdp.core.reads`).
+    reads: ClassVar[tuple[str, ...]] = ("network.seeded_noise",)
 
     def __init__(
         self,

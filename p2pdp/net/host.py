@@ -20,18 +20,23 @@ it in fixed point and sends one additive share (masks from :func:`os.urandom`) t
 member; a member holding a share from every other sends their sum, its partial sum, to the
 curator, which decodes the sum of the partial sums and learns only the noisy aggregate.
 
-NOT PRIVATE AS DEPLOYED: a curator draws its noise from the run's seeded stream
-(:meth:`NoiseStream.skip <p2pdp.privacy.release.NoiseStream.skip>` to its group's index),
-so that a network run releases exactly what the simulator releases. Anyone who knows the
-scenario's seed can subtract that noise; a deployment would draw it from the operating
-system's CSPRNG instead. Likewise a secure member's noise share comes from its seeded stream
-(:meth:`Releaser.member_stream <p2pdp.privacy.release.Releaser.member_stream>`); its masks do
-not (they cancel, and never change a release).
+Where the noise comes from. By default a curator draws its release's noise, and a secure
+member its noise share, from a generator freshly seeded from the operating system's CSPRNG
+(:func:`~p2pdp.core.rng.os_generator`), in its own process: nothing another party holds (the
+scenario, its seed) determines it, and the noise never leaves that process (a curator reports
+``noise_norm`` as NaN; the experiment fills it for analysis from the exact aggregate). With
+``seeded_noise`` (``network.seeded_noise = true``, for tests of parity) they come from the
+run's seeded streams instead (:meth:`NoiseStream.skip
+<p2pdp.privacy.release.NoiseStream.skip>` to the group's index, :meth:`Releaser.member_stream
+<p2pdp.privacy.release.Releaser.member_stream>`), so that a network run releases exactly what
+the simulator releases: NOT PRIVATE, since anyone who knows the seed can subtract the noise.
+Masks always come from the CSPRNG (they cancel, and never change a release).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import math
@@ -43,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from p2pdp.core.rng import os_generator
 from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity
 from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
 from p2pdp.privacy.release import Releaser
@@ -92,6 +98,9 @@ class HostSettings:
         Seconds any wait for a frame's body, a connection or a report may take.
     idle_timeout : float
         Seconds a connection may stay silent between frames (the run's longest pause).
+    seeded_noise : bool
+        Draw noise from the run's seeded streams (``network.seeded_noise``: parity tests,
+        NOT private); else from the operating system's CSPRNG (see the module docstring).
     """
 
     n_peers: int
@@ -101,6 +110,7 @@ class HostSettings:
     collect_timeout: float = 10.0
     timeout: float = 10.0
     idle_timeout: float = 600.0
+    seeded_noise: bool = False
 
 
 def hosts_of(n_peers: int, hosts: int) -> np.ndarray:
@@ -510,7 +520,12 @@ class PeerHost:
         statistic = self.statistics[self.row[peer]]
         # The public bound makes the sensitivity known before anyone's size is.
         sensitivity = self.sensitivity([self.settings.min_shard_size] * n_members)
-        noise = self.releaser.noise_share(sensitivity, n_members, group=group.group_id, peer=peer)
+        rng = (
+            self.releaser.member_stream(group.group_id, peer)
+            if self.settings.seeded_noise
+            else os_generator()
+        )
+        noise = self.releaser.noise_share(sensitivity, n_members, rng=rng)
         contribution = self.releaser.contribution(statistic, n_members, noise)
         if not np.abs(contribution).max() * n_members < self.codec.max_abs:
             raise ProtocolError(  # K such values could wrap the ring: contribute nothing
@@ -625,7 +640,8 @@ class PeerHost:
 
     def _release(self, group: Group) -> None:
         """The curator holds every statistic: its own first, then the others' in member
-        order; the noisy release from the run's noise stream at its group's index."""
+        order; the noisy release, its noise from the CSPRNG (or, seeded, from the run's
+        noise stream at its group's index)."""
         if self._expired(group):
             return
         _, received = self.groups.pop(group.group_id)
@@ -634,12 +650,22 @@ class PeerHost:
         order = [curator, *(m for m in group.members.tolist() if m != curator)]
         size_of = dict(zip(group.submitted, group.sizes, strict=True))
         sizes = [size_of[m] for m in order]
-        index = self.release_index[group.group_id]
-        self.releaser.noise.skip(index - self.noise_position)
-        self.noise_position = index + 1
+        rng = None  # seeded: the run's stream, at the draw of the group's index
+        if self.settings.seeded_noise:
+            index = self.release_index[group.group_id]
+            self.releaser.noise.skip(index - self.noise_position)
+            self.noise_position = index + 1
+        else:
+            rng = os_generator()
         released, record = self.releaser.release(
-            np.stack([received[m] for m in order]), sizes, self.sensitivity(sizes), curator=0
+            np.stack([received[m] for m in order]),
+            sizes,
+            self.sensitivity(sizes),
+            curator=0,
+            noise_rng=rng,
         )
+        if rng is not None:  # the noise stays here: not even its norm is reported
+            record = dataclasses.replace(record, noise_norm=math.nan)
         self._publish(group, released, record)
 
     def _publish(self, group: Group, released: np.ndarray, record: Any) -> None:
