@@ -198,6 +198,7 @@ def _settings(config: ScenarioConfig, hosts: int) -> HostSettings:
         # waits for a frame, a connection or a report: as long as a group, within [1, 10] s
         timeout=min(10.0, max(1.0, config.groups.collect_timeout)),
         seeded_noise=config.network.seeded_noise,
+        group_size=config.groups.group_size,
     )
 
 

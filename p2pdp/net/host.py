@@ -50,7 +50,14 @@ import numpy as np
 
 from p2pdp.core.rng import os_generator
 from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity
-from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
+from p2pdp.net.wire import (
+    ProtocolError,
+    encode,
+    frame_bytes,
+    pack_vector,
+    read_frame,
+    unpack_vector,
+)
 from p2pdp.privacy.release import Releaser
 from p2pdp.privacy.secure_aggregation import FixedPoint, share
 from p2pdp.protocols.groups import (
@@ -72,6 +79,8 @@ log = logging.getLogger(__name__)
 
 # Control kinds between a host and the coordinator (peer-protocol kinds: p2pdp.protocols.groups)
 HELLO, DIRECTORY, DONE, FINISH, STATS = "hello", "directory", "done", "finish", "stats"
+#: Every kind a peer's socket reads (a refusal is counted under its kind, or "unknown").
+KINDS = (ASSIGN, SUBMIT, SHARE, PARTIAL, PUBLISH)
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,9 @@ class HostSettings:
     seeded_noise : bool
         Draw noise from the run's seeded streams (``network.seeded_noise``: parity tests,
         NOT private); else from the operating system's CSPRNG (see the module docstring).
+    group_size : int
+        ``groups.group_size``: bounds what a host keeps for groups it is not assigned yet
+        (:meth:`PeerHost._keep_early`).
     """
 
     n_peers: int
@@ -111,6 +123,7 @@ class HostSettings:
     timeout: float = 10.0
     idle_timeout: float = 600.0
     seeded_noise: bool = False
+    group_size: int = 3
 
 
 def hosts_of(n_peers: int, hosts: int) -> np.ndarray:
@@ -215,6 +228,11 @@ class PeerHost:
         # group before the peer's assignment to it
         self.early: dict[int, dict[int, tuple[int, dict[str, tuple[dict[str, Any], Any]]]]]
         self.early = {}
+        self.early_held: Counter[int] = Counter()  # sender's host -> messages kept early
+        # what a peer may be published: group -> its curator (``group`` publication: the
+        # receiver's own assignments), or sender -> its last group (``full``: any peer's)
+        self.expected: dict[int, dict[int, int]] = defaultdict(dict)
+        self.frame_bytes = frame_bytes(self.dim, settings.n_peers)
         self.codec = FixedPoint()
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
         self.deadline: dict[int, float] = {}  # group -> when its curator stops (monotonic s)
@@ -247,7 +265,10 @@ class PeerHost:
         try:
             while True:
                 message = await read_frame(
-                    reader, timeout=self.settings.timeout, idle=self.settings.idle_timeout
+                    reader,
+                    timeout=self.settings.timeout,
+                    idle=self.settings.idle_timeout,
+                    max_bytes=self.frame_bytes,
                 )
                 if message is None:
                     return
@@ -396,14 +417,35 @@ class PeerHost:
             elif kind == PARTIAL:
                 self._on_partial(peer, message)
             elif kind == PUBLISH:
-                if not self.settings.full_publication:  # a full one reaches everyone
-                    self.receipts.append((peer, int(message["index"])))
-                self.counters.publications_received += 1
+                self._on_publish(peer, message)
             else:
                 raise ProtocolError(f"unknown kind {kind!r}")
         except (KeyError, TypeError, ValueError, OverflowError, ProtocolError) as error:
-            self.counters.refused[kind] += 1
-            log.warning("peer %d: refused a %r frame: %s", peer, kind, error)
+            # counted by kind, or as "unknown": a sender cannot grow the counter's keys
+            self.counters.refused[kind if kind in KINDS else "unknown"] += 1
+            log.warning("peer %d: refused a %r frame: %s", peer, kind[:32], error)
+
+    def _on_publish(self, peer: int, message: dict[str, Any]) -> None:
+        """A release for ``peer``: only from its group's curator, once, with the group's
+        index. A ``group`` publication is checked against ``peer``'s own assignment; a
+        ``full`` one reaches peers outside the group, who know only that a curator releases
+        its groups in order, so it must name a later group than that sender's last."""
+        group, sender, index = int(message["group"]), int(message["sender"]), message["index"]
+        if type(index) is not int or index != group:  # an assignment's index is its group
+            raise ProtocolError(f"a publication of group {group} with index {index!r}")
+        expected = self.expected[peer]
+        if self.settings.full_publication:
+            if group <= expected.get(sender, -1):
+                raise ProtocolError(f"a publication of group {group} from {sender} replayed")
+            expected[sender] = group
+        else:
+            if expected.get(group) != sender:
+                raise ProtocolError(
+                    f"a publication of group {group} from {sender}, not its curator for {peer}"
+                )
+            del expected[group]
+            self.receipts.append((peer, group))
+        self.counters.publications_received += 1
 
     def _assigned(self, peer: int, kind: str, message: dict[str, Any]) -> bool:
         """Whether ``peer`` was assigned the group of ``message`` in the role it needs: a
@@ -431,11 +473,27 @@ class PeerHost:
             raise ProtocolError(f"{kind} from {sender} for group {group_id} after a later one")
         if held is None or held[0] < group_id:
             if held is not None:
-                self.counters.refused["early"] += len(held[1])
+                self._drop_early(peer, sender)
             held = kept[sender] = (group_id, {})
         if kind in held[1]:
             raise ProtocolError(f"a second {kind} from {sender} (replayed)")
+        origin = int(self.host_of[sender])
+        budget = self.settings.group_size * (self.settings.group_size - 1)
+        if self.early_held[origin] >= budget:  # its older groups first: an honest one moved on
+            for other, senders in self.early.items():
+                for s, (g, _) in list(senders.items()):
+                    if g < group_id and self.host_of[s] == origin:
+                        self._drop_early(other, s)
+        if self.early_held[origin] >= budget:
+            raise ProtocolError(f"host {origin} has {budget} messages kept early already")
         held[1][kind] = (message, who)
+        self.early_held[origin] += 1
+
+    def _drop_early(self, peer: int, sender: int) -> None:
+        """Forget what ``peer`` kept from ``sender`` (counted as refused ``early``)."""
+        _, messages = self.early[peer].pop(sender)
+        self.counters.refused["early"] += len(messages)
+        self.early_held[int(self.host_of[sender])] -= len(messages)
 
     def _replay_early(self, peer: int, group_id: int) -> None:
         """``peer`` was just assigned ``group_id``: handle what arrived for it before (and
@@ -444,10 +502,11 @@ class PeerHost:
         for sender, (group, messages) in list(kept.items()):
             if group > group_id:
                 continue
-            del kept[sender]
             if group < group_id:
-                self.counters.refused["early"] += len(messages)
+                self._drop_early(peer, sender)
                 continue
+            del kept[sender]
+            self.early_held[int(self.host_of[sender])] -= len(messages)
             for message, who in messages.values():
                 self.handle(peer, message, who)
 
@@ -477,6 +536,8 @@ class PeerHost:
         if group.group_id <= self.last_group.get(peer, -1):  # groups are numbered in order
             raise ProtocolError(f"assignment to group {group.group_id} replayed or out of order")
         self.last_group[peer] = group.group_id
+        if peer != group.curator and not self.settings.full_publication:
+            self.expected[peer][group.group_id] = group.curator  # the release it may receive
         for older in [g for g, (held, _) in self.groups.items() if held.curator == peer]:
             self._expire(older)  # it curates one group at a time: the older one is over
         if peer == group.curator:  # the group as the coordinator formed it, nobody else

@@ -83,6 +83,36 @@ class ReleaseRecord:
         """The record as ``{column: value}`` (cheaper than :func:`dataclasses.asdict`)."""
         return {name: getattr(self, name) for name in _RECORD_FIELDS}
 
+    @classmethod
+    def from_row(cls, row: Any) -> ReleaseRecord:
+        """The record of :meth:`as_row`, checked field by field (a record that arrives from
+        another process, :mod:`p2pdp.net.coordinator`): exactly the record's fields; counts
+        are ints >= 1; the mechanism a str of at most 100 characters; ``secure`` a bool;
+        the other fields numbers >= 0 (``epsilon``, ``delta`` may be inf; ``noise_norm``
+        NaN, unknown). ValueError naming the first field that is not."""
+        if not isinstance(row, dict) or set(row) != set(_RECORD_FIELDS):
+            raise ValueError(f"a release record needs exactly the fields {_RECORD_FIELDS}")
+        for name in ("group_size", "n_min"):
+            if type(row[name]) is not int or row[name] < 1:
+                raise ValueError(f"record {name} must be an integer >= 1, got {row[name]!r}")
+        if not isinstance(row["mechanism"], str) or len(row["mechanism"]) > 100:
+            raise ValueError(f"record mechanism must be a short str, got {row['mechanism']!r:.40}")
+        if type(row["secure"]) is not bool:
+            raise ValueError(f"record secure must be a bool, got {row['secure']!r}")
+        values = dict(row)
+        for name in ("sensitivity", "epsilon", "delta", "noise_scale", "noise_std", "noise_norm"):
+            value = values[name]
+            finite = name in ("sensitivity", "noise_scale", "noise_std")
+            if (
+                type(value) not in (int, float)
+                or (finite and not math.isfinite(value))
+                or (name != "noise_norm" and math.isnan(value))
+                or value < 0
+            ):
+                raise ValueError(f"record {name} must be a number >= 0, got {value!r}")
+            values[name] = float(value)
+        return cls(**values)
+
 
 _RECORD_FIELDS = tuple(item.name for item in fields(ReleaseRecord))
 
