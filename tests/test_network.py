@@ -998,3 +998,98 @@ def test_recomputing_the_noise_shares_from_the_seed_denoises_only_a_seeded_run(s
     else:
         assert min(errors) > 1e-6
         assert "seeded_noise" not in non_private_column(config, runtime="network")
+
+
+# -- an insider with a valid certificate, during a real run ----------------------------------
+def test_forged_releases_publications_records_and_hellos_are_refused_and_the_run_goes_on(
+    monkeypatch, caplog
+):
+    """While group 2 is in flight (its curator on host 0), TLS clients holding this run's
+    certificates of host 1 and host 0 send: host 1's release of group 2 naming its own peer
+    as curator with a huge model; host 0's release of group 2 whose record has noise_norm =
+    "x"; host 1's hello for host 0's peers; host 1's publications to a member of group 1 (a
+    peer of host 1 as its sender, and the receipt index 2^63 - 1). Each is refused and
+    counted, and the run ends with the simulator's rows (seeded noise)."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    generate = RunCredentials.generate
+    held = []
+    monkeypatch.setattr(
+        "p2pdp.experiments.network.RunCredentials.generate",
+        lambda hosts: held.append(generate(hosts)) or held[-1],
+    )
+    send = NetworkWorld._send
+    groups, attacked = [], []
+
+    async def frames(world, party, port, name, messages):
+        context = held[0].parties[party].context(server=False)
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=context, server_hostname=name
+        )
+        writer.write(b"".join(encode(message) for message in messages))
+        await writer.drain()
+        return writer
+
+    async def attack(world, group):
+        """group: in flight, its assignments not sent yet; groups[-2]: released."""
+        before = sum(world.wire.refused.values())
+        record = {"group_size": 3, "n_min": 30, "sensitivity": 0.1, "mechanism": "x",
+                  "epsilon": 0.25, "delta": 0.0, "noise_scale": 0.4, "noise_std": 0.5,
+                  "noise_norm": 0.3, "secure": False}  # fmt: skip
+        forged = {"kind": "done", "group": group.group_id, "members": [6, 7, 8], "curator": 6,
+                  "model": pack_vector(np.full(world.dim, 1e6)),
+                  "record": record}  # fmt: skip
+        crashing = {**forged, "curator": group.curator, "members": group.members.tolist(),
+                    "record": {**record, "noise_norm": "x"}}  # fmt: skip
+        foreign = {"kind": "hello", "host": 1, "address": "127.0.0.1", "ports": [[0, 9]]}
+        writers = [
+            await frames(world, "host-1", world.port, "coordinator", [forged, foreign]),
+            await frames(world, "host-0", world.port, "coordinator", [crashing]),
+        ]
+        last = groups[-2]
+        member = next(m for m in last.members.tolist() if m != last.curator and m < 6)
+        publication = {"kind": "publish", "sender": 6, "group": last.group_id,
+                       "index": last.group_id, "model": pack_vector(np.zeros(world.dim))}  # fmt: skip
+        writers.append(
+            await frames(
+                world,
+                "host-1",
+                world.ports[member],
+                "host-0",
+                [publication, {**publication, "group": 0, "index": 2**63 - 1}],
+            )
+        )
+        for _ in range(200):  # until the coordinator has read and refused its three
+            if sum(world.wire.refused.values()) >= before + 3:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # the host reads its two
+        for writer in writers:
+            writer.close()
+        attacked.append(dict(world.wire.refused))
+
+    async def sending(world, peer, message):
+        if message["kind"] == "assign" and message["group"] not in [g.group_id for g in groups]:
+            group = world._in_flight[message["group"]]
+            groups.append(group)
+            last = groups[-2] if len(groups) > 1 else None
+            ready = (
+                not attacked
+                and group.curator < 6
+                and last is not None
+                and any(m != last.curator and m < 6 for m in last.members.tolist())
+            )
+            if ready:
+                await attack(world, group)
+        await send(world, peer, message)
+
+    monkeypatch.setattr(NetworkWorld, "_send", sending)
+    config = _config("group")
+    network = simulate(_seeded(config), runtime="network")
+    assert attacked == [{"done": 2, "hello": 1}]
+    log = caplog.text
+    assert "by 6, not its curator" in log
+    assert "record noise_norm must be a number >= 0, got 'x'" in log
+    assert "says where peers [0]" in log
+    _same_rows(simulate(config), network)
+    (refused,) = [row["frames"] for row in network.wire if row["kind"] == "refused"]
+    assert refused == 5  # and the host's two publications
