@@ -343,6 +343,11 @@ def test_the_coordinator_charges_only_releases_of_groups_it_aborted():
     assert world._held.sum() == 0 and world.position == {7: 0}
     with pytest.raises(ProtocolError):  # reported twice
         world._late_release(report)
+    world._hold(Group(8, np.array([0, 2, 3]), 2))  # aborted, curator 2
+    other = world._release_report({**done, "group": 8, "curator": 3}, "host-0")
+    with pytest.raises(ProtocolError, match="not aborted"):  # 3 is a member, not its curator
+        world._late_release(other)
+    assert world.ledger.aggregations().sum() == 3 and world._held.sum() == 3
     with pytest.raises(ProtocolError, match="reports for curator 1"):  # from another host
         world._release_report(done, "host-1")
     with pytest.raises(ValueError, match="exactly the fields"):  # a field too many
@@ -1047,8 +1052,9 @@ def test_forged_releases_publications_records_and_hellos_are_refused_and_the_run
         ]
         last = groups[-2]
         member = next(m for m in last.members.tolist() if m != last.curator and m < 6)
+        zeros = pack_vector(np.zeros(world.dim))
         publication = {"kind": "publish", "sender": 6, "group": last.group_id,
-                       "index": last.group_id, "model": pack_vector(np.zeros(world.dim))}  # fmt: skip
+                       "index": last.group_id, "model": zeros}  # fmt: skip
         writers.append(
             await frames(
                 world,
@@ -1093,3 +1099,32 @@ def test_forged_releases_publications_records_and_hellos_are_refused_and_the_run
     _same_rows(simulate(config), network)
     (refused,) = [row["frames"] for row in network.wire if row["kind"] == "refused"]
     assert refused == 5  # and the host's two publications
+
+
+def test_a_release_reported_after_its_groups_collect_timeout_is_charged(monkeypatch):
+    """The coordinator reads the DONE of group 1 only after it aborted the group (collect
+    timeout): the charge it held back at the abort is spent on the members it assigned, the
+    release is kept, and nobody is charged for anything else."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    on_control = NetworkWorld._on_control
+    delayed = []
+
+    def slow(world, message, who, writer, host):
+        if message["kind"] == "done" and message["group"] == 1 and not delayed:
+            delayed.append(message)  # read it again once the coordinator gave up on it
+            later = world.settings.collect_timeout + world.settings.timeout + 1.0
+            asyncio.get_running_loop().call_later(
+                later, lambda: on_control(world, message, who, writer, host)
+            )
+            return host
+        return on_control(world, message, who, writer, host)
+
+    monkeypatch.setattr(NetworkWorld, "_on_control", slow)
+    fault = _Fault(at=0, signal=None)  # records the releases only
+    config = _config("group", collect_timeout=1.0)
+    result = simulate(config, runtime="network", observers=(fault,))
+    assert delayed and result.aborted_groups == 1
+    late = delayed[0]["members"]
+    assert late in fault.releases and fault.releases.index(late) > 1  # released after group 2
+    _charged_only_for_releases(result, fault.releases)
+    assert {row["kind"]: row["frames"] for row in result.wire}["refused"] == 1  # "late release"
