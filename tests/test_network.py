@@ -37,7 +37,7 @@ from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.disclosure import non_private_column
 from p2pdp.experiments.network import read_hosts_file
 from p2pdp.experiments.simulation import simulate
-from p2pdp.net import coordinator
+from p2pdp.net import coordinator, tls
 from p2pdp.net.coordinator import NetworkWorld
 from p2pdp.net.host import HostSettings, PeerHost
 from p2pdp.net.tls import RunCredentials
@@ -1128,3 +1128,109 @@ def test_a_release_reported_after_its_groups_collect_timeout_is_charged(monkeypa
     assert late in fault.releases and fault.releases.index(late) > 1  # released after group 2
     _charged_only_for_releases(result, fault.releases)
     assert {row["kind"]: row["frames"] for row in result.wire}["refused"] == 1  # "late release"
+
+
+# -- bounded under hostile load ---------------------------------------------------------------
+def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypatch):
+    """40 silent TCP clients at one peer's socket, then the coordinator: each newcomer
+    beyond the cap on handshakes in progress evicts the oldest, so the coordinator's
+    handshake completes and its assignment is read; the silent clients left are dropped at
+    the handshake deadline. With an allowlist, a client from another address (here:
+    127.0.0.1 itself, not listed) is refused before its handshake."""
+    monkeypatch.setattr(tls, "HANDSHAKE_TIMEOUT", 0.5)
+    credentials = RunCredentials.generate(hosts=1)
+
+    async def go(allowed):
+        host = PeerHost(
+            np.array([0, 1]),
+            np.array([[0.1, 0.2], [0.3, 0.4]]),
+            np.array([5, 7]),
+            releaser=_host([]).releaser,
+            sensitivity=lambda sizes: 2.0 / min(sizes),
+            settings=HostSettings(n_peers=2, hosts=1, full_publication=False, allowed=allowed),
+            report=lambda message: None,
+            credential=credentials.parties["host-0"],
+        )
+        port = (await host.listen())[0]
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(40)]
+        await asyncio.sleep(0.1)
+        context = credentials.parties["coordinator"].context(server=False)
+        try:
+            _, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=context, server_hostname="host-0"
+            )
+            writer.write(encode({**ASSIGN_0, "members": [0, 1]}))
+            await writer.drain()
+            await asyncio.sleep(1.0)  # past the deadline
+            writer.close()
+        except (ssl.SSLError, ConnectionError):
+            pass
+        for _, w in silent:
+            w.close()
+        await host.close()
+        return host
+
+    host = asyncio.run(go(()))
+    pending = 3 + 8  # the default group size, and some slack
+    assert host.counters.refused["busy"] == 40 + 1 - pending
+    assert host.counters.refused["handshake"] == pending - 1
+    assert host.last_group == {0: 0}
+    host = asyncio.run(go(("10.0.0.9",)))
+    assert host.counters.refused["address"] == 41 and host.last_group == {}
+
+
+def _vm_peak_mb(pid):
+    """The peak resident memory of process ``pid`` (MB), from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def _silent_connections_during_a_run(monkeypatch, n_connections):
+    """From group 2 on, ``n_connections`` silent TCP clients at host 0's peers (spread over
+    its sockets, kept open to the end): the hosts' peak RSS grows by less than 50 MB (each
+    pending handshake holds ~300 KB: without the cap, 300 of them take 90 MB) and the run
+    gives the simulator's rows (seeded noise)."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    send = NetworkWorld._send
+    opened, peaks = [], []
+
+    async def sending(world, peer, message):
+        if message["kind"] == "assign" and message["group"] == 2 and not opened:
+            peaks.append([_vm_peak_mb(p.pid) for p in world.processes])
+            for i in range(n_connections):
+                connection = await asyncio.open_connection("127.0.0.1", world.ports[i % 6])
+                opened.append(connection)
+        await send(world, peer, message)
+
+    monkeypatch.setattr(NetworkWorld, "_send", sending)
+    finish = NetworkWorld._finish
+
+    async def finishing(world):
+        peaks.append([_vm_peak_mb(p.pid) for p in world.processes])
+        for _, writer in opened:
+            writer.close()
+        await finish(world)
+
+    monkeypatch.setattr(NetworkWorld, "_finish", finishing)
+    config = _config("group")
+    network = simulate(_seeded(config), runtime="network")
+    assert len(opened) == n_connections
+    before, after = peaks
+    assert max(b - a for a, b in zip(before, after, strict=True)) < 50
+    _same_rows(simulate(config), network)
+    (refused,) = [row["frames"] for row in network.wire if row["kind"] == "refused"]
+    # each evicted, or closed at the handshake deadline; uncounted: those its client closed
+    # still in the queue of a socket (at most 3 + 8 there, and as many in their handshake)
+    assert refused >= n_connections - 6 * 2 * 11
+
+
+def test_silent_connections_during_a_run_leave_its_memory_and_rows_alone(monkeypatch):
+    _silent_connections_during_a_run(monkeypatch, 300)
+
+
+@pytest.mark.slow
+def test_three_thousand_silent_connections_during_a_run(monkeypatch):
+    _silent_connections_during_a_run(monkeypatch, 3000)

@@ -49,7 +49,7 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import Uniforms
 from p2pdp.net.host import DIRECTORY, DONE, FINISH, HELLO, STATS, HostSettings, hosts_of
-from p2pdp.net.tls import COORDINATOR, RunCredentials, host_name, identity
+from p2pdp.net.tls import COORDINATOR, RunCredentials, host_name, identity, listen
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
@@ -297,7 +297,14 @@ class NetworkWorld:
 
     async def _run(self) -> None:
         try:
-            server = await asyncio.start_server(self._control, self.bind, 0, ssl=self._server_tls)
+            server = await listen(
+                self._control,
+                self.bind,
+                self._server_tls,
+                pending=self.n_hosts + 8,  # every host at the start, and some slack
+                refused=self.wire.refused,
+                allowed=self.settings.allowed,
+            )
         except OSError as error:
             raise ConfigError(
                 f"the coordinator cannot listen on {self.bind!r} (a hosts file's bind): {error}"

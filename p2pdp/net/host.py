@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from p2pdp.core.rng import os_generator
-from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity
+from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity, listen
 from p2pdp.net.wire import (
     ProtocolError,
     encode,
@@ -112,7 +112,10 @@ class HostSettings:
         NOT private); else from the operating system's CSPRNG (see the module docstring).
     group_size : int
         ``groups.group_size``: bounds what a host keeps for groups it is not assigned yet
-        (:meth:`PeerHost._keep_early`).
+        (:meth:`PeerHost._keep_early`) and the handshakes a listener holds at once.
+    allowed : tuple of str
+        If not empty, the only addresses every listener of the run accepts connections from
+        (a hosts file's ``allowlist``: :func:`p2pdp.net.tls.listen`).
     """
 
     n_peers: int
@@ -124,6 +127,7 @@ class HostSettings:
     idle_timeout: float = 600.0
     seeded_noise: bool = False
     group_size: int = 3
+    allowed: tuple[str, ...] = ()
 
 
 def hosts_of(n_peers: int, hosts: int) -> np.ndarray:
@@ -249,9 +253,18 @@ class PeerHost:
         self._sending = asyncio.ensure_future(self._sender())
         ports = {}
         for peer in self.peers:
-            server = await asyncio.start_server(
-                functools.partial(self._serve, peer), address, 0, ssl=self._server_tls
-            )
+            serve = functools.partial(self._serve, peer)
+            if self._server_tls is None:  # tests of the protocol alone
+                server = await asyncio.start_server(serve, address, 0)
+            else:  # at most a group's worth of handshakes at once, and some slack
+                server = await listen(
+                    serve,
+                    address,
+                    self._server_tls,
+                    pending=self.settings.group_size + 8,
+                    refused=self.counters.refused,
+                    allowed=self.settings.allowed,
+                )
             self.servers.append(server)
             ports[peer] = server.sockets[0].getsockname()[1]
         return ports
