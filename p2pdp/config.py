@@ -963,10 +963,11 @@ def setting_value(config: ScenarioConfig, key: str) -> Any:
     return getattr(getattr(config, section), name) if dot else getattr(config, section)
 
 
-def settings_read(config: ScenarioConfig, runtime: str = "simulation") -> dict[str, str]:
+def settings_read(config: ScenarioConfig, runtime: str | None = "simulation") -> dict[str, str]:
     """Every setting that ``config``'s selected components read, and the first reader found.
 
-    Starts from :data:`ENGINE_READS` and the runtime's reads; a setting naming a component
+    Starts from :data:`ENGINE_READS` and the runtime's reads (``runtime = None``: every
+    runtime's, for a scenario, which may run on either); a setting naming a component
     (:data:`COMPONENT_SETTINGS`) adds that component's declared ``reads``
     (:mod:`p2pdp.core.reads`), an option (:data:`OPTION_READS`) the settings of its value. A
     task that does not read ``protocol.name`` runs the one-shot protocol, whose reads are added.
@@ -980,8 +981,13 @@ def settings_read(config: ScenarioConfig, runtime: str = "simulation") -> dict[s
 
     read: dict[str, str] = {}
     pending: list[tuple[str, str]] = [(key, "the engine") for key in ENGINE_READS]
-    runtime_reader = components.load(RUNTIME_READERS[runtime], key="runtime")
-    pending += [(key, f"runtime {runtime!r}") for key in declared_reads(runtime_reader)]
+    for name in RUNTIME_READERS if runtime is None else (runtime,):
+        runtime_reader = components.load(RUNTIME_READERS[name], key="runtime")
+        pending += [
+            (key, f"runtime {name!r}")
+            for key in declared_reads(runtime_reader)
+            if isinstance(key, str)  # a runtime declares plain keys
+        ]
     implicit_protocol = False
     while pending:
         key, reader = pending.pop(0)

@@ -169,9 +169,11 @@ def test_the_cli_runs_a_seeded_scenario_on_the_network_and_says_it_is_not_privat
     wire = list(csv.DictReader((out / "wire.csv").open()))
     assert {r["kind"] for r in wire} >= {"assign", "submit", "publish", "refused"}
     assert int(row["aggregations"]) > 0
-    # its cells must not mix with simulated ones: a resume on the other runtime is refused
+    # the simulator does not read the setting: refused before the folder is touched
     assert cli(["run", str(scenario), "--out", str(out), "--resume", *seeded]) != 0
-    assert "--resume --runtime network" in capsys.readouterr().err
+    assert "network.seeded_noise = True is read only with runtime = 'network'" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
