@@ -475,6 +475,14 @@ class NetworkConfig:
     ``latency = "constant"`` uses ``latency_mean``; ``"exponential"`` draws with that mean;
     ``"lognormal"`` has mean ``latency_mean`` and log-space std ``latency_sigma``.
     ``bandwidth = inf`` means transfers take no time beyond the latency.
+
+    ``seeded_noise`` (network runtime only, :mod:`p2pdp.net`): draw every noise (a curator's,
+    or with secure aggregation each member's share) from the scenario's seeded streams, so that
+    the run releases exactly what the simulator releases. For tests of parity: anyone who knows
+    the seed can remove that noise, and the rows say so (``non_private_steps``). By default
+    each draw comes from the operating system's CSPRNG in the process that adds it. The
+    simulator always draws from the seeded streams (it is a simulation) and does not read
+    the setting.
     """
 
     latency: str = field(default="constant", metadata=check(OneOf(LATENCY_MODELS)))
@@ -482,6 +490,7 @@ class NetworkConfig:
     latency_sigma: float = field(default=0.5, metadata=check(NonNegative()))
     bandwidth: float = field(default=math.inf, metadata=check(Positive(allow_inf=True)))
     loss: float = field(default=0.0, metadata=check(Probability()))
+    seeded_noise: bool = field(default=False, metadata=check(Boolean()))
 
     def __post_init__(self) -> None:
         validate_fields(self, "network")
@@ -1064,10 +1073,11 @@ def setting_value(config: ScenarioConfig, key: str) -> Any:
     return getattr(getattr(config, section), name) if dot else getattr(config, section)
 
 
-def settings_read(config: ScenarioConfig, runtime: str = "simulation") -> dict[str, str]:
+def settings_read(config: ScenarioConfig, runtime: str | None = "simulation") -> dict[str, str]:
     """Every setting that ``config``'s selected components read, and the first reader found.
 
-    Starts from :data:`ENGINE_READS` and the runtime's reads; a setting naming a component
+    Starts from :data:`ENGINE_READS` and the runtime's reads (``runtime = None``: every
+    runtime's, for a scenario, which may run on either); a setting naming a component
     (:data:`COMPONENT_SETTINGS`) adds that component's declared ``reads``
     (:mod:`p2pdp.core.reads`), an option (:data:`OPTION_READS`) the settings of its value. A
     task that does not read ``protocol.name`` runs the one-shot protocol, whose reads are added.
@@ -1081,12 +1091,13 @@ def settings_read(config: ScenarioConfig, runtime: str = "simulation") -> dict[s
 
     read: dict[str, str] = {}
     pending: list[tuple[str, str]] = [(key, "the engine") for key in ENGINE_READS]
-    runtime_reader = components.load(RUNTIME_READERS[runtime], key="runtime")
-    pending += [
-        (key, f"runtime {runtime!r}")
-        for key in declared_reads(runtime_reader)
-        if isinstance(key, str)
-    ]
+    for name in RUNTIME_READERS if runtime is None else (runtime,):
+        runtime_reader = components.load(RUNTIME_READERS[name], key="runtime")
+        pending += [
+            (key, f"runtime {name!r}")
+            for key in declared_reads(runtime_reader)
+            if isinstance(key, str)  # a runtime declares plain keys
+        ]
     implicit_protocol = False
     while pending:
         key, reader = pending.pop(0)

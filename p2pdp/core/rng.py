@@ -36,6 +36,19 @@ def derive_seed(seed: int, *names: str | int) -> np.random.SeedSequence:
     return np.random.SeedSequence(entropy)
 
 
+def os_generator() -> np.random.Generator:
+    """A fresh generator seeded with 128 bits from the operating system's CSPRNG.
+
+    :class:`numpy.random.SeedSequence` without entropy reads them with :mod:`secrets`
+    (``os.urandom``), so nothing any other party holds (a scenario, its seed) determines the
+    draws. PCG64 itself is not a cryptographic generator: its state follows from enough of its
+    outputs. That is why a caller takes a fresh one for each release or noise share (the
+    network runtime, :mod:`p2pdp.net.host`): no output of one ever helps predict another's,
+    and the draws of one stay in the process that made them.
+    """
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence()))
+
+
 def generator(seed: int, *names: str | int) -> np.random.Generator:
     """A :class:`numpy.random.Generator` for the component ``names`` of run ``seed``."""
     return np.random.default_rng(derive_seed(seed, *names))

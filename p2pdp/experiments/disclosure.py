@@ -80,7 +80,8 @@ def non_private_steps(
         The scenario's swept settings (public names, ``"training.lambda"``): a swept lambda is
         a non-private step even when ``training.lambda_source`` is empty.
     runtime : "simulation" or "network"
-        The network runtime's curators draw their noise from the seeded stream: listed.
+        On the network runtime with ``network.seeded_noise``, the noise comes from the
+        seeded streams: listed.
 
     Returns
     -------
@@ -109,7 +110,7 @@ def non_private_steps(
             f"privacy.mechanism = 'none': the {config.protocol.name} steps add no noise, so "
             "no privacy at all (privacy.epsilon is not used)"
         )
-    if runtime == "network":
+    if runtime == "network" and config.network.seeded_noise:
         steps.append(NETWORK_NOISE)
     if config.protocol.iterative:  # privacy.mechanism is not used: the steps are Gaussian
         return tuple(steps)
@@ -190,10 +191,10 @@ def non_private_column(
 
 #: The network runtime's reproducible noise (p2pdp.net.host), as the disclosure states it.
 NETWORK_NOISE = (  # no "; " inside: the column joins steps with it
-    "network runtime: the noise (each curator's, or with secure aggregation each member's "
-    "share) is drawn from the scenario's seeded streams (to release what the simulator "
-    "releases), and anyone who knows the seed can remove it, so as deployed these releases "
-    "are not private"
+    "network.seeded_noise = true: the noise (each curator's, or with secure aggregation each "
+    "member's share) is drawn from the scenario's seeded streams (to release what the "
+    "simulator releases), and anyone who knows the seed can remove it, so these releases are "
+    "NOT private"
 )
 
 

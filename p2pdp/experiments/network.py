@@ -70,12 +70,21 @@ class HostsFile:
         Per host: where its peers listen, and the others connect to them.
     commands : tuple of tuple of str
         Per host: the command that starts it; it reads its launch bundle on standard input.
+    allowlist : bool
+        Every listener of the run accepts connections only from ``coordinator`` and the
+        hosts' ``addresses``.
     """
 
     coordinator: str
     bind: str
     addresses: tuple[str, ...]
     commands: tuple[tuple[str, ...], ...]
+    allowlist: bool = False
+
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        """The addresses every listener accepts (empty: any), from ``allowlist``."""
+        return (self.coordinator, *self.addresses) if self.allowlist else ()
 
 
 def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
@@ -84,7 +93,8 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
     Format (TOML)::
 
         coordinator = "10.0.0.1"   # how the hosts reach this machine
-        bind = "0.0.0.0"           # where the coordinator listens (default: every interface)
+        bind = "10.0.0.1"          # where the coordinator listens (default: 127.0.0.1)
+        allowlist = true           # accept connections only from these addresses
 
         [[host]]
         address = "10.0.0.2"       # where this host's peers listen
@@ -107,7 +117,7 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
             )
         return value
 
-    unknown = set(document) - {"coordinator", "bind", "host"}
+    unknown = set(document) - {"coordinator", "bind", "host", "allowlist"}
     if unknown:
         raise ConfigError(f"hosts file {where}: unknown key {sorted(unknown)[0]!r}")
     entries = document.get("host")
@@ -130,11 +140,15 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
                 f"hosts file {where}: host[{i}].command must be a list of strings, got {command!r}"
             )
         commands.append(tuple(command))
+    allowlist = document.get("allowlist", False)
+    if not isinstance(allowlist, bool):
+        raise ConfigError(f"hosts file {where}: allowlist must be true or false, got {allowlist!r}")
     return HostsFile(
         coordinator=text(document, "coordinator", "coordinator"),
-        bind=text(document, "bind", "bind", "0.0.0.0"),
+        bind=text(document, "bind", "bind", "127.0.0.1"),
         addresses=tuple(addresses),
         commands=tuple(commands),
+        allowlist=allowlist,
     )
 
 
@@ -188,7 +202,7 @@ class _Command:
         return self.name
 
 
-def _settings(config: ScenarioConfig, hosts: int) -> HostSettings:
+def _settings(config: ScenarioConfig, hosts: int, allowed: tuple[str, ...] = ()) -> HostSettings:
     return HostSettings(
         n_peers=config.partition.n_peers,
         hosts=hosts,
@@ -197,6 +211,9 @@ def _settings(config: ScenarioConfig, hosts: int) -> HostSettings:
         collect_timeout=config.groups.collect_timeout,
         # waits for a frame, a connection or a report: as long as a group, within [1, 10] s
         timeout=min(10.0, max(1.0, config.groups.collect_timeout)),
+        seeded_noise=config.network.seeded_noise,
+        group_size=config.groups.group_size,
+        allowed=allowed,
     )
 
 
@@ -244,7 +261,8 @@ def network_world(
         if plan is not None:
             bundle = dict(config=config, fold=fold, repetition=repetition, host=host,
                           hosts=hosts, port=port, credential=credential,
-                          coordinator=plan.coordinator, address=plan.addresses[host])  # fmt: skip
+                          coordinator=plan.coordinator, address=plan.addresses[host],
+                          allowed=plan.allowed)  # fmt: skip
             return _Command(host, plan.commands[host], pickle.dumps(bundle))
         process = context.Process(
             target=host_main,
@@ -263,7 +281,7 @@ def network_world(
         rngs=rngs,
         launch=launch,
         hosts=hosts,
-        settings=_settings(config, hosts),
+        settings=_settings(config, hosts, plan.allowed if plan else ()),
         credentials=credentials,
         observers=observers,
         exact=lambda members: releaser.exact(statistics[members]),
@@ -281,10 +299,12 @@ def host_main(
     credential: Credential,
     coordinator: str = "127.0.0.1",
     address: str = "127.0.0.1",
+    allowed: tuple[str, ...] = (),
 ) -> None:
     """Host process ``host`` of ``hosts``: prepare the fold, keep this host's peers'
     statistics, serve them on ``address`` until the coordinator at ``coordinator:port`` ends
-    the run, as ``credential`` (mutual TLS)."""
+    the run, as ``credential`` (mutual TLS), accepting connections only from ``allowed``
+    (if any)."""
     logging.basicConfig(level=logging.WARNING, format=f"host {host}: %(message)s")
     worker_signals()  # a Ctrl-C is the coordinator's to handle: it ends the run, and the hosts
     task = make_task(config)
@@ -303,7 +323,7 @@ def host_main(
                 own_sizes,
                 releaser=releaser,
                 sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
-                settings=_settings(config, hosts),
+                settings=_settings(config, hosts, allowed),
                 host_index=host,
                 coordinator_port=port,
                 credential=credential,

@@ -266,8 +266,8 @@ def run_experiment(
         )
     for point in scenario.points:  # refuse what cannot run before touching the folder
         check_budget(point.config)
+        check_reads(point.config, runtime)  # a scenario may set what one runtime reads
         if runtime == "network":
-            check_reads(point.config, runtime)
             check_network_settings(point.config)
     cells = make_cells(scenario)
     client = _connect(scheduler) if scheduler is not None else None

@@ -173,7 +173,7 @@ class Scenario:
             }
             try:
                 config = with_values(self.config, {**settings, **fill})
-                read = settings_read(config)
+                read = settings_read(config, None)  # on either runtime (the runner checks)
                 unread = [*unread_settings(config, read), *(k for k in settings if k not in read)]
                 if unread:
                     config = with_values(config, {key: _default(key) for key in unread})
@@ -190,7 +190,7 @@ class Scenario:
         fixed = [k for k in unread_settings(self.config, read_anywhere) if k not in seen]
         if fixed:
             try:
-                refuse_unread(fixed, self.config, settings_read(self.config))
+                refuse_unread(fixed, self.config, settings_read(self.config, None))
             except ConfigError as exc:
                 raise ConfigError(f"{self.source}: {exc}") from None
 

@@ -296,6 +296,11 @@ def simulate(
     """
     config = config_of(config)
     OneOf(RUNTIMES).check("runtime", runtime)
+    if config.network.seeded_noise and runtime != "network":
+        raise ConfigError(
+            "network.seeded_noise = true is read only with runtime = 'network': the simulator "
+            "always draws its noise from the scenario's seeded streams"
+        )
     IntAtLeast(0).check("fold", fold)
     IntAtLeast(0).check("repetition", repetition)
     if config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds:

@@ -49,8 +49,8 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import Uniforms
 from p2pdp.net.host import DIRECTORY, DONE, FINISH, HELLO, STATS, HostSettings, hosts_of
-from p2pdp.net.tls import COORDINATOR, RunCredentials, host_name, identity
-from p2pdp.net.wire import ProtocolError, encode, read_frame, unpack_vector
+from p2pdp.net.tls import COORDINATOR, RunCredentials, host_name, identity, listen
+from p2pdp.net.wire import ProtocolError, encode, frame_bytes, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
 from p2pdp.protocols.groups import (
@@ -68,9 +68,16 @@ log = logging.getLogger(__name__)
 
 #: Seconds a host may take to start, prepare its peers' data and open their sockets.
 STARTUP_TIMEOUT = 300.0
-#: Largest control frame (bytes) from a host the coordinator started: a host's final report
-#: carries its receipts (16 bytes each). Peers' sockets keep MAX_FRAME_BYTES.
-CONTROL_FRAME_BYTES = 1 << 28
+#: Most distinct keys a host's final report may count under (``wire`` kinds, ``refused``
+#: reasons: a host counts the protocol's kinds, reasons of its own and "unknown").
+REPORT_KEYS = 64
+
+
+def _count(value: Any, name: str, high: int = 2**63) -> int:
+    """``value`` if it is an int in ``[0, high)``; else ValueError naming ``name``."""
+    if type(value) is not int or not 0 <= value < high:
+        raise ValueError(f"{name} must be an integer in [0, {high}), got {value!r:.40}")
+    return value
 
 
 def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: bool) -> None:
@@ -205,13 +212,13 @@ class NetworkWorld:
         experiment's process holds every statistic to evaluate the run): fills a release
         record's ``noise_norm`` that its curator could not know (secure aggregation).
     bind : str
-        Address the coordinator listens on for the hosts (``0.0.0.0``: every interface, for
-        hosts on other machines).
+        Address the coordinator listens on for the hosts (a hosts file's ``bind``; default
+        loopback).
     """
 
-    #: Messages cross a real network: no simulated ``[network]`` setting applies
-    #: (:mod:`p2pdp.core.reads`).
-    reads: ClassVar[tuple[str, ...]] = ()
+    #: Messages cross a real network: no simulated ``[network]`` setting applies, only where
+    #: the noise comes from (:mod:`p2pdp.net.host`; :mod:`p2pdp.core.reads`).
+    reads: ClassVar[tuple[str, ...]] = ("network.seeded_noise",)
 
     def __init__(
         self,
@@ -252,6 +259,7 @@ class NetworkWorld:
         self.release_members: list[np.ndarray] = []
         self.curators: list[int] = []
         self.receipts: list[tuple[int, int]] = []
+        self.port = 0  # where the coordinator listens, once it does
         self.ports: list[int] = []
         self.addresses = [""] * hosts  # where each host's peers listen (its HELLO)
         self.processes: list[Any] = []
@@ -269,6 +277,15 @@ class NetworkWorld:
         own = credentials.parties[COORDINATOR]
         self._server_tls, self._client_tls = own.context(server=True), own.context(server=False)
         self.lost_hosts: set[int] = set()
+        # The largest control frame a host sends: a release (one model, its group's member
+        # list), or its final report (per peer its counts; receipts of 16 bytes, at most one
+        # per aggregation a peer can afford).
+        self.control_bytes = (
+            frame_bytes(dim, n_peers)
+            + 40 * n_peers
+            + 16 * n_peers * int(min(ledger.max_aggregations, 2**32))
+            + 4096
+        )
 
     def wire_rows(self) -> list[dict[str, Any]]:
         """What travelled on the wire (the ``wire`` table of the run)."""
@@ -280,12 +297,19 @@ class NetworkWorld:
 
     async def _run(self) -> None:
         try:
-            server = await asyncio.start_server(self._control, self.bind, 0, ssl=self._server_tls)
+            server = await listen(
+                self._control,
+                self.bind,
+                self._server_tls,
+                pending=self.n_hosts + 8,  # every host at the start, and some slack
+                refused=self.wire.refused,
+                allowed=self.settings.allowed,
+            )
         except OSError as error:
             raise ConfigError(
                 f"the coordinator cannot listen on {self.bind!r} (a hosts file's bind): {error}"
             ) from None
-        port = server.sockets[0].getsockname()[1]
+        self.port = port = server.sockets[0].getsockname()[1]
         try:
             self.processes = [self.launch(i, port) for i in range(self.n_hosts)]
             await self._wait(self._hello, STARTUP_TIMEOUT, "every host to start")
@@ -352,17 +376,18 @@ class NetworkWorld:
                     reader,
                     timeout=settings.timeout,
                     idle=settings.idle_timeout,
-                    max_bytes=CONTROL_FRAME_BYTES,
+                    max_bytes=self.control_bytes,
                 )
                 if message is None:
                     if host is not None and host not in self._stats:
                         self._host_lost(host, "its connection closed")
                     return
+                kind = message["kind"]
                 try:
                     host = self._on_control(message, who, writer, host)
                 except (ProtocolError, KeyError, TypeError, ValueError, OverflowError) as error:
-                    self.wire.refused[message["kind"]] += 1
-                    log.warning("coordinator: refused a %r frame: %s", message["kind"], error)
+                    self.wire.refused[kind if kind in (HELLO, DONE, STATS) else "unknown"] += 1
+                    log.warning("coordinator: refused a %r frame: %s", kind[:32], error)
         except (ProtocolError, TimeoutError, ConnectionError) as error:
             self.wire.refused[type(error).__name__] += 1
             log.warning("coordinator: refused a control connection: %s", error)
@@ -376,18 +401,26 @@ class NetworkWorld:
         writer: asyncio.StreamWriter,
         host: int | None,
     ) -> int | None:
-        """One control frame from the host authenticated as ``who``; the connection's host."""
+        """One control frame from the host authenticated as ``who``; the connection's host.
+        Every field is checked (type and range) before anything counts: a bad frame raises
+        and changes nothing."""
         kind = message["kind"]
-        claimed = int(message.get("host", -1))
-        if kind in (HELLO, STATS) and who != host_name(claimed):
-            raise ProtocolError(f"{who!r} claims to be host {claimed}")
+        if kind in (HELLO, STATS):
+            claimed = _count(message["host"], "host", self.n_hosts)
+            if who != host_name(claimed) or (host is not None and host != claimed):
+                raise ProtocolError(f"{who!r} claims to be host {claimed}")
         if kind == HELLO:
+            address, ports = message["address"], self._hello_ports(message["ports"], claimed)
+            if claimed in self._hosts:
+                raise ProtocolError(f"a second hello from host {claimed}")
+            if not isinstance(address, str) or not 0 < len(address) <= 255:
+                raise ValueError(f"hello address must be a host name, got {address!r:.40}")
             self._hosts[claimed] = writer
-            self.addresses[claimed] = str(message["address"])
+            self.addresses[claimed] = address
             if not self.ports:
                 self.ports = [0] * self.n_peers
-            for peer, peer_port in message["ports"]:
-                self.ports[int(peer)] = int(peer_port)
+            for peer, peer_port in ports.items():
+                self.ports[peer] = peer_port
             if len(self._hosts) == self.n_hosts:
                 self._hello.set()
             return claimed
@@ -395,26 +428,78 @@ class NetworkWorld:
             report = self._release_report(message, who)
             future = self._done.get(report["group"])
             if future is not None and not future.done():
+                group = self._in_flight[report["group"]]
+                if report["curator"] != group.curator:
+                    raise ProtocolError(
+                        f"a release of group {group.group_id} by {report['curator']}, not its "
+                        f"curator {group.curator}"
+                    )
                 future.set_result(report)
             else:
                 self._late_release(report)
         elif kind == STATS:
-            self._stats[claimed] = message
+            if claimed in self._stats:
+                raise ProtocolError(f"a second final report from host {claimed}")
+            self._stats[claimed] = self._stats_report(message, claimed)
             self._check_all_stats()
         else:
-            raise ProtocolError(f"unknown control kind {kind!r}")
+            raise ProtocolError(f"unknown control kind {kind!r:.40}")
         return host
+
+    def _hello_ports(self, value: Any, host: int) -> dict[int, int]:
+        """A hello's ``[[peer, port], ...]``: exactly the host's own peers, each once."""
+        own = np.flatnonzero(self.host_of == host).tolist()
+        ports = {
+            _count(peer, "hello peer", self.n_peers): _count(port, "hello port", 65536)
+            for peer, port in value
+        }
+        if sorted(ports) != own or len(value) != len(own):
+            raise ProtocolError(f"host {host} says where peers {sorted(ports)[:8]} listen")
+        return ports
+
+    def _stats_report(self, message: dict[str, Any], host: int) -> dict[str, Any]:
+        """A host's final report, checked: counts for its own peers, ints >= 0, at most
+        REPORT_KEYS kinds and reasons (short strings), receipts (peer, group) of its own
+        peers as 16-byte pairs."""
+        own = set(np.flatnonzero(self.host_of == host).tolist())
+        sent = []
+        for peer, messages, n_bytes in message["sent"]:
+            if _count(peer, "stats peer") not in own:
+                raise ProtocolError(f"host {host} reports what peer {peer} sent")
+            sent.append((peer, _count(messages, "stats messages"), _count(n_bytes, "bytes")))
+        tables = {}
+        for name, width in (("wire", 2), ("refused", 1)):
+            table = message[name]
+            if not isinstance(table, dict) or len(table) > REPORT_KEYS:
+                raise ValueError(f"stats {name} must be a map of at most {REPORT_KEYS} keys")
+            for key, value in table.items():
+                if not isinstance(key, str) or len(key) > 64:
+                    raise ValueError(f"stats {name} key {key!r:.40}")
+                values = value if width == 2 else [value]
+                if len(values) != width:
+                    raise ValueError(f"stats {name}[{key}] = {value!r:.40}")
+                for item in values:
+                    _count(item, f"stats {name}[{key}]")
+            tables[name] = table
+        receipts = message["receipts"]
+        if not isinstance(receipts, bytes) or len(receipts) % 16:
+            raise ValueError("stats receipts must be (peer, group) pairs of int64")
+        pairs = np.frombuffer(receipts, dtype="<i8").reshape(-1, 2)
+        if not np.isin(pairs[:, 0], list(own)).all():
+            raise ProtocolError(f"host {host} reports receipts of another host's peers")
+        return {**tables, "sent": sent, "receipts": pairs}
 
     def _release_report(self, message: dict[str, Any], who: str | None) -> dict[str, Any]:
         """A curator's ``DONE``, checked: from the curator's own host, with a well-formed
         record and model (parsed here, so a bad report is refused before anything counts)."""
-        group, curator = int(message["group"]), int(message["curator"])
+        group = _count(message["group"], "done group")
+        curator = _count(message["curator"], "done curator", self.n_peers)
         if who != host_name(int(self.host_of[curator])):
             raise ProtocolError(f"{who!r} reports for curator {curator}")
         return {
             "group": group,
             "curator": curator,
-            "record": ReleaseRecord(**message["record"]),
+            "record": ReleaseRecord.from_row(message["record"]),
             "model": unpack_vector(message["model"], shape=(self.dim,)),
         }
 
@@ -596,8 +681,9 @@ class NetworkWorld:
             for reason, count in stats["refused"].items():
                 self.wire.refused[reason] += int(count)
             if not full:  # (peer, group) pairs; a group's model is at its position
-                pairs = np.frombuffer(stats["receipts"], dtype="<i8").reshape(-1, 2)
                 position = self.position
                 self.receipts.extend(
-                    (peer, position[group]) for peer, group in pairs.tolist() if group in position
+                    (peer, position[group])
+                    for peer, group in stats["receipts"].tolist()
+                    if group in position
                 )

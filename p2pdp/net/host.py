@@ -20,18 +20,23 @@ it in fixed point and sends one additive share (masks from :func:`os.urandom`) t
 member; a member holding a share from every other sends their sum, its partial sum, to the
 curator, which decodes the sum of the partial sums and learns only the noisy aggregate.
 
-NOT PRIVATE AS DEPLOYED: a curator draws its noise from the run's seeded stream
-(:meth:`NoiseStream.skip <p2pdp.privacy.release.NoiseStream.skip>` to its group's index),
-so that a network run releases exactly what the simulator releases. Anyone who knows the
-scenario's seed can subtract that noise; a deployment would draw it from the operating
-system's CSPRNG instead. Likewise a secure member's noise share comes from its seeded stream
-(:meth:`Releaser.member_stream <p2pdp.privacy.release.Releaser.member_stream>`); its masks do
-not (they cancel, and never change a release).
+Where the noise comes from. By default a curator draws its release's noise, and a secure
+member its noise share, from a generator freshly seeded from the operating system's CSPRNG
+(:func:`~p2pdp.core.rng.os_generator`), in its own process: nothing another party holds (the
+scenario, its seed) determines it, and the noise never leaves that process (a curator reports
+``noise_norm`` as NaN; the experiment fills it for analysis from the exact aggregate). With
+``seeded_noise`` (``network.seeded_noise = true``, for tests of parity) they come from the
+run's seeded streams instead (:meth:`NoiseStream.skip
+<p2pdp.privacy.release.NoiseStream.skip>` to the group's index, :meth:`Releaser.member_stream
+<p2pdp.privacy.release.Releaser.member_stream>`), so that a network run releases exactly what
+the simulator releases: NOT PRIVATE, since anyone who knows the seed can subtract the noise.
+Masks always come from the CSPRNG (they cancel, and never change a release).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import math
@@ -43,8 +48,16 @@ from typing import Any
 
 import numpy as np
 
-from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity
-from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
+from p2pdp.core.rng import os_generator
+from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity, listen
+from p2pdp.net.wire import (
+    ProtocolError,
+    encode,
+    frame_bytes,
+    pack_vector,
+    read_frame,
+    unpack_vector,
+)
 from p2pdp.privacy.release import Releaser
 from p2pdp.privacy.secure_aggregation import FixedPoint, share
 from p2pdp.protocols.groups import (
@@ -66,6 +79,8 @@ log = logging.getLogger(__name__)
 
 # Control kinds between a host and the coordinator (peer-protocol kinds: p2pdp.protocols.groups)
 HELLO, DIRECTORY, DONE, FINISH, STATS = "hello", "directory", "done", "finish", "stats"
+#: Every kind a peer's socket reads (a refusal is counted under its kind, or "unknown").
+KINDS = (ASSIGN, SUBMIT, SHARE, PARTIAL, PUBLISH)
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,15 @@ class HostSettings:
         Seconds any wait for a frame's body, a connection or a report may take.
     idle_timeout : float
         Seconds a connection may stay silent between frames (the run's longest pause).
+    seeded_noise : bool
+        Draw noise from the run's seeded streams (``network.seeded_noise``: parity tests,
+        NOT private); else from the operating system's CSPRNG (see the module docstring).
+    group_size : int
+        ``groups.group_size``: bounds what a host keeps for groups it is not assigned yet
+        (:meth:`PeerHost._keep_early`) and the handshakes a listener holds at once.
+    allowed : tuple of str
+        If not empty, the only addresses every listener of the run accepts connections from
+        (a hosts file's ``allowlist``: :func:`p2pdp.net.tls.listen`).
     """
 
     n_peers: int
@@ -101,6 +125,9 @@ class HostSettings:
     collect_timeout: float = 10.0
     timeout: float = 10.0
     idle_timeout: float = 600.0
+    seeded_noise: bool = False
+    group_size: int = 3
+    allowed: tuple[str, ...] = ()
 
 
 def hosts_of(n_peers: int, hosts: int) -> np.ndarray:
@@ -205,6 +232,11 @@ class PeerHost:
         # group before the peer's assignment to it
         self.early: dict[int, dict[int, tuple[int, dict[str, tuple[dict[str, Any], Any]]]]]
         self.early = {}
+        self.early_held: Counter[int] = Counter()  # sender's host -> messages kept early
+        # what a peer may be published: group -> its curator (``group`` publication: the
+        # receiver's own assignments), or sender -> its last group (``full``: any peer's)
+        self.expected: dict[int, dict[int, int]] = defaultdict(dict)
+        self.frame_bytes = frame_bytes(self.dim, settings.n_peers)
         self.codec = FixedPoint()
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
         self.deadline: dict[int, float] = {}  # group -> when its curator stops (monotonic s)
@@ -221,9 +253,18 @@ class PeerHost:
         self._sending = asyncio.ensure_future(self._sender())
         ports = {}
         for peer in self.peers:
-            server = await asyncio.start_server(
-                functools.partial(self._serve, peer), address, 0, ssl=self._server_tls
-            )
+            serve = functools.partial(self._serve, peer)
+            if self._server_tls is None:  # tests of the protocol alone
+                server = await asyncio.start_server(serve, address, 0)
+            else:  # at most a group's worth of handshakes at once, and some slack
+                server = await listen(
+                    serve,
+                    address,
+                    self._server_tls,
+                    pending=self.settings.group_size + 8,
+                    refused=self.counters.refused,
+                    allowed=self.settings.allowed,
+                )
             self.servers.append(server)
             ports[peer] = server.sockets[0].getsockname()[1]
         return ports
@@ -237,7 +278,10 @@ class PeerHost:
         try:
             while True:
                 message = await read_frame(
-                    reader, timeout=self.settings.timeout, idle=self.settings.idle_timeout
+                    reader,
+                    timeout=self.settings.timeout,
+                    idle=self.settings.idle_timeout,
+                    max_bytes=self.frame_bytes,
                 )
                 if message is None:
                     return
@@ -386,14 +430,35 @@ class PeerHost:
             elif kind == PARTIAL:
                 self._on_partial(peer, message)
             elif kind == PUBLISH:
-                if not self.settings.full_publication:  # a full one reaches everyone
-                    self.receipts.append((peer, int(message["index"])))
-                self.counters.publications_received += 1
+                self._on_publish(peer, message)
             else:
                 raise ProtocolError(f"unknown kind {kind!r}")
         except (KeyError, TypeError, ValueError, OverflowError, ProtocolError) as error:
-            self.counters.refused[kind] += 1
-            log.warning("peer %d: refused a %r frame: %s", peer, kind, error)
+            # counted by kind, or as "unknown": a sender cannot grow the counter's keys
+            self.counters.refused[kind if kind in KINDS else "unknown"] += 1
+            log.warning("peer %d: refused a %r frame: %s", peer, kind[:32], error)
+
+    def _on_publish(self, peer: int, message: dict[str, Any]) -> None:
+        """A release for ``peer``: only from its group's curator, once, with the group's
+        index. A ``group`` publication is checked against ``peer``'s own assignment; a
+        ``full`` one reaches peers outside the group, who know only that a curator releases
+        its groups in order, so it must name a later group than that sender's last."""
+        group, sender, index = int(message["group"]), int(message["sender"]), message["index"]
+        if type(index) is not int or index != group:  # an assignment's index is its group
+            raise ProtocolError(f"a publication of group {group} with index {index!r}")
+        expected = self.expected[peer]
+        if self.settings.full_publication:
+            if group <= expected.get(sender, -1):
+                raise ProtocolError(f"a publication of group {group} from {sender} replayed")
+            expected[sender] = group
+        else:
+            if expected.get(group) != sender:
+                raise ProtocolError(
+                    f"a publication of group {group} from {sender}, not its curator for {peer}"
+                )
+            del expected[group]
+            self.receipts.append((peer, group))
+        self.counters.publications_received += 1
 
     def _assigned(self, peer: int, kind: str, message: dict[str, Any]) -> bool:
         """Whether ``peer`` was assigned the group of ``message`` in the role it needs: a
@@ -421,11 +486,27 @@ class PeerHost:
             raise ProtocolError(f"{kind} from {sender} for group {group_id} after a later one")
         if held is None or held[0] < group_id:
             if held is not None:
-                self.counters.refused["early"] += len(held[1])
+                self._drop_early(peer, sender)
             held = kept[sender] = (group_id, {})
         if kind in held[1]:
             raise ProtocolError(f"a second {kind} from {sender} (replayed)")
+        origin = int(self.host_of[sender])
+        budget = self.settings.group_size * (self.settings.group_size - 1)
+        if self.early_held[origin] >= budget:  # its older groups first: an honest one moved on
+            for other, senders in self.early.items():
+                for s, (g, _) in list(senders.items()):
+                    if g < group_id and self.host_of[s] == origin:
+                        self._drop_early(other, s)
+        if self.early_held[origin] >= budget:
+            raise ProtocolError(f"host {origin} has {budget} messages kept early already")
         held[1][kind] = (message, who)
+        self.early_held[origin] += 1
+
+    def _drop_early(self, peer: int, sender: int) -> None:
+        """Forget what ``peer`` kept from ``sender`` (counted as refused ``early``)."""
+        _, messages = self.early[peer].pop(sender)
+        self.counters.refused["early"] += len(messages)
+        self.early_held[int(self.host_of[sender])] -= len(messages)
 
     def _replay_early(self, peer: int, group_id: int) -> None:
         """``peer`` was just assigned ``group_id``: handle what arrived for it before (and
@@ -434,10 +515,11 @@ class PeerHost:
         for sender, (group, messages) in list(kept.items()):
             if group > group_id:
                 continue
-            del kept[sender]
             if group < group_id:
-                self.counters.refused["early"] += len(messages)
+                self._drop_early(peer, sender)
                 continue
+            del kept[sender]
+            self.early_held[int(self.host_of[sender])] -= len(messages)
             for message, who in messages.values():
                 self.handle(peer, message, who)
 
@@ -467,6 +549,8 @@ class PeerHost:
         if group.group_id <= self.last_group.get(peer, -1):  # groups are numbered in order
             raise ProtocolError(f"assignment to group {group.group_id} replayed or out of order")
         self.last_group[peer] = group.group_id
+        if peer != group.curator and not self.settings.full_publication:
+            self.expected[peer][group.group_id] = group.curator  # the release it may receive
         for older in [g for g, (held, _) in self.groups.items() if held.curator == peer]:
             self._expire(older)  # it curates one group at a time: the older one is over
         if peer == group.curator:  # the group as the coordinator formed it, nobody else
@@ -510,7 +594,12 @@ class PeerHost:
         statistic = self.statistics[self.row[peer]]
         # The public bound makes the sensitivity known before anyone's size is.
         sensitivity = self.sensitivity([self.settings.min_shard_size] * n_members)
-        noise = self.releaser.noise_share(sensitivity, n_members, group=group.group_id, peer=peer)
+        rng = (
+            self.releaser.member_stream(group.group_id, peer)
+            if self.settings.seeded_noise
+            else os_generator()
+        )
+        noise = self.releaser.noise_share(sensitivity, n_members, rng=rng)
         contribution = self.releaser.contribution(statistic, n_members, noise)
         if not np.abs(contribution).max() * n_members < self.codec.max_abs:
             raise ProtocolError(  # K such values could wrap the ring: contribute nothing
@@ -625,7 +714,8 @@ class PeerHost:
 
     def _release(self, group: Group) -> None:
         """The curator holds every statistic: its own first, then the others' in member
-        order; the noisy release from the run's noise stream at its group's index."""
+        order; the noisy release, its noise from the CSPRNG (or, seeded, from the run's
+        noise stream at its group's index)."""
         if self._expired(group):
             return
         _, received = self.groups.pop(group.group_id)
@@ -634,12 +724,22 @@ class PeerHost:
         order = [curator, *(m for m in group.members.tolist() if m != curator)]
         size_of = dict(zip(group.submitted, group.sizes, strict=True))
         sizes = [size_of[m] for m in order]
-        index = self.release_index[group.group_id]
-        self.releaser.noise.skip(index - self.noise_position)
-        self.noise_position = index + 1
+        rng = None  # seeded: the run's stream, at the draw of the group's index
+        if self.settings.seeded_noise:
+            index = self.release_index[group.group_id]
+            self.releaser.noise.skip(index - self.noise_position)
+            self.noise_position = index + 1
+        else:
+            rng = os_generator()
         released, record = self.releaser.release(
-            np.stack([received[m] for m in order]), sizes, self.sensitivity(sizes), curator=0
+            np.stack([received[m] for m in order]),
+            sizes,
+            self.sensitivity(sizes),
+            curator=0,
+            noise_rng=rng,
         )
+        if rng is not None:  # the noise stays here: not even its norm is reported
+            record = dataclasses.replace(record, noise_norm=math.nan)
         self._publish(group, released, record)
 
     def _publish(self, group: Group, released: np.ndarray, record: Any) -> None:

@@ -12,24 +12,45 @@ messages only from the host that runs that peer (:mod:`p2pdp.net.host`).
 
 The private keys travel to the host processes the coordinator starts (``spawn`` arguments) and
 live in a temporary directory readable by this user only while the run lasts.
+
+Every listener of a run is made by :func:`listen`: a connection first passes the address
+allowlist (if any), then has ``HANDSHAKE_TIMEOUT`` seconds to complete its handshake, and at
+most ``pending`` connections per listener hold a handshake's state at once, as many more
+wait for one, and a newcomer evicts the oldest. So silent or slow clients hold at most
+``pending`` handshakes' memory (~300 KB each, asyncio's TLS buffers) and ``2 pending``
+descriptors per listener, for a few seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ssl
 import tempfile
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-__all__ = ["COORDINATOR", "Credential", "RunCredentials", "host_name", "identity"]
+__all__ = [
+    "COORDINATOR",
+    "HANDSHAKE_TIMEOUT",
+    "Credential",
+    "RunCredentials",
+    "host_name",
+    "identity",
+    "listen",
+]
 
 COORDINATOR = "coordinator"
+#: Seconds a client has to complete its TLS handshake with a listener of the run.
+HANDSHAKE_TIMEOUT = 5.0
 
 
 def host_name(host: int) -> str:
@@ -127,3 +148,94 @@ def identity(writer: object) -> str | None:
             if key == "commonName":
                 return str(value)
     return None
+
+
+async def listen(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    address: str,
+    context: ssl.SSLContext,
+    *,
+    pending: int,
+    refused: Counter,
+    allowed: Collection[str] = (),
+) -> asyncio.Server:
+    """A TLS listener on ``address`` (a port the OS picks) that calls ``handler`` with each
+    authenticated connection.
+
+    A connection from an address outside ``allowed`` (when given: IP addresses as this
+    listener sees them) is closed at once and counted ``refused["address"]``. At most
+    ``pending`` connections hold a handshake's state at once, and at most ``pending`` more
+    wait for one (reading nothing): a newcomer beyond them closes the oldest in its handshake
+    and, if the queue is full, the oldest in the queue (``"busy"``), and the newest queued
+    takes the next free place. An honest client completes its handshake in milliseconds, a
+    silent one waits to be evicted. A handshake that fails or takes more than
+    ``HANDSHAKE_TIMEOUT`` s is dropped (``"handshake"``).
+    """
+    loop = asyncio.get_running_loop()
+    holders: dict[asyncio.Transport, None] = {}  # in their handshake, oldest first
+    queue: dict[asyncio.Transport, asyncio.Future[bool]] = {}  # waiting, oldest first
+    held = 0  # handshakes' states alive: the holders and those evicted, not yet freed
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def upgrade(transport: asyncio.Transport) -> None:
+        nonlocal held
+        peer: Any = transport.get_extra_info("peername")
+        if allowed and (not peer or peer[0] not in allowed):
+            refused["address"] += 1
+            transport.abort()
+            return
+        if held < pending:
+            held += 1
+        else:
+            if holders:
+                oldest = next(iter(holders))
+                del holders[oldest]
+                refused["busy"] += 1
+                oldest.abort()
+            if len(queue) >= pending:
+                first, place = next(iter(queue.items()))
+                del queue[first]
+                refused["busy"] += 1
+                first.abort()
+                place.set_result(False)
+            queue[transport] = place = loop.create_future()
+            if not await place:  # evicted from the queue
+                return
+        holders[transport] = None
+        protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(), handler)
+        try:
+            secure = await loop.start_tls(
+                transport,
+                protocol,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+            )
+        except (OSError, ssl.SSLError, TimeoutError):
+            if transport in holders:  # not evicted: its handshake failed or took too long
+                del holders[transport]
+                refused["handshake"] += 1
+            transport.abort()
+            return
+        finally:  # its state is released: the newest in the queue takes its place
+            if queue:
+                _, place = queue.popitem()
+                place.set_result(True)
+            else:
+                held -= 1
+        if holders.pop(transport, 0) is not None or secure is None:  # evicted meanwhile
+            transport.abort()
+            return
+        protocol.connection_made(secure)  # the stream and the handler's task start here
+
+    class Plain(asyncio.Protocol):
+        """A connection before its handshake: reads nothing, hands itself to upgrade."""
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            transport.pause_reading()
+            task = loop.create_task(upgrade(transport))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    return await loop.create_server(Plain, address, 0)

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "ProtocolError",
     "encode",
+    "frame_bytes",
     "pack_vector",
     "read_frame",
     "unpack_vector",
@@ -32,6 +33,14 @@ __all__ = [
 #: Largest frame a peer accepts by default (bytes): a model of 10^5 float64 and its fields.
 MAX_FRAME_BYTES = 1 << 20
 _LENGTH = struct.Struct(">I")
+
+
+def frame_bytes(dim: int, n_peers: int) -> int:
+    """The largest frame (bytes) the peer protocol sends in a run of ``n_peers`` peers and
+    statistics of length ``dim``: one vector of ``dim`` 8-byte numbers (a statistic, a share, a
+    model), a member list of at most ``n_peers`` ids (at most 9 bytes each in msgpack) and a
+    few scalar fields (1 KiB is ample). A peer refuses anything longer before reading it."""
+    return 8 * dim + 9 * n_peers + 1024
 
 
 class ProtocolError(Exception):

@@ -83,6 +83,36 @@ class ReleaseRecord:
         """The record as ``{column: value}`` (cheaper than :func:`dataclasses.asdict`)."""
         return {name: getattr(self, name) for name in _RECORD_FIELDS}
 
+    @classmethod
+    def from_row(cls, row: Any) -> ReleaseRecord:
+        """The record of :meth:`as_row`, checked field by field (a record that arrives from
+        another process, :mod:`p2pdp.net.coordinator`): exactly the record's fields; counts
+        are ints >= 1; the mechanism a str of at most 100 characters; ``secure`` a bool;
+        the other fields numbers >= 0 (``epsilon``, ``delta`` may be inf; ``noise_norm``
+        NaN, unknown). ValueError naming the first field that is not."""
+        if not isinstance(row, dict) or set(row) != set(_RECORD_FIELDS):
+            raise ValueError(f"a release record needs exactly the fields {_RECORD_FIELDS}")
+        for name in ("group_size", "n_min"):
+            if type(row[name]) is not int or row[name] < 1:
+                raise ValueError(f"record {name} must be an integer >= 1, got {row[name]!r}")
+        if not isinstance(row["mechanism"], str) or len(row["mechanism"]) > 100:
+            raise ValueError(f"record mechanism must be a short str, got {row['mechanism']!r:.40}")
+        if type(row["secure"]) is not bool:
+            raise ValueError(f"record secure must be a bool, got {row['secure']!r}")
+        values = dict(row)
+        for name in ("sensitivity", "epsilon", "delta", "noise_scale", "noise_std", "noise_norm"):
+            value = values[name]
+            finite = name in ("sensitivity", "noise_scale", "noise_std")
+            if (
+                type(value) not in (int, float)
+                or (finite and not math.isfinite(value))
+                or (name != "noise_norm" and math.isnan(value))
+                or value < 0
+            ):
+                raise ValueError(f"record {name} must be a number >= 0, got {value!r}")
+            values[name] = float(value)
+        return cls(**values)
+
 
 _RECORD_FIELDS = tuple(item.name for item in fields(ReleaseRecord))
 
@@ -105,8 +135,11 @@ class NoiseStream:
         self.rng = rng
         self._unit: list[np.ndarray] = []
 
-    def draw(self, sensitivity: float) -> np.ndarray:
-        """One noise vector (dim,) for a release of L2 sensitivity ``sensitivity``."""
+    def draw(self, sensitivity: float, *, rng: np.random.Generator | None = None) -> np.ndarray:
+        """One noise vector (dim,) for a release of L2 sensitivity ``sensitivity``; from
+        ``rng`` if given (the stream then does not move), else from the run's stream."""
+        if rng is not None:
+            return self._sample(sensitivity, None, rng=rng)
         if not getattr(self.mechanism, "scale_family", False):
             return self._sample(sensitivity, None)
         if not self._unit:
@@ -132,10 +165,14 @@ class NoiseStream:
                 self._unit = list(self._sample(1.0, self._BATCH)[::-1])
             self._unit.pop()
 
-    def _sample(self, sensitivity: float, size: int | None) -> np.ndarray:
+    def _sample(
+        self, sensitivity: float, size: int | None, *, rng: np.random.Generator | None = None
+    ) -> np.ndarray:
         """The mechanism's noise, checked: numbers, finite, of shape (dim,) or (size, dim)."""
         with calling("mechanism", self.mechanism, "sample"):
-            noise = self.mechanism.sample(sensitivity, self.dim, rng=self.rng, size=size)
+            noise = self.mechanism.sample(
+                sensitivity, self.dim, rng=self.rng if rng is None else rng, size=size
+            )
         shape = (self.dim,) if size is None else (size, self.dim)
         return check_numbers(noise, "mechanism", self.mechanism, "sample", shape=shape)
 
@@ -221,8 +258,9 @@ class Releaser:
         """The generator peer ``peer`` draws its noise share for group ``group`` from (secure
         aggregation): a child of ``member_seed`` keyed by both, so every member's share is
         its own draw, reproduced by the network runtime's member (:mod:`p2pdp.net.host`)
-        without any other party's. Seeded, hence NOT private as deployed: a real member
-        draws from its own secret randomness."""
+        without any other party's. Seeded, hence NOT private as deployed: on the network a
+        member draws from :func:`~p2pdp.core.rng.os_generator` unless
+        ``network.seeded_noise`` asks for this stream (tests of parity)."""
         assert self.member_seed is not None  # __init__ requires it with secure
         seed = self.member_seed
         return np.random.Generator(
@@ -232,16 +270,17 @@ class Releaser:
         )
 
     def noise_share(
-        self, sensitivity: float, n_members: int, *, group: int, peer: int
+        self, sensitivity: float, n_members: int, *, rng: np.random.Generator
     ) -> np.ndarray:
-        """Member ``peer``'s noise share for group ``group`` of ``n_members``, shape (d,)."""
+        """A member's noise share for a group of ``n_members``, shape (d,), drawn from ``rng``
+        (the member's own: :meth:`member_stream` in simulation)."""
         with calling("mechanism", self.mechanism, "noise_shares"):
             share = member_noise_share(
                 self.mechanism,
                 sensitivity=sensitivity,
                 n_members=n_members,
                 dim=self.dim,
-                rng=self.member_stream(group, peer),
+                rng=rng,
             )
         return check_numbers(share, "mechanism", self.mechanism, "noise_shares", shape=(self.dim,))
 
@@ -264,6 +303,7 @@ class Releaser:
         curator: int = 0,
         group: int = 0,
         members: list[int] | None = None,
+        noise_rng: np.random.Generator | None = None,
     ) -> tuple[np.ndarray, ReleaseRecord]:
         """The noisy aggregate of one group, and its record.
 
@@ -280,6 +320,9 @@ class Releaser:
         group, members : int, list of int
             Secure aggregation: the group's id and the peer behind each row (default
             ``0 .. K-1``), which select every member's noise stream.
+        noise_rng : numpy.random.Generator, optional
+            Plaintext: draw this release's noise from ``noise_rng`` (the network runtime's
+            curator: :func:`~p2pdp.core.rng.os_generator`) instead of the run's seeded stream.
 
         Returns
         -------
@@ -290,7 +333,10 @@ class Releaser:
         if self.secure:
             peers = range(n_members) if members is None else members
             shares = np.stack(
-                [self.noise_share(sensitivity, n_members, group=group, peer=peer) for peer in peers]
+                [
+                    self.noise_share(sensitivity, n_members, rng=self.member_stream(group, peer))
+                    for peer in peers
+                ]
             )
             contributions = self.contribution(statistics, n_members, shares)
             released = secure_sum(contributions, curator=curator, rng=self.share_rng).total
@@ -298,13 +344,15 @@ class Releaser:
         elif not getattr(self.mechanism, "additive", True):  # the mechanism defines the release
             exact = self.exact(statistics)
             with calling("mechanism", self.mechanism, "release"):
-                value = self.mechanism.release(exact, sensitivity, rng=self.noise.rng)
+                value = self.mechanism.release(
+                    exact, sensitivity, rng=self.noise.rng if noise_rng is None else noise_rng
+                )
             released = check_numbers(
                 value, "mechanism", self.mechanism, "release", shape=np.shape(exact)
             )
             noise_norm = float(np.linalg.norm(released - exact))
         else:
-            noise = self.noise.draw(sensitivity)
+            noise = self.noise.draw(sensitivity, rng=noise_rng)
             released = self.exact(statistics) + noise
             noise_norm = math.sqrt(float(noise @ noise))
         return released, self.record(n_members, sizes, sensitivity, noise_norm)
