@@ -73,6 +73,28 @@ def test_secure_group_needs_every_members_partial_sum_once():
     assert group.submitted == [4, 7, 2] and group.sizes == [40, 70, 20]  # member order
 
 
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_a_member_sends_its_partial_sum_only_with_every_other_members_share(size):
+    """A partial sum sent early would hold a share too few: the curator's sum would not
+    cancel the masks (and would expose the member's statistic). Each member's shares arrive
+    one by one; nothing leaves before the last, then exactly one partial sum."""
+    members = tuple(range(10, 10 + size))
+    group = _group(secure=True, members=members, curator=members[-1])
+    for member in members:
+        group.contribute(member, 30)
+    for member in members:
+        for arrived in range(1, size):  # shares from the size - 1 others
+            step = group.on_share(member, 30)
+            if arrived < size - 1:
+                assert step.sends == () and not step.ready, (member, arrived)
+        if member != members[-1]:
+            assert list(step.sends) == [Send(PARTIAL, member, members[-1])]
+            assert not group.on_partial(member, 30)
+        else:  # the curator's own partial sum completes the group
+            assert step.sends == () and step.ready
+    assert group.submitted == list(members)
+
+
 def test_secure_group_of_one_is_its_own_partial_sum():
     group = _group(secure=True, members=(5,), curator=5)
     step = group.contribute(5, 9)
