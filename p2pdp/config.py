@@ -1121,7 +1121,7 @@ def settings_read(config: ScenarioConfig, runtime: str | None = "simulation") ->
                 entries = options.get(value, tuple({k for ks in options.values() for k in ks}))
             for entry in entries:
                 if isinstance(entry, When):
-                    if setting_value(config, entry.key) == entry.value:
+                    if entry.holds(setting_value(config, entry.key)):
                         pending += [(k, who) for k in entry.keys]
                 else:
                     pending.append((entry, who))
@@ -1156,6 +1156,13 @@ def unread_settings(config: ScenarioConfig, read: Any) -> list[str]:
     return unread
 
 
+class _AnythingBut(str):
+    """A condition ``!= value`` in messages: its repr reads ``anything but 'none'``."""
+
+    def __repr__(self) -> str:
+        return f"anything but {str.__repr__(self)}"
+
+
 def readers_of(key: str) -> dict[str, list[Any]]:
     """Which settings' values make the dotted setting ``key`` read: setting -> its values
     (built-in components, option values, ``"runtime"`` -> runtimes), for error messages."""
@@ -1176,8 +1183,9 @@ def readers_of(key: str) -> dict[str, list[Any]]:
                 found.setdefault(setting, []).append(name)
             for entry in entries:  # read under a condition: name the condition
                 if isinstance(entry, When) and key in names([entry]):
-                    if entry.value not in found.setdefault(entry.key, []):
-                        found[entry.key].append(entry.value)
+                    value = _AnythingBut(entry.value) if entry.negate else entry.value
+                    if value not in found.setdefault(entry.key, []):
+                        found[entry.key].append(value)
     for setting, options in OPTION_READS.items():
         for value, keys in options.items():
             if key in names(keys):

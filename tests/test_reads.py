@@ -349,3 +349,43 @@ def test_the_guide_lists_what_every_component_reads():
     from docs_pages import page
 
     assert _reads_table() in page("scenarios")
+
+
+def test_a_non_private_run_records_no_budget_and_spends_without_bound():
+    none = {"privacy": {"mechanism": "none", "delta": 0.0}}
+    with pytest.raises(ConfigError, match=r"privacy.epsilon = 3.0 is read only with .*anything"):
+        scenario_from_mapping(
+            _with(_DPSGD, privacy={"mechanism": "none", "delta": 0.0, "epsilon": 3.0})
+        )
+    row = simulate(scenario_from_mapping(_with(_DPSGD, **none)).points[0].config).row()
+    assert row["privacy.epsilon"] is None and row["privacy.accountant"] is None
+    one_shot = {"data": _DPSGD["data"], "partition": {"n_peers": 10}, "groups": {"group_size": 5}}
+    result = simulate(scenario_from_mapping({**one_shot, **none}).points[0].config)
+    assert result.row()["guarantee"] == "none" and math.isinf(result.row()["max_epsilon_spent"])
+
+
+def test_a_budget_beyond_any_calibration_is_a_clear_error():
+    config = scenario_from_mapping(_with(_DPSGD, privacy={"epsilon": 1e9})).points[0].config
+    with pytest.raises(ConfigError, match=r"epsilon = 1e\+09 is beyond 1e\+06"):
+        simulate(config)
+
+
+def test_a_batch_larger_than_a_shard_is_refused_not_clamped():
+    config = (
+        scenario_from_mapping(_with(_DPSGD, protocol={"sampling": "fixed", "batch_size": 1000}))
+        .points[0]
+        .config
+    )
+    with pytest.raises(ConfigError, match=r"protocol.batch_size = 1000 is more than the \d+"):
+        simulate(config)
+
+
+def test_an_interrupt_before_the_run_starts_is_one_line(monkeypatch, capsys):
+    from p2pdp.experiments import scenario
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt("SIGINT")
+
+    monkeypatch.setattr(scenario, "load_scenario", interrupted)
+    assert main(["run", "quickstart"]) == 130
+    assert capsys.readouterr().err.strip() == "p2pdp: interrupted by SIGINT"

@@ -26,9 +26,16 @@ class When:
     key: str
     value: Any
     keys: tuple[str, ...]
+    #: Read while ``key`` has any value but ``value`` instead.
+    negate: bool = False
+
+    def holds(self, value: Any) -> bool:
+        """Whether the condition holds when ``key`` has ``value``."""
+        return (value == self.value) != self.negate
 
     def __str__(self) -> str:
-        return f"{', '.join(self.keys)} (when {self.key} = {self.value!r})"
+        condition = f"{self.key} {'!=' if self.negate else '='} {self.value!r}"
+        return f"{', '.join(self.keys)} (when {condition})"
 
 
 #: One entry of a component's ``reads``: a dotted key, ``"section.*"``, or a :class:`When`.

@@ -422,6 +422,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `p2pdp datasets list | head -1`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt as exc:  # before a command installed its own handling
+        name, code = _signal_of(exc)
+        print(f"\np2pdp: interrupted by {name}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -231,7 +231,8 @@ def _write_report(directory: Path) -> Path:
         raise ConfigError(f"{directory / RESULTS_FILE} has no rows")
     manifest = read_manifest(directory) if (directory / MANIFEST_FILE).exists() else {}
     settings = [c for c in rows[0] if c in ("name", "seed") or "." in c]
-    swept = [c for c in settings if len({row[c] for row in rows}) > 1]
+    # swept: several values among the cells that read it (an unread setting is empty)
+    swept = [c for c in settings if len({row[c] for row in rows} - {None}) > 1]
     if "mean_error" not in rows[0]:  # a task that does not classify: its own columns and figures
         report = directory / REPORT_FILE
         figures = _task_figures(rows, directory)

@@ -381,7 +381,11 @@ def simulate(
         aggregations=world.monitor.aggregations,
         aborted_groups=world.monitor.aborted,
         aggregations_per_peer=counts,
-        epsilon_spent=world.ledger.spent_epsilon(),
+        epsilon_spent=(  # a release without noise leaks without bound: NOT private
+            world.ledger.spent_epsilon()
+            if mechanism.event(dim).private
+            else np.where(counts > 0, np.inf, 0.0)
+        ),
         guaranteed_epsilon=_guaranteed_epsilon(mechanism, dim, counts, config),
         shard_sizes=np.asarray(sizes),
         sim_time=world.monitor.end_time,
@@ -479,6 +483,14 @@ def simulate_iterative(
         data.X_train, data.y_train, trained.shards, config.training.lam
     )
     check_min_shard_size(problem.sizes, config.privacy.min_shard_size)
+    settings = config.protocol
+    if settings.sampling == "fixed" and settings.batch_size > problem.sizes.min():
+        peer = int(np.argmin(problem.sizes))
+        raise ConfigError(
+            f"protocol.batch_size = {settings.batch_size} is more than the "
+            f"{int(problem.sizes[peer])} records peer {peer} holds (fold {fold}): a step would "
+            "take its whole shard, not the batch the row records; lower protocol.batch_size"
+        )
     wall["training"] = time.perf_counter() - start
 
     start = time.perf_counter()

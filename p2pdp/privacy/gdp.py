@@ -58,6 +58,9 @@ BUDGET_TOLERANCE = 1e-9
 #: Largest ``mu`` whose epsilon is computed (about 5e11 at any delta): beyond it the log-space
 #: formula loses every digit (NaN at mu = 1e12), and no such guarantee protects anyone.
 MAX_MU = 1e6
+#: Largest budget :func:`gdp_mu` calibrates to (mu about 1,400): beyond it the log-space
+#: formula loses every digit (NaN at epsilon = 1e9) and the budget protects no one.
+MAX_EPSILON = 1e6
 
 
 def _positive(name: str, value: float) -> float:
@@ -194,6 +197,12 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     """
     epsilon = _positive("epsilon", epsilon)
     log_delta = math.log(_open_probability("delta", delta))
+    if epsilon > MAX_EPSILON:
+        raise ConfigError(
+            f"epsilon = {epsilon:g} is beyond {MAX_EPSILON:g}, where a Gaussian calibration "
+            "means nothing (no privacy to speak of); for a run without noise set "
+            "privacy.mechanism = 'none'"
+        )
 
     def excess(log_mu: float) -> float:
         return float(_log_delta(np.float64(epsilon), np.float64(math.exp(log_mu)))) - log_delta

@@ -579,7 +579,8 @@ class NoNoise(Mechanism):
     def __post_init__(self) -> None:
         Mechanism.__post_init__(self)
         warnings.warn(
-            "mechanism 'none' adds no noise and gives no privacy; use it only in tests",
+            "mechanism 'none' adds no noise and gives no privacy: the run is NOT private "
+            "(its rows say epsilon = inf)",
             PrivacyWarning,
             stacklevel=3,
         )

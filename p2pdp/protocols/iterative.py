@@ -30,6 +30,7 @@ from scipy.special import expit
 
 from p2pdp.config import ProtocolConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.reads import Read, When
 from p2pdp.privacy.accounting import affordable, composed, make_accountant
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum, calibrated_noise_multiplier
 from p2pdp.privacy.events import PrivacyEvent
@@ -225,7 +226,7 @@ class IterativeProtocol:
     network_dp: ClassVar[bool] = False
     #: The settings it reads (:mod:`p2pdp.core.reads`); ``protocol.gossip_steps`` only if
     #: it averages more than once a round (the scenario refuses it otherwise).
-    reads: ClassVar[tuple[str, ...]] = (
+    reads: ClassVar[tuple[Read, ...]] = (
         "protocol.rounds",
         "protocol.round_period",
         "protocol.step_size",
@@ -233,10 +234,14 @@ class IterativeProtocol:
         "protocol.clip_norm",
         "protocol.noise_multiplier",
         "protocol.eval_every",
-        "privacy.epsilon",
-        "privacy.delta",
         "privacy.mechanism",
-        "privacy.accountant",
+        # a budget only for private steps: 'none' (no noise) spends nothing
+        When(
+            "privacy.mechanism",
+            "none",
+            ("privacy.epsilon", "privacy.delta", "privacy.accountant"),
+            negate=True,
+        ),
         "gossip.overlay",
         "gossip.allow_disconnected",
         "gossip.churn",
@@ -313,7 +318,7 @@ class Muffliato(IterativeProtocol):
 
     name: ClassVar[str] = "muffliato"
     network_dp: ClassVar[bool] = True
-    reads: ClassVar[tuple[str, ...]] = (*IterativeProtocol.reads, "protocol.gossip_steps")
+    reads: ClassVar[tuple[Read, ...]] = (*IterativeProtocol.reads, "protocol.gossip_steps")
 
     @property
     def gossip_steps(self) -> int:
