@@ -389,3 +389,13 @@ def test_an_interrupt_before_the_run_starts_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(scenario, "load_scenario", interrupted)
     assert main(["run", "quickstart"]) == 130
     assert capsys.readouterr().err.strip() == "p2pdp: interrupted by SIGINT"
+
+
+@pytest.mark.parametrize("epsilon", [2.0, 1e-6])
+def test_a_calibrated_noise_multiplier_affords_every_round(epsilon):
+    """At a tiny budget the calibration sits at the accountant's edge: it must still fit all
+    protocol.rounds steps (it afforded one less), and never spend more than the budget."""
+    config = scenario_from_mapping(_with(_DPSGD, privacy={"epsilon": epsilon})).points[0].config
+    row = simulate(config).row()
+    assert row["min_steps_per_peer"] == config.protocol.rounds
+    assert row["max_epsilon_spent"] <= epsilon * (1 + 1e-9)

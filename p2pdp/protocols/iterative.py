@@ -177,7 +177,8 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
             accountant=accountant,
         )
         mechanism = dataclasses.replace(mechanism, noise_multiplier=z)
-    event = mechanism.event(privacy.delta / settings.rounds if privacy.delta > 0 else 0.0)
+    delta_step = privacy.delta / settings.rounds if privacy.delta > 0 else 0.0
+    event = mechanism.event(delta_step)
     max_steps = None
     if mechanism.private:
         account = make_accountant(accountant)
@@ -185,6 +186,15 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
         max_steps = affordable(
             account, event, epsilon_total=privacy.epsilon, delta_total=privacy.delta
         )
+        for _ in range(60):  # a calibration at the budget's very edge may afford one step less
+            if settings.noise_multiplier is not None or max_steps >= settings.rounds:
+                break
+            z = mechanism.noise_multiplier * (1 + 1e-6)
+            mechanism = dataclasses.replace(mechanism, noise_multiplier=z)
+            event = mechanism.event(delta_step)
+            max_steps = affordable(
+                account, event, epsilon_total=privacy.epsilon, delta_total=privacy.delta
+            )
     result = StepPrivacy(
         mechanism=mechanism,
         event=event,
