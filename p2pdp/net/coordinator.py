@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from p2pdp.config import NetworkConfig, ScenarioConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.core.rng import Uniforms
 from p2pdp.net.host import DIRECTORY, DONE, FINISH, HELLO, STATS, HostSettings, hosts_of
@@ -87,8 +87,7 @@ def _count(value: Any, name: str, high: int = 2**63) -> int:
 
 def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: bool) -> None:
     """ConfigError naming the first setting the network runtime does not run yet."""
-    groups, network = config.groups, config.network
-    modelled = NetworkConfig()  # the simulator's transport model: the real network replaces it
+    groups = config.groups
     refusals = [
         (
             config.protocol.iterative,
@@ -116,22 +115,6 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
             "a scale family (its curators replay the run's noise stream)",
         ),
         (per_release, "privacy.mechanism", config.privacy.mechanism, "one statistic per peer"),
-        (
-            config.network.loss > 0,
-            "network.loss",
-            config.network.loss,
-            "0 (a real network loses what it loses; simulated loss is not injected)",
-        ),
-        *(
-            (
-                getattr(network, key) != getattr(modelled, key),
-                f"network.{key}",
-                getattr(network, key),
-                f"only the default {json.dumps(getattr(modelled, key))} (its delays are the real "
-                "network's; a simulated transport model is not injected)",
-            )
-            for key in ("latency", "latency_mean", "latency_sigma", "bandwidth")
-        ),
     ]
     if config.privacy.secure_aggregation and config.privacy.min_shard_size is None:
         raise ConfigError(
