@@ -957,7 +957,8 @@ def _network_faults(rows: Sequence[dict[str, Any]], manifest: dict[str, Any]) ->
         f"**Faults on the network: {hosts} host process(es) lost and {frames:,} frames refused "
         f"or undeliverable, in {hit} of {len(rows)} cells** (columns `hosts_lost` and "
         "`messages_lost`; per kind in `wire.csv`). A lost host's peers took no further part "
-        "in that cell's run."
+        "in that cell's run, yet its error columns still score them (with every full "
+        "publication, or under group publication with their own model only)."
     )
 
 
