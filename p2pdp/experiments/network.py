@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from p2pdp.config import ScenarioConfig
+from p2pdp.config import ScenarioConfig, refuse_unread, settings_read, unread_settings
 from p2pdp.core.errors import ConfigError, NetworkRunError, P2PDPError
 from p2pdp.core.parallel import worker_signals
 from p2pdp.experiments.scenario import parse_toml
@@ -283,6 +283,12 @@ def check_network_settings(config: ScenarioConfig) -> None:
     from p2pdp.privacy.mechanisms import mechanism_class
 
     hosts_plan(config.partition.n_peers)
+    # the simulated transport model (network.*): the runtime reads none of it (NetworkWorld's
+    # reads), refused here too for a config built in Python (no scenario file checked it)
+    read = settings_read(config, "network")
+    refuse_unread(
+        [key for key in unread_settings(config, read) if key.startswith("network.")], config, read
+    )
     check_supported(
         config,
         scale_family=bool(
