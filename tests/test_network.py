@@ -550,7 +550,7 @@ def test_a_host_killed_mid_run_leaves_the_run_to_the_others(secure, monkeypatch)
     result = simulate(_config("group", secure=secure), runtime="network", observers=(fault,))
     wire = {row["kind"]: row["frames"] for row in result.wire}
     assert wire["hosts lost"] == result.row()["hosts_lost"] == 1
-    assert result.row()["messages_lost"] == wire["refused"]
+    assert result.row()["messages_lost"] <= wire["refused"]
     assert result.aggregations == len(fault.releases) > 2
     assert all(max(members) < 6 for members in fault.releases[2:])  # only host 0's peers
     _charged_only_for_releases(result, fault.releases)
@@ -560,8 +560,8 @@ def test_a_lost_host_and_lost_frames_are_in_the_row_and_the_reports_first_lines(
     tmp_path, monkeypatch
 ):
     """kill -9 of a host mid-run under full publication: the row says hosts_lost = 1 and
-    messages_lost = the frames refused or undeliverable (its peers' publications), as
-    wire.csv counts them; report.md says so under its title (it used to say nothing, and
+    messages_lost = the frames that could not be delivered (its peers' publications; among
+    wire.csv's refusals); report.md says so under its title (it used to say nothing, and
     the row messages_lost = 0)."""
     build = NetworkWorld.__init__
 
@@ -575,12 +575,12 @@ def test_a_lost_host_and_lost_frames_are_in_the_row_and_the_reports_first_lines(
     (row,) = csv.DictReader((out / "results.csv").open())
     wire = {r["kind"]: int(r["frames"]) for r in csv.DictReader((out / "wire.csv").open())}
     assert int(row["hosts_lost"]) == wire["hosts lost"] == 1
-    assert int(row["messages_lost"]) == wire["refused"] > 0
+    assert 0 < int(row["messages_lost"]) <= wire["refused"]  # its peers' publications
     head = (out / "report.md").read_text().splitlines()[:5]
     assert any(
         line.startswith(
-            f"**Faults on the network: 1 host process(es) lost and {wire['refused']:,} frames "
-            "refused or undeliverable, in 1 of 1 cells**"
+            f"**Faults on the network: 1 host process(es) lost and {row['messages_lost']} "
+            "frames lost (undeliverable, or past their group's timer), in 1 of 1 cells**"
         )
         for line in head
     ), head

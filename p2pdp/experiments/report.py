@@ -943,8 +943,8 @@ def _with_status(
 
 
 def _network_faults(rows: Sequence[dict[str, Any]], manifest: dict[str, Any]) -> str | None:
-    """A network run's lost host processes and lost or refused frames (columns ``hosts_lost``
-    and ``messages_lost``), or None if there were none (or the run was simulated: there a
+    """A network run's lost host processes and lost frames (columns ``hosts_lost`` and
+    ``messages_lost``), or None if there were none (or the run was simulated: there a
     lost message is the ``network.loss`` model's, a setting)."""
     if manifest.get("runtime") != "network":
         return None
@@ -954,9 +954,10 @@ def _network_faults(rows: Sequence[dict[str, Any]], manifest: dict[str, Any]) ->
     if not hit:
         return None
     return (
-        f"**Faults on the network: {hosts} host process(es) lost and {frames:,} frames refused "
-        f"or undeliverable, in {hit} of {len(rows)} cells** (columns `hosts_lost` and "
-        "`messages_lost`; per kind in `wire.csv`). A lost host's peers took no further part "
+        f"**Faults on the network: {hosts} host process(es) lost and {frames:,} frames lost "
+        f"(undeliverable, or past their group's timer), in {hit} of {len(rows)} cells** "
+        "(columns `hosts_lost` and `messages_lost`; `wire.csv` counts them with the frames "
+        "refused as outside the protocol). A lost host's peers took no further part "
         "in that cell's run, yet its error columns still score them (with every full "
         "publication, or under group publication with their own model only)."
     )

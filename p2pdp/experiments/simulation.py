@@ -66,8 +66,9 @@ class RunResult:
     for Poisson sampling. Epsilons of rows with different relations are not comparable.
     ``releases`` has one row per release (:mod:`p2pdp.privacy.release` records, plus cell time).
     ``messages_lost``: messages the transport model lost (or, for iterative protocols, that
-    came late); on the network runtime, frames refused or undeliverable as the parties that
-    reported counted them (see :mod:`p2pdp.net.coordinator`), with ``hosts_lost`` the host
+    came late); on the network runtime, the run's frames that were undeliverable or past their
+    group's timer, as the parties that reported counted them (see
+    :mod:`p2pdp.net.coordinator`), with ``hosts_lost`` the host
     processes lost during the run (their peers left it; 0 in simulation).
     ``affordable_aggregations`` is how many aggregations the ledger lets every peer join
     (the accountant's answer for the budget; with ``privacy.noise_multiplier``, the count

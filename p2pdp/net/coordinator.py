@@ -24,8 +24,9 @@ whose control connection closes before its final report (killed, crashed) is los
 one of its peers is aborted at once, its peers leave the pool, and the run goes on without them
 (their receipts and counts are lost with them: the ``wire`` table counts ``hosts lost``, the row
 ``hosts_lost``). A host that does not answer the final ``FINISH`` in time is killed and counted
-the same way. ``transport.messages_lost`` (the row's ``messages_lost``) counts the frames
-refused or undeliverable, as every party that reported counted them. A host that exits or
+the same way. ``transport.messages_lost`` (the row's ``messages_lost``) counts the run's frames
+that were undeliverable or reached a curator past its group's timer (:data:`LOST`), as every
+party that reported counted them. A host that exits or
 never connects while the hosts start fails the run (:class:`~p2pdp.core.errors.NetworkRunError`,
 naming the host and its command).
 
@@ -148,6 +149,11 @@ def _ended(host: int, process: Any) -> str:
     else:
         how = f"exited with status {code}"
     return f"{_name(host, process)} {how}"
+
+
+#: Refusal reasons (the ``wire`` table's) that are the run's own messages lost: a frame that
+#: could not be delivered, or that reached its curator past its group's timer.
+LOST = ("unreachable", "expired")
 
 
 @dataclass
@@ -718,8 +724,8 @@ class NetworkWorld:
                     for peer, group in stats["receipts"].tolist()
                     if group in position
                 )
-        # every frame refused or undeliverable, as the reporting parties counted them (a lost
-        # host's own counts are lost with it); a late release is not lost: it was charged
-        self.transport.messages_lost = sum(
-            count for reason, count in self.wire.refused.items() if reason != "late release"
-        )
+        # the protocol's frames that did not serve: undeliverable, or past their group's timer,
+        # as the reporting parties counted them (a lost host's own counts are lost with it);
+        # frames refused as outside the protocol (forged, malformed, strangers') are not
+        # messages of the run: the wire table counts them
+        self.transport.messages_lost = sum(self.wire.refused[r] for r in LOST)
