@@ -11,6 +11,8 @@ import dataclasses
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import ssl
 import struct
@@ -29,13 +31,16 @@ from p2pdp.config import (
     GroupsConfig,
     PartitionConfig,
     PrivacyConfig,
+    ProtocolConfig,
     PublicationConfig,
     ScenarioConfig,
 )
-from p2pdp.core.errors import ConfigError
+from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.disclosure import non_private_column
 from p2pdp.experiments.network import read_hosts_file
+from p2pdp.experiments.runner import run_experiment
+from p2pdp.experiments.scenario import load_scenario
 from p2pdp.experiments.simulation import simulate
 from p2pdp.net import coordinator, tls
 from p2pdp.net.coordinator import NetworkWorld
@@ -176,16 +181,113 @@ def test_the_cli_runs_a_seeded_scenario_on_the_network_and_says_it_is_not_privat
     )
 
 
+def test_a_network_folder_missing_its_wire_table_is_rebuilt_by_the_command_the_report_gives(
+    tmp_path, monkeypatch, capsys
+):
+    """The report's rebuild command repeats --runtime network and the hosts (it used to
+    omit them: that command was refused, or would have run the cell in the simulator); so
+    does the resume command of an interrupted run, hosts given by P2PDP_NETWORK_HOSTS."""
+    out = tmp_path / "out"
+    scenario = _tiny_scenario(tmp_path)
+    argv = ["run", str(scenario), "--out", str(out), "--runtime", "network"]
+    assert cli([*argv, "--hosts", "2"]) == 0
+    (out / "wire.csv").unlink()
+    capsys.readouterr()
+    assert cli(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    command = re.search(r"rebuild them with `([^`]*)`", err)[1]
+    assert command.endswith("--runtime network --hosts 2 --resume"), command
+    assert cli(shlex.split(command)[1:]) == 0  # without "p2pdp"
+    assert {r["kind"] for r in csv.DictReader((out / "wire.csv").open())} >= {"assign"}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt("SIGINT")
+
+    monkeypatch.setattr("p2pdp.experiments.runner.run_experiment", interrupted)
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
+    assert cli(argv) == 130
+    assert f"--out {out} --runtime network --hosts 3 --resume" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("setting", "value"),
     [
-        ("sampler", "gossip"),
-        ("max_concurrent_groups", 2),
+        ("groups.sampler", "gossip"),
+        ("groups.max_concurrent_groups", 2),
+        ("network.loss", 0.2),  # the simulator's transport model: not injected
+        ("network.latency", "lognormal"),
+        ("network.latency_mean", 0.5),
+        ("network.bandwidth", 1e6),
     ],
 )
 def test_settings_the_network_runtime_does_not_run_are_refused_by_name(setting, value):
-    with pytest.raises(ConfigError, match=f"groups.{setting} = .* not supported by the network"):
-        simulate(_config("group", **{setting: value}), runtime="network")
+    config = _config("group")
+    section, key = setting.split(".")
+    config = dataclasses.replace(
+        config, **{section: dataclasses.replace(getattr(config, section), **{key: value})}
+    )
+    why = "is read only with runtime = 'simulation'" if section == "network" else "not supported"
+    with pytest.raises(ConfigError, match=f"{setting} = .* {why}"):
+        simulate(config, runtime="network")
+
+
+def _iterative(name: str) -> ScenarioConfig:
+    return ScenarioConfig(
+        seed=11,
+        data=DataConfig(dataset="synthetic", synthetic_rows=360, synthetic_test_rows=120),
+        partition=PartitionConfig(n_peers=12),
+        privacy=PrivacyConfig(epsilon=1.0, delta=1e-5, mechanism="gaussian"),
+        protocol=ProtocolConfig(name=name, rounds=3),
+        evaluation=EvaluationConfig(split="fixed"),
+    )
+
+
+@pytest.mark.parametrize("name", ["dpsgd", "muffliato", "gossip-learning"])
+def test_an_iterative_protocol_is_refused_before_anything_runs(name, tmp_path):
+    """It used to run in the simulator while the manifest said "runtime": "network"."""
+    simulate(_iterative(name))  # the simulator runs it
+    message = f'protocol.name = "{name}" is not supported by the network runtime'
+    with pytest.raises(ConfigError, match=message):
+        simulate(_iterative(name), runtime="network")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        '[data]\ndataset = "synthetic"\n[privacy]\nmechanism = "gaussian"\ndelta = 1e-5\n'
+        f'[protocol]\nname = "{name}"\n'
+    )
+    with pytest.raises(ConfigError, match=message):
+        run_experiment(load_scenario(scenario), tmp_path / "out", runtime="network")
+    assert not (tmp_path / "out").exists()  # refused before the folder was touched
+
+
+@pytest.mark.parametrize(
+    ("hosts", "message"),
+    [
+        ("0", r"= '0': the number of network hosts must be an integer >= 1"),
+        ("-2", r"= '-2': the number of network hosts must be an integer >= 1"),
+        ("2.5", r"= '2.5': the number of network hosts must be an integer >= 1"),
+        ("13", r"= '13' gives 13 hosts for partition.n_peers = 12: at most one host per peer"),
+        ("FILE", r"hosts.toml gives 13 hosts for partition.n_peers = 12: at most one host"),
+    ],
+)
+def test_host_counts_are_validated_before_anything_runs(hosts, message, tmp_path, monkeypatch):
+    """P2PDP_NETWORK_HOSTS = 0 used to run one host, 13 hosts for 12 peers used to run 12."""
+    if hosts == "FILE":
+        hosts = tmp_path / "hosts.toml"
+        hosts.write_text('coordinator = "127.0.0.1"\n' + '[[host]]\naddress = "127.0.0.1"\n' * 13)
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    with pytest.raises(ConfigError, match=message):
+        simulate(_config("group"), runtime="network")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('[data]\ndataset = "synthetic"\n[partition]\nn_peers = 12\n')
+    with pytest.raises(ConfigError, match=message):
+        run_experiment(load_scenario(scenario), tmp_path / "out", runtime="network")
+    assert not (tmp_path / "out").exists()
+
+
+def test_jobs_are_refused_by_the_network_runtime(tmp_path, capsys):
+    assert cli(["run", "quickstart", "--out", str(tmp_path), "--runtime", "network",
+                "--jobs", "2"]) == 2  # fmt: skip
+    assert "--jobs 2 is not used by the network runtime" in capsys.readouterr().err
 
 
 def test_hosts_started_by_a_hosts_files_commands_give_the_simulators_rows(tmp_path, monkeypatch):
@@ -217,7 +319,7 @@ def test_a_host_command_that_never_connects_is_named_and_killed_with_its_childre
     )
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
     with pytest.raises(
-        RuntimeError, match=r"never connected: host 1 \(sh -c 'sleep 61.25; true'\)"
+        NetworkRunError, match=r"never connected: (.*\), )?host 1 \(sh -c 'sleep 61.25; true'\)"
     ):
         simulate(_config("group"), runtime="network")
     left = subprocess.run(["pgrep", "-f", "sleep 61.25"], capture_output=True, text=True)
@@ -232,11 +334,81 @@ def test_a_host_that_cannot_reach_the_coordinator_says_where_it_looked(
         'coordinator = "127.0.0.2"\nbind = "127.0.0.1"\n[[host]]\naddress = "127.0.0.1"\n'
     )
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
-    with pytest.raises(RuntimeError, match=r"host processes \[0\] exited.*addresses are right"):
+    with pytest.raises(NetworkRunError, match=r"host 0 \(.*\) exited with status 1.*addresses"):
         simulate(_config("group"), runtime="network")
     err = capfd.readouterr().err
     assert "p2pdp host 0: cannot reach the coordinator at 127.0.0.2:" in err
     assert "Traceback" not in err
+
+
+def _tiny_scenario(tmp_path, publication="group"):
+    """A scenario file of ``_config``'s settings (12 peers, g = 3, 4 aggregations each)."""
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(
+        'name = "tiny"\nseed = 11\n[data]\ndataset = "synthetic"\nsynthetic_rows = 360\n'
+        "synthetic_test_rows = 120\n[partition]\nn_peers = 12\n[groups]\ngroup_size = 3\n"
+        "[privacy]\nepsilon = 1.0\nepsilon_per_aggregation = 0.25\n[publication]\n"
+        f'mode = "{publication}"\n[evaluation]\nsplit = "fixed"\n'
+    )
+    return scenario
+
+
+def _one_error_line(capfd, expected):
+    """What the CLI printed: the error in one line naming ``expected``, and no traceback."""
+    err = capfd.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("p2pdp: error:")]
+    assert re.search(expected, line), line
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ('command = ["false"]', r"host 1 \(false\) exited with status 1 while waiting for every"),
+        ('command = ["/no/such/p2pdp-host"]', r"host 1 \(/no/such/p2pdp-host\) cannot start: "),
+        ('address = "192.0.2.1"', r"host 1 \(.*-m p2pdp.experiments.network\) exited with st"),
+    ],
+)
+def test_a_host_that_cannot_start_fails_the_run_in_one_line(tmp_path, capfd, entry, expected):
+    """A bad command, a command that is not there, an address the host cannot listen on
+    (TEST-NET-1: no interface has it): one line naming the host and its command."""
+    second = entry if entry.startswith("address") else f'address = "127.0.0.1"\n{entry}'
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\nbind = "127.0.0.1"\n[[host]]\naddress = "127.0.0.1"\n'
+        f"[[host]]\n{second}\n"
+    )
+    out = tmp_path / "out"
+    argv = ["run", str(_tiny_scenario(tmp_path)), "--out", str(out), "--runtime", "network"]
+    assert cli([*argv, "--hosts", str(hosts)]) == 2
+    err = _one_error_line(capfd, expected)
+    if entry.startswith("address"):
+        assert "p2pdp host 1: cannot listen on 192.0.2.1" in err  # the host's own line
+    assert json.loads((out / "manifest.json").read_text())["status"] == "failed"
+
+
+def test_a_host_killed_while_it_starts_fails_the_run_in_one_line(tmp_path, monkeypatch, capfd):
+    """kill -9 of a host process before it connected: the run fails at once, one line."""
+    build = NetworkWorld.__init__
+
+    def killing(world, *args, launch, **kwargs):
+        def launched(host, port):
+            process = launch(host, port)
+            if host == 1:
+                os.kill(process.pid, signal.SIGKILL)
+            return process
+
+        build(world, *args, launch=launched, **kwargs)
+
+    monkeypatch.setattr(NetworkWorld, "__init__", killing)
+    argv = ["run", str(_tiny_scenario(tmp_path)), "--out", str(tmp_path / "out")]
+    assert cli([*argv, "--runtime", "network", "--hosts", "2"]) == 2
+    _one_error_line(
+        capfd,
+        r"host 1 \(spawned from this Python process\) was killed by SIGKILL while waiting "
+        "for every host to start",
+    )
 
 
 @pytest.mark.parametrize(
@@ -282,13 +454,6 @@ def test_seeded_noise_is_refused_by_the_simulator_where_it_would_change_nothing(
         simulate(_seeded(_config("group")))
 
 
-def test_simulated_message_loss_is_refused_not_ignored():
-    config = _config("group")
-    lossy = dataclasses.replace(config, network=dataclasses.replace(config.network, loss=0.2))
-    with pytest.raises(ConfigError, match="network.loss = 0.2 is not supported"):
-        simulate(lossy, runtime="network")
-
-
 def _coordinator(*, launch, dim=2):
     """A coordinator of 12 peers on 2 hosts started by ``launch``, outside any run."""
     return NetworkWorld(
@@ -319,7 +484,7 @@ def test_a_host_that_dies_at_start_fails_the_run_at_once():
 
     world = _coordinator(launch=lambda host, port: Dead())
     start = time.perf_counter()
-    with pytest.raises(RuntimeError, match=r"host processes \[0, 1\] exited.*__main__"):
+    with pytest.raises(NetworkRunError, match=r"host 0 exited; host 1 exited while.*__main__"):
         world.run()
     assert time.perf_counter() - start < 5
 
@@ -383,11 +548,42 @@ def test_a_host_killed_mid_run_leaves_the_run_to_the_others(secure, monkeypatch)
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
     fault = _Fault(at=2, signal=signal.SIGKILL)
     result = simulate(_config("group", secure=secure), runtime="network", observers=(fault,))
-    lost = {row["kind"]: row["frames"] for row in result.wire}["hosts lost"]
-    assert lost == 1
+    wire = {row["kind"]: row["frames"] for row in result.wire}
+    assert wire["hosts lost"] == result.row()["hosts_lost"] == 1
+    assert result.row()["messages_lost"] <= wire["refused"]
     assert result.aggregations == len(fault.releases) > 2
     assert all(max(members) < 6 for members in fault.releases[2:])  # only host 0's peers
     _charged_only_for_releases(result, fault.releases)
+
+
+def test_a_lost_host_and_lost_frames_are_in_the_row_and_the_reports_first_lines(
+    tmp_path, monkeypatch
+):
+    """kill -9 of a host mid-run under full publication: the row says hosts_lost = 1 and
+    messages_lost = the frames that could not be delivered (its peers' publications; among
+    wire.csv's refusals); report.md says so under its title (it used to say nothing, and
+    the row messages_lost = 0)."""
+    build = NetworkWorld.__init__
+
+    def faulty(world, *args, observers=(), **kwargs):
+        build(world, *args, observers=(*observers, _Fault(2, signal.SIGKILL)), **kwargs)
+
+    monkeypatch.setattr(NetworkWorld, "__init__", faulty)
+    out = tmp_path / "out"
+    argv = ["run", str(_tiny_scenario(tmp_path, "full")), "--out", str(out)]
+    assert cli([*argv, "--runtime", "network", "--hosts", "2"]) == 0
+    (row,) = csv.DictReader((out / "results.csv").open())
+    wire = {r["kind"]: int(r["frames"]) for r in csv.DictReader((out / "wire.csv").open())}
+    assert int(row["hosts_lost"]) == wire["hosts lost"] == 1
+    assert 0 < int(row["messages_lost"]) <= wire["refused"]  # its peers' publications
+    head = (out / "report.md").read_text().splitlines()[:5]
+    assert any(
+        line.startswith(
+            f"**Faults on the network: 1 host process(es) lost and {row['messages_lost']} "
+            "frames lost (undeliverable, or past their group's timer), in 1 of 1 cells**"
+        )
+        for line in head
+    ), head
 
 
 @pytest.mark.parametrize("secure", [False, True])
@@ -702,14 +898,18 @@ def test_a_public_minimum_shard_size_sets_every_groups_sensitivity():
 
 
 def test_a_host_keeps_sending_when_a_receiver_is_gone():
-    """A connection that fails while draining (its host finished and closed, say) costs its
-    frames, not the host's sender: later frames are still written and a flush returns."""
+    """A connection that fails while draining (its host finished and closed, say), or that
+    is known closed already (its host was killed), costs its frames, counted, not the
+    host's sender: later frames are still written and a flush returns."""
 
     class Gone:  # a connection whose other end has closed, with a frame still to send
         class transport:
             @staticmethod
             def get_write_buffer_size():
                 return 1
+
+        def is_closing(self):  # not known to be closed yet: the drain finds out
+            return False
 
         def write(self, data):
             pass
@@ -720,11 +920,18 @@ def test_a_host_keeps_sending_when_a_receiver_is_gone():
         def close(self):
             pass
 
+    class Closed(Gone):  # its other end closed and asyncio knows: a write would vanish
+        def is_closing(self):
+            return True
+
+        def write(self, data):
+            raise AssertionError("written to a closed connection, dropped without a count")
+
     async def go():
         host = _host([])
         host._sending = asyncio.ensure_future(host._sender())
-        host._writers = {1: Gone(), 2: Gone()}
-        host.send_frame("publish", 0, [1, 2], b"frame")
+        host._writers = {1: Gone(), 2: Gone(), 3: Closed()}
+        host.send_frame("publish", 0, [1, 2, 3], b"frame")
         await asyncio.wait_for(host.flush(), 5)
         host._writers[1] = Gone()
         host.send_frame("publish", 0, [1], b"frame")
@@ -733,8 +940,9 @@ def test_a_host_keeps_sending_when_a_receiver_is_gone():
         return host
 
     host = asyncio.run(go())
-    assert host.counters.refused["unreachable"] == 3
-    assert host.counters.wire["publish"] == 3  # counted as sent, as the simulator counts them
+    assert host.counters.refused["unreachable"] == 4
+    assert 3 not in host._writers  # the next frame to peer 3 connects afresh
+    assert host.counters.wire["publish"] == 4  # counted as sent, as the simulator counts them
 
 
 # -- secure aggregation between the peers of one host, frames routed by hand -----------------

@@ -153,8 +153,8 @@ def test_readme_run_commands_run_on_tiny_settings(real_data_home, tmp_path, caps
         tiny = [
             "--out",
             str(tmp_path / str(index)),
-            "--jobs",
-            "1",
+            # the network runtime refuses --jobs: its host processes use the cores
+            *(["--jobs", "1"] if args.runtime != "network" else ["--hosts", "2"]),
             "--set",
             "evaluation.folds=[0]",
             *(

@@ -29,6 +29,11 @@ class ComponentError(P2PDPError):
     """
 
 
+class NetworkRunError(P2PDPError, RuntimeError):
+    """A run of the network runtime cannot go on: a host process exited or never connected
+    while it started. The message names each host and the command that started it."""
+
+
 class BudgetExhaustedError(P2PDPError):
     """A peer was asked to spend more privacy budget than it has left."""
 

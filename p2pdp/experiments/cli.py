@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -193,10 +192,11 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--hosts",
-        metavar="FILE",
-        help="with --runtime network: a hosts file saying where the host processes run and "
-        "how to start them (e.g. over ssh; see the network guide); default: this machine, "
-        "one per core",
+        metavar="N|FILE",
+        help="with --runtime network: how many host processes run on this machine (an "
+        "integer, at most partition.n_peers), or a hosts file saying where they run and how "
+        "to start them (e.g. over ssh; see the network guide); default: this machine, one "
+        "per core (P2PDP_NETWORK_HOSTS)",
     )
     parser.add_argument(
         "--resume", action="store_true", help="finish an interrupted run of the same scenario"
@@ -222,12 +222,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     hosts: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if args.hosts is not None:
-        from p2pdp.experiments.network import read_hosts_file
-
         if args.runtime != "network":
             raise ConfigError("--hosts needs --runtime network")
-        read_hosts_file(args.hosts)  # refused now, naming what is wrong, or used by each cell
-        hosts = _environment("P2PDP_NETWORK_HOSTS", os.path.abspath(args.hosts))
+        # checked with each grid point's peer count before anything runs
+        hosts = _environment("P2PDP_NETWORK_HOSTS", args.hosts)
     for warning in mechanism_warnings(point.config for point in scenario.points):
         print(f"p2pdp: warning: {warning}", file=sys.stderr)
     out = args.out or default_out_dir(scenario)
@@ -244,13 +242,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 runtime=args.runtime,
             )
         except KeyboardInterrupt as exc:
+            from p2pdp.experiments.network import hosts_flag
+            from p2pdp.experiments.results import resume_command
+
             name, code = _signal_of(exc)
-            again = shlex.join(
-                ["p2pdp", "run", args.scenario, "--out", str(out)]
-                + [word for override in args.overrides for word in ("--set", override)]
-                + (["--runtime", args.runtime] if args.runtime != "simulation" else [])
-                + (["--hosts", args.hosts] if args.hosts else [])
-                + ["--resume"]
+            network = args.runtime == "network"
+            again = resume_command(
+                out,
+                {
+                    "scenario_source": args.scenario,
+                    "overrides": args.overrides,
+                    "runtime": args.runtime,
+                    "hosts": hosts_flag() if network else None,  # --hosts, or the environment
+                },
             )
             print(
                 f"\np2pdp: interrupted by {name}; workers stopped, finished cells kept in "

@@ -6,8 +6,9 @@ does (every peer's data and local model: a simulation shortcut), keeps only its 
 statistics, and serves them
 (:func:`p2pdp.net.host.serve`). Peers are split evenly, in id order, over the host processes.
 
-Where the hosts run is ``P2PDP_NETWORK_HOSTS``: unset, one per CPU core on this machine; a
-number, that many on this machine (``spawn``); the path of a hosts file
+Where the hosts run is ``P2PDP_NETWORK_HOSTS`` (the CLI's ``--hosts``, checked by
+:func:`hosts_plan`): unset, one per CPU core on this machine; a number, that many on this
+machine (``spawn``; an integer from 1 to the number of peers); the path of a hosts file
 (:func:`read_hosts_file`), one per entry, each started by the entry's command (e.g. over
 ``ssh`` on another machine), which reads its launch bundle (:func:`host_from_stdin`) on its
 standard input.
@@ -31,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from p2pdp.config import ScenarioConfig
-from p2pdp.core.errors import ConfigError
+from p2pdp.config import ScenarioConfig, refuse_unread, settings_read, unread_settings
+from p2pdp.core.errors import ConfigError, NetworkRunError, P2PDPError
 from p2pdp.core.parallel import worker_signals
 from p2pdp.experiments.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
@@ -47,6 +48,8 @@ __all__ = [
     "check_network_settings",
     "host_from_stdin",
     "host_main",
+    "hosts_flag",
+    "hosts_plan",
     "network_hosts",
     "network_world",
     "read_hosts_file",
@@ -156,14 +159,62 @@ def _hosts_setting() -> str:
     return os.environ.get("P2PDP_NETWORK_HOSTS", "").strip()
 
 
-def network_hosts(n_peers: int) -> int:
-    """Host processes for a run of ``n_peers`` peers: one per CPU core, at most one per peer
-    (``P2PDP_NETWORK_HOSTS``, a number, overrides; a hosts file gives one per entry)."""
+def _is_number(setting: str) -> bool:
+    try:
+        float(setting)
+    except ValueError:
+        return False
+    return True
+
+
+def hosts_flag() -> str | None:
+    """The ``--hosts`` value that repeats this process's hosts (``P2PDP_NETWORK_HOSTS``): a
+    count, or a hosts file's absolute path; None for the default (one per core)."""
     setting = _hosts_setting()
-    if setting and not setting.isdigit():
-        return len(read_hosts_file(setting).addresses)
-    wanted = int(setting) if setting else os.cpu_count() or 1
-    return max(1, min(wanted, n_peers))
+    if not setting or _is_number(setting):
+        return setting or None
+    return os.path.abspath(setting)
+
+
+def hosts_plan(n_peers: int) -> tuple[int, HostsFile | None]:
+    """How many host processes a run of ``n_peers`` peers has, and the hosts file saying
+    where they run (None: on this machine).
+
+    ``P2PDP_NETWORK_HOSTS`` (the CLI's ``--hosts``) unset: one per CPU core, at most one per
+    peer; a number (anything ``float`` reads): that many, an integer in ``[1, n_peers]``; else
+    the path of a hosts file (:func:`read_hosts_file`), one per entry, at most ``n_peers``.
+
+    Raises
+    ------
+    ConfigError
+        Naming the setting and its value: not an integer >= 1, more hosts than peers, or a
+        hosts file that cannot be read or is malformed.
+    """
+    setting = _hosts_setting()
+    if not setting:
+        return max(1, min(os.cpu_count() or 1, n_peers)), None
+    plan, source = None, f"--hosts (P2PDP_NETWORK_HOSTS) = {setting!r}"
+    if _is_number(setting):
+        count = int(setting) if setting.lstrip("+-").isdigit() else 0
+        if count < 1:
+            raise ConfigError(
+                f"{source}: the number of network hosts must be an integer >= 1 (or give the "
+                "path of a hosts file)"
+            )
+    else:
+        plan, source = read_hosts_file(setting), f"the hosts file {setting}"
+        count = len(plan.addresses)
+    if count > n_peers:
+        raise ConfigError(
+            f"{source} gives {count} hosts for partition.n_peers = {n_peers}: at most one "
+            "host per peer"
+        )
+    return count, plan
+
+
+def network_hosts(n_peers: int) -> int:
+    """Host processes for a run of ``n_peers`` peers (:func:`hosts_plan`)."""
+    return hosts_plan(n_peers)[0]
 
 
 class _Command:
@@ -173,7 +224,10 @@ class _Command:
 
     def __init__(self, host: int, command: Sequence[str], bundle: bytes) -> None:
         self.name = f"host {host} ({shlex.join(command)})"
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+        try:
+            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+        except OSError as error:
+            raise NetworkRunError(f"network runtime: {self.name} cannot start: {error}") from None
         self.pid = self.process.pid
         assert self.process.stdin is not None
         try:
@@ -190,6 +244,11 @@ class _Command:
 
     def is_alive(self) -> bool:
         return self.process.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while it runs; its exit status, or ``-signal`` if a signal killed it."""
+        return self.process.poll()
 
     def kill(self) -> None:
         try:
@@ -218,10 +277,18 @@ def _settings(config: ScenarioConfig, hosts: int, allowed: tuple[str, ...] = ())
 
 
 def check_network_settings(config: ScenarioConfig) -> None:
-    """ConfigError naming a setting of ``config`` the network runtime does not run (before
-    anything starts: the runner checks every grid point first)."""
+    """ConfigError naming a setting of ``config`` the network runtime does not run, or a host
+    count it cannot have (:func:`hosts_plan`), before anything starts (the runner checks every
+    grid point first, :func:`~p2pdp.experiments.simulation.simulate` its config)."""
     from p2pdp.privacy.mechanisms import mechanism_class
 
+    hosts_plan(config.partition.n_peers)
+    # the simulated transport model (network.*): the runtime reads none of it (NetworkWorld's
+    # reads), refused here too for a config built in Python (no scenario file checked it)
+    read = settings_read(config, "network")
+    refuse_unread(
+        [key for key in unread_settings(config, read) if key.startswith("network.")], config, read
+    )
     check_supported(
         config,
         scale_family=bool(
@@ -248,11 +315,7 @@ def network_world(
         per_release=statistics.ndim == 3,
     )  # the mechanism as built (a plug-in's from_config may differ from its class)
     n_peers = config.partition.n_peers
-    setting = _hosts_setting()
-    plan = read_hosts_file(setting) if setting and not setting.isdigit() else None
-    hosts = len(plan.addresses) if plan else network_hosts(n_peers)
-    if hosts > n_peers:
-        raise ConfigError(f"the hosts file {setting} lists {hosts} hosts for {n_peers} peers")
+    hosts, plan = hosts_plan(n_peers)
     context = multiprocessing.get_context("spawn")
     credentials = RunCredentials.generate(hosts)
 
@@ -267,7 +330,7 @@ def network_world(
         process = context.Process(
             target=host_main,
             args=(config, fold, repetition, host, hosts, port, credential),
-            name=f"p2pdp-host-{host}",
+            name=f"host {host} (spawned from this Python process)",
             daemon=True,
         )
         process.start()
@@ -331,7 +394,7 @@ def host_main(
                 address=address,
             )
         )
-    except HostError as error:  # one line, not a traceback: it names what to fix
+    except (HostError, P2PDPError) as error:  # one line, not a traceback: it names what to fix
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
         sys.exit(1)
 

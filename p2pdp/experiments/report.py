@@ -237,7 +237,7 @@ def _write_report(directory: Path) -> Path:
         report = directory / REPORT_FILE
         figures = _task_figures(rows, directory)
         text = _task_markdown(rows, manifest, settings, swept, figures)
-        write_atomic(report, _with_status(text, directory, manifest, len(rows)))
+        write_atomic(report, _with_status(text, directory, manifest, rows))
         return report
     summaries = _summarise(rows, swept, read_roc(directory))
     protocols = _protocol_comparison(directory, rows, swept)
@@ -296,7 +296,7 @@ def _write_report(directory: Path) -> Path:
 
     report = directory / REPORT_FILE
     text = _markdown(rows, manifest, settings, swept, summaries, figures) + protocols.text
-    write_atomic(report, _with_status(text, directory, manifest, len(rows)))
+    write_atomic(report, _with_status(text, directory, manifest, rows))
     for stem, _, skipped, _, _ in specs:
         if skipped:
             (directory / f"{stem}.png").unlink(missing_ok=True)
@@ -918,22 +918,50 @@ def _caption(
     )
 
 
-def _with_status(text: str, directory: Path, manifest: dict[str, Any], n_rows: int) -> str:
-    """``text`` with, under its title, a warning if the run did not finish every cell."""
-    total = manifest.get("cells")
-    if not manifest or (manifest.get("status") == "complete" and n_rows == total):
+def _with_status(
+    text: str, directory: Path, manifest: dict[str, Any], rows: Sequence[dict[str, Any]]
+) -> str:
+    """``text`` with, under its title, a warning if the run did not finish every cell, and
+    one if hosts or frames were lost on the network (:func:`_network_faults`)."""
+    warnings = [] if (faults := _network_faults(rows, manifest)) is None else [faults]
+    total, n_rows = manifest.get("cells"), len(rows)
+    if manifest and not (manifest.get("status") == "complete" and n_rows == total):
+        status = manifest.get("status", "unknown")
+        missing = f"{total - n_rows} of {total} cells missing" if total else "cells may be missing"
+        why = f" ({manifest['error']})" if manifest.get("error") else ""
+        if status == "complete":  # every cell ran, but a row is gone (a crash, a full disk)
+            status = "incomplete: its manifest says complete, but results.csv lacks rows"
+        warnings.insert(
+            0,
+            f"**Incomplete results: {missing}; the run is {status}{why}.** Every number below "
+            f"is over the {n_rows} cells done. Finish it with "
+            f"`{resume_command(directory, manifest)}`.",
+        )
+    if not warnings:
         return text
-    status = manifest.get("status", "unknown")
-    missing = f"{total - n_rows} of {total} cells missing" if total else "cells may be missing"
-    why = f" ({manifest['error']})" if manifest.get("error") else ""
-    if status == "complete":  # every cell ran, but a row is gone (cut by a crash or a full disk)
-        status = "incomplete: its manifest says complete, but results.csv lacks rows"
-    warning = (
-        f"**Incomplete results: {missing}; the run is {status}{why}.** Every number below is "
-        f"over the {n_rows} cells done. Finish it with `{resume_command(directory, manifest)}`."
-    )
     title, _, rest = text.partition("\n\n")
-    return f"{title}\n\n{warning}\n\n{rest}"
+    return "\n\n".join([title, *warnings, rest])
+
+
+def _network_faults(rows: Sequence[dict[str, Any]], manifest: dict[str, Any]) -> str | None:
+    """A network run's lost host processes and lost frames (columns ``hosts_lost`` and
+    ``messages_lost``), or None if there were none (or the run was simulated: there a
+    lost message is the ``network.loss`` model's, a setting)."""
+    if manifest.get("runtime") != "network":
+        return None
+    hosts = sum(int(row.get("hosts_lost") or 0) for row in rows)
+    frames = sum(int(row.get("messages_lost") or 0) for row in rows)
+    hit = sum(1 for row in rows if row.get("hosts_lost") or row.get("messages_lost"))
+    if not hit:
+        return None
+    return (
+        f"**Faults on the network: {hosts} host process(es) lost and {frames:,} frames lost "
+        f"(undeliverable, or past their group's timer), in {hit} of {len(rows)} cells** "
+        "(columns `hosts_lost` and `messages_lost`; `wire.csv` counts them with the frames "
+        "refused as outside the protocol). A lost host's peers took no further part "
+        "in that cell's run, yet its error columns still score them (with every full "
+        "publication, or under group publication with their own model only)."
+    )
 
 
 def _markdown(

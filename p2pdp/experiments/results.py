@@ -20,7 +20,8 @@
     The scenario (text, source, ``--set`` overrides, hash), the grid's cell ids, what the
     cells depend on (``inputs``: p2pdp's version and the data files' sha256, see
     :func:`run_inputs`), library versions, git commit, the extra tables, and every session
-    (start, end, backend, cells run, pid, host); ``status`` is ``running``, ``complete``,
+    (start, end, backend, cells run, pid, host), the ``runtime`` and, for a network run, its
+    ``hosts`` (``--hosts``); ``status`` is ``running``, ``complete``,
     ``failed`` or ``interrupted`` (then ``error`` says why). Replaced atomically (write a
     temporary file, then :func:`os.replace`).
 ``.p2pdp.lock``, ``.p2pdp.lock.json``
@@ -272,6 +273,7 @@ class ResultsStore:
         force: bool = False,
         cell_ids: Sequence[str] | None = None,
         runtime: str = "simulation",
+        hosts: str | None = None,
     ) -> ResultsStore:
         """Lock ``directory``, check it against ``scenario``, then create or reopen the store.
 
@@ -285,7 +287,8 @@ class ResultsStore:
         ``cell_ids``, or the folder's cells ran on another ``runtime`` (``simulation`` or
         ``network``: their rows must not mix); a cell whose rows in ``roc.csv`` or an extra
         table are missing (a file deleted or cut) is not done: its rows are dropped and it
-        runs again.
+        runs again. ``hosts`` (a network run's ``--hosts``, if given) is recorded for
+        :func:`resume_command`.
 
         Raises
         ------
@@ -334,10 +337,10 @@ class ResultsStore:
             if existing is not None:
                 before = existing.get("runtime", "simulation")
                 if before != runtime:
-                    flag = "" if before == "simulation" else f" --runtime {before}"
                     raise ConfigError(
                         f"--out {directory} holds cells run on the {before} runtime; resume "
-                        f"them on the same one (--resume{flag}), or --force to discard them"
+                        f"them on the same one (`{resume_command(directory, existing)}`), or "
+                        "--force to discard them"
                     )
                 _check_inputs(directory, existing, inputs)
                 done = repair(directory)
@@ -354,6 +357,8 @@ class ResultsStore:
                 manifest = _new_manifest(scenario, n_cells, cell_ids, inputs)
                 manifest["runtime"] = runtime
                 manifest["sessions"] = [session]
+            if runtime == "network":
+                manifest["hosts"] = hosts
             manifest["status"] = "running"
             manifest.pop("error", None)
             store = cls(directory, manifest, done, lock, resumed=existing is not None)
@@ -852,10 +857,16 @@ def _version(package: str) -> str | None:
 
 
 def resume_command(directory: str | Path, manifest: dict[str, Any]) -> str:
-    """The command that finishes the run of ``manifest`` in ``directory``."""
+    """The command that finishes the run of ``manifest`` in ``directory``: its scenario,
+    ``--set`` overrides, and for a network run ``--runtime network`` and its ``--hosts``."""
     words = ["p2pdp", "run", str(manifest.get("scenario_source", "SCENARIO"))]
     words += ["--out", str(directory)]
     words += [word for override in manifest.get("overrides", []) for word in ("--set", override)]
+    runtime = manifest.get("runtime", "simulation")
+    if runtime != "simulation":
+        words += ["--runtime", runtime]
+    if manifest.get("hosts"):
+        words += ["--hosts", str(manifest["hosts"])]
     return shlex.join([*words, "--resume"])
 
 

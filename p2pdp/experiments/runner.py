@@ -46,7 +46,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, worker_signals
 from p2pdp.core.validation import OneOf
 from p2pdp.experiments.disclosure import non_private_column
-from p2pdp.experiments.network import check_network_settings, network_hosts
+from p2pdp.experiments.network import check_network_settings, hosts_flag, network_hosts
 from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.experiments.scenario import Scenario
 from p2pdp.experiments.simulation import RUNTIMES, check_budget, current_phase, simulate
@@ -248,8 +248,9 @@ def run_experiment(
         :data:`PROGRESS_INTERVAL_S` seconds; None is silent.
     runtime : "simulation" or "network"
         ``network``: every cell runs its peers as OS processes over TCP on this machine
-        (:mod:`p2pdp.net`), one cell at a time (its host processes use the cores; ``jobs``
-        is then unused); not with ``scheduler``.
+        (:mod:`p2pdp.net`), one cell at a time (its host processes use the cores, as many
+        as ``P2PDP_NETWORK_HOSTS`` says: :func:`p2pdp.experiments.network.hosts_plan`); not
+        with ``jobs`` or ``scheduler``.
 
     Raises
     ------
@@ -263,6 +264,11 @@ def run_experiment(
         raise ConfigError(
             "--runtime network runs the peers as processes on this machine; it does not "
             f"take --scheduler (got {scheduler!r})"
+        )
+    if runtime == "network" and jobs is not None:
+        raise ConfigError(
+            f"--jobs {jobs} is not used by the network runtime: each cell's host processes "
+            "use the cores (set how many with --hosts N)"
         )
     for point in scenario.points:  # refuse what cannot run before touching the folder
         check_budget(point.config)
@@ -286,6 +292,7 @@ def run_experiment(
             resume=resume,
             force=force,
             runtime=runtime,
+            hosts=hosts_flag() if runtime == "network" else None,
         ) as store:
             previous = store.lock.previous
             if previous and progress is not None:

@@ -65,6 +65,11 @@ class RunResult:
     ``"replace-one"`` for the one-shot mechanisms and full or fixed sampling, ``"add-remove"``
     for Poisson sampling. Epsilons of rows with different relations are not comparable.
     ``releases`` has one row per release (:mod:`p2pdp.privacy.release` records, plus cell time).
+    ``messages_lost``: messages the transport model lost (or, for iterative protocols, that
+    came late); on the network runtime, the run's frames that were undeliverable or past their
+    group's timer, as the parties that reported counted them (see
+    :mod:`p2pdp.net.coordinator`), with ``hosts_lost`` the host
+    processes lost during the run (their peers left it; 0 in simulation).
     ``affordable_aggregations`` is how many aggregations the ledger lets every peer join
     (the accountant's answer for the budget; with ``privacy.noise_multiplier``, the count
     that noise buys).
@@ -106,6 +111,7 @@ class RunResult:
     network_dp: list[dict[str, Any]] = field(default_factory=list)
     wire: list[dict[str, Any]] = field(default_factory=list)
     runtime: str = "simulation"
+    hosts_lost: int = 0
 
     def row(self) -> dict[str, Any]:
         """Flat results row: every config setting (empty where the run read none), the
@@ -124,6 +130,7 @@ class RunResult:
             messages_sent=self.messages_sent,
             bytes_sent=self.bytes_sent,
             messages_lost=self.messages_lost,
+            hosts_lost=self.hosts_lost,
             stop_reason=self.stop_reason,
             data_dependent_bounds=self.data_dependent_bounds,
             guaranteed_epsilon_per_aggregation=self.guarantee_per_aggregation[0],
@@ -305,6 +312,10 @@ def simulate(
     IntAtLeast(0).check("repetition", repetition)
     if config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds:
         raise ConfigError(f"fold must be in [0, {config.evaluation.cv_folds}), got {fold}")
+    if runtime == "network":  # before anything runs (an iterative protocol included)
+        from p2pdp.experiments.network import check_network_settings
+
+        check_network_settings(config)
     if track_memory:
         tracemalloc.start()
     task = make_task(config)
@@ -405,6 +416,7 @@ def simulate(
         affordable_aggregations=int(world.ledger.max_aggregations),
         wire=getattr(world, "wire_rows", list)(),
         runtime=runtime,
+        hosts_lost=len(getattr(world, "lost_hosts", ())),
     )
 
 

@@ -22,8 +22,13 @@ logged as an error: an aborted group's members keep one charge held back for it,
 group's curator draws the noise of its own index (the group id), never another's. A host process
 whose control connection closes before its final report (killed, crashed) is lost: a group with
 one of its peers is aborted at once, its peers leave the pool, and the run goes on without them
-(their receipts and counts are lost with them: the ``wire`` table counts ``hosts lost``). A host
-that does not answer the final ``FINISH`` in time is killed and counted the same way.
+(their receipts and counts are lost with them: the ``wire`` table counts ``hosts lost``, the row
+``hosts_lost``). A host that does not answer the final ``FINISH`` in time is killed and counted
+the same way. ``transport.messages_lost`` (the row's ``messages_lost``) counts the run's frames
+that were undeliverable or reached a curator past its group's timer (:data:`LOST`), as every
+party that reported counted them. A host that exits or
+never connects while the hosts start fails the run (:class:`~p2pdp.core.errors.NetworkRunError`,
+naming the host and its command).
 
 What the coordinator sees: the groups it formed, the released models and their public records
 (sensitivity, noise scale; ``noise_norm`` is analysis-only, as in the simulator). It never sees
@@ -37,6 +42,7 @@ import dataclasses
 import json
 import logging
 import math
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -46,7 +52,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from p2pdp.config import ScenarioConfig
-from p2pdp.core.errors import ConfigError
+from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.core.rng import Uniforms
 from p2pdp.net.host import DIRECTORY, DONE, FINISH, HELLO, STATS, HostSettings, hosts_of
 from p2pdp.net.tls import COORDINATOR, RunCredentials, host_name, identity, listen
@@ -84,6 +90,12 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
     """ConfigError naming the first setting the network runtime does not run yet."""
     groups = config.groups
     refusals = [
+        (
+            config.protocol.iterative,
+            "protocol.name",
+            config.protocol.name,
+            "'one-shot' (iterative protocols run only in simulation)",
+        ),
         (groups.sampler != "central", "groups.sampler", groups.sampler, "'central'"),
         (
             groups.max_concurrent_groups != 1,
@@ -104,12 +116,6 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
             "a scale family (its curators replay the run's noise stream)",
         ),
         (per_release, "privacy.mechanism", config.privacy.mechanism, "one statistic per peer"),
-        (
-            config.network.loss > 0,
-            "network.loss",
-            config.network.loss,
-            "0 (a real network loses what it loses; simulated loss is not injected)",
-        ),
     ]
     if config.privacy.secure_aggregation and config.privacy.min_shard_size is None:
         raise ConfigError(
@@ -123,6 +129,31 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
                 f"{key} = {json.dumps(value)} is not supported by the network runtime yet; it "
                 f"runs {supported}"
             )
+
+
+def _name(host: int, process: Any) -> str:
+    """``host N (its command)``: a started host as the launcher names it."""
+    return str(getattr(process, "name", "") or f"host {host}")
+
+
+def _ended(host: int, process: Any) -> str:
+    """How host process ``host`` ended: ``host 1 (false) exited with status 1``."""
+    code = getattr(process, "exitcode", None)
+    if code is None:
+        how = "exited"
+    elif code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with status {code}"
+    return f"{_name(host, process)} {how}"
+
+
+#: Refusal reasons (the ``wire`` table's) that are the run's own messages lost: a frame that
+#: could not be delivered, or that reached its curator past its group's timer.
+LOST = ("unreachable", "expired")
 
 
 @dataclass
@@ -197,7 +228,8 @@ class NetworkWorld:
         ``launch(host_index, port) -> process`` starts host ``host_index`` (of ``hosts``),
         which connects to the coordinator's ``port`` with its credential of ``credentials``
         and says where its peers listen; the process needs ``join``, ``is_alive`` and
-        ``kill``.
+        ``kill``, and may have a ``name`` (``host N (its command)``, for error messages) and
+        an ``exitcode`` (None while it runs, ``-signal`` if killed).
     credentials : RunCredentials
         The run's CA and every party's certificate (:mod:`p2pdp.net.tls`): every connection
         is mutual TLS, and a host may speak only for itself.
@@ -310,8 +342,10 @@ class NetworkWorld:
                 f"the coordinator cannot listen on {self.bind!r} (a hosts file's bind): {error}"
             ) from None
         self.port = port = server.sockets[0].getsockname()[1]
+        ended = False
         try:
-            self.processes = [self.launch(i, port) for i in range(self.n_hosts)]
+            for i in range(self.n_hosts):  # one by one: if one cannot start, the others stop
+                self.processes.append(self.launch(i, port))
             await self._wait(self._hello, STARTUP_TIMEOUT, "every host to start")
             directory = encode(
                 {"kind": DIRECTORY, "ports": self.ports, "addresses": self.addresses}
@@ -323,42 +357,45 @@ class NetworkWorld:
             await self._groups()
             self.monitor.end_time = self.env.now
             await self._finish()
+            ended = True
         finally:
             server.close()
             for writer in [*self._writers.values(), *self._hosts.values()]:
                 writer.close()
-            self._stop_processes()
+            self._stop_processes(wait=ended)  # a failed run does not wait for its hosts
 
     async def _wait(self, event: asyncio.Event, timeout: float, what: str) -> None:
-        """Until ``event`` is set; RuntimeError after ``timeout`` s, or as soon as a host
-        process has exited (it will never answer)."""
+        """Until ``event`` is set; NetworkRunError (one line naming each host and its command)
+        after ``timeout`` s, or as soon as a host process has exited (it will never answer)."""
         deadline = asyncio.get_running_loop().time() + timeout
         while not event.is_set():
-            dead = [i for i, p in enumerate(self.processes) if not p.is_alive()]
+            dead = [(i, p) for i, p in enumerate(self.processes) if not p.is_alive()]
             if dead:
-                raise RuntimeError(
-                    f"network runtime: host processes {dead} exited while waiting for {what} "
-                    "(their errors are printed above). From a script, call simulate/"
-                    'run_experiment under `if __name__ == "__main__":` (hosts start with '
-                    "spawn, which imports the main module again); with a hosts file, check "
-                    "that each host's command starts it and its addresses are right"
+                raise NetworkRunError(
+                    f"network runtime: {'; '.join(_ended(i, p) for i, p in dead)} while "
+                    f"waiting for {what} (its own error, if any, is above): check that a "
+                    "hosts file's command starts `python -m p2pdp.experiments.network` and its "
+                    "addresses are right; from a script, run under `if __name__ == "
+                    '"__main__":` (spawned hosts import the main module again)'
                 )
             if asyncio.get_running_loop().time() > deadline:
-                silent = [self.processes[i] for i in range(self.n_hosts) if i not in self._hosts]
-                raise RuntimeError(
+                silent = [_name(i, p) for i, p in enumerate(self.processes) if i not in self._hosts]
+                raise NetworkRunError(
                     f"network runtime: waited {timeout:.0f} s for {what}"
-                    + (f"; never connected: {', '.join(map(str, silent))}" if silent else "")
+                    + (f"; never connected: {', '.join(silent)}" if silent else "")
                 )
             try:
                 await asyncio.wait_for(event.wait(), 0.2)
             except TimeoutError:
                 pass
 
-    def _stop_processes(self) -> None:
+    def _stop_processes(self, *, wait: bool) -> None:
         for process in self.processes:
-            process.join(timeout=self.settings.timeout)
+            if wait:
+                process.join(timeout=self.settings.timeout)
             if process.is_alive():
-                log.warning("host process %s did not exit: killed", process)
+                if wait:
+                    log.warning("host process %s did not exit: killed", process)
                 process.kill()
                 process.join()
 
@@ -687,3 +724,8 @@ class NetworkWorld:
                     for peer, group in stats["receipts"].tolist()
                     if group in position
                 )
+        # the protocol's frames that did not serve: undeliverable, or past their group's timer,
+        # as the reporting parties counted them (a lost host's own counts are lost with it);
+        # frames refused as outside the protocol (forged, malformed, strangers') are not
+        # messages of the run: the wire table counts them
+        self.transport.messages_lost = sum(self.wire.refused[r] for r in LOST)

@@ -357,6 +357,8 @@ class PeerHost:
                 continue
             try:
                 writer = await self._writer(receiver)
+                if writer.is_closing():  # its other end closed (its host is gone): asyncio
+                    raise ConnectionResetError("connection closed")  # would drop it silently
                 writer.write(item)
             except (OSError, TimeoutError) as error:
                 self._unreachable(receiver, error)
