@@ -125,6 +125,27 @@ def test_the_unit_of_dispatch_is_the_cell_and_each_key_is_trained_once(tmp_path,
     assert len(read_results(tmp_path / "jobs4")) == 12
 
 
+def test_at_most_workers_plus_one_trainings_are_kept(tmp_path, monkeypatch):
+    """9 training keys, 2 workers: each cell sees at most 3 saved trainings (memory and disk
+    stay bounded by the worker count, not the number of keys)."""
+    log = tmp_path / "log"
+    run_cell = experiment._run_cell
+
+    def counting_cell(cell, trained, seconds, **kwargs):
+        with open(log, "a") as file:
+            file.write(f"{len(list((tmp_path / 'tmp').glob('*/*')))}\n")
+        return run_cell(cell, trained, seconds, **kwargs)
+
+    monkeypatch.setattr(experiment, "_run_cell", counting_cell)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    scenario = parse_scenario(TINY, overrides=["repetitions=3"])
+    assert len(experiment.training_groups(experiment.make_cells(scenario))) == 9
+    experiment.run_experiment(scenario, tmp_path / "out", jobs=2)
+    saved = [int(line) for line in log.read_text().split()]
+    assert len(saved) == 36 and max(saved) <= 3 and max(saved) >= 1
+
+
 def test_a_task_trains_once(monkeypatch):
     calls = []
     original = LogisticEnsembles.prepare
