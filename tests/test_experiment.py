@@ -10,7 +10,7 @@ import time
 import pytest
 from dask.distributed import LocalCluster
 
-from p2pdp.core.errors import ConfigError
+from p2pdp.core.errors import ComponentError, ConfigError
 from p2pdp.experiments import runner as experiment
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.results import read_results
@@ -144,6 +144,12 @@ def test_at_most_workers_plus_one_trainings_are_kept(tmp_path, monkeypatch):
     experiment.run_experiment(scenario, tmp_path / "out", jobs=2)
     saved = [int(line) for line in log.read_text().split()]
     assert len(saved) == 36 and max(saved) <= 3 and max(saved) >= 1
+
+
+def test_a_training_that_cannot_be_shared_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiment, "_prepare", lambda cell: (lambda: None, 0.0))
+    with pytest.raises(ComponentError, match=r"prepare returned an object that cannot be pickl"):
+        experiment.run_experiment(parse_scenario(TINY), tmp_path / "out", jobs=2)
 
 
 def test_a_task_trains_once(monkeypatch):

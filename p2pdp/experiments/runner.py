@@ -54,6 +54,7 @@ from typing import Any, TextIO
 from threadpoolctl import threadpool_limits
 
 from p2pdp.config import ScenarioConfig, check_reads
+from p2pdp.core.boundary import problem
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, worker_signals
 from p2pdp.core.validation import OneOf
@@ -399,8 +400,17 @@ def _train_and_stream(key: int, cells: Task, path: str | None) -> None:
     with threadpool_limits(limits=1):
         trained, seconds = _prepare(cells[0])
         if path is not None:
-            with open(path, "wb") as file:
-                pickle.dump(trained, file, protocol=pickle.HIGHEST_PROTOCOL)
+            try:
+                with open(path, "wb") as file:
+                    pickle.dump(trained, file, protocol=pickle.HIGHEST_PROTOCOL)
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                raise problem(
+                    "task",
+                    make_task(cells[0].config),
+                    "prepare",
+                    f"returned an object that cannot be pickled ({exc}); local workers share "
+                    "it through a file: make it picklable, or run with --jobs 1",
+                ) from None
         _RECORDS.put(("trained", key, seconds))
         for cell in cells:
             _RECORDS.put(_run_cell(cell, trained, seconds))
