@@ -1318,19 +1318,26 @@ def test_a_release_reported_after_its_groups_collect_timeout_is_charged(monkeypa
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
     on_control = NetworkWorld._on_control
     delayed = []
+    fault = _Fault(at=0, signal=None)  # records the releases only
+
+    def once_aborted(world, message, who, writer, host):
+        # read it again once the coordinator gave up on the group and released the next one
+        # (polled, not a fixed delay: a fast run could end before a fixed delay ran out)
+        if message["group"] in world._aborted and len(fault.releases) >= 2:
+            on_control(world, message, who, writer, host)
+        else:
+            asyncio.get_running_loop().call_later(
+                0.02, once_aborted, world, message, who, writer, host
+            )
 
     def slow(world, message, who, writer, host):
         if message["kind"] == "done" and message["group"] == 1 and not delayed:
-            delayed.append(message)  # read it again once the coordinator gave up on it
-            later = world.settings.collect_timeout + world.settings.timeout + 1.0
-            asyncio.get_running_loop().call_later(
-                later, lambda: on_control(world, message, who, writer, host)
-            )
+            delayed.append(message)
+            once_aborted(world, message, who, writer, host)
             return host
         return on_control(world, message, who, writer, host)
 
     monkeypatch.setattr(NetworkWorld, "_on_control", slow)
-    fault = _Fault(at=0, signal=None)  # records the releases only
     config = _config("group", collect_timeout=1.0)
     result = simulate(config, runtime="network", observers=(fault,))
     assert delayed and result.aborted_groups == 1
