@@ -45,7 +45,7 @@ from p2pdp.experiments.simulation import simulate
 from p2pdp.net import coordinator, tls
 from p2pdp.net.coordinator import NetworkWorld
 from p2pdp.net.host import HostSettings, PeerHost
-from p2pdp.net.tls import RunCredentials
+from p2pdp.net.tls import Authority, Credential, host_name, new_key, signing_request
 from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
@@ -454,6 +454,34 @@ def test_seeded_noise_is_refused_by_the_simulator_where_it_would_change_nothing(
         simulate(_seeded(_config("group")))
 
 
+def _credentials(hosts):
+    """A run's authority and, keyed by name, the coordinator's credential and one per host,
+    each host's made as a host makes it (its own key, a signing request, its token)."""
+    authority = Authority(hosts)
+    parties = {"coordinator": authority.credential}
+    for host in range(hosts):
+        key = new_key()
+        certificate = authority.enroll(
+            host, authority.token(host), signing_request(host_name(host), key)
+        )
+        parties[host_name(host)] = Credential(
+            name=host_name(host), certificate=certificate, key=key, authority=authority.certificate
+        )
+    return authority, parties
+
+
+def _insider(authority, host):
+    """A second certificate of this run for ``host`` (an insider's, signed by the run's CA
+    directly: the host's own token is spent)."""
+    key = new_key()
+    return Credential(
+        name=host_name(host),
+        certificate=authority.sign(host_name(host), key.public_key()),
+        key=key,
+        authority=authority.certificate,
+    )
+
+
 def _coordinator(*, launch, dim=2):
     """A coordinator of 12 peers on 2 hosts started by ``launch``, outside any run."""
     return NetworkWorld(
@@ -465,7 +493,7 @@ def _coordinator(*, launch, dim=2):
         launch=launch,
         hosts=2,
         settings=HostSettings(n_peers=12, hosts=2, full_publication=False),
-        credentials=RunCredentials.generate(hosts=2),
+        authority=Authority(2),
     )
 
 
@@ -809,13 +837,13 @@ def test_a_curator_never_releases_a_group_past_its_expiry():
 
 # -- mutual TLS: strangers and impostors are refused, the honest keep going ------------------
 def test_mutual_tls_refuses_strangers_impostors_and_replays():
-    credentials = RunCredentials.generate(hosts=2)
-    stranger = RunCredentials.generate(hosts=2)  # another run's CA and certificates
+    _, credentials = _credentials(2)
+    _, stranger = _credentials(2)  # another run's CA and certificates
     assign = {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1], "curator": 0,
               "release": 0, "timeout": 60.0}  # fmt: skip
 
     async def connect(port, party, *, run=credentials, expect="host-0"):
-        context = run.parties[party].context(server=False)
+        context = run[party].context(server=False)
         return await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname=expect)
 
     async def go():
@@ -827,7 +855,7 @@ def test_mutual_tls_refuses_strangers_impostors_and_replays():
             sensitivity=lambda sizes: 2.0 / min(sizes),
             settings=HostSettings(n_peers=4, hosts=2, full_publication=False),
             report=lambda message: None,
-            credential=credentials.parties["host-0"],
+            credential=credentials["host-0"],
         )
         port = (await host.listen())[0]
         # no certificate at all: the handshake never completes, no frame is read
@@ -1226,17 +1254,11 @@ def test_forged_releases_publications_records_and_hellos_are_refused_and_the_run
     peer of host 1 as its sender, and the receipt index 2^63 - 1). Each is refused and
     counted, and the run ends with the simulator's rows (seeded noise)."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
-    generate = RunCredentials.generate
-    held = []
-    monkeypatch.setattr(
-        "p2pdp.experiments.network.RunCredentials.generate",
-        lambda hosts: held.append(generate(hosts)) or held[-1],
-    )
     send = NetworkWorld._send
     groups, attacked = [], []
 
     async def frames(world, party, port, name, messages):
-        context = held[0].parties[party].context(server=False)
+        context = _insider(world.authority, int(party.removeprefix("host-"))).context(server=False)
         _, writer = await asyncio.open_connection(
             "127.0.0.1", port, ssl=context, server_hostname=name
         )
@@ -1348,7 +1370,7 @@ def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypa
     the handshake deadline. With an allowlist, a client from another address (here:
     127.0.0.1 itself, not listed) is refused before its handshake."""
     monkeypatch.setattr(tls, "HANDSHAKE_TIMEOUT", 0.5)
-    credentials = RunCredentials.generate(hosts=1)
+    _, credentials = _credentials(1)
 
     async def go(allowed):
         host = PeerHost(
@@ -1359,12 +1381,12 @@ def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypa
             sensitivity=lambda sizes: 2.0 / min(sizes),
             settings=HostSettings(n_peers=2, hosts=1, full_publication=False, allowed=allowed),
             report=lambda message: None,
-            credential=credentials.parties["host-0"],
+            credential=credentials["host-0"],
         )
         port = (await host.listen())[0]
         silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(40)]
         await asyncio.sleep(0.1)
-        context = credentials.parties["coordinator"].context(server=False)
+        context = credentials["coordinator"].context(server=False)
         try:
             _, writer = await asyncio.open_connection(
                 "127.0.0.1", port, ssl=context, server_hostname="host-0"
