@@ -5,12 +5,13 @@ after :meth:`NetworkWorld.run` it holds the same outputs (published models, rece
 release records, the budget ledger, message counters), so the experiment code scores a
 network run exactly as it scores a simulated one.
 
-The run: start the host processes (:mod:`p2pdp.net.host`), each with a :class:`~p2pdp.net.host.
-Ticket` (no private key: a one-time token and the run's CA certificate); sign each host's
-certificate signing request once, for the host index its token was made for
-(:meth:`~p2pdp.net.tls.Authority.enroll`; a wrong or spent token, a request for another identity
-and any other frame on the enrollment listener are refused and counted ``enroll``, and that
-listener closes once every host enrolled); learn every peer's port, send everyone the directory; then, one group at a time (the seed's sequential GroupAgent), draw the
+The run: start the host processes (:mod:`p2pdp.net.host`), each with a
+:class:`~p2pdp.net.host.Ticket` (no private key: a one-time token and the run's CA
+certificate); sign each host's certificate signing request once, for the host index its token
+was made for (:meth:`~p2pdp.net.tls.Authority.enroll`; a wrong or spent token, a request for
+another identity and any other frame on the enrollment listener are refused and counted
+``enroll``, and that listener closes once every host enrolled); learn every peer's port, send
+everyone the directory; then, one group at a time (the seed's sequential GroupAgent), draw the
 group from the pool of idle solvent peers with the simulator's
 :class:`~p2pdp.protocols.groups.GroupPool` and the same protocol stream, send each member an
 ``ASSIGN`` frame, and wait for the curator's ``DONE`` report. A reported release charges every
@@ -243,9 +244,10 @@ class NetworkWorld:
     launch : callable
         ``launch(host_index, ticket) -> process`` starts host ``host_index`` (of ``hosts``)
         with its :class:`~p2pdp.net.host.Ticket`: it enrolls, connects to the coordinator
-        with its new certificate and says where its peers listen; the process needs ``join``, ``is_alive`` and
-        ``kill``, and may have a ``name`` (``host N (its command)``, for error messages) and
-        an ``exitcode`` (None while it runs, ``-signal`` if killed).
+        with its new certificate and says where its peers listen; the process needs
+        ``join``, ``is_alive`` and ``kill``, and may have a ``name`` (``host N (its
+        command)``, for error messages) and an ``exitcode`` (None while it runs, ``-signal``
+        if killed).
     authority : Authority
         The run's CA (:mod:`p2pdp.net.tls`), held here only: it signs each host's certificate
         once, and every other connection is mutual TLS (a host may speak only for itself).

@@ -942,8 +942,10 @@ async def enroll(host_index: int, ticket: Ticket, coordinator: str, timeout: flo
         raise HostError(f"enrollment at {where} failed: {error or 'timed out'}") from None
     finally:
         writer.close()
-    if answer is None or answer["kind"] != CERTIFICATE or not isinstance(
-        answer.get("certificate"), bytes
+    if (
+        answer is None
+        or answer["kind"] != CERTIFICATE
+        or not isinstance(answer.get("certificate"), bytes)
     ):
         raise HostError(f"the coordinator at {where} refused this host's enrollment")
     return Credential(name=name, certificate=answer["certificate"], key=key,
