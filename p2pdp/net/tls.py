@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
@@ -232,7 +232,7 @@ class Authority:
             csr = x509.load_pem_x509_csr(request)
             public_key = csr.public_key()
             valid = csr.is_signature_valid
-        except (ValueError, InvalidSignature) as error:
+        except (ValueError, InvalidSignature, UnsupportedAlgorithm) as error:
             raise ProtocolError(f"host {host}: malformed signing request: {error}") from None
         if not valid or not isinstance(public_key, ec.EllipticCurvePublicKey):
             raise ProtocolError(f"host {host}: signing request not self-signed by a P-256 key")
