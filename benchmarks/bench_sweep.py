@@ -10,6 +10,11 @@ worker count; checks that every worker count wrote identical results rows (up to
 ``wall_*`` timing columns). ``cpu_seconds`` (this process plus its workers) is the work done,
 a number that other load on the machine does not inflate much, unlike the wall time. Needs
 the data files (``P2PDP_DATA_HOME``).
+
+Against an earlier revision (say the dispatch of one task per training key, before cells
+became the unit of work), interleaved in one run so both see the same load::
+
+    python benchmarks/compare_revisions.py --base REV -- benchmarks/bench_sweep.py --jobs 1 2 --json
 """
 
 from __future__ import annotations

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import os
+import tempfile
 import time
 
 import pytest
 from dask.distributed import LocalCluster
 
-from p2pdp.core.errors import ConfigError
+from p2pdp.core.errors import ComponentError, ConfigError
 from p2pdp.experiments import runner as experiment
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.results import read_results
@@ -42,6 +44,27 @@ def without_timing(rows):
     return [{k: v for k, v in row.items() if not k.startswith("wall_")} for row in rows]
 
 
+def assert_same_rows(rows, reference):
+    """Equal rows up to ``wall_*``: text and integers exactly, other numbers to 1e-9 (a float
+    computed in another process may differ in its last bits; it must not differ more)."""
+    rows, reference = without_timing(rows), without_timing(reference)
+    assert [row.keys() for row in rows] == [row.keys() for row in reference]
+    for row, expected in zip(rows, reference, strict=True):
+        for key, value in row.items():
+            try:
+                number, wanted = float(value), float(expected[key])
+            except ValueError:
+                assert value == expected[key], (row["cell_id"], key)
+                continue
+            if value.lstrip("-").isdigit():
+                assert value == expected[key], (row["cell_id"], key)
+            else:
+                assert number == pytest.approx(wanted, rel=1e-9, abs=1e-12, nan_ok=True), (
+                    row["cell_id"],
+                    key,
+                )
+
+
 def test_cells_cover_points_folds_and_repetitions():
     scenario = parse_scenario(TINY, overrides=["repetitions=2"])
     cells = experiment.make_cells(scenario)
@@ -56,18 +79,77 @@ def test_cells_cover_points_folds_and_repetitions():
 def test_seed_experiment_has_560_cells_in_10_shared_trainings():
     cells = experiment.make_cells(load_scenario("spambase_group_vs_full"))
     assert len(cells) == 560
-    tasks = experiment.plan_tasks(cells, workers=2)
-    assert sorted(len(task) for task in tasks) == [56] * 10
-    for task in tasks:
-        keys = {training_key(c.config, fold=c.fold, repetition=c.repetition) for c in task}
+    groups = experiment.training_groups(cells)
+    assert sorted(len(group) for group in groups) == [56] * 10
+    for group in groups:
+        keys = {training_key(c.config, fold=c.fold, repetition=c.repetition) for c in group}
         assert len(keys) == 1
+        for workers, sizes in ((2, [4] * 14), (16, [1] * 56)):  # 16: every worker gets cells
+            chunks = experiment.chunks(group, workers=workers)
+            assert [c for chunk in chunks for c in chunk] == list(group)
+            assert [len(chunk) for chunk in chunks] == sizes
 
 
-def test_groups_are_split_when_fewer_than_workers():
-    cells = experiment.make_cells(load_scenario("adult_group_vs_full", ["repetitions=1"]))
-    tasks = experiment.plan_tasks(cells, workers=3)
-    assert len(tasks) == 3
-    assert sorted(c.cell_id for task in tasks for c in task) == sorted(c.cell_id for c in cells)
+def test_the_unit_of_dispatch_is_the_cell_and_each_key_is_trained_once(tmp_path, monkeypatch):
+    """4 workers, 3 training keys (folds): every worker runs cells, and the 3 trainings run
+    once each (the workers that did not train read the training another one saved)."""
+    log = tmp_path / "log"
+    prepare, run_cell = experiment._prepare, experiment._run_cell
+
+    def note(what):
+        with open(log, "a") as file:  # one short O_APPEND write per line: atomic
+            file.write(f"{what} {os.getpid()}\n")
+
+    def logged_prepare(cell):
+        note("prepare")
+        return prepare(cell)
+
+    def slow_cell(cell, trained, seconds, **kwargs):
+        note("cell")
+        time.sleep(0.3)  # long enough that a worker slow to start still gets cells
+        return run_cell(cell, trained, seconds, **kwargs)
+
+    monkeypatch.setattr(experiment, "_prepare", logged_prepare)
+    monkeypatch.setattr(experiment, "_run_cell", slow_cell)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    scenario = parse_scenario(TINY)
+    assert len(experiment.training_groups(experiment.make_cells(scenario))) == 3
+    experiment.run_experiment(scenario, tmp_path / "jobs4", jobs=4)
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert sum(what == "prepare" for what, _ in lines) == 3
+    assert len([what for what, _ in lines if what == "cell"]) == 12
+    assert len({pid for what, pid in lines if what == "cell"}) == 4
+    assert str(os.getpid()) not in {pid for _, pid in lines}  # all of it in the workers
+    assert list((tmp_path / "tmp").iterdir()) == []  # the trainings' folder is removed
+    assert len(read_results(tmp_path / "jobs4")) == 12
+
+
+def test_at_most_workers_plus_one_trainings_are_kept(tmp_path, monkeypatch):
+    """9 training keys, 2 workers: each cell sees at most 3 saved trainings (memory and disk
+    stay bounded by the worker count, not the number of keys)."""
+    log = tmp_path / "log"
+    run_cell = experiment._run_cell
+
+    def counting_cell(cell, trained, seconds, **kwargs):
+        with open(log, "a") as file:
+            file.write(f"{len(list((tmp_path / 'tmp').glob('*/*')))}\n")
+        return run_cell(cell, trained, seconds, **kwargs)
+
+    monkeypatch.setattr(experiment, "_run_cell", counting_cell)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    scenario = parse_scenario(TINY, overrides=["repetitions=3"])
+    assert len(experiment.training_groups(experiment.make_cells(scenario))) == 9
+    experiment.run_experiment(scenario, tmp_path / "out", jobs=2)
+    saved = [int(line) for line in log.read_text().split()]
+    assert len(saved) == 36 and max(saved) <= 3 and max(saved) >= 1
+
+
+def test_a_training_that_cannot_be_shared_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiment, "_prepare", lambda cell: (lambda: None, 0.0))
+    with pytest.raises(ComponentError, match=r"prepare returned an object that cannot be pickl"):
+        experiment.run_experiment(parse_scenario(TINY), tmp_path / "out", jobs=2)
 
 
 def test_a_task_trains_once(monkeypatch):
@@ -80,7 +162,7 @@ def test_a_task_trains_once(monkeypatch):
 
     monkeypatch.setattr(LogisticEnsembles, "prepare", counting)
     cells = experiment.make_cells(parse_scenario(TINY))
-    task = experiment.plan_tasks(cells, workers=1)[0]
+    task = experiment.training_groups(cells)[0]
     records = experiment.run_task(task)
     assert len(calls) == 1 and len(records) == len(task) == 4
     assert [r.row["cell_id"] for r in records] == [c.cell_id for c in task]
@@ -93,8 +175,9 @@ def test_backends_give_identical_rows(tmp_path):
     experiment.run_experiment(scenario, tmp_path / "inproc", jobs=1)
     reference = without_timing(read_results(tmp_path / "inproc"))
     assert len(reference) == 12
-    experiment.run_experiment(scenario, tmp_path / "procs", jobs=2)
-    assert without_timing(read_results(tmp_path / "procs")) == reference
+    for jobs in (2, 3):  # 3 keys of 4 cells: cells of one key run in several workers
+        experiment.run_experiment(scenario, tmp_path / f"procs{jobs}", jobs=jobs)
+        assert_same_rows(read_results(tmp_path / f"procs{jobs}"), reference)
     for processes in (False, True):
         with LocalCluster(
             n_workers=2, threads_per_worker=1, processes=processes, dashboard_address=None
@@ -103,7 +186,7 @@ def test_backends_give_identical_rows(tmp_path):
             experiment.run_experiment(scenario, out, scheduler=cluster.scheduler_address)
         assert without_timing(read_results(out)) == reference
     assert (tmp_path / "inproc" / "roc.csv").read_text() == (
-        tmp_path / "procs" / "roc.csv"
+        tmp_path / "procs2" / "roc.csv"
     ).read_text()
 
 

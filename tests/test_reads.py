@@ -399,3 +399,12 @@ def test_a_calibrated_noise_multiplier_affords_every_round(epsilon):
     row = simulate(config).row()
     assert row["min_steps_per_peer"] == config.protocol.rounds
     assert row["max_epsilon_spent"] <= epsilon * (1 + 1e-9)
+
+
+def test_a_very_noisy_step_is_a_run_not_an_accountant_error():
+    """z = 1e9 affords far more steps than a run takes: counted up to the rounds."""
+    config = (
+        scenario_from_mapping(_with(_DPSGD, protocol={"noise_multiplier": 1e9})).points[0].config
+    )
+    row = simulate(config).row()
+    assert row["min_steps_per_peer"] == row["affordable_aggregations"] == config.protocol.rounds

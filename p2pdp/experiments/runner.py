@@ -6,17 +6,24 @@ never from the order or place of execution, so every backend and worker count gi
 results rows (up to the ``wall_*`` timing columns).
 
 Cells whose :func:`~p2pdp.tasks.pipeline.training_key` is equal (same data, fold, repetition,
-partition and lambda) share one local training: they are sent to a worker as one *task*,
-which calls :func:`~p2pdp.tasks.pipeline.prepare_peers` once and ``simulate`` once per cell and
-hands back each cell's record as soon as that cell is done, so the results store writes
-cell by cell. A training group is split into several tasks only when there are fewer groups
-than workers.
+partition and lambda) share one local training (the task's ``prepare``), computed once per
+run. The unit of work handed to a worker is the cell (in chunks of at most
+:data:`MAX_CHUNK` cells of one key), so a sweep uses as many workers as it has cells, not
+only as many as it has training keys:
 
-Backends: in-process (``jobs=1``); local worker processes
-(:class:`concurrent.futures.ProcessPoolExecutor`, records streamed back through a
-:class:`multiprocessing.Queue`); or a Dask distributed cluster (``scheduler="tcp://host:port"``;
-one future per training and one per cell depending on it; the workers need p2pdp installed
-and the data files, e.g. via ``P2PDP_DATA_HOME``).
+* in-process (``jobs=1``): the keys one after the other, each trained once;
+* local worker processes (:class:`concurrent.futures.ProcessPoolExecutor`): a worker trains a
+  key, writes the trained object to a file in a private temporary folder (read back from the
+  page cache by every worker that gets cells of that key, each keeping the last
+  :data:`CACHED_TRAININGS` it read), says so on the record queue and runs the key's first
+  chunk; the parent then dispatches the key's other chunks to whichever workers are free. At
+  most ``workers + 1`` keys are alive (trained or training, with cells still to run) at once,
+  in grid order, and a key's file is deleted when its last cell is done, so memory and disk
+  stay bounded whatever the number of keys. Records come back cell by cell through a
+  :class:`multiprocessing.Queue`, so the results store writes each cell as it finishes;
+* a Dask distributed cluster (``scheduler="tcp://host:port"``; one future per training and one
+  per cell depending on it; the workers need p2pdp installed and the data files, e.g. via
+  ``P2PDP_DATA_HOME``).
 
 An exception in the run, including KeyboardInterrupt (which the CLI also raises for SIGTERM
 and SIGHUP), stops the local worker processes (or cancels the Dask futures) before it
@@ -26,13 +33,18 @@ propagates; the results folder's manifest then says ``failed`` or ``interrupted`
 from __future__ import annotations
 
 import ctypes
+import functools
 import multiprocessing
 import os
+import pickle
 import queue
 import signal
 import sys
+import tempfile
 import threading
 import time
+import warnings
+from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +54,7 @@ from typing import Any, TextIO
 from threadpoolctl import threadpool_limits
 
 from p2pdp.config import ScenarioConfig, check_reads
+from p2pdp.core.boundary import problem
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, worker_signals
 from p2pdp.core.validation import OneOf
@@ -57,6 +70,10 @@ Task = tuple["Cell", ...]
 SCHEDULER_TIMEOUT_S = 5.0
 #: Longest silence (seconds) of the progress report while a run is going.
 PROGRESS_INTERVAL_S = 2.0
+#: Most cells (all of one training key) handed to a local worker at once.
+MAX_CHUNK = 4
+#: Trained objects a local worker keeps after reading them (the keys it is running cells of).
+CACHED_TRAININGS = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,24 +130,32 @@ def make_cells(scenario: Scenario) -> list[Cell]:
     ]
 
 
-def plan_tasks(cells: Sequence[Cell], *, workers: int) -> list[Task]:
-    """Group ``cells`` by training key into tasks, splitting groups if fewer than ``workers``."""
-    groups = _training_groups(cells)
-    split = -(-workers // max(len(groups), 1))  # ceil: every worker gets at least one task
-    return [
-        tuple(group[i :: min(split, len(group))])
-        for group in groups
-        for i in range(min(split, len(group)))
-    ]
-
-
-def _training_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
-    """``cells`` grouped by training key, in order of first appearance."""
+def training_groups(cells: Sequence[Cell]) -> list[Task]:
+    """``cells`` grouped by training key (cells sharing one local training), in order of
+    first appearance."""
     groups: dict[tuple, list[Cell]] = {}
     for cell in cells:
         key = make_task(cell.config).training_key(fold=cell.fold, repetition=cell.repetition)
         groups.setdefault(key, []).append(cell)
-    return list(groups.values())
+    return [tuple(group) for group in groups.values()]
+
+
+def plan_tasks(cells: Sequence[Cell], *, workers: int) -> list[Task]:
+    """Deprecated (until 0.3): :func:`training_groups`; ``workers`` is unused, the runner now
+    dispatches cells, not tasks."""
+    warnings.warn(
+        "p2pdp.experiments.runner.plan_tasks is deprecated: use training_groups",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return training_groups(cells)
+
+
+def chunks(group: Task, *, workers: int) -> list[Task]:
+    """``group`` (cells of one training key) cut into consecutive chunks of at most
+    :data:`MAX_CHUNK` cells, small enough that ``workers`` workers all get some."""
+    size = max(1, min(MAX_CHUNK, len(group) // (2 * workers)))
+    return [group[i : i + size] for i in range(0, len(group), size)]
 
 
 def iter_task(
@@ -307,13 +332,11 @@ def run_experiment(
             if client is not None:
                 outcomes = _run_dask(pending, client)
             elif runtime == "network":  # one cell at a time: its host processes use the cores
-                outcomes = _run_in_process(plan_tasks(pending, workers=1), runtime=runtime)
-            else:
-                tasks = plan_tasks(pending, workers=workers)
-                if workers > 1 and len(tasks) > 1:
-                    outcomes = _WorkerPool(tasks, min(workers, len(tasks)))
-                else:  # one task: the spare workers solve its local models
-                    outcomes = _run_in_process(tasks, training_workers=workers)
+                outcomes = _run_in_process(training_groups(pending), runtime=runtime)
+            elif workers > 1 and len(pending) > 1:
+                outcomes = _WorkerPool(pending, min(workers, len(pending)))
+            else:  # one cell: the spare workers solve its local models
+                outcomes = _run_in_process(training_groups(pending), training_workers=workers)
             bar = None
             try:
                 in_process = not isinstance(outcomes, _WorkerPool) and client is None
@@ -378,27 +401,66 @@ def _start_worker(records: Any, parent: int) -> None:
             os._exit(1)
 
 
-def _stream_task(cells: Task) -> int:
-    """Run a task in a worker process, putting each cell's record on the queue at once."""
-    for record in iter_task(cells):
-        _RECORDS.put(record)
-    return len(cells)
+def _train_and_stream(key: int, cells: Task, path: str | None) -> None:
+    """In a worker: train ``cells``' key, save it to ``path`` (if other workers need it) and
+    put ``("trained", key, seconds)`` on the queue, then run ``cells`` (the key's first chunk)."""
+    with threadpool_limits(limits=1):
+        trained, seconds = _prepare(cells[0])
+        if path is not None:
+            try:
+                with open(path, "wb") as file:
+                    pickle.dump(trained, file, protocol=pickle.HIGHEST_PROTOCOL)
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                raise problem(
+                    "task",
+                    make_task(cells[0].config),
+                    "prepare",
+                    f"returned an object that cannot be pickled ({exc}); local workers share "
+                    "it through a file: make it picklable, or run with --jobs 1",
+                ) from None
+        _RECORDS.put(("trained", key, seconds))
+        for cell in cells:
+            _RECORDS.put(_run_cell(cell, trained, seconds))
+
+
+@functools.lru_cache(maxsize=CACHED_TRAININGS)
+def _load_trained(path: str) -> Any:
+    """The trained object a worker saved at ``path`` (files are never rewritten in a run)."""
+    with open(path, "rb") as file:
+        return pickle.load(file)
+
+
+def _stream_chunk(cells: Task, path: str, seconds: float) -> None:
+    """In a worker: run ``cells`` on the training saved at ``path``, record by record."""
+    with threadpool_limits(limits=1):
+        trained = _load_trained(path)
+        for cell in cells:
+            _RECORDS.put(_run_cell(cell, trained, seconds))
 
 
 class _WorkerPool:
-    """Local worker processes running ``tasks``; iterate for the records as cells finish.
+    """Local worker processes running ``cells``; iterate for the records as cells finish.
 
-    The processes start (fork) in the constructor, before any other thread of the run.
-    :meth:`close` shuts them down, or, if the iteration did not finish (an error, Ctrl-C,
-    SIGTERM), terminates them at once.
+    Dispatch (see the module docstring): keys in grid order, at most ``workers + 1`` alive;
+    one job per key trains it and runs its first chunk, the key's other chunks go out as soon
+    as the training is saved. The processes start (fork) in the constructor, before any other
+    thread of the run. :meth:`close` shuts them down, or, if the iteration did not finish (an
+    error, Ctrl-C, SIGTERM), terminates them at once; the trainings' folder is deleted either
+    way.
     """
 
-    def __init__(self, tasks: Sequence[Task], workers: int) -> None:
+    def __init__(self, cells: Sequence[Cell], workers: int) -> None:
         context = multiprocessing.get_context()
         self.records = context.Queue()
-        self.remaining = sum(len(task) for task in tasks)
+        self.remaining = len(cells)
         self.failed: list[Future] = []
         self.finished = False
+        self.workers = workers
+        self.keys = deque(enumerate(training_groups(cells)))
+        self.key_of: dict[str, int] = {}  # cell id -> its key's index, for the keys alive
+        self.left: dict[int, int] = {}  # key alive -> its cells not yet done
+        self.unsent: dict[int, list[Task]] = {}  # key training -> its chunks to send once saved
+        self.folder = tempfile.TemporaryDirectory(prefix="p2pdp-trained-")
         self.pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=context,
@@ -406,11 +468,42 @@ class _WorkerPool:
             initargs=(self.records, os.getpid()),
         )
         try:
-            for task in tasks:
-                self.pool.submit(_stream_task, task).add_done_callback(self._check)
+            for _ in range(min(workers + 1, len(self.keys))):
+                self._start_key()
         except BaseException:
             self.close()
             raise
+
+    def _submit(self, function: Any, *args: Any) -> None:
+        assert self.pool is not None
+        self.pool.submit(function, *args).add_done_callback(self._check)
+
+    def _path(self, key: int) -> str:
+        return os.path.join(self.folder.name, f"{key}.pickle")
+
+    def _start_key(self) -> None:
+        """Train the next key (and run its first chunk) in a worker."""
+        key, group = self.keys.popleft()
+        first, *self.unsent[key] = chunks(group, workers=self.workers)
+        self.left[key] = len(group)
+        self.key_of.update((cell.cell_id, key) for cell in group)
+        self._submit(_train_and_stream, key, first, self._path(key) if self.unsent[key] else None)
+
+    def _trained(self, key: int, seconds: float) -> None:
+        """Send ``key``'s other chunks, now that its training is saved."""
+        for chunk in self.unsent.pop(key):
+            self._submit(_stream_chunk, chunk, self._path(key), seconds)
+
+    def _done(self, record: CellRecord) -> None:
+        """Count ``record``'s cell; when its key has no cell left, free it, start the next."""
+        key = self.key_of.pop(record.cell_id)
+        self.left[key] -= 1
+        if self.left[key] == 0:
+            del self.left[key]
+            if os.path.exists(self._path(key)):
+                os.remove(self._path(key))
+            if self.keys:
+                self._start_key()
 
     def _check(self, future: Future) -> None:
         if not future.cancelled() and future.exception() is not None:
@@ -421,18 +514,24 @@ class _WorkerPool:
             if self.failed:
                 while True:  # keep the cells that finished before the failure
                     try:
-                        yield self.records.get_nowait()
+                        message = self.records.get_nowait()
                     except queue.Empty:
                         break
+                    if isinstance(message, CellRecord):
+                        yield message
                 error = self.failed[0].exception()
                 assert error is not None  # _check keeps only the futures that raised
                 raise error
             try:
-                record = self.records.get(timeout=0.2)
+                message = self.records.get(timeout=0.2)
             except queue.Empty:
                 continue
+            if not isinstance(message, CellRecord):
+                self._trained(*message[1:])
+                continue
             self.remaining -= 1
-            yield record
+            self._done(message)
+            yield message
         self.finished = True
 
     def close(self) -> None:
@@ -444,6 +543,7 @@ class _WorkerPool:
         else:
             _stop_workers(pool)
         self.records.close()
+        self.folder.cleanup()
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
@@ -499,7 +599,7 @@ def _run_dask(cells: Sequence[Cell], client: Any) -> Generator[CellRecord, None,
     from dask.distributed import as_completed as dask_completed
 
     futures = []
-    for group in _training_groups(cells):
+    for group in training_groups(cells):
         prepared = client.submit(_dask_prepare, group[0], pure=False)
         futures += [client.submit(_dask_cell, cell, prepared, pure=False) for cell in group]
         del prepared

@@ -26,6 +26,7 @@ from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
 from p2pdp.experiments.scenario import config_of
 from p2pdp.privacy.accounting import composed, make_accountant, supports
+from p2pdp.privacy.mechanisms import NoNoise
 from p2pdp.protocols import ITERATIVE_COLUMNS
 from p2pdp.sim.world import World, WorldObserver
 from p2pdp.tasks import (
@@ -393,9 +394,9 @@ def simulate(
         aborted_groups=world.monitor.aborted,
         aggregations_per_peer=counts,
         epsilon_spent=(  # a release without noise leaks without bound: NOT private
-            world.ledger.spent_epsilon()
-            if mechanism.event(dim).private
-            else np.where(counts > 0, np.inf, 0.0)
+            np.where(counts > 0, np.inf, 0.0)
+            if isinstance(mechanism, NoNoise)
+            else world.ledger.spent_epsilon()
         ),
         guaranteed_epsilon=_guaranteed_epsilon(mechanism, dim, counts, config),
         shard_sizes=np.asarray(sizes),

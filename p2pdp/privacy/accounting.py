@@ -578,12 +578,18 @@ _MAX_RELEASES = 2**40
 
 
 def affordable(
-    accountant: Accountant, event: PrivacyEvent, *, epsilon_total: float, delta_total: float
+    accountant: Accountant,
+    event: PrivacyEvent,
+    *,
+    epsilon_total: float,
+    delta_total: float,
+    at_most: int | None = None,
 ) -> int:
     """Largest number of releases of ``event`` whose composed epsilon is <= ``epsilon_total``.
 
     Up to the relative :data:`BUDGET_TOLERANCE`; 0 if not even one fits. Found by doubling
-    and bisection on ``k`` (the composed epsilon increases with ``k``).
+    and bisection on ``k`` (the composed epsilon increases with ``k``). ``at_most``: no more
+    can happen in the run, so the search stops there (a very noisy event affords more).
     """
     limit = epsilon_total * (1 + BUDGET_TOLERANCE)
 
@@ -591,6 +597,8 @@ def affordable(
         spent = composed(accountant, event, np.array(k), delta_total=delta_total)
         return bool(spent <= limit)
 
+    if at_most is not None and fits(at_most):
+        return at_most
     if not fits(1):
         return 0
     low, high = 1, 2

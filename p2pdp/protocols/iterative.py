@@ -28,7 +28,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
 
-from p2pdp.config import ProtocolConfig, ScenarioConfig
+from p2pdp.config import MAX_EXCHANGES, ProtocolConfig, ScenarioConfig
+from p2pdp.core import components
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.reads import Read, When
 from p2pdp.privacy.accounting import affordable, composed, make_accountant
@@ -178,13 +179,21 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
         )
         mechanism = dataclasses.replace(mechanism, noise_multiplier=z)
     delta_step = privacy.delta / settings.rounds if privacy.delta > 0 else 0.0
+    # no peer steps more often in one cell (a synchronous protocol: once a round), so the
+    # budget's count stops there (a search far beyond is slow under PLD, and pointless)
+    protocol = components.resolve("protocol", settings.name, key="protocol.name")
+    most_steps = settings.rounds if getattr(protocol, "synchronous", False) else MAX_EXCHANGES
     event = mechanism.event(delta_step)
     max_steps = None
     if mechanism.private:
         account = make_accountant(accountant)
         account.check(event)
         max_steps = affordable(
-            account, event, epsilon_total=privacy.epsilon, delta_total=privacy.delta
+            account,
+            event,
+            epsilon_total=privacy.epsilon,
+            delta_total=privacy.delta,
+            at_most=most_steps,
         )
         for _ in range(60):  # a calibration at the budget's very edge may afford one step less
             if settings.noise_multiplier is not None or max_steps >= settings.rounds:
@@ -193,7 +202,11 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
             mechanism = dataclasses.replace(mechanism, noise_multiplier=z)
             event = mechanism.event(delta_step)
             max_steps = affordable(
-                account, event, epsilon_total=privacy.epsilon, delta_total=privacy.delta
+                account,
+                event,
+                epsilon_total=privacy.epsilon,
+                delta_total=privacy.delta,
+                at_most=most_steps,
             )
     result = StepPrivacy(
         mechanism=mechanism,

@@ -5,7 +5,8 @@ The world (:mod:`p2pdp.sim.world`) is task-agnostic: it forms groups, collects e
 sensitivity, charges budgets and publishes. A task supplies everything else:
 
 ========================  ==========================================================
-``prepare``               the costly, shareable part (data, local training) of one fold
+``prepare``               the costly, shareable part (data, local training) of one fold;
+                          it must pickle (local workers share it through a file)
 ``training_key``          what ``prepare`` depends on: cells with equal keys share it
 ``statistics``            each peer's statistic, (P, d), and shard sizes, (P,)
 ``aggregate``             "mean", "sum" (also under secure aggregation) or a callable
