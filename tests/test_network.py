@@ -876,20 +876,15 @@ def _private_keys_and_pem(root):
     return keys, pem
 
 
-def _public(key):
-    return key.public_key().public_bytes(
+def _public(holder):
+    """The DER public key of a private key or a certificate."""
+    return holder.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
 
 
 def _certified(pem):
-    return _public_of(x509.load_pem_x509_certificate(pem))
-
-
-def _public_of(certificate):
-    return certificate.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+    return _public(x509.load_pem_x509_certificate(pem))
 
 
 def test_no_private_key_is_in_a_launch_bundle_or_held_by_the_coordinator(tmp_path, monkeypatch):
@@ -982,9 +977,9 @@ def test_an_enrollment_is_refused_without_its_token_for_another_identity_or_twic
         assert await raw(port, struct.pack(">I", host_module.ENROLL_BYTES + 1)) == b""
         refused.append(world.wire.refused["enroll"])
         credential = await host_module.enroll(1, ticket(1), "127.0.0.1", 5.0)
-        certificate = x509.load_pem_x509_certificate(credential.certificate)
-        assert _public_of(certificate) == _public(credential.key)
-        assert certificate.subject.rfc4514_string() == "CN=host-1"
+        assert _certified(credential.certificate) == _public(credential.key)
+        subject = x509.load_pem_x509_certificate(credential.certificate).subject
+        assert subject.rfc4514_string() == "CN=host-1"
         with pytest.raises(HostError):  # no token left: the listener is closed
             await host_module.enroll(1, wrong, "127.0.0.1", 5.0)
         return refused
