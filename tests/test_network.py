@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import csv
 import dataclasses
+import gc
+import inspect
 import json
 import math
 import os
+import pickle
 import re
 import shlex
 import signal
@@ -23,6 +26,9 @@ import time
 import msgpack
 import numpy as np
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from scipy import stats
 
 from p2pdp.config import (
@@ -43,9 +49,17 @@ from p2pdp.experiments.runner import run_experiment
 from p2pdp.experiments.scenario import load_scenario
 from p2pdp.experiments.simulation import simulate
 from p2pdp.net import coordinator, tls
+from p2pdp.net import host as host_module
 from p2pdp.net.coordinator import NetworkWorld
-from p2pdp.net.host import HostSettings, PeerHost
-from p2pdp.net.tls import RunCredentials
+from p2pdp.net.host import HostError, HostSettings, PeerHost, Ticket
+from p2pdp.net.tls import (
+    Authority,
+    Credential,
+    enrollment_client,
+    host_name,
+    new_key,
+    signing_request,
+)
 from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
@@ -454,6 +468,34 @@ def test_seeded_noise_is_refused_by_the_simulator_where_it_would_change_nothing(
         simulate(_seeded(_config("group")))
 
 
+def _credentials(hosts):
+    """A run's authority and, keyed by name, the coordinator's credential and one per host,
+    each host's made as a host makes it (its own key, a signing request, its token)."""
+    authority = Authority(hosts)
+    parties = {"coordinator": authority.credential}
+    for host in range(hosts):
+        key = new_key()
+        certificate = authority.enroll(
+            host, authority.token(host), signing_request(host_name(host), key)
+        )
+        parties[host_name(host)] = Credential(
+            name=host_name(host), certificate=certificate, key=key, authority=authority.certificate
+        )
+    return authority, parties
+
+
+def _insider(authority, host):
+    """A second certificate of this run for ``host`` (an insider's, signed by the run's CA
+    directly: the host's own token is spent)."""
+    key = new_key()
+    return Credential(
+        name=host_name(host),
+        certificate=authority.sign(host_name(host), key.public_key()),
+        key=key,
+        authority=authority.certificate,
+    )
+
+
 def _coordinator(*, launch, dim=2):
     """A coordinator of 12 peers on 2 hosts started by ``launch``, outside any run."""
     return NetworkWorld(
@@ -465,7 +507,7 @@ def _coordinator(*, launch, dim=2):
         launch=launch,
         hosts=2,
         settings=HostSettings(n_peers=12, hosts=2, full_publication=False),
-        credentials=RunCredentials.generate(hosts=2),
+        authority=Authority(2),
     )
 
 
@@ -807,15 +849,154 @@ def test_a_curator_never_releases_a_group_past_its_expiry():
     assert host.counters.refused["submit"] == 3
 
 
+# -- keys stay where they are made ---------------------------------------------------------------
+#: A PEM private key (its header and the start of its body).
+PEM_KEY = re.compile(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----\r?\n[A-Za-z0-9+/]")
+
+
+def _private_keys_and_pem(root):
+    """Every private key object and every bytes/str holding a PEM private key reachable from
+    ``root`` (through attributes, containers and closures)."""
+    keys, pem, seen, todo = [], [], set(), [root]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen or isinstance(item, type) or inspect.ismodule(item):
+            continue
+        seen.add(id(item))
+        if isinstance(item, ec.EllipticCurvePrivateKey):
+            keys.append(item)
+        elif isinstance(item, (bytes, str)):
+            if PEM_KEY.search(item.encode() if isinstance(item, str) else item):
+                pem.append(item)
+        elif inspect.isfunction(item):  # its closure and defaults, not its module's globals
+            todo.extend(cell.cell_contents for cell in item.__closure__ or ())
+            todo.extend([item.__defaults__, item.__kwdefaults__])
+        else:
+            todo.extend(gc.get_referents(item))
+    return keys, pem
+
+
+def _public(holder):
+    """The DER public key of a private key or a certificate."""
+    return holder.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def _certified(pem):
+    return _public(x509.load_pem_x509_certificate(pem))
+
+
+def test_no_private_key_is_in_a_launch_bundle_or_held_by_the_coordinator(tmp_path, monkeypatch):
+    """Both hosts started by a hosts file's commands, the bytes written to their standard
+    input kept (tee): each launch bundle parses to the run, a ticket (one-time token, the
+    CA's certificate) and addresses, and holds no private key (no PEM key, nothing that
+    unpickles to one). Meanwhile everything the coordinator holds (the world, its authority,
+    its launcher's closure) holds exactly two private keys, the CA's and its own, none for a
+    host key certified in the run, and no PEM key. The rows are the simulator's (seeded)."""
+    bundles = [tmp_path / f"bundle-{host}" for host in range(2)]
+    host = f"{shlex.quote(sys.executable)} -m p2pdp.experiments.network"
+    commands = [["sh", "-c", f"tee {shlex.quote(str(bundle))} | {host}"] for bundle in bundles]
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\nbind = "127.0.0.1"\n'
+        + "".join(f'[[host]]\naddress = "127.0.0.1"\ncommand = {json.dumps(c)}\n' for c in commands)
+    )
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    worlds = []
+
+    class Holdings(WorldObserver):
+        def released(self, world, group, record):
+            if not worlds:  # mid-run: every host enrolled, the run under way
+                worlds.append((world, _private_keys_and_pem(world)))
+
+    config = _config("group")
+    network = simulate(_seeded(config), runtime="network", observers=(Holdings(),))
+    _same_rows(simulate(config), network)
+    world, (keys, pem) = worlds[0]
+    authority = world.authority
+    issued = {host: _certified(certificate) for host, certificate in authority.issued.items()}
+    assert sorted(issued) == [0, 1] and authority.enrolled
+    assert pem == []
+    assert sorted(map(_public, keys)) == sorted(
+        [_certified(authority.certificate), _certified(authority.credential.certificate)]
+    )
+    assert not set(map(_public, keys)) & set(issued.values())
+    for host, path in enumerate(bundles):
+        raw = path.read_bytes()
+        assert b"PRIVATE KEY" not in raw
+        bundle = pickle.loads(raw)
+        assert bundle["host"] == host and isinstance(bundle["ticket"], Ticket)
+        assert bundle["ticket"].authority == authority.certificate
+        assert _private_keys_and_pem(bundle) == ([], [])
+        # the token was this host's, and it is spent: nobody can enroll with it again
+        with pytest.raises(ProtocolError, match="wrong or spent token"):
+            authority.enroll(host, bundle["ticket"].token, b"")
+
+
+def test_an_enrollment_is_refused_without_its_token_for_another_identity_or_twice():
+    """Over the coordinator's enrollment listener: a wrong token, a request for host-1 with
+    host 0's token (which spends it), host 0's honest enrollment after that, a frame that is
+    not an enrollment and one longer than ENROLL_BYTES are all refused (no certificate) and
+    counted; host 1 enrolls once (a certificate for the key it made, as host-1), not twice;
+    once no token is left the listener is closed."""
+    world = _coordinator(launch=lambda host, ticket: None)
+    authority = world.authority
+
+    async def raw(port, message):
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=enrollment_client(authority.certificate),
+            server_hostname="coordinator",
+        )  # fmt: skip
+        writer.write(message if isinstance(message, bytes) else encode(message))
+        answer = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        return answer
+
+    async def go():
+        server = world._enrollment = await tls.listen(
+            world._enroll, "127.0.0.1", world._enrollment_tls, pending=4,
+            refused=world.wire.refused,
+        )  # fmt: skip
+        port = server.sockets[0].getsockname()[1]
+
+        def ticket(host, token=None):
+            return Ticket(port=0, enrollment_port=port, token=token or authority.token(host),
+                          authority=authority.certificate)  # fmt: skip
+
+        refused = []
+        wrong = ticket(0, token="x" * 43)
+        with pytest.raises(HostError, match="refused this host's enrollment"):
+            await host_module.enroll(0, wrong, "127.0.0.1", 5.0)
+        request = signing_request("host-1", new_key())
+        assert await raw(port, {"kind": "enroll", "host": 0, "token": authority.token(0),
+                                "request": request}) == b""  # fmt: skip
+        with pytest.raises(HostError, match="refused"):  # host 0's token is spent
+            await host_module.enroll(0, wrong, "127.0.0.1", 5.0)
+        assert await raw(port, {"kind": "hello", "host": 1}) == b""
+        assert await raw(port, struct.pack(">I", host_module.ENROLL_BYTES + 1)) == b""
+        refused.append(world.wire.refused["enroll"])
+        credential = await host_module.enroll(1, ticket(1), "127.0.0.1", 5.0)
+        assert _certified(credential.certificate) == _public(credential.key)
+        subject = x509.load_pem_x509_certificate(credential.certificate).subject
+        assert subject.rfc4514_string() == "CN=host-1"
+        with pytest.raises(HostError):  # no token left: the listener is closed
+            await host_module.enroll(1, wrong, "127.0.0.1", 5.0)
+        return refused
+
+    assert asyncio.run(go()) == [5]
+    assert sorted(authority.issued) == [1] and authority.enrolled
+
+
 # -- mutual TLS: strangers and impostors are refused, the honest keep going ------------------
 def test_mutual_tls_refuses_strangers_impostors_and_replays():
-    credentials = RunCredentials.generate(hosts=2)
-    stranger = RunCredentials.generate(hosts=2)  # another run's CA and certificates
+    _, credentials = _credentials(2)
+    _, stranger = _credentials(2)  # another run's CA and certificates
     assign = {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1], "curator": 0,
               "release": 0, "timeout": 60.0}  # fmt: skip
 
     async def connect(port, party, *, run=credentials, expect="host-0"):
-        context = run.parties[party].context(server=False)
+        context = run[party].context(server=False)
         return await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname=expect)
 
     async def go():
@@ -827,7 +1008,7 @@ def test_mutual_tls_refuses_strangers_impostors_and_replays():
             sensitivity=lambda sizes: 2.0 / min(sizes),
             settings=HostSettings(n_peers=4, hosts=2, full_publication=False),
             report=lambda message: None,
-            credential=credentials.parties["host-0"],
+            credential=credentials["host-0"],
         )
         port = (await host.listen())[0]
         # no certificate at all: the handshake never completes, no frame is read
@@ -1226,17 +1407,11 @@ def test_forged_releases_publications_records_and_hellos_are_refused_and_the_run
     peer of host 1 as its sender, and the receipt index 2^63 - 1). Each is refused and
     counted, and the run ends with the simulator's rows (seeded noise)."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
-    generate = RunCredentials.generate
-    held = []
-    monkeypatch.setattr(
-        "p2pdp.experiments.network.RunCredentials.generate",
-        lambda hosts: held.append(generate(hosts)) or held[-1],
-    )
     send = NetworkWorld._send
     groups, attacked = [], []
 
     async def frames(world, party, port, name, messages):
-        context = held[0].parties[party].context(server=False)
+        context = _insider(world.authority, int(party.removeprefix("host-"))).context(server=False)
         _, writer = await asyncio.open_connection(
             "127.0.0.1", port, ssl=context, server_hostname=name
         )
@@ -1355,7 +1530,7 @@ def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypa
     the handshake deadline. With an allowlist, a client from another address (here:
     127.0.0.1 itself, not listed) is refused before its handshake."""
     monkeypatch.setattr(tls, "HANDSHAKE_TIMEOUT", 0.5)
-    credentials = RunCredentials.generate(hosts=1)
+    _, credentials = _credentials(1)
 
     async def go(allowed):
         host = PeerHost(
@@ -1366,12 +1541,12 @@ def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypa
             sensitivity=lambda sizes: 2.0 / min(sizes),
             settings=HostSettings(n_peers=2, hosts=1, full_publication=False, allowed=allowed),
             report=lambda message: None,
-            credential=credentials.parties["host-0"],
+            credential=credentials["host-0"],
         )
         port = (await host.listen())[0]
         silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(40)]
         await asyncio.sleep(0.1)
-        context = credentials.parties["coordinator"].context(server=False)
+        context = credentials["coordinator"].context(server=False)
         try:
             _, writer = await asyncio.open_connection(
                 "127.0.0.1", port, ssl=context, server_hostname="host-0"

@@ -37,8 +37,8 @@ from p2pdp.core.errors import ConfigError, NetworkRunError, P2PDPError
 from p2pdp.core.parallel import worker_signals
 from p2pdp.experiments.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
-from p2pdp.net.host import HostError, HostSettings, hosts_of, serve
-from p2pdp.net.tls import Credential, RunCredentials, host_name
+from p2pdp.net.host import HostError, HostSettings, Ticket, hosts_of, serve
+from p2pdp.net.tls import Authority
 from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import budget_ledger
 from p2pdp.tasks import make_task, prepared, release_path, sensitivity_of, task_statistics
@@ -317,19 +317,19 @@ def network_world(
     n_peers = config.partition.n_peers
     hosts, plan = hosts_plan(n_peers)
     context = multiprocessing.get_context("spawn")
-    credentials = RunCredentials.generate(hosts)
+    authority = Authority(hosts)  # its keys stay in this process
 
-    def launch(host: int, port: int) -> Any:
-        credential = credentials.parties[host_name(host)]
+    def launch(host: int, ticket: Ticket) -> Any:
+        # the launch bundle: no private key (each host makes its own), a one-time token
+        bundle = dict(config=config, fold=fold, repetition=repetition, host=host, hosts=hosts,
+                      ticket=ticket)  # fmt: skip
         if plan is not None:
-            bundle = dict(config=config, fold=fold, repetition=repetition, host=host,
-                          hosts=hosts, port=port, credential=credential,
-                          coordinator=plan.coordinator, address=plan.addresses[host],
+            bundle.update(coordinator=plan.coordinator, address=plan.addresses[host],
                           allowed=plan.allowed)  # fmt: skip
             return _Command(host, plan.commands[host], pickle.dumps(bundle))
         process = context.Process(
             target=host_main,
-            args=(config, fold, repetition, host, hosts, port, credential),
+            kwargs=bundle,
             name=f"host {host} (spawned from this Python process)",
             daemon=True,
         )
@@ -345,7 +345,7 @@ def network_world(
         launch=launch,
         hosts=hosts,
         settings=_settings(config, hosts, plan.allowed if plan else ()),
-        credentials=credentials,
+        authority=authority,
         observers=observers,
         exact=lambda members: releaser.exact(statistics[members]),
         bind=plan.bind if plan else "127.0.0.1",
@@ -358,16 +358,15 @@ def host_main(
     repetition: int,
     host: int,
     hosts: int,
-    port: int,
-    credential: Credential,
+    ticket: Ticket,
     coordinator: str = "127.0.0.1",
     address: str = "127.0.0.1",
     allowed: tuple[str, ...] = (),
 ) -> None:
     """Host process ``host`` of ``hosts``: prepare the fold, keep this host's peers'
-    statistics, serve them on ``address`` until the coordinator at ``coordinator:port`` ends
-    the run, as ``credential`` (mutual TLS), accepting connections only from ``allowed``
-    (if any)."""
+    statistics, enroll with ``ticket`` (a key pair of its own, made here) and serve them on
+    ``address`` until the coordinator at ``coordinator`` ends the run (mutual TLS),
+    accepting connections only from ``allowed`` (if any)."""
     logging.basicConfig(level=logging.WARNING, format=f"host {host}: %(message)s")
     worker_signals()  # a Ctrl-C is the coordinator's to handle: it ends the run, and the hosts
     task = make_task(config)
@@ -388,8 +387,7 @@ def host_main(
                 sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
                 settings=_settings(config, hosts, allowed),
                 host_index=host,
-                coordinator_port=port,
-                credential=credential,
+                ticket=ticket,
                 coordinator=coordinator,
                 address=address,
             )
@@ -402,7 +400,8 @@ def host_main(
 def host_from_stdin() -> None:
     """A host started by a hosts file's command: its launch bundle (pickled by the
     coordinator that started it, the only party that writes to this process's standard
-    input) names its run, fold, index, credential and addresses."""
+    input) names its run, fold, index, ticket (:class:`~p2pdp.net.host.Ticket`: no private
+    key) and addresses."""
     host_main(**pickle.load(sys.stdin.buffer))
 
 

@@ -5,7 +5,12 @@ after :meth:`NetworkWorld.run` it holds the same outputs (published models, rece
 release records, the budget ledger, message counters), so the experiment code scores a
 network run exactly as it scores a simulated one.
 
-The run: start the host processes (:mod:`p2pdp.net.host`), learn every peer's port, send
+The run: start the host processes (:mod:`p2pdp.net.host`), each with a
+:class:`~p2pdp.net.host.Ticket` (no private key: a one-time token and the run's CA
+certificate); sign each host's certificate signing request once, for the host index its token
+was made for (:meth:`~p2pdp.net.tls.Authority.enroll`; a wrong or spent token, a request for
+another identity and any other frame on the enrollment listener are refused and counted
+``enroll``, and that listener closes once every host enrolled); learn every peer's port, send
 everyone the directory; then, one group at a time (the seed's sequential GroupAgent), draw the
 group from the pool of idle solvent peers with the simulator's
 :class:`~p2pdp.protocols.groups.GroupPool` and the same protocol stream, send each member an
@@ -32,7 +37,7 @@ naming the host and its command).
 
 What the coordinator sees: the groups it formed, the released models and their public records
 (sensitivity, noise scale; ``noise_norm`` is analysis-only, as in the simulator). It never sees
-a statistic.
+a statistic, nor a host's private key (each host makes its own).
 """
 
 from __future__ import annotations
@@ -54,8 +59,20 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.core.rng import Uniforms
-from p2pdp.net.host import DIRECTORY, DONE, FINISH, HELLO, STATS, HostSettings, hosts_of
-from p2pdp.net.tls import COORDINATOR, RunCredentials, host_name, identity, listen
+from p2pdp.net.host import (
+    CERTIFICATE,
+    DIRECTORY,
+    DONE,
+    ENROLL,
+    ENROLL_BYTES,
+    FINISH,
+    HELLO,
+    STATS,
+    HostSettings,
+    Ticket,
+    hosts_of,
+)
+from p2pdp.net.tls import Authority, host_name, identity, listen
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
@@ -225,14 +242,15 @@ class NetworkWorld:
     rngs : dict
         ``"protocol"``: the stream of groups and curators (the simulator's).
     launch : callable
-        ``launch(host_index, port) -> process`` starts host ``host_index`` (of ``hosts``),
-        which connects to the coordinator's ``port`` with its credential of ``credentials``
-        and says where its peers listen; the process needs ``join``, ``is_alive`` and
-        ``kill``, and may have a ``name`` (``host N (its command)``, for error messages) and
-        an ``exitcode`` (None while it runs, ``-signal`` if killed).
-    credentials : RunCredentials
-        The run's CA and every party's certificate (:mod:`p2pdp.net.tls`): every connection
-        is mutual TLS, and a host may speak only for itself.
+        ``launch(host_index, ticket) -> process`` starts host ``host_index`` (of ``hosts``)
+        with its :class:`~p2pdp.net.host.Ticket`: it enrolls, connects to the coordinator
+        with its new certificate and says where its peers listen; the process needs
+        ``join``, ``is_alive`` and ``kill``, and may have a ``name`` (``host N (its
+        command)``, for error messages) and an ``exitcode`` (None while it runs, ``-signal``
+        if killed).
+    authority : Authority
+        The run's CA (:mod:`p2pdp.net.tls`), held here only: it signs each host's certificate
+        once, and every other connection is mutual TLS (a host may speak only for itself).
     hosts : int
         Host processes (peers are split evenly among them).
     settings : HostSettings
@@ -260,10 +278,10 @@ class NetworkWorld:
         dim: int,
         ledger: BudgetLedger,
         rngs: dict[str, np.random.Generator],
-        launch: Callable[[int, int], Any],
+        launch: Callable[[int, Ticket], Any],
         hosts: int,
         settings: HostSettings,
-        credentials: RunCredentials,
+        authority: Authority,
         observers: Sequence[Any] = (),
         exact: Callable[[np.ndarray], np.ndarray] | None = None,
         bind: str = "127.0.0.1",
@@ -306,8 +324,11 @@ class NetworkWorld:
         self.position: dict[int, int] = {}  # group -> index of its release in published
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self.host_of = hosts_of(n_peers, hosts)
-        own = credentials.parties[COORDINATOR]
+        self.authority = authority
+        own = authority.credential
         self._server_tls, self._client_tls = own.context(server=True), own.context(server=False)
+        self._enrollment_tls = own.context(server=True, clients=False)
+        self._enrollment: asyncio.Server | None = None
         self.lost_hosts: set[int] = set()
         # The largest control frame a host sends: a release (one model, its group's member
         # list), or its final report (per peer its counts; receipts of 16 bytes, at most one
@@ -341,11 +362,25 @@ class NetworkWorld:
             raise ConfigError(
                 f"the coordinator cannot listen on {self.bind!r} (a hosts file's bind): {error}"
             ) from None
-        self.port = port = server.sockets[0].getsockname()[1]
+        self.port = server.sockets[0].getsockname()[1]
+        self._enrollment = enrollment = await listen(
+            self._enroll,
+            self.bind,
+            self._enrollment_tls,
+            pending=self.n_hosts + 8,
+            refused=self.wire.refused,
+            allowed=self.settings.allowed,
+        )
         ended = False
         try:
             for i in range(self.n_hosts):  # one by one: if one cannot start, the others stop
-                self.processes.append(self.launch(i, port))
+                ticket = Ticket(
+                    port=self.port,
+                    enrollment_port=enrollment.sockets[0].getsockname()[1],
+                    token=self.authority.token(i),
+                    authority=self.authority.certificate,
+                )
+                self.processes.append(self.launch(i, ticket))
             await self._wait(self._hello, STARTUP_TIMEOUT, "every host to start")
             directory = encode(
                 {"kind": DIRECTORY, "ports": self.ports, "addresses": self.addresses}
@@ -360,6 +395,7 @@ class NetworkWorld:
             ended = True
         finally:
             server.close()
+            enrollment.close()
             for writer in [*self._writers.values(), *self._hosts.values()]:
                 writer.close()
             self._stop_processes(wait=ended)  # a failed run does not wait for its hosts
@@ -398,6 +434,34 @@ class NetworkWorld:
                     log.warning("host process %s did not exit: killed", process)
                 process.kill()
                 process.join()
+
+    # -- enrollment (one connection per host, before its control connection) --------------------
+    async def _enroll(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One enrollment: a single frame of at most ENROLL_BYTES, answered by the host's
+        certificate if the authority accepts it; anything else is refused, counted
+        ``enroll``, and closes the connection unanswered. The listener closes once every
+        host enrolled."""
+        try:
+            message = await read_frame(reader, timeout=self.settings.timeout,
+                                       max_bytes=ENROLL_BYTES)  # fmt: skip
+            if message is None or message["kind"] != ENROLL:
+                raise ProtocolError(f"not an enrollment: {message!r:.40}")
+            certificate = self.authority.enroll(
+                message.get("host"), message.get("token"), message.get("request")
+            )
+        except (ProtocolError, TimeoutError, ConnectionError) as error:
+            self.wire.refused[ENROLL] += 1
+            log.warning("coordinator: refused an enrollment: %s", error)
+            writer.close()
+            return
+        writer.write(encode({"kind": CERTIFICATE, "certificate": certificate}))
+        try:
+            await asyncio.wait_for(writer.drain(), self.settings.timeout)
+        except (TimeoutError, ConnectionError):
+            pass  # the host cannot enroll again: it fails to start, and the run says so
+        writer.close()
+        if self.authority.enrolled and self._enrollment is not None:
+            self._enrollment.close()  # nobody else may enroll: no listener left for it
 
     # -- control connections (one per host) ---------------------------------------------------
     async def _control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

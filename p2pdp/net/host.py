@@ -49,7 +49,16 @@ from typing import Any
 import numpy as np
 
 from p2pdp.core.rng import os_generator
-from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity, listen
+from p2pdp.net.tls import (
+    COORDINATOR,
+    Credential,
+    enrollment_client,
+    host_name,
+    identity,
+    listen,
+    new_key,
+    signing_request,
+)
 from p2pdp.net.wire import (
     ProtocolError,
     encode,
@@ -73,12 +82,17 @@ from p2pdp.protocols.groups import (
     model_bytes,
 )
 
-__all__ = ["HostError", "HostSettings", "PeerHost", "hosts_of", "serve"]
+__all__ = ["HostError", "HostSettings", "PeerHost", "Ticket", "enroll", "hosts_of", "serve"]
 
 log = logging.getLogger(__name__)
 
 # Control kinds between a host and the coordinator (peer-protocol kinds: p2pdp.protocols.groups)
 HELLO, DIRECTORY, DONE, FINISH, STATS = "hello", "directory", "done", "finish", "stats"
+#: A host's enrollment (token and signing request) and the coordinator's answer (certificate).
+ENROLL, CERTIFICATE = "enroll", "certificate"
+#: Largest enrollment frame, either way (bytes): a P-256 request or certificate in PEM is
+#: under 1 KiB, a token 43 characters.
+ENROLL_BYTES = 4096
 #: Every kind a peer's socket reads (a refusal is counted under its kind, or "unknown").
 KINDS = (ASSIGN, SUBMIT, SHARE, PARTIAL, PUBLISH)
 
@@ -159,6 +173,28 @@ class _Member:
     group: Group
     partial: np.ndarray  # (d,) uint64
     senders: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What a host needs to join a run (its launch bundle's part from the coordinator): no
+    private key, only what lets it get a certificate for a key of its own (:func:`enroll`).
+
+    Attributes
+    ----------
+    port, enrollment_port : int
+        Where the coordinator listens for control connections (mutual TLS) and enrollments
+        (TLS authenticating the coordinator only).
+    token : str
+        The host's one-time enrollment token (:class:`p2pdp.net.tls.Authority`).
+    authority : bytes
+        The run's CA certificate (PEM): pins the coordinator, and every peer of the run.
+    """
+
+    port: int
+    enrollment_port: int
+    token: str
+    authority: bytes
 
 
 class HostError(Exception):
@@ -784,14 +820,14 @@ async def serve(
     sensitivity: Callable[[list[int]], float],
     settings: HostSettings,
     host_index: int,
-    coordinator_port: int,
-    credential: Credential | None = None,
+    ticket: Ticket,
     coordinator: str = "127.0.0.1",
     address: str = "127.0.0.1",
 ) -> None:
     """Run host ``host_index``: its peers' sockets, until the coordinator says the run is over.
 
-    Connects to the coordinator at ``coordinator:coordinator_port`` (``HELLO`` with the
+    Enrolls with ``ticket`` (:func:`enroll`: its own key pair, made here), connects to the
+    coordinator at ``coordinator:ticket.port`` (``HELLO`` with the
     host's ``address``, where its peers listen, and every peer's port), waits for the
     ``DIRECTORY`` of every host's address and every peer's port, serves the protocol, and on
     ``FINISH`` waits until its peers received the publications the coordinator expects, then
@@ -799,19 +835,19 @@ async def serve(
     bytes per kind on the wire, the receipts (``group`` publication: a ``full`` one reaches
     everyone), and the frames refused.
     """
-    tls = credential.context(server=False) if credential else None
+    credential = await enroll(host_index, ticket, coordinator, settings.timeout)
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(
                 coordinator,
-                coordinator_port,
-                ssl=tls,
-                server_hostname=COORDINATOR if tls else None,
+                ticket.port,
+                ssl=credential.context(server=False),
+                server_hostname=COORDINATOR,
             ),
             settings.timeout,
         )
     except (OSError, TimeoutError) as error:
-        raise HostError(f"cannot reach the coordinator at {coordinator}:{coordinator_port}: "
+        raise HostError(f"cannot reach the coordinator at {coordinator}:{ticket.port}: "
                         f"{error or 'timed out'}") from None  # fmt: skip
 
     def report(message: dict[str, Any]) -> None:
@@ -861,6 +897,59 @@ async def serve(
     finally:
         await host.close()
         writer.close()
+
+
+async def enroll(host_index: int, ticket: Ticket, coordinator: str, timeout: float) -> Credential:
+    """Host ``host_index``'s credential: a key pair made here (it never leaves this
+    process) and the certificate the coordinator's CA issues for it, in exchange for the
+    ticket's one-time token and a signing request, over TLS that authenticates the
+    coordinator (pinned by the run's CA) and not the host (it has no certificate yet).
+
+    Raises
+    ------
+    HostError
+        The coordinator is unreachable, or refused the enrollment (it closes the connection).
+    """
+    key = new_key()
+    name = host_name(host_index)
+    where = f"{coordinator}:{ticket.enrollment_port}"
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(
+                coordinator,
+                ticket.enrollment_port,
+                ssl=enrollment_client(ticket.authority),
+                server_hostname=COORDINATOR,
+            ),
+            timeout,
+        )
+    except (OSError, TimeoutError) as error:
+        raise HostError(f"cannot reach the coordinator at {where} to enroll: "
+                        f"{error or 'timed out'}") from None  # fmt: skip
+    try:
+        writer.write(
+            encode(
+                {
+                    "kind": ENROLL,
+                    "host": host_index,
+                    "token": ticket.token,
+                    "request": signing_request(name, key),
+                }
+            )
+        )
+        answer = await read_frame(reader, timeout=timeout, max_bytes=ENROLL_BYTES)
+    except (OSError, TimeoutError, ProtocolError) as error:
+        raise HostError(f"enrollment at {where} failed: {error or 'timed out'}") from None
+    finally:
+        writer.close()
+    if (
+        answer is None
+        or answer["kind"] != CERTIFICATE
+        or not isinstance(answer.get("certificate"), bytes)
+    ):
+        raise HostError(f"the coordinator at {where} refused this host's enrollment")
+    return Credential(name=name, certificate=answer["certificate"], key=key,
+                      authority=ticket.authority)  # fmt: skip
 
 
 async def _received(host: PeerHost, publications: int, timeout: float) -> None:

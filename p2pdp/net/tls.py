@@ -1,17 +1,25 @@
-"""Mutual TLS for the network runtime: a certificate authority per run, one identity per process.
+"""Mutual TLS for the network runtime: a certificate authority per run, one key pair per process,
+made by the process that uses it.
 
-:meth:`RunCredentials.generate` makes, with the `cryptography
-<https://cryptography.io>`_ library, a fresh CA (ECDSA P-256, valid one day) and one
-certificate per party: ``coordinator`` and ``host-0``, ``host-1``, ... (the name is both the
-subject's common name and its DNS name). Every connection of a run is TLS 1.2+ with
-certificates required on both sides and checked against that CA only; a client also checks
-that the server is the host it meant to reach. So a process without a certificate of this run
-cannot open a connection, and every frame arrives on a connection whose peer is known
-(:func:`identity`): a host accepts assignments only from ``coordinator`` and a peer's
-messages only from the host that runs that peer (:mod:`p2pdp.net.host`).
+The coordinator's :class:`Authority` makes, with the `cryptography <https://cryptography.io>`_
+library, a fresh CA (ECDSA P-256, valid one day) and the coordinator's own key pair and
+certificate, all in the coordinator's process. A host makes its own key pair in its own process
+(:func:`new_key`) and enrolls once (:mod:`p2pdp.net.host`): over TLS that authenticates the
+coordinator only (pinned by the run's CA certificate, :func:`enrollment_client`), it presents
+the one-time random token of its launch bundle and a certificate signing request
+(:func:`signing_request`); :meth:`Authority.enroll` checks the token, consumes it, and signs
+the request's public key as ``host-N`` for the host index that token was made for, nothing
+else. So no private key ever leaves the process that made it (in memory a key is a
+``cryptography`` object, which cannot even be pickled), and only a holder of a launch bundle
+can get a certificate, once per host.
 
-The private keys travel to the host processes the coordinator starts (``spawn`` arguments) and
-live in a temporary directory readable by this user only while the run lasts.
+The name (``coordinator``, ``host-0``, ``host-1``, ...) is both the subject's common name and
+its DNS name. Every other connection of a run is TLS 1.2+ with certificates required on both
+sides and checked against that CA only; a client also checks that the server is the host it
+meant to reach. So a process without a certificate of this run cannot open a connection, and
+every frame arrives on a connection whose peer is known (:func:`identity`): a host accepts
+assignments only from ``coordinator`` and a peer's messages only from the host that runs that
+peer (:mod:`p2pdp.net.host`).
 
 Every listener of a run is made by :func:`listen`: a connection first passes the address
 allowlist (if any), then has ``HANDSHAKE_TIMEOUT`` seconds to complete its handshake, and at
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import secrets
 import ssl
 import tempfile
 from collections import Counter
@@ -34,23 +43,30 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from p2pdp.net.wire import ProtocolError
+
 __all__ = [
     "COORDINATOR",
     "HANDSHAKE_TIMEOUT",
+    "Authority",
     "Credential",
-    "RunCredentials",
+    "enrollment_client",
     "host_name",
     "identity",
     "listen",
+    "new_key",
+    "signing_request",
 ]
 
 COORDINATOR = "coordinator"
 #: Seconds a client has to complete its TLS handshake with a listener of the run.
 HANDSHAKE_TIMEOUT = 5.0
+_VALIDITY = datetime.timedelta(days=1)
 
 
 def host_name(host: int) -> str:
@@ -58,83 +74,176 @@ def host_name(host: int) -> str:
     return f"host-{host}"
 
 
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def new_key() -> ec.EllipticCurvePrivateKey:
+    """A fresh ECDSA P-256 private key (the operating system's CSPRNG, through OpenSSL), to be
+    kept by the process that calls this."""
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def signing_request(name: str, key: ec.EllipticCurvePrivateKey) -> bytes:
+    """A PEM certificate signing request for ``name``'s public half of ``key``, signed with
+    ``key`` (which proves the requester holds it; the key itself is not in it)."""
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(_name(name))
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+    )
+
+
+def enrollment_client(authority: bytes) -> ssl.SSLContext:
+    """A host's context for its enrollment: it checks the server is this run's
+    ``coordinator`` (``authority``: the run's CA certificate, PEM) and presents nothing."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_verify_locations(cadata=authority.decode())
+    return context
+
+
 @dataclass(frozen=True)
 class Credential:
-    """One party's PEM certificate and private key, and the run's CA certificate."""
+    """One party's PEM certificate and private key (held in memory by the process that made
+    it), and the run's CA certificate."""
 
     name: str
     certificate: bytes
-    key: bytes
+    key: ec.EllipticCurvePrivateKey
     authority: bytes
 
-    def context(self, *, server: bool) -> ssl.SSLContext:
-        """An SSLContext that presents this credential and requires the other side's, signed
-        by the run's CA (a client also checks the server's name: pass it as
-        ``server_hostname``)."""
+    def context(self, *, server: bool, clients: bool = True) -> ssl.SSLContext:
+        """An SSLContext that presents this credential and (unless a server with
+        ``clients=False``: enrollment) requires the other side's, signed by the run's CA (a
+        client also checks the server's name: pass it as ``server_hostname``)."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_mode = ssl.CERT_REQUIRED if clients else ssl.CERT_NONE
         context.load_verify_locations(cadata=self.authority.decode())
-        with tempfile.TemporaryDirectory() as directory:  # ssl loads a chain from files only
+        # ssl loads a key from a file only: it is written encrypted under a one-time password
+        # held in memory, readable by this user only, and deleted at once
+        password = secrets.token_bytes(32)
+        with tempfile.TemporaryDirectory() as directory:
             cert, key = Path(directory) / "cert.pem", Path(directory) / "key.pem"
             cert.write_bytes(self.certificate)
             key.touch(mode=0o600)
-            key.write_bytes(self.key)
-            context.load_cert_chain(cert, key)
+            key.write_bytes(
+                self.key.private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.BestAvailableEncryption(password),
+                )
+            )
+            context.load_cert_chain(cert, key, password=password)
         return context
 
 
-@dataclass(frozen=True)
-class RunCredentials:
-    """The run's CA certificate and every party's credential (by name)."""
+class Authority:
+    """A run's certificate authority, held by the coordinator only: its CA key, its own
+    credential, and one one-time enrollment token per host.
 
-    authority: bytes
-    parties: dict[str, Credential]
+    Parameters
+    ----------
+    hosts : int
+        Host processes of the run (``host-0`` .. ``host-{hosts-1}``).
 
-    @classmethod
-    def generate(cls, hosts: int) -> RunCredentials:
-        """A fresh CA and credentials for the coordinator and ``hosts`` host processes."""
+    Attributes
+    ----------
+    certificate : bytes
+        The CA's PEM certificate (public: every launch bundle carries it).
+    credential : Credential
+        The coordinator's (its key made here, never sent).
+    issued : dict
+        Host index -> the PEM certificate issued to it (public).
+    """
+
+    def __init__(self, hosts: int) -> None:
         now = datetime.datetime.now(datetime.timezone.utc)
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "p2pdp run CA")])
+        self._key = new_key()
+        self._issuer = _name("p2pdp run CA")
+        self._now = now
         ca = (
             x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
+            .subject_name(self._issuer)
+            .issuer_name(self._issuer)
+            .public_key(self._key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_after(now + _VALIDITY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .sign(ca_key, hashes.SHA256())
+            .sign(self._key, hashes.SHA256())
         )
-        authority = ca.public_bytes(serialization.Encoding.PEM)
-        parties = {}
-        for name in [COORDINATOR, *(host_name(h) for h in range(hosts))]:
-            key = ec.generate_private_key(ec.SECP256R1())
-            certificate = (
-                x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-                .issuer_name(ca_name)
-                .public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5))
-                .not_valid_after(now + datetime.timedelta(days=1))
-                .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .sign(ca_key, hashes.SHA256())
+        self.certificate = ca.public_bytes(serialization.Encoding.PEM)
+        key = new_key()
+        self.credential = Credential(
+            name=COORDINATOR,
+            certificate=self.sign(COORDINATOR, key.public_key()),
+            key=key,
+            authority=self.certificate,
+        )
+        self._tokens = {host: secrets.token_urlsafe(32) for host in range(hosts)}
+        self.issued: dict[int, bytes] = {}
+
+    def token(self, host: int) -> str:
+        """Host ``host``'s one-time enrollment token (for its launch bundle only)."""
+        return self._tokens[host]
+
+    @property
+    def enrolled(self) -> bool:
+        """Every host has used its token."""
+        return not self._tokens
+
+    def sign(self, name: str, public_key: ec.EllipticCurvePublicKey) -> bytes:
+        """A PEM certificate for ``name`` (common and DNS name) and ``public_key``."""
+        return (
+            x509.CertificateBuilder()
+            .subject_name(_name(name))
+            .issuer_name(self._issuer)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(self._now - datetime.timedelta(minutes=5))
+            .not_valid_after(self._now + _VALIDITY)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(self._key, hashes.SHA256())
+            .public_bytes(serialization.Encoding.PEM)
+        )
+
+    def enroll(self, host: Any, token: Any, request: Any) -> bytes:
+        """Host ``host``'s certificate for the public key of ``request`` (a PEM certificate
+        signing request), if ``token`` is its enrollment token; the token is then spent.
+
+        Raises
+        ------
+        ProtocolError
+            Not a host of this run, a wrong or spent token (a second enrollment), or a request
+            that is not a valid P-256 request for ``host-N`` signed by its own key (the token
+            is spent all the same: it was presented).
+        """
+        if type(host) is not int or not isinstance(token, str) or not isinstance(request, bytes):
+            raise ProtocolError("enrollment needs an int host, a str token and bytes request")
+        expected = self._tokens.get(host)
+        if expected is None or not secrets.compare_digest(expected.encode(), token.encode()):
+            raise ProtocolError(f"enrollment of host {host} with a wrong or spent token")
+        del self._tokens[host]
+        try:
+            csr = x509.load_pem_x509_csr(request)
+            public_key = csr.public_key()
+            valid = csr.is_signature_valid
+        except (ValueError, InvalidSignature, UnsupportedAlgorithm) as error:
+            raise ProtocolError(f"host {host}: malformed signing request: {error}") from None
+        if not valid or not isinstance(public_key, ec.EllipticCurvePublicKey):
+            raise ProtocolError(f"host {host}: signing request not self-signed by a P-256 key")
+        if not isinstance(public_key.curve, ec.SECP256R1):
+            raise ProtocolError(f"host {host}: signing request for curve {public_key.curve.name}")
+        if csr.subject != _name(host_name(host)):
+            raise ProtocolError(
+                f"host {host} asks for a certificate of {csr.subject.rfc4514_string()!r:.80}"
             )
-            parties[name] = Credential(
-                name=name,
-                certificate=certificate.public_bytes(serialization.Encoding.PEM),
-                key=key.private_bytes(
-                    serialization.Encoding.PEM,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                ),
-                authority=authority,
-            )
-        return cls(authority=authority, parties=parties)
+        self.issued[host] = certificate = self.sign(host_name(host), public_key)
+        return certificate
 
 
 def identity(writer: object) -> str | None:
