@@ -188,19 +188,8 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
     if mechanism.private:
         account = make_accountant(accountant)
         account.check(event)
-        max_steps = affordable(
-            account,
-            event,
-            epsilon_total=privacy.epsilon,
-            delta_total=privacy.delta,
-            at_most=most_steps,
-        )
+        calibrated = settings.noise_multiplier is None
         for _ in range(60):  # a calibration at the budget's very edge may afford one step less
-            if settings.noise_multiplier is not None or max_steps >= settings.rounds:
-                break
-            z = mechanism.noise_multiplier * (1 + 1e-6)
-            mechanism = dataclasses.replace(mechanism, noise_multiplier=z)
-            event = mechanism.event(delta_step)
             max_steps = affordable(
                 account,
                 event,
@@ -208,6 +197,11 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
                 delta_total=privacy.delta,
                 at_most=most_steps,
             )
+            if not calibrated or max_steps >= settings.rounds:
+                break
+            z = mechanism.noise_multiplier * (1 + 1e-6)
+            mechanism = dataclasses.replace(mechanism, noise_multiplier=z)
+            event = mechanism.event(delta_step)
     result = StepPrivacy(
         mechanism=mechanism,
         event=event,
