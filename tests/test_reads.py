@@ -183,6 +183,7 @@ def _mixed_sweep(tmp_path):
     return parse_scenario(text, source="mixed")
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # e.g. a layout collapsed
 def test_a_protocol_sweep_gives_one_row_per_cell_its_protocol_reads(tmp_path):
     scenario = _mixed_sweep(tmp_path)
     protocols = [
@@ -206,6 +207,7 @@ def test_a_protocol_sweep_gives_one_row_per_cell_its_protocol_reads(tmp_path):
     assert "error_vs_group_size.png" not in report
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # e.g. a layout collapsed
 def test_a_report_draws_no_figure_for_an_axis_no_cell_read(tmp_path):
     text = (
         SMALL + '[sweep]\n"privacy.epsilon" = [1.0, 10.0]\n"publication.mode" = ["group", "full"]\n'
