@@ -887,6 +887,9 @@ def _roc_figure(summaries: Sequence[PointSummary], swept: Sequence[str], path: P
     for best in curves:
         assert best.roc_tpr is not None
         name = _name(modes + shown, [best.settings[k] for k in modes + shown])
+        if not name:  # one curve: say which grid point it is
+            keys = _independent(swept, summaries, [])  # tied settings (delta_A) once
+            name = "best: " + _name(keys, [best.settings[k] for k in keys]) if keys else ""
         axis.plot(ROC_FPR, best.roc_tpr, label=f"{name or 'all cells'} (AUC {best.auc:.3f})")
     axis.plot([0, 1], [0, 1], color="grey", linestyle=":", label="chance")
     axis.set_xlabel("false positive rate")
