@@ -328,11 +328,19 @@ class PrivacyConfig:
                     "set only one of privacy.epsilon_per_aggregation and "
                     f"privacy.noise_multiplier; got {given!r} and {self.noise_multiplier!r}"
                 )
+            if self.resolve_mechanism_name() != "gaussian":
+                raise ConfigError(
+                    "privacy.noise_multiplier calibrates the one-shot protocol's Gaussian "
+                    f"releases and needs privacy.mechanism = 'gaussian'; got {self.mechanism!r} "
+                    "(set privacy.epsilon_per_aggregation instead)"
+                )
             delta_step = self.delta_per_aggregation
             if delta_step is None or isinstance(delta_step, Derived):
                 raise ConfigError(
                     "privacy.delta_per_aggregation must be given with privacy.noise_multiplier "
-                    "(the delta at which one release's epsilon is stated); got None"
+                    "(the delta at which one release's epsilon is stated); got None. "
+                    "privacy.noise_multiplier calibrates the one-shot protocol's releases; "
+                    "iterative protocols take protocol.noise_multiplier"
                 )
             from p2pdp.privacy.gdp import MAX_MU, gdp_epsilon
 
@@ -416,12 +424,6 @@ class PrivacyConfig:
                 f"privacy.accountant = {self.accountant!r} needs privacy.mechanism = "
                 f"'gaussian'; got mechanism {self.mechanism!r}"
             )
-        if self.noise_multiplier is not None:
-            if self.resolve_mechanism_name() != "gaussian":
-                raise ConfigError(
-                    "privacy.noise_multiplier needs privacy.mechanism = 'gaussian'; "
-                    f"got {self.mechanism!r}"
-                )
         if not self.per_aggregation_derived:
             self.check_per_aggregation()
         if self.secure_aggregation and self.needs_records:

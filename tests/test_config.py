@@ -42,6 +42,18 @@ from p2pdp.core.errors import ConfigError
             "delta_per_aggregation",
         ),
         (PrivacyConfig, {"accountant": "rdp"}, "needs privacy.mechanism = 'gaussian'"),
+        # the mechanism is the real reason, named before the missing delta_per_aggregation
+        (
+            PrivacyConfig,
+            {"mechanism": "vector-laplace", "noise_multiplier": 1.0},
+            "noise_multiplier calibrates the one-shot protocol's Gaussian releases",
+        ),
+        # ... and an iterative run's user learns which noise multiplier they meant
+        (
+            PrivacyConfig,
+            {"mechanism": "gaussian", "delta": 1e-5, "noise_multiplier": 1.0},
+            "iterative protocols take protocol.noise_multiplier",
+        ),
         (PrivacyConfig, {"sensitivity": "max"}, "privacy.sensitivity"),
         (GroupsConfig, {"group_size": 0}, "groups.group_size must be an integer >= 1, got 0"),
         (GroupsConfig, {"sampler": "oracle"}, "groups.sampler"),

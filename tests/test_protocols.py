@@ -503,6 +503,25 @@ def test_a_single_iterative_protocol_gets_its_round_figures(tmp_path) -> None:
     assert "protocol comparison: each protocol's tuning" not in report
 
 
+def test_a_single_protocol_tuned_over_folds_lists_the_tuning_as_non_private(tmp_path) -> None:
+    from p2pdp.experiments.report import write_report
+    from p2pdp.experiments.runner import run_experiment
+    from p2pdp.experiments.scenario import load_scenario
+
+    path = tmp_path / "one.toml"
+    text = COMPARISON[: COMPARISON.index("[sweep]")] + '[sweep]\n"protocol.step_size" = [0.5, 2]\n'
+    path.write_text(text.replace("[protocol]", '[protocol]\nname = "dpsgd"'), encoding="utf-8")
+    out = tmp_path / "out"
+    overrides = ["evaluation.folds=[0, 1]", "privacy.epsilon=1"]
+    run_experiment(load_scenario(str(path), overrides), out, jobs=1)
+    report = write_report(out).read_text(encoding="utf-8")
+    steps = report[report.index("## Non-private steps") : report.index("## Figures")]
+    assert "protocol comparison: each protocol's tuning settings" in steps
+    assert "## dpsgd at its tuned settings" in report
+    fixed = next(line for line in report.splitlines() if line.startswith("Fixed: "))
+    assert "= None" not in fixed and "`groups.sampler`" not in fixed  # unread: not shown
+
+
 def test_leave_one_fold_out_tuning_never_uses_the_folds_own_error() -> None:
     from p2pdp.experiments.protocol_report import tuned_comparison
 

@@ -120,6 +120,24 @@ def tunes(table: Sequence[dict[str, Any]]) -> bool:
     return any(row["candidates"] > 1 for row in table)
 
 
+def compares(rows: Sequence[dict[str, Any]], swept: Sequence[str]) -> bool:
+    """Whether the report has a protocol comparison: ``protocol.name`` swept, or an iterative
+    protocol among the rows (its rounds are drawn there)."""
+    return "protocol.name" in swept or any(
+        row.get("protocol.name") not in (None, "", "one-shot") for row in rows
+    )
+
+
+def tuning_step_applies(rows: Sequence[dict[str, Any]], swept: Sequence[str]) -> bool:
+    """Whether the report's comparison tunes (a non-private step): a comparison with a setting
+    of several candidates, over two folds or more (with one fold it is not drawn)."""
+    return (
+        compares(rows, swept)
+        and len({row.get("fold") for row in rows}) > 1
+        and tunes(tuned_comparison(rows, swept)[1])
+    )
+
+
 def _mean(cells: Sequence[dict[str, Any]], column: str) -> float:
     values = [c.get(column) for c in cells]
     numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]

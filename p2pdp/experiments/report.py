@@ -327,9 +327,9 @@ def _protocol_comparison(
     experiments.protocol_report`), when ``protocol.name`` is swept."""
     from p2pdp.experiments import protocol_report as pr
 
-    rounds_path = directory / "rounds.csv"
-    if "protocol.name" not in swept and not rounds_path.exists():
+    if not pr.compares(rows, swept):
         return _Protocols([], "")
+    rounds_path = directory / "rounds.csv"
     keys, table = pr.tuned_comparison(rows, swept)
     folds = len({row["fold"] for row in rows})
     why = "tuning needs two folds or more" if pr.tunes(table) and folds < 2 else None
@@ -372,7 +372,11 @@ def _protocol_comparison(
     text = "\n".join(
         [
             "",
-            "## Protocols compared at their tuned settings",
+            (
+                "## Protocols compared at their tuned settings"
+                if len(names := {row.get("protocol.name") for row in rows}) > 1
+                else f"## {names.pop()} at its tuned settings"
+            ),
             "",
             (
                 f"Non-private tuning step: {pr.TUNING_STEP}. "
@@ -989,14 +993,20 @@ def _markdown(
             f"{manifest['python']}.",
             "",
         ]
-    fixed = [k for k in _FIXED_SHOWN if k in settings and k not in swept]
+    # a setting no cell read is blank in every row: nothing to show
+    fixed = {
+        k: next((row[k] for row in rows if row.get(k) is not None), None)
+        for k in _FIXED_SHOWN
+        if k in settings and k not in swept
+    }
     lines += [
         f"{len(rows)} cells: {len(summaries)} grid points x folds x repetitions. Errors are "
         "fractions of misclassified test rows, averaged over every peer's ensemble and over "
         "folds; +/- is one standard deviation over peers and folds.",
         "",
         "Swept: " + (", ".join(f"`{k}`" for k in swept) or "nothing") + ".",
-        "Fixed: " + ", ".join(f"`{k}` = {_number(rows[0][k])}" for k in fixed) + ".",
+        "Fixed: " + ", ".join(f"`{k}` = {_number(v)}" for k, v in fixed.items() if v is not None)
+        + ".",
         "",
         "## Non-private steps",
         "",
@@ -1045,10 +1055,10 @@ def non_private_steps_of(
             counts[step] = counts.get(step, 0) + 1
     if "training.lambda" in swept and not any(step.startswith("lambda") for step in counts):
         counts[f"lambda: {LAMBDA_SWEPT}"] = len(rows)
-    if "protocol.name" in swept and all("fold" in row for row in rows):
+    if all("fold" in row for row in rows):
         from p2pdp.experiments import protocol_report as pr
 
-        if pr.tunes(pr.tuned_comparison(rows, swept)[1]):
+        if pr.tuning_step_applies(rows, swept):
             counts[pr.TUNING_STEP] = len(rows)
     return list(counts.items())
 
