@@ -1005,7 +1005,8 @@ def _markdown(
         "folds; +/- is one standard deviation over peers and folds.",
         "",
         "Swept: " + (", ".join(f"`{k}`" for k in swept) or "nothing") + ".",
-        "Fixed: " + ", ".join(f"`{k}` = {_number(v)}" for k, v in fixed.items() if v is not None)
+        "Fixed: "
+        + ", ".join(f"`{k}` = {_number(v)}" for k, v in fixed.items() if v is not None)
         + ".",
         "",
         "## Non-private steps",
