@@ -1580,18 +1580,19 @@ def _vm_peak_mb(pid):
     raise AssertionError(f"no VmHWM for {pid}")
 
 
-def _silent_connections_during_a_run(monkeypatch, n_connections):
+def _silent_connections_during_a_run(monkeypatch, n_connections, hosts="2"):
     """From group 2 on, ``n_connections`` silent TCP clients at host 0's peers (spread over
     its sockets, kept open to the end): the hosts' peak RSS grows by less than 50 MB (each
     pending handshake holds ~300 KB: without the cap, 300 of them take 90 MB) and the run
-    gives the simulator's rows (seeded noise)."""
-    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    gives the simulator's rows (seeded noise). ``hosts``: P2PDP_NETWORK_HOSTS (2 hosts)."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", hosts)
     send = NetworkWorld._send
-    opened, peaks = [], []
+    opened, peaks, limits = [], [], []
 
     async def sending(world, peer, message):
         if message["kind"] == "assign" and message["group"] == 2 and not opened:
             peaks.append([_vm_peak_mb(p.pid) for p in world.processes])
+            limits.extend(_descriptor_limit(p.pid) for p in world.processes)
             for i in range(n_connections):
                 connection = await asyncio.open_connection("127.0.0.1", world.ports[i % 6])
                 opened.append(connection)
@@ -1617,6 +1618,16 @@ def _silent_connections_during_a_run(monkeypatch, n_connections):
     # each evicted, or closed at the handshake deadline; uncounted: those its client closed
     # still in the queue of a socket (at most 3 + 8 there, and as many in their handshake)
     assert refused >= n_connections - 6 * 2 * 11
+    return limits
+
+
+def _descriptor_limit(pid):
+    """The soft limit on open files of process ``pid`` (``ulimit -n``), from /proc."""
+    with open(f"/proc/{pid}/limits") as limits:
+        for line in limits:
+            if line.startswith("Max open files"):
+                return int(line.split()[3])
+    raise AssertionError(f"no open-files limit for {pid}")
 
 
 def test_silent_connections_during_a_run_leave_its_memory_and_rows_alone(monkeypatch):
@@ -1626,3 +1637,24 @@ def test_silent_connections_during_a_run_leave_its_memory_and_rows_alone(monkeyp
 @pytest.mark.slow
 def test_three_thousand_silent_connections_during_a_run(monkeypatch):
     _silent_connections_during_a_run(monkeypatch, 3000)
+
+
+#: A host command whose process may hold at most 1,024 file descriptors (``ulimit -n 1024``).
+FEW_DESCRIPTORS = (
+    "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)); "
+    "from p2pdp.experiments.network import host_from_stdin; host_from_stdin()"
+)
+
+
+def test_more_silent_connections_than_a_hosts_descriptors_during_a_run(monkeypatch, tmp_path):
+    """1,100 silent connections at a host limited to 1,024 descriptors: they are evicted
+    before they exhaust them, so accept keeps working, the host's own connections are made,
+    and the run gives the simulator's rows (before the cap: accept failed in a loop and
+    groups aborted)."""
+    command = json.dumps([sys.executable, "-c", FEW_DESCRIPTORS])
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\n'
+        + f'[[host]]\naddress = "127.0.0.1"\ncommand = {command}\n' * 2
+    )
+    assert _silent_connections_during_a_run(monkeypatch, 1100, str(hosts)) == [1024, 1024]
