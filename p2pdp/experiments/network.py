@@ -294,7 +294,9 @@ class _Command:
         return self.name
 
 
-def _settings(config: ScenarioConfig, hosts: int, allowed: tuple[str, ...] = ()) -> HostSettings:
+def _settings(
+    config: ScenarioConfig, releaser: Releaser, hosts: int, allowed: tuple[str, ...] = ()
+) -> HostSettings:
     return HostSettings(
         n_peers=config.partition.n_peers,
         hosts=hosts,
@@ -306,6 +308,9 @@ def _settings(config: ScenarioConfig, hosts: int, allowed: tuple[str, ...] = ())
         seeded_noise=config.network.seeded_noise,
         group_size=config.groups.group_size,
         allowed=allowed,
+        releases_per_peer=int(
+            budget_ledger(config, releaser, config.partition.n_peers).max_aggregations
+        ),
     )
 
 
@@ -379,7 +384,7 @@ def network_world(
         rngs=rngs,
         launch=launch,
         hosts=hosts,
-        settings=_settings(config, hosts, plan.allowed if plan else ()),
+        settings=_settings(config, releaser, hosts, plan.allowed if plan else ()),
         authority=authority,
         observers=observers,
         exact=lambda members: releaser.exact(statistics[members]),
@@ -421,7 +426,7 @@ def host_main(
                 own_sizes,
                 releaser=releaser,
                 sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
-                settings=_settings(config, hosts, allowed),
+                settings=_settings(config, releaser, hosts, allowed),
                 host_index=host,
                 ticket=ticket,
                 coordinator=coordinator,
