@@ -17,7 +17,7 @@ import pytest
 
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.experiments.cli import main as cli
-from p2pdp.experiments.network import read_hosts_file
+from p2pdp.experiments.network import check_network_settings, read_hosts_file
 from p2pdp.experiments.scenario import load_scenario
 from p2pdp.experiments.shards import read_host_shards
 from p2pdp.experiments.simulation import simulate
@@ -270,7 +270,19 @@ def test_a_hosts_file_gives_every_host_its_data_or_none(tmp_path):
     assert read_hosts_file(hosts).data == ("/d/h.json",)
 
 
-def test_a_task_that_cannot_prepare_from_own_rows_is_refused_by_name():
+def test_a_task_that_cannot_prepare_from_own_rows_is_refused_by_name(tmp_path, monkeypatch, capsys):
+    """By split, by a network run whose hosts file gives data (before anything starts), and
+    by the host itself."""
+    assert cli(["split", "prevalence_counts", "--hosts", "2", "--out", str(tmp_path)]) == 2
+    refusal = "task.name = 'prevalence-counts' cannot run from per-host shard files"
+    assert refusal in capsys.readouterr().err
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text('coordinator = "127.0.0.1"\n[[host]]\naddress = "127.0.0.1"\ndata = "x"\n')
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    config = load_scenario("prevalence_counts").points[0].config
+    with pytest.raises(ConfigError, match=refusal):
+        check_network_settings(config)
+
     class Counting:
         name = "counting"
 

@@ -319,8 +319,11 @@ def check_network_settings(config: ScenarioConfig) -> None:
     count it cannot have (:func:`hosts_plan`), before anything starts (the runner checks every
     grid point first, :func:`~p2pdp.experiments.simulation.simulate` its config)."""
     from p2pdp.privacy.mechanisms import mechanism_class
+    from p2pdp.tasks import check_own_rows
 
-    hosts_plan(config.partition.n_peers)
+    _, plan = hosts_plan(config.partition.n_peers)
+    if plan is not None and plan.data:  # each host prepares its peers from its own rows
+        check_own_rows(make_task(config))
     # the simulated transport model (network.*): the runtime reads none of it (NetworkWorld's
     # reads), refused here too for a config built in Python (no scenario file checked it)
     read = settings_read(config, "network")

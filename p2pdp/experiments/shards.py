@@ -40,6 +40,7 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.net.host import hosts_of
+from p2pdp.tasks import check_own_rows, make_task
 from p2pdp.tasks.pipeline import (
     fold_name,
     load_peer_fold,
@@ -87,6 +88,7 @@ def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) ->
                     f"p2pdp split: the scenario's grid points differ in {name} ({a!r} and "
                     f"{b!r}): their peers hold different rows; split each value separately"
                 )
+    check_own_rows(make_task(config))  # rows cut by the shared pipeline: a task that reads them
     if config.protocol.iterative:
         raise ConfigError(
             f"p2pdp split: protocol.name = {config.protocol.name!r} does not run on the "
