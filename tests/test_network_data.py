@@ -231,7 +231,7 @@ def test_a_shard_file_refuses_another_scenario_or_a_fold_it_does_not_hold(tmp_pa
     other = dataclasses.replace(config, seed=6)
     with pytest.raises(ConfigError, match=r"host-0.json: shard_key = .*expected"):
         read_host_shards(manifest, other, host=0, hosts=2, fold=0, repetition=0)
-    with pytest.raises(ConfigError, match=r"host-0.npz: holds no rows of fold 2 of repetition 1"):
+    with pytest.raises(ConfigError, match=r"host-0.npz: holds no X_2_1, the rows of fold 2 of rep"):
         read_host_shards(manifest, config, host=0, hosts=2, fold=2, repetition=1)
 
 

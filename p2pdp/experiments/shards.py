@@ -56,7 +56,7 @@ SHARD_FORMAT = "p2pdp-host-shards"
 SHARD_VERSION = 1
 
 
-def shard_digest(config: ScenarioConfig) -> str:
+def _shard_digest(config: ScenarioConfig) -> str:
     """SHA-256 (hex) of the settings a peer's training rows depend on
     (:func:`p2pdp.tasks.pipeline.shard_key`)."""
     return hashlib.sha256(repr(shard_key(config)).encode("utf-8")).hexdigest()
@@ -136,7 +136,7 @@ def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) ->
             "version": SHARD_VERSION,
             "scenario": scenario.name,
             "scenario_digest": scenario.digest,
-            "shard_key": shard_digest(config),
+            "shard_key": _shard_digest(config),
             "host": host,
             "hosts": hosts,
             "peers": np.flatnonzero(owner == host).tolist(),
@@ -215,7 +215,7 @@ def read_host_shards(
 
     field("format", SHARD_FORMAT, "a manifest written by `p2pdp split`")
     field("version", SHARD_VERSION, "the version this p2pdp reads")
-    field("shard_key", shard_digest(config), "the rows of this run's seed, data and partition")
+    field("shard_key", _shard_digest(config), "the rows of this run's seed, data and partition")
     field("hosts", hosts, "this run's number of hosts")
     field("host", host, "this host's index: the hosts file names another host's data")
     peers = np.flatnonzero(hosts_of(config.partition.n_peers, hosts) == host)
@@ -233,10 +233,12 @@ def read_host_shards(
     field("sha256", digest, f"the SHA-256 of {shard_file}")
     suffix = f"_{fold}_{repetition}"
     with np.load(shard_file, allow_pickle=False) as arrays:
-        if f"X{suffix}" not in arrays:
+        missing = [n for n in ("X", "y", "peer", "bounds") if f"{n}{suffix}" not in arrays]
+        if missing:
             raise ConfigError(
-                f"shard file {shard_file}: holds no rows of {fold_name(fold, repetition)} "
-                f"(folds {manifest.get('folds')}, repetitions {manifest.get('repetitions')})"
+                f"shard file {shard_file}: holds no {missing[0]}{suffix}, the rows of "
+                f"{fold_name(fold, repetition)} (folds {manifest.get('folds')}, repetitions "
+                f"{manifest.get('repetitions')})"
             )
         X, y = arrays[f"X{suffix}"], arrays[f"y{suffix}"]
         owner, bounds = arrays[f"peer{suffix}"], arrays[f"bounds{suffix}"]
