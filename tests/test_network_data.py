@@ -118,6 +118,12 @@ def _same_rows(simulated, network):
             assert b[key] == pytest.approx(a[key], rel=1e-9, nan_ok=True), key
         else:
             assert a[key] == b[key], (key, a[key], b[key])
+    # each release's noise, measured against the simulator's statistics: the hosts' own models
+    # (trained from their shard files) are the simulator's
+    assert len(simulated.releases) == len(network.releases) > 0
+    for x, y in zip(simulated.releases, network.releases, strict=True):
+        assert (x["group"], x["curator"]) == (y["group"], y["curator"])
+        assert y["noise_norm"] == pytest.approx(x["noise_norm"], rel=1e-6)
 
 
 def test_split_writes_each_host_exactly_the_rows_the_simulator_gives_its_peers(tmp_path):
