@@ -812,6 +812,53 @@ def test_made_up_groups_cannot_crowd_out_an_honest_senders_message():
     assert 1 in host.groups[3][1]  # the honest submission was kept and replayed
 
 
+def _full_publication(sender, group):
+    return {"kind": "publish", "sender": sender, "group": group, "index": group,
+            "model": pack_vector(np.zeros(2))}  # fmt: skip
+
+
+def test_made_up_full_publications_do_not_end_a_hosts_final_wait(caplog):
+    """Under full publication a receiver cannot tell a made-up group from a real one on
+    arrival, so it counts toward its final wait only the publications of the groups the
+    coordinator says were released, from their curators: made-up groups, and a real group
+    from another sender, leave it waiting (it used to count them all and stop early)."""
+    reports = []
+    host = _host(reports)
+    host.settings = dataclasses.replace(host.settings, full_publication=True)
+    for group in (5, 6, 7):  # sender 2 "publishes" groups that were never released
+        host.handle(0, _full_publication(2, group))
+        host.handle(1, _full_publication(2, group))
+    assert host.counters.publications_received == 6 and sum(host.counters.refused.values()) == 0
+    host.count_released({(3, 2), (4, 1)})  # group 3 by peer 2, group 4 by peer 1 (on host)
+    assert host.released_received == 0
+
+    async def final_wait():
+        start = time.monotonic()
+        await host_module._received(host, 3, timeout=0.3)
+        return time.monotonic() - start
+
+    with caplog.at_level("WARNING"):
+        assert asyncio.run(final_wait()) >= 0.3  # waited to the end: none of them counts
+    assert "0 of 3 publications arrived" in caplog.text
+    host.handle(0, _full_publication(2, 8))  # a real group, wrong curator: not counted
+    host.handle(0, {**_full_publication(1, 4)})  # group 4 from its curator, peer 1
+    assert host.released_received == 1
+
+
+def test_a_sender_cannot_publish_more_groups_than_a_peer_can_curate():
+    """Per sender, a host keeps at most ``releases_per_peer`` groups of full publications
+    (a curator is a member: its budget bounds its releases), so made-up groups cannot grow
+    its memory; more are refused and counted."""
+    reports = []
+    host = _host(reports)
+    host.settings = dataclasses.replace(host.settings, full_publication=True, releases_per_peer=2)
+    for group in (1, 2, 3, 4):
+        host.handle(0, _full_publication(2, group))
+    host.handle(1, _full_publication(2, 2))  # a group already kept, to another peer: fine
+    assert host.counters.refused["publish"] == 2
+    assert set(host.arrivals) == {(1, 2), (2, 2)} and host.arrivals[(2, 2)] == 2
+
+
 def test_a_replayed_submission_is_not_a_second_members():
     reports = []
     host = _host(reports)
@@ -1486,6 +1533,51 @@ def test_forged_releases_publications_records_and_hellos_are_refused_and_the_run
     assert refused == 5  # and the host's two publications
 
 
+def test_made_up_full_publications_during_a_run_leave_its_rows_alone(monkeypatch):
+    """Full publication: while group 2 is in flight, an insider with host 1's certificate
+    makes each of host 1's peers that curated none of groups 0 to 2 "publish" group 2 to every
+    peer of host 0 (accepted on arrival: a non-member cannot know a group's curator; not
+    from a curator of a group so far, whose real publication it would make a replay). They
+    count toward no final wait (the coordinator's FINISH names each released group's
+    curator, see ``test_made_up_full_publications_do_not_end_a_hosts_final_wait``) and the
+    run completes with the simulator's rows."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    send = NetworkWorld._send
+    sent = []
+
+    async def forge(world, curators):
+        context = _insider(world.authority, 1).context(server=False)
+        zeros = pack_vector(np.zeros(world.dim))
+        messages = [
+            {"kind": "publish", "sender": sender, "group": 2, "index": 2, "model": zeros}
+            for sender in sorted(set(range(6, 12)) - curators)
+        ]
+        for peer in range(6):
+            _, writer = await asyncio.open_connection(
+                "127.0.0.1", world.ports[peer], ssl=context, server_hostname="host-0"
+            )
+            writer.write(b"".join(encode(message) for message in messages))
+            await writer.drain()
+            sent.append(writer)
+
+    curators = {}
+
+    async def sending(world, peer, message):
+        if message["kind"] == "assign":
+            curators.setdefault(message["group"], world._in_flight[message["group"]].curator)
+            if message["group"] == 2 and not sent:
+                await forge(world, set(curators.values()))
+        await send(world, peer, message)
+
+    monkeypatch.setattr(NetworkWorld, "_send", sending)
+    config = _config("full")
+    network = simulate(_seeded(config), runtime="network")
+    for writer in sent:
+        writer.close()
+    assert len(sent) == 6
+    _same_rows(simulate(config), network)
+
+
 def test_a_release_reported_after_its_groups_collect_timeout_is_charged(monkeypatch):
     """The coordinator reads the DONE of group 1 only after it aborted the group (collect
     timeout): the charge it held back at the abort is spent on the members it assigned, the
@@ -1580,18 +1672,19 @@ def _vm_peak_mb(pid):
     raise AssertionError(f"no VmHWM for {pid}")
 
 
-def _silent_connections_during_a_run(monkeypatch, n_connections):
+def _silent_connections_during_a_run(monkeypatch, n_connections, hosts="2"):
     """From group 2 on, ``n_connections`` silent TCP clients at host 0's peers (spread over
     its sockets, kept open to the end): the hosts' peak RSS grows by less than 50 MB (each
     pending handshake holds ~300 KB: without the cap, 300 of them take 90 MB) and the run
-    gives the simulator's rows (seeded noise)."""
-    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    gives the simulator's rows (seeded noise). ``hosts``: P2PDP_NETWORK_HOSTS (2 hosts)."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", hosts)
     send = NetworkWorld._send
-    opened, peaks = [], []
+    opened, peaks, limits = [], [], []
 
     async def sending(world, peer, message):
         if message["kind"] == "assign" and message["group"] == 2 and not opened:
             peaks.append([_vm_peak_mb(p.pid) for p in world.processes])
+            limits.extend(_descriptor_limit(p.pid) for p in world.processes)
             for i in range(n_connections):
                 connection = await asyncio.open_connection("127.0.0.1", world.ports[i % 6])
                 opened.append(connection)
@@ -1617,6 +1710,16 @@ def _silent_connections_during_a_run(monkeypatch, n_connections):
     # each evicted, or closed at the handshake deadline; uncounted: those its client closed
     # still in the queue of a socket (at most 3 + 8 there, and as many in their handshake)
     assert refused >= n_connections - 6 * 2 * 11
+    return limits
+
+
+def _descriptor_limit(pid):
+    """The soft limit on open files of process ``pid`` (``ulimit -n``), from /proc."""
+    with open(f"/proc/{pid}/limits") as limits:
+        for line in limits:
+            if line.startswith("Max open files"):
+                return int(line.split()[3])
+    raise AssertionError(f"no open-files limit for {pid}")
 
 
 def test_silent_connections_during_a_run_leave_its_memory_and_rows_alone(monkeypatch):
@@ -1626,3 +1729,24 @@ def test_silent_connections_during_a_run_leave_its_memory_and_rows_alone(monkeyp
 @pytest.mark.slow
 def test_three_thousand_silent_connections_during_a_run(monkeypatch):
     _silent_connections_during_a_run(monkeypatch, 3000)
+
+
+#: A host command whose process may hold at most 1,024 file descriptors (``ulimit -n 1024``).
+FEW_DESCRIPTORS = (
+    "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)); "
+    "from p2pdp.experiments.network import host_from_stdin; host_from_stdin()"
+)
+
+
+def test_more_silent_connections_than_a_hosts_descriptors_during_a_run(monkeypatch, tmp_path):
+    """1,100 silent connections at a host limited to 1,024 descriptors: they are evicted
+    before they exhaust them, so accept keeps working, the host's own connections are made,
+    and the run gives the simulator's rows (before the cap: accept failed in a loop and
+    groups aborted)."""
+    command = json.dumps([sys.executable, "-c", FEW_DESCRIPTORS])
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\n'
+        + f'[[host]]\naddress = "127.0.0.1"\ncommand = {command}\n' * 2
+    )
+    assert _silent_connections_during_a_run(monkeypatch, 1100, str(hosts)) == [1024, 1024]

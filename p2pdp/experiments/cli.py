@@ -1,4 +1,4 @@
-"""Command-line interface: ``p2pdp datasets|audit|run|report|components``.
+"""Command-line interface: ``p2pdp datasets|audit|run|split|report|components``.
 
 Each sub-command lives in its own ``_add_<name>`` / ``_cmd_<name>`` pair below; the heavy
 lifting is in the package modules, the CLI only parses, calls and prints.
@@ -401,6 +401,56 @@ def _cmd_components(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- split --------------------------------------------------------------------------------------
+def _add_split(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``p2pdp split`` (per-host shard files for the network runtime)."""
+    parser = subparsers.add_parser(
+        "split",
+        help="write one shard file per network host: its peers' training rows only",
+        description="Cuts the scenario's data set as the simulator does (every fold and "
+        "repetition it runs) and writes OUT/host-I.npz with its manifest OUT/host-I.json per "
+        "host; name each host's manifest as `data` in the hosts file of `p2pdp run --runtime "
+        "network` (see the network guide).",
+    )
+    parser.add_argument("scenario", help="a scenario TOML file, or a shipped scenario's name")
+    parser.add_argument(
+        "--hosts",
+        metavar="N|FILE",
+        required=True,
+        help="the number of hosts, or the hosts file of the run (one shard file per entry)",
+    )
+    parser.add_argument("--out", required=True, help="the folder to write the files into")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting, as for `p2pdp run`",
+    )
+    parser.set_defaults(func=_cmd_split)
+
+
+def _cmd_split(args: argparse.Namespace) -> int:
+    from p2pdp.experiments.network import read_hosts_file
+    from p2pdp.experiments.scenario import load_scenario
+    from p2pdp.experiments.shards import write_host_shards
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    setting = args.hosts.strip()
+    if setting.lstrip("+-").isdigit():
+        hosts = int(setting)
+    elif Path(setting).exists():
+        hosts = len(read_hosts_file(setting).addresses)
+    else:
+        raise ConfigError(
+            f"--hosts = {args.hosts!r}: give the number of hosts or an existing hosts file"
+        )
+    for manifest in write_host_shards(scenario, hosts, args.out):
+        print(manifest)
+    return 0
+
+
 # --- main -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -410,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"p2pdp {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for add in (_add_datasets, _add_audit, _add_run, _add_report, _add_components):
+    for add in (_add_datasets, _add_audit, _add_run, _add_split, _add_report, _add_components):
         add(subparsers)
     return parser
 

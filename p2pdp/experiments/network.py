@@ -1,10 +1,20 @@
 """The network runtime's processes: what each host process computes, and how they start.
 
 ``simulate(config, runtime="network")`` builds a :class:`p2pdp.net.coordinator.NetworkWorld`
-here. Each host is a fresh OS process that derives the fold from the seed as the simulator
-does (every peer's data and local model: a simulation shortcut), keeps only its own peers'
-statistics, and serves them
+here. Each host is a fresh OS process that serves its own peers' statistics
 (:func:`p2pdp.net.host.serve`). Peers are split evenly, in id order, over the host processes.
+Where a hosts file gives each host its ``data`` (a per-host shard file written by ``p2pdp
+split``, :mod:`p2pdp.experiments.shards`), the host reads only that file and trains only its
+own peers' models: it never derives, opens or receives another peer's rows or model. Without
+it (a host count, or a hosts file without ``data``), each host derives the whole fold from the
+seed as the simulator does (every peer's data and local model: a simulation shortcut) and
+keeps only its own peers' statistics.
+
+Either way the process that runs :func:`~p2pdp.experiments.simulation.simulate` (the
+coordinator) is also the experimenter who scores the run: it derives the fold itself to score
+every peer's ensemble on the test rows, the centralised reference and the releases'
+``noise_norm`` (analysis columns, never sent to any host). The coordinator's protocol code
+(:class:`~p2pdp.net.coordinator.NetworkWorld`) reads no training data.
 
 Where the hosts run is ``P2PDP_NETWORK_HOSTS`` (the CLI's ``--hosts``, checked by
 :func:`hosts_plan`): unset, one per CPU core on this machine; a number, that many on this
@@ -41,7 +51,14 @@ from p2pdp.net.host import HostError, HostSettings, Ticket, hosts_of, serve
 from p2pdp.net.tls import Authority
 from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import budget_ledger
-from p2pdp.tasks import make_task, prepared, release_path, sensitivity_of, task_statistics
+from p2pdp.tasks import (
+    make_task,
+    prepared,
+    prepared_own,
+    release_path,
+    sensitivity_of,
+    task_statistics,
+)
 
 __all__ = [
     "HostsFile",
@@ -76,6 +93,9 @@ class HostsFile:
     allowlist : bool
         Every listener of the run accepts connections only from ``coordinator`` and the
         hosts' ``addresses``.
+    data : tuple of str
+        Per host: the manifest of its shard file (``p2pdp split``), as the host process sees
+        the path; empty: the hosts derive the fold from the seed.
     """
 
     coordinator: str
@@ -83,6 +103,7 @@ class HostsFile:
     addresses: tuple[str, ...]
     commands: tuple[tuple[str, ...], ...]
     allowlist: bool = False
+    data: tuple[str, ...] = ()
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -102,8 +123,11 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
         [[host]]
         address = "10.0.0.2"       # where this host's peers listen
         command = ["ssh", "10.0.0.2", "python", "-m", "p2pdp.experiments.network"]
+        data = "/data/p2pdp/host-0.json"   # its shard file's manifest, on that machine
 
     ``command`` defaults to this Python, ``-m p2pdp.experiments.network``, on this machine.
+    ``data`` (every entry or none): the manifest ``p2pdp split`` wrote for that host, a path
+    the host process opens itself (the coordinator never reads it).
     """
     where = os.fspath(path)
     try:
@@ -126,14 +150,14 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
     entries = document.get("host")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"hosts file {where}: needs at least one [[host]] entry")
-    addresses, commands = [], []
+    addresses, commands, data = [], [], []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ConfigError(
                 f"hosts file {where}: host[{i}] must be a table ([[host]] with an address), "
                 f"got {entry!r}"
             )
-        unknown = set(entry) - {"address", "command"}
+        unknown = set(entry) - {"address", "command", "data"}
         if unknown:
             raise ConfigError(f"hosts file {where}: unknown key host[{i}].{sorted(unknown)[0]}")
         addresses.append(text(entry, "address", f"host[{i}].address"))
@@ -143,6 +167,14 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
                 f"hosts file {where}: host[{i}].command must be a list of strings, got {command!r}"
             )
         commands.append(tuple(command))
+        if "data" in entry:
+            data.append(text(entry, "data", f"host[{i}].data"))
+    if data and len(data) != len(entries):
+        missing = next(i for i, entry in enumerate(entries) if "data" not in entry)
+        raise ConfigError(
+            f"hosts file {where}: host[{missing}].data is missing: give every host its data "
+            "(p2pdp split) or none"
+        )
     allowlist = document.get("allowlist", False)
     if not isinstance(allowlist, bool):
         raise ConfigError(f"hosts file {where}: allowlist must be true or false, got {allowlist!r}")
@@ -152,6 +184,7 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
         addresses=tuple(addresses),
         commands=tuple(commands),
         allowlist=allowlist,
+        data=tuple(data),
     )
 
 
@@ -261,7 +294,9 @@ class _Command:
         return self.name
 
 
-def _settings(config: ScenarioConfig, hosts: int, allowed: tuple[str, ...] = ()) -> HostSettings:
+def _settings(
+    config: ScenarioConfig, releaser: Releaser, hosts: int, allowed: tuple[str, ...] = ()
+) -> HostSettings:
     return HostSettings(
         n_peers=config.partition.n_peers,
         hosts=hosts,
@@ -273,6 +308,9 @@ def _settings(config: ScenarioConfig, hosts: int, allowed: tuple[str, ...] = ())
         seeded_noise=config.network.seeded_noise,
         group_size=config.groups.group_size,
         allowed=allowed,
+        releases_per_peer=int(
+            budget_ledger(config, releaser, config.partition.n_peers).max_aggregations
+        ),
     )
 
 
@@ -281,8 +319,11 @@ def check_network_settings(config: ScenarioConfig) -> None:
     count it cannot have (:func:`hosts_plan`), before anything starts (the runner checks every
     grid point first, :func:`~p2pdp.experiments.simulation.simulate` its config)."""
     from p2pdp.privacy.mechanisms import mechanism_class
+    from p2pdp.tasks import check_own_rows
 
-    hosts_plan(config.partition.n_peers)
+    _, plan = hosts_plan(config.partition.n_peers)
+    if plan is not None and plan.data:  # each host prepares its peers from its own rows
+        check_own_rows(make_task(config))
     # the simulated transport model (network.*): the runtime reads none of it (NetworkWorld's
     # reads), refused here too for a config built in Python (no scenario file checked it)
     read = settings_read(config, "network")
@@ -326,6 +367,8 @@ def network_world(
         if plan is not None:
             bundle.update(coordinator=plan.coordinator, address=plan.addresses[host],
                           allowed=plan.allowed)  # fmt: skip
+            if plan.data:
+                bundle.update(data=plan.data[host])
             return _Command(host, plan.commands[host], pickle.dumps(bundle))
         process = context.Process(
             target=host_main,
@@ -344,7 +387,7 @@ def network_world(
         rngs=rngs,
         launch=launch,
         hosts=hosts,
-        settings=_settings(config, hosts, plan.allowed if plan else ()),
+        settings=_settings(config, releaser, hosts, plan.allowed if plan else ()),
         authority=authority,
         observers=observers,
         exact=lambda members: releaser.exact(statistics[members]),
@@ -362,20 +405,21 @@ def host_main(
     coordinator: str = "127.0.0.1",
     address: str = "127.0.0.1",
     allowed: tuple[str, ...] = (),
+    data: str | None = None,
 ) -> None:
-    """Host process ``host`` of ``hosts``: prepare the fold, keep this host's peers'
-    statistics, enroll with ``ticket`` (a key pair of its own, made here) and serve them on
-    ``address`` until the coordinator at ``coordinator`` ends the run (mutual TLS),
-    accepting connections only from ``allowed`` (if any)."""
+    """Host process ``host`` of ``hosts``: its peers' statistics (from its own shard file
+    ``data``, else from the whole fold derived from the seed), enroll with ``ticket`` (a key
+    pair of its own, made here) and serve them on ``address`` until the coordinator at
+    ``coordinator`` ends the run (mutual TLS), accepting connections only from ``allowed``
+    (if any)."""
     logging.basicConfig(level=logging.WARNING, format=f"host {host}: %(message)s")
     worker_signals()  # a Ctrl-C is the coordinator's to handle: it ends the run, and the hosts
     task = make_task(config)
-    statistics, sizes = task_statistics(
-        task, prepared(task, fold=fold, repetition=repetition), config.partition.n_peers
-    )
-    peers = np.flatnonzero(hosts_of(config.partition.n_peers, hosts) == host)
-    own, own_sizes = statistics[peers].copy(), sizes[peers].copy()
-    del statistics
+    try:
+        peers, own, own_sizes = _own_statistics(task, config, fold, repetition, host, hosts, data)
+    except P2PDPError as error:  # one line, not a traceback: it names what to fix
+        print(f"p2pdp host {host}: {error}", file=sys.stderr)
+        sys.exit(1)
     _, releaser, _ = release_path(config, task, own.shape[-1], fold=fold, repetition=repetition)
     try:
         asyncio.run(
@@ -385,7 +429,7 @@ def host_main(
                 own_sizes,
                 releaser=releaser,
                 sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
-                settings=_settings(config, hosts, allowed),
+                settings=_settings(config, releaser, hosts, allowed),
                 host_index=host,
                 ticket=ticket,
                 coordinator=coordinator,
@@ -395,6 +439,42 @@ def host_main(
     except (HostError, P2PDPError) as error:  # one line, not a traceback: it names what to fix
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
         sys.exit(1)
+
+
+def _own_statistics(
+    task: Any,
+    config: ScenarioConfig,
+    fold: int,
+    repetition: int,
+    host: int,
+    hosts: int,
+    data: str | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host ``host``'s peers (m,), their statistics (m, d) and shard sizes (m,): from its
+    shard file ``data`` alone, or (None) from the whole fold, keeping its own."""
+    from p2pdp.experiments.shards import read_host_shards
+
+    n_peers = config.partition.n_peers
+    if data is not None:
+        rows = read_host_shards(
+            data, config, host=host, hosts=hosts, fold=fold, repetition=repetition
+        )
+        trained = prepared_own(
+            task,
+            rows.X,
+            rows.y,
+            rows.shards,
+            data_dependent_bounds=rows.data_dependent_bounds,
+            fold=fold,
+            repetition=repetition,
+        )
+        statistics, sizes = task_statistics(task, trained, len(rows.peers))
+        return rows.peers, statistics, sizes
+    statistics, sizes = task_statistics(
+        task, prepared(task, fold=fold, repetition=repetition), n_peers
+    )
+    peers = np.flatnonzero(hosts_of(n_peers, hosts) == host)
+    return peers, statistics[peers].copy(), sizes[peers].copy()
 
 
 def host_from_stdin() -> None:

@@ -759,10 +759,14 @@ class NetworkWorld:
             receivers = np.arange(self.n_peers) if full else members
             np.add.at(expected, host_of[receivers], 1)
             expected[host_of[curator]] -= 1  # the curator holds its release
+        released = [[group, self.curators[position]] for group, position in self.position.items()]
         for host, writer in self._hosts.items():
             if host in self.lost_hosts:
                 continue
-            frame = encode({"kind": FINISH, "publications": int(expected[host])})
+            finish: dict[str, Any] = {"kind": FINISH, "publications": int(expected[host])}
+            if full:  # which groups were released by whom: hosts count only those receipts
+                finish["released"] = released
+            frame = encode(finish)
             writer.write(frame)
             self.wire.add(FINISH, len(frame))
         self._check_all_stats()

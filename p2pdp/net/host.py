@@ -130,6 +130,10 @@ class HostSettings:
     allowed : tuple of str
         If not empty, the only addresses every listener of the run accepts connections from
         (a hosts file's ``allowlist``: :func:`p2pdp.net.tls.listen`).
+    releases_per_peer : int
+        The most releases one peer can curate in the run (the aggregations its budget
+        affords: a curator is a member): under full publication, a host keeps at most that
+        many groups' publications per sender.
     """
 
     n_peers: int
@@ -142,6 +146,7 @@ class HostSettings:
     seeded_noise: bool = False
     group_size: int = 3
     allowed: tuple[str, ...] = ()
+    releases_per_peer: int = 2**31 - 1
 
 
 def hosts_of(n_peers: int, hosts: int) -> np.ndarray:
@@ -272,6 +277,13 @@ class PeerHost:
         # what a peer may be published: group -> its curator (``group`` publication: the
         # receiver's own assignments), or sender -> its last group (``full``: any peer's)
         self.expected: dict[int, dict[int, int]] = defaultdict(dict)
+        # full publication: (group, sender) -> how many of this host's peers it reached, and
+        # sender -> its groups among them (at most releases_per_peer); which pairs were real
+        # releases comes with the coordinator's FINISH (``count_released``)
+        self.arrivals: Counter[tuple[int, int]] = Counter()
+        self.sender_groups: Counter[int] = Counter()
+        self.released: set[tuple[int, int]] | None = None
+        self.released_received = 0
         self.frame_bytes = frame_bytes(self.dim, settings.n_peers)
         self.codec = FixedPoint()
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
@@ -488,7 +500,18 @@ class PeerHost:
         if self.settings.full_publication:
             if group <= expected.get(sender, -1):
                 raise ProtocolError(f"a publication of group {group} from {sender} replayed")
+            key = (group, sender)
+            if key not in self.arrivals:
+                if self.sender_groups[sender] >= self.settings.releases_per_peer:
+                    raise ProtocolError(
+                        f"a publication of group {group} from {sender}, which has published "
+                        f"{self.settings.releases_per_peer} groups here: all a peer can curate"
+                    )
+                self.sender_groups[sender] += 1
             expected[sender] = group
+            self.arrivals[key] += 1
+            if self.released is not None and key in self.released:
+                self.released_received += 1
         else:
             if expected.get(group) != sender:
                 raise ProtocolError(
@@ -497,6 +520,15 @@ class PeerHost:
             del expected[group]
             self.receipts.append((peer, group))
         self.counters.publications_received += 1
+
+    def count_released(self, released: set[tuple[int, int]]) -> None:
+        """Full publication, at the end of the run: ``released`` holds the ``(group,
+        curator)`` pair of every release (the coordinator's, public); from now on
+        :attr:`released_received` counts the publications this host's peers received of
+        those groups from their curators (a made-up group, or a real one from another
+        sender, counts for nothing)."""
+        self.released = released
+        self.released_received = sum(self.arrivals.get(pair, 0) for pair in released)
 
     def _assigned(self, peer: int, kind: str, message: dict[str, Any]) -> bool:
         """Whether ``peer`` was assigned the group of ``message`` in the role it needs: a
@@ -888,6 +920,8 @@ async def serve(
                 host.ports = [int(port) for port in message["ports"]]
                 host.addresses = [str(a) for a in message["addresses"]]
             elif message["kind"] == FINISH:
+                if settings.full_publication:
+                    host.count_released({(int(g), int(c)) for g, c in message["released"]})
                 await host.flush()
                 await _received(host, int(message["publications"]), settings.timeout)
                 await host.flush()
@@ -953,14 +987,18 @@ async def enroll(host_index: int, ticket: Ticket, coordinator: str, timeout: flo
 
 
 async def _received(host: PeerHost, publications: int, timeout: float) -> None:
-    """Until the host's peers received ``publications`` publications (or ``timeout`` s)."""
+    """Until the host's peers received ``publications`` publications (or ``timeout`` s): of
+    released groups from their curators under full publication (:meth:`PeerHost.count_released`),
+    else of their own groups (checked against their assignments on arrival)."""
+
+    def received() -> int:
+        if host.released is not None:
+            return host.released_received
+        return host.counters.publications_received
+
     deadline = asyncio.get_running_loop().time() + timeout
-    while host.counters.publications_received < publications:
+    while received() < publications:
         if asyncio.get_running_loop().time() > deadline:
-            log.warning(
-                "host: %d of %d publications arrived",
-                host.counters.publications_received,
-                publications,
-            )
+            log.warning("host: %d of %d publications arrived", received(), publications)
             return
         await asyncio.sleep(0.005)

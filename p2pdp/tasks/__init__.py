@@ -149,6 +149,41 @@ def prepared(task: Task, *, fold: int, repetition: int) -> Any:
         return task.prepare(fold=fold, repetition=repetition)
 
 
+def check_own_rows(task: Task) -> None:
+    """ConfigError naming ``task.name`` if the task cannot prepare a host's peers from their
+    own rows only (it has no ``prepare_own``): it cannot run from per-host shard files."""
+    if not callable(getattr(task, "prepare_own", None)):
+        raise ConfigError(
+            f"task.name = {task.name!r} cannot run from per-host shard files (p2pdp split, a "
+            "hosts file's data): the task has no prepare_own(X, y, shards, ...) method"
+        )
+
+
+def prepared_own(
+    task: Task,
+    X: np.ndarray,
+    y: np.ndarray,
+    shards: tuple[np.ndarray, ...],
+    *,
+    data_dependent_bounds: bool,
+    fold: int,
+    repetition: int,
+) -> Any:
+    """What ``task.prepare`` gives, for one host's peers from their own rows only (a
+    per-host shard file): ``task.prepare_own``, which a task that can run from per-host data
+    provides; ConfigError naming ``task.name`` for one that does not (:func:`check_own_rows`)."""
+    check_own_rows(task)
+    with calling("task", task, "prepare_own"):
+        return task.prepare_own(  # type: ignore[attr-defined]
+            X,
+            y,
+            shards,
+            data_dependent_bounds=data_dependent_bounds,
+            fold=fold,
+            repetition=repetition,
+        )
+
+
 def task_statistics(task: Task, prepared: Any, n_peers: int) -> tuple[np.ndarray, np.ndarray]:
     """``task.statistics``, checked: finite numbers (P, d) or (P, R, d), sizes (P,) >= 1."""
     with calling("task", task, "statistics"):

@@ -207,29 +207,23 @@ def _cv_split(
     return folds[fold]
 
 
-def train_peers(
+def peer_shards(
     fold: FoldData,
     partition_config: PartitionConfig,
-    lam: float,
     *,
     rng: np.random.Generator,
-    model: LocalModel | None = None,
-    key: tuple | None = None,
     fold_name: str = "the fold",
-) -> TrainedPeers:
-    """Split the fold's training rows into peer shards and fit every peer's exact model.
-
-    ``model`` is the local learner (default: exact logistic regression); ``fold_name`` names
-    the fold in messages.
-    """
-    model = model if model is not None else LogisticModel()
+) -> list[np.ndarray]:
+    """Split the fold's training rows into peer shards: ``partition_config.n_peers`` sorted
+    int64 index arrays into ``fold.X_train`` (the partition's stream ``rng``; a given partition
+    takes the fold's peer ids). ``fold_name`` names the fold in messages."""
     if partition_config.scheme in GIVEN_SCHEMES:
         if fold.peers is None:
             raise ConfigError(
                 f"partition.scheme = {partition_config.scheme!r} but the fold carries no peer "
                 "ids: load it with load_fold(..., partition_config=...)"
             )
-        shards = partition_given(
+        return partition_given(
             fold.peers,
             partition_config.n_peers,
             min_shard_size=partition_config.min_shard_size,
@@ -240,20 +234,79 @@ def train_peers(
             )
             + f", {fold_name}",
         )
-    else:
-        shards = partition(
-            fold.y_train,
-            partition_config.n_peers,
-            scheme=partition_config.scheme,
-            alpha=partition_config.alpha,
-            min_shard_size=partition_config.min_shard_size,
-            rng=rng,
-        )
+    return partition(
+        fold.y_train,
+        partition_config.n_peers,
+        scheme=partition_config.scheme,
+        alpha=partition_config.alpha,
+        min_shard_size=partition_config.min_shard_size,
+        rng=rng,
+    )
+
+
+def train_peers(
+    fold: FoldData,
+    partition_config: PartitionConfig,
+    lam: float,
+    *,
+    rng: np.random.Generator,
+    model: LocalModel | None = None,
+    key: tuple | None = None,
+    fold_name: str = "the fold",
+) -> TrainedPeers:
+    """Split the fold's training rows into peer shards (:func:`peer_shards`) and fit every
+    peer's exact model.
+
+    ``model`` is the local learner (default: exact logistic regression); ``fold_name`` names
+    the fold in messages.
+    """
+    model = model if model is not None else LogisticModel()
+    shards = peer_shards(fold, partition_config, rng=rng, fold_name=fold_name)
     models = _fit(model, fold, shards, lam)
     everyone = _fit(model, fold, [np.arange(len(fold.y_train))], lam)
     return TrainedPeers(
         fold=fold, shards=tuple(shards), models=models, centralized=everyone.weights[0], key=key
     )
+
+
+def own_peers(
+    config: ScenarioConfig,
+    X: np.ndarray,
+    y: np.ndarray,
+    shards: Sequence[np.ndarray],
+    *,
+    data_dependent_bounds: bool,
+    key: tuple | None = None,
+) -> TrainedPeers:
+    """The exact local models of one host's peers, from their own training rows only.
+
+    ``X`` (n, d), ``y`` (n,) in {-1, +1}: the host's peers' preprocessed training rows (a
+    per-host shard file, :mod:`p2pdp.experiments.shards`); ``shards``: one index array into
+    them per peer of the host, in peer order. Nothing else is read: the fold's test rows are
+    empty and the centralised model, which needs every peer's rows, is NaN.
+    """
+    fold = FoldData(
+        X_train=X,
+        y_train=np.asarray(y, dtype=np.int8),
+        X_test=np.zeros((0, X.shape[1])),
+        y_test=np.zeros(0, dtype=np.int8),
+        data_dependent_bounds=data_dependent_bounds,
+    )
+    models = _fit(make_model(config.training.model), fold, shards, config.training.lam)
+    return TrainedPeers(
+        fold=fold,
+        shards=tuple(shards),
+        models=models,
+        centralized=np.full(X.shape[1], np.nan),
+        key=key,
+    )
+
+
+def shard_key(config: ScenarioConfig) -> tuple:
+    """Everything the peers' training rows depend on (the seed, data, split and partition):
+    the :func:`training_key` without the fold, repetition, lambda and model."""
+    evaluation = config.evaluation
+    return (config.seed, config.data, evaluation.split, evaluation.cv_folds, config.partition)
 
 
 def _fit(
@@ -285,8 +338,8 @@ def training_key(config: ScenarioConfig, *, fold: int, repetition: int) -> tuple
     )
 
 
-def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> TrainedPeers:
-    """Load fold ``fold`` of ``config``'s data and train every peer's local model.
+def load_peer_fold(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> FoldData:
+    """Fold ``fold`` of ``config``'s data (:func:`load_fold`), checked to hold enough rows.
 
     Raises
     ------
@@ -309,12 +362,28 @@ def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> 
             f"rows, fewer than partition.n_peers ({partition_config.n_peers}) x "
             f"partition.min_shard_size ({partition_config.min_shard_size}) = {needed}"
         )
+    return data
+
+
+def fold_name(fold: int, repetition: int) -> str:
+    """How messages name fold ``fold`` of repetition ``repetition``."""
+    return f"fold {fold}" + (f" of repetition {repetition}" if repetition else "")
+
+
+def partition_stream(config: ScenarioConfig, *, fold: int, repetition: int) -> np.random.Generator:
+    """The stream the peer shards of a fold are drawn from (:func:`peer_shards`)."""
+    return generator(config.seed, "partition", fold, repetition)
+
+
+def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> TrainedPeers:
+    """Load fold ``fold`` of ``config``'s data (:func:`load_peer_fold`) and train every
+    peer's local model."""
     return train_peers(
-        data,
+        load_peer_fold(config, fold=fold, repetition=repetition),
         config.partition,
         config.training.lam,
-        rng=generator(config.seed, "partition", fold, repetition),
+        rng=partition_stream(config, fold=fold, repetition=repetition),
         model=make_model(config.training.model),
         key=training_key(config, fold=fold, repetition=repetition),
-        fold_name=f"fold {fold}" + (f" of repetition {repetition}" if repetition else ""),
+        fold_name=fold_name(fold, repetition),
     )

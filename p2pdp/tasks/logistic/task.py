@@ -62,7 +62,7 @@ from p2pdp.privacy.posterior_sampling.posterior import (
 )
 from p2pdp.privacy.posterior_sampling.posterior import LogisticRegression as PosteriorLogistic
 from p2pdp.tasks import Outcome
-from p2pdp.tasks.pipeline import TrainedPeers, prepare_peers, training_key
+from p2pdp.tasks.pipeline import TrainedPeers, own_peers, prepare_peers, training_key
 
 #: Folds of the cross validation that picks the centralised reference's lambda (5 rather
 #: than 10: about 3 s per Spambase fold instead of 9, the same lambda chosen on fold 0).
@@ -224,6 +224,28 @@ class LogisticEnsembles:
 
     def prepare(self, *, fold: int, repetition: int) -> TrainedPeers:
         return prepare_peers(self.config, fold=fold, repetition=repetition)
+
+    def prepare_own(
+        self,
+        X: np.ndarray,
+        y: np.ndarray,
+        shards: tuple[np.ndarray, ...],
+        *,
+        data_dependent_bounds: bool,
+        fold: int,
+        repetition: int,
+    ) -> TrainedPeers:
+        """:meth:`prepare` for one host's peers from their own rows only (a per-host shard
+        file): ``X`` (n, d), ``y`` (n,), one index array into them per peer. No test rows, no
+        centralised model (see :func:`p2pdp.tasks.pipeline.own_peers`)."""
+        return own_peers(
+            self.config,
+            X,
+            y,
+            shards,
+            data_dependent_bounds=data_dependent_bounds,
+            key=self.training_key(fold=fold, repetition=repetition),
+        )
 
     def statistics(self, prepared: TrainedPeers) -> tuple[np.ndarray, np.ndarray]:
         """Local models (P, d) and shard sizes (P,); refuses models not solved to ``tau``."""
