@@ -280,6 +280,7 @@ def test_an_iterative_protocol_is_refused_before_anything_runs(name, tmp_path):
         ("-2", r"= '-2': the number of network hosts must be an integer >= 1"),
         ("2.5", r"= '2.5': the number of network hosts must be an integer >= 1"),
         ("13", r"= '13' gives 13 hosts for partition.n_peers = 12: at most one host per peer"),
+        ("abc", r"= 'abc': neither a number of hosts .* nor the path of a hosts file"),
         ("FILE", r"hosts.toml gives 13 hosts for partition.n_peers = 12: at most one host"),
     ],
 )
@@ -323,9 +324,10 @@ def test_hosts_started_by_a_hosts_files_commands_give_the_simulators_rows(tmp_pa
 
 
 def test_a_host_command_that_never_connects_is_named_and_killed_with_its_children(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, caplog
 ):
     monkeypatch.setattr(coordinator, "STARTUP_TIMEOUT", 3.0)
+    monkeypatch.setattr(coordinator, "NOTICE_AFTER", 1.0)
     hosts = tmp_path / "hosts.toml"
     hosts.write_text(
         'coordinator = "127.0.0.1"\nbind = "127.0.0.1"\n[[host]]\naddress = "127.0.0.1"\n'
@@ -336,6 +338,8 @@ def test_a_host_command_that_never_connects_is_named_and_killed_with_its_childre
         NetworkRunError, match=r"never connected: (.*\), )?host 1 \(sh -c 'sleep 61.25; true'\)"
     ):
         simulate(_config("group"), runtime="network")
+    assert re.search(r"waiting for every host to start, \d s of 3 s; not connected yet: .*host 1",
+                     caplog.text)  # fmt: skip
     left = subprocess.run(["pgrep", "-f", "sleep 61.25"], capture_output=True, text=True)
     assert left.stdout == ""  # the shell's child went with it
 

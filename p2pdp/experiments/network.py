@@ -234,6 +234,11 @@ def hosts_plan(n_peers: int) -> tuple[int, HostsFile | None]:
                 f"{source}: the number of network hosts must be an integer >= 1 (or give the "
                 "path of a hosts file)"
             )
+    elif not Path(setting).is_file():
+        raise ConfigError(
+            f"{source}: neither a number of hosts (an integer >= 1) nor the path of a hosts "
+            "file (no such file)"
+        )
     else:
         plan, source = read_hosts_file(setting), f"the hosts file {setting}"
         count = len(plan.addresses)

@@ -91,6 +91,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds a host may take to start, prepare its peers' data and open their sockets.
 STARTUP_TIMEOUT = 300.0
+#: While waiting for hosts: the first notice naming the silent ones after NOTICE_AFTER s, then
+#: one every NOTICE_EVERY s (a command that neither connects nor exits waits the whole timeout).
+NOTICE_AFTER, NOTICE_EVERY = 10.0, 30.0
 #: Most distinct keys a host's final report may count under (``wire`` kinds, ``refused``
 #: reasons: a host counts the protocol's kinds, reasons of its own and "unknown").
 REPORT_KEYS = 64
@@ -403,8 +406,20 @@ class NetworkWorld:
     async def _wait(self, event: asyncio.Event, timeout: float, what: str) -> None:
         """Until ``event`` is set; NetworkRunError (one line naming each host and its command)
         after ``timeout`` s, or as soon as a host process has exited (it will never answer)."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        deadline, notice = start + timeout, start + NOTICE_AFTER
         while not event.is_set():
+            if loop.time() > notice:  # a host that neither connects nor exits: say who
+                notice += NOTICE_EVERY
+                silent = [_name(i, p) for i, p in enumerate(self.processes) if i not in self._hosts]
+                log.warning(
+                    "network runtime: waiting for %s, %.0f s of %.0f s%s",
+                    what,
+                    loop.time() - start,
+                    timeout,
+                    f"; not connected yet: {', '.join(silent)}" if silent else "",
+                )
             dead = [(i, p) for i, p in enumerate(self.processes) if not p.is_alive()]
             if dead:
                 raise NetworkRunError(
@@ -414,7 +429,7 @@ class NetworkWorld:
                     "addresses are right; from a script, run under `if __name__ == "
                     '"__main__":` (spawned hosts import the main module again)'
                 )
-            if asyncio.get_running_loop().time() > deadline:
+            if loop.time() > deadline:
                 silent = [_name(i, p) for i, p in enumerate(self.processes) if i not in self._hosts]
                 raise NetworkRunError(
                     f"network runtime: waited {timeout:.0f} s for {what}"
