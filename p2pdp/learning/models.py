@@ -296,9 +296,9 @@ def _newton(
 
 #: A shard of at least this many rows (the centralised reference on a large data set) is
 #: solved by :func:`_newton_streaming`: the same Newton steps, the rows read in blocks (in the
-#: local worker processes when there are several), so memory stays O(rows / block) instead
-#: of three copies of the shard. Smaller shards keep the batched solver (and every shipped
-#: scenario its bit-identical models).
+#: local worker processes when there are several), so memory besides the rows is one block
+#: per process instead of three copies of the shard. Smaller shards keep the batched solver
+#: (and every shipped scenario its bit-identical models).
 STREAM_MIN_ROWS = 200_000
 _STREAM_BLOCK = 65_536  # rows per block: a constant, so sums do not depend on the workers
 
