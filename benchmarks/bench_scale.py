@@ -3,6 +3,7 @@
     python benchmarks/bench_scale.py                                # P = 10^3, 10^4, 10^5
     python benchmarks/bench_scale.py --peers 1000 10000 --samplers central
     python benchmarks/bench_scale.py --out docs/scale             # table + figure for the guide
+    python benchmarks/bench_scale.py --peers 100000 --samplers central --workers 1 2
 
 Each configuration is the synthetic workload of ``bench_simulation.py`` (20 training rows per
 peer, d = 58 with the bias, g = 10, epsilon = 1, epsilon_A = 0.1, full publication, one fold),
@@ -14,6 +15,12 @@ against P on log-log axes, one line per sampler and phase, the exponents in the 
 A P whose peak memory, extrapolated from the two largest runs, would exceed ``--memory-limit``
 (default: 90% of this machine's RAM) is skipped with a message instead of being killed by the
 kernel half-way.
+
+``--workers 1 2 ...`` runs every configuration with each number of local worker processes
+(for the data, training, reference and evaluation phases) and prints, for each P, every
+phase's parallel efficiency ``t1 / (w * tw)`` against the first count given (1.0: ``w``
+workers take ``1 / w`` of the time; ``1 / w``: no faster) and the wall time as a ratio of
+its. Ratios are measured in one run, as the machine's speed varies between days.
 """
 
 from __future__ import annotations
@@ -48,6 +55,15 @@ def predicted_peak_mb(rows: list[dict], peers: int) -> float | None:
     return float(m2 * (peers / p2) ** slope)
 
 
+def parallel_efficiency(first: dict, row: dict) -> dict[str, float]:
+    """Each phase's ``t1 / (w * tw)``: ``first`` with ``w1`` workers, ``row`` with ``w``.
+
+    Relative to ``first``: ``(w1 * t1) / (w * tw)``, which is ``t1 / (w * tw)`` for ``w1 = 1``.
+    """
+    scale = first["workers"] / row["workers"]
+    return {phase[:-2]: scale * first[phase] / row[phase] for phase in PHASES}
+
+
 def write_figure(rows: list[dict], path: Path) -> None:
     """Log-log panels: wall time per phase, and peak memory, against P for each sampler."""
     import matplotlib
@@ -60,9 +76,14 @@ def write_figure(rows: list[dict], path: Path) -> None:
     figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
     styles = {"central": "-", "gossip": "--"}
     colours = dict(zip(PHASES, plt.get_cmap("viridis")(np.linspace(0, 0.85, 4)), strict=True))
-    for sampler in sorted({r["sampler"] for r in rows}):
-        runs = sorted((r for r in rows if r["sampler"] == sampler), key=lambda r: r["peers"])
+    for sampler, workers in sorted({(r["sampler"], r["workers"]) for r in rows}):
+        runs = sorted(
+            (r for r in rows if (r["sampler"], r["workers"]) == (sampler, workers)),
+            key=lambda r: r["peers"],
+        )
         peers = [r["peers"] for r in runs]
+        name = sampler if workers == 1 else f"{sampler}, {workers} workers"
+        marker = "o" if workers == 1 else "s"
         for phase in PHASES:
             seconds = [r[phase] for r in runs]
             exponent = growth_exponent(peers, seconds) if len(runs) > 1 else float("nan")
@@ -70,9 +91,9 @@ def write_figure(rows: list[dict], path: Path) -> None:
                 peers,
                 seconds,
                 styles.get(sampler, ":"),
-                marker="o",
+                marker=marker,
                 color=colours[phase],
-                label=f"{sampler}: {phase[:-2]} (P^{exponent:.2f})",
+                label=f"{name}: {phase[:-2]} (P^{exponent:.2f})",
             )
         memory = [r["peak_mb"] / 1024 for r in runs]
         exponent = growth_exponent(peers, memory) if len(runs) > 1 else float("nan")
@@ -80,9 +101,9 @@ def write_figure(rows: list[dict], path: Path) -> None:
             peers,
             memory,
             styles.get(sampler, ":"),
-            marker="o",
+            marker=marker,
             color="black",
-            label=f"{sampler}: peak memory (P^{exponent:.2f})",
+            label=f"{name}: peak memory (P^{exponent:.2f})",
         )
     time_axis.set(xscale="log", yscale="log", xlabel="peers P", ylabel="wall time (s)")
     memory_axis.set(xscale="log", yscale="log", xlabel="peers P", ylabel="peak memory (GiB)")
@@ -95,6 +116,29 @@ def write_figure(rows: list[dict], path: Path) -> None:
     write_figure(figure, path)
 
 
+def scale_run(sampler: str, peers: int, workers: int, done: list[dict], limit: float) -> None:
+    """Run P = ``peers`` in a fresh process and append its row to ``done`` (the runs of this
+    sampler and worker count), unless its peak memory predicted from ``done`` exceeds
+    ``limit`` MiB; print a line either way."""
+    predicted = predicted_peak_mb(done, peers)
+    if predicted is not None and predicted > limit:
+        print(
+            f"{sampler:>7} P={peers:>8}: skipped, predicted peak {predicted / 1024:.1f} "
+            f"GiB > limit {limit / 1024:.1f} GiB",
+            flush=True,
+        )
+        return
+    row = run_isolated("synthetic", peers, 10, "full", sampler, workers)
+    done.append(row)
+    print(
+        f"{sampler:>7} P={peers:>8} workers {workers}: training {row['training_s']:7.2f} s  "
+        f"simulation {row['simulation_s']:7.2f} s  evaluation {row['evaluation_s']:6.2f} s  "
+        f"total {row['wall_s']:7.2f} s  peak {row['peak_mb'] / 1024:5.2f} GiB  "
+        f"aggregations {row['aggregations']}",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, nargs="+", default=[1000, 10_000, 100_000])
@@ -105,39 +149,40 @@ def main(argv: list[str] | None = None) -> int:
                         help="MiB; a P predicted to need more is skipped")  # fmt: skip
     parser.add_argument("--out", type=Path, help="write <out>.csv and <out>.png")
     parser.add_argument(
-        "--workers", type=int, default=1, help="local processes for training and evaluation"
-    )
+        "--workers", type=int, nargs="+", default=[1],
+        help="local processes for the data, training and evaluation phases; with several "
+        "counts, each phase's parallel efficiency against the first",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if min(args.workers) < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
 
     rows: list[dict] = []
     for sampler in args.samplers:
-        done: list[dict] = []
-        for peers in sorted(args.peers):
-            predicted = predicted_peak_mb(done, peers)
-            if predicted is not None and predicted > args.memory_limit:
+        done: dict[int, list[dict]] = {workers: [] for workers in args.workers}
+        for peers in sorted(args.peers):  # worker counts interleaved: ratios in one period
+            for workers in args.workers:
+                scale_run(sampler, peers, workers, done[workers], args.memory_limit)
+            runs = [r for w in args.workers for r in done[w] if r["peers"] == peers]
+            for row in runs[1:]:  # against the first worker count given
+                efficiency = parallel_efficiency(runs[0], row)
+                text = ", ".join(f"{phase} {value:.2f}" for phase, value in efficiency.items())
                 print(
-                    f"{sampler:>7} P={peers:>8}: skipped, predicted peak {predicted / 1024:.1f} "
-                    f"GiB > limit {args.memory_limit / 1024:.1f} GiB",
+                    f"{sampler:>7} P={peers:>8}: parallel efficiency t1 / (w tw) of "
+                    f"{row['workers']} workers against {runs[0]['workers']}: {text}; wall "
+                    f"{row['wall_s'] / runs[0]['wall_s']:.2f}x",
                     flush=True,
                 )
-                continue
-            row = run_isolated("synthetic", peers, 10, "full", sampler, args.workers)
-            done.append(row)
-            print(
-                f"{sampler:>7} P={peers:>8}: training {row['training_s']:7.2f} s  simulation "
-                f"{row['simulation_s']:7.2f} s  evaluation {row['evaluation_s']:6.2f} s  total "
-                f"{row['wall_s']:7.2f} s  peak {row['peak_mb'] / 1024:5.2f} GiB  "
-                f"aggregations {row['aggregations']}",
-                flush=True,
-            )
-        if len(done) >= 2:
-            peers = [r["peers"] for r in done]
-            exponents = {
-                phase[:-2]: growth_exponent(peers, [r[phase] for r in done]) for phase in PHASES
-            }
-            text = ", ".join(f"{phase} {value:.2f}" for phase, value in exponents.items())
-            print(f"{sampler:>7} growth exponent of wall time in P: {text}", flush=True)
-        rows.extend(done)
+        for workers, runs in done.items():
+            if len(runs) >= 2:
+                peers_run = [r["peers"] for r in runs]
+                text = ", ".join(
+                    f"{phase[:-2]} {growth_exponent(peers_run, [r[phase] for r in runs]):.2f}"
+                    for phase in PHASES
+                )
+                on = f" ({workers} workers)" if len(args.workers) > 1 else ""
+                print(f"{sampler:>7} growth exponent of wall time in P{on}: {text}", flush=True)
+            rows.extend(runs)
     if args.out and rows:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.with_suffix(".csv").open("w", newline="") as file:

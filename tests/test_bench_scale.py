@@ -16,13 +16,22 @@ def test_the_scale_benchmark_writes_its_table_and_figure_and_skips_what_would_no
     out = tmp_path / "scale"
     done = subprocess.run(
         [sys.executable, "bench_scale.py", "--peers", "40", "80", "1000000",
-         "--samplers", "central", "--memory-limit", "4096", "--out", str(out)],
+         "--samplers", "central", "--memory-limit", "4096", "--out", str(out),
+         "--workers", "1", "2"],
         cwd=BENCHMARKS, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(out.with_suffix(".csv").open()))
-    assert [int(row["peers"]) for row in rows] == [40, 80]
+    runs = [(int(row["peers"]), int(row["workers"])) for row in rows]
+    assert runs == [(40, 1), (80, 1), (40, 2), (80, 2)]
     assert all(int(row["aggregations"]) > 0 and float(row["peak_mb"]) > 0 for row in rows)
     assert "P= 1000000: skipped, predicted peak" in done.stdout  # not killed half-way
-    assert "growth exponent of wall time in P" in done.stdout
+    assert "growth exponent of wall time in P (2 workers)" in done.stdout
+    for peers in (40, 80):  # each phase's t1 / (w tw), printed, from the rows written
+        one, two = (row for row in rows if int(row["peers"]) == peers)
+        expected = float(one["training_s"]) / (2 * float(two["training_s"]))
+        assert (
+            f"P={peers:>8}: parallel efficiency t1 / (w tw) of 2 workers against 1: "
+            f"training {expected:.2f}, simulation"
+        ) in done.stdout
     assert out.with_suffix(".png").stat().st_size > 10_000

@@ -558,3 +558,58 @@ def test_cli_errors_are_printed_cleanly(capsys, argv, message):
     captured = capsys.readouterr()
     assert captured.err.startswith("p2pdp: error: ") and message in captured.err
     assert "Traceback" not in captured.err
+
+
+# --- synthetic rows: blocks from spawned seeds, drawn in the local workers -------------------
+def test_synthetic_blocks_come_from_spawned_seeds_and_are_pure_functions_of_their_index():
+    from scipy import integrate, stats
+
+    from p2pdp.core.rng import generator
+
+    seed_seq = generator(5, "synthetic").bit_generator.seed_seq
+    spawned = generator(5, "synthetic").bit_generator.seed_seq.spawn(4)
+    for child in range(4):  # the children SeedSequence.spawn gives, whatever came before
+        np.testing.assert_array_equal(
+            datasets.synthetic_seed(seed_seq, child).generate_state(8),
+            spawned[child].generate_state(8),
+        )
+    expected, _ = integrate.quad(lambda z: np.logaddexp(0, z) * stats.norm.pdf(z), -40, 40)
+    assert datasets.LOG1P_LOGNORMAL_MEAN == pytest.approx(expected, rel=1e-12)
+    B = datasets.SYNTHETIC_BLOCK_ROWS
+    X, y, X_test, y_test = datasets.make_synthetic(B + 10, 30, 3, rng=generator(5, "synthetic"))
+    Xb, yb = datasets.synthetic_block(seed_seq, 1, n_total=B + 40, n_features=3)
+    assert Xb.shape == (40, 3)  # the short last block: 10 training and 30 test rows
+    np.testing.assert_allclose(np.vstack([X[B:], X_test]), Xb, rtol=1e-15)
+    np.testing.assert_array_equal(np.concatenate([y[B:], y_test]), yb)
+    assert 0.4 < (y == 1).mean() < 0.6  # logits centred by the log-features' expectation
+    with pytest.raises(ValueError, match="block 2 is outside the"):
+        datasets.synthetic_block(seed_seq, 2, n_total=B + 40, n_features=3)
+
+
+def test_synthetic_rows_and_their_transform_are_the_same_for_any_number_of_workers(monkeypatch):
+    """Blocks drawn and transformed in 2 forked workers (into shared memory) give the rows one
+    process gives: labels and fold rows exactly, features to rounding."""
+    from p2pdp.config import EvaluationConfig
+    from p2pdp.core.parallel import is_shared, local_workers
+    from p2pdp.data import preprocess
+    from p2pdp.tasks.pipeline import load_fold
+
+    monkeypatch.setattr(datasets, "SYNTHETIC_BLOCK_ROWS", 500)  # 5 blocks, a short last
+    monkeypatch.setattr(preprocess, "_ROW_BLOCK", 300)
+    data = DataConfig(dataset="synthetic", synthetic_rows=1800, synthetic_test_rows=400,
+                      synthetic_features=6)  # fmt: skip
+    folds = {}
+    for workers in (1, 2):
+        with local_workers(workers):
+            for split in ("fixed", "cv"):
+                folds[workers, split] = load_fold(
+                    data, EvaluationConfig(split=split, cv_folds=4), seed=9, fold=1
+                )
+    for split in ("fixed", "cv"):
+        one, two = folds[1, split], folds[2, split]
+        assert is_shared(two.X_train) and not is_shared(one.X_train)  # drawn in the workers
+        np.testing.assert_array_equal(two.y_train, one.y_train)
+        np.testing.assert_array_equal(two.y_test, one.y_test)
+        np.testing.assert_allclose(two.X_train, one.X_train, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(two.X_test, one.X_test, rtol=1e-13, atol=1e-15)
+        assert np.abs(one.X_train).max() > 0  # the rows were written, not left empty

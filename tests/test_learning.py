@@ -262,3 +262,21 @@ def test_converges_on_badly_scaled_rows():
     for lam in (1e-2, 1e-6):
         models = fit_local_models(X, y, shards, lam)
         assert gradient_norms(models, X, y, shards, lam).max() <= TOL
+
+
+def test_the_streamed_reference_does_not_depend_on_the_number_of_workers(monkeypatch):
+    """The centralised reference's blockwise gradient and Hessian sums are computed in the
+    local workers and added in block order: the same model with 1 or 3 workers, and the
+    one-process batched solve's minimiser within the certified tolerance."""
+    rng = np.random.default_rng(13)
+    X, y = spambase_like_rows(5000, 58, rng)
+    everyone = [np.arange(5000)]
+    batched = fit_local_models(X, y, everyone, 1e-3)
+    monkeypatch.setattr(models_module, "STREAM_MIN_ROWS", 1000)
+    monkeypatch.setattr(models_module, "_STREAM_BLOCK", 700)  # 8 blocks, a short last
+    alone = fit_local_models(X, y, everyone, 1e-3, workers=1)
+    forked = fit_local_models(X, y, everyone, 1e-3, workers=3)
+    np.testing.assert_allclose(forked.weights, alone.weights, rtol=1e-12, atol=1e-15)
+    assert forked.iterations == alone.iterations
+    np.testing.assert_array_less(gradient_norms(forked, X, y, everyone, 1e-3), TOL)
+    assert np.abs(forked.weights - batched.weights).max() <= 2 * TOL / 1e-3

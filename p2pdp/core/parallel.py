@@ -6,16 +6,22 @@ run's arrays copy-on-write (no copy, no pickling of the data); only each piece's
 travels back. How many processes: :func:`local_workers` sets it for a block of code (``p2pdp
 run --jobs N`` with a single task gives its N workers to the run), 1 by default. A piece's
 result must not depend on the others, so results are identical for any number of workers.
+:func:`forked_pool` keeps the processes for several rounds of pieces (an iterative solver's
+passes over the rows), and :func:`shared_empty` allocates an array the forked workers write
+into (a large data set generated or transformed block by block in the workers).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import mmap
 import multiprocessing
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
+
+import numpy as np
 
 _WORKERS: contextvars.ContextVar[int] = contextvars.ContextVar("local_workers", default=1)
 
@@ -25,6 +31,8 @@ _R = TypeVar("_R")
 
 #: ``(function, shared)`` of the running :func:`forked_map`, read by its forked workers.
 _TASK: tuple[Callable[[Any, Any], Any], Any] | None = None
+#: True in a forked worker: its own pieces run in it, never in processes of its own.
+_IN_WORKER = False
 
 
 @contextlib.contextmanager
@@ -38,8 +46,9 @@ def local_workers(workers: int) -> Iterator[None]:
 
 
 def current_workers() -> int:
-    """The number of local processes :func:`local_workers` set (1 outside any block)."""
-    return _WORKERS.get()
+    """The number of local processes :func:`local_workers` set (1 outside any block, and
+    in a worker process: a worker's pieces run in it, not in processes of its own)."""
+    return 1 if _IN_WORKER else _WORKERS.get()
 
 
 def worker_signals() -> None:
@@ -52,6 +61,13 @@ def worker_signals() -> None:
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
+def _pool_worker() -> None:
+    """Start a :func:`forked_pool` worker: the parent's signals, no pool of its own."""
+    global _IN_WORKER
+    _IN_WORKER = True
+    worker_signals()
 
 
 def _call(item: Any) -> Any:
@@ -69,13 +85,57 @@ def forked_map(
     results are. One process (no fork) when ``workers <= 1``, when there is at most one item,
     or where the platform cannot fork (Windows).
     """
-    workers = min(workers, len(items))
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    with forked_pool(function, shared, workers=min(workers, len(items))) as pieces:
+        return pieces(items)
+
+
+@contextlib.contextmanager
+def forked_pool(
+    function: Callable[[_S, _I], _R], shared: _S, *, workers: int
+) -> Iterator[Callable[[Sequence[_I]], list[_R]]]:
+    """A :func:`forked_map` whose processes serve every call inside the block.
+
+    Yields ``pieces(items) == [function(shared, item) for item in items]`` (in order). The
+    workers fork once, on entry, so ``shared`` is what it was then: pass what changes between
+    calls in the items. Runs in this process when ``workers <= 1`` or where the platform
+    cannot fork.
+    """
+
+    def here(items: Sequence[_I]) -> list[_R]:
         return [function(shared, item) for item in items]
+
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        yield here
+        return
     global _TASK
     _TASK = (function, shared)
     try:
-        with multiprocessing.get_context("fork").Pool(workers, worker_signals) as pool:
-            return pool.map(_call, items, chunksize=1)
+        with multiprocessing.get_context("fork").Pool(workers, _pool_worker) as pool:
+            yield (
+                lambda items: pool.map(_call, items, chunksize=1) if len(items) > 1 else here(items)
+            )
     finally:
         _TASK = None
+
+
+class _SharedMemory(mmap.mmap):
+    """Anonymous memory mapped shared: what a forked worker writes there, its parent reads."""
+
+
+def shared_empty(shape: tuple[int, ...], dtype: Any = np.float64) -> np.ndarray:
+    """An uninitialised C-ordered array that forked workers (:func:`forked_map`) write into.
+
+    An ordinary array is copy-on-write in a forked worker: its writes stay in the worker.
+    This one lives in an anonymous shared mapping (``MAP_SHARED``), so every worker's writes
+    land in the parent's array, without pickling.
+    """
+    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return np.ndarray(shape, dtype=dtype, buffer=_SharedMemory(-1, max(size, 1)))
+
+
+def is_shared(array: np.ndarray) -> bool:
+    """True when ``array`` is (a view of) memory from :func:`shared_empty`."""
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, _SharedMemory)

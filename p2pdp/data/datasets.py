@@ -55,6 +55,7 @@ from sklearn.datasets import load_svmlight_file
 from p2pdp.core import components
 from p2pdp.core.boundary import calling
 from p2pdp.core.errors import ConfigError, DataError
+from p2pdp.core.parallel import current_workers, forked_map, shared_empty
 from p2pdp.data.settings import FILE_LOADER_OPTIONS, DataConfig
 
 if sys.version_info >= (3, 11):
@@ -90,6 +91,8 @@ __all__ = [
     "provides",
     "spambase",
     "synthetic",
+    "synthetic_block",
+    "synthetic_seed",
 ]
 
 DATA_HOME_ENV = "P2PDP_DATA_HOME"
@@ -1148,7 +1151,64 @@ def adult(data: DataConfig, *, rng: np.random.Generator | None = None) -> RawDat
     return _manifest_data("adult", data)
 
 
-_SYNTHETIC_BLOCK = 65_536  # rows per block of make_synthetic
+#: Rows per block of :func:`make_synthetic`: a constant, so the rows do not depend on how
+#: many processes draw the blocks.
+SYNTHETIC_BLOCK_ROWS = 65_536
+
+
+def _log1p_lognormal_mean() -> float:
+    """``E[log1p(exp(Z))]`` for ``Z ~ N(0, 1)`` (Gauss-Hermite, 64 nodes; 0.80606)."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(64)
+    return float(weights @ np.logaddexp(0.0, nodes) / np.sqrt(2 * np.pi))
+
+
+#: The expectation of every log-feature of :func:`make_synthetic`: the labels' logits are
+#: centred by it (a constant, not the rows' mean, so each block is drawn on its own).
+LOG1P_LOGNORMAL_MEAN = _log1p_lognormal_mean()
+
+
+def synthetic_seed(seed_seq: np.random.SeedSequence, child: int) -> np.random.SeedSequence:
+    """Child ``child`` of ``seed_seq``, as ``seed_seq.spawn`` gives it to a fresh sequence.
+
+    Built from its spawn key, so it does not depend on which children were spawned before:
+    child 0 draws the weight vector of :func:`make_synthetic`, child ``1 + b`` its block ``b``.
+    """
+    return np.random.SeedSequence(
+        seed_seq.entropy, spawn_key=(*seed_seq.spawn_key, child), pool_size=seed_seq.pool_size
+    )
+
+
+def synthetic_block(
+    seed_seq: np.random.SeedSequence, block: int, *, n_total: int, n_features: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``[block * B, min((block + 1) * B, n_total))`` of :func:`make_synthetic`.
+
+    ``B`` is :data:`SYNTHETIC_BLOCK_ROWS`. A pure function of its arguments: any process
+    draws the same block from the same seed sequence. Returns ``X`` (m, n_features) lognormal
+    features and ``y`` (m,) int8 labels in {-1, +1}, ``P(y = 1) = expit((log1p(x) - mu) . w)``
+    with ``mu`` = :data:`LOG1P_LOGNORMAL_MEAN` and ``w`` drawn from child 0 (N(0, 16 / d) per
+    coordinate).
+    """
+    start = block * SYNTHETIC_BLOCK_ROWS
+    rows = min(SYNTHETIC_BLOCK_ROWS, n_total - start)
+    if block < 0 or rows <= 0:
+        raise ValueError(f"block {block} is outside the {n_total} rows")
+    w_rng = np.random.default_rng(synthetic_seed(seed_seq, 0))
+    w = w_rng.normal(size=n_features) * (4.0 / np.sqrt(n_features))
+    rng = np.random.default_rng(synthetic_seed(seed_seq, 1 + block))
+    X = rng.lognormal(mean=0.0, sigma=1.0, size=(rows, n_features))
+    logits = (np.log1p(X) - LOG1P_LOGNORMAL_MEAN) @ w
+    y = np.where(rng.random(rows) < 1.0 / (1.0 + np.exp(-logits)), 1, -1).astype(np.int8)
+    return X, y
+
+
+def _draw_block(shared: tuple[np.ndarray, np.ndarray, np.random.SeedSequence], block: int) -> None:
+    """Draw block ``block`` into the shared ``(X, y)`` arrays (in a forked worker)."""
+    X, y, seed_seq = shared
+    start = block * SYNTHETIC_BLOCK_ROWS
+    Xb, yb = synthetic_block(seed_seq, block, n_total=len(y), n_features=X.shape[1])
+    X[start : start + len(yb)] = Xb
+    y[start : start + len(yb)] = yb
 
 
 def make_synthetic(
@@ -1159,27 +1219,27 @@ def make_synthetic(
     Features are lognormal (so the default ``log1p`` transform applies); labels are drawn
     from a logistic model with a random weight vector. Returns
     ``(X_train, y_train, X_test, y_test)``, labels in {-1, +1}.
+
+    The ``n_rows + n_test_rows`` rows are drawn in blocks of :data:`SYNTHETIC_BLOCK_ROWS`,
+    each from its own child of ``rng``'s seed sequence (:func:`synthetic_block`), in the
+    local worker processes (:func:`p2pdp.core.parallel.local_workers`) when there are
+    several: the same rows for any number of workers. ``rng`` is only a seed: its state is
+    neither read nor advanced.
     """
     n_total = n_rows + n_test_rows
+    seed_seq = rng.bit_generator.seed_seq
+    if not isinstance(seed_seq, np.random.SeedSequence):
+        raise DataError("make_synthetic needs a generator seeded by a numpy SeedSequence")
+    blocks = list(range(-(-n_total // SYNTHETIC_BLOCK_ROWS)))
+    workers = min(current_workers(), len(blocks))
     # The rows live in the first n_features columns of an array with one spare column, so
     # the default transform (which appends the bias column) can write its output into the
     # same memory (p2pdp.tasks.pipeline.load_fold): no second copy of a million peers' rows.
-    # Drawn in row blocks: the same numbers as one call (the stream is consumed in order).
-    buffer = np.empty((n_total, n_features + 1))
-    X = buffer[:, :n_features]
-    for start in range(0, n_total, _SYNTHETIC_BLOCK):
-        stop = min(start + _SYNTHETIC_BLOCK, n_total)
-        X[start:stop] = rng.lognormal(mean=0.0, sigma=1.0, size=(stop - start, n_features))
-    w = rng.normal(size=n_features) * (4.0 / np.sqrt(n_features))
-    # logits of the centred log-features, in row blocks: no temporary of X's size
-    logits = np.empty(n_total)
-    column_sums = np.zeros(n_features)
-    for start in range(0, n_total, _SYNTHETIC_BLOCK):
-        logs = np.log1p(np.ascontiguousarray(X[start : start + _SYNTHETIC_BLOCK]))
-        logits[start : start + _SYNTHETIC_BLOCK] = logs @ w
-        column_sums += logs.sum(axis=0)
-    logits -= (column_sums / n_total) @ w
-    y = np.where(rng.random(n_total) < 1.0 / (1.0 + np.exp(-logits)), 1, -1).astype(np.int8)
+    # With several workers, in shared memory that they draw their blocks into.
+    empty = shared_empty if workers > 1 else np.empty
+    buffer = empty((n_total, n_features + 1))
+    X, y = buffer[:, :n_features], empty((n_total,), np.int8)
+    forked_map(_draw_block, (X, y, seed_seq), blocks, workers=workers)
     return X[:n_rows], y[:n_rows], X[n_rows:], y[n_rows:]
 
 

@@ -52,6 +52,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.parallel import current_workers, forked_map, is_shared, shared_empty
 
 #: Preprocessing steps ``data.transform`` may list, in the order they are applied.
 TRANSFORM_STEPS: tuple[str, ...] = (
@@ -283,7 +284,10 @@ class FittedPreprocessor:
         out : ndarray of shape (n, n_features_out), optional
             Where to write the result. It may be the memory of ``X`` itself (``X`` the first
             ``d`` columns of ``out``): each block of rows is read before it is written, so
-            the rows are transformed in place, with no second copy.
+            the rows are transformed in place, with no second copy. Blocks of rows are
+            transformed in the local worker processes
+            (:func:`p2pdp.core.parallel.local_workers`) when ``out`` is shared memory
+            (:func:`p2pdp.core.parallel.shared_empty`, or not given): the same numbers.
 
         Returns
         -------
@@ -299,16 +303,27 @@ class FittedPreprocessor:
             )
         # Row blocks into one output array: peak memory is the input, the output and one block.
         shape = (rows_in.shape[0], self.n_features_out)
+        starts = range(0, rows_in.shape[0], _ROW_BLOCK)
+        workers = min(current_workers(), len(starts))
         if out is None:
-            out = np.empty(shape)
+            out = shared_empty(shape) if workers > 1 else np.empty(shape)
         elif out.shape != shape or out.dtype != np.float64:
             raise ConfigError(f"out must be a float64 array of shape {shape}, got {out.shape}")
-        for start in range(0, rows_in.shape[0], _ROW_BLOCK):
-            rows = slice(start, start + _ROW_BLOCK)
-            # a contiguous block: the same numpy kernels whether X is an array of its own or
-            # the first columns of ``out`` (strided), so the numbers do not depend on it
-            out[rows] = self._transform_rows(np.ascontiguousarray(rows_in[rows]))
+        # blocks in the local workers when they can write into out (each block reads and
+        # writes its own rows only, so in place is safe in any order)
+        forked_map(
+            self._transform_block, (rows_in, out), starts, workers=workers if is_shared(out) else 1
+        )
         return out
+
+    def _transform_block(
+        self, arrays: tuple[NDArray[np.float64], NDArray[np.float64]], start: int
+    ) -> None:
+        rows_in, out = arrays
+        rows = slice(start, start + _ROW_BLOCK)
+        # a contiguous block: the same numpy kernels whether X is an array of its own or
+        # the first columns of ``out`` (strided), so the numbers do not depend on it
+        out[rows] = self._transform_rows(np.ascontiguousarray(rows_in[rows]))
 
     def _transform_rows(self, Z: NDArray[np.float64]) -> NDArray[np.float64]:
         if "log1p" in self.steps:

@@ -34,7 +34,7 @@ from threadpoolctl import threadpool_limits
 
 from p2pdp.core.boundary import calling, check_methods, check_number
 from p2pdp.core.errors import ConfigError, P2PDPError
-from p2pdp.core.parallel import current_workers, forked_map, local_workers
+from p2pdp.core.parallel import current_workers, forked_map, forked_pool, local_workers
 
 __all__ = [
     "LocalModels",
@@ -295,11 +295,40 @@ def _newton(
 
 
 #: A shard of at least this many rows (the centralised reference on a large data set) is
-#: solved by :func:`_newton_streaming`: the same Newton steps, the rows read in blocks, so
-#: memory stays O(rows) vectors instead of three copies of the shard. Smaller shards keep the
-#: batched solver (and every shipped scenario its bit-identical models).
+#: solved by :func:`_newton_streaming`: the same Newton steps, the rows read in blocks (in the
+#: local worker processes when there are several), so memory besides the rows is one block
+#: per process instead of three copies of the shard. Smaller shards keep the batched solver
+#: (and every shipped scenario its bit-identical models).
 STREAM_MIN_ROWS = 200_000
-_STREAM_BLOCK = 65_536  # rows per block
+_STREAM_BLOCK = 65_536  # rows per block: a constant, so sums do not depend on the workers
+
+
+def _block_sums(
+    problem: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]],
+    item: tuple[int, NDArray[np.float64]],
+) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
+    """Sums of one block of rows at the model ``w``: ``(loss, gradient, Hessian)``.
+
+    ``problem = (X, y, rows)``, ``item = (start, w)``: the rows ``rows[start : start + B]``
+    (``B = _STREAM_BLOCK``) give ``sum_i log(1 + exp(-m_i))`` with margins ``m_i = y_i w.x_i``,
+    ``sum_i -y_i expit(-m_i) x_i`` (d,) and ``sum_i expit(m_i) expit(-m_i) x_i x_i^T`` (d, d),
+    unnormalised (the caller divides by the shard size and adds the regulariser).
+    """
+    X, y, rows = problem
+    start, w = item
+    part = rows[start : start + _STREAM_BLOCK]
+    first = int(part[0])
+    if int(part[-1]) - first == len(part) - 1 and np.all(np.diff(part) == 1):
+        Xb, yb = X[first : first + len(part)], y[first : first + len(part)]  # a view
+    else:
+        Xb, yb = X[part], y[part]
+    margins = yb * (Xb @ w)
+    curvature = expit(margins) * expit(-margins)
+    return (
+        float(-log_expit(margins).sum()),
+        (-yb * expit(-margins)) @ Xb,
+        (Xb.T * curvature) @ Xb,
+    )
 
 
 def _newton_streaming(
@@ -310,64 +339,59 @@ def _newton_streaming(
     tol: float,
     max_iter: int,
     peer: int,
+    *,
+    workers: int,
 ) -> tuple[NDArray[np.float64], float, int]:
     """Damped Newton for one peer on ``X[rows]``, reading the rows in blocks.
 
-    The steps of :func:`_newton` in primal form (Hessian ``X^T S X + lam I`` and gradient
-    ``X^T c + lam w`` summed block by block, Armijo backtracking on the objective from the
-    kept scores ``X w``), without ever copying the shard: besides ``X``, memory is a few
-    vectors of ``len(rows)`` and one block. Returns the weights, the achieved gradient norm and
-    the Newton steps taken.
+    The steps of :func:`_newton` in primal form: each pass over the rows evaluates, at one
+    model ``w``, the objective, the gradient ``X^T c + lam w`` and the Hessian
+    ``X^T S X + lam I`` as sums of per-block sums (:func:`_block_sums`), computed in
+    ``workers`` forked processes (forked once for the whole solve) and added in block order,
+    so the model does not depend on the number of workers (bitwise, on one machine). A
+    Newton step is tried at full length first; a pass at the trial model gives its objective
+    for the Armijo test and, when accepted, the next gradient and Hessian. Memory besides
+    ``X``: one block per process. Returns the weights, the achieved gradient norm and the
+    Newton steps taken.
     """
     n, d = len(rows), X.shape[1]
     starts = range(0, n, _STREAM_BLOCK)
-    labels = y[rows]
+    with forked_pool(_block_sums, (X, y, rows), workers=workers) as blocks:
 
-    def block(start: int) -> NDArray[np.float64]:
-        return X[rows[start : start + _STREAM_BLOCK]]
+        def at(v: NDArray[np.float64]) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
+            """Objective, gradient and Hessian of ``J`` at ``v``."""
+            loss, gradient, hessian = 0.0, np.zeros(d), np.zeros((d, d))
+            for block in blocks([(start, v) for start in starts]):  # added in block order
+                loss, gradient, hessian = loss + block[0], gradient + block[1], hessian + block[2]
+            value = loss / n + 0.5 * lam * float(v @ v)
+            return value, gradient / n + lam * v, hessian / n + lam * np.eye(d)
 
-    def scores_of(v: NDArray[np.float64]) -> NDArray[np.float64]:
-        return np.concatenate([block(start) @ v for start in starts])
-
-    def objective(scores: NDArray[np.float64], sq_norm: float) -> float:
-        return float(-log_expit(labels * scores).mean() + 0.5 * lam * sq_norm)
-
-    w, scores = np.zeros(d), np.zeros(n)
-    value = objective(scores, 0.0)
-    iteration = 0
-    while True:
-        margins = labels * scores
-        coefficients = -labels * expit(-margins) / n
-        curvature = expit(margins) * expit(-margins) / n
-        gradient, hessian = lam * w, lam * np.eye(d)
-        for start in starts:
-            Xb, part = block(start), slice(start, start + _STREAM_BLOCK)
-            gradient += coefficients[part] @ Xb
-            hessian += (Xb.T * curvature[part]) @ Xb
-        grad_norm = float(np.linalg.norm(gradient))
-        if grad_norm <= tol:
-            return w, grad_norm, iteration
-        if iteration == max_iter:
-            raise P2PDPError(
-                f"Newton did not reach gradient norm <= {tol:g} in max_iter={max_iter} "
-                f"iterations: worst peer {peer} has gradient norm {grad_norm:.3e}"
-            )
-        iteration += 1
-        step = -np.asarray(np.linalg.solve(hessian, gradient), dtype=np.float64)
-        score_step = scores_of(step)
-        slope, cross, step_sq = float(gradient @ step), float(w @ step), float(step @ step)
-        length = 1.0
-        while objective(
-            scores + length * score_step, float(w @ w) + length * (2 * cross + length * step_sq)
-        ) > value + _ARMIJO * length * slope + _ROUNDING_SLACK * abs(value):
-            length *= 0.5
-            if length < _MIN_STEP:
+        w = np.zeros(d)
+        value, gradient, hessian = at(w)
+        iteration = 0
+        while True:
+            grad_norm = float(np.linalg.norm(gradient))
+            if grad_norm <= tol:
+                return w, grad_norm, iteration
+            if iteration == max_iter:
                 raise P2PDPError(
-                    f"line search failed at Newton iteration {iteration} for peer {peer}"
+                    f"Newton did not reach gradient norm <= {tol:g} in max_iter={max_iter} "
+                    f"iterations: worst peer {peer} has gradient norm {grad_norm:.3e}"
                 )
-        w = w + length * step
-        scores = scores_of(w)
-        value = objective(scores, float(w @ w))
+            iteration += 1
+            step = -np.asarray(np.linalg.solve(hessian, gradient), dtype=np.float64)
+            slope, length = float(gradient @ step), 1.0
+            while True:
+                trial = w + length * step
+                trial_value, trial_gradient, trial_hessian = at(trial)
+                if trial_value <= value + _ARMIJO * length * slope + _ROUNDING_SLACK * abs(value):
+                    break
+                length *= 0.5
+                if length < _MIN_STEP:
+                    raise P2PDPError(
+                        f"line search failed at Newton iteration {iteration} for peer {peer}"
+                    )
+            w, value, gradient, hessian = trial, trial_value, trial_gradient, trial_hessian
 
 
 def _batches(
@@ -387,10 +411,11 @@ def _batches(
     return batches
 
 
-#: A :func:`fit_local_models` problem: X, y, shards, shard sizes, lam, tol, max_iter.
+#: A :func:`fit_local_models` problem: X, y, shards, shard sizes, lam, tol, max_iter, and the
+#: workers of a streamed shard (1 when the batches themselves run in workers).
 _Problem = tuple[
     NDArray[np.float64], NDArray[np.float64], list[NDArray[np.int64]], NDArray[np.int64],
-    float, float, int,
+    float, float, int, int,
 ]  # fmt: skip
 
 
@@ -398,10 +423,12 @@ def _fit_batch(
     problem: _Problem, batch: NDArray[np.intp]
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
     """Weights (B, d), achieved gradient norms (B,) and Newton steps of one batch of peers."""
-    X, y, shard_arrays, sizes, lam, tol, max_iter = problem
+    X, y, shard_arrays, sizes, lam, tol, max_iter, workers = problem
     if len(batch) == 1 and sizes[batch[0]] >= STREAM_MIN_ROWS:
         peer = int(batch[0])
-        w, norm, steps = _newton_streaming(X, y, shard_arrays[peer], lam, tol, max_iter, peer)
+        w, norm, steps = _newton_streaming(
+            X, y, shard_arrays[peer], lam, tol, max_iter, peer, workers=workers
+        )
         return w[None, :], np.array([norm]), steps
     rows = np.stack([shard_arrays[j] for j in batch])  # (B, n)
     Xb, yb = X[rows], y[rows]
@@ -458,10 +485,12 @@ def fit_local_models(
         Most peers per batch (default: as many as fit in ``CHUNK_BYTES``). Results do not
         depend on it.
     workers : int, optional
-        Local processes solving batches in parallel (forked: they read ``X`` without a copy).
+        Local processes solving batches in parallel (forked: they read ``X`` without a copy),
+        or, for a single shard of at least ``STREAM_MIN_ROWS`` rows (the centralised
+        reference), summing its blocks' gradients and Hessians (:func:`_newton_streaming`).
         Default: :func:`~p2pdp.core.parallel.local_workers`' setting, 1 unless a caller raised
-        it. Results are
-        bitwise identical for any number (a peer's model depends only on its shard).
+        it. Results are bitwise identical for any number (a peer's model depends only on its
+        shard; block sums are added in block order).
 
     Returns
     -------
@@ -511,7 +540,7 @@ def fit_local_models(
     grad_norms = np.empty(len(sizes))
     iterations = 0
     batches = _batches(sizes, chunk_size, d, method)
-    problem = (X, y, shard_arrays, sizes, lam, tol, max_iter)
+    problem = (X, y, shard_arrays, sizes, lam, tol, max_iter, workers if len(batches) == 1 else 1)
     with threadpool_limits(limits=1, user_api="blas"):  # inherited by forked workers
         # forked processes read X as it is (copy-on-write): no copy, no pickle
         fitted = forked_map(_fit_batch, problem, batches, workers=workers)
