@@ -117,6 +117,7 @@ def run_waves(world: World) -> None:
     sensitivity, draw, record = world.sensitivity, releaser.noise.draw, releaser.record
     receipts, releases, release_members = world.receipts, world.releases, world.release_members
 
+    scales: dict[tuple[int, ...], float] = {}
     rows: list[list[int]] = []  # each release's statistics rows: curator, then members
     noises: list[np.ndarray] = []
     now = 0.0
@@ -144,7 +145,10 @@ def run_waves(world: World) -> None:
             group.submitted, group.sizes = order, [sizes[m] for m in order]
             group.ended = True
             ledger.spend(group.members)  # charged before the noise is drawn
-            scale = sensitivity(group.sizes)
+            key = tuple(group.sizes)  # a pure function of the sizes: computed once per sizes
+            scale = scales.get(key)
+            if scale is None:
+                scale = scales[key] = sensitivity(group.sizes)
             noise = draw(scale)
             release = record(g, group.sizes, scale, math.sqrt(float(noise @ noise)))
             releases.append(release)

@@ -279,14 +279,17 @@ class World:
         self.release_members: list[np.ndarray] = []  # members behind each release (public)
         self.receipts: list[tuple[int, int]] = []
         self._next_group = 0
-        ready_at = self.shard_sizes * config.training.seconds_per_row
-        self.peers = [Peer(self, j, float(ready_at[j])) for j in range(n_peers)]
-        ready = np.flatnonzero(ready_at <= 0).tolist() if self.ledger.max_aggregations else []
-        self.sampler.start(ready, int(np.count_nonzero(ready_at > 0)))
         obstacle = "" if driver == "reference" else batched_obstacle(self)
         if driver == "batched" and obstacle:
             raise ConfigError(f"driver = 'batched' does not apply to this run: {obstacle}")
         self.batched = not obstacle and driver != "reference"
+        ready_at = self.shard_sizes * config.training.seconds_per_row
+        # the receivers of messages: the batched driver sends none
+        self.peers = (
+            [] if self.batched else [Peer(self, j, float(ready_at[j])) for j in range(n_peers)]
+        )
+        ready = np.flatnonzero(ready_at <= 0).tolist() if self.ledger.max_aggregations else []
+        self.sampler.start(ready, int(np.count_nonzero(ready_at > 0)))
 
     # -- observers ---------------------------------------------------------------------------
     def notify_lost(self, sender: int) -> None:
