@@ -120,7 +120,7 @@ def run_waves(world: World) -> None:
     scales: dict[tuple[int, ...], float] = {}
     rows: list[list[int]] = []  # each release's statistics rows: curator, then members
     noises: list[np.ndarray] = []
-    now = 0.0
+    now = env.now  # 0: every peer is ready at the start
     while True:
         k = min(limit, len(pool) // g)
         if k == 0:
