@@ -97,6 +97,7 @@ def _assert_same_run(config) -> tuple:
             assert getattr(world_batched.transport, counter) == getattr(world.transport, counter)
         assert world_batched.monitor.end_time == world.monitor.end_time
         assert world_batched.sampler.pool.peers == world.sampler.pool.peers
+        assert world_batched.sampler.done.value == world.sampler.done.value
     return reference, seen
 
 

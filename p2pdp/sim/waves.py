@@ -173,6 +173,7 @@ def run_waves(world: World) -> None:
         pool.add(returned[ledger.can_afford(returned)].tolist())
 
     sampler.stop_reason = monitor.stop_reason = too_few_solvent(g)
+    sampler.done.succeed(sampler.stop_reason)  # as the sampler would (nothing waits on it)
     monitor.end_time = now
     _count_messages(world, np.array(rows, dtype=np.int64).reshape(-1, g), full=full)
     _publish(world, rows, noises)
