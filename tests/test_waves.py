@@ -16,6 +16,7 @@ from test_simulation import synthetic
 from p2pdp.config import GossipConfig, GroupsConfig, NetworkConfig, PrivacyConfig, TrainingConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.simulation import simulate
+from p2pdp.sim import waves
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import prepare_peers
 
@@ -114,8 +115,9 @@ def _assert_same_run(config) -> tuple:
     ],
 )
 def test_batched_driver_gives_the_reference_outputs(
-    seed, mode, n_peers, group_size, concurrent, epsilon_per_aggregation
+    seed, mode, n_peers, group_size, concurrent, epsilon_per_aggregation, monkeypatch
 ):
+    monkeypatch.setattr(waves, "_CHUNK", 2 + seed)  # publish in several chunks, one partial
     config = synthetic(
         n_peers=n_peers,
         epsilon=1.0,

@@ -24,7 +24,9 @@ wave by wave, without an event or a message object:
   for each at the collection instant, in the same order and with the same ledger state as in
   the SimPy world (``world.env.now`` reads the wave's instant);
 - the exact aggregates (the only heavy arithmetic) are summed for many groups at once, in the
-  same order per group (the curator's row, then the members'), and published with the noise;
+  same order per group (the curator's row, then the members'), and published with the noise,
+  so ``world.published`` grows by chunks (observers read what their hooks pass, the clock and
+  the ledger: :class:`~p2pdp.sim.world.WorldObserver`);
 - receipts, message and byte counters, ``sim_time`` and the stop reason are what the
   transport and completion monitor would have recorded (a ``PUBLISH`` of one wave reaches its
   members before the next wave's curators collect).
@@ -57,8 +59,8 @@ __all__ = ["DRIVERS", "batched_obstacle", "run_waves"]
 #: ``"batched"`` (refused where it does not apply).
 DRIVERS = ("auto", "reference", "batched")
 
-#: Groups whose exact aggregates are summed in one array operation (bounds the (n, g, d)
-#: gather to a few MB).
+#: Releases published at a time: their exact aggregates are summed in one array operation
+#: (the (n, g, d) gather stays a few MB) and what the driver holds for them is freed.
 _CHUNK = 1024
 
 
@@ -157,6 +159,8 @@ def run_waves(world: World) -> None:
             noises.append(noise)
             for observer in observers:
                 observer.released(world, group, release)
+        if len(rows) >= _CHUNK:
+            _publish(world, rows, noises, full=full)
         world.shared.extend([full] * k)
         # the curators keep their copy; group publication reaches the members before the
         # next wave's curators collect (the SimPy world: one PUBLISH latency, earlier events)
@@ -175,35 +179,35 @@ def run_waves(world: World) -> None:
     sampler.stop_reason = monitor.stop_reason = too_few_solvent(g)
     sampler.done.succeed(sampler.stop_reason)  # as the sampler would (nothing waits on it)
     monitor.end_time = now
-    _count_messages(world, np.array(rows, dtype=np.int64).reshape(-1, g), full=full)
-    _publish(world, rows, noises)
+    if rows:
+        _publish(world, rows, noises, full=full)
 
 
-def _count_messages(world: World, rows: np.ndarray, *, full: bool) -> None:
-    """What the transport counts for releases whose rows (curator first) are ``rows`` (n, g):
-    one ``ASSIGN`` per member from the sampler, one ``SUBMIT`` per other member, and the
-    curator's publication (``g - 1`` messages, or one broadcast to the ``P - 1`` others)."""
+def _publish(world: World, rows: list[list[int]], noises: list[np.ndarray], *, full: bool) -> None:
+    """Publish the releases whose statistics rows (curator first) are ``rows`` and whose
+    noise is ``noises`` (then empty both), and count their messages.
+
+    Each release is its exact aggregate, summed over the same rows in the same order as
+    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`, plus its noise. The
+    transport counts one ``ASSIGN`` per member (from the sampler), one ``SUBMIT`` per other
+    member and the curator's publication: ``g - 1`` messages, or one broadcast to the
+    ``P - 1`` others.
+    """
+    index = np.array(rows, dtype=np.int64)  # (n, g)
+    n, g = index.shape
+    total = world.statistics[index].sum(axis=1)  # (n, g, d) -> (n, d), each group in order
+    exact = total / g if world.releaser.aggregate == "mean" else total
+    world.published.extend(exact + np.stack(noises))
+    rows.clear()
+    noises.clear()
+
     transport = world.transport
-    n, g = rows.shape
-    n_peers = transport.messages_sent.size
-    size = world.model_bytes
+    sent = transport.messages_sent
+    np.add.at(sent, index[:, 1:].ravel(), 1)  # SUBMIT
+    np.add.at(transport.bytes_sent, index[:, 1:].ravel(), world.model_bytes)
+    published = (sent.size - 1) if full else g - 1  # messages per publication
+    np.add.at(sent, index[:, 0], published)
+    np.add.at(transport.bytes_sent, index[:, 0], published * world.model_bytes)
     transport.control_messages += n * g
-    submits = np.bincount(rows[:, 1:].ravel(), minlength=n_peers)
-    publications = np.bincount(rows[:, 0], minlength=n_peers) * ((n_peers - 1) if full else g - 1)
-    transport.messages_sent += submits + publications
-    transport.bytes_sent += (submits + publications) * size
     if full:
         transport.broadcasts += n
-
-
-def _publish(world: World, rows: list[list[int]], noises: list[np.ndarray]) -> None:
-    """``world.published``: each release's exact aggregate plus its noise, summed
-    :data:`_CHUNK` groups at a time over the same rows in the same order as
-    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>` (the curator's first)."""
-    statistics = world.statistics
-    mean = world.releaser.aggregate == "mean"
-    for start in range(0, len(rows), _CHUNK):
-        index = np.array(rows[start : start + _CHUNK], dtype=np.int64)
-        total = statistics[index].sum(axis=1)  # (n, g, d) -> (n, d), each row summed in order
-        exact = total / index.shape[1] if mean else total
-        world.published.extend(exact + np.stack(noises[start : start + _CHUNK]))
