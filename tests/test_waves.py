@@ -195,3 +195,17 @@ def test_auto_batches_where_it_applies():
 def test_an_unknown_driver_is_refused_by_name():
     with pytest.raises(ConfigError, match="driver must be one of auto, reference, batched"):
         simulate(synthetic(n_peers=20), driver="fast")
+
+
+@pytest.mark.parametrize(
+    ("settings", "runtime", "why"),
+    [
+        ({}, "network", "network runtime"),
+        ({"protocol": {"name": "dpsgd"}}, "simulation", "protocol is iterative"),
+    ],
+)
+def test_a_driver_is_refused_where_it_would_change_nothing(settings, runtime, why):
+    config = _gaussian(synthetic(n_peers=20), epsilon=1.0, epsilon_per_aggregation=0.25)
+    config = dataclasses.replace(config, **settings)
+    with pytest.raises(ConfigError, match=f"driver = 'reference'.*{why}"):
+        simulate(config, runtime=runtime, driver="reference")

@@ -307,6 +307,11 @@ def simulate(
     config = config_of(config)
     OneOf(RUNTIMES).check("runtime", runtime)
     OneOf(DRIVERS).check("driver", driver)
+    if driver != "auto" and (runtime == "network" or config.protocol.iterative):
+        raise ConfigError(
+            f"driver = {driver!r} chooses how the simulator runs the one-shot protocol; this "
+            + ("run is on the network runtime" if runtime == "network" else "protocol is iterative")
+        )
     if config.network.seeded_noise and runtime != "network":
         raise ConfigError(
             "network.seeded_noise = true is read only with runtime = 'network': the simulator "
