@@ -19,7 +19,8 @@ wave by wave, without an event or a message object:
 - each curator charges its members on the ledger, then draws its noise from the run's stream
   through the one release path (:meth:`Releaser.release
   <p2pdp.privacy.release.Releaser.release>`'s draw and record, in release order: the same
-  draws from the same generator), so the budget is charged before any noise is drawn;
+  draws from the same generator), so the budget is charged before any noise is drawn; the
+  sensitivity, a function of the members' sizes, is asked once per distinct sizes;
 - the observers see ``group_started`` for every group of the wave at ``T`` and ``released``
   for each at the collection instant, in the same order and with the same ledger state as in
   the SimPy world (``world.env.now`` reads the wave's instant);
