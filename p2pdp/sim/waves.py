@@ -170,11 +170,10 @@ def run_waves(world: World) -> None:
             receipts.extend(
                 (member, index)
                 for index, group in enumerate(wave, first)
-                for member in group.members.tolist()
-                if member != group.curator
+                for member in group.submitted[1:]  # the other members, in member order
             )
         monitor.aggregations += k
-        returned = np.concatenate([group.members for group in wave])
+        returned = wave[0].members if k == 1 else np.concatenate([group.members for group in wave])
         pool.add(returned[ledger.can_afford(returned)].tolist())
 
     sampler.stop_reason = monitor.stop_reason = too_few_solvent(g)
