@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from test_prevalence_tasks import COUNTS, POOLED, _config, _rr
 from test_simulation import synthetic
 
 from p2pdp.config import GossipConfig, GroupsConfig, NetworkConfig, PrivacyConfig, TrainingConfig
@@ -18,6 +19,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.simulation import simulate
 from p2pdp.sim import waves
 from p2pdp.sim.world import WorldObserver
+from p2pdp.tasks import make_task
 from p2pdp.tasks.pipeline import prepare_peers
 
 
@@ -72,11 +74,10 @@ def _run(config, trained, driver):
 
 
 def _assert_same_run(config) -> tuple:
-    trained = prepare_peers(config, fold=0)
+    trained = make_task(config).prepare(fold=0, repetition=0)
     reference, seen = _run(config, trained, "reference")
     batched, seen_batched = _run(config, trained, "batched")
-    assert seen.world is None or not seen.world.batched
-    assert seen_batched.world is None or seen_batched.world.batched
+    assert not seen.world.batched and seen_batched.world.batched
     row, row_batched = reference.row(), batched.row()
     for column in row:
         if not column.startswith("wall_"):
@@ -84,21 +85,20 @@ def _assert_same_run(config) -> tuple:
     assert _same(batched.release_rows(), reference.release_rows())
     assert _same(batched.peer_table(), reference.peer_table())
     assert _same(seen_batched.events, seen.events)
-    if seen.world is not None:
-        world, world_batched = seen.world, seen_batched.world
-        assert world_batched.receipts == world.receipts
-        assert world_batched.shared == world.shared
-        np.testing.assert_array_equal(world_batched.release_members, world.release_members)
-        np.testing.assert_allclose(world_batched.published, world.published, rtol=1e-12, atol=0)
-        for counter in ("messages_sent", "bytes_sent"):
-            np.testing.assert_array_equal(
-                getattr(world_batched.transport, counter), getattr(world.transport, counter)
-            )
-        for counter in ("control_messages", "broadcasts", "messages_lost"):
-            assert getattr(world_batched.transport, counter) == getattr(world.transport, counter)
-        assert world_batched.monitor.end_time == world.monitor.end_time
-        assert world_batched.sampler.pool.peers == world.sampler.pool.peers
-        assert world_batched.sampler.done.value == world.sampler.done.value
+    world, world_batched = seen.world, seen_batched.world
+    assert world_batched.receipts == world.receipts
+    assert world_batched.shared == world.shared
+    np.testing.assert_array_equal(world_batched.release_members, world.release_members)
+    np.testing.assert_allclose(world_batched.published, world.published, rtol=1e-12, atol=0)
+    for counter in ("messages_sent", "bytes_sent"):
+        np.testing.assert_array_equal(
+            getattr(world_batched.transport, counter), getattr(world.transport, counter)
+        )
+    for counter in ("control_messages", "broadcasts", "messages_lost"):
+        assert getattr(world_batched.transport, counter) == getattr(world.transport, counter)
+    assert world_batched.monitor.end_time == world.monitor.end_time
+    assert world_batched.sampler.pool.peers == world.sampler.pool.peers
+    assert world_batched.sampler.done.value == world.sampler.done.value
     return reference, seen
 
 
@@ -148,6 +148,27 @@ def test_batched_driver_gives_the_reference_outputs_with_gaussian_noise_and_the_
     config = _gaussian(config, epsilon=2.0, epsilon_per_aggregation=0.5, accountant="pld")
     reference, _ = _assert_same_run(config)
     assert reference.aggregations > 4
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        _config(COUNTS, "privacy.epsilon_per_aggregation=0.25", "groups.max_concurrent_groups=3"),
+        _rr("groups.max_concurrent_groups=2"),
+    ],
+    ids=["laplace-counts-summed", "randomized-response"],
+)
+def test_batched_driver_gives_the_reference_outputs_for_the_count_tasks(config):
+    reference, _ = _assert_same_run(config)  # d = 1: one count per peer, summed
+    assert reference.aggregations > 4
+
+
+def test_a_mechanism_that_defines_its_own_release_runs_on_the_simpy_world():
+    config = _config(POOLED, "partition.n_peers=60")
+    _, seen = _run(config, make_task(config).prepare(fold=0, repetition=0), "auto")
+    assert not seen.world.batched
+    with pytest.raises(ConfigError, match="driver = 'batched'.*privacy.mechanism = 'pooled-test'"):
+        simulate(config, driver="batched")
 
 
 #: Settings the batched driver does not apply to, and the field its refusal names.
