@@ -82,7 +82,9 @@ def run(config: ScenarioConfig, *, reference: bool, monkeypatch) -> tuple:
             schedule(self, *args, **kwargs)
 
         patch.setattr(simpy.Environment, "schedule", counting)
-        result = simulate(config)
+        # the SimPy world's events are under test (p2pdp.sim.waves, which batches the
+        # loss-free central runs without any, is compared with it in test_waves.py)
+        result = simulate(config, driver="reference")
     outputs = (
         result.evaluation.summary(),
         result.aggregations,

@@ -23,6 +23,7 @@ from p2pdp.config import (
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.simulation import simulate
 from p2pdp.sim import world as world_module
+from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import prepare_peers
 
 
@@ -54,6 +55,15 @@ def synthetic(
         evaluation=EvaluationConfig(split="fixed"),
         **sections,
     )
+
+
+class KeepWorld(WorldObserver):
+    """Keeps the world it observes (to read what it published once it has run)."""
+
+    world: world_module.World
+
+    def group_started(self, world, group) -> None:
+        self.world = world
 
 
 def test_seed_budget_arithmetic_100_peers():
@@ -129,22 +139,18 @@ def test_peer_never_in_two_groups_at_once(monkeypatch):
     assert result.aggregations >= 36
 
 
-def test_noise_free_full_group_reproduces_the_plain_average(monkeypatch):
+def test_noise_free_full_group_reproduces_the_plain_average():
     config = synthetic(
         n_peers=12, group_size=12, epsilon=1.0, epsilon_per_aggregation=1.0, mechanism="none"
     )
-    published = []
-    original = world_module.World.publish
-    monkeypatch.setattr(
-        world_module.World,
-        "publish",
-        lambda self, group, model: published.append(model) or original(self, group, model),
-    )
     trained = prepare_peers(config, fold=0)
-    result = simulate(config, trained=trained)
-    assert result.aggregations == 1
-    np.testing.assert_allclose(published[0], trained.models.weights.mean(axis=0), atol=1e-12)
-    assert np.all(result.evaluation.ensemble_sizes == 2)
+    for driver in ("reference", "batched"):
+        world = KeepWorld()
+        result = simulate(config, trained=trained, observers=(world,), driver=driver)
+        assert result.aggregations == 1
+        average = trained.models.weights.mean(axis=0)
+        np.testing.assert_allclose(world.world.published[0], average, atol=1e-12)
+        assert np.all(result.evaluation.ensemble_sizes == 2)
 
 
 def test_group_size_one_publishes_single_noisy_models():
@@ -229,15 +235,8 @@ def test_seed_experiment_one_fold_on_real_data(real_data_home, dataset, n_peers,
     assert result.evaluation.centralized_error < 0.25
 
 
-def test_secure_aggregation_matches_plaintext_and_counts_its_messages(monkeypatch):
-    published: dict[bool, list[np.ndarray]] = {True: [], False: []}
-    original = world_module.World.publish
-
-    def record(self, group, model):
-        published[self.config.privacy.secure_aggregation].append(model)
-        return original(self, group, model)
-
-    monkeypatch.setattr(world_module.World, "publish", record)
+def test_secure_aggregation_matches_plaintext_and_counts_its_messages():
+    published: dict[bool, list[np.ndarray]] = {}
     results = {}
     for secure in (False, True):
         config = synthetic(
@@ -248,7 +247,9 @@ def test_secure_aggregation_matches_plaintext_and_counts_its_messages(monkeypatc
             mechanism="none",
             secure_aggregation=secure,
         )
-        results[secure] = simulate(config)
+        world = KeepWorld()
+        results[secure] = simulate(config, observers=(world,))
+        published[secure] = world.world.published
     plain, secure = results[False], results[True]
     assert plain.aggregations == secure.aggregations == 6
     for a, b in zip(published[False], published[True], strict=True):

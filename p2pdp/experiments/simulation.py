@@ -28,6 +28,7 @@ from p2pdp.experiments.scenario import config_of
 from p2pdp.privacy.accounting import composed, make_accountant, supports
 from p2pdp.privacy.mechanisms import NoNoise
 from p2pdp.protocols import ITERATIVE_COLUMNS
+from p2pdp.sim.waves import DRIVERS
 from p2pdp.sim.world import World, WorldObserver
 from p2pdp.tasks import (
     Evaluation,
@@ -275,6 +276,7 @@ def simulate(
     track_memory: bool = False,
     observers: tuple[WorldObserver, ...] = (),
     runtime: str = "simulation",
+    driver: str = "auto",
 ) -> RunResult:
     """Simulate fold ``fold`` of ``config`` (its ``sweep`` is ignored) and evaluate it.
 
@@ -304,6 +306,12 @@ def simulate(
     """
     config = config_of(config)
     OneOf(RUNTIMES).check("runtime", runtime)
+    OneOf(DRIVERS).check("driver", driver)
+    if driver != "auto" and (runtime == "network" or config.protocol.iterative):
+        raise ConfigError(
+            f"driver = {driver!r} chooses how the simulator runs the one-shot protocol; this "
+            + ("run is on the network runtime" if runtime == "network" else "protocol is iterative")
+        )
     if config.network.seeded_noise and runtime != "network":
         raise ConfigError(
             "network.seeded_noise = true is read only with runtime = 'network': the simulator "
@@ -361,6 +369,7 @@ def simulate(
             sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
             rngs=rngs,
             observers=(log, *observers),
+            driver=driver,
         )
     world.run()
     wall["simulation"] = time.perf_counter() - start

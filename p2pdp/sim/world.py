@@ -45,6 +45,7 @@ import simpy
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.boundary import calling, check_methods, is_builtin, problem
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.validation import OneOf
 from p2pdp.privacy.accounting import BudgetLedger, make_accountant
 from p2pdp.privacy.release import Releaser, ReleaseRecord
 from p2pdp.protocols.groups import (
@@ -61,6 +62,7 @@ from p2pdp.protocols.groups import (
 )
 from p2pdp.sim.sampler import GroupSampler
 from p2pdp.sim.transport import Environment, Transport
+from p2pdp.sim.waves import DRIVERS, batched_obstacle, run_waves
 
 __all__ = ["CompletionMonitor", "Message", "Peer", "World", "WorldObserver", "budget_ledger"]
 
@@ -212,6 +214,11 @@ class World:
         Generators ``"protocol"`` (sampling, curator choice) and ``"network"`` (latency, loss).
     observers : sequence of WorldObserver
         Told of every group, release, abort, lost message and churn event.
+    driver : "auto", "reference" or "batched"
+        How :meth:`run` advances the protocol: ``"reference"`` event by event in SimPy,
+        ``"batched"`` wave by wave in arrays (:mod:`p2pdp.sim.waves`: same outputs, refused
+        where it does not apply), ``"auto"`` batched where it applies. :attr:`batched` says
+        which one runs.
     """
 
     def __init__(
@@ -224,7 +231,9 @@ class World:
         sensitivity: Callable[[list[int]], float],
         rngs: dict[str, np.random.Generator],
         observers: Sequence[WorldObserver] = (),
+        driver: str = "auto",
     ) -> None:
+        OneOf(DRIVERS).check("driver", driver)
         self.config = config
         # Counting events costs a little per event; it pays only where messages can coalesce.
         self.env = Environment() if config.network.latency == "constant" else simpy.Environment()
@@ -270,8 +279,15 @@ class World:
         self.release_members: list[np.ndarray] = []  # members behind each release (public)
         self.receipts: list[tuple[int, int]] = []
         self._next_group = 0
+        obstacle = "" if driver == "reference" else batched_obstacle(self)
+        if driver == "batched" and obstacle:
+            raise ConfigError(f"driver = 'batched' does not apply to this run: {obstacle}")
+        self.batched = not obstacle and driver != "reference"
         ready_at = self.shard_sizes * config.training.seconds_per_row
-        self.peers = [Peer(self, j, float(ready_at[j])) for j in range(n_peers)]
+        # the receivers of messages: the batched driver sends none
+        self.peers = (
+            [] if self.batched else [Peer(self, j, float(ready_at[j])) for j in range(n_peers)]
+        )
         ready = np.flatnonzero(ready_at <= 0).tolist() if self.ledger.max_aggregations else []
         self.sampler.start(ready, int(np.count_nonzero(ready_at > 0)))
 
@@ -447,7 +463,10 @@ class World:
 
     def run(self) -> None:
         """Run until no group can form and every message in flight has been delivered."""
-        self.env.run()
+        if self.batched:
+            run_waves(self)
+        else:
+            self.env.run()
 
 
 def budget_ledger(config: ScenarioConfig, releaser: Releaser, n_peers: int) -> BudgetLedger:
