@@ -325,6 +325,7 @@ def run_experiment(
             force=force,
             runtime=runtime,
             hosts=hosts_flag() if runtime == "network" else None,
+            read_data=runtime != "network" or coordinator_scores(scenario.config.partition.n_peers),
         ) as store:
             previous = store.lock.previous
             if previous and progress is not None:
