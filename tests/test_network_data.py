@@ -301,6 +301,9 @@ def test_a_coordinator_without_data_opens_none_and_fills_what_the_protocol_produ
         for column in PEER_COLUMNS:
             assert _same_text(got[column], want[column]), (column, got[column], want[column])
 
+    wire = [(r["kind"], int(r["frames"]), int(r["wire_bytes"])) for r in _table(out / "wire.csv")]
+    assert wire == [(r["kind"], r["frames"], r["wire_bytes"]) for r in scored.wire_rows()]
+
     report = (out / "report.md").read_text()
     assert report.count("## Not scored") == 1 and report.count(UNSCORED) == 1
     assert "Error vs group size, Error vs privacy budget" in report

@@ -10,10 +10,13 @@ it (a host count, or a hosts file without ``data``), each host derives the whole
 seed as the simulator does (every peer's data and local model: a simulation shortcut) and
 keeps only its own peers' statistics.
 
-Either way the process that runs :func:`~p2pdp.experiments.simulation.simulate` (the
+By default the process that runs :func:`~p2pdp.experiments.simulation.simulate` (the
 coordinator) is also the experimenter who scores the run: it derives the fold itself to score
 every peer's ensemble on the test rows, the centralised reference and the releases'
-``noise_norm`` (analysis columns, never sent to any host). The coordinator's protocol code
+``noise_norm`` (analysis columns, never sent to any host). With per-host data, a hosts file's
+``score = false`` makes a coordinator that opens no data at all: it learns the statistics'
+length from the hosts and leaves those columns empty
+(:data:`~p2pdp.experiments.simulation.UNSCORED`). Either way the coordinator's protocol code
 (:class:`~p2pdp.net.coordinator.NetworkWorld`) reads no training data.
 
 Where the hosts run is ``P2PDP_NETWORK_HOSTS`` (the CLI's ``--hosts``, checked by
@@ -197,8 +200,8 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
     if not score and not data:
         raise ConfigError(
             f"hosts file {where}: score = false needs every host's data (p2pdp split): without "
-            "it the hosts derive the whole data set themselves, and a coordinator that does not "
-            "score protects nothing"
+            "it each host derives the whole data set, so a coordinator without it would hide "
+            "the scores and keep no data from anyone"
         )
     return HostsFile(
         coordinator=text(document, "coordinator", "coordinator"),
