@@ -142,7 +142,7 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
     ``data`` (every entry or none): the manifest ``p2pdp split`` wrote for that host, a path
     the host process opens itself (the coordinator never reads it). ``score`` (default
     true): false, only with every host's ``data``, makes a coordinator that opens no data at
-    all (the test-set scores, the centralised reference and secure releases' ``noise_norm`` are
+    all (the test-set scores, the centralised reference and the releases' ``noise_norm`` are
     then empty, the reason in ``score_note``).
     """
     where = os.fspath(path)

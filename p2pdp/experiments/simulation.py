@@ -329,7 +329,9 @@ def simulate(
     runtime : "simulation" or "network"
         ``network``: the peers run as OS processes exchanging real messages over TCP
         (:mod:`p2pdp.net`; one-shot protocol, central sampler); the rows are the simulator's
-        up to the timing columns (``sim_time`` is then wall seconds).
+        up to the timing columns (``sim_time`` is then wall seconds). With a hosts file's
+        ``score = false`` this process opens no data (``trained`` is not used) and the
+        scores are empty (:data:`UNSCORED`).
     """
     config = config_of(config)
     OneOf(RUNTIMES).check("runtime", runtime)
