@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -320,6 +321,25 @@ def test_score_false_is_refused_without_every_hosts_data_or_if_not_a_bool(tmp_pa
         read_hosts_file(hosts)
     hosts.write_text('coordinator = "c"\nscore = false\n[[host]]\naddress = "a"\ndata = "d"\n')
     assert read_hosts_file(hosts).score is False
+
+
+def test_a_host_checks_its_own_shard_sizes_when_the_coordinator_holds_none(
+    tmp_path, monkeypatch, capfd
+):
+    """``privacy.min_shard_size`` above a peer's rows: with ``score = false`` nobody else can
+    refuse it before the run, so the host does, naming the setting and its peer."""
+    scenario = _scenario(tmp_path, privacy="min_shard_size = 21")
+    manifests = _split(scenario, tmp_path / "shards")
+    logs = [tmp_path / f"opened-{host}.txt" for host in range(2)]
+    monkeypatch.setenv(
+        "P2PDP_NETWORK_HOSTS", str(_hosts_file(tmp_path, manifests, logs, score=False))
+    )
+    config = load_scenario(str(scenario)).points[0].config
+    with pytest.raises(NetworkRunError, match=r"(?s)host \d .* exited with status 1"):
+        simulate(config, runtime="network")
+    err = capfd.readouterr().err  # the first host to fail (the run then stops the other)
+    assert re.search(r"privacy.min_shard_size = 21, but peer [04] holds 20 records", err)
+    assert "Traceback" not in err
 
 
 def test_hosts_whose_statistics_differ_in_length_fail_the_run_naming_each():
