@@ -7,8 +7,13 @@ shard file must complete the run without ever opening that CSV or another host's
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
+import math
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,8 +25,12 @@ from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.network import check_network_settings, read_hosts_file
 from p2pdp.experiments.scenario import load_scenario
 from p2pdp.experiments.shards import read_host_shards
-from p2pdp.experiments.simulation import simulate
-from p2pdp.tasks import prepared_own
+from p2pdp.experiments.simulation import UNSCORED, simulate
+from p2pdp.net.coordinator import NetworkWorld
+from p2pdp.net.host import HostSettings
+from p2pdp.net.tls import Authority
+from p2pdp.privacy.accounting import BudgetLedger
+from p2pdp.tasks import make_task, prepared_own
 from p2pdp.tasks.pipeline import prepare_peers
 
 TIMING = {"sim_time", "wall_training_s", "wall_simulation_s", "wall_evaluation_s"}
@@ -55,18 +64,32 @@ cv_folds = 3
 folds = [0, 1]
 """
 
-#: Records every path the host process opens (``open``, ``os.open``, ``np.load``...) into the
-#: file named by its first argument, then runs the host as a hosts file's command does.
-AUDITED_HOST = """
+#: Records every path the process opens (``open``, ``os.open``, ``np.load``...) into the file
+#: named by its first argument.
+AUDIT = """
 import os, sys
 log = open(sys.argv[1], "a", buffering=1)
 def hook(event, args):
     if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
         log.write(os.path.abspath(os.fsdecode(args[0])) + "\\n")
 sys.addaudithook(hook)
+"""
+#: An audited host, run as a hosts file's command runs it.
+AUDITED_HOST = (
+    AUDIT
+    + """
 from p2pdp.experiments.network import host_from_stdin
 host_from_stdin()
 """
+)
+#: An audited ``p2pdp`` command line (the arguments after the log file).
+AUDITED_CLI = (
+    AUDIT
+    + """
+from p2pdp.experiments.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+)
 
 
 def _scenario(tmp_path: Path, *, mode: str = "group", privacy: str = "") -> Path:
@@ -86,9 +109,11 @@ def _split(scenario: Path, out: Path, hosts: int = 2) -> list[Path]:
     return [out / f"host-{host}.json" for host in range(hosts)]
 
 
-def _hosts_file(tmp_path: Path, manifests: list[Path], logs: list[Path]) -> Path:
+def _hosts_file(
+    tmp_path: Path, manifests: list[Path], logs: list[Path], *, score: bool = True
+) -> Path:
     """A hosts file whose hosts run audited, with no data home (they could load no data set
-    by name) and each its own manifest as ``data``."""
+    by name) and each its own manifest as ``data``; ``score = false`` unless ``score``."""
     entries = []
     for manifest, log in zip(manifests, logs, strict=True):
         command = ["env", f"P2PDP_DATA_HOME={tmp_path / 'no-data-here'}", sys.executable, "-c",
@@ -97,8 +122,9 @@ def _hosts_file(tmp_path: Path, manifests: list[Path], logs: list[Path]) -> Path
             f'[[host]]\naddress = "127.0.0.1"\ncommand = {json.dumps(command)}\n'
             f"data = {json.dumps(str(manifest))}\n"
         )
-    hosts = tmp_path / "hosts.toml"
-    hosts.write_text('coordinator = "127.0.0.1"\n' + "".join(entries))
+    hosts = tmp_path / ("hosts.toml" if score else "hosts-unscored.toml")
+    head = 'coordinator = "127.0.0.1"\n' + ("" if score else "score = false\n")
+    hosts.write_text(head + "".join(entries))
     return hosts
 
 
@@ -177,6 +203,173 @@ def test_hosts_given_only_their_shards_give_the_simulators_rows_and_open_nothing
         assert own <= opened  # the hook saw the host read its data
         others = {path for path in opened if path.startswith(str(tmp_path / "shards"))} - own
         assert others == set() and data_set not in opened, host
+
+
+#: What the protocol itself produces: a run whose coordinator holds no data fills these
+#: exactly as a scored run does.
+PROTOCOL_COLUMNS = (
+    "aggregations",
+    "aborted_groups",
+    "affordable_aggregations",
+    "mean_aggregations_per_peer",
+    "max_epsilon_spent",
+    "max_guaranteed_epsilon",
+    "messages_sent",
+    "bytes_sent",
+    "messages_lost",
+    "hosts_lost",
+    "stop_reason",
+    "data_dependent_bounds",
+    "guaranteed_epsilon_per_aggregation",
+    "guaranteed_delta_per_aggregation",
+    "guarantee",
+    "neighbouring_relation",
+)
+#: The releases' public columns (and the peers' charges), equal in both modes.
+RELEASE_COLUMNS = ("group", "curator", "group_size", "n_min", "sensitivity", "mechanism",
+                   "epsilon", "delta", "noise_scale", "noise_std", "secure")  # fmt: skip
+PEER_COLUMNS = ("peer", "aggregations", "epsilon_spent", "guaranteed_epsilon")
+
+
+def _same_text(text: str, value) -> bool:
+    """A CSV cell ``text`` holds ``value`` (numbers to 1e-9 relative: SIMD kernels)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        return text == str(value)
+    return float(text) == pytest.approx(float(value), rel=1e-9, nan_ok=True)
+
+
+def _table(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as file:
+        return list(csv.DictReader(file))
+
+
+@pytest.mark.parametrize(("mode", "privacy"), [("group", ""), ("full", SECURE)])
+def test_a_coordinator_without_data_opens_none_and_fills_what_the_protocol_produced(
+    tmp_path, monkeypatch, mode, privacy
+):
+    """``score = false``: ``p2pdp run`` (audit hook on ``open`` in the coordinator's process,
+    no data home) never opens the data set nor a shard file, completes, leaves every score
+    empty with the reason in ``score_note``, and fills the protocol's columns, releases and
+    charges as the scored run of the same hosts does (seeded noise: the same releases); its
+    report says once why it draws no error figure."""
+    scenario = _scenario(tmp_path, mode=mode, privacy=privacy)
+    shards = tmp_path / "shards"
+    manifests = _split(scenario, shards)
+    logs = [tmp_path / f"opened-{host}.txt" for host in range(2)]
+    unscored_hosts = _hosts_file(tmp_path, manifests, logs, score=False)
+    opened, out = tmp_path / "opened-by-coordinator.txt", tmp_path / "out"
+    one_cell = ["--set", "evaluation.folds=[1]", "--set", "repetitions=1"]
+    run = [sys.executable, "-c", AUDITED_CLI, str(opened), "run", str(scenario), "--runtime",
+           "network", "--hosts", str(unscored_hosts), "--out", str(out), "--set",
+           "network.seeded_noise=true", *one_cell]  # fmt: skip
+    environment = {**os.environ, "P2PDP_DATA_HOME": str(tmp_path / "no-data-here")}
+    done = subprocess.run(run, env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    paths = set(opened.read_text().split())
+    assert str(out / "results.csv") in paths  # the hook saw the coordinator write its results
+    data_set = str(tmp_path / "data.csv")
+    assert data_set not in paths and not any(p.startswith(str(shards)) for p in paths)
+    (row,) = _table(out / "results.csv")
+
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(_hosts_file(tmp_path, manifests, logs)))
+    config = _seeded(load_scenario(str(scenario)).points[0].config)
+    scored = simulate(config, runtime="network", fold=1, repetition=0)
+    expected = scored.row()
+    assert expected["score_note"] == "" and row["score_note"] == UNSCORED
+    assert int(row["aggregations"]) > 0
+    for column in PROTOCOL_COLUMNS:
+        assert _same_text(row[column], expected[column]), (column, row[column], expected[column])
+    columns = make_task(config).score_columns()
+    assert set(columns) == set(scored.evaluation.summary())  # every score the task gives
+    for column in columns:  # scored (but the posterior sampler's diagnostics), or empty
+        assert row[column] == "nan", column
+        assert column.startswith("posterior_") or not math.isnan(expected[column]), column
+
+    releases = _table(out / "releases.csv")
+    assert len(releases) == len(scored.releases)
+    secure = bool(privacy)
+    for got, want in zip(releases, scored.release_rows(), strict=True):
+        for column in RELEASE_COLUMNS:
+            assert _same_text(got[column], want[column]), (column, got[column], want[column])
+        # a curator reports its seeded noise's norm; a secure release's nobody knows here
+        if secure:
+            assert got["noise_norm"] == "nan"
+        else:
+            assert _same_text(got["noise_norm"], want["noise_norm"])
+    peers = _table(out / "peers.csv")
+    for got, want in zip(peers, scored.peer_table(), strict=True):
+        assert got["shard_size"] == "nan" and "error" not in got
+        for column in PEER_COLUMNS:
+            assert _same_text(got[column], want[column]), (column, got[column], want[column])
+
+    wire = [(r["kind"], int(r["frames"]), int(r["wire_bytes"])) for r in _table(out / "wire.csv")]
+    assert wire == [(r["kind"], r["frames"], r["wire_bytes"]) for r in scored.wire_rows()]
+
+    report = (out / "report.md").read_text()
+    assert report.count("## Not scored") == 1 and report.count(UNSCORED) == 1
+    assert "Error vs group size, Error vs privacy budget" in report
+    assert not list(out.glob("error_vs_*.png")) and not list(out.glob("roc_*.png"))
+
+
+def test_score_false_is_refused_without_every_hosts_data_or_if_not_a_bool(tmp_path):
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text('coordinator = "c"\nscore = false\n[[host]]\naddress = "a"\n')
+    with pytest.raises(ConfigError, match=r"hosts.toml: score = false needs every host's data"):
+        read_hosts_file(hosts)
+    hosts.write_text('coordinator = "c"\nscore = "no"\n[[host]]\naddress = "a"\ndata = "d"\n')
+    with pytest.raises(ConfigError, match=r"score must be true or false, got 'no'"):
+        read_hosts_file(hosts)
+    hosts.write_text('coordinator = "c"\nscore = false\n[[host]]\naddress = "a"\ndata = "d"\n')
+    assert read_hosts_file(hosts).score is False
+
+
+def test_a_host_checks_its_own_shard_sizes_when_the_coordinator_holds_none(
+    tmp_path, monkeypatch, capfd
+):
+    """``privacy.min_shard_size`` above a peer's rows: with ``score = false`` nobody else can
+    refuse it before the run, so the host does, naming the setting and its peer."""
+    scenario = _scenario(tmp_path, privacy="min_shard_size = 21")
+    manifests = _split(scenario, tmp_path / "shards")
+    logs = [tmp_path / f"opened-{host}.txt" for host in range(2)]
+    monkeypatch.setenv(
+        "P2PDP_NETWORK_HOSTS", str(_hosts_file(tmp_path, manifests, logs, score=False))
+    )
+    config = load_scenario(str(scenario)).points[0].config
+    with pytest.raises(NetworkRunError, match=r"(?s)host \d .* exited with status 1"):
+        simulate(config, runtime="network")
+    err = capfd.readouterr().err  # the first host to fail (the run then stops the other)
+    assert re.search(r"privacy.min_shard_size = 21, but peer [04] holds 20 records", err)
+    assert "Traceback" not in err
+
+
+def test_hosts_whose_statistics_differ_in_length_fail_the_run_naming_each():
+    """A coordinator without data learns the length from the hellos: all must agree (else no
+    ledger, no run); one with data checks theirs against its own."""
+    config = load_scenario("quickstart").points[0].config
+    made = []
+
+    def ledger(dim):
+        made.append(dim)
+        return BudgetLedger(4, epsilon_total=1.0, epsilon_per_aggregation=0.25)
+
+    def world(dim):
+        return NetworkWorld(config, n_peers=4, dim=dim, ledger=ledger,
+                            rngs={"protocol": np.random.default_rng(0)}, launch=None, hosts=2,
+                            settings=HostSettings(n_peers=4, hosts=2, full_publication=False),
+                            authority=Authority(2))  # fmt: skip
+
+    unscored = world(None)
+    unscored._dims = {0: 4, 1: 5}
+    with pytest.raises(NetworkRunError, match=r"differ in length \(host 0: 4, host 1: 5\)"):
+        unscored._agreed_dimension()
+    assert made == []  # no ledger for a length the hosts do not agree on
+    unscored._dims = {0: 5, 1: 5}
+    unscored._agreed_dimension()
+    assert unscored.dim == 5 and made == [5]
+    scored = world(4)
+    scored._dims = {0: 5, 1: 5}
+    with pytest.raises(NetworkRunError, match=r"host 1: 5\) \(the coordinator's: 4\)"):
+        scored._agreed_dimension()
 
 
 def test_a_host_given_another_hosts_data_fails_the_run_naming_the_file_and_field(

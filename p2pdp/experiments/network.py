@@ -10,10 +10,13 @@ it (a host count, or a hosts file without ``data``), each host derives the whole
 seed as the simulator does (every peer's data and local model: a simulation shortcut) and
 keeps only its own peers' statistics.
 
-Either way the process that runs :func:`~p2pdp.experiments.simulation.simulate` (the
+By default the process that runs :func:`~p2pdp.experiments.simulation.simulate` (the
 coordinator) is also the experimenter who scores the run: it derives the fold itself to score
 every peer's ensemble on the test rows, the centralised reference and the releases'
-``noise_norm`` (analysis columns, never sent to any host). The coordinator's protocol code
+``noise_norm`` (analysis columns, never sent to any host). With per-host data, a hosts file's
+``score = false`` makes a coordinator that opens no data at all: it learns the statistics'
+length from the hosts and leaves those columns empty
+(:data:`~p2pdp.experiments.simulation.UNSCORED`). Either way the coordinator's protocol code
 (:class:`~p2pdp.net.coordinator.NetworkWorld`) reads no training data.
 
 Where the hosts run is ``P2PDP_NETWORK_HOSTS`` (the CLI's ``--hosts``, checked by
@@ -35,7 +38,7 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,9 +52,11 @@ from p2pdp.experiments.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
 from p2pdp.net.host import HostError, HostSettings, Ticket, hosts_of, serve
 from p2pdp.net.tls import Authority
+from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import budget_ledger
 from p2pdp.tasks import (
+    check_min_shard_size,
     make_task,
     prepared,
     prepared_own,
@@ -63,6 +68,7 @@ from p2pdp.tasks import (
 __all__ = [
     "HostsFile",
     "check_network_settings",
+    "coordinator_scores",
     "host_from_stdin",
     "host_main",
     "hosts_flag",
@@ -96,6 +102,11 @@ class HostsFile:
     data : tuple of str
         Per host: the manifest of its shard file (``p2pdp split``), as the host process sees
         the path; empty: the hosts derive the fold from the seed.
+    score : bool
+        The coordinator scores the run (derives the fold from the seed to score every peer's
+        ensemble on the test rows, the centralised reference and the releases' noise norm).
+        False (only with ``data``): it opens no data at all, and those columns are empty
+        (:data:`~p2pdp.experiments.simulation.UNSCORED`).
     """
 
     coordinator: str
@@ -104,6 +115,7 @@ class HostsFile:
     commands: tuple[tuple[str, ...], ...]
     allowlist: bool = False
     data: tuple[str, ...] = ()
+    score: bool = True
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -119,6 +131,7 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
         coordinator = "10.0.0.1"   # how the hosts reach this machine
         bind = "10.0.0.1"          # where the coordinator listens (default: 127.0.0.1)
         allowlist = true           # accept connections only from these addresses
+        score = false              # this machine holds no data: it does not score the run
 
         [[host]]
         address = "10.0.0.2"       # where this host's peers listen
@@ -127,7 +140,10 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
 
     ``command`` defaults to this Python, ``-m p2pdp.experiments.network``, on this machine.
     ``data`` (every entry or none): the manifest ``p2pdp split`` wrote for that host, a path
-    the host process opens itself (the coordinator never reads it).
+    the host process opens itself (the coordinator never reads it). ``score`` (default
+    true): false, only with every host's ``data``, makes a coordinator that opens no data at
+    all (the test-set scores, the centralised reference and the releases' ``noise_norm`` are
+    then empty, the reason in ``score_note``).
     """
     where = os.fspath(path)
     try:
@@ -144,7 +160,7 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
             )
         return value
 
-    unknown = set(document) - {"coordinator", "bind", "host", "allowlist"}
+    unknown = set(document) - {"coordinator", "bind", "host", "allowlist", "score"}
     if unknown:
         raise ConfigError(f"hosts file {where}: unknown key {sorted(unknown)[0]!r}")
     entries = document.get("host")
@@ -178,6 +194,15 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
     allowlist = document.get("allowlist", False)
     if not isinstance(allowlist, bool):
         raise ConfigError(f"hosts file {where}: allowlist must be true or false, got {allowlist!r}")
+    score = document.get("score", True)
+    if not isinstance(score, bool):
+        raise ConfigError(f"hosts file {where}: score must be true or false, got {score!r}")
+    if not score and not data:
+        raise ConfigError(
+            f"hosts file {where}: score = false needs every host's data (p2pdp split): without "
+            "it each host derives the whole data set, so a coordinator without it would hide "
+            "the scores and keep no data from anyone"
+        )
     return HostsFile(
         coordinator=text(document, "coordinator", "coordinator"),
         bind=text(document, "bind", "bind", "127.0.0.1"),
@@ -185,6 +210,7 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
         commands=tuple(commands),
         allowlist=allowlist,
         data=tuple(data),
+        score=score,
     )
 
 
@@ -255,6 +281,13 @@ def network_hosts(n_peers: int) -> int:
     return hosts_plan(n_peers)[0]
 
 
+def coordinator_scores(n_peers: int) -> bool:
+    """Whether the coordinator of a network run of ``n_peers`` peers scores it (derives the
+    data): false only when a hosts file says ``score = false`` (:func:`hosts_plan`)."""
+    plan = hosts_plan(n_peers)[1]
+    return plan is None or plan.score
+
+
 class _Command:
     """A host started by a hosts file's command, with the process interface the coordinator
     uses (``join``, ``is_alive``, ``kill``, ``pid``). The command runs in a session of its
@@ -300,8 +333,14 @@ class _Command:
 
 
 def _settings(
-    config: ScenarioConfig, releaser: Releaser, hosts: int, allowed: tuple[str, ...] = ()
+    config: ScenarioConfig, releaser: Releaser | None, hosts: int, allowed: tuple[str, ...] = ()
 ) -> HostSettings:
+    """What every host knows of the run; ``releaser`` None: the coordinator's, which holds
+    no statistic (it reads none of what the releases' dimension decides)."""
+    affords = {}
+    if releaser is not None:
+        ledger = budget_ledger(config, releaser, config.partition.n_peers)
+        affords = dict(releases_per_peer=int(ledger.max_aggregations))
     return HostSettings(
         n_peers=config.partition.n_peers,
         hosts=hosts,
@@ -313,9 +352,7 @@ def _settings(
         seeded_noise=config.network.seeded_noise,
         group_size=config.groups.group_size,
         allowed=allowed,
-        releases_per_peer=int(
-            budget_ledger(config, releaser, config.partition.n_peers).max_aggregations
-        ),
+        **affords,
     )
 
 
@@ -328,7 +365,14 @@ def check_network_settings(config: ScenarioConfig) -> None:
 
     _, plan = hosts_plan(config.partition.n_peers)
     if plan is not None and plan.data:  # each host prepares its peers from its own rows
-        check_own_rows(make_task(config))
+        task = make_task(config)
+        check_own_rows(task)
+        if not plan.score and not callable(getattr(task, "score_columns", None)):
+            raise ConfigError(
+                f"task.name = {task.name!r} cannot run with a coordinator that holds no data "
+                "(a hosts file's score = false): the task declares no score_columns(), the "
+                "columns to leave empty"
+            )
     # the simulated transport model (network.*): the runtime reads none of it (NetworkWorld's
     # reads), refused here too for a config built in Python (no scenario file checked it)
     read = settings_read(config, "network")
@@ -346,21 +390,38 @@ def check_network_settings(config: ScenarioConfig) -> None:
 
 def network_world(
     config: ScenarioConfig,
-    releaser: Releaser,
-    statistics: np.ndarray,
+    releaser: Releaser | Callable[[int], Releaser],
+    statistics: np.ndarray | None,
     *,
     rngs: dict[str, np.random.Generator],
     fold: int,
     repetition: int,
     observers: Sequence[Any] = (),
 ) -> NetworkWorld:
-    """The coordinator of a network run of ``config`` (``statistics``: only for its shape)."""
-    check_supported(
-        config,
-        scale_family=bool(getattr(releaser.mechanism, "scale_family", False)),
-        per_release=statistics.ndim == 3,
-    )  # the mechanism as built (a plug-in's from_config may differ from its class)
+    """The coordinator of a network run of ``config``.
+
+    ``statistics`` (P, d): every peer's, only for ``d`` and the releases' ``noise_norm``
+    (analysis); None for a coordinator that holds no data (a hosts file's ``score =
+    false``): then the hosts say ``d`` and ``releaser(d)`` makes the run's releaser.
+    """
     n_peers = config.partition.n_peers
+
+    def ledger(dim: int) -> BudgetLedger:
+        made = releaser(dim) if callable(releaser) else releaser
+        check_supported(
+            config,
+            scale_family=bool(getattr(made.mechanism, "scale_family", False)),
+            per_release=statistics is not None and statistics.ndim == 3,
+        )  # the mechanism as built (a plug-in's from_config may differ from its class)
+        return budget_ledger(config, made, n_peers)
+
+    exact = None
+    if statistics is not None:  # analysis only: the noise each release carries
+        made = releaser(statistics.shape[-1]) if callable(releaser) else releaser
+
+        def exact(members: np.ndarray) -> np.ndarray:
+            return made.exact(statistics[members])
+
     hosts, plan = hosts_plan(n_peers)
     context = multiprocessing.get_context("spawn")
     authority = Authority(hosts)  # its keys stay in this process
@@ -387,15 +448,15 @@ def network_world(
     return NetworkWorld(
         config,
         n_peers=n_peers,
-        dim=statistics.shape[-1],
-        ledger=budget_ledger(config, releaser, n_peers),
+        dim=None if statistics is None else statistics.shape[-1],
+        ledger=ledger,
         rngs=rngs,
         launch=launch,
         hosts=hosts,
-        settings=_settings(config, releaser, hosts, plan.allowed if plan else ()),
+        settings=_settings(config, None, hosts, plan.allowed if plan else ()),
         authority=authority,
         observers=observers,
-        exact=lambda members: releaser.exact(statistics[members]),
+        exact=exact,
         bind=plan.bind if plan else "127.0.0.1",
     )
 
@@ -421,7 +482,13 @@ def host_main(
     worker_signals()  # a Ctrl-C is the coordinator's to handle: it ends the run, and the hosts
     task = make_task(config)
     try:
-        peers, own, own_sizes = _own_statistics(task, config, fold, repetition, host, hosts, data)
+        peers, own, own_sizes, bounds = _own_statistics(
+            task, config, fold, repetition, host, hosts, data
+        )
+        if config.privacy.min_shard_size is not None:  # its own peers', named by their ids
+            sizes = np.full(config.partition.n_peers, config.privacy.min_shard_size)
+            sizes[peers] = own_sizes
+            check_min_shard_size(sizes, config.privacy.min_shard_size)
     except P2PDPError as error:  # one line, not a traceback: it names what to fix
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
         sys.exit(1)
@@ -439,6 +506,7 @@ def host_main(
                 ticket=ticket,
                 coordinator=coordinator,
                 address=address,
+                data_dependent_bounds=bounds,
             )
         )
     except (HostError, P2PDPError) as error:  # one line, not a traceback: it names what to fix
@@ -454,9 +522,10 @@ def _own_statistics(
     host: int,
     hosts: int,
     data: str | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Host ``host``'s peers (m,), their statistics (m, d) and shard sizes (m,): from its
-    shard file ``data`` alone, or (None) from the whole fold, keeping its own."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Host ``host``'s peers (m,), their statistics (m, d), shard sizes (m,) and whether
+    their rows were scaled with bounds fitted on the pooled training fold: from its shard
+    file ``data`` alone, or (None) from the whole fold, keeping its own."""
     from p2pdp.experiments.shards import read_host_shards
 
     n_peers = config.partition.n_peers
@@ -474,12 +543,12 @@ def _own_statistics(
             repetition=repetition,
         )
         statistics, sizes = task_statistics(task, trained, len(rows.peers))
-        return rows.peers, statistics, sizes
-    statistics, sizes = task_statistics(
-        task, prepared(task, fold=fold, repetition=repetition), n_peers
-    )
+        return rows.peers, statistics, sizes, rows.data_dependent_bounds
+    whole = prepared(task, fold=fold, repetition=repetition)
+    statistics, sizes = task_statistics(task, whole, n_peers)
     peers = np.flatnonzero(hosts_of(n_peers, hosts) == host)
-    return peers, statistics[peers].copy(), sizes[peers].copy()
+    bounds = bool(getattr(getattr(whole, "fold", None), "data_dependent_bounds", False))
+    return peers, statistics[peers].copy(), sizes[peers].copy(), bounds
 
 
 def host_from_stdin() -> None:

@@ -241,6 +241,8 @@ def _write_report(directory: Path) -> Path:
         return report
     summaries = _summarise(rows, swept, read_roc(directory))
     protocols = _protocol_comparison(directory, rows, swept)
+    unscored = _unscored(rows)
+    no_scores = NO_SCORES if unscored else None
 
     peers = "partition.n_peers"
     specs = [  # (file stem, title, why skipped or None, draw(path), caption)
@@ -248,7 +250,7 @@ def _write_report(directory: Path) -> Path:
             (
                 stem,
                 title,
-                _error_figure_skipped(x, swept),
+                no_scores or _error_figure_skipped(x, swept),
                 partial(_error_figure, summaries, swept, x, panel),
                 _caption(summaries, swept, x, panel),
             )
@@ -265,7 +267,7 @@ def _write_report(directory: Path) -> Path:
         (
             "error_vs_loss",
             "Aggregations and error vs message loss",
-            None if "network.loss" in swept else "`network.loss` is not swept",
+            no_scores or (None if "network.loss" in swept else "`network.loss` is not swept"),
             partial(_loss_figure, summaries, swept),
             "Left: aggregations completed per run; right: mean test error of the peers' "
             "ensembles (band: +/- one standard deviation over peers and folds; dashed: "
@@ -275,7 +277,12 @@ def _write_report(directory: Path) -> Path:
         (
             "roc_best_peer",
             "ROC of the best peer",
-            None if all(s.roc_tpr is not None for s in summaries) else "no roc.csv for every cell",
+            no_scores
+            or (
+                None
+                if all(s.roc_tpr is not None for s in summaries)
+                else "no roc.csv for every cell"
+            ),
             partial(_roc_figure, summaries, swept),
             "For each publication mode, the grid point with the lowest mean error; the best "
             "peer's ROC averaged over folds.",
@@ -295,12 +302,38 @@ def _write_report(directory: Path) -> Path:
             figures.append((title, path.name, caption))
 
     report = directory / REPORT_FILE
-    text = _markdown(rows, manifest, settings, swept, summaries, figures) + protocols.text
+    text = _markdown(rows, manifest, settings, swept, summaries, figures, unscored)
+    text += protocols.text
     write_atomic(report, _with_status(text, directory, manifest, rows))
     for stem, _, skipped, _, _ in specs:
         if skipped:
             (directory / f"{stem}.png").unlink(missing_ok=True)
     return report
+
+
+#: Why the report draws no figure from the error columns of rows nobody scored.
+NO_SCORES = "the rows hold no test-set scores (see Not scored)"
+
+
+def _unscored(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The report's "Not scored" section: why the rows' error columns are empty (their
+    ``score_note``, once each, with its count of cells); empty if every row was scored."""
+    notes: dict[str, int] = {}
+    for row in rows:
+        if row.get("score_note"):
+            notes[str(row["score_note"])] = notes.get(str(row["score_note"]), 0) + 1
+    if not notes:
+        return []
+    return [
+        "## Not scored",
+        "",
+        *(f"- {note} ({count} of {len(rows)} cells)." for note, count in notes.items()),
+        "",
+        "Their error, AUC, centralized and local-only columns are empty (nan): no figure is "
+        "drawn from them, and the table's are nan. What the protocol produced (aggregations, "
+        "epsilons, messages, bytes, guarantees) is filled.",
+        "",
+    ]
 
 
 def _error_figure_skipped(x: str, swept: Sequence[str]) -> str | None:
@@ -978,6 +1011,7 @@ def _markdown(
     swept: Sequence[str],
     summaries: Sequence[PointSummary],
     figures: Sequence[tuple[str, str, str]],
+    unscored: Sequence[str] = (),
 ) -> str:
     name = rows[0]["name"]
     lines = [f"# {name}: results", ""]
@@ -1013,15 +1047,20 @@ def _markdown(
         "",
         *_non_private_section(rows, swept),
         "",
+        *unscored,
         "## Figures",
         "",
     ]
-    skipped = []
+    skipped, unscored_figures = [], []
     for title, file, text in figures:
         if file:
             lines += [f"### {title}", "", f"![{title}]({file})", "", text, ""]
+        elif text == NO_SCORES:
+            unscored_figures.append(title)
         else:
             skipped.append(f"- {title}: skipped, {text}.")
+    if unscored_figures:  # one line for them all: the section above says why
+        skipped.insert(0, f"- {', '.join(unscored_figures)}: skipped, {NO_SCORES}.")
     if skipped:
         lines += ["Not drawn:", "", *skipped, ""]
     lines += ["## Main results", "", *_table(swept, summaries), ""]

@@ -274,6 +274,7 @@ class ResultsStore:
         cell_ids: Sequence[str] | None = None,
         runtime: str = "simulation",
         hosts: str | None = None,
+        read_data: bool = True,
     ) -> ResultsStore:
         """Lock ``directory``, check it against ``scenario``, then create or reopen the store.
 
@@ -288,7 +289,8 @@ class ResultsStore:
         ``network``: their rows must not mix); a cell whose rows in ``roc.csv`` or an extra
         table are missing (a file deleted or cut) is not done: its rows are dropped and it
         runs again. ``hosts`` (a network run's ``--hosts``, if given) is recorded for
-        :func:`resume_command`.
+        :func:`resume_command`. ``read_data`` false (a network coordinator that holds no
+        data): the data files are not fingerprinted, nor opened (:func:`run_inputs`).
 
         Raises
         ------
@@ -333,7 +335,7 @@ class ResultsStore:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
             }
-            inputs = run_inputs(scenario)
+            inputs = run_inputs(scenario, read_data=read_data)
             if existing is not None:
                 before = existing.get("runtime", "simulation")
                 if before != runtime:
@@ -749,17 +751,21 @@ def _naming(path: str | Path) -> Iterator[None]:
         raise
 
 
-def run_inputs(scenario: Scenario) -> dict[str, Any]:
+def run_inputs(scenario: Scenario, *, read_data: bool = True) -> dict[str, Any]:
     """What a scenario's cells depend on besides its settings: p2pdp's version, the data.
 
     ``{"p2pdp": version, "data": {file: sha256}}`` over the data files of every grid point
     (:func:`p2pdp.data.datasets.data_fingerprint`) and of every ``partition.path``. Recorded in
     the manifest; ``--resume`` refuses a folder whose inputs differ, so it never merges results
-    of two data sets or versions.
+    of two data sets or versions. ``read_data`` false: no file is opened and ``data`` is
+    empty (a network run whose coordinator holds no data: it cannot tell whether the hosts'
+    shard files changed; a resume of a folder whose cells fingerprinted their data is refused).
     """
     from p2pdp.data.datasets import data_fingerprint, file_fingerprint
 
     data: dict[str, str] = {}
+    if not read_data:
+        return {"p2pdp": _version("p2pdp"), "data": data}
     for config in {point.config.data for point in scenario.points}:
         data.update(data_fingerprint(config))
     data.update(

@@ -59,7 +59,12 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, worker_signals
 from p2pdp.core.validation import OneOf
 from p2pdp.experiments.disclosure import non_private_column
-from p2pdp.experiments.network import check_network_settings, hosts_flag, network_hosts
+from p2pdp.experiments.network import (
+    check_network_settings,
+    coordinator_scores,
+    hosts_flag,
+    network_hosts,
+)
 from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.experiments.scenario import Scenario
 from p2pdp.experiments.simulation import RUNTIMES, check_budget, current_phase, simulate
@@ -174,7 +179,9 @@ def iter_task(
     """
     with threadpool_limits(limits=1):  # parallelism comes from workers, not BLAS threads
         with local_workers(training_workers):
-            trained, prepare_seconds = _prepare(cells[0])
+            trained, prepare_seconds = None, 0.0  # a coordinator without data prepares none
+            if runtime != "network" or coordinator_scores(cells[0].config.partition.n_peers):
+                trained, prepare_seconds = _prepare(cells[0])
             for cell in cells:
                 yield _run_cell(cell, trained, prepare_seconds, runtime=runtime)
 
@@ -318,6 +325,7 @@ def run_experiment(
             force=force,
             runtime=runtime,
             hosts=hosts_flag() if runtime == "network" else None,
+            read_data=runtime != "network" or coordinator_scores(scenario.config.partition.n_peers),
         ) as store:
             previous = store.lock.previous
             if previous and progress is not None:

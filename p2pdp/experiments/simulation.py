@@ -72,6 +72,12 @@ class RunResult:
     group's timer, as the parties that reported counted them (see
     :mod:`p2pdp.net.coordinator`), with ``hosts_lost`` the host
     processes lost during the run (their peers left it; 0 in simulation).
+    ``score_note`` is empty for a scored run; a network run whose coordinator holds no data
+    (a hosts file's ``score = false``) says there why its scores (the task's summary columns,
+    the peers' scores and shard sizes, a release's ``noise_norm`` unless its curator reported
+    it: seeded noise without secure aggregation) are empty
+    (:data:`UNSCORED`): what the protocol produced (releases, charges, epsilons, messages,
+    bytes, hosts lost, guarantees) is filled as in a scored run.
     ``affordable_aggregations`` is how many aggregations the ledger lets every peer join
     (the accountant's answer for the budget; with ``privacy.noise_multiplier``, the count
     that noise buys).
@@ -114,6 +120,7 @@ class RunResult:
     wire: list[dict[str, Any]] = field(default_factory=list)
     runtime: str = "simulation"
     hosts_lost: int = 0
+    score_note: str = ""
 
     def row(self) -> dict[str, Any]:
         """Flat results row: every config setting (empty where the run read none), the
@@ -122,6 +129,7 @@ class RunResult:
         row.update(fold=self.fold, repetition=self.repetition)
         row.update(self.evaluation.summary())
         row.update(
+            score_note=self.score_note,
             aggregations=self.aggregations,
             aborted_groups=self.aborted_groups,
             affordable_aggregations=self.affordable_aggregations,
@@ -265,6 +273,27 @@ class ReleaseLog(WorldObserver):
 #: Where a one-shot run happens: the SimPy world, or real processes over TCP (p2pdp.net).
 RUNTIMES = ("simulation", "network")
 
+#: ``score_note`` of a network run whose coordinator holds no data (a hosts file's ``score =
+#: false``): why its scores are empty.
+UNSCORED = (
+    "not scored: the coordinator holds no data (hosts file score = false): no test-set "
+    "scores, centralised reference or shard sizes, and no noise norm its curator did not report"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Unscored:
+    """The :class:`~p2pdp.tasks.Evaluation` of a run nobody scored: every column the task's
+    summary fills (``columns``, the task's ``score_columns()``) is NaN; no per-peer scores."""
+
+    columns: tuple[str, ...]
+
+    def summary(self) -> dict[str, Any]:
+        return dict.fromkeys(self.columns, math.nan)
+
+    def peer_columns(self) -> dict[str, np.ndarray]:
+        return {}
+
 
 @_clears_phase
 def simulate(
@@ -302,7 +331,9 @@ def simulate(
     runtime : "simulation" or "network"
         ``network``: the peers run as OS processes exchanging real messages over TCP
         (:mod:`p2pdp.net`; one-shot protocol, central sampler); the rows are the simulator's
-        up to the timing columns (``sim_time`` is then wall seconds).
+        up to the timing columns (``sim_time`` is then wall seconds). With a hosts file's
+        ``score = false`` this process opens no data (``trained`` is not used) and the
+        scores are empty (:data:`UNSCORED`).
     """
     config = config_of(config)
     OneOf(RUNTIMES).check("runtime", runtime)
@@ -335,6 +366,18 @@ def simulate(
             tracemalloc.stop()
             result = dataclasses.replace(result, peak_memory_mb=peak)
         return result
+    if runtime == "network":
+        from p2pdp.experiments.network import coordinator_scores
+
+        if not coordinator_scores(config.partition.n_peers):
+            result = _unscored_network_run(
+                config, task, fold=fold, repetition=repetition, observers=observers
+            )
+            if track_memory:
+                peak = tracemalloc.get_traced_memory()[1] / 2**20
+                tracemalloc.stop()
+                result = dataclasses.replace(result, peak_memory_mb=peak)
+            return result
     wall: dict[str, float] = {}
     start = time.perf_counter()
     _PHASE[0] = "training"
@@ -376,8 +419,36 @@ def simulate(
 
     start = time.perf_counter()
     _PHASE[0] = "evaluation"
+    evaluation = evaluated(task, trained, _outcome(world, dim))
+    wall["evaluation"] = time.perf_counter() - start
+
+    peak_mb = float("nan")
+    if track_memory:
+        peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+    return _result(
+        config,
+        world,
+        mechanism,
+        dim,
+        fold=fold,
+        repetition=repetition,
+        evaluation=evaluation,
+        shard_sizes=np.asarray(sizes),
+        data_dependent_bounds=bool(
+            getattr(getattr(trained, "fold", None), "data_dependent_bounds", False)
+        ),
+        releases=log.rows,
+        wall_times=wall,
+        peak_memory_mb=peak_mb,
+        runtime=runtime,
+    )
+
+
+def _outcome(world: Any, dim: int) -> Outcome:
+    """What ``world`` (a World or NetworkWorld after its run) leaves for the task to score."""
     pairs = np.array(world.receipts, dtype=np.int64).reshape(-1, 2)
-    outcome = Outcome(
+    return Outcome(
         published=np.array(world.published).reshape(len(world.published), dim),
         shared=np.array(world.shared, dtype=bool),
         receipt_peers=pairs[:, 0],
@@ -385,20 +456,75 @@ def simulate(
         releases=tuple(world.releases),
         members=tuple(world.release_members),
     )
-    evaluation = evaluated(task, trained, outcome)
-    wall["evaluation"] = time.perf_counter() - start
 
-    peak_mb = float("nan")
-    if track_memory:
-        peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
-        tracemalloc.stop()
+
+def _unscored_network_run(
+    config: ScenarioConfig,
+    task: Any,
+    *,
+    fold: int,
+    repetition: int,
+    observers: tuple[WorldObserver, ...],
+) -> RunResult:
+    """A network run whose coordinator (this process) holds no data (a hosts file's ``score
+    = false``): it opens no data set and no shard file, learns the statistics' length from
+    the hosts (:class:`~p2pdp.net.coordinator.NetworkWorld`), and leaves every score empty
+    with the reason in ``score_note`` (:data:`UNSCORED`)."""
+    from p2pdp.experiments.network import network_world
+
+    paths: dict[int, tuple[Any, Any, Any]] = {}
+
+    def releaser(dim: int) -> Any:  # the run's, once the hosts said the statistics' length
+        paths[dim] = release_path(config, task, dim, fold=fold, repetition=repetition)
+        return paths[dim][1]
+
+    start = time.perf_counter()
+    _PHASE[0] = "network run"
+    log = ReleaseLog()
+    world = network_world(
+        config,
+        releaser,
+        None,
+        rngs={"protocol": generator(config.seed, "protocol", fold, repetition)},  # release_path's
+        fold=fold,
+        repetition=repetition,
+        observers=(log, *observers),
+    )
+    world.run()
+    assert world.dim is not None  # the hosts said it before any group formed
+    return _result(
+        config,
+        world,
+        paths[world.dim][0],
+        world.dim,
+        fold=fold,
+        repetition=repetition,
+        evaluation=Unscored(tuple(task.score_columns())),
+        shard_sizes=np.full(config.partition.n_peers, math.nan),
+        data_dependent_bounds=world.data_dependent_bounds,
+        releases=log.rows,
+        wall_times={"training": 0.0, "simulation": time.perf_counter() - start, "evaluation": 0.0},
+        peak_memory_mb=math.nan,
+        runtime="network",
+        score_note=UNSCORED,
+    )
+
+
+def _result(
+    config: ScenarioConfig,
+    world: Any,
+    mechanism: Any,
+    dim: int,
+    *,
+    runtime: str,
+    **fields: Any,
+) -> RunResult:
+    """The RunResult of a one-shot run of ``world`` (after its run) releasing through
+    ``mechanism`` statistics of length ``dim``; ``fields``: the rest of RunResult's."""
     transport = world.transport
     counts = world.ledger.aggregations()
     return RunResult(
         config=config,
-        fold=fold,
-        repetition=repetition,
-        evaluation=evaluation,
         aggregations=world.monitor.aggregations,
         aborted_groups=world.monitor.aborted,
         aggregations_per_peer=counts,
@@ -408,25 +534,19 @@ def simulate(
             else world.ledger.spent_epsilon()
         ),
         guaranteed_epsilon=_guaranteed_epsilon(mechanism, dim, counts, config),
-        shard_sizes=np.asarray(sizes),
         sim_time=world.monitor.end_time,
         messages_sent=int(transport.messages_sent.sum() + transport.control_messages),
         bytes_sent=int(transport.bytes_sent.sum()),
         messages_lost=transport.messages_lost,
         stop_reason=world.monitor.stop_reason,
-        data_dependent_bounds=bool(
-            getattr(getattr(trained, "fold", None), "data_dependent_bounds", False)
-        ),
         guarantee_per_aggregation=mechanism.guarantee(dim),
         guarantee=guarantee_label(mechanism.event(dim)),
         neighbouring_relation=mechanism.event(dim).relation,
-        releases=log.rows,
-        wall_times=wall,
-        peak_memory_mb=peak_mb,
         affordable_aggregations=int(world.ledger.max_aggregations),
         wire=getattr(world, "wire_rows", list)(),
         runtime=runtime,
         hosts_lost=len(getattr(world, "lost_hosts", ())),
+        **fields,
     )
 
 

@@ -238,10 +238,16 @@ class NetworkWorld:
     Parameters
     ----------
     config : ScenarioConfig
-    n_peers, dim : int
-        P and the length of a statistic.
-    ledger : BudgetLedger
-        The run's ledger (built as the simulator builds it).
+    n_peers : int
+        P.
+    dim : int or None
+        The length of a statistic; None for a coordinator that holds no data: then the hosts'
+        hellos say it (they must all agree, else :class:`~p2pdp.core.errors.NetworkRunError`
+        naming each host's), and so, as :attr:`data_dependent_bounds`, whether any host's
+        rows were scaled with bounds fitted on the pooled training fold.
+    ledger : BudgetLedger or callable
+        The run's ledger (built as the simulator builds it), or ``ledger(dim)`` making it
+        once the hosts said ``dim``.
     rngs : dict
         ``"protocol"``: the stream of groups and curators (the simulator's).
     launch : callable
@@ -278,8 +284,8 @@ class NetworkWorld:
         config: ScenarioConfig,
         *,
         n_peers: int,
-        dim: int,
-        ledger: BudgetLedger,
+        dim: int | None,
+        ledger: BudgetLedger | Callable[[int], BudgetLedger],
         rngs: dict[str, np.random.Generator],
         launch: Callable[[int, Ticket], Any],
         hosts: int,
@@ -291,7 +297,11 @@ class NetworkWorld:
     ) -> None:
         self.config = config
         self.n_peers, self.dim = n_peers, dim
-        self.ledger = ledger
+        self._ledger = ledger
+        if dim is not None:
+            self._accounting(dim)
+        self.data_dependent_bounds = False  # as the hosts say (a coordinator without data)
+        self._dims: dict[int, int] = {}  # per host: the length of its statistics (its hello)
         self.launch = launch
         self.n_hosts = hosts
         self.settings = settings
@@ -333,15 +343,43 @@ class NetworkWorld:
         self._enrollment_tls = own.context(server=True, clients=False)
         self._enrollment: asyncio.Server | None = None
         self.lost_hosts: set[int] = set()
-        # The largest control frame a host sends: a release (one model, its group's member
-        # list), or its final report (per peer its counts; receipts of 16 bytes, at most one
-        # per aggregation a peer can afford).
-        self.control_bytes = (
-            frame_bytes(dim, n_peers)
-            + 40 * n_peers
-            + 16 * n_peers * int(min(ledger.max_aggregations, 2**32))
+
+    #: The largest control frame before the statistics' length is known: a hello (its peers'
+    #: ports, an address).
+    _HELLO_BYTES = 4096
+
+    @property
+    def control_bytes(self) -> int:
+        """The largest control frame a host sends: a release (one model, its group's member
+        list), or its final report (per peer its counts; receipts of 16 bytes, at most one
+        per aggregation a peer can afford); a hello while ``dim`` is unknown."""
+        if self.dim is None:
+            return self._HELLO_BYTES + 16 * self.n_peers
+        return (
+            frame_bytes(self.dim, self.n_peers)
+            + 40 * self.n_peers
+            + 16 * self.n_peers * int(min(self.ledger.max_aggregations, 2**32))
             + 4096
         )
+
+    def _accounting(self, dim: int) -> None:
+        """The statistics have ``dim`` entries: the run's ledger."""
+        self.dim = dim
+        self.ledger = self._ledger(dim) if callable(self._ledger) else self._ledger
+
+    def _agreed_dimension(self) -> None:
+        """Every host said its statistics' length (hello): NetworkRunError naming each unless
+        they all agree, with the coordinator's own if it has one; else that is ``dim``."""
+        dims = set(self._dims.values()) | ({self.dim} if self.dim is not None else set())
+        if len(dims) != 1:
+            said = ", ".join(f"host {host}: {dim}" for host, dim in sorted(self._dims.items()))
+            mine = f" (the coordinator's: {self.dim})" if self.dim is not None else ""
+            raise NetworkRunError(
+                f"network runtime: the hosts' statistics differ in length ({said}){mine}: "
+                "their data are not all this scenario's (the same data set and preprocessing)"
+            )
+        if self.dim is None:
+            self._accounting(dims.pop())
 
     def wire_rows(self) -> list[dict[str, Any]]:
         """What travelled on the wire (the ``wire`` table of the run)."""
@@ -385,6 +423,7 @@ class NetworkWorld:
                 )
                 self.processes.append(self.launch(i, ticket))
             await self._wait(self._hello, STARTUP_TIMEOUT, "every host to start")
+            self._agreed_dimension()
             directory = encode(
                 {"kind": DIRECTORY, "ports": self.ports, "addresses": self.addresses}
             )
@@ -531,6 +570,11 @@ class NetworkWorld:
                 raise ProtocolError(f"a second hello from host {claimed}")
             if not isinstance(address, str) or not 0 < len(address) <= 255:
                 raise ValueError(f"hello address must be a host name, got {address!r:.40}")
+            dim, bounds = _count(message["dim"], "hello dim", 2**31), message["bounds"]
+            if dim < 1 or not isinstance(bounds, bool):
+                raise ValueError(f"hello dim {dim} must be >= 1 and bounds a bool")
+            self._dims[claimed] = dim
+            self.data_dependent_bounds |= bounds
             self._hosts[claimed] = writer
             self.addresses[claimed] = address
             if not self.ports:
@@ -608,6 +652,8 @@ class NetworkWorld:
     def _release_report(self, message: dict[str, Any], who: str | None) -> dict[str, Any]:
         """A curator's ``DONE``, checked: from the curator's own host, with a well-formed
         record and model (parsed here, so a bad report is refused before anything counts)."""
+        if self.dim is None:
+            raise ProtocolError("a release before every host said its statistics' length")
         group = _count(message["group"], "done group")
         curator = _count(message["curator"], "done curator", self.n_peers)
         if who != host_name(int(self.host_of[curator])):

@@ -855,12 +855,16 @@ async def serve(
     ticket: Ticket,
     coordinator: str = "127.0.0.1",
     address: str = "127.0.0.1",
+    data_dependent_bounds: bool = False,
 ) -> None:
     """Run host ``host_index``: its peers' sockets, until the coordinator says the run is over.
 
     Enrolls with ``ticket`` (:func:`enroll`: its own key pair, made here), connects to the
     coordinator at ``coordinator:ticket.port`` (``HELLO`` with the
-    host's ``address``, where its peers listen, and every peer's port), waits for the
+    host's ``address``, where its peers listen, every peer's port, the length ``dim`` of its
+    statistics and ``bounds``, its ``data_dependent_bounds``: whether its rows were scaled
+    with bounds fitted on the pooled training fold; public facts a coordinator that holds
+    no data learns only so), waits for the
     ``DIRECTORY`` of every host's address and every peer's port, serves the protocol, and on
     ``FINISH`` waits until its peers received the publications the coordinator expects, then
     reports ``STATS``: messages and bytes sent per peer (the simulator's counts), frames and
@@ -910,6 +914,8 @@ async def serve(
                 "host": host_index,
                 "address": address,
                 "ports": [[p, q] for p, q in ports.items()],
+                "dim": int(statistics.shape[-1]),
+                "bounds": bool(data_dependent_bounds),
             }
         )
         while True:

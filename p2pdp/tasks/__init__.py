@@ -12,6 +12,8 @@ sensitivity, charges budgets and publishes. A task supplies everything else:
 ``aggregate``             "mean", "sum" (also under secure aggregation) or a callable
 ``sensitivity``           L2 sensitivity of a group's aggregate, from its members' sizes
 ``evaluate``              score what peers received: an object with ``summary()``
+``score_columns``         optional: the names ``summary()`` fills (left empty
+                          by a network run nobody scores: ``score = false``)
 ========================  ==========================================================
 
 Build the task a config names with :func:`make_task` (``task.name``: a registered name or an

@@ -296,6 +296,22 @@ class LogisticEnsembles:
             lipschitz=self.model.lipschitz,
         )
 
+    def score_columns(self) -> tuple[str, ...]:
+        """The row columns :meth:`evaluate`'s summary fills: scores on the test rows and of
+        the centralised model, all empty (NaN) in a run nobody scored (a network coordinator
+        that holds no data, :data:`p2pdp.experiments.simulation.UNSCORED`)."""
+        metrics = ("mean_error", "std_error", "min_error", "median_error", "max_error")
+        best = ("centralized_best_lambda_error", "centralized_best_lambda")
+        return (
+            *metrics,
+            "best_peer_auc",
+            "centralized_error",
+            "local_only_error",
+            "mean_ensemble_size",
+            *POSTERIOR_COLUMNS,
+            *(best if self.config.evaluation.best_lambda_reference else ()),
+        )
+
     def evaluate(self, prepared: TrainedPeers, outcome: Outcome) -> LogisticEvaluation:
         weights = prepared.models.weights
         ensembles = build_ensembles(
