@@ -1167,11 +1167,6 @@ def _log1p_lognormal_mean() -> float:
 LOG1P_LOGNORMAL_MEAN = _log1p_lognormal_mean()
 
 
-def synthetic_seed_sequence(rng: np.random.Generator) -> np.random.SeedSequence:
-    """The seed sequence of :func:`make_synthetic`'s blocks: 128 bits drawn from ``rng``."""
-    return np.random.SeedSequence(rng.integers(2**32, size=4, dtype=np.uint64).tolist())
-
-
 def synthetic_seed(seed_seq: np.random.SeedSequence, child: int) -> np.random.SeedSequence:
     """Child ``child`` of ``seed_seq``, as ``seed_seq.spawn`` gives it to a fresh sequence.
 
@@ -1228,11 +1223,13 @@ def make_synthetic(
     The ``n_rows + n_test_rows`` rows are drawn in blocks of :data:`SYNTHETIC_BLOCK_ROWS`,
     each from its own child of ``rng``'s seed sequence (:func:`synthetic_block`), in the
     local worker processes (:func:`p2pdp.core.parallel.local_workers`) when there are
-    several: the same rows for any number of workers. The seed sequence comes from ``rng``
-    (:func:`synthetic_seed_sequence`, which advances it: two calls give two data sets).
+    several: the same rows for any number of workers. ``rng`` is only a seed: its state is
+    neither read nor advanced.
     """
     n_total = n_rows + n_test_rows
-    seed_seq = synthetic_seed_sequence(rng)
+    seed_seq = rng.bit_generator.seed_seq
+    if not isinstance(seed_seq, np.random.SeedSequence):
+        raise DataError("make_synthetic needs a generator seeded by a numpy SeedSequence")
     blocks = list(range(-(-n_total // SYNTHETIC_BLOCK_ROWS)))
     workers = min(current_workers(), len(blocks))
     # The rows live in the first n_features columns of an array with one spare column, so
