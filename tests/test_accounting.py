@@ -147,6 +147,23 @@ def test_ledger_refuses_to_overspend_and_leaves_state_unchanged():
     np.testing.assert_array_equal(ledger.aggregations(), [3, 3, 0, 0, 0])
 
 
+def test_spend_drawn_charges_like_spend_and_refuses_a_broke_peer():
+    """The batched driver's charge: same counts as spend, the same all-or-nothing refusal,
+    and the mask of who may go back to the pool is can_afford after the charge."""
+    drawn, reference = (
+        BudgetLedger(5, epsilon_total=1.0, epsilon_per_aggregation=0.3) for _ in "ab"
+    )
+    for group in ([0, 1], [1, 2, 3], [1, 4], [0, 4]):
+        solvent = drawn.spend_drawn(np.array(group, dtype=np.int64))
+        reference.spend(group)
+        np.testing.assert_array_equal(drawn.aggregations(), reference.aggregations())
+        np.testing.assert_array_equal(solvent, reference.can_afford(group))
+    before = drawn.aggregations()
+    with pytest.raises(BudgetExhaustedError, match=r"peers \[1\]"):
+        drawn.spend_drawn(np.array([2, 1], dtype=np.int64))
+    np.testing.assert_array_equal(drawn.aggregations(), before)  # peer 2 not charged either
+
+
 def test_ledger_aggregations_is_a_copy():
     ledger = BudgetLedger(2, epsilon_total=1.0, epsilon_per_aggregation=0.5)
     ledger.aggregations()[0] = 7

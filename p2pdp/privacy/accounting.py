@@ -802,6 +802,25 @@ class BudgetLedger:
         self._refuse_broke(ids)
         self._counts[ids] += 1
 
+    def spend_drawn(self, ids: np.ndarray) -> np.ndarray:
+        """:meth:`spend` for a group a driver drew from its pool of solvent peers: ``ids``
+        ((g,) int64) are distinct ids in [0, P) by construction, so only the budget is
+        checked (a broke peer is refused, all or nothing, as by :meth:`spend`).
+
+        Returns
+        -------
+        (g,) bool array
+            :meth:`can_afford` of each member after the charge (whether it may go back to
+            the pool), from the same lookup.
+        """
+        counts = self._counts
+        spent = counts[ids]
+        if (spent >= self.max_aggregations).any():
+            self._refuse_broke(ids)
+        spent += 1
+        counts[ids] = spent
+        return spent < self.max_aggregations
+
     def spent_epsilon(self) -> np.ndarray:
         """Epsilon spent by each peer under the ledger's accountant, shape (P,)."""
         return composed(self.accountant, self.event, self._counts, delta_total=self.delta_total)

@@ -118,6 +118,7 @@ def run_waves(world: World) -> None:
     submit_delay = latency + world.model_bytes / bandwidth  # ... and of one SUBMIT
     sizes = world.shard_sizes.tolist()
     sensitivity, draw, record = world.sensitivity, releaser.noise.draw, releaser.record
+    spend = ledger.spend_drawn  # the pool holds distinct solvent ids: only the budget is checked
     receipts, releases, release_members = world.receipts, world.releases, world.release_members
 
     scales: dict[tuple[int, ...], float] = {}
@@ -142,12 +143,13 @@ def run_waves(world: World) -> None:
             now = now + submit_delay  # ... and the curators every SUBMIT
         env._now = now
         first = len(releases)
+        solvent: list[np.ndarray] = []  # per group: who can afford another aggregation
         for group in wave:
             curator = group.curator
             order = [curator, *(m for m in group.members.tolist() if m != curator)]
             group.submitted, group.sizes = order, [sizes[m] for m in order]
             group.ended = True
-            ledger.spend(group.members)  # charged before the noise is drawn
+            solvent.append(spend(group.members))  # charged before the noise is drawn
             key = tuple(group.sizes)  # a pure function of the sizes: computed once per sizes
             scale = scales.get(key)
             if scale is None:
@@ -173,8 +175,11 @@ def run_waves(world: World) -> None:
                 for member in group.submitted[1:]  # the other members, in member order
             )
         monitor.aggregations += k
-        returned = wave[0].members if k == 1 else np.concatenate([group.members for group in wave])
-        pool.add(returned[ledger.can_afford(returned)].tolist())
+        if k == 1:
+            pool.add(wave[0].members[solvent[0]].tolist())
+        else:
+            returned = np.concatenate([group.members for group in wave])
+            pool.add(returned[np.concatenate(solvent)].tolist())
 
     sampler.stop_reason = monitor.stop_reason = too_few_solvent(g)
     sampler.done.succeed(sampler.stop_reason)  # as the sampler would (nothing waits on it)
