@@ -697,6 +697,7 @@ def format_budget_table(rows: Sequence[dict[str, float | int]]) -> str:
 
 #: Arrays of at most this many peer ids are checked with Python builtins (faster when short).
 _SMALL = 256
+_LOOP = 12  # BudgetLedger.spend_drawn: largest group charged in a Python loop
 
 
 def _count_distinct(ids: np.ndarray) -> int:
@@ -802,24 +803,35 @@ class BudgetLedger:
         self._refuse_broke(ids)
         self._counts[ids] += 1
 
-    def spend_drawn(self, ids: np.ndarray) -> np.ndarray:
+    def spend_drawn(self, ids: list[int]) -> list[int]:
         """:meth:`spend` for a group a driver drew from its pool of solvent peers: ``ids``
-        ((g,) int64) are distinct ids in [0, P) by construction, so only the budget is
-        checked (a broke peer is refused, all or nothing, as by :meth:`spend`).
+        are distinct ids in [0, P) by construction, so only the budget is checked (a broke
+        peer is refused, all or nothing, as by :meth:`spend`).
+
+        A small group is charged in a Python loop (numpy's fancy indexing costs more than
+        the loop below :data:`_LOOP` members).
 
         Returns
         -------
-        (g,) bool array
-            :meth:`can_afford` of each member after the charge (whether it may go back to
-            the pool), from the same lookup.
+        list of int
+            The members that can afford another aggregation after the charge (back to the
+            pool), in the order of ``ids``.
         """
-        counts = self._counts
-        spent = counts[ids]
-        if (spent >= self.max_aggregations).any():
-            self._refuse_broke(ids)
-        spent += 1
-        counts[ids] = spent
-        return spent < self.max_aggregations
+        counts, most = self._counts, self.max_aggregations
+        if len(ids) > _LOOP:
+            index = np.array(ids, dtype=np.int64)
+            spent = counts[index]
+            if spent.max() >= most:
+                self._refuse_broke(index)
+            spent += 1
+            counts[index] = spent
+            return index[spent < most].tolist()
+        before = [counts.item(peer) for peer in ids]
+        if max(before) >= most:
+            self._refuse_broke(np.array(ids, dtype=np.int64))
+        for peer, count in zip(ids, before, strict=True):
+            counts[peer] = count + 1
+        return [peer for peer, count in zip(ids, before, strict=True) if count + 1 < most]
 
     def spent_epsilon(self) -> np.ndarray:
         """Epsilon spent by each peer under the ledger's accountant, shape (P,)."""

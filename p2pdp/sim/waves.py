@@ -148,13 +148,13 @@ def run_waves(world: World) -> None:
             now = now + submit_delay  # ... and the curators every SUBMIT
         env._now = now
         first = len(releases)
-        solvent: list[np.ndarray] = []  # per group: who can afford another aggregation
+        solvent: list[int] = []  # who can afford another aggregation, in member order
         for group in wave:
-            curator = group.curator
-            order = [curator, *(m for m in group.members.tolist() if m != curator)]
+            curator, members = group.curator, group.members.tolist()
+            order = [curator, *(m for m in members if m != curator)]
             group.submitted, group.sizes = order, [sizes[m] for m in order]
             group.ended = True
-            solvent.append(spend(group.members))  # charged before the noise is drawn
+            solvent.extend(spend(members))  # charged before the noise is drawn
             key = tuple(group.sizes)  # a pure function of the sizes: computed once per sizes
             scale = scales.get(key)
             if scale is None:
@@ -180,11 +180,7 @@ def run_waves(world: World) -> None:
                 for member in group.submitted[1:]  # the other members, in member order
             )
         monitor.aggregations += k
-        if k == 1:
-            pool.add(wave[0].members[solvent[0]].tolist())
-        else:
-            returned = np.concatenate([group.members for group in wave])
-            pool.add(returned[np.concatenate(solvent)].tolist())
+        pool.add(solvent)
 
     sampler.stop_reason = monitor.stop_reason = too_few_solvent(g)
     sampler.done.succeed(sampler.stop_reason)  # as the sampler would (nothing waits on it)
