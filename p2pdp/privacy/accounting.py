@@ -697,7 +697,8 @@ def format_budget_table(rows: Sequence[dict[str, float | int]]) -> str:
 
 #: Arrays of at most this many peer ids are checked with Python builtins (faster when short).
 _SMALL = 256
-_LOOP = 12  # BudgetLedger.spend_drawn: largest group charged in a Python loop
+#: Largest group :meth:`BudgetLedger.spend_drawn` charges in a Python loop (numpy beyond).
+_LOOP = 12
 
 
 def _count_distinct(ids: np.ndarray) -> int:
@@ -808,8 +809,8 @@ class BudgetLedger:
         are distinct ids in [0, P) by construction, so only the budget is checked (a broke
         peer is refused, all or nothing, as by :meth:`spend`).
 
-        A small group is charged in a Python loop (numpy's fancy indexing costs more than
-        the loop below :data:`_LOOP` members).
+        A group of up to ``_LOOP`` members is charged in a Python loop (numpy's fancy
+        indexing costs more for so few).
 
         Returns
         -------

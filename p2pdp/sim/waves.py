@@ -16,8 +16,11 @@ wave by wave, without an event or a message object:
   (same protocol stream, same order of draws);
 - each group is a :class:`~p2pdp.protocols.groups.Group` whose curator holds its own statistic
   first and the other members' in member order (the order their ``SUBMIT`` arrive);
-- each curator charges its members on the ledger, then draws its noise from the run's stream
-  through the one release path (:meth:`Releaser.release
+- each curator charges its members on the ledger (:meth:`BudgetLedger.spend_drawn
+  <p2pdp.privacy.accounting.BudgetLedger.spend_drawn>`: the pool holds distinct solvent ids,
+  so only the budget is checked, and a broke member is still refused, all or nothing; the
+  members still solvent go back to the pool at the wave's end, in draw order), then draws its
+  noise from the run's stream through the one release path (:meth:`Releaser.release
   <p2pdp.privacy.release.Releaser.release>`'s draw and record, in release order: the same
   draws from the same generator), so the budget is charged before any noise is drawn; the
   sensitivity, a function of the members' sizes, is asked once per distinct sizes;
