@@ -108,14 +108,9 @@ def run_waves(world: World) -> None:
     sampler's pool and state. ``world.env.now`` ends at the last collection (the SimPy world
     also runs the last wave's publication messages).
     """
-    from p2pdp.sim.world import _overriding  # the world imports this module
-
     config = world.config
     env, ledger, releaser = world.env, world.ledger, world.releaser
-    sampler, monitor = world.sampler, world.monitor
-    # the observers whose hook does something (a no-op call per group is not free)
-    on_start = _overriding(world.observers, "group_started")
-    on_release = _overriding(world.observers, "released")
+    sampler, monitor, observers = world.sampler, world.monitor, world.observers
     assert isinstance(sampler, CentralSampler)  # batched_obstacle says so
     pool = sampler.pool
     g = config.groups.group_size
@@ -144,7 +139,7 @@ def run_waves(world: World) -> None:
             group = Group(world._next_group, members, curator, started=now)
             world._next_group += 1
             wave.append(group)
-            for observer in on_start:
+            for observer in observers:
                 observer.group_started(world, group)
         now = now + assign_delay  # the members get their ASSIGN ...
         if g > 1:
@@ -168,7 +163,7 @@ def run_waves(world: World) -> None:
             release_members.append(group.members.copy())
             rows.append(order)
             noises.append(noise)
-            for observer in on_release:
+            for observer in observers:
                 observer.released(world, group, release)
         if len(rows) >= _CHUNK:
             _publish(world, rows, noises, full=full)
