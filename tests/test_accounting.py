@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from scipy import optimize, stats
 
 from p2pdp.core.errors import BudgetExhaustedError, ConfigError
+from p2pdp.privacy import accounting
 from p2pdp.privacy.accounting import (
     BUDGET_TOLERANCE,
     BudgetLedger,
@@ -145,6 +146,29 @@ def test_ledger_refuses_to_overspend_and_leaves_state_unchanged():
     np.testing.assert_array_equal(ledger.active_mask(), [False, False, True, True, True])
     np.testing.assert_allclose(ledger.spent_epsilon(), [0.9, 0.9, 0, 0, 0])
     np.testing.assert_array_equal(ledger.aggregations(), [3, 3, 0, 0, 0])
+
+
+def test_spend_drawn_charges_like_spend_and_refuses_a_broke_peer():
+    """The batched driver's charge: same counts as spend, the same all-or-nothing refusal,
+    and the members it gives back to the pool are those can_afford after the charge, in
+    order; for small groups (a Python loop) and large ones (numpy)."""
+    large = list(range(29, 9, -1)), list(range(5, 25)), list(range(12, 30))
+    assert min(len(group) for group in large) > accounting._LOOP  # the numpy path is taken
+    groups = ([0, 1], [1, 2, 3], [1, 4], [0, 4], *large)
+    drawn, reference = (
+        BudgetLedger(30, epsilon_total=1.0, epsilon_per_aggregation=0.3) for _ in "ab"
+    )
+    for group in groups:
+        back = drawn.spend_drawn(group)
+        reference.spend(group)
+        np.testing.assert_array_equal(drawn.aggregations(), reference.aggregations())
+        assert back == [peer for peer in group if reference.can_afford([peer])[0]]
+    before = drawn.aggregations()
+    with pytest.raises(BudgetExhaustedError, match=r"peers \[1\]"):
+        drawn.spend_drawn([2, 1])
+    with pytest.raises(BudgetExhaustedError, match=r"peers \[20, 21\]"):
+        drawn.spend_drawn([0, 2, 3, 4, 5, 6, 7, 8, 9, 25, 26, 27, 20, 21])
+    np.testing.assert_array_equal(drawn.aggregations(), before)  # nobody charged either time
 
 
 def test_ledger_aggregations_is_a_copy():

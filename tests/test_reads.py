@@ -290,10 +290,14 @@ def test_an_interrupt_while_finishing_marks_the_folder_interrupted(tmp_path, mon
 
     scenario = parse_scenario(SMALL, source="s")
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt("SIGINT")
+    write_atomic = results.write_atomic
 
-    monkeypatch.setattr(results, "_read_rows", interrupted)  # while sorting the finished files
+    def interrupted(path, data):
+        if path.suffix == ".csv":  # while writing a sorted file (the manifest is written)
+            raise KeyboardInterrupt("SIGINT")
+        write_atomic(path, data)
+
+    monkeypatch.setattr(results, "write_atomic", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(scenario, tmp_path / "out", jobs=1)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())

@@ -258,6 +258,9 @@ class ResultsStore:
         self.resumed = resumed
         self._files: dict[str, TextIO] = {}
         self._columns: dict[str, tuple[str, ...]] = {}
+        # per file this session started: the encoded text of each _write (one cell's rows),
+        # keyed by cell_id, after the header; finish sorts these pieces instead of parsing
+        self._pieces: dict[str, list[tuple[str, bytes]]] = {}
         self._last_sync = time.monotonic()
         self.closed = False
 
@@ -383,11 +386,13 @@ class ResultsStore:
                 if rows
             ]
             for name, columns, rows in tables:
-                self._write(name, columns, [(record.cell_id, *row.values()) for row in rows])
+                lines = [(record.cell_id, *row.values()) for row in rows]
+                self._write(name, columns, record.cell_id, lines)
             if record.roc_tpr is not None:  # a task without a ROC curve writes none
                 self._write(
                     "roc",
                     _ROC_COLUMNS,
+                    record.cell_id,
                     [
                         (record.cell_id, repr(float(x)), repr(float(y)))
                         for x, y in zip(ROC_FPR, record.roc_tpr, strict=True)
@@ -398,7 +403,7 @@ class ResultsStore:
                 counts["roc"] = len(ROC_FPR)
             row = {**record.row, TABLE_ROWS: _format_counts(counts)}
             columns = tuple(row)
-            self._write("results", columns, [tuple(row[c] for c in columns)])
+            self._write("results", columns, record.cell_id, [tuple(row[c] for c in columns)])
             self.manifest["sessions"][-1]["cells_run"] += 1
         if time.monotonic() - self._last_sync >= SYNC_INTERVAL_S:
             self.sync()
@@ -415,6 +420,9 @@ class ResultsStore:
     def finish(self) -> None:
         """Sort every CSV file by ``cell_id`` (atomically), mark complete, release the lock.
 
+        A file this session started is sorted from the text of each cell it wrote (kept in
+        memory, the same bytes as the file); a resumed one is read back and parsed.
+
         Interrupted meanwhile (Ctrl-C after the last cell), the run is marked ``interrupted``
         like any other: ``--resume`` then completes it.
         """
@@ -430,7 +438,12 @@ class ResultsStore:
         self._close_files()
         for name in ("results", "roc", *self.manifest["tables"]):
             path = self.directory / f"{name}.csv"
-            if path.exists():
+            pieces = self._pieces.get(name)
+            if pieces is not None:  # written whole by this session: its rows are known
+                pieces.sort(key=lambda piece: piece[0])  # stable, as below
+                head = _csv_text([self._columns[name]]).encode("utf-8")
+                write_atomic(path, b"".join([head, *(text for _, text in pieces)]))
+            elif path.exists():
                 header, *rows = _read_rows(path)
                 rows.sort(key=lambda row: row[0])  # stable: keeps each cell's rows in order
                 write_atomic(path, _csv_text([header, *rows]))
@@ -481,16 +494,24 @@ class ResultsStore:
                 self.lock.release()
 
     # --- internals ----------------------------------------------------------------------------
-    def _write(self, name: str, columns: tuple[str, ...], rows: Iterable[Sequence[Any]]) -> None:
+    def _write(
+        self, name: str, columns: tuple[str, ...], cell_id: str, rows: Iterable[Sequence[Any]]
+    ) -> None:
+        """Append cell ``cell_id``'s ``rows`` (each starting with ``cell_id``) to ``<name>.csv``
+        and flush them."""
         file = self._files.get(name) or self._open_table(name, columns)
         if self._columns[name] != columns:
             raise ConfigError(
                 f"{self.directory / f'{name}.csv'} has columns {list(self._columns[name])}, "
                 f"but this run writes {list(columns)}; use --force to start over"
             )
+        text = _csv_text(rows)
         with _naming(file.name):
-            file.write(_csv_text(rows))
+            file.write(text)
             file.flush()
+        pieces = self._pieces.get(name)
+        if pieces is not None:
+            pieces.append((cell_id, text.encode("utf-8")))
 
     def _open_table(self, name: str, columns: tuple[str, ...]) -> TextIO:
         """Open ``<name>.csv`` for appending: continue a resumed file, else start it afresh."""
@@ -513,6 +534,7 @@ class ResultsStore:
         else:  # a file not written by this run's sessions is a leftover: replace it
             file = path.open("w", newline="", encoding="utf-8")
             file.write(_csv_text([columns]))
+            self._pieces[name] = []
         self._files[name] = file
         self._columns[name] = columns
         return file

@@ -697,6 +697,8 @@ def format_budget_table(rows: Sequence[dict[str, float | int]]) -> str:
 
 #: Arrays of at most this many peer ids are checked with Python builtins (faster when short).
 _SMALL = 256
+#: Largest group :meth:`BudgetLedger.spend_drawn` charges in a Python loop (numpy beyond).
+_LOOP = 12
 
 
 def _count_distinct(ids: np.ndarray) -> int:
@@ -801,6 +803,36 @@ class BudgetLedger:
             raise ConfigError(f"peers must be distinct ids, got {peers!r}")
         self._refuse_broke(ids)
         self._counts[ids] += 1
+
+    def spend_drawn(self, ids: list[int]) -> list[int]:
+        """:meth:`spend` for a group a driver drew from its pool of solvent peers: ``ids``
+        are distinct ids in [0, P) by construction, so only the budget is checked (a broke
+        peer is refused, all or nothing, as by :meth:`spend`).
+
+        A group of up to ``_LOOP`` members is charged in a Python loop (numpy's fancy
+        indexing costs more for so few).
+
+        Returns
+        -------
+        list of int
+            The members that can afford another aggregation after the charge (back to the
+            pool), in the order of ``ids``.
+        """
+        counts, most = self._counts, self.max_aggregations
+        if len(ids) > _LOOP:
+            index = np.array(ids, dtype=np.int64)
+            spent = counts[index]
+            if spent.max() >= most:
+                self._refuse_broke(index)
+            spent += 1
+            counts[index] = spent
+            return index[spent < most].tolist()
+        before = [counts.item(peer) for peer in ids]
+        if max(before) >= most:
+            self._refuse_broke(np.array(ids, dtype=np.int64))
+        for peer, count in zip(ids, before, strict=True):
+            counts[peer] = count + 1
+        return [peer for peer, count in zip(ids, before, strict=True) if count + 1 < most]
 
     def spent_epsilon(self) -> np.ndarray:
         """Epsilon spent by each peer under the ledger's accountant, shape (P,)."""

@@ -21,6 +21,7 @@ aggregate, whose noise has ``K / max(K - 1, 1)`` times the mechanism's variance
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -81,7 +82,7 @@ class ReleaseRecord:
 
     def as_row(self) -> dict[str, Any]:
         """The record as ``{column: value}`` (cheaper than :func:`dataclasses.asdict`)."""
-        return {name: getattr(self, name) for name in _RECORD_FIELDS}
+        return dict(zip(_RECORD_FIELDS, _record_values(self), strict=True))
 
     @classmethod
     def from_row(cls, row: Any) -> ReleaseRecord:
@@ -115,6 +116,7 @@ class ReleaseRecord:
 
 
 _RECORD_FIELDS = tuple(item.name for item in fields(ReleaseRecord))
+_record_values = operator.attrgetter(*_RECORD_FIELDS)  # a record's fields, as a tuple
 
 
 class NoiseStream:

@@ -232,14 +232,14 @@ class GroupPool:
     def draw(self, g: int) -> tuple[np.ndarray, int]:
         """``g`` distinct idle peers, uniformly at random, taken out of the pool (Floyd's
         algorithm, O(g)), and their curator, uniform among them: ((g,) int64, int)."""
-        pool = self.peers
+        pool, uniform = self.peers, self._uniform
         n = len(pool)
         picks: set[int] = set()
         for j in range(n - g, n):
-            t = int(self._uniform() * (j + 1))
+            t = int(uniform() * (j + 1))
             picks.add(j if t in picks else t)
-        members = np.array([pool[i] for i in picks], dtype=np.int64)
+        chosen = [pool[i] for i in picks]
         for i in sorted(picks, reverse=True):  # swap-remove, O(g)
             pool[i] = pool[-1]
             pool.pop()
-        return members, int(members[int(self._uniform() * g)])
+        return np.array(chosen, dtype=np.int64), chosen[int(uniform() * g)]

@@ -16,8 +16,11 @@ wave by wave, without an event or a message object:
   (same protocol stream, same order of draws);
 - each group is a :class:`~p2pdp.protocols.groups.Group` whose curator holds its own statistic
   first and the other members' in member order (the order their ``SUBMIT`` arrive);
-- each curator charges its members on the ledger, then draws its noise from the run's stream
-  through the one release path (:meth:`Releaser.release
+- each curator charges its members on the ledger (:meth:`BudgetLedger.spend_drawn
+  <p2pdp.privacy.accounting.BudgetLedger.spend_drawn>`: the pool holds distinct solvent ids,
+  so only the budget is checked, and a broke member is still refused, all or nothing; the
+  members still solvent go back to the pool at the wave's end, in draw order), then draws its
+  noise from the run's stream through the one release path (:meth:`Releaser.release
   <p2pdp.privacy.release.Releaser.release>`'s draw and record, in release order: the same
   draws from the same generator), so the budget is charged before any noise is drawn; the
   sensitivity, a function of the members' sizes, is asked once per distinct sizes;
@@ -118,6 +121,7 @@ def run_waves(world: World) -> None:
     submit_delay = latency + world.model_bytes / bandwidth  # ... and of one SUBMIT
     sizes = world.shard_sizes.tolist()
     sensitivity, draw, record = world.sensitivity, releaser.noise.draw, releaser.record
+    spend = ledger.spend_drawn  # the pool holds distinct solvent ids: only the budget is checked
     receipts, releases, release_members = world.receipts, world.releases, world.release_members
 
     scales: dict[tuple[int, ...], float] = {}
@@ -142,12 +146,13 @@ def run_waves(world: World) -> None:
             now = now + submit_delay  # ... and the curators every SUBMIT
         env._now = now
         first = len(releases)
+        solvent: list[int] = []  # who can afford another aggregation, in member order
         for group in wave:
-            curator = group.curator
-            order = [curator, *(m for m in group.members.tolist() if m != curator)]
+            curator, members = group.curator, group.members.tolist()
+            order = [curator, *(m for m in members if m != curator)]
             group.submitted, group.sizes = order, [sizes[m] for m in order]
             group.ended = True
-            ledger.spend(group.members)  # charged before the noise is drawn
+            solvent.extend(spend(members))  # charged before the noise is drawn
             key = tuple(group.sizes)  # a pure function of the sizes: computed once per sizes
             scale = scales.get(key)
             if scale is None:
@@ -173,8 +178,7 @@ def run_waves(world: World) -> None:
                 for member in group.submitted[1:]  # the other members, in member order
             )
         monitor.aggregations += k
-        returned = wave[0].members if k == 1 else np.concatenate([group.members for group in wave])
-        pool.add(returned[ledger.can_afford(returned)].tolist())
+        pool.add(solvent)
 
     sampler.stop_reason = monitor.stop_reason = too_few_solvent(g)
     sampler.done.succeed(sampler.stop_reason)  # as the sampler would (nothing waits on it)
