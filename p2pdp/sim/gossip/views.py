@@ -87,17 +87,37 @@ def merge_views(
         Freshest first; a duplicated id keeps its freshest timestamp; unused slots are -1 and
         -inf, after every used one.
     """
+    return _freshest_for(*_freshest_distinct(ids, stamps), owners, view_size)
+
+
+def _freshest_distinct(ids: np.ndarray, stamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, each distinct id once with its freshest stamp, freshest first, (n, m) each
+    (dropped copies and empty slots: -inf, last). Two ids never share a finite stamp (stamps
+    are continuous draws), so the order is unique."""
     rows = np.arange(ids.shape[0])[:, None]
-    empty = (ids < 0) | (ids == owners[:, None]) | (stamps == -np.inf)
+    empty = (ids < 0) | (stamps == -np.inf)
     stamps = np.where(empty, -np.inf, stamps)
     ids = np.where(empty, -1, ids)
     order = np.lexsort((-stamps, ids), axis=1)  # by id, then freshest first
     ids, stamps = ids[rows, order], stamps[rows, order]
     stamps[:, 1:][ids[:, 1:] == ids[:, :-1]] = -np.inf  # staler copies of the same id
-    top = np.argsort(-stamps, axis=1, kind="stable")[:, :view_size]
-    ids, stamps = ids[rows, top].astype(np.int32), stamps[rows, top]
-    ids[stamps == -np.inf] = -1
-    return ids, stamps
+    order = np.argsort(-stamps, axis=1)
+    return ids[rows, order], stamps[rows, order]
+
+
+def _freshest_for(
+    ids: np.ndarray, stamps: np.ndarray, owners: np.ndarray, view_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``view_size`` used entries of each row of a :func:`_freshest_distinct`
+    union that are not the row's owner: (n, view_size) int32 ids, float64 stamps."""
+    used = (stamps > -np.inf) & (ids != owners[:, None])
+    slot = np.cumsum(used, axis=1) - 1
+    row, column = np.nonzero(used & (slot < view_size))
+    out_ids = np.full((ids.shape[0], view_size), -1, dtype=np.int32)
+    out_stamps = np.full((ids.shape[0], view_size), -np.inf)
+    out_ids[row, slot[row, column]] = ids[row, column]
+    out_stamps[row, slot[row, column]] = stamps[row, column]
+    return out_ids, out_stamps
 
 
 def bootstrap_views(
@@ -205,15 +225,11 @@ class Newscast:
         stamps = np.concatenate(
             [self.stamps[a], self.stamps[b], stamp_a[:, None], stamp_b[:, None]], axis=1
         )
-        owners = np.concatenate([b, a[both]])
-        new_ids, new_stamps = merge_views(
-            np.concatenate([ids, ids[both]]),
-            np.concatenate([stamps, stamps[both]]),
-            owners,
-            self.view_size,
-        )
-        self.ids[owners] = new_ids
-        self.stamps[owners] = new_stamps
+        ids, stamps = _freshest_distinct(ids, stamps)  # one union for both sides
+        for owners, rows in ((b, slice(None)), (a[both], both)):
+            self.ids[owners], self.stamps[owners] = _freshest_for(
+                ids[rows], stamps[rows], owners, self.view_size
+            )
 
 
 class PeerSampling:
