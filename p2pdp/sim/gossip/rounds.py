@@ -381,28 +381,26 @@ class RoundFormation(GossipFormation):
             }
         )
 
-    def _next_round(self, row: int) -> bool:
-        """Start retry round of attempt ``row``: the view members not asked yet (in a random
-        order), then the decliners of the last round. False: no round left."""
-        attempts = self._attempts
-        if attempts.retry[row] >= self.params.max_retries:
-            return False
-        initiator = int(attempts.initiator[row])
-        asked = attempts.asked[row, : attempts.n_asked[row]]
-        view = self.newscast.view(initiator).astype(np.int64)
-        fresh = self.rng.permutation(view[~np.isin(view, asked)])
-        retry = attempts.declined[row, : attempts.n_declined[row]]
-        pool = np.concatenate([fresh, retry])
-        n_asked = int(attempts.n_asked[row])
-        attempts.asked[row, n_asked : n_asked + fresh.size] = fresh
-        attempts.n_asked[row] = n_asked + fresh.size
-        attempts.pool[row] = -1
-        attempts.pool[row, : pool.size] = pool
-        attempts.pool_size[row], attempts.position[row] = pool.size, 0
-        attempts.declined[row], attempts.n_declined[row] = -1, 0
-        attempts.retry[row] += 1
-        attempts.deadline[row] = self._tick_index + self._round_ticks
-        return True
+    def _next_rounds(self, rows: np.ndarray) -> None:
+        """Start the next retry round of attempts ``rows`` (each has one left): the view
+        members not asked yet, in a random order, then the decliners of the last round."""
+        attempts, width = self._attempts, self._attempts.width
+        views = self.newscast.ids[attempts.initiator[rows]].astype(np.int64)
+        asked = attempts.asked[rows]
+        fresh = (views >= 0) & ~(views[:, :, None] == asked[:, None, :]).any(axis=2)
+        order = np.argsort(np.where(fresh, self.rng.random(views.shape), 2.0), axis=1)
+        fresh_first = np.where(
+            np.take_along_axis(fresh, order, 1), np.take_along_axis(views, order, 1), -1
+        )
+        pool = np.concatenate([fresh_first, attempts.declined[rows]], axis=1)
+        attempts.pool[rows] = _packed(pool, width)  # at most (retry + 1) c peers each
+        attempts.asked[rows] = _packed(np.concatenate([asked, fresh_first], axis=1), width)
+        attempts.pool_size[rows] = np.count_nonzero(attempts.pool[rows] >= 0, axis=1)
+        attempts.n_asked[rows] += np.count_nonzero(fresh, axis=1)
+        attempts.position[rows] = 0
+        attempts.declined[rows], attempts.n_declined[rows] = -1, 0
+        attempts.retry[rows] += 1
+        attempts.deadline[rows] = self._tick_index + self._round_ticks
 
     def _invite_wave(self) -> None:
         """Every inviting attempt asks the peers it lacks; candidates accept one each."""
@@ -410,9 +408,10 @@ class RoundFormation(GossipFormation):
         inviting = np.flatnonzero(attempts.phase == _INVITING)
         # retry rounds whose timeout has come; abandon the attempts with none left
         late = inviting[attempts.deadline[inviting] <= self._tick_index]
-        over = [row for row in late.tolist() if not self._next_round(row)]
-        if over:
-            self._abandon_rows(np.array(over, dtype=np.int64))
+        over = attempts.retry[late] >= self.params.max_retries
+        self._next_rounds(late[~over])
+        if over.any():
+            self._abandon_rows(late[over])
             attempts = self._attempts
             inviting = np.flatnonzero(attempts.phase == _INVITING)
         need = self.group_size - 1 - attempts.n_accepted[inviting]
@@ -479,3 +478,10 @@ class RoundFormation(GossipFormation):
         rank = np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
         table[rows, counts[rows] + rank] = values
         np.add.at(counts, rows, 1)
+
+
+def _packed(table: np.ndarray, width: int) -> np.ndarray:
+    """Each row's entries >= 0 first, in their order, then -1: (n, width) (no row of
+    ``table`` holds more than ``width`` entries >= 0)."""
+    order = np.argsort(table < 0, axis=1, kind="stable")
+    return np.take_along_axis(table, order, axis=1)[:, :width]
