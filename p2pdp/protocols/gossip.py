@@ -7,7 +7,9 @@ initiates) with no transport, clock or event loop in it. A driver (the SimPy one
 (:meth:`GossipFormation.run_attempt`: it yields :class:`StartTimer` and :class:`Wait`
 commands), and after every call carries out the effects it queued, in order
 (:meth:`GossipFormation.effects`): messages to send, attempts to wake, groups formed,
-attempts over.
+attempts over. For large P, :mod:`p2pdp.sim.gossip.rounds` keeps the peers' state here and
+advances every attempt by one round trip per tick over arrays instead (a different random
+process with the same guarantees; this per-message form is its reference).
 
 Group formation (messages through the transport; c.f. GroupsConfig/GossipConfig)
     A free peer (not initiating, not locked, not in a group) that can afford one more
