@@ -124,7 +124,7 @@ def test_rounds_are_deterministic_and_seeded():
 
 
 # -- what holds exactly ------------------------------------------------------------------------
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n_peers=st.integers(6, 40),
     group_fraction=st.floats(0.05, 0.6),

@@ -215,15 +215,20 @@ class Newscast:
         hence the result, is unique.
         """
         c = self.view_size
-        ids_a = np.concatenate([self.ids[a], a[:, None]], axis=1)
-        ids_b = np.concatenate([self.ids[b], b[:, None]], axis=1)
+        ids_a = np.concatenate([self.ids[a], a[:, None]], axis=1, dtype=np.int32)
+        ids_b = np.concatenate([self.ids[b], b[:, None]], axis=1, dtype=np.int32)
         stamps_a = np.concatenate([self.stamps[a], stamp_a[:, None]], axis=1)
         stamps_b = np.concatenate([self.stamps[b], stamp_b[:, None]], axis=1)
-        same = (ids_a[:, :, None] == ids_b[:, None, :]) & (ids_a[:, :, None] >= 0)
-        b_fresher = stamps_b[:, None, :] > stamps_a[:, :, None]
-        stale = np.concatenate(
-            [(same & b_fresher).any(axis=2), (same & ~b_fresher).any(axis=1)], axis=1
-        )  # the staler copy of a repeated id (a's, on a tie)
+        # the staler copy of a repeated id (a's, on a tie); empty slots never match
+        same = ids_a[:, :, None] == np.where(ids_b < 0, -2, ids_b)[:, None, :]
+        repeated = same.any(axis=2)
+        match = same.argmax(axis=2)  # the b-side slot of a's entry, where repeated
+        b_stamp = np.take_along_axis(stamps_b, match, 1)
+        stale_a = repeated & (b_stamp > stamps_a)
+        stale_b = np.zeros_like(repeated)
+        row, column = np.nonzero(repeated & ~stale_a)
+        stale_b[row, match[row, column]] = True
+        stale = np.concatenate([stale_a, stale_b], axis=1)
         ids = np.concatenate([ids_a, ids_b], axis=1)
         stamps = np.concatenate([stamps_a, stamps_b], axis=1)
         stale |= (ids < 0) | (stamps == -np.inf)
