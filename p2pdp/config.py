@@ -904,21 +904,27 @@ def _section(name: str, cls: type, value: Any) -> Any:
     )
 
 
-def _check_round_formation(config: ScenarioConfig) -> None:
-    """Formation in rounds models a fault-free network only: refuse it with any fault."""
+def gossip_faults(config: ScenarioConfig) -> dict[str, Any]:
+    """The faults ``config`` sets that formation in rounds does not model: setting -> value."""
     faults = {
         "network.loss": config.network.loss,
         "gossip.churn": config.gossip.churn,
         "gossip.curator_crash_probability": config.gossip.curator_crash_probability,
         "gossip.member_crash_probability": config.gossip.member_crash_probability,
     }
-    for key, value in faults.items():
-        if value:
-            raise ConfigError(
-                f"gossip.formation = 'rounds' models a network without faults, got {key} = "
-                f"{value!r} (use gossip.formation = 'messages', or 'auto', which falls back "
-                "to messages when a fault is set)"
-            )
+    return {key: value for key, value in faults.items() if value}
+
+
+def _check_round_formation(config: ScenarioConfig) -> None:
+    """Formation in rounds models a fault-free network only: refuse it with any fault."""
+    faults = gossip_faults(config)
+    if faults:
+        key, value = next(iter(faults.items()))
+        raise ConfigError(
+            f"gossip.formation = 'rounds' models a network without faults, got {key} = "
+            f"{value!r} (use gossip.formation = 'messages', or 'auto', which falls back "
+            "to messages when a fault is set)"
+        )
 
 
 def _check_peer_column(data: DataConfig, partition: PartitionConfig) -> None:

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from p2pdp.config import gossip_faults
 from p2pdp.protocols.gossip import (
     ACCEPT,
     ACK,
@@ -90,22 +91,11 @@ ROUNDS_FROM_PEERS = 10_000
 _INVITING, _GROUP, _START, _ACKED = range(4)
 
 
-def has_faults(config: ScenarioConfig) -> bool:
-    """Whether ``config`` sets a fault the rounds do not model (loss, churn, crashes)."""
-    gossip = config.gossip
-    return bool(
-        config.network.loss
-        or gossip.churn
-        or gossip.curator_crash_probability
-        or gossip.member_crash_probability
-    )
-
-
 def uses_rounds(config: ScenarioConfig) -> bool:
     """Whether the gossip sampler of ``config`` advances formation in rounds."""
     formation = config.gossip.formation
     if formation == "auto":
-        return config.partition.n_peers >= ROUNDS_FROM_PEERS and not has_faults(config)
+        return config.partition.n_peers >= ROUNDS_FROM_PEERS and not gossip_faults(config)
     return formation == "rounds"
 
 
