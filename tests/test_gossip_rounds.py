@@ -69,9 +69,7 @@ def starts():
 # -- selection and settings ----------------------------------------------------------------
 def test_auto_uses_rounds_from_the_threshold_on_and_only_without_faults():
     small = scenario(n_peers=30)
-    large = dataclasses.replace(
-        small, partition=PartitionConfig(n_peers=ROUNDS_FROM_PEERS), data=small.data
-    )
+    large = dataclasses.replace(small, partition=PartitionConfig(n_peers=ROUNDS_FROM_PEERS))
     assert not uses_rounds(small) and uses_rounds(large)
     lossy = dataclasses.replace(large, network=NetworkConfig(latency="exponential", loss=0.1))
     churn = dataclasses.replace(large, gossip=dataclasses.replace(large.gossip, churn=True))
@@ -98,7 +96,7 @@ def test_formation_names_field_and_value():
         GossipConfig(formation="fast")
 
 
-def test_the_setting_selects_the_driver_and_rounds_send_no_message_events():
+def test_the_setting_selects_the_driver_and_rounds_count_their_messages():
     """The wiring: ``formation`` changes what runs, and the rounds' messages are counted."""
     with recording() as log:
         reference = simulate(scenario(n_peers=60, group_size=6, ratio=5, mode="group"))
