@@ -53,6 +53,8 @@ PUBLICATION_MODES = ("group", "full")
 SPLITS = ("cv", "fixed")
 DEFAULT_EPSILON_PER_AGGREGATION = 0.1
 OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
+#: How the gossip sampler advances group formation (:mod:`p2pdp.sim.gossip.rounds`).
+FORMATIONS = ("auto", "messages", "rounds")
 #: How a peer of an iterative protocol picks the records of one private step.
 RECORD_SAMPLINGS = ("full", "poisson", "fixed")
 #: Most rounds, and averaging exchanges (rounds x gossip steps), of one iterative cell: about
@@ -513,7 +515,11 @@ class GossipConfig:
     simulated seconds. Group formation: a free peer initiates after an exponential backoff of
     mean ``backoff`` seconds; each request waits ``invite_timeout`` seconds for replies and is
     repeated at most ``max_retries`` times; an invited peer stays locked ``lock_timeout``
-    seconds after the last message of the group being formed.
+    seconds after the last message of the group being formed. ``formation``: ``"messages"``
+    simulates every formation message (the reference), ``"rounds"`` advances every attempt by
+    one round trip per tick over arrays (fault-free runs only: no loss, churn or crashes),
+    ``"auto"`` takes rounds from ``ROUNDS_FROM_PEERS`` peers on for fault-free runs (see
+    :mod:`p2pdp.sim.gossip.rounds`).
 
     Faults: with ``churn``, peers alternate lognormal online sessions (median
     ``session_median`` s, log-space std ``session_sigma``) and offline periods (median
@@ -537,6 +543,7 @@ class GossipConfig:
     invite_timeout: float = field(default=0.5, metadata=check(Positive()))
     lock_timeout: float = field(default=5.0, metadata=check(Positive()))
     max_retries: int = field(default=3, metadata=check(IntAtLeast(0)))
+    formation: str = field(default="auto", metadata=check(OneOf(FORMATIONS)))
     churn: bool = field(default=False, metadata=check(Boolean()))
     session_median: float = field(default=60.0, metadata=check(Positive()))
     session_sigma: float = field(default=1.0, metadata=check(NonNegative()))
@@ -835,6 +842,8 @@ class ScenarioConfig:
                 f"of more than one would need the curator to see the members' records), "
                 f"got {self.groups.group_size}"
             )
+        if "gossip.formation" in read and self.gossip.formation == "rounds":
+            _check_round_formation(self)
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
             _check_data_provides(self.data, self.evaluation)
         _check_row_norm_bound(self)
@@ -895,6 +904,29 @@ def _section(name: str, cls: type, value: Any) -> Any:
     raise ConfigError(
         f"{name} must be a {cls.__name__} or a dict of its settings, got {type(value).__name__}"
     )
+
+
+def gossip_faults(config: ScenarioConfig) -> dict[str, Any]:
+    """The faults ``config`` sets that formation in rounds does not model: setting -> value."""
+    faults = {
+        "network.loss": config.network.loss,
+        "gossip.churn": config.gossip.churn,
+        "gossip.curator_crash_probability": config.gossip.curator_crash_probability,
+        "gossip.member_crash_probability": config.gossip.member_crash_probability,
+    }
+    return {key: value for key, value in faults.items() if value}
+
+
+def _check_round_formation(config: ScenarioConfig) -> None:
+    """Formation in rounds models a fault-free network only: refuse it with any fault."""
+    faults = gossip_faults(config)
+    if faults:
+        key, value = next(iter(faults.items()))
+        raise ConfigError(
+            f"gossip.formation = 'rounds' models a network without faults, got {key} = "
+            f"{value!r} (use gossip.formation = 'messages', or 'auto', which falls back "
+            "to messages when a fault is set)"
+        )
 
 
 def _check_peer_column(data: DataConfig, partition: PartitionConfig) -> None:

@@ -7,7 +7,9 @@ initiates) with no transport, clock or event loop in it. A driver (the SimPy one
 (:meth:`GossipFormation.run_attempt`: it yields :class:`StartTimer` and :class:`Wait`
 commands), and after every call carries out the effects it queued, in order
 (:meth:`GossipFormation.effects`): messages to send, attempts to wake, groups formed,
-attempts over.
+attempts over. For large P, :mod:`p2pdp.sim.gossip.rounds` keeps the peers' state here and
+advances every attempt by one round trip per tick over arrays instead (a different random
+process with the same guarantees; this per-message form is its reference).
 
 Group formation (messages through the transport; c.f. GroupsConfig/GossipConfig)
     A free peer (not initiating, not locked, not in a group) that can afford one more
@@ -268,17 +270,36 @@ class GossipFormation:
         self._handlers[message.kind](message)
 
     def members_back(self, members: np.ndarray, *, published: bool) -> None:
-        """A group's aggregation ended: its members become free, or retire if broke."""
-        solvent = self.can_afford(members).tolist()
-        for member, can_afford in zip(members.tolist(), solvent, strict=True):
-            if published:
-                self._succeeded(member)
-            else:
-                self._failed(member)
-            if can_afford:
-                self.become_free(member)
-            else:
-                self._retire(member)
+        """A group's aggregation ended: its members become free, or retire if broke.
+
+        Array form of, per member in order: count the success or failure, then
+        :meth:`become_free` or retire (the backoffs draw the protocol's uniforms in member
+        order, as one call per member would)."""
+        solvent = self.can_afford(members)
+        failures, max_failed = self.failures, self.max_failed
+        if published:
+            self.n_trying += int(np.count_nonzero(failures[members] >= max_failed))
+            failures[members] = 0
+        else:
+            failures[members] += 1
+            self.n_trying -= int(np.count_nonzero(failures[members] == max_failed))
+        broke, free = members[~solvent], members[solvent]
+        self.state[broke] = RETIRED
+        self.bound[broke] = -1
+        self.n_solvent -= int(broke.size)
+        self.n_trying -= int(np.count_nonzero(failures[broke] < max_failed))
+        self.state[free] = FREE
+        self.bound[free] = -1
+        self.lock_until[free] = np.inf
+        self.initiate_at[free] = np.inf
+        if self.stopped:
+            return
+        trying = free[failures[free] < max_failed].tolist()
+        now, backoff, uniform = self.clock(), self.params.backoff, self._uniform
+        doublings = np.minimum(failures[trying], BACKOFF_DOUBLINGS).tolist()
+        self.initiate_at[trying] = [
+            now - backoff * 2.0**doubling * math.log1p(-uniform()) for doubling in doublings
+        ]
 
     def become_free(self, peer: int) -> None:
         """``peer`` is idle and can afford an aggregation: it schedules an initiation."""
@@ -332,21 +353,9 @@ class GossipFormation:
         mean = self.params.backoff * 2.0 ** min(int(self.failures[peer]), BACKOFF_DOUBLINGS)
         self.initiate_at[peer] = self.clock() - mean * math.log1p(-self._uniform())
 
-    def _succeeded(self, peer: int) -> None:
-        if self.failures[peer] >= self.max_failed:
-            self.n_trying += 1
-        self.failures[peer] = 0
-
     def _failed(self, peer: int) -> None:
         self.failures[peer] += 1
         if self.failures[peer] == self.max_failed:
-            self.n_trying -= 1
-
-    def _retire(self, peer: int) -> None:
-        self.state[peer] = RETIRED
-        self.bound[peer] = -1
-        self.n_solvent -= 1
-        if self.failures[peer] < self.max_failed:
             self.n_trying -= 1
 
     # -- messages ----------------------------------------------------------------------------

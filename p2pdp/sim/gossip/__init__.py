@@ -15,6 +15,9 @@ module                                 holds
 :mod:`p2pdp.sim.gossip.formation`      the SimPy driver of the group-formation protocol
                                        (:mod:`p2pdp.protocols.gossip`: invitations and
                                        locks, commit-reveal election, attempts, backoff)
+:mod:`p2pdp.sim.gossip.rounds`         the same protocol advanced in rounds over arrays,
+                                       one round trip per tick (large P, fault-free;
+                                       ``gossip.formation``)
 :mod:`p2pdp.sim.gossip.faults`         churn and crashes (``world.online``)
 :mod:`p2pdp.sim.gossip.sampler`        ``GossipSampler``: composes the three, one clock
                                        process, the termination rule

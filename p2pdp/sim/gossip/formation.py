@@ -43,10 +43,25 @@ if TYPE_CHECKING:  # the world imports the gossip package lazily
     from p2pdp.sim.gossip.views import Newscast
     from p2pdp.sim.world import World
 
-__all__ = ["GroupFormation"]
+__all__ = ["GroupFormation", "message_bytes"]
 
 #: Wire sizes (bytes): hash (commitment), nonce, signature (Ed25519).
 HASH_BYTES, NONCE_BYTES, SIGNATURE_BYTES = 32, 32, 64
+
+
+def message_bytes(group_size: int) -> dict[str, int]:
+    """Wire size (bytes) of each kind of formation message, for groups of ``group_size``."""
+    g = group_size
+    return {
+        INVITE: HEADER_BYTES,
+        ACCEPT: HEADER_BYTES + HASH_BYTES + SIGNATURE_BYTES,
+        DECLINE: HEADER_BYTES,
+        GROUP: HEADER_BYTES + g * (ID_BYTES + HASH_BYTES + SIGNATURE_BYTES),
+        REVEAL: HEADER_BYTES + NONCE_BYTES + SIGNATURE_BYTES,
+        START: HEADER_BYTES + g * (NONCE_BYTES + SIGNATURE_BYTES),
+        ACK: HEADER_BYTES,
+        RELEASE: HEADER_BYTES,
+    }
 
 
 class _Timer:
@@ -114,20 +129,11 @@ class GroupFormation(GossipFormation):
         self._on_formed = on_formed
         self._on_attempt_over = on_attempt_over
         self._wakes: dict[int, simpy.Event] = {}  # attempt -> the event its initiator awaits
-        g = config.groups.group_size
-        self._bytes = {
-            INVITE: HEADER_BYTES,
-            ACCEPT: HEADER_BYTES + HASH_BYTES + SIGNATURE_BYTES,
-            DECLINE: HEADER_BYTES,
-            GROUP: HEADER_BYTES + g * (ID_BYTES + HASH_BYTES + SIGNATURE_BYTES),
-            REVEAL: HEADER_BYTES + NONCE_BYTES + SIGNATURE_BYTES,
-            START: HEADER_BYTES + g * (NONCE_BYTES + SIGNATURE_BYTES),
-            ACK: HEADER_BYTES,
-            RELEASE: HEADER_BYTES,
-        }
+        self._bytes = message_bytes(config.groups.group_size)
 
-    def start_initiations(self, tick: float) -> None:
-        """Initiations due before the next tick, each at its own time (not in lockstep)."""
+    def advance(self, tick: float) -> None:
+        """At a tick of the sampler's clock: schedule the initiations due before the next
+        tick, each at its own time (not in lockstep); messages drive the rest."""
         now = self.env.now
         for peer, at in self.due(now + tick):
             timer = self.env.timeout(max(0.0, at - now))

@@ -32,6 +32,7 @@ from p2pdp.core.rng import Uniforms
 from p2pdp.protocols.groups import failed_in_a_row, too_few_solvent
 from p2pdp.sim.gossip.faults import Faults
 from p2pdp.sim.gossip.formation import GroupFormation
+from p2pdp.sim.gossip.rounds import RoundFormation, uses_rounds
 from p2pdp.sim.gossip.views import TICKS_PER_PERIOD, Newscast, PeerSampling
 from p2pdp.sim.overlay import build_overlay
 
@@ -58,8 +59,9 @@ class GossipSampler:
         Succeeds with ``stop_reason`` when the run is over.
     peer_sampling : PeerSampling
         Views and view exchanges (``views``: the :class:`Newscast` views).
-    formation : GroupFormation
-        Every peer's state in the formation protocol.
+    formation : GroupFormation or RoundFormation
+        Every peer's state in the formation protocol, advanced message by message (the
+        reference) or in rounds over arrays (:mod:`~p2pdp.sim.gossip.rounds`, large P).
     faults : Faults
         Churn and crashes.
     attempts_started, attempts_failed, groups_started : int
@@ -79,6 +81,7 @@ class GossipSampler:
         "gossip.invite_timeout",
         "gossip.lock_timeout",
         "gossip.max_retries",
+        "gossip.formation",
         "gossip.churn",
         "gossip.curator_crash_probability",
         "gossip.member_crash_probability",
@@ -94,7 +97,8 @@ class GossipSampler:
         self.overlay = build_overlay(self.params, world.ledger.n_peers, rng=rng)
         self.peer_sampling = PeerSampling(world, self.overlay, self.params, rng=rng)
         uniform = Uniforms(rng).draw  # shared by the protocol and the faults
-        self.formation = GroupFormation(
+        formation = RoundFormation if uses_rounds(world.config) else GroupFormation
+        self.formation: GroupFormation | RoundFormation = formation(
             world,
             self.peer_sampling.views,
             uniform=uniform,
@@ -165,7 +169,7 @@ class GossipSampler:
             formation.rejoin(self.faults.apply_churn())
             formation.expire_locks()
             peer_sampling.exchange_round(peer_sampling.due(k), tick=tick, silent=formation.retired)
-            formation.start_initiations(tick)
+            formation.advance(tick)
             k += 1
             yield self.env.timeout(tick)
 

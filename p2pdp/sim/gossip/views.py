@@ -70,6 +70,9 @@ def merge_views(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Newscast merge: per row, the ``view_size`` freshest distinct entries, owner excluded.
 
+    The general form (any rows, repeats anywhere); :meth:`Newscast.exchange` merges two views
+    faster with what it knows of them, to the same result.
+
     Parameters
     ----------
     ids : (n, m) int array
@@ -201,19 +204,43 @@ class Newscast:
         stamp_b: np.ndarray,
         both: np.ndarray,
     ) -> None:
-        ids = np.concatenate([self.ids[a], self.ids[b], a[:, None], b[:, None]], axis=1)
-        stamps = np.concatenate(
-            [self.stamps[a], self.stamps[b], stamp_a[:, None], stamp_b[:, None]], axis=1
-        )
-        owners = np.concatenate([b, a[both]])
-        new_ids, new_stamps = merge_views(
-            np.concatenate([ids, ids[both]]),
-            np.concatenate([stamps, stamps[both]]),
-            owners,
-            self.view_size,
-        )
-        self.ids[owners] = new_ids
-        self.stamps[owners] = new_stamps
+        """:func:`merge_views` of the exchanges ``a[k] <-> b[k]`` (no peer twice), for ``b``
+        and, where ``both``, for ``a``; same result, faster.
+
+        What it uses: a view holds distinct ids and never its owner, so each side (view plus
+        the fresh descriptor of its owner, (n, c + 1)) is distinct and a repeat pairs an entry
+        of one side with one of the other (an (n, c + 1, c + 1) comparison instead of sorting
+        by id); the union, sorted freshest first, serves both owners (each drops itself: at
+        most one entry); two ids never share a finite stamp (continuous draws), so the order,
+        hence the result, is unique.
+        """
+        c = self.view_size
+        ids_a = np.concatenate([self.ids[a], a[:, None]], axis=1, dtype=np.int32)
+        ids_b = np.concatenate([self.ids[b], b[:, None]], axis=1, dtype=np.int32)
+        stamps_a = np.concatenate([self.stamps[a], stamp_a[:, None]], axis=1)
+        stamps_b = np.concatenate([self.stamps[b], stamp_b[:, None]], axis=1)
+        # the staler copy of a repeated id (a's, on a tie); empty slots never match
+        same = ids_a[:, :, None] == np.where(ids_b < 0, -2, ids_b)[:, None, :]
+        repeated = same.any(axis=2)
+        match = same.argmax(axis=2)  # the b-side slot of a's entry, where repeated
+        b_stamp = np.take_along_axis(stamps_b, match, 1)
+        stale_a = repeated & (b_stamp > stamps_a)
+        stale_b = np.zeros_like(repeated)
+        row, column = np.nonzero(repeated & ~stale_a)
+        stale_b[row, match[row, column]] = True
+        stale = np.concatenate([stale_a, stale_b], axis=1)
+        ids = np.concatenate([ids_a, ids_b], axis=1)
+        stamps = np.concatenate([stamps_a, stamps_b], axis=1)
+        stale |= (ids < 0) | (stamps == -np.inf)
+        stamps[stale], ids[stale] = -np.inf, -1
+        top = np.argsort(-stamps, axis=1)[:, : c + 1]
+        ids, stamps = np.take_along_axis(ids, top, 1), np.take_along_axis(stamps, top, 1)
+        for owners, rows in ((b, slice(None)), (a[both], both)):
+            own = ids[rows] == owners[:, None]
+            drop = np.where(own.any(axis=1), own.argmax(axis=1), c)  # itself, or the last
+            keep = np.arange(c + 1) != drop[:, None]
+            self.ids[owners] = ids[rows][keep].reshape(-1, c)
+            self.stamps[owners] = stamps[rows][keep].reshape(-1, c)
 
 
 class PeerSampling:
