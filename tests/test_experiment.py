@@ -192,7 +192,7 @@ def test_backends_give_identical_rows(tmp_path):
 
 def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypatch):
     """A single cell with --jobs 2: one task, run here, its local models solved and its peers
-    scored by 2 forked processes; every row equal to --jobs 1."""
+    scored by 2 forked processes (each on half the test rows); every row equal to --jobs 1."""
     from p2pdp.core.parallel import current_workers
     from p2pdp.learning import evaluation, models
 
@@ -204,19 +204,27 @@ def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypa
         return fit(*args, **kwargs)
 
     def recording_split(function, shared, items, *, workers):
-        scored.append((workers, len(items)))
+        scored.append((function.__name__, workers, len(items)))
         return split(function, shared, items, workers=workers)
 
     monkeypatch.setattr(models, "fit_local_models", recording)
     monkeypatch.setattr(evaluation, "forked_map", recording_split)
     monkeypatch.setattr(evaluation, "PARALLEL_MIN_PEERS", 2)  # TINY's run is small
+    monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 1)  # a block per test row
     one_cell = TINY[: TINY.index("[sweep]")]
     scenario = parse_scenario(one_cell, overrides=["evaluation.folds=[0]"])
     assert len(experiment.make_cells(scenario)) == 1
     for jobs in (1, 2):
         experiment.run_experiment(scenario, tmp_path / f"jobs{jobs}", jobs=jobs)
     assert used == [1, 1, 2, 2]  # the peers' models and the centralised one, per run
-    assert scored == [(1, 1), (2, 2)]  # the peers split in two with 2 workers
+    # the ensembles, the best peer's scores (ROC) and the local models' errors on the test
+    # rows split in two with 2 workers; the one centralised model's errors in one piece
+    halved = ["_count_errors", "_first_scores", "_linear_wrong"]
+    assert sorted(scored) == sorted(
+        [(name, 1, 1) for name in [*halved, "_linear_wrong"]]
+        + [(name, 2, 2) for name in halved]
+        + [("_linear_wrong", 1, 1)]
+    )
     assert without_timing(read_results(tmp_path / "jobs2")) == without_timing(
         read_results(tmp_path / "jobs1")
     )

@@ -231,6 +231,10 @@ def _inputs():
         (lambda X, y, s: (X, y, [], 1.0, {}), "shards must hold at least one peer, got 0"),
         (lambda X, y, s: (X, y, [np.array([0, 20])], 1.0, {}), "row index 20, out of range"),
         (lambda X, y, s: (X, y, [np.array([-1, 2])], 1.0, {}), "row index -1, out of range"),
+        (  # in a later chunk of range-checked shards: the message names the shard
+            lambda X, y, s: (X, y, [np.array([1])] * 5000 + [np.array([3, 21])], 1.0, {}),
+            r"shards\[5000\] holds row index 21, out of range",
+        ),
         (lambda X, y, s: (X, y, [np.array([0.0, 1.0])], 1.0, {}), r"shards\[0\].*float64"),
         (lambda X, y, s: (X, np.r_[y[:-1], 0.0], s, 1.0, {}), "y must contain only -1 and \\+1"),
         (lambda X, y, s: (X, (y + 1) / 2, s, 1.0, {}), "-1 and \\+1, got 0.0"),

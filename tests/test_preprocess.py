@@ -182,6 +182,27 @@ def test_fit_rejects_empty_and_non_finite_training_rows() -> None:
         Preprocessor().fit(np.array([[np.inf, 0.0]]))
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("steps", [DEFAULT_STEPS, ("bias",), ("log1p", "standardize")])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_value_in_a_late_block_is_refused(workers, steps, bad) -> None:
+    """Fit and transform check finiteness block by block (in the local workers): a value in
+    the last block of rows, one column, is found by both."""
+    from p2pdp.core.parallel import local_workers
+    from p2pdp.data.preprocess import _ROW_BLOCK
+
+    X = np.ones((2 * _ROW_BLOCK + 5, 3))
+    X[:, 0] = np.arange(len(X))  # something to scale
+    bad_rows = X.copy()
+    bad_rows[-2, 1] = bad
+    with local_workers(workers):
+        with pytest.raises(ConfigError, match=r"X_train must contain only finite values"):
+            Preprocessor(steps=steps).fit(bad_rows)
+        fitted = Preprocessor(steps=steps).fit(X)
+        with pytest.raises(ConfigError, match=r"X must contain only finite values"):
+            fitted.transform(bad_rows)
+
+
 _matrices = st.integers(1, 6).flatmap(
     lambda d: st.tuples(
         *(

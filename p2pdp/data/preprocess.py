@@ -75,14 +75,36 @@ def _signed_log1p(X: NDArray[np.float64]) -> NDArray[np.float64]:
 _ROW_BLOCK = 65_536  # rows transformed at a time
 
 
-def _as_finite_matrix(values: ArrayLike, name: str) -> NDArray[np.float64]:
-    """``values`` as a float64 2-D array with at least one row and only finite values."""
+def _as_matrix(values: ArrayLike, name: str) -> NDArray[np.float64]:
+    """``values`` as a float64 2-D array with at least one row (finiteness unchecked)."""
     X = np.asarray(values, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] == 0:
         raise ConfigError(f"{name} must be a 2-D array with at least one row, got shape {X.shape}")
+    return X
+
+
+def _check_finite(X: NDArray[np.float64], name: str) -> None:
     if not np.all(np.isfinite(X)):
         raise ConfigError(f"{name} must contain only finite values, got a NaN or infinity")
-    return X
+
+
+def _block_bounds(
+    X: NDArray[np.float64], start: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    block = X[start : start + _ROW_BLOCK]
+    return block.min(axis=0), block.max(axis=0)
+
+
+def _column_bounds(X: NDArray[np.float64], name: str) -> tuple[NDArray[np.float64], ...]:
+    """Each column's minimum and maximum, (d,) each, from per-block extremes computed in the
+    local worker processes (exact in any order, so the same for any number of workers), with
+    no N x d temporary. A NaN or infinity anywhere shows in an extreme: ConfigError."""
+    starts = range(0, X.shape[0], _ROW_BLOCK)
+    blocks = forked_map(_block_bounds, X, starts, workers=min(current_workers(), len(starts)))
+    low = np.min([block[0] for block in blocks], axis=0)
+    high = np.max([block[1] for block in blocks], axis=0)
+    _check_finite(np.concatenate([low, high]), name)
+    return low, high
 
 
 def _read_only(array: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -194,8 +216,9 @@ class Preprocessor:
             return FittedPreprocessor(
                 steps=self.steps, n_features_in=shape[1], low=low, high=high, data_dependent=False
             )
-        X = _as_finite_matrix(X_train, "X_train")
         if "standardize" in self.steps:
+            X = _as_matrix(X_train, "X_train")
+            _check_finite(X, "X_train")
             Z = _signed_log1p(X) if "log1p" in self.steps else X
             mean, std = Z.mean(axis=0), Z.std(axis=0)
             # a feature constant up to the rounding of its mean is constant: it maps to 0
@@ -209,6 +232,8 @@ class Preprocessor:
                 std=_read_only(std),
                 data_dependent=True,
             )
+        X = _as_matrix(X_train, "X_train")
+        low, high = _column_bounds(X, "X_train")
         if "minmax" not in self.steps:
             return FittedPreprocessor(
                 steps=self.steps,
@@ -217,7 +242,6 @@ class Preprocessor:
                 high=None,
                 data_dependent=False,
             )
-        low, high = X.min(axis=0), X.max(axis=0)
         if "log1p" in self.steps:  # monotone: the bounds of log1p(X) are log1p of X's
             low, high = _signed_log1p(low), _signed_log1p(high)
         return FittedPreprocessor(
@@ -295,7 +319,7 @@ class FittedPreprocessor:
             ``out`` if given. With a norm step every row has L2 norm <= 1 (up to rounding,
             ~1e-16).
         """
-        rows_in = _as_finite_matrix(X, "X")
+        rows_in = _as_matrix(X, "X")  # finite: checked block by block
         if rows_in.shape[1] != self.n_features_in:
             raise ConfigError(
                 f"X must have {self.n_features_in} columns like the training rows, "
@@ -323,7 +347,9 @@ class FittedPreprocessor:
         rows = slice(start, start + _ROW_BLOCK)
         # a contiguous block: the same numpy kernels whether X is an array of its own or
         # the first columns of ``out`` (strided), so the numbers do not depend on it
-        out[rows] = self._transform_rows(np.ascontiguousarray(rows_in[rows]))
+        block = np.ascontiguousarray(rows_in[rows])
+        _check_finite(block, "X")
+        out[rows] = self._transform_rows(block)
 
     def _transform_rows(self, Z: NDArray[np.float64]) -> NDArray[np.float64]:
         if "log1p" in self.steps:

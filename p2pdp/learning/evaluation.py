@@ -41,9 +41,9 @@ releases plus the peer's own data, so the budget and the guarantee are unchanged
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from abc import ABC, abstractmethod
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -398,9 +398,12 @@ def evaluate_ensembles(
 
     The rule is fitted once (:meth:`EnsembleRule.fit`, with ``own`` for rules that need the
     peers' own shards), then scores every row block. From :data:`PARALLEL_MIN_PEERS` peers
-    on, a built-in rule's peers are split over the local workers
-    (:func:`p2pdp.core.parallel.local_workers`): each peer's errors are its own, so the
-    metrics do not depend on the number of workers.
+    on, a built-in rule's blocks of test rows are shared out to the local workers
+    (:func:`p2pdp.core.parallel.local_workers`), each scoring every peer on its blocks: the
+    blocks are those of one process, and the error counts are integers, so the metrics do
+    not depend on the number of workers. Rows, not peers, are split because the published
+    models' margins (shared by every peer under full publication) would otherwise be
+    computed by every worker.
     """
     rule = make_ensemble_rule(vote)
     with calling("ensemble", rule, "fit"):
@@ -409,14 +412,12 @@ def evaluate_ensembles(
     y = np.asarray(y)
     n_rows, n_peers = X.shape[0], ensembles.n_peers
     workers = current_workers() if is_builtin(rule) and n_peers >= PARALLEL_MIN_PEERS else 1
-    bounds = np.linspace(0, n_peers, max(1, min(workers, n_peers)) + 1).astype(int)
-    pieces = [slice(a, b) for a, b in itertools.pairwise(bounds.tolist())]
-    # Forked workers score with one BLAS thread each (2 workers x 2 BLAS threads on 2 cores
-    # ran slower than one process whose BLAS uses both cores); one process keeps its BLAS.
-    one_thread = threadpool_limits(limits=1, user_api="blas") if workers > 1 else nullcontext()
-    with one_thread:
-        parts = forked_map(_count_errors, (ensembles, X, y, vote), pieces, workers=workers)
-    wrong = np.concatenate([part[0] for part in parts])
+    blocks = _row_blocks(n_rows, n_peers + ensembles.published.shape[0])
+    with _scoring_threads(workers):
+        parts = forked_map(
+            _count_errors, (ensembles, X, y, vote), _split(blocks, workers), workers=workers
+        )
+    wrong = sum(part[0] for part in parts)
     predicted_positive_on_pos = sum(part[1] for part in parts)
     predicted_positive_on_neg = sum(part[2] for part in parts)
     n_pos = int((y == 1).sum()) * n_peers
@@ -432,13 +433,12 @@ def evaluate_ensembles(
     best = int(np.argmin(errors))
     if len(parts) == 1 and parts[0][3] is not None:  # one block held every row: reuse it
         best_scores = parts[0][3][:, best]
-    else:
-        one = _one_peer(ensembles, best)
-        one_rule = vote.for_peers(slice(best, best + 1))
+    else:  # as costly as every peer's scores when the published models dominate: split too
+        one = (_one_peer(ensembles, best), X, vote.for_peers(slice(best, best + 1)))
         blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
-        best_scores = np.concatenate(
-            [ensemble_scores(one, X[r], vote=one_rule)[:, 0] for r in blocks]
-        )
+        with _scoring_threads(workers):
+            scored = forked_map(_first_scores, one, _split(blocks, workers), workers=workers)
+        best_scores = np.concatenate(scored)
     if len(np.unique(y)) == 2:
         fpr, tpr, _ = roc_curve(y, best_scores, pos_label=1)
         area = float(auc(fpr, tpr))
@@ -449,22 +449,32 @@ def evaluate_ensembles(
     )
 
 
-#: Fewest peers for which :func:`evaluate_ensembles` splits the peers over local workers.
+#: Fewest peers for which :func:`evaluate_ensembles` splits the test rows over local workers.
 PARALLEL_MIN_PEERS = 20_000
 
 
+def _scoring_threads(workers: int) -> contextlib.AbstractContextManager:
+    """Forked workers score with one BLAS thread each (2 workers x 2 BLAS threads on 2 cores
+    ran slower than one process whose BLAS uses both cores); one process keeps its BLAS."""
+    return threadpool_limits(limits=1, user_api="blas") if workers > 1 else contextlib.nullcontext()
+
+
+def _split(blocks: list[slice], workers: int) -> list[list[slice]]:
+    """``blocks`` in at most ``workers`` runs of consecutive blocks, one per worker. Every
+    block is scored as it would be in one process, so scores do not depend on ``workers``."""
+    cuts = np.linspace(0, len(blocks), max(1, min(workers, len(blocks))) + 1).astype(int)
+    return [blocks[a:b] for a, b in itertools.pairwise(cuts.tolist())]
+
+
 def _count_errors(
-    problem: tuple[Ensembles, np.ndarray, np.ndarray, EnsembleRule], peers: slice
+    problem: tuple[Ensembles, np.ndarray, np.ndarray, EnsembleRule], blocks: list[slice]
 ) -> tuple[np.ndarray, int, int, np.ndarray | None]:
-    """Errors of the ``peers`` slice's ensembles on every row: wrong labels per peer (m,),
-    positive predictions on positive rows and on negative rows (summed over the peers), and
-    the scores (n, m) when one block held every row (else None)."""
+    """Errors of every peer's ensemble on the test rows of ``blocks``: wrong labels per peer
+    (P,), positive predictions on positive rows and on negative rows (summed over the
+    peers), and the scores of the last block's rows when it is the only one (else None)."""
     ensembles, X, y, vote = problem
-    if peers != slice(0, ensembles.n_peers):
-        ensembles, vote = _peer_slice(ensembles, peers), vote.for_peers(peers)
     wrong = np.zeros(ensembles.n_peers, dtype=np.int64)
     on_positive = on_negative = 0
-    blocks = _row_blocks(X.shape[0], ensembles.n_peers + ensembles.published.shape[0])
     for rows in blocks:
         scores = ensemble_scores(ensembles, X[rows], vote=vote)
         labels = predict(scores)
@@ -473,6 +483,14 @@ def _count_errors(
         on_positive += int(positive[y[rows] == 1].sum())
         on_negative += int(positive[y[rows] != 1].sum())
     return wrong, on_positive, on_negative, scores if len(blocks) == 1 else None
+
+
+def _first_scores(
+    problem: tuple[Ensembles, np.ndarray, EnsembleRule], blocks: list[slice]
+) -> np.ndarray:
+    """The first peer's scores on the test rows of ``blocks``, (n,)."""
+    ensembles, X, vote = problem
+    return np.concatenate([ensemble_scores(ensembles, X[rows], vote=vote)[:, 0] for rows in blocks])
 
 
 def _row_blocks(n_rows: int, width: int) -> list[slice]:
@@ -502,9 +520,24 @@ def linear_error(weights: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarra
     Computed in blocks of models, so memory stays bounded for 100,000 local models.
     """
     weights = np.atleast_2d(weights)
-    y = np.asarray(y)
-    errors = np.empty(weights.shape[0])
-    for models in _row_blocks(weights.shape[0], X.shape[0]):
-        labels = np.where(weights[models] @ X.T >= 0, 1, -1)
-        errors[models] = (labels != y[None, :]).mean(axis=1)
-    return errors
+    workers = current_workers() if weights.shape[0] >= PARALLEL_MIN_PEERS else 1
+    blocks = _row_blocks(weights.shape[0], X.shape[0])
+    with _scoring_threads(workers):
+        parts = forked_map(
+            _linear_wrong,
+            (weights, X, np.asarray(y) == 1),
+            _split(blocks, workers),
+            workers=workers,
+        )
+    return np.concatenate(parts) / X.shape[0]
+
+
+def _linear_wrong(
+    problem: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list[slice]
+) -> np.ndarray:
+    """Wrong labels of the models ``weights[blocks]`` on every row (label +1 where the
+    margin is >= 0), ``problem = (weights, X, y == 1)``."""
+    weights, X, positive = problem
+    return np.concatenate(
+        [np.count_nonzero((weights[models] @ X.T >= 0) != positive, axis=1) for models in blocks]
+    )
