@@ -63,12 +63,37 @@ def test_shared_tally_equals_naive_per_peer(vote, seed):
     assert metrics.confusion[1, 1] == tp
 
 
+def test_many_models_are_read_a_chunk_of_rows_at_a_time(monkeypatch):
+    """However many peers and models, a chunk holds at least _MIN_CHUNK_ROWS test rows:
+    every chunk reads every model, so chunks of a row or two made a million peers' evaluation
+    read 930 GB. Here the element budget alone would give chunks of 2 rows."""
+    from p2pdp.learning import evaluation
+
+    rng = np.random.default_rng(4)
+    local, published, shared, pairs, X, y = _random_world(rng, n_rows=97)
+    ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
+    width = ensembles.n_peers + ensembles.published.shape[0]
+    monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 2 * (width + 1))
+    chunks = []
+    scores = evaluation.ensemble_scores
+
+    def counting(ensembles, X, *, vote):
+        chunks.append(len(X))
+        return scores(ensembles, X, vote=vote)
+
+    monkeypatch.setattr(evaluation, "ensemble_scores", counting)
+    evaluate_ensembles(ensembles, X, y, vote="majority")
+    rows = evaluation._MIN_CHUNK_ROWS
+    assert chunks[: -(-97 // rows)] == [rows] * (97 // rows) + [97 % rows]
+
+
 def test_chunked_evaluation_equals_single_chunk(monkeypatch):
     rng = np.random.default_rng(3)
     local, published, shared, pairs, X, y = _random_world(rng, n_rows=97)
     ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
     whole = evaluate_ensembles(ensembles, X, y, vote="majority")
     monkeypatch.setattr("p2pdp.learning.evaluation._CHUNK_ELEMENTS", 50)
+    monkeypatch.setattr("p2pdp.learning.evaluation._MIN_CHUNK_ROWS", 1)
     chunked = evaluate_ensembles(ensembles, X, y, vote="majority")
     np.testing.assert_array_equal(whole.errors, chunked.errors)
     np.testing.assert_array_equal(whole.confusion, chunked.confusion)
@@ -127,4 +152,5 @@ def test_linear_error_in_blocks_equals_one_block(monkeypatch):
     y = np.where(rng.random(17) < 0.5, 1, -1)
     whole = linear_error(weights, X, y)
     monkeypatch.setattr("p2pdp.learning.evaluation._CHUNK_ELEMENTS", 40)
+    monkeypatch.setattr("p2pdp.learning.evaluation._MIN_CHUNK_ROWS", 1)
     np.testing.assert_array_equal(linear_error(weights, X, y), whole)

@@ -211,6 +211,7 @@ def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypa
     monkeypatch.setattr(evaluation, "forked_map", recording_split)
     monkeypatch.setattr(evaluation, "PARALLEL_MIN_PEERS", 2)  # TINY's run is small
     monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 1)  # a block per test row
+    monkeypatch.setattr(evaluation, "_MIN_CHUNK_ROWS", 1)
     one_cell = TINY[: TINY.index("[sweep]")]
     scenario = parse_scenario(one_cell, overrides=["evaluation.folds=[0]"])
     assert len(experiment.make_cells(scenario)) == 1

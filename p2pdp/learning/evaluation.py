@@ -64,6 +64,10 @@ from p2pdp.learning.ensembles import (
 )
 
 _CHUNK_ELEMENTS = 4_000_000  # test rows x (models + peers) per chunk: bounds memory to ~100 MB
+#: Fewest test rows per chunk, however many models: every chunk reads every model once, so
+#: chunks of a few rows made the reads grow as P^2 (a million peers: 2 rows a chunk, 930 GB
+#: read). Above 250,000 peers and models this lets a chunk's memory grow with P instead.
+_MIN_CHUNK_ROWS = 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +163,10 @@ class Margins:
 
     def held_sum(self, values: np.ndarray, start: np.ndarray) -> np.ndarray:
         """``start`` (P, n) plus the sum of ``values`` (K, n) over the models each peer holds."""
-        return start + (self.shared @ values)[None, :] + self.receipts @ values
+        held = start + (self.shared @ values)[None, :]
+        if self.receipts.nnz:  # none under full publication: no (P, n) product of zeros
+            held += self.receipts @ values
+        return held
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -494,8 +501,9 @@ def _first_scores(
 
 
 def _row_blocks(n_rows: int, width: int) -> list[slice]:
-    """Row slices such that a block times ``width`` columns stays under ``_CHUNK_ELEMENTS``."""
-    block = max(1, _CHUNK_ELEMENTS // (width + 1))
+    """Row slices such that a block times ``width`` columns stays under ``_CHUNK_ELEMENTS``,
+    or of ``_MIN_CHUNK_ROWS`` rows."""
+    block = max(_MIN_CHUNK_ROWS, _CHUNK_ELEMENTS // (width + 1))
     return [slice(start, start + block) for start in range(0, n_rows, block)]
 
 
