@@ -21,13 +21,18 @@ worker of the cluster and no process holds all its training rows:
    (:func:`~p2pdp.learning.models.newton_from_block_sums`), one round of block tasks per pass
    over the rows; the client adds their sums in block order, as the local run does.
 4. **simulation**: in the client (it needs every peer's model), exactly as locally.
-5. **evaluation**: the peers' slices (:func:`p2pdp.learning.evaluation.evaluate_ensembles`)
-   on the workers: the ensembles (every local and published model) and the test rows are
-   scattered to them once (:func:`dask_pieces`).
+5. **evaluation**: the blocks of test rows of
+   :func:`p2pdp.learning.evaluation.evaluate_ensembles` and
+   :func:`~p2pdp.learning.evaluation.linear_error` (every peer's error counts, the best
+   peer's scores, the local-only errors) on the workers: each such phase scatters what it
+   reads (the ensembles, i.e. every local and published model, or the local models alone,
+   and the test rows) to every worker once (:func:`dask_pieces`), then one task per run of
+   blocks.
 
 Every number is the local run's, bit for bit: the blocks are the ones the local run draws and
-streams, a peer's model depends on its shard only, and error counts are integers (compared
-cell by cell, as text, in ``tests/test_cluster_run.py``). On the client, the trained object
+streams, a peer's model depends on its shard only, and error counts are integers (the rows
+compared cell by cell, as text, and the trained models exactly, in
+``tests/test_cluster_run.py``). On the client, the trained object
 (:class:`~p2pdp.tasks.pipeline.TrainedPeers`) holds no training rows: ``fold.X_train`` has
 none and ``shards`` is empty. What would read them is outside the plan (:func:`plan_gap`):
 posterior sampling, a vote on the peers' own rows (``local-validated``), the best-lambda
@@ -46,6 +51,7 @@ from threadpoolctl import threadpool_limits
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.parallel import RemotePieces
 from p2pdp.core.rng import generator
 from p2pdp.data.datasets import SYNTHETIC_BLOCK_ROWS, synthetic_block
 from p2pdp.data.partition import contiguous_starts
@@ -224,7 +230,7 @@ def _local_models(client: Any, ready: Sequence[Any], config: ScenarioConfig) -> 
     )
 
 
-def dask_pieces(client: Any) -> Callable[[Callable[[Any, Any], Any], Any, Sequence[Any]], list]:
+def dask_pieces(client: Any) -> RemotePieces:
     """:data:`p2pdp.core.parallel.RemotePieces` on ``client``'s workers: ``shared`` is
     scattered to every worker once, then one task per item (one BLAS thread each)."""
 
