@@ -226,7 +226,7 @@ def _local_models(client: Any, ready: Sequence[Any], config: ScenarioConfig) -> 
         weights=np.concatenate([part.weights for part in parts]),
         grad_norms=np.concatenate([part.grad_norms for part in parts]),
         iterations=max(part.iterations for part in parts),
-        shard_sizes=np.diff(starts),
+        shard_sizes=np.concatenate([part.shard_sizes for part in parts]),
     )
 
 
