@@ -150,7 +150,7 @@ def test_the_evaluation_runs_on_the_workers(address, monkeypatch):
     assert calls == [("_count_errors", 2), ("_first_scores", 2), ("_linear_wrong", 2)]
 
 
-def test_cells_outside_the_plan_say_which_setting(tmp_path) -> None:
+def test_cells_outside_the_plan_say_which_setting() -> None:
     config = parse_scenario(LARGE, overrides=["partition.scheme=iid"]).config
     assert plan.plan_gap(config) == (
         "partition.scheme = 'iid' (the cluster plan needs 'contiguous')"
@@ -171,7 +171,7 @@ def test_cells_outside_the_plan_say_which_setting(tmp_path) -> None:
 # --- the contiguous partition -----------------------------------------------------------------
 @pytest.mark.parametrize(("n_rows", "n_peers"), [(10, 3), (7, 7), (1000, 1), (261_000, 20_000)])
 def test_contiguous_shards_are_ranges_of_nearly_equal_size(n_rows: int, n_peers: int) -> None:
-    shards = partition(np.zeros(n_rows), n_peers, scheme="contiguous", rng=None)
+    shards = partition(np.zeros(n_rows), n_peers, scheme="contiguous", rng=np.random.default_rng(0))
     sizes = np.array([len(shard) for shard in shards])
     assert len(shards) == n_peers and sizes.max() - sizes.min() <= 1
     assert sizes.min() == n_rows // n_peers and sizes.sum() == n_rows
