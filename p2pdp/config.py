@@ -46,7 +46,7 @@ from p2pdp.data.settings import TRANSFORM_STEPS as TRANSFORM_STEPS  # the schema
 # Settings that name a component (data.dataset, training.model, privacy.mechanism,
 # privacy.accountant, groups.sampler, evaluation.vote, task.name) take their options from the
 # registry (p2pdp.core.components): a registered name or an import string 'package.module:Name'.
-PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew", "column", "file")
+PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew", "contiguous", "column", "file")
 SENSITIVITY_MODES = ("group-mean", "pathak")
 LATENCY_MODELS = ("constant", "exponential", "lognormal")
 PUBLICATION_MODES = ("group", "full")
@@ -114,6 +114,7 @@ OPTION_READS: dict[str, dict[Any, tuple[str, ...]]] = {
         "iid": (),
         "label_skew": ("partition.alpha",),
         "quantity_skew": ("partition.alpha",),
+        "contiguous": (),
         "column": (),
         "file": ("partition.path",),
     },
@@ -165,9 +166,11 @@ class Derived(float):
 class PartitionConfig:
     """How training rows are split into peer shards (:mod:`p2pdp.data.partition`).
 
-    ``scheme``: ``"iid"``, ``"label_skew"`` / ``"quantity_skew"`` (Dirichlet ``alpha``), or a
-    partition the user gives, one peer id in ``0..n_peers-1`` per row of the data set (the
-    rows the folds are cut from; a fold's test rows are simply not used for training):
+    ``scheme``: ``"iid"``, ``"label_skew"`` / ``"quantity_skew"`` (Dirichlet ``alpha``),
+    ``"contiguous"`` (consecutive rows in their order: iid only for exchangeable rows such as
+    ``synthetic``'s), or a partition the user gives, one peer id in ``0..n_peers-1`` per row
+    of the data set (the rows the folds are cut from; a fold's test rows are simply not used
+    for training):
     ``"column"`` takes it from the data set (``data.peer_column``, or a loader's
     ``RawData.peers``), ``"file"`` from the text file ``path`` (one id per line). Every peer
     id must be used, and every peer must hold at least ``min_shard_size`` training rows in

@@ -9,6 +9,8 @@ result must not depend on the others, so results are identical for any number of
 :func:`forked_pool` keeps the processes for several rounds of pieces (an iterative solver's
 passes over the rows), and :func:`shared_empty` allocates an array the forked workers write
 into (a large data set generated or transformed block by block in the workers).
+:func:`remote_workers` sends :func:`forked_map`'s pieces to other machines instead (a Dask
+cluster's workers scoring one large run's peers, :mod:`p2pdp.experiments.cluster`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ _R = TypeVar("_R")
 _TASK: tuple[Callable[[Any, Any], Any], Any] | None = None
 #: True in a forked worker: its own pieces run in it, never in processes of its own.
 _IN_WORKER = False
+#: ``pieces(function, shared, items)``: ``[function(shared, item) for item in items]``, elsewhere.
+RemotePieces = Callable[[Callable[[Any, Any], Any], Any, Sequence[Any]], list]
+#: The :data:`RemotePieces` set by :func:`remote_workers`, or None.
+_REMOTE: contextvars.ContextVar[RemotePieces | None] = contextvars.ContextVar(
+    "remote_workers", default=None
+)
 
 
 @contextlib.contextmanager
@@ -42,6 +50,24 @@ def local_workers(workers: int) -> Iterator[None]:
     try:
         yield
     finally:
+        _WORKERS.reset(token)
+
+
+@contextlib.contextmanager
+def remote_workers(pieces: RemotePieces, workers: int) -> Iterator[None]:
+    """Inside the block, :func:`forked_map` calls ``pieces(function, shared, items)`` (which
+    must return ``[function(shared, item) for item in items]``, e.g. on a Dask cluster)
+    instead of forking, and :func:`current_workers` is ``workers``.
+
+    Only for code whose pieces return their results: a piece that writes into
+    :func:`shared_empty` memory would write into a copy. The one caller runs a run's
+    simulation and evaluation in it, never its data or training phases.
+    """
+    token, remote = _WORKERS.set(workers), _REMOTE.set(pieces)
+    try:
+        yield
+    finally:
+        _REMOTE.reset(remote)
         _WORKERS.reset(token)
 
 
@@ -83,8 +109,12 @@ def forked_map(
 
     ``shared`` is inherited by the forked workers (copy-on-write), never pickled; items and
     results are. One process (no fork) when ``workers <= 1``, when there is at most one item,
-    or where the platform cannot fork (Windows).
+    or where the platform cannot fork (Windows). Inside :func:`remote_workers` (and not in a
+    forked worker), the pieces go to its ``pieces`` instead (``shared`` is then pickled).
     """
+    remote = None if _IN_WORKER else _REMOTE.get()
+    if remote is not None and workers > 1 and len(items) > 1:
+        return remote(function, shared, items)
     with forked_pool(function, shared, workers=min(workers, len(items))) as pieces:
         return pieces(items)
 

@@ -29,6 +29,7 @@ and cut into shards by :func:`partition_given` (no randomness).
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -40,9 +41,11 @@ from p2pdp.core.errors import ConfigError, DataError
 
 #: Schemes that draw the shards with ``rng`` (:func:`partition`).
 DRAWN_SCHEMES: tuple[str, ...] = ("iid", "label_skew", "quantity_skew")
+#: Schemes that cut the rows in their order (no randomness): :func:`partition_contiguous`.
+ORDERED_SCHEMES: tuple[str, ...] = ("contiguous",)
 #: Schemes whose shards the user gives (a peer per row of the data set) instead of drawing them.
 GIVEN_SCHEMES: tuple[str, ...] = ("column", "file")
-PARTITION_SCHEMES: tuple[str, ...] = (*DRAWN_SCHEMES, *GIVEN_SCHEMES)
+PARTITION_SCHEMES: tuple[str, ...] = (*DRAWN_SCHEMES, *ORDERED_SCHEMES, *GIVEN_SCHEMES)
 
 
 def _class_codes(y: ArrayLike) -> NDArray[np.intp]:
@@ -266,6 +269,45 @@ def partition_quantity_skew(
     return _shards(owner, n_peers)
 
 
+def contiguous_starts(n_rows: int, n_peers: int) -> NDArray[np.int64]:
+    """First row of every shard of :func:`partition_contiguous`, and ``n_rows``: (P + 1,) int64.
+
+    Peer ``p`` holds rows ``[starts[p], starts[p + 1])`` with ``starts[p] = floor(p n / P)``
+    (exact integer arithmetic), so shard sizes are ``floor(n / P)`` or ``ceil(n / P)``.
+    """
+    return (np.arange(n_peers + 1, dtype=np.int64) * n_rows) // n_peers
+
+
+def partition_contiguous(
+    y: ArrayLike, n_peers: int, *, min_shard_size: int = 1
+) -> list[NDArray[np.int64]]:
+    """Shards of consecutive rows: peer ``p`` holds rows ``[floor(p n / P), floor((p+1) n / P))``.
+
+    No randomness: the rows in their order, sizes differing by at most 1. Only iid when the
+    rows are exchangeable (independent draws, e.g. the ``synthetic`` data set); rows sorted by
+    label, time or source give skewed shards.
+
+    Parameters
+    ----------
+    y : ndarray of shape (n,)
+        Class labels (only their number is used).
+    n_peers : int
+        Number of shards, ``1 <= n_peers <= n``.
+    min_shard_size : int
+        Smallest allowed shard, ``>= 1``; raises ConfigError if ``n < n_peers * min_shard_size``
+        (then ``floor(n / P)`` rows are too few).
+
+    Returns
+    -------
+    list of ndarray
+        ``n_peers`` sorted int64 index arrays into ``y``; disjoint, their union is all rows.
+    """
+    n_rows = _class_codes(y).size
+    _check_common(n_rows, n_peers, min_shard_size)
+    starts = contiguous_starts(n_rows, n_peers).tolist()
+    return [np.arange(a, b, dtype=np.int64) for a, b in itertools.pairwise(starts)]
+
+
 def partition(
     y: ArrayLike,
     n_peers: int,
@@ -284,10 +326,10 @@ def partition(
     n_peers : int
         Number of shards.
     scheme : str
-        One of :data:`DRAWN_SCHEMES` (the schemes of :data:`GIVEN_SCHEMES` are
-        :func:`partition_given`'s).
+        One of :data:`DRAWN_SCHEMES` or :data:`ORDERED_SCHEMES` (the schemes of
+        :data:`GIVEN_SCHEMES` are :func:`partition_given`'s).
     rng : numpy.random.Generator
-        Randomness of the scheme.
+        Randomness of the scheme (not read by ``"contiguous"``).
     alpha : float
         Dirichlet concentration of the skewed schemes (ignored by ``"iid"``).
     min_shard_size : int
@@ -306,6 +348,8 @@ def partition(
         return partition_quantity_skew(
             y, n_peers, alpha=alpha, rng=rng, min_shard_size=min_shard_size
         )
+    if scheme == "contiguous":
+        return partition_contiguous(y, n_peers, min_shard_size=min_shard_size)
     if scheme in GIVEN_SCHEMES:
         raise ConfigError(
             f"partition scheme {scheme!r} takes the peer of every row from the user: "

@@ -23,7 +23,10 @@ only as many as it has training keys:
   :class:`multiprocessing.Queue`, so the results store writes each cell as it finishes;
 * a Dask distributed cluster (``scheduler="tcp://host:port"``; one future per training and one
   per cell depending on it; the workers need p2pdp installed and the data files, e.g. via
-  ``P2PDP_DATA_HOME``).
+  ``P2PDP_DATA_HOME``). A cell the cluster plan covers (:func:`p2pdp.experiments.cluster.plan_gap`:
+  one large synthetic run) is split instead: its rows, local models, centralised reference
+  and scores in blocks on the workers, its simulation in this process
+  (:mod:`p2pdp.experiments.cluster`), cells of one training key sharing one training.
 
 An exception in the run, including KeyboardInterrupt (which the CLI also raises for SIGTERM
 and SIGHUP), stops the local worker processes (or cancels the Dask futures) before it
@@ -56,8 +59,9 @@ from threadpoolctl import threadpool_limits
 from p2pdp.config import ScenarioConfig, check_reads
 from p2pdp.core.boundary import problem
 from p2pdp.core.errors import ConfigError
-from p2pdp.core.parallel import local_workers, worker_signals
+from p2pdp.core.parallel import local_workers, remote_workers, worker_signals
 from p2pdp.core.validation import OneOf
+from p2pdp.experiments.cluster import dask_pieces, plan_gap, prepare_on_cluster
 from p2pdp.experiments.disclosure import non_private_column
 from p2pdp.experiments.network import (
     check_network_settings,
@@ -312,6 +316,9 @@ def run_experiment(
     try:
         workers = _worker_count(jobs, client)
         backend = f"dask {scheduler}" if client else f"{workers} local process(es)"
+        if client is not None and runtime == "simulation":
+            split = sum(plan_gap(cell.config) is None for cell in cells)
+            backend += f" ({split} of {len(cells)} cells split in blocks over the workers)"
         if runtime == "network":
             hosts = network_hosts(scenario.config.partition.n_peers)
             backend = f"network runtime: {hosts} host processes per cell, over TCP"
@@ -602,20 +609,46 @@ def _run_dask(cells: Sequence[Cell], client: Any) -> Generator[CellRecord, None,
     """One future per training key, one per cell depending on it; records as cells finish.
 
     The client keeps no reference to the trainings, so Dask frees each one when its last
-    cell is done.
+    cell is done. The keys the cluster plan covers (:func:`p2pdp.experiments.cluster.plan_gap`)
+    are trained in blocks on the workers instead, one after the other while the futures run,
+    and their cells simulated here, their peers scored on the workers.
     """
     from dask.distributed import as_completed as dask_completed
 
-    futures = []
+    futures, split = [], []
     for group in training_groups(cells):
+        if plan_gap(group[0].config) is None:
+            split.append(group)
+            continue
         prepared = client.submit(_dask_prepare, group[0], pure=False)
         futures += [client.submit(_dask_cell, cell, prepared, pure=False) for cell in group]
         del prepared
     try:
+        for group in split:
+            yield from _run_split(group, client)
         for future in dask_completed(futures):
             yield future.result()
     finally:
         client.cancel(futures)
+
+
+def _run_split(cells: Task, client: Any) -> Iterator[CellRecord]:
+    """The cells of one training key the cluster plan covers: trained in blocks on the
+    workers, simulated here, scored on the workers (:mod:`p2pdp.experiments.cluster`)."""
+    first = cells[0]
+    start = time.perf_counter()
+    _PREPARING[0] = True
+    try:
+        trained = prepare_on_cluster(
+            client, first.config, fold=first.fold, repetition=first.repetition
+        )
+    finally:
+        _PREPARING[0] = False
+    seconds = time.perf_counter() - start
+    workers = max(1, sum(client.nthreads().values()))
+    with threadpool_limits(limits=1), remote_workers(dask_pieces(client), workers):
+        for cell in cells:
+            yield _run_cell(cell, trained, seconds)
 
 
 # --- progress ---------------------------------------------------------------------------------

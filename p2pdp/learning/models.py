@@ -21,7 +21,7 @@ the per-peer scikit-learn reference it is tested against.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -313,25 +313,35 @@ STREAM_MIN_ROWS = 200_000
 _STREAM_BLOCK = 65_536  # rows per block: a constant, so sums do not depend on the workers
 
 
+#: What :func:`_block_sums` returns for one block: loss sum, gradient sum (d,), Hessian sum (d, d).
+BlockSums = tuple[float, NDArray[np.float64], NDArray[np.float64]]
+
+
 def _block_sums(
     problem: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]],
     item: tuple[int, NDArray[np.float64]],
-) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
-    """Sums of one block of rows at the model ``w``: ``(loss, gradient, Hessian)``.
-
-    ``problem = (X, y, rows)``, ``item = (start, w)``: the rows ``rows[start : start + B]``
-    (``B = _STREAM_BLOCK``) give ``sum_i log(1 + exp(-m_i))`` with margins ``m_i = y_i w.x_i``,
-    ``sum_i -y_i expit(-m_i) x_i`` (d,) and ``sum_i expit(m_i) expit(-m_i) x_i x_i^T`` (d, d),
-    unnormalised (the caller divides by the shard size and adds the regulariser).
-    """
+) -> BlockSums:
+    """:func:`block_sums` of the rows ``rows[start : start + B]`` (``B = _STREAM_BLOCK``) at
+    ``w``, with ``problem = (X, y, rows)`` and ``item = (start, w)``."""
     X, y, rows = problem
     start, w = item
     part = rows[start : start + _STREAM_BLOCK]
     first = int(part[0])
     if int(part[-1]) - first == len(part) - 1 and np.all(np.diff(part) == 1):
-        Xb, yb = X[first : first + len(part)], y[first : first + len(part)]  # a view
-    else:
-        Xb, yb = X[part], y[part]
+        return block_sums(X[first : first + len(part)], y[first : first + len(part)], w)  # views
+    return block_sums(X[part], y[part], w)
+
+
+def block_sums(
+    Xb: NDArray[np.float64], yb: NDArray[np.float64], w: NDArray[np.float64]
+) -> BlockSums:
+    """Unnormalised sums of one block of rows at the model ``w``: ``(loss, gradient, Hessian)``.
+
+    ``Xb`` (m, d) rows, ``yb`` (m,) float64 labels in {-1, +1}, ``w`` (d,): with margins
+    ``m_i = y_i w.x_i``, ``sum_i log(1 + exp(-m_i))``, ``sum_i -y_i expit(-m_i) x_i`` (d,) and
+    ``sum_i expit(m_i) expit(-m_i) x_i x_i^T`` (d, d) (the caller divides by the number of
+    rows and adds the regulariser: :func:`newton_from_block_sums`).
+    """
     margins = yb * (Xb @ w)
     curvature = expit(margins) * expit(-margins)
     return (
@@ -367,41 +377,65 @@ def _newton_streaming(
     n, d = len(rows), X.shape[1]
     starts = range(0, n, _STREAM_BLOCK)
     with forked_pool(_block_sums, (X, y, rows), workers=workers) as blocks:
+        return newton_from_block_sums(
+            lambda v: blocks([(start, v) for start in starts]), n, d, lam, tol, max_iter, peer
+        )
 
-        def at(v: NDArray[np.float64]) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
-            """Objective, gradient and Hessian of ``J`` at ``v``."""
-            loss, gradient, hessian = 0.0, np.zeros(d), np.zeros((d, d))
-            for block in blocks([(start, v) for start in starts]):  # added in block order
-                loss, gradient, hessian = loss + block[0], gradient + block[1], hessian + block[2]
-            value = loss / n + 0.5 * lam * float(v @ v)
-            return value, gradient / n + lam * v, hessian / n + lam * np.eye(d)
 
-        w = np.zeros(d)
-        value, gradient, hessian = at(w)
-        iteration = 0
+def newton_from_block_sums(
+    block_sums: Callable[[NDArray[np.float64]], Sequence[BlockSums]],
+    n: int,
+    d: int,
+    lam: float,
+    tol: float,
+    max_iter: int,
+    peer: int,
+) -> tuple[NDArray[np.float64], float, int]:
+    """The damped Newton of :func:`_newton_streaming`, its passes over the rows delegated.
+
+    ``block_sums(w)`` returns the :func:`_block_sums` of every block of the ``n`` rows at the
+    model ``w`` (d,), in block order (blocks of :data:`_STREAM_BLOCK` rows, however and
+    wherever they are computed: forked processes, or a Dask cluster's workers holding the
+    blocks, :mod:`p2pdp.experiments.cluster`); they are added here in that order, so the
+    model is the same bit for bit for any executor. Returns the weights (d,), the achieved
+    gradient norm and the Newton steps taken; P2PDPError (naming ``peer``) if ``max_iter``
+    steps do not reach ``tol`` or a line search fails.
+    """
+
+    def at(v: NDArray[np.float64]) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
+        """Objective, gradient and Hessian of ``J`` at ``v``."""
+        loss, gradient, hessian = 0.0, np.zeros(d), np.zeros((d, d))
+        for block in block_sums(v):  # added in block order
+            loss, gradient, hessian = loss + block[0], gradient + block[1], hessian + block[2]
+        value = loss / n + 0.5 * lam * float(v @ v)
+        return value, gradient / n + lam * v, hessian / n + lam * np.eye(d)
+
+    w = np.zeros(d)
+    value, gradient, hessian = at(w)
+    iteration = 0
+    while True:
+        grad_norm = float(np.linalg.norm(gradient))
+        if grad_norm <= tol:
+            return w, grad_norm, iteration
+        if iteration == max_iter:
+            raise P2PDPError(
+                f"Newton did not reach gradient norm <= {tol:g} in max_iter={max_iter} "
+                f"iterations: worst peer {peer} has gradient norm {grad_norm:.3e}"
+            )
+        iteration += 1
+        step = -np.asarray(np.linalg.solve(hessian, gradient), dtype=np.float64)
+        slope, length = float(gradient @ step), 1.0
         while True:
-            grad_norm = float(np.linalg.norm(gradient))
-            if grad_norm <= tol:
-                return w, grad_norm, iteration
-            if iteration == max_iter:
+            trial = w + length * step
+            trial_value, trial_gradient, trial_hessian = at(trial)
+            if trial_value <= value + _ARMIJO * length * slope + _ROUNDING_SLACK * abs(value):
+                break
+            length *= 0.5
+            if length < _MIN_STEP:
                 raise P2PDPError(
-                    f"Newton did not reach gradient norm <= {tol:g} in max_iter={max_iter} "
-                    f"iterations: worst peer {peer} has gradient norm {grad_norm:.3e}"
+                    f"line search failed at Newton iteration {iteration} for peer {peer}"
                 )
-            iteration += 1
-            step = -np.asarray(np.linalg.solve(hessian, gradient), dtype=np.float64)
-            slope, length = float(gradient @ step), 1.0
-            while True:
-                trial = w + length * step
-                trial_value, trial_gradient, trial_hessian = at(trial)
-                if trial_value <= value + _ARMIJO * length * slope + _ROUNDING_SLACK * abs(value):
-                    break
-                length *= 0.5
-                if length < _MIN_STEP:
-                    raise P2PDPError(
-                        f"line search failed at Newton iteration {iteration} for peer {peer}"
-                    )
-            w, value, gradient, hessian = trial, trial_value, trial_gradient, trial_hessian
+        w, value, gradient, hessian = trial, trial_value, trial_gradient, trial_hessian
 
 
 def _batches(
