@@ -14,9 +14,9 @@ import math
 import os
 import time
 import tracemalloc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from p2pdp.core.validation import IntAtLeast, OneOf
 from p2pdp.experiments.scenario import config_of
 from p2pdp.privacy.accounting import composed, make_accountant, supports
 from p2pdp.privacy.mechanisms import NoNoise
+from p2pdp.privacy.release import ReleaseRecord
 from p2pdp.protocols import ITERATIVE_COLUMNS
 from p2pdp.sim.waves import DRIVERS
 from p2pdp.sim.world import World, WorldObserver
@@ -110,7 +111,7 @@ class RunResult:
     guarantee_per_aggregation: tuple[float, float]
     guarantee: str = "exact"
     neighbouring_relation: str = "replace-one"
-    releases: list[dict[str, Any]] = field(default_factory=list)
+    releases: Sequence[dict[str, Any]] = field(default_factory=list)
     wall_times: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = float("nan")
     affordable_aggregations: int = -1
@@ -253,21 +254,44 @@ def _clears_phase(function: Callable[..., RunResult]) -> Callable[..., RunResult
     return cleared
 
 
+class ReleaseRows(Sequence[dict[str, Any]]):
+    """One row per release, ``{"time", "group", "curator", **record.as_row()}``, built when
+    read: it holds ``(time, group, curator, record)`` and shares the world's release records
+    (132 bytes a release instead of 524 for its dict: 0.4 GB less at a million releases)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[float, int, int, ReleaseRecord]] = []
+
+    def append(self, time: float, group: int, curator: int, record: ReleaseRecord) -> None:
+        self._entries.append((time, group, curator, record))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [_release_row(*entry) for entry in self._entries[index]]
+        return _release_row(*self._entries[index])
+
+
+def _release_row(time: float, group: int, curator: int, record: ReleaseRecord) -> dict[str, Any]:
+    return {"time": time, "group": group, "curator": curator, **record.as_row()}
+
+
 class ReleaseLog(WorldObserver):
     """Observer that records one row per release: the public record plus the time."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+        self.rows = ReleaseRows()
 
     def released(self, world, group, record) -> None:
-        self.rows.append(
-            {
-                "time": float(world.env.now),
-                "group": group.group_id,
-                "curator": group.curator,
-                **record.as_row(),
-            }
-        )
+        self.rows.append(float(world.env.now), group.group_id, group.curator, record)
 
 
 #: Where a one-shot run happens: the SimPy world, or real processes over TCP (p2pdp.net).
