@@ -279,6 +279,16 @@ class ReleaseRows(Sequence[dict[str, Any]]):
             return [_release_row(*entry) for entry in self._entries[index]]
         return _release_row(*self._entries[index])
 
+    def __eq__(self, other: object) -> bool:  # as the list of rows it stands for
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it stands for
+
+    def __repr__(self) -> str:
+        return f"ReleaseRows({list(self)!r})"
+
 
 def _release_row(time: float, group: int, curator: int, record: ReleaseRecord) -> dict[str, Any]:
     return {"time": time, "group": group, "curator": curator, **record.as_row()}
