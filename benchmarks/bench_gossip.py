@@ -48,11 +48,12 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def scenario(peers: int):
-    """The benchmarked scenario at ``peers`` peers."""
+def scenario(peers: int, formation: str = "auto"):
+    """The benchmarked scenario at ``peers`` peers (``gossip.formation = formation``)."""
     from p2pdp.config import (
         DataConfig,
         EvaluationConfig,
+        GossipConfig,
         GroupsConfig,
         NetworkConfig,
         PartitionConfig,
@@ -72,12 +73,13 @@ def scenario(peers: int):
         partition=PartitionConfig(n_peers=peers),
         privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=1.0 / AGGREGATIONS_PER_PEER),
         groups=GroupsConfig(sampler="gossip", group_size=GROUP_SIZE),
+        gossip=GossipConfig(formation=formation),
         network=NetworkConfig(latency="exponential"),
         evaluation=EvaluationConfig(split="fixed"),
     )
 
 
-def run_one(peers: int) -> dict:
+def run_one(peers: int, formation: str = "auto") -> dict:
     """One size, in the current process."""
     import simpy
 
@@ -103,7 +105,7 @@ def run_one(peers: int) -> dict:
     World.run = capturing_run
     try:
         start = time.perf_counter()
-        result = simulate(scenario(peers))
+        result = simulate(scenario(peers, formation))
         wall = time.perf_counter() - start
     finally:
         simpy.Environment.schedule = schedule
@@ -114,6 +116,7 @@ def run_one(peers: int) -> dict:
     simulation_s = result.wall_times["simulation"]
     return {
         "peers": peers,
+        "formation": type(sampler.formation).__name__,  # which driver ran (auto picks one)
         "aggregations": result.aggregations,
         "aborted_groups": result.aborted_groups,
         "stop_reason": result.stop_reason,
@@ -125,6 +128,7 @@ def run_one(peers: int) -> dict:
         "sim_time_s": world.monitor.end_time,
         "events": events,
         "events_per_s": events / simulation_s,
+        "events_per_aggregation": events / aggregations,
         "peak_mb": _peak_mb(),
         "attempts": sampler.attempts_started,
         "failed_attempts": sampler.attempts_failed,
@@ -165,10 +169,10 @@ def overlay_costs(peers: int) -> list[dict]:
     return rows
 
 
-def run_isolated(function, argument):
-    """``function(argument)`` in a fresh process, so its peak memory is its own."""
+def run_isolated(function, *arguments):
+    """``function(*arguments)`` in a fresh process, so its peak memory is its own."""
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(function, argument).result()
+        return pool.submit(function, *arguments).result()
 
 
 def largest_peers(rows: list[dict], memory_gib: float) -> tuple[float, int]:
@@ -184,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", type=int, default=None, help="run only this number of peers")
     parser.add_argument("--json", action="store_true", help="one JSON object per size")
     parser.add_argument("--overlays", action="store_true", help="measure overlay building")
+    parser.add_argument(
+        "--formation",
+        choices=("auto", "messages", "rounds"),
+        default="auto",
+        help="gossip.formation (auto: rounds from 10,000 peers)",
+    )
     parser.add_argument("--memory-gib", type=float, default=24.0, help="memory to extrapolate to")
     args = parser.parse_args(argv)
     sizes = (args.peers,) if args.peers else DEFAULT_SIZES
@@ -205,17 +215,18 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for peers in sizes:
-        row = run_isolated(run_one, peers)
+        row = run_isolated(run_one, peers, args.formation)
         rows.append(row)
         if args.json:
             print(json.dumps(row), flush=True)
         else:
             print(
-                f"P={row['peers']:>7}: aggregations={row['aggregations']:>6} "
+                f"P={row['peers']:>7} {row['formation']}: aggregations={row['aggregations']:>6} "
                 f"(attempts {row['attempts']}, {row['failed_attempts']} did not form) "
                 f"wall={row['wall_s']:.1f}s (training {row['training_s']:.1f}, simulation "
                 f"{row['simulation_s']:.1f}, evaluation {row['evaluation_s']:.1f}) "
                 f"sim time={row['sim_time_s']:.1f}s events={row['events']} "
+                f"({row['events_per_aggregation']:.0f} per aggregation) "
                 f"({row['events_per_s']:.0f}/s) peak={row['peak_mb']:.0f} MB "
                 f"messages/aggregation={row['messages_per_aggregation']:.0f} "
                 f"(formation {row['formation_messages_per_aggregation']:.0f}, "

@@ -232,3 +232,25 @@ def test_one_exchange_merges_as_merge_views_for_each_side(n_peers, view_size, se
     for peer, (ids, peer_stamps) in expected.items():
         np.testing.assert_array_equal(views.ids[peer], ids[0])
         np.testing.assert_array_equal(views.stamps[peer], peer_stamps[0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_peers=st.integers(3, 30), view_size=st.integers(1, 8), seed=st.integers(0, 10_000))
+def test_forgetting_many_at_once_is_forgetting_one_after_the_other(n_peers, view_size, seed):
+    """The rounds' batch of forgets (peers repeated, some entries absent) equals the calls."""
+    rng = np.random.default_rng(seed)
+    overlay = build_overlay(GossipConfig(overlay="erdos-renyi", edge_probability=1.0,
+                                         allow_disconnected=True), n_peers, rng=rng)  # fmt: skip
+    batched = Newscast(overlay, view_size, rng=rng)
+    one_by_one = Newscast(overlay, view_size, rng=np.random.default_rng(0))
+    one_by_one.ids, one_by_one.stamps = batched.ids.copy(), batched.stamps.copy()
+    n_empty = int(np.count_nonzero(batched.ids < 0))
+    peers = rng.integers(n_peers, size=2 * n_peers)
+    others = np.where(rng.random(peers.size) < 0.8, batched.ids[peers, 0], rng.integers(n_peers))
+    others = np.where(others < 0, rng.integers(n_peers, size=peers.size), others)
+    for peer, other in zip(peers.tolist(), others.tolist(), strict=True):
+        one_by_one.forget(peer, other)
+    batched.forget_all(peers, others)
+    np.testing.assert_array_equal(batched.ids, one_by_one.ids)
+    np.testing.assert_array_equal(batched.stamps, one_by_one.stamps)
+    assert np.count_nonzero(batched.ids < 0) > n_empty  # entries were forgotten

@@ -245,23 +245,25 @@ class RoundFormation(GossipFormation):
         if not rows.size:
             return
         attempts = self._attempts
-        ok = self._members_tied(rows, COMMITTED)
-        ok &= self.state[attempts.initiator[rows]] == INITIATING
-        ok &= self.bound[attempts.initiator[rows]] == attempts.id[rows]
-        done = []
-        for row, can_start in zip(rows.tolist(), ok.tolist(), strict=True):
-            initiator = int(attempts.initiator[row])
-            if can_start and not self.stopped and self.online[initiator]:
-                members = np.concatenate([[initiator], attempts.accepted[row]]).astype(np.int64)
-                curator = int(members[int(attempts.nonce_sum[row]) % self.group_size])
-                self.state[members] = IN_GROUP
-                self.bound[members] = -1
-                self.lock_until[members] = np.inf
-                self._on_formed(members, curator)
+        initiators = attempts.initiator[rows]
+        ok = self._members_tied(rows, COMMITTED) & self.online[initiators] & (not self.stopped)
+        ok &= (self.state[initiators] == INITIATING) & (self.bound[initiators] == attempts.id[rows])
+        # the groups that start, all at once: their peers are bound to them alone, so no
+        # abandoned attempt below reads or frees them
+        groups = np.concatenate([initiators[ok, None], attempts.accepted[rows[ok]]], axis=1)
+        chosen = attempts.nonce_sum[rows[ok]] % self.group_size
+        curators = groups[np.arange(groups.shape[0]), chosen]
+        self.state[groups] = IN_GROUP
+        self.bound[groups] = -1
+        self.lock_until[groups] = np.inf
+        formed = zip(groups, curators.tolist(), strict=True)
+        for row, starts in zip(rows.tolist(), ok.tolist(), strict=True):
+            if starts:  # in row order: the abandons' draws and the world's events keep theirs
+                members, curator = next(formed)
+                self._on_formed(members.copy(), curator)
             else:
                 self._abandon_row(row)
-            done.append(row)
-        self._finish(np.array(done, dtype=np.int64))
+        self._finish(rows)
 
     def _commit(self, rows: np.ndarray) -> None:
         """``START`` to the members, ``ACK`` back: they commit to submit."""
@@ -441,10 +443,7 @@ class RoundFormation(GossipFormation):
         self._append(attempts.accepted, attempts.n_accepted, to_rows, members, arrival[winners])
         # decliners: retired ones are forgotten, the others asked again next round
         retired = self.state[candidates[losers]] == RETIRED
-        for initiator, peer in zip(
-            initiators[losers[retired]].tolist(), candidates[losers[retired]].tolist(), strict=True
-        ):
-            self.views.forget(initiator, peer)
+        self.newscast.forget_all(initiators[losers[retired]], candidates[losers[retired]])
         busy = losers[~retired]
         self._append(attempts.declined, attempts.n_declined, rows[busy], candidates[busy], None)
         complete = inviting[attempts.n_accepted[inviting] == self.group_size - 1]

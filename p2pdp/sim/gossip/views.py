@@ -156,6 +156,22 @@ class Newscast:
         self.ids[peer, n_kept:] = -1
         self.stamps[peer, n_kept:] = -np.inf
 
+    def forget_all(self, peers: np.ndarray, others: np.ndarray) -> None:
+        """:meth:`forget` ``others[k]`` from ``peers[k]``'s view for every k at once (pairs
+        may share a peer; the result is that of the calls one after the other)."""
+        if not peers.size:
+            return
+        rows, inverse = np.unique(peers, return_inverse=True)
+        hits = self.ids[peers] == others[:, None]  # (k, c): where each pair's entry sits
+        drop = np.zeros((rows.size, self.view_size), dtype=bool)
+        np.logical_or.at(drop, inverse, hits)
+        order = np.argsort(drop, axis=1, kind="stable")  # kept entries first, in order
+        ids = np.take_along_axis(self.ids[rows], order, 1)
+        stamps = np.take_along_axis(self.stamps[rows], order, 1)
+        dropped = np.take_along_axis(drop, order, 1)
+        ids[dropped], stamps[dropped] = -1, -np.inf
+        self.ids[rows], self.stamps[rows] = ids, stamps
+
     def partners(self, peers: np.ndarray, *, rng: np.random.Generator) -> np.ndarray:
         """A uniformly random view member per peer, (n,) int; -1 for an empty view."""
         counts = np.count_nonzero(self.ids[peers] >= 0, axis=1)
