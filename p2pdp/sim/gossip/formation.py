@@ -77,6 +77,27 @@ class _Timer:
         return bool(self.event.processed)
 
 
+def protocol_arguments(
+    world: World, views: Newscast, *, uniform: Callable[[], float], rng: np.random.Generator
+) -> dict[str, Any]:
+    """The :class:`~p2pdp.protocols.gossip.GossipFormation` arguments of ``world``'s
+    formation, whichever driver advances it (per message here, or in rounds)."""
+    config, env = world.config, world.env
+    return {
+        "group_size": config.groups.group_size,
+        "max_failed": config.groups.max_failed_attempts,
+        "params": config.gossip,
+        "collect_timeout": config.groups.collect_timeout,
+        "views": views,
+        "clock": lambda: env.now,
+        "online": world.online,
+        "can_afford": world.ledger.can_afford,
+        "solvent": int(np.count_nonzero(world.ledger.active_mask())),
+        "uniform": uniform,
+        "rng": rng,
+    }
+
+
 class GroupFormation(GossipFormation):
     """The formation protocol, every peer's side, driven by the world's clock and transport.
 
@@ -109,27 +130,13 @@ class GroupFormation(GossipFormation):
         on_formed: Callable[[np.ndarray, int], None],
         on_attempt_over: Callable[[], None],
     ) -> None:
-        config = world.config
-        env = world.env
-        super().__init__(
-            group_size=config.groups.group_size,
-            max_failed=config.groups.max_failed_attempts,
-            params=config.gossip,
-            collect_timeout=config.groups.collect_timeout,
-            views=views,
-            clock=lambda: env.now,
-            online=world.online,
-            can_afford=world.ledger.can_afford,
-            solvent=int(np.count_nonzero(world.ledger.active_mask())),
-            uniform=uniform,
-            rng=rng,
-        )
+        super().__init__(**protocol_arguments(world, views, uniform=uniform, rng=rng))
         self.world = world
-        self.env = env
+        self.env = world.env
         self._on_formed = on_formed
         self._on_attempt_over = on_attempt_over
         self._wakes: dict[int, simpy.Event] = {}  # attempt -> the event its initiator awaits
-        self._bytes = message_bytes(config.groups.group_size)
+        self._bytes = message_bytes(self.group_size)
 
     def advance(self, tick: float) -> None:
         """At a tick of the sampler's clock: schedule the initiations due before the next

@@ -73,7 +73,7 @@ from p2pdp.protocols.gossip import (
     START,
     GossipFormation,
 )
-from p2pdp.sim.gossip.formation import message_bytes
+from p2pdp.sim.gossip.formation import message_bytes, protocol_arguments
 
 if TYPE_CHECKING:  # the world imports the gossip package lazily
     from p2pdp.config import ScenarioConfig
@@ -183,27 +183,13 @@ class RoundFormation(GossipFormation):
         on_formed: Callable[[np.ndarray, int], None],
         on_attempt_over: Callable[[], None],
     ) -> None:
-        config = world.config
-        env = world.env
-        super().__init__(
-            group_size=config.groups.group_size,
-            max_failed=config.groups.max_failed_attempts,
-            params=config.gossip,
-            collect_timeout=config.groups.collect_timeout,
-            views=views,
-            clock=lambda: env.now,
-            online=world.online,
-            can_afford=world.ledger.can_afford,
-            solvent=int(np.count_nonzero(world.ledger.active_mask())),
-            uniform=uniform,
-            rng=rng,
-        )
+        super().__init__(**protocol_arguments(world, views, uniform=uniform, rng=rng))
         self.world = world
         self.newscast = views
         self._on_formed = on_formed
         self._on_attempt_over = on_attempt_over
         self._bytes = message_bytes(self.group_size)
-        width = (config.gossip.max_retries + 1) * config.gossip.view_size
+        width = (self.params.max_retries + 1) * self.params.view_size
         self._attempts = _Attempts(self.group_size, width)
         self._tick_index = 0
         self._round_ticks = 0  # ticks per retry round, set at the first tick
