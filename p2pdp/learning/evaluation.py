@@ -533,7 +533,7 @@ def linear_error(weights: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarra
     with _scoring_threads(workers):
         parts = forked_map(
             _linear_wrong,
-            (weights, X, np.asarray(y) == 1),
+            (weights, X, np.asarray(y)),
             _split(blocks, workers),
             workers=workers,
         )
@@ -544,8 +544,11 @@ def _linear_wrong(
     problem: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list[slice]
 ) -> np.ndarray:
     """Wrong labels of the models ``weights[blocks]`` on every row (label +1 where the
-    margin is >= 0), ``problem = (weights, X, y == 1)``."""
-    weights, X, positive = problem
+    margin is >= 0, else -1), ``problem = (weights, X, y)``."""
+    weights, X, y = problem
     return np.concatenate(
-        [np.count_nonzero((weights[models] @ X.T >= 0) != positive, axis=1) for models in blocks]
+        [
+            np.count_nonzero(np.where(weights[models] @ X.T >= 0, 1, -1) != y, axis=1)
+            for models in blocks
+        ]
     )
