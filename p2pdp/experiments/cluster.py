@@ -58,6 +58,7 @@ from p2pdp.data.partition import contiguous_starts
 from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
 from p2pdp.learning.evaluation import make_ensemble_rule
 from p2pdp.learning.models import (
+    MAX_NEWTON_STEPS,
     STREAM_MIN_ROWS,
     BlockSums,
     LocalModels,
@@ -186,7 +187,7 @@ def prepare_on_cluster(
         fitted.n_features_out,
         config.training.lam,
         LogisticModel.gradient_tolerance,
-        50,  # fit_local_models' max_iter
+        MAX_NEWTON_STEPS,
         0,
     )
     X_test = np.concatenate([test[0] for test in tests])

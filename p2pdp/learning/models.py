@@ -119,6 +119,8 @@ def logistic_objective_gradient(
     return float(value), gradient
 
 
+#: Newton steps :func:`fit_local_models` allows by default (from ``w = 0`` it takes 5-15).
+MAX_NEWTON_STEPS = 50
 #: Shards whose indices :func:`_validate` range-checks with one numpy call.
 _CHECK_SHARDS = 4096
 
@@ -494,7 +496,7 @@ def fit_local_models(
     lam: float,
     *,
     tol: float = GRADIENT_TOLERANCE,
-    max_iter: int = 50,
+    max_iter: int = MAX_NEWTON_STEPS,
     method: str = "auto",
     chunk_size: int | None = None,
     workers: int | None = None,
