@@ -11,6 +11,8 @@ passes over the rows), and :func:`shared_empty` allocates an array the forked wo
 into (a large data set generated or transformed block by block in the workers).
 :func:`remote_workers` sends :func:`forked_map`'s pieces to other machines instead (a Dask
 cluster's workers scoring one large run's peers, :mod:`p2pdp.experiments.cluster`).
+:func:`in_background` computes one function in a forked process while this one goes on (a
+large run's centralised reference during its simulation, which runs in one process).
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ import contextlib
 import contextvars
 import mmap
 import multiprocessing
+import os
 import signal
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
+
+from p2pdp.core.errors import P2PDPError
 
 _WORKERS: contextvars.ContextVar[int] = contextvars.ContextVar("local_workers", default=1)
 
@@ -146,6 +152,92 @@ def forked_pool(
             )
     finally:
         _TASK = None
+
+
+class Background(Generic[_R]):
+    """``function(shared)`` being computed in one forked process (:func:`in_background`).
+
+    :meth:`result` waits for it (in the process that started it). Pickling waits for it too
+    and pickles the value. A background process whose result is never read is stopped when
+    this object is collected, or when the interpreter exits (it is a daemon).
+    """
+
+    def __init__(self, function: Callable[[_S], _R], shared: _S, *, what: str) -> None:
+        context = multiprocessing.get_context("fork")
+        self._receive, send = context.Pipe(duplex=False)
+        process = context.Process(
+            target=_background_main, args=(function, shared, send), daemon=True
+        )
+        process.start()
+        send.close()  # the child holds the only write end left here
+        self._process, self._owner, self._what = process, os.getpid(), what
+        self._done: tuple[_R] | None = None
+        self._stop = weakref.finalize(self, _stop_background, process, self._receive)
+
+    def result(self) -> _R:
+        """The value of ``function(shared)``, once the background process has sent it (its
+        exception, re-raised here, if it raised one)."""
+        if self._done is None:
+            if os.getpid() != self._owner:
+                raise RuntimeError(
+                    f"{self._what} is computed in a background process of process "
+                    f"{self._owner}: read it there before forking"
+                )
+            try:
+                ok, value = self._receive.recv()
+            except EOFError:
+                self._stop()
+                raise P2PDPError(
+                    f"the background process computing {self._what} died (exit code "
+                    f"{self._process.exitcode})"
+                ) from None
+            self._stop()
+            if not ok:
+                raise value
+            self._done = (value,)
+        return self._done[0]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_value, (self.result(),))
+
+
+def _value(value: _R) -> _R:
+    return value
+
+
+def _background_main(function: Callable[[Any], Any], shared: Any, send: Any) -> None:
+    """A :class:`Background`'s process: compute, send ``(True, value)`` or ``(False, error)``."""
+    _pool_worker()
+    try:
+        message: tuple[bool, Any] = (True, function(shared))
+    except BaseException as error:  # re-raised in the parent
+        message = (False, error)
+    try:
+        send.send(message)
+    except Exception as error:  # an exception or value that does not pickle
+        send.send((False, P2PDPError(f"{type(error).__name__}: {error}")))
+    send.close()
+
+
+def _stop_background(process: Any, receive: Any) -> None:
+    receive.close()
+    if process.is_alive():
+        process.terminate()
+    process.join()
+
+
+def in_background(function: Callable[[_S], _R], shared: _S, *, what: str) -> Background[_R] | _R:
+    """``function(shared)``: started in one forked process, a :class:`Background` returned at
+    once, or computed here where the platform cannot fork.
+
+    ``shared`` is inherited (copy-on-write), never pickled; the value is pickled back. The
+    process counts as a worker (:func:`current_workers` is 1 in it), so it forks nothing of
+    its own. ``what`` names the value in errors. For work whose value is not needed until
+    later while this process is busy with something serial.
+    """
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return function(shared)
+    return Background(function, shared, what=what)
 
 
 class _SharedMemory(mmap.mmap):

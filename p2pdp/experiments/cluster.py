@@ -203,7 +203,7 @@ def prepare_on_cluster(
         fold=fold_data,
         shards=(),
         models=models,
-        centralized=centralized,
+        reference=centralized,
         key=training_key(config, fold=fold, repetition=repetition),
     )
 

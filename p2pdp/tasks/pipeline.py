@@ -21,6 +21,7 @@ import numpy as np
 from p2pdp.config import DataConfig, EvaluationConfig, PartitionConfig, ScenarioConfig
 from p2pdp.core.boundary import calling, check_numbers, check_type
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.parallel import Background, current_workers, in_background
 from p2pdp.core.rng import generator
 from p2pdp.data.datasets import RawData, load_data
 from p2pdp.data.partition import (
@@ -32,7 +33,13 @@ from p2pdp.data.partition import (
     stratified_folds,
 )
 from p2pdp.data.preprocess import Preprocessor
-from p2pdp.learning.models import LocalModel, LocalModels, LogisticModel, make_model
+from p2pdp.learning.models import (
+    STREAM_MIN_ROWS,
+    LocalModel,
+    LocalModels,
+    LogisticModel,
+    make_model,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,20 +65,28 @@ class FoldData:
 class TrainedPeers:
     """A fold, its peer shards (index arrays into ``fold.X_train``) and the exact local models.
 
-    ``centralized`` is the non-private model fitted on all of the fold's training rows, the
-    upper reference line of every accuracy result. ``key`` is the :func:`training_key` it was
-    prepared for (``None`` if built by hand): a simulation refuses models of another key.
-    ``cache`` holds what a task computes lazily from this training and reuses across cells.
+    ``reference`` is the non-private model fitted on all of the fold's training rows, the
+    upper reference line of every accuracy result (d,), or the :class:`~p2pdp.core.parallel.
+    Background` solving it (:func:`train_peers`); read it as :attr:`centralized`. ``key`` is
+    the :func:`training_key` it was prepared for (``None`` if built by hand): a simulation
+    refuses models of another key. ``cache`` holds what a task computes lazily from this
+    training and reuses across cells.
     """
 
     fold: FoldData
     shards: tuple[np.ndarray, ...]
     models: LocalModels
-    centralized: np.ndarray
+    reference: np.ndarray | Background[np.ndarray] = field(compare=False)
     key: tuple | None = None
     #: Lazily computed, per-training-key extras a task shares between the runs of this fold
     #: (e.g. the logistic task's k-fold refits of the own models); not part of equality.
     cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def centralized(self) -> np.ndarray:
+        """The centralised model (d,), waiting for it if it is still being solved."""
+        reference = self.reference
+        return reference.result() if isinstance(reference, Background) else reference
 
 
 def load_fold(
@@ -263,10 +278,31 @@ def train_peers(
     model = model if model is not None else LogisticModel()
     shards = peer_shards(fold, partition_config, rng=rng, fold_name=fold_name)
     models = _fit(model, fold, shards, lam)
-    everyone = _fit(model, fold, [np.arange(len(fold.y_train))], lam)
-    return TrainedPeers(
-        fold=fold, shards=tuple(shards), models=models, centralized=everyone.weights[0], key=key
+    everyone = (model, fold, lam)
+    reference = (
+        in_background(_centralised, everyone, what="the centralised reference model")
+        if current_workers() > 1
+        and len(fold.y_train) >= BACKGROUND_MIN_ROWS
+        and type(model) is LogisticModel
+        else _centralised(everyone)
     )
+    return TrainedPeers(
+        fold=fold, shards=tuple(shards), models=models, reference=reference, key=key
+    )
+
+
+#: With several local workers (:func:`p2pdp.core.parallel.local_workers`) and at least this
+#: many training rows, :func:`train_peers` solves the centralised reference in a background
+#: process and returns at once: a run's simulation is one process and reads only the local
+#: models, so the reference overlaps it (its evaluation waits for it). The same model, bit
+#: for bit (:func:`p2pdp.learning.models.fit_local_models` does not depend on the workers).
+BACKGROUND_MIN_ROWS = STREAM_MIN_ROWS
+
+
+def _centralised(everyone: tuple[LocalModel, FoldData, float]) -> np.ndarray:
+    """The model fitted on every training row of the fold, ``everyone = (model, fold, lam)``."""
+    model, fold, lam = everyone
+    return _fit(model, fold, [np.arange(len(fold.y_train))], lam).weights[0]
 
 
 def own_peers(
@@ -297,7 +333,7 @@ def own_peers(
         fold=fold,
         shards=tuple(shards),
         models=models,
-        centralized=np.full(X.shape[1], np.nan),
+        reference=np.full(X.shape[1], np.nan),
         key=key,
     )
 

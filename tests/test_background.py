@@ -1,0 +1,120 @@
+"""One value computed in a forked background process (:func:`p2pdp.core.parallel.in_background`),
+and the large run's centralised reference solved that way while its simulation runs."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+
+import numpy as np
+import pytest
+
+from p2pdp.core.errors import ConfigError, P2PDPError
+from p2pdp.core.parallel import (
+    Background,
+    current_workers,
+    forked_map,
+    in_background,
+    local_workers,
+)
+from p2pdp.experiments.scenario import config_of, parse_scenario
+from p2pdp.experiments.simulation import simulate
+from p2pdp.tasks import pipeline
+
+SCENARIO = """
+name = "background"
+seed = 3
+
+[data]
+dataset = "synthetic"
+synthetic_rows = 3000
+synthetic_test_rows = 400
+synthetic_features = 6
+
+[partition]
+n_peers = 150
+
+[groups]
+group_size = 5
+
+[evaluation]
+split = "fixed"
+"""
+
+
+def _square_and_workers(x):
+    return x * x, current_workers(), os.getpid()
+
+
+def _fail(message):
+    raise ConfigError(message)
+
+
+def _die(code):
+    os._exit(code)
+
+
+def _read(background, _item):
+    return background.result()
+
+
+def test_the_value_comes_from_another_process_that_forks_nothing():
+    background = in_background(_square_and_workers, np.arange(4.0), what="a square")
+    assert isinstance(background, Background)
+    square, workers, pid = background.result()
+    np.testing.assert_array_equal(square, np.arange(4.0) ** 2)
+    assert workers == 1 and pid != os.getpid()  # a worker: its own pieces run in it
+    assert background.result()[2] == pid  # read once, kept
+
+
+def test_its_error_is_raised_where_the_value_is_read():
+    background = in_background(_fail, "lam = -1 is not > 0", what="a model")
+    with pytest.raises(ConfigError, match="lam = -1 is not > 0"):
+        background.result()
+
+
+def test_a_process_that_dies_is_an_error_naming_what_it_computed():
+    background = in_background(_die, 3, what="the centralised reference model")
+    with pytest.raises(P2PDPError, match="computing the centralised reference model died .*3"):
+        background.result()
+
+
+def test_only_the_process_that_started_it_reads_it_and_pickling_waits():
+    background = in_background(_square_and_workers, 3.0, what="a square")
+    with pytest.raises(RuntimeError, match="read it there before forking"):
+        forked_map(_read, background, [0, 1], workers=2)
+    assert pickle.loads(pickle.dumps(background))[0] == 9.0
+
+
+def test_an_unread_background_process_is_stopped_when_collected():
+    background = in_background(time.sleep, 60, what="a nap")
+    process = background._process
+    del background
+    process.join(timeout=10)
+    assert not process.is_alive()
+
+
+def test_a_large_run_with_workers_solves_its_reference_in_the_background(monkeypatch):
+    """Wiring: with 2 local workers and a large enough fold, prepare_peers returns before
+    the centralised model is solved, the run reads it once scored, and every row (the
+    centralised error included) equals the run whose reference was solved in-process."""
+    config = config_of(parse_scenario(SCENARIO))
+    alone = pipeline.prepare_peers(config, fold=0)
+    assert isinstance(alone.reference, np.ndarray)  # one worker: solved in-process
+    monkeypatch.setattr(pipeline, "BACKGROUND_MIN_ROWS", 1000)
+    with local_workers(2):
+        trained = pipeline.prepare_peers(config, fold=0)
+        assert isinstance(trained.reference, Background)  # did not wait for it
+        result = simulate(config, fold=0, trained=trained)
+    np.testing.assert_allclose(trained.centralized, alone.centralized, rtol=0, atol=1e-12)
+    expected = simulate(config, fold=0, trained=alone).row()
+    row = result.row()
+    assert row["centralized_error"] == expected["centralized_error"]
+    timing = {key for key in row if key.startswith("wall_")}
+    assert {k: v for k, v in row.items() if k not in timing} == {
+        k: v for k, v in expected.items() if k not in timing
+    }
+    monkeypatch.setattr(pipeline, "BACKGROUND_MIN_ROWS", 10**9)
+    with local_workers(2):
+        assert isinstance(pipeline.prepare_peers(config, fold=0).reference, np.ndarray)
