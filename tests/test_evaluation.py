@@ -75,16 +75,40 @@ def test_many_models_are_read_a_chunk_of_rows_at_a_time(monkeypatch):
     width = ensembles.n_peers + ensembles.published.shape[0]
     monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 2 * (width + 1))
     chunks = []
-    scores = evaluation.ensemble_scores
+    margins = evaluation._margins
 
-    def counting(ensembles, X, *, vote):
+    def counting(ensembles, X):
         chunks.append(len(X))
-        return scores(ensembles, X, vote=vote)
+        return margins(ensembles, X)
 
-    monkeypatch.setattr(evaluation, "ensemble_scores", counting)
+    monkeypatch.setattr(evaluation, "_margins", counting)
     evaluate_ensembles(ensembles, X, y, vote="majority")
     rows = evaluation._MIN_CHUNK_ROWS
     assert chunks[: -(-97 // rows)] == [rows] * (97 // rows) + [97 % rows]
+
+
+@pytest.mark.parametrize("vote", ["majority", "mean-margin", "average"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_own_errors_are_counted_from_the_scoring_margins(vote, workers, monkeypatch):
+    """The own models' errors a one-shot run reports come from the margins its ensembles'
+    scoring computes (no second product): equal to linear_error of the own models, in one
+    chunk or many, in one process or two."""
+    from p2pdp.core.parallel import local_workers
+    from p2pdp.learning import evaluation
+
+    rng = np.random.default_rng(5)
+    local, published, shared, pairs, X, y = _random_world(rng, n_peers=9, n_rows=97)
+    local[0] = 0.0  # a zero margin: label +1, as linear_error counts it
+    ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
+    expected = linear_error(local, X, y)
+    assert evaluate_ensembles(ensembles, X, y, vote=vote).own_errors is None
+    monkeypatch.setattr(evaluation, "PARALLEL_MIN_PEERS", 2)
+    monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 50)
+    monkeypatch.setattr(evaluation, "_MIN_CHUNK_ROWS", 1)
+    with local_workers(workers):
+        metrics = evaluate_ensembles(ensembles, X, y, vote=vote, own_errors=True)
+    np.testing.assert_array_equal(metrics.own_errors, expected)
+    assert 0 < expected.min() < expected.max() < 1
 
 
 def test_chunked_evaluation_equals_single_chunk(monkeypatch):

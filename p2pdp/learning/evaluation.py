@@ -343,10 +343,14 @@ def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str | Ensemble
     Memory grows with ``n_rows * P``: use :func:`evaluate_ensembles` for large runs, which
     streams over row chunks.
     """
-    rule = make_ensemble_rule(vote)
+    return _scores(make_ensemble_rule(vote), ensembles, _margins(ensembles, X))
+
+
+def _margins(ensembles: Ensembles, X: np.ndarray) -> Margins:
+    """The :class:`Margins` of the rows ``X`` (n, d)."""
     # Work in (peers or models) x rows orientation: contiguous operands for the sparse product.
     rows_t = np.ascontiguousarray(X.T)
-    margins = Margins(
+    return Margins(
         own=ensembles.local_weights @ rows_t,
         published=ensembles.published @ rows_t,
         shared=ensembles.shared.astype(np.float64),
@@ -354,9 +358,14 @@ def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str | Ensemble
         noise_std=ensembles.noise_std,
         rows=X,
     )
+
+
+def _scores(rule: EnsembleRule, ensembles: Ensembles, margins: Margins) -> np.ndarray:
+    """``rule``'s scores of ``margins``, (n_rows, P), checked."""
     with calling("ensemble", rule, "scores"):
         scores = rule.scores(margins)
-    return check_numbers(scores, "ensemble", rule, "scores", shape=(X.shape[0], ensembles.n_peers))
+    shape = (margins.published.shape[1], ensembles.n_peers)
+    return check_numbers(scores, "ensemble", rule, "scores", shape=shape)
 
 
 def predict(scores: np.ndarray) -> np.ndarray:
@@ -380,6 +389,9 @@ class Metrics:
     roc_fpr: np.ndarray
     roc_tpr: np.ndarray
     auc: float
+    #: Each peer's own model's error alone (P,), when :func:`evaluate_ensembles` was asked for
+    #: it (``own_errors=True``), else None.
+    own_errors: np.ndarray | None = None
 
     def summary(self) -> dict[str, float]:
         e = self.errors
@@ -400,8 +412,13 @@ def evaluate_ensembles(
     *,
     vote: str | EnsembleRule,
     own: PeerData | None = None,
+    own_errors: bool = False,
 ) -> Metrics:
     """Per-peer errors, pooled confusion matrix, and the best peer's ROC, in row chunks.
+
+    With ``own_errors``, :attr:`Metrics.own_errors` is also each peer's own model's error
+    alone (what :func:`linear_error` gives for ``ensembles.local_weights``), counted from the
+    own margins the scoring computes anyway instead of a second product.
 
     The rule is fitted once (:meth:`EnsembleRule.fit`, with ``own`` for rules that need the
     peers' own shards), then scores every row block. From :data:`PARALLEL_MIN_PEERS` peers
@@ -422,11 +439,15 @@ def evaluate_ensembles(
     blocks = _row_blocks(n_rows, n_peers + ensembles.published.shape[0])
     with _scoring_threads(workers):
         parts = forked_map(
-            _count_errors, (ensembles, X, y, vote), _split(blocks, workers), workers=workers
+            _count_errors,
+            (ensembles, X, y, vote, own_errors),
+            _split(blocks, workers),
+            workers=workers,
         )
     wrong = sum(part[0] for part in parts)
     predicted_positive_on_pos = sum(part[1] for part in parts)
     predicted_positive_on_neg = sum(part[2] for part in parts)
+    own_wrong = sum(part[4] for part in parts) if own_errors else None
     n_pos = int((y == 1).sum()) * n_peers
     n_neg = n_rows * n_peers - n_pos
     confusion = np.array(
@@ -452,7 +473,13 @@ def evaluate_ensembles(
     else:  # a test set with one class has no ROC
         fpr, tpr, area = np.array([0.0, 1.0]), np.array([0.0, 1.0]), float("nan")
     return Metrics(
-        errors=errors, confusion=confusion, best_peer=best, roc_fpr=fpr, roc_tpr=tpr, auc=area
+        errors=errors,
+        confusion=confusion,
+        best_peer=best,
+        roc_fpr=fpr,
+        roc_tpr=tpr,
+        auc=area,
+        own_errors=None if own_wrong is None else own_wrong / n_rows,
     )
 
 
@@ -474,22 +501,28 @@ def _split(blocks: list[slice], workers: int) -> list[list[slice]]:
 
 
 def _count_errors(
-    problem: tuple[Ensembles, np.ndarray, np.ndarray, EnsembleRule], blocks: list[slice]
-) -> tuple[np.ndarray, int, int, np.ndarray | None]:
+    problem: tuple[Ensembles, np.ndarray, np.ndarray, EnsembleRule, bool], blocks: list[slice]
+) -> tuple[np.ndarray, int, int, np.ndarray | None, np.ndarray]:
     """Errors of every peer's ensemble on the test rows of ``blocks``: wrong labels per peer
     (P,), positive predictions on positive rows and on negative rows (summed over the
-    peers), and the scores of the last block's rows when it is the only one (else None)."""
-    ensembles, X, y, vote = problem
+    peers), the scores of the last block's rows when it is the only one (else None), and
+    (when ``problem``'s last item is True, else zeros) wrong labels per peer of the own
+    model alone (P,), as :func:`_linear_wrong` counts them."""
+    ensembles, X, y, vote, own_errors = problem
     wrong = np.zeros(ensembles.n_peers, dtype=np.int64)
+    own_wrong = np.zeros(ensembles.n_peers, dtype=np.int64)
     on_positive = on_negative = 0
     for rows in blocks:
-        scores = ensemble_scores(ensembles, X[rows], vote=vote)
+        margins = _margins(ensembles, X[rows])
+        scores = _scores(vote, ensembles, margins)
         labels = predict(scores)
         wrong += (labels != y[rows][:, None]).sum(axis=0)
         positive = labels == 1
         on_positive += int(positive[y[rows] == 1].sum())
         on_negative += int(positive[y[rows] != 1].sum())
-    return wrong, on_positive, on_negative, scores if len(blocks) == 1 else None
+        if own_errors:
+            own_wrong += np.count_nonzero(np.where(margins.own >= 0, 1, -1) != y[rows], axis=1)
+    return wrong, on_positive, on_negative, scores if len(blocks) == 1 else None, own_wrong
 
 
 def _first_scores(

@@ -340,7 +340,12 @@ class LogisticEnsembles:
         self, prepared: TrainedPeers, ensembles: Any, rule: Any, own: PeerData | None
     ) -> LogisticEvaluation:
         data = prepared.fold
-        metrics = evaluate_ensembles(ensembles, data.X_test, data.y_test, vote=rule, own=own)
+        # the ensembles' own models are the local models (one-shot): their errors come
+        # from the scoring's own margins
+        local = ensembles.local_weights is prepared.models.weights
+        metrics = evaluate_ensembles(
+            ensembles, data.X_test, data.y_test, vote=rule, own=own, own_errors=local
+        )
         best_error = best_lam = None
         if self.config.evaluation.best_lambda_reference:
             reference = self.best_lambda_reference(prepared)
@@ -351,7 +356,11 @@ class LogisticEnsembles:
             centralized_error=float(
                 linear_error(prepared.centralized, data.X_test, data.y_test)[0]
             ),
-            local_only_errors=linear_error(prepared.models.weights, data.X_test, data.y_test),
+            local_only_errors=(
+                metrics.own_errors
+                if metrics.own_errors is not None
+                else linear_error(prepared.models.weights, data.X_test, data.y_test)
+            ),
             ensemble_sizes=ensembles.sizes(),
             centralized_best_lambda_error=best_error,
             centralized_best_lambda=best_lam,
