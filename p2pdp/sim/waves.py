@@ -31,8 +31,7 @@ wave by wave, without an event or a message object:
   same order per group (the curator's row, then the members'), and published with the noise,
   so ``world.published``, ``shared``, ``receipts`` and ``release_members`` grow by chunks
   (observers read what their hooks pass, the clock and the ledger:
-  :class:`~p2pdp.sim.world.WorldObserver`; only the observers that override a hook are
-  called);
+  :class:`~p2pdp.sim.world.WorldObserver`);
 - receipts, message and byte counters, ``sim_time`` and the stop reason are what the
   transport and completion monitor would have recorded (a ``PUBLISH`` of one wave reaches its
   members before the next wave's curators collect).
@@ -126,10 +125,6 @@ def run_waves(world: World) -> None:
     sensitivity, draw, record = world.sensitivity, releaser.noise.draw, releaser.record
     spend = ledger.spend_drawn  # the pool holds distinct solvent ids: only the budget is checked
     releases = world.releases
-    from p2pdp.sim.world import _overriding  # (the world imports this module)
-
-    started_observers = _overriding(observers, "group_started")
-    released_observers = _overriding(observers, "released")
     scales: dict[tuple[int, ...], float] = {}
     pending = _Pending()  # what no observer reads, published by chunks
     now = env.now  # 0: every peer is ready at the start
@@ -145,7 +140,7 @@ def run_waves(world: World) -> None:
             group = Group(world._next_group, members_array, curator, started=now)
             world._next_group += 1
             wave.append(group)
-            for observer in started_observers:
+            for observer in observers:
                 observer.group_started(world, group)
         now = now + assign_delay  # the members get their ASSIGN ...
         if g > 1:
@@ -165,7 +160,7 @@ def run_waves(world: World) -> None:
             noise = draw(scale)
             release = record(g, group.sizes, scale, math.sqrt(float(noise @ noise)))
             releases.append(release)
-            for observer in released_observers:
+            for observer in observers:
                 observer.released(world, group, release)
             pending.rows.append(order)
             pending.members.append(members)
