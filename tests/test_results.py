@@ -320,9 +320,9 @@ def test_bad_table_names_and_rows_are_refused(tmp_path):
 
 
 def test_a_column_table_is_written_as_its_rows_would_be(tmp_path):
-    """The same bytes as csv.writer on the rows as dicts, whatever the values: floats told
-    apart by their bits (-0.0, 0.0, NaN, inf, a float equal to an int), ints beyond int64,
-    bools, strings that need quoting, None, numpy scalars, and columns mixing them."""
+    """The same bytes as csv.writer on the rows as dicts, whatever the values: floats (-0.0
+    and 0.0, NaN, inf, equal to an int), ints beyond int64, bools, strings that need quoting,
+    None, numpy scalars, columns mixing them and columns of one object."""
     rng = np.random.default_rng(3)
     n = 40
     floats = rng.choice([0.1, -0.0, 0.0, 1.0, 1e-300, math.inf, -math.inf, math.nan, 2.5], n)

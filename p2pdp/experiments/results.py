@@ -40,7 +40,9 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import itertools
 import json
+import operator
 import os
 import platform
 import re
@@ -114,8 +116,8 @@ class ColumnTable(Sequence[dict[str, Any]]):
     (``str`` of each value, ``repr`` of a float, quoted as :mod:`csv` quotes), without
     building a dict per row; reads as the sequence of those dicts.
 
-    Each distinct value of a column of floats (told apart by their bits: ``-0.0`` is not
-    ``0.0``) or of ints is converted to text once; other columns value by value.
+    A column holding one object (``[value] * n``) is converted to text once, a column of
+    floats, of ints or of bools with :class:`str` (as :mod:`csv` does), others value by value.
     """
 
     __slots__ = ("_n", "columns")
@@ -165,20 +167,14 @@ def _csv_field(value: Any) -> str:
 
 def _column_texts(values: list[Any]) -> list[str]:
     """The CSV text of each of ``values`` (one column), as :func:`_csv_field` gives it."""
+    if values and all(map(operator.is_, values, itertools.repeat(values[0]))):
+        return [_csv_field(values[0])] * len(values)  # one object: one text
     kinds = set(map(type, values))
-    if kinds == {float} or kinds == {int}:
-        try:
-            array = np.array(values, dtype=np.float64 if kinds == {float} else np.int64)
-        except OverflowError:  # ints beyond int64
-            return [_csv_field(value) for value in values]
-        # one text per distinct bit pattern (equal bits are equal values, printed alike):
-        # csv writes repr() of a float and str() of an int, never quoted
-        unique, inverse = np.unique(array.view(np.uint64), return_inverse=True)
-        texts = list(map(repr if kinds == {float} else str, unique.view(array.dtype).tolist()))
-        return np.array(texts, dtype=object)[inverse].tolist()
-    if kinds <= {str, bool}:  # equal values print alike
+    if len(kinds) == 1 and kinds <= {float, int, bool}:
+        return list(map(str, values))  # what csv writes for these, never quoted
+    if kinds == {str}:  # equal strings print alike
         text = {value: _csv_field(value) for value in set(values)}
-        return [text[value] for value in values]
+        return list(map(text.__getitem__, values))
     return [_csv_field(value) for value in values]
 
 
