@@ -346,17 +346,28 @@ class LogisticEnsembles:
             reference = self.best_lambda_reference(prepared)
             best_lam = reference.lam
             best_error = float(linear_error(reference.weights, data.X_test, data.y_test)[0])
+        centralized_error, local_only_errors = self._fixed_errors(prepared)
         return LogisticEvaluation(
             metrics=metrics,
-            centralized_error=float(
-                linear_error(prepared.centralized, data.X_test, data.y_test)[0]
-            ),
-            local_only_errors=linear_error(prepared.models.weights, data.X_test, data.y_test),
+            centralized_error=centralized_error,
+            local_only_errors=local_only_errors,
             ensemble_sizes=ensembles.sizes(),
             centralized_best_lambda_error=best_error,
             centralized_best_lambda=best_lam,
             posterior_diagnostics=self._diagnostics.get(id(prepared), {}),
         )
+
+    @staticmethod
+    def _fixed_errors(prepared: TrainedPeers) -> tuple[float, np.ndarray]:
+        """Test errors of the centralised model and of each local model alone (read-only,
+        (P,)): the same for every run of the training key, computed once (``prepared.cache``)."""
+        if "fixed_errors" not in prepared.cache:
+            X, y = prepared.fold.X_test, prepared.fold.y_test
+            local = linear_error(prepared.models.weights, X, y)
+            local.flags.writeable = False
+            centralized = float(linear_error(prepared.centralized, X, y)[0])
+            prepared.cache["fixed_errors"] = (centralized, local)
+        return prepared.cache["fixed_errors"]
 
     def _stream(self, prepared: TrainedPeers, name: str) -> np.random.Generator:
         key = prepared.key
