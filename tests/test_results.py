@@ -324,11 +324,12 @@ def test_a_column_table_is_written_as_its_rows_would_be(tmp_path):
     and 0.0, NaN, inf, equal to an int), ints beyond int64, bools, strings that need quoting,
     None, numpy scalars, columns mixing them and columns of one object."""
     rng = np.random.default_rng(3)
-    n = 40
+    n = 200  # long enough that repeated floats share their text
     floats = rng.choice([0.1, -0.0, 0.0, 1.0, 1e-300, math.inf, -math.inf, math.nan, 2.5], n)
     columns = {
         "float": floats.tolist(),  # repeated values, each printed from its own bits
         "noise": rng.standard_normal(n).tolist(),  # all distinct
+        "few": rng.choice([0.1, 2.5, math.nan, math.inf, 1e-300], n).tolist(),  # no zero
         "int": rng.integers(-3, 3, n).tolist(),
         "big": [2**70 + i for i in range(n)],
         "flag": [bool(b) for b in rng.integers(0, 2, n)],

@@ -117,7 +117,8 @@ class ColumnTable(Sequence[dict[str, Any]]):
     building a dict per row; reads as the sequence of those dicts.
 
     A column holding one object (``[value] * n``) is converted to text once, a column of
-    floats, of ints or of bools with :class:`str` (as :mod:`csv` does), others value by value.
+    floats, of ints or of bools with :class:`str` (as :mod:`csv` does; each distinct float
+    once when they repeat), others value by value.
     """
 
     __slots__ = ("_n", "columns")
@@ -170,6 +171,11 @@ def _column_texts(values: list[Any]) -> list[str]:
     if values and all(map(operator.is_, values, itertools.repeat(values[0]))):
         return [_csv_field(values[0])] * len(values)  # one object: one text
     kinds = set(map(type, values))
+    if kinds == {float}:
+        distinct = set(values)  # -0.0 == 0.0 but prints otherwise: no shared text for zeros
+        if 4 * len(distinct) <= len(values) and 0.0 not in distinct:
+            text = {value: str(value) for value in distinct}
+            return list(map(text.__getitem__, values))
     if len(kinds) == 1 and kinds <= {float, int, bool}:
         return list(map(str, values))  # what csv writes for these, never quoted
     if kinds == {str}:  # equal strings print alike
