@@ -479,3 +479,27 @@ def test_rdp_of_the_subsampled_gaussian_uses_orders_up_to_256() -> None:
     independent.compose(dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(5.0)), 10)
     assert ours == pytest.approx(independent.get_epsilon(1e-5), rel=1e-6)
     assert ours < 0.03
+
+
+def test_a_built_in_accountants_affordable_count_is_searched_once(monkeypatch):
+    """Every cell of a sweep builds a ledger: a built-in accountant's answer (a function of
+    the arguments) is searched once, and is the search's; an accountant of one's own (an
+    instance the engine did not make) is asked every time."""
+    calls = []
+    composed = accounting.composed
+    monkeypatch.setattr(
+        accounting, "composed", lambda *a, **k: calls.append(1) or composed(*a, **k)
+    )
+    basic = accounting.make_accountant("basic")
+    event = accounting.step_event(0.0123, 0.0, "basic")  # arguments no other test uses
+    first = accounting.affordable(basic, event, epsilon_total=1.0, delta_total=0.0)
+    searched = len(calls)
+    assert first == 81 and searched > 1  # floor(1 / 0.0123), found by several evaluations
+    assert accounting.affordable(basic, event, epsilon_total=1.0, delta_total=0.0) == first
+    assert len(calls) == searched
+    assert accounting.affordable(basic, event, epsilon_total=0.5, delta_total=0.0) == 40
+    own = type(basic)()  # the same accounting, not the engine's instance
+    before = len(calls)
+    for _ in range(2):
+        assert accounting.affordable(own, event, epsilon_total=1.0, delta_total=0.0) == first
+    assert len(calls) - before == 2 * searched

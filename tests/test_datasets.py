@@ -613,3 +613,24 @@ def test_synthetic_rows_and_their_transform_are_the_same_for_any_number_of_worke
         np.testing.assert_allclose(two.X_train, one.X_train, rtol=1e-13, atol=1e-15)
         np.testing.assert_allclose(two.X_test, one.X_test, rtol=1e-13, atol=1e-15)
         assert np.abs(one.X_train).max() > 0  # the rows were written, not left empty
+
+
+def test_a_file_is_parsed_once_per_process_and_again_when_it_changes(
+    monkeypatch, tmp_path, real_data_home
+):
+    """A sweep loads its data set for every fold: the same bytes are parsed once (the arrays
+    shared, read-only); other bytes under the same name are parsed afresh."""
+    parsed = []
+    parse = datasets._parse
+    monkeypatch.setattr(datasets, "_parse", lambda *a: parsed.append(a[1]) or parse(*a))
+    monkeypatch.setattr(datasets, "_PARSED", {})
+    lines = australian_lines(real_data_home)
+    path = write_lines(tmp_path / "australian.dat", lines)
+    first = load_dataset("australian", path=tmp_path, download=False)
+    again = load_dataset("australian", path=tmp_path, download=False)
+    assert parsed == [path]
+    assert np.shares_memory(again.X, first.X) and not again.X.flags.writeable
+    lines[0] = lines[0].replace("1 22.08 ", "1 22.09 ", 1)
+    write_lines(path, lines)
+    modified = load_dataset("australian", path=tmp_path, download=False, verify=False)
+    assert parsed == [path, path] and modified.X[0, 1] == 22.09 and first.X[0, 1] == 22.08

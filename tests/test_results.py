@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import os
 import socket
 
@@ -15,6 +18,7 @@ from p2pdp.experiments.cli import main
 from p2pdp.experiments.results import (
     ROC_FPR,
     CellRecord,
+    ColumnTable,
     FolderInUseError,
     FolderLock,
     ResultsStore,
@@ -313,3 +317,39 @@ def test_bad_table_names_and_rows_are_refused(tmp_path):
             with pytest.raises(ConfigError, match=message):
                 cell = CellRecord(cell_id="a", row={"cell_id": "a"}, roc_tpr=tpr, tables=tables)
                 store.append([cell])
+
+
+def test_a_column_table_is_written_as_its_rows_would_be(tmp_path):
+    """The same bytes as csv.writer on the rows as dicts, whatever the values: floats (-0.0
+    and 0.0, NaN, inf, equal to an int), ints beyond int64, bools, strings that need quoting,
+    None, numpy scalars, columns mixing them and columns of one object."""
+    rng = np.random.default_rng(3)
+    n = 200  # long enough that repeated floats share their text
+    floats = rng.choice([0.1, -0.0, 0.0, 1.0, 1e-300, math.inf, -math.inf, math.nan, 2.5], n)
+    columns = {
+        "float": floats.tolist(),  # repeated values, each printed from its own bits
+        "noise": rng.standard_normal(n).tolist(),  # all distinct
+        "few": rng.choice([0.1, 2.5, math.nan, math.inf, 1e-300], n).tolist(),  # no zero
+        "int": rng.integers(-3, 3, n).tolist(),
+        "big": [2**70 + i for i in range(n)],
+        "flag": [bool(b) for b in rng.integers(0, 2, n)],
+        "text": [["a", "", "b,c", 'say "x"', "two\nlines"][i % 5] for i in range(n)],
+        "mixed": [[1, 1.0, True, None, np.float64(0.5), np.int64(2), "1"][i % 7] for i in range(n)],
+        "same": [0.0078125] * n,
+    }
+    table = ColumnTable(columns)
+    rows = [dict(zip(columns, v, strict=True)) for v in zip(*columns.values(), strict=True)]
+    assert len(table) == n and table == rows and table[3] == rows[3] and table[-2:] == rows[-2:]
+    expected = io.StringIO()
+    csv.writer(expected, lineterminator="\n").writerows([("c 1", *row.values()) for row in rows])
+    assert table.csv_text("c 1") == expected.getvalue()
+    # through the store: the file holds those lines under the header
+    scenario = parse_scenario(TINY)
+    with ResultsStore.open(tmp_path, scenario, n_cells=1, backend="test") as store:
+        store.append([CellRecord(cell_id="c 1", row={"x": 1}, roc_tpr=None, tables={"t": table})])
+        store.finish()
+    assert (tmp_path / "t.csv").read_text() == "cell_id," + ",".join(columns) + "\n" + (
+        expected.getvalue()
+    )
+    with pytest.raises(ValueError, match="different lengths"):
+        ColumnTable({"a": [1, 2], "b": [1]})

@@ -312,3 +312,41 @@ def test_simulate_takes_a_mapping_or_a_one_point_scenario_file(tmp_path):
         '[data]\ndataset = "synthetic"\nsynthetic_rows = 300\n[partition]\nn_peers = 10\n'
     )
     assert simulate(path).row()["mean_error"] == expected["mean_error"]
+
+
+def test_errors_of_the_fixed_models_are_scored_once_per_training_key(monkeypatch):
+    """The centralised and local-only errors depend on the training key only: every run of
+    the key reports them, scored once, and they are those models' errors on the test rows."""
+    from p2pdp.learning import evaluation
+    from p2pdp.tasks.logistic import task as logistic
+
+    config = synthetic()
+    trained = prepare_peers(config, fold=0)
+    scored, counted = [], []
+    monkeypatch.setattr(
+        logistic,
+        "linear_error",
+        lambda w, X, y: scored.append(np.ndim(w)) or evaluation.linear_error(w, X, y),
+    )
+
+    def counting(*args, own_errors, **kwargs):
+        counted.append(own_errors)
+        return evaluation.evaluate_ensembles(*args, own_errors=own_errors, **kwargs)
+
+    monkeypatch.setattr(logistic, "evaluate_ensembles", counting)
+    runs = [
+        simulate(
+            dataclasses.replace(config, publication=PublicationConfig(mode=mode)), trained=trained
+        )
+        for mode in ("full", "group", "full")
+    ]
+    # the centralised model once; the local models' errors counted once, from the first
+    # run's scoring margins
+    assert scored == [1] and counted == [True, False, False]
+    X, y = trained.fold.X_test, trained.fold.y_test
+    local = evaluation.linear_error(trained.models.weights, X, y)
+    for run in runs:
+        row = run.row()
+        assert row["local_only_error"] == pytest.approx(local.mean())
+        assert row["centralized_error"] == evaluation.linear_error(trained.centralized, X, y)[0]
+        assert [r["local_only_error"] for r in run.peer_table()] == local.tolist()

@@ -40,7 +40,9 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import itertools
 import json
+import operator
 import os
 import platform
 import re
@@ -54,7 +56,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, overload
 
 import numpy as np
 
@@ -105,7 +107,81 @@ class CellRecord:
     cell_id: str
     row: dict[str, Any]
     roc_tpr: np.ndarray | None
-    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    tables: dict[str, Sequence[dict[str, Any]]] = field(default_factory=dict)
+
+
+class ColumnTable(Sequence[dict[str, Any]]):
+    """A table's rows given column by column, ``{column: [value of each row]}`` (every list
+    as long), for :attr:`CellRecord.tables`: written as the same text as its rows as dicts
+    (``str`` of each value, ``repr`` of a float, quoted as :mod:`csv` quotes), without
+    building a dict per row; reads as the sequence of those dicts.
+
+    A column holding one object (``[value] * n``) is converted to text once, a column of
+    floats, of ints or of bools with :class:`str` (as :mod:`csv` does; each distinct float
+    once when they repeat), others value by value.
+    """
+
+    __slots__ = ("_n", "columns")
+
+    def __init__(self, columns: dict[str, list[Any]]) -> None:
+        lengths = {len(values) for values in columns.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"columns of different lengths {sorted(lengths)}: {list(columns)}")
+        self.columns = columns
+        self._n = lengths.pop() if lengths else 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._n))]
+        if not -self._n <= index < self._n:
+            raise IndexError(index)
+        return {name: values[index] for name, values in self.columns.items()}
+
+    def __eq__(self, other: object) -> bool:  # as the list of rows it stands for
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it stands for
+
+    def __repr__(self) -> str:
+        return f"ColumnTable({list(self)!r})"
+
+    def csv_text(self, cell_id: str) -> str:
+        """The table's CSV lines after a ``cell_id`` column (no header)."""
+        texts = [[_csv_field(cell_id)] * self._n]
+        texts += [_column_texts(values) for values in self.columns.values()]
+        return "".join([",".join(fields) + "\n" for fields in zip(*texts, strict=True)])
+
+
+def _csv_field(value: Any) -> str:
+    """``value`` as :mod:`csv` writes it inside a row (quoted only where needed)."""
+    return _csv_text([(value, "")])[:-2]  # a row of one field: "" would be quoted
+
+
+def _column_texts(values: list[Any]) -> list[str]:
+    """The CSV text of each of ``values`` (one column), as :func:`_csv_field` gives it."""
+    if values and all(map(operator.is_, values, itertools.repeat(values[0]))):
+        return [_csv_field(values[0])] * len(values)  # one object: one text
+    kinds = set(map(type, values))
+    if kinds == {float}:
+        distinct = set(values)  # -0.0 == 0.0 but prints otherwise: no shared text for zeros
+        if 4 * len(distinct) <= len(values) and 0.0 not in distinct:
+            text = {value: str(value) for value in distinct}
+            return list(map(text.__getitem__, values))
+    if len(kinds) == 1 and kinds <= {float, int, bool}:
+        return list(map(str, values))  # what csv writes for these, never quoted
+    if kinds == {str}:  # equal strings print alike
+        text = {value: _csv_field(value) for value in set(values)}
+        return list(map(text.__getitem__, values))
+    return [_csv_field(value) for value in values]
 
 
 def roc_on_grid(fpr: np.ndarray, tpr: np.ndarray) -> np.ndarray:
@@ -386,24 +462,30 @@ class ResultsStore:
                 if rows
             ]
             for name, columns, rows in tables:
-                lines = [(record.cell_id, *row.values()) for row in rows]
-                self._write(name, columns, record.cell_id, lines)
+                if isinstance(rows, ColumnTable):
+                    self._write(name, columns, record.cell_id, rows.csv_text(record.cell_id))
+                else:
+                    lines = [(record.cell_id, *row.values()) for row in rows]
+                    self._write(name, columns, record.cell_id, _csv_text(lines))
             if record.roc_tpr is not None:  # a task without a ROC curve writes none
                 self._write(
                     "roc",
                     _ROC_COLUMNS,
                     record.cell_id,
-                    [
-                        (record.cell_id, repr(float(x)), repr(float(y)))
-                        for x, y in zip(ROC_FPR, record.roc_tpr, strict=True)
-                    ],
+                    _csv_text(
+                        [
+                            (record.cell_id, repr(float(x)), repr(float(y)))
+                            for x, y in zip(ROC_FPR, record.roc_tpr, strict=True)
+                        ]
+                    ),
                 )
             counts = {name: len(rows) for name, _, rows in tables}
             if record.roc_tpr is not None:
                 counts["roc"] = len(ROC_FPR)
             row = {**record.row, TABLE_ROWS: _format_counts(counts)}
             columns = tuple(row)
-            self._write("results", columns, record.cell_id, [tuple(row[c] for c in columns)])
+            line = _csv_text([tuple(row[c] for c in columns)])
+            self._write("results", columns, record.cell_id, line)
             self.manifest["sessions"][-1]["cells_run"] += 1
         if time.monotonic() - self._last_sync >= SYNC_INTERVAL_S:
             self.sync()
@@ -494,18 +576,15 @@ class ResultsStore:
                 self.lock.release()
 
     # --- internals ----------------------------------------------------------------------------
-    def _write(
-        self, name: str, columns: tuple[str, ...], cell_id: str, rows: Iterable[Sequence[Any]]
-    ) -> None:
-        """Append cell ``cell_id``'s ``rows`` (each starting with ``cell_id``) to ``<name>.csv``
-        and flush them."""
+    def _write(self, name: str, columns: tuple[str, ...], cell_id: str, text: str) -> None:
+        """Append cell ``cell_id``'s CSV lines ``text`` (each starting with ``cell_id``) to
+        ``<name>.csv`` and flush them."""
         file = self._files.get(name) or self._open_table(name, columns)
         if self._columns[name] != columns:
             raise ConfigError(
                 f"{self.directory / f'{name}.csv'} has columns {list(self._columns[name])}, "
                 f"but this run writes {list(columns)}; use --force to start over"
             )
-        text = _csv_text(rows)
         with _naming(file.name):
             file.write(text)
             file.flush()
@@ -571,7 +650,7 @@ def _table_columns(cell_id: str, name: str, rows: Sequence[dict[str, Any]]) -> t
             f"{', '.join(_RESERVED_TABLES)}"
         )
     keys = tuple(rows[0])
-    for row in rows:
+    for row in [rows[0]] if isinstance(rows, ColumnTable) else rows:  # one set of columns
         if tuple(row) != keys or "cell_id" in row:
             raise ConfigError(
                 f"table {name!r} of cell {cell_id}: a row has columns {list(row)}, the first "

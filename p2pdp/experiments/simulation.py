@@ -24,10 +24,11 @@ from p2pdp.config import ScenarioConfig, flat_settings, settings_read
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
+from p2pdp.experiments.results import ColumnTable
 from p2pdp.experiments.scenario import config_of
 from p2pdp.privacy.accounting import composed, make_accountant, supports
 from p2pdp.privacy.mechanisms import NoNoise
-from p2pdp.privacy.release import ReleaseRecord
+from p2pdp.privacy.release import ReleaseRecord, record_columns
 from p2pdp.protocols import ITERATIVE_COLUMNS
 from p2pdp.sim.waves import DRIVERS
 from p2pdp.sim.world import World, WorldObserver
@@ -184,7 +185,7 @@ class RunResult:
         out of protocol)."""
         return [{"fold": self.fold, "repetition": self.repetition, **row} for row in self.wire]
 
-    def release_rows(self) -> list[dict[str, Any]]:
+    def release_rows(self) -> ColumnTable:
         """The ``releases`` table of this run: one row per release, in release order.
 
         Columns: ``fold``, ``repetition``, ``time`` (simulated s), ``group``, ``curator``,
@@ -193,19 +194,23 @@ class RunResult:
         the norm of the noise actually drawn, which no party of the protocol learns) and
         ``secure``, ``guarantee`` (see :meth:`row`).
         """
-        lam = self.config.training.lam
-        return [
+        n = len(self.releases)
+        if isinstance(self.releases, ReleaseRows):
+            columns = self.releases.columns()
+        else:
+            keys = self.releases[0] if n else {}
+            columns = {key: [row[key] for row in self.releases] for key in keys}
+        return ColumnTable(
             {
-                "fold": self.fold,
-                "repetition": self.repetition,
-                **row,
-                "lambda": lam,
-                "guarantee": self.guarantee,
+                "fold": [self.fold] * n,
+                "repetition": [self.repetition] * n,
+                **columns,
+                "lambda": [self.config.training.lam] * n,
+                "guarantee": [self.guarantee] * n,
             }
-            for row in self.releases
-        ]
+        )
 
-    def peer_table(self) -> list[dict[str, Any]]:
+    def peer_table(self) -> ColumnTable:
         """The ``peers`` table of this run: one row per peer.
 
         Columns: ``fold``, ``repetition``, ``peer``, ``shard_size``, ``aggregations`` joined,
@@ -220,15 +225,9 @@ class RunResult:
             "guaranteed_epsilon": self.guaranteed_epsilon,
             **self.evaluation.peer_columns(),
         }
+        n = self.shard_sizes.size
         lists = {name: np.asarray(values).tolist() for name, values in columns.items()}
-        return [
-            {
-                "fold": self.fold,
-                "repetition": self.repetition,
-                **dict(zip(lists, values, strict=True)),
-            }
-            for values in zip(*lists.values(), strict=True)
-        ]
+        return ColumnTable({"fold": [self.fold] * n, "repetition": [self.repetition] * n, **lists})
 
 
 #: The phase the running :func:`simulate` is in (``"training"``, ``"simulation"`` or
@@ -266,6 +265,13 @@ class ReleaseRows(Sequence[dict[str, Any]]):
 
     def append(self, time: float, group: int, curator: int, record: ReleaseRecord) -> None:
         self._entries.append((time, group, curator, record))
+
+    def columns(self) -> dict[str, list[Any]]:
+        """The rows as columns, ``{column: [value of each row]}`` (none without rows)."""
+        if not self._entries:
+            return {}
+        times, groups, curators, records = (list(c) for c in zip(*self._entries, strict=True))
+        return {"time": times, "group": groups, "curator": curators, **record_columns(records)}
 
     def __len__(self) -> int:
         return len(self._entries)

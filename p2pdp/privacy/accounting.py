@@ -590,7 +590,27 @@ def affordable(
     Up to the relative :data:`BUDGET_TOLERANCE`; 0 if not even one fits. Found by doubling
     and bisection on ``k`` (the composed epsilon increases with ``k``). ``at_most``: no more
     can happen in the run, so the search stops there (a very noisy event affords more).
+    A built-in accountant's answer, a function of the arguments only, is searched once per
+    process (a sweep builds a ledger for every cell).
     """
+    if any(accountant is builtin for builtin in _ACCOUNTANTS.values()):
+        try:
+            hash(event)
+        except TypeError:  # an event of one's own may not be hashable
+            pass
+        else:
+            return _affordable_builtin(accountant, event, epsilon_total, delta_total, at_most)
+    return _affordable(accountant, event, epsilon_total, delta_total, at_most)
+
+
+def _affordable(
+    accountant: Accountant,
+    event: PrivacyEvent,
+    epsilon_total: float,
+    delta_total: float,
+    at_most: int | None,
+) -> int:
+    """:func:`affordable`'s search."""
     limit = epsilon_total * (1 + BUDGET_TOLERANCE)
 
     def fits(k: int) -> bool:
@@ -616,6 +636,9 @@ def affordable(
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low
+
+
+_affordable_builtin = functools.lru_cache(maxsize=256)(_affordable)
 
 
 def affordable_aggregations(

@@ -119,6 +119,12 @@ _RECORD_FIELDS = tuple(item.name for item in fields(ReleaseRecord))
 _record_values = operator.attrgetter(*_RECORD_FIELDS)  # a record's fields, as a tuple
 
 
+def record_columns(records: list[ReleaseRecord]) -> dict[str, list[Any]]:
+    """:meth:`ReleaseRecord.as_row` of every record as columns, ``{field: [values]}``."""
+    values = zip(*map(_record_values, records), strict=True)
+    return dict(zip(_RECORD_FIELDS, map(list, values), strict=True)) if records else {}
+
+
 class NoiseStream:
     """Noise for one run, drawn in batches of unit-sensitivity vectors.
 

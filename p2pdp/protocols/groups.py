@@ -232,14 +232,38 @@ class GroupPool:
     def draw(self, g: int) -> tuple[np.ndarray, int]:
         """``g`` distinct idle peers, uniformly at random, taken out of the pool (Floyd's
         algorithm, O(g)), and their curator, uniform among them: ((g,) int64, int)."""
+        (members,), (curator,) = self.draw_many(g, 1)
+        return np.array(members, dtype=np.int64), curator
+
+    def draw_many(self, g: int, k: int) -> tuple[list[list[int]], list[int]]:
+        """``k`` successive :meth:`draw` of ``g`` peers in one call (a wave of the batched
+        driver, :mod:`p2pdp.sim.waves`): the same uniforms in the same order, the same groups.
+
+        Returns
+        -------
+        members : list of k lists of g ints
+            Each group's members, in the order :meth:`draw` gives them.
+        curators : list of k ints
+        """
         pool, uniform = self.peers, self._uniform
-        n = len(pool)
-        picks: set[int] = set()
-        for j in range(n - g, n):
-            t = int(uniform() * (j + 1))
-            picks.add(j if t in picks else t)
-        chosen = [pool[i] for i in picks]
-        for i in sorted(picks, reverse=True):  # swap-remove, O(g)
-            pool[i] = pool[-1]
-            pool.pop()
-        return np.array(chosen, dtype=np.int64), chosen[int(uniform() * g)]
+        groups: list[list[int]] = []
+        curators: list[int] = []
+        for _ in range(k):
+            n = len(pool)
+            if g == 1:  # Floyd's algorithm with one pick: a uniform index
+                t = int(uniform() * n)
+                chosen = [pool[t]]
+                pool[t] = pool[-1]
+                pool.pop()
+            else:
+                picks: set[int] = set()
+                for j in range(n - g, n):
+                    t = int(uniform() * (j + 1))
+                    picks.add(j if t in picks else t)
+                chosen = [pool[i] for i in picks]
+                for i in sorted(picks, reverse=True):  # swap-remove, O(g)
+                    pool[i] = pool[-1]
+                    pool.pop()
+            groups.append(chosen)
+            curators.append(chosen[int(uniform() * g)])
+        return groups, curators

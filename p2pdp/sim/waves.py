@@ -29,8 +29,9 @@ wave by wave, without an event or a message object:
   the SimPy world (``world.env.now`` reads the wave's instant);
 - the exact aggregates (the only heavy arithmetic) are summed for many groups at once, in the
   same order per group (the curator's row, then the members'), and published with the noise,
-  so ``world.published`` grows by chunks (observers read what their hooks pass, the clock and
-  the ledger: :class:`~p2pdp.sim.world.WorldObserver`);
+  so ``world.published``, ``shared``, ``receipts`` and ``release_members`` grow by chunks
+  (observers read what their hooks pass, the clock and the ledger:
+  :class:`~p2pdp.sim.world.WorldObserver`);
 - receipts, message and byte counters, ``sim_time`` and the stop reason are what the
   transport and completion monitor would have recorded (a ``PUBLISH`` of one wave reaches its
   members before the next wave's curators collect).
@@ -45,6 +46,7 @@ worlds where both apply and compares every output.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -122,21 +124,20 @@ def run_waves(world: World) -> None:
     sizes = world.shard_sizes.tolist()
     sensitivity, draw, record = world.sensitivity, releaser.noise.draw, releaser.record
     spend = ledger.spend_drawn  # the pool holds distinct solvent ids: only the budget is checked
-    receipts, releases, release_members = world.receipts, world.releases, world.release_members
-
+    releases = world.releases
     scales: dict[tuple[int, ...], float] = {}
-    rows: list[list[int]] = []  # each release's statistics rows: curator, then members
-    noises: list[np.ndarray] = []
+    pending = _Pending()  # what no observer reads, published by chunks
     now = env.now  # 0: every peer is ready at the start
     while True:
         k = min(limit, len(pool) // g)
         if k == 0:
             break
         env._now = now  # what observers read as world.env.now (simpy keeps it there)
+        drawn, curators = pool.draw_many(g, k)
         wave: list[Group] = []
-        for _ in range(k):
-            members, curator = pool.draw(g)
-            group = Group(world._next_group, members, curator, started=now)
+        for members, curator in zip(drawn, curators, strict=True):
+            members_array = np.array(members, dtype=np.int64)
+            group = Group(world._next_group, members_array, curator, started=now)
             world._next_group += 1
             wave.append(group)
             for observer in observers:
@@ -145,11 +146,10 @@ def run_waves(world: World) -> None:
         if g > 1:
             now = now + submit_delay  # ... and the curators every SUBMIT
         env._now = now
-        first = len(releases)
         solvent: list[int] = []  # who can afford another aggregation, in member order
-        for group in wave:
-            curator, members = group.curator, group.members.tolist()
-            order = [curator, *(m for m in members if m != curator)]
+        for group, members in zip(wave, drawn, strict=True):
+            curator = group.curator
+            order = members if g == 1 else [curator, *[m for m in members if m != curator]]
             group.submitted, group.sizes = order, [sizes[m] for m in order]
             group.ended = True
             solvent.extend(spend(members))  # charged before the noise is drawn
@@ -160,50 +160,70 @@ def run_waves(world: World) -> None:
             noise = draw(scale)
             release = record(g, group.sizes, scale, math.sqrt(float(noise @ noise)))
             releases.append(release)
-            release_members.append(group.members.copy())
-            rows.append(order)
-            noises.append(noise)
             for observer in observers:
                 observer.released(world, group, release)
-        if len(rows) >= _CHUNK:
-            _publish(world, rows, noises, full=full)
-        world.shared.extend([full] * k)
-        # the curators keep their copy; group publication reaches the members before the
-        # next wave's curators collect (the SimPy world: one PUBLISH latency, earlier events)
-        if not full:
-            receipts.extend((group.curator, index) for index, group in enumerate(wave, first))
-            receipts.extend(
-                (member, index)
-                for index, group in enumerate(wave, first)
-                for member in group.submitted[1:]  # the other members, in member order
-            )
+            pending.rows.append(order)
+            pending.members.append(members)
+            pending.noises.append(noise)
+        pending.waves.append(k)
         monitor.aggregations += k
         pool.add(solvent)
+        if len(pending.rows) >= _CHUNK:
+            _publish(world, pending, full=full)
 
     sampler.stop_reason = monitor.stop_reason = too_few_solvent(g)
     sampler.done.succeed(sampler.stop_reason)  # as the sampler would (nothing waits on it)
     monitor.end_time = now
-    if rows:
-        _publish(world, rows, noises, full=full)
+    if pending.rows:
+        _publish(world, pending, full=full)
 
 
-def _publish(world: World, rows: list[list[int]], noises: list[np.ndarray], *, full: bool) -> None:
-    """Publish the releases whose statistics rows (curator first) are ``rows`` and whose
-    noise is ``noises`` (then empty both), and count their messages.
+@dataclass(slots=True)
+class _Pending:
+    """Releases made and not yet published: each one's statistics rows (curator, then the
+    other members in member order), members (in member order) and noise, and the number of
+    groups of each wave."""
+
+    rows: list[list[int]] = field(default_factory=list)
+    members: list[list[int]] = field(default_factory=list)
+    noises: list[np.ndarray] = field(default_factory=list)
+    waves: list[int] = field(default_factory=list)
+
+
+def _publish(world: World, pending: _Pending, *, full: bool) -> None:
+    """Publish the ``pending`` releases (then forget them) and record what the transport
+    would have: who holds each release and the messages sent.
 
     Each release is its exact aggregate, summed over the same rows in the same order as
-    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`, plus its noise. The
-    transport counts one ``ASSIGN`` per member (from the sampler), one ``SUBMIT`` per other
-    member and the curator's publication: ``g - 1`` messages, or one broadcast to the
-    ``P - 1`` others.
+    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`, plus its noise. Under group
+    publication the curators keep their copy and the ``PUBLISH`` of one wave reaches the
+    other members before the next wave's curators collect, so a wave's receipts are its
+    curators' (in draw order) then its other members' (group by group, in member order),
+    as in the SimPy world. The transport counts one ``ASSIGN`` per member (from the
+    sampler), one ``SUBMIT`` per other member and the curator's publication: ``g - 1``
+    messages, or one broadcast to the ``P - 1`` others.
     """
-    index = np.array(rows, dtype=np.int64)  # (n, g)
+    first = len(world.published)
+    index = np.array(pending.rows, dtype=np.int64)  # (n, g)
     n, g = index.shape
     total = world.statistics[index].sum(axis=1)  # (n, g, d) -> (n, d), each group in order
     exact = total / g if world.releaser.aggregate == "mean" else total
-    world.published.extend(exact + np.stack(noises))
-    rows.clear()
-    noises.clear()
+    world.published.extend(exact + np.stack(pending.noises))
+    world.shared.extend([full] * n)
+    world.release_members.extend(np.array(pending.members, dtype=np.int64))
+    if not full:
+        wave = np.repeat(np.arange(len(pending.waves)), pending.waves)  # (n,)
+        others = index[:, 1:].ravel()  # group by group, in member order
+        peers = np.concatenate([index[:, 0], others])
+        releases = np.concatenate([np.arange(n), np.repeat(np.arange(n), g - 1)])
+        curator_first = np.concatenate([np.zeros(n, np.int8), np.ones(others.size, np.int8)])
+        order = np.lexsort((curator_first, wave[releases]))  # stable: keeps the draw order
+        receipts = zip(peers[order].tolist(), (releases[order] + first).tolist(), strict=True)
+        world.receipts.extend(receipts)
+    pending.rows.clear()
+    pending.members.clear()
+    pending.noises.clear()
+    pending.waves.clear()
 
     transport = world.transport
     sent = transport.messages_sent

@@ -340,9 +340,12 @@ class LogisticEnsembles:
         self, prepared: TrainedPeers, ensembles: Any, rule: Any, own: PeerData | None
     ) -> LogisticEvaluation:
         data = prepared.fold
-        # the ensembles' own models are the local models (one-shot): their errors come
-        # from the scoring's own margins
-        local = ensembles.local_weights is prepared.models.weights
+        # the ensembles' own models are the local models (one-shot runs): until the training
+        # key's local-only errors are known, count them from the scoring's own margins
+        local = (
+            "fixed_errors" not in prepared.cache
+            and ensembles.local_weights is prepared.models.weights
+        )
         metrics = evaluate_ensembles(
             ensembles, data.X_test, data.y_test, vote=rule, own=own, own_errors=local
         )
@@ -351,21 +354,33 @@ class LogisticEnsembles:
             reference = self.best_lambda_reference(prepared)
             best_lam = reference.lam
             best_error = float(linear_error(reference.weights, data.X_test, data.y_test)[0])
+        centralized_error, local_only_errors = self._fixed_errors(prepared, metrics.own_errors)
         return LogisticEvaluation(
             metrics=metrics,
-            centralized_error=float(
-                linear_error(prepared.centralized, data.X_test, data.y_test)[0]
-            ),
-            local_only_errors=(
-                metrics.own_errors
-                if metrics.own_errors is not None
-                else linear_error(prepared.models.weights, data.X_test, data.y_test)
-            ),
+            centralized_error=centralized_error,
+            local_only_errors=local_only_errors,
             ensemble_sizes=ensembles.sizes(),
             centralized_best_lambda_error=best_error,
             centralized_best_lambda=best_lam,
             posterior_diagnostics=self._diagnostics.get(id(prepared), {}),
         )
+
+    @staticmethod
+    def _fixed_errors(
+        prepared: TrainedPeers, own_errors: np.ndarray | None = None
+    ) -> tuple[float, np.ndarray]:
+        """Test errors of the centralised model and of each local model alone (read-only,
+        (P,)): the same for every run of the training key, computed once (``prepared.cache``).
+        ``own_errors``: the local models' errors if a scoring already counted them."""
+        if "fixed_errors" not in prepared.cache:
+            X, y = prepared.fold.X_test, prepared.fold.y_test
+            local = (
+                linear_error(prepared.models.weights, X, y) if own_errors is None else own_errors
+            )
+            local.flags.writeable = False
+            centralized = float(linear_error(prepared.centralized, X, y)[0])
+            prepared.cache["fixed_errors"] = (centralized, local)
+        return prepared.cache["fixed_errors"]
 
     def _stream(self, prepared: TrainedPeers, name: str) -> np.random.Generator:
         key = prepared.key
