@@ -400,8 +400,14 @@ class RoundFormation(GossipFormation):
         chosen = slots < asks[:, None]
         rows, candidates = rows_2d[chosen], attempts.pool[rows_2d[chosen], columns[chosen]]
         attempts.position[inviting] += asks
-        if not rows.size:
-            return
+        if rows.size:
+            self._invitations(rows, candidates)
+        complete = inviting[attempts.n_accepted[inviting] == self.group_size - 1]
+        attempts.phase[complete] = _GROUP  # (a group of one is complete at once)
+
+    def _invitations(self, rows: np.ndarray, candidates: np.ndarray) -> None:
+        """Attempts ``rows`` invite ``candidates`` (one each); candidates accept one each."""
+        attempts = self._attempts
         initiators = attempts.initiator[rows]
         self._count(INVITE, initiators)
         # candidates: free, online and solvent ones accept the first invitation to arrive
@@ -432,8 +438,6 @@ class RoundFormation(GossipFormation):
         self.newscast.forget_all(initiators[losers[retired]], candidates[losers[retired]])
         busy = losers[~retired]
         self._append(attempts.declined, attempts.n_declined, rows[busy], candidates[busy], None)
-        complete = inviting[attempts.n_accepted[inviting] == self.group_size - 1]
-        attempts.phase[complete] = _GROUP
 
     @staticmethod
     def _append(
