@@ -260,15 +260,23 @@ def _gossip(*, n_peers, group_size, mode, latency, bandwidth, seed=1, **sections
 
 
 class FormationState(WorldObserver):
-    """The formation protocol's state after every release (members freed at that instant)."""
+    """The formation protocol's state as each group starts: who is free and when each free
+    peer initiates next (the backoffs members draw when they are freed)."""
 
     def __init__(self) -> None:
         self.states: list[tuple] = []
 
-    def released(self, world, group, record) -> None:
+    def group_started(self, world, group) -> None:
         formation = world.sampler.formation
         self.states.append(
-            (world.env.now, formation.n_solvent, formation.attempts_started, formation.stopped)
+            (
+                world.env.now,
+                formation.n_solvent,
+                formation.n_trying,
+                formation.stopped,
+                formation.state.tolist(),
+                formation.initiate_at.tolist(),
+            )
         )
 
 
@@ -307,3 +315,40 @@ def test_gossip_groups_formed_in_rounds_are_batched_with_the_reference_outputs(
     assert sampler_batched.attempts_started == sampler.attempts_started
     assert sampler_batched.formation_messages == sampler.formation_messages
     assert sampler_batched.gossip_messages == sampler.gossip_messages
+    formation, formation_batched = sampler.formation, sampler_batched.formation
+    for name in ("state", "initiate_at", "failures", "lock_until"):  # as the run left them
+        np.testing.assert_array_equal(getattr(formation_batched, name), getattr(formation, name))
+    assert formation_batched.n_trying == formation.n_trying
+
+
+#: Gossip worlds the batched driver does not apply to, and the field its refusal names (loss,
+#: churn and crashes keep ``gossip.formation = "auto"`` per message: rounds refuse faults).
+AUTO = GossipConfig(**FAST)
+NOT_BATCHED_GOSSIP = [
+    ({"network": NetworkConfig(loss=0.1), "gossip": AUTO}, "gossip.formation = 'auto'"),
+    ({"gossip": GossipConfig(churn=True, **FAST)}, "gossip.formation = 'auto'"),
+    ({"gossip": GossipConfig(member_crash_probability=0.1, **FAST)}, "gossip.formation"),
+    ({"network": NetworkConfig(latency="exponential")}, "network.latency = 'exponential'"),
+    ({"privacy": {"secure_aggregation": True}}, "privacy.secure_aggregation"),
+    ({"training": TrainingConfig(seconds_per_row=0.001)}, "training.seconds_per_row"),
+]
+
+
+@pytest.mark.parametrize(("settings", "field"), NOT_BATCHED_GOSSIP)
+def test_other_gossip_worlds_run_per_message(settings, field):
+    config = _gossip(n_peers=60, group_size=4, mode="group", latency=0.05, bandwidth=1e5)
+    settings = dict(settings)
+    privacy = settings.pop("privacy", None)
+    config = dataclasses.replace(config, **settings)
+    if privacy is not None:
+        config = _gaussian(config, epsilon=1.0, epsilon_per_aggregation=0.2, **privacy)
+    trained = prepare_peers(config, fold=0)
+    auto, seen = _run(config, trained, "auto")
+    assert not seen.world.batched and seen.world.peers  # per message: peers receive them
+    reference, _ = _run(config, trained, "reference")
+    assert {k: v for k, v in auto.row().items() if not k.startswith("wall_")} == {
+        k: v for k, v in reference.row().items() if not k.startswith("wall_")
+    }
+    assert reference.aggregations > 0
+    with pytest.raises(ConfigError, match=f"driver = 'batched'.*{field}"):
+        simulate(config, trained=trained, driver="batched")

@@ -329,7 +329,7 @@ class GroupBatches:
             if not full:  # the curator holds its copy; the members get theirs at C + D
                 receipts.append((curator, index))
                 members_receipts.extend((member, index) for member in order[1:])
-            world.finish_group(group, published=True)
+        world.finish_groups(batch.groups)
         if len(self._rows) >= _CHUNK:
             self.flush()
 
