@@ -121,6 +121,15 @@ def test_rounds_are_deterministic_and_seeded():
     assert simulate(dataclasses.replace(config, seed=2)).bytes_sent != first.bytes_sent
 
 
+def test_groups_of_one_form_in_rounds():
+    """Every peer aggregates alone until its budget is spent (an attempt that needs nobody
+    else is complete at once: the invitation wave used to return before marking it)."""
+    config = rounds(n_peers=20, group_size=1, ratio=3)
+    result = simulate(config)
+    assert result.aggregations == 60 and result.stop_reason.startswith("fewer than 1 peers")
+    np.testing.assert_array_equal(result.aggregations_per_peer, 3)
+
+
 # -- what holds exactly ------------------------------------------------------------------------
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(

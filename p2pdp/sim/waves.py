@@ -1,4 +1,4 @@
-"""The batched driver of the one-shot protocol: whole waves of groups per Python call.
+"""The batched drivers of the one-shot protocol: whole waves (or batches) of groups at a time.
 
 Where no message can be lost, delayed at random or sent to an offline peer, the per-message
 SimPy world (:class:`p2pdp.sim.world.World`) runs like clockwork: under the central sampler
@@ -35,11 +35,16 @@ wave by wave, without an event or a message object:
   transport and completion monitor would have recorded (a ``PUBLISH`` of one wave reaches its
   members before the next wave's curators collect).
 
-Every other configuration (message loss, random latencies, churn and gossip formation, a
-sampler of your own, simulated training time, secure aggregation, a mechanism that defines
-its own release or a per-release statistic, an aggregate other than mean or sum) runs on the
-per-message SimPy world, which stays the reference: ``tests/test_waves.py`` runs both on
-worlds where both apply and compares every output.
+The gossip sampler forming its groups in rounds (:mod:`p2pdp.sim.gossip.rounds`: no loss, no
+churn, no crash) decides itself when groups start, so it keeps the SimPy clock; on the same
+fault-free worlds its groups skip their messages instead (:class:`GroupBatches`: one event per
+batch of groups started at one instant, the collections in the SimPy world's order).
+
+Every other configuration (message loss, random latencies, churn, gossip formation per
+message, a sampler of your own, simulated training time, secure aggregation, a mechanism
+that defines its own release or a per-release statistic, an aggregate other than mean or
+sum) runs on the per-message SimPy world, which stays the reference: ``tests/test_waves.py``
+runs both on worlds where both apply and compares every output.
 """
 
 from __future__ import annotations

@@ -217,9 +217,10 @@ class World:
         Told of every group, release, abort, lost message and churn event.
     driver : "auto", "reference" or "batched"
         How :meth:`run` advances the protocol: ``"reference"`` event by event in SimPy,
-        ``"batched"`` wave by wave in arrays (:mod:`p2pdp.sim.waves`: same outputs, refused
-        where it does not apply), ``"auto"`` batched where it applies. :attr:`batched` says
-        which one runs.
+        ``"batched"`` without messages (:mod:`p2pdp.sim.waves`: wave by wave in arrays under
+        the central sampler, one event per batch of groups started at one instant under
+        gossip forming its groups in rounds; same outputs, refused where it does not apply),
+        ``"auto"`` batched where it applies. :attr:`batched` says which one runs.
     """
 
     def __init__(
