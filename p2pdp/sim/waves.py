@@ -50,7 +50,7 @@ runs both on worlds where both apply and compares every output.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -60,6 +60,7 @@ from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.transport import Environment
 
 if TYPE_CHECKING:  # the world imports this module
+    from p2pdp.sim.gossip.sampler import GossipSampler
     from p2pdp.sim.world import World
 
 __all__ = ["DRIVERS", "GroupBatches", "batched_obstacle", "run_waves"]
@@ -243,8 +244,12 @@ class GroupBatches:
     does, in the same order: charge the members (:meth:`BudgetLedger.spend
     <p2pdp.privacy.accounting.BudgetLedger.spend>`), draw the noise through the one release
     path (:class:`~p2pdp.privacy.release.Releaser`'s stream and record), log the release, tell
-    the observers, publish, and end the group (:meth:`World.finish_group
-    <p2pdp.sim.world.World.finish_group>`: the sampler takes its members back at that instant).
+    the observers and publish; then the batch's groups end (:meth:`World.finish_group
+    <p2pdp.sim.world.World.finish_group>`), the sampler taking their members back in one call
+    (:meth:`GossipSampler.groups_finished
+    <p2pdp.sim.gossip.sampler.GossipSampler.groups_finished>`: same state, same draws) at the
+    instant they would be freed, after the batch's releases (an observer reading the
+    formation's state, not the world's, during a batch's releases would see the difference).
     The exact aggregates are summed ``_CHUNK`` releases at a time (:func:`_publish`, same
     order per group as :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`): call
     :meth:`flush` after the run. Group publication appends the members' receipts from one
@@ -269,6 +274,8 @@ class GroupBatches:
         self._rows: list[list[int]] = []  # each pending release's rows: curator, then members
         self._noises: list[np.ndarray] = []
         self._sizes = world.shard_sizes.tolist()
+        assert _formed_in_rounds(world)  # the one sampler batched here (batched_obstacle)
+        self._finished = cast("GossipSampler", world.sampler).groups_finished
 
     def start(self, members: np.ndarray, curator: int) -> Group:
         """Start the group ``members`` (distinct ids, ``curator`` among them) agreed on."""
@@ -334,7 +341,10 @@ class GroupBatches:
             if not full:  # the curator holds its copy; the members get theirs at C + D
                 receipts.append((curator, index))
                 members_receipts.extend((member, index) for member in order[1:])
-        world.finish_groups(batch.groups)
+        for group in batch.groups:  # World.finish_group, the sampler's part at once
+            del world.groups[group.group_id]
+            world.monitor.notify(published=True)
+        self._finished(batch.groups)
         if len(self._rows) >= _CHUNK:
             self.flush()
 

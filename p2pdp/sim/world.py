@@ -469,19 +469,6 @@ class World:
         self.monitor.notify(published=published)
         self.sampler.group_finished(group, published=published)
 
-    def finish_groups(self, groups: list[Group]) -> None:
-        """:meth:`finish_group` of ``groups``, all published at this instant, in order (at
-        once, through the sampler's ``groups_finished``, where it has one)."""
-        for group in groups:
-            del self.groups[group.group_id]
-            self.monitor.notify(published=True)
-        finished = getattr(self.sampler, "groups_finished", None)
-        if finished is None:
-            for group in groups:
-                self.sampler.group_finished(group, published=True)
-        else:
-            finished(groups)
-
     def run(self) -> None:
         """Run until no group can form and every message in flight has been delivered."""
         if self._batches is not None:
