@@ -24,6 +24,7 @@ from p2pdp.experiments.simulation import simulate
 from p2pdp.protocols.gossip import IN_GROUP
 from p2pdp.sim import world as world_module
 from p2pdp.sim.gossip import Newscast, merge_views
+from p2pdp.sim.gossip import views as views_module
 from p2pdp.sim.gossip.formation import GroupFormation
 from p2pdp.sim.gossip.rounds import ROUNDS_FROM_PEERS, RoundFormation, uses_rounds
 from p2pdp.sim.overlay import build_overlay
@@ -237,10 +238,15 @@ def test_one_exchange_merges_as_merge_views_for_each_side(n_peers, view_size, se
     expected = {
         peer: merge_views(union_ids, union_stamps, np.array([peer]), view_size) for peer in (a, b)
     }
-    views.exchange(np.array([a]), np.array([b]), stamps[:1], stamps[1:], np.array([True]))
-    for peer, (ids, peer_stamps) in expected.items():
-        np.testing.assert_array_equal(views.ids[peer], ids[0])
-        np.testing.assert_array_equal(views.stamps[peer], peer_stamps[0])
+    before = views.ids.copy(), views.stamps.copy()
+    for batch_from in (1, 2):  # merged in numpy, then alone in Python
+        views.ids, views.stamps = before[0].copy(), before[1].copy()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(views_module, "_BATCH_FROM", batch_from)
+            views.exchange(np.array([a]), np.array([b]), stamps[:1], stamps[1:], np.array([True]))
+        for peer, (ids, peer_stamps) in expected.items():
+            np.testing.assert_array_equal(views.ids[peer], ids[0])
+            np.testing.assert_array_equal(views.stamps[peer], peer_stamps[0])
 
 
 @settings(max_examples=30, deadline=None)
