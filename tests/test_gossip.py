@@ -29,6 +29,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.simulation import simulate
 from p2pdp.sim import world as world_module
 from p2pdp.sim.gossip import Newscast, bootstrap_views, merge_views
+from p2pdp.sim.gossip import views as views_module
 from p2pdp.sim.overlay import build_overlay
 from p2pdp.sim.transport import Transport
 
@@ -225,6 +226,43 @@ def test_batched_exchange_equals_the_sequential_exchanges(n_peers, n_pairs, seed
         )
     np.testing.assert_array_equal(batched.ids, sequential.ids)
     np.testing.assert_array_equal(batched.stamps, sequential.stamps)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exchanges_merged_in_numpy_or_one_by_one_in_python_give_the_same_views(seed, monkeypatch):
+    """Every exchange merged in batches (numpy) or every one alone (Python): same views, over
+    rounds where views fill, hubs form and some peers do not advertise themselves."""
+    rng = np.random.default_rng(seed)
+    n, c = 400, 6
+    overlay = build_overlay(GossipConfig(overlay="barabasi-albert", attachment=3), n, rng=rng)
+    in_numpy = Newscast(overlay, c, rng=np.random.default_rng(seed))
+    one_by_one = Newscast(overlay, c, rng=np.random.default_rng(seed))
+    merged = {"numpy": 0, "python": 0}
+    for name in merged:  # count what each path merges, to see both ran
+        method = "_merge" if name == "numpy" else "_merge_one"
+        original = getattr(Newscast, method)
+
+        def counting(self, a, *args, _original=original, _name=name):
+            merged[_name] += np.size(a)
+            return _original(self, a, *args)
+
+        monkeypatch.setattr(Newscast, method, counting)
+    for period in range(12):
+        peers = rng.permutation(n)
+        partners = in_numpy.partners(peers, rng=rng)
+        keep = partners >= 0
+        peers, partners = peers[keep], partners[keep]
+        stamps = period + rng.random((2, peers.size))
+        stamps[rng.random((2, peers.size)) < 0.05] = -np.inf  # retired: not advertised
+        reply = rng.random(peers.size) < 0.9
+        monkeypatch.setattr(views_module, "_BATCH_FROM", 1)
+        in_numpy.exchange(peers, partners, stamps[0], stamps[1], reply)
+        monkeypatch.setattr(views_module, "_BATCH_FROM", n + 1)
+        one_by_one.exchange(peers, partners, stamps[0], stamps[1], reply)
+        np.testing.assert_array_equal(one_by_one.ids, in_numpy.ids)
+        np.testing.assert_array_equal(one_by_one.stamps, in_numpy.stamps)
+    assert merged["numpy"] == merged["python"] > 12 * n * 0.9
+    assert np.count_nonzero(in_numpy.ids < 0) < n  # views filled up
 
 
 def test_views_mix_away_from_the_overlay():

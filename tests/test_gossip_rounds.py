@@ -24,6 +24,7 @@ from p2pdp.experiments.simulation import simulate
 from p2pdp.protocols.gossip import IN_GROUP
 from p2pdp.sim import world as world_module
 from p2pdp.sim.gossip import Newscast, merge_views
+from p2pdp.sim.gossip import views as views_module
 from p2pdp.sim.gossip.formation import GroupFormation
 from p2pdp.sim.gossip.rounds import ROUNDS_FROM_PEERS, RoundFormation, uses_rounds
 from p2pdp.sim.overlay import build_overlay
@@ -119,6 +120,15 @@ def test_rounds_are_deterministic_and_seeded():
     np.testing.assert_array_equal(first.aggregations_per_peer, again.aggregations_per_peer)
     assert first.sim_time == again.sim_time and first.bytes_sent == again.bytes_sent
     assert simulate(dataclasses.replace(config, seed=2)).bytes_sent != first.bytes_sent
+
+
+def test_groups_of_one_form_in_rounds():
+    """Every peer aggregates alone until its budget is spent (an attempt that needs nobody
+    else is complete at once: the invitation wave used to return before marking it)."""
+    config = rounds(n_peers=20, group_size=1, ratio=3)
+    result = simulate(config)
+    assert result.aggregations == 60 and result.stop_reason.startswith("fewer than 1 peers")
+    np.testing.assert_array_equal(result.aggregations_per_peer, 3)
 
 
 # -- what holds exactly ------------------------------------------------------------------------
@@ -228,10 +238,15 @@ def test_one_exchange_merges_as_merge_views_for_each_side(n_peers, view_size, se
     expected = {
         peer: merge_views(union_ids, union_stamps, np.array([peer]), view_size) for peer in (a, b)
     }
-    views.exchange(np.array([a]), np.array([b]), stamps[:1], stamps[1:], np.array([True]))
-    for peer, (ids, peer_stamps) in expected.items():
-        np.testing.assert_array_equal(views.ids[peer], ids[0])
-        np.testing.assert_array_equal(views.stamps[peer], peer_stamps[0])
+    before = views.ids.copy(), views.stamps.copy()
+    for batch_from in (1, 2):  # merged in numpy, then alone in Python
+        views.ids, views.stamps = before[0].copy(), before[1].copy()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(views_module, "_BATCH_FROM", batch_from)
+            views.exchange(np.array([a]), np.array([b]), stamps[:1], stamps[1:], np.array([True]))
+        for peer, (ids, peer_stamps) in expected.items():
+            np.testing.assert_array_equal(views.ids[peer], ids[0])
+            np.testing.assert_array_equal(views.stamps[peer], peer_stamps[0])
 
 
 @settings(max_examples=30, deadline=None)

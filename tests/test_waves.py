@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from test_gossip import FAST
 from test_prevalence_tasks import COUNTS, POOLED, _config, _rr
 from test_simulation import synthetic
 
@@ -78,6 +79,12 @@ def _assert_same_run(config) -> tuple:
     reference, seen = _run(config, trained, "reference")
     batched, seen_batched = _run(config, trained, "batched")
     assert not seen.world.batched and seen_batched.world.batched
+    _assert_same_outputs(reference, seen, batched, seen_batched)
+    return reference, seen
+
+
+def _assert_same_outputs(reference, seen, batched, seen_batched) -> None:
+    """Every output of two runs of one configuration is the same (``seen``: Recorders)."""
     row, row_batched = reference.row(), batched.row()
     for column in row:
         if not column.startswith("wall_"):
@@ -97,9 +104,10 @@ def _assert_same_run(config) -> tuple:
     for counter in ("control_messages", "broadcasts", "messages_lost"):
         assert getattr(world_batched.transport, counter) == getattr(world.transport, counter)
     assert world_batched.monitor.end_time == world.monitor.end_time
-    assert world_batched.sampler.pool.peers == world.sampler.pool.peers
+    assert world_batched.monitor.aggregations == world.monitor.aggregations
+    if hasattr(world.sampler, "pool"):  # the central sampler's idle peers
+        assert world_batched.sampler.pool.peers == world.sampler.pool.peers
     assert world_batched.sampler.done.value == world.sampler.done.value
-    return reference, seen
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -230,3 +238,117 @@ def test_a_driver_is_refused_where_it_would_change_nothing(settings, runtime, wh
     config = dataclasses.replace(config, **settings)
     with pytest.raises(ConfigError, match=f"driver = 'reference'.*{why}"):
         simulate(config, runtime=runtime, driver="reference")
+
+
+# -- gossip groups formed in rounds (GroupBatches) -----------------------------------------
+def _gossip(*, n_peers, group_size, mode, latency, bandwidth, seed=1, **sections):
+    """Gossip forming its groups in rounds on a fault-free world with a constant latency."""
+    return synthetic(
+        n_peers=n_peers,
+        epsilon=1.0,
+        epsilon_per_aggregation=0.2,
+        mode=mode,
+        rows=20 * n_peers + 7 * seed,  # uneven shards: sizes and sensitivities differ
+        seed=seed,
+        groups=GroupsConfig(
+            sampler="gossip", group_size=group_size, collect_timeout=1.0, max_failed_attempts=8
+        ),
+        gossip=GossipConfig(formation="rounds", **FAST),
+        network=NetworkConfig(latency_mean=latency, bandwidth=bandwidth),
+        **sections,
+    )
+
+
+class FormationState(WorldObserver):
+    """The formation protocol's state as each group starts: who is free and when each free
+    peer initiates next (the backoffs members draw when they are freed)."""
+
+    def __init__(self) -> None:
+        self.states: list[tuple] = []
+
+    def group_started(self, world, group) -> None:
+        formation = world.sampler.formation
+        self.states.append(
+            (
+                world.env.now,
+                formation.n_solvent,
+                formation.n_trying,
+                formation.stopped,
+                formation.state.tolist(),
+                formation.initiate_at.tolist(),
+            )
+        )
+
+
+@pytest.mark.parametrize("mode", ["group", "full"])
+@pytest.mark.parametrize(
+    ("n_peers", "group_size", "latency", "bandwidth"),
+    [
+        (300, 5, 0.05, 1e5),  # collections between two ticks
+        (400, 2, 0.1, math.inf),  # every collection ties with the clock's next tick (0.1 s)
+        (250, 1, 0.02, 1e5),  # groups of one: collected at once
+        (300, 5, 0.0, math.inf),  # submissions and publications take no time
+        (1200, 5, 0.03, 1e6),
+    ],
+)
+def test_gossip_groups_formed_in_rounds_are_batched_with_the_reference_outputs(
+    mode, n_peers, group_size, latency, bandwidth, monkeypatch
+):
+    monkeypatch.setattr(waves, "_CHUNK", 7)  # publish in several chunks, one partial
+    config = _gossip(
+        n_peers=n_peers, group_size=group_size, mode=mode, latency=latency, bandwidth=bandwidth
+    )
+    trained = make_task(config).prepare(fold=0, repetition=0)
+    runs = []
+    for driver in ("reference", "batched"):
+        recorder, formation = Recorder(), FormationState()
+        result = simulate(config, trained=trained, observers=(recorder, formation), driver=driver)
+        runs.append((result, recorder, formation))
+    (reference, seen, states), (batched, seen_batched, states_batched) = runs
+    assert not seen.world.batched and seen_batched.world.batched
+    assert states_batched.states == states.states
+    _assert_same_outputs(reference, seen, batched, seen_batched)
+    assert reference.aggregations > 2 * n_peers // group_size  # peers ran several groups
+    events = seen.events
+    assert len({event[1] for event in events if event[0] == "released"}) > 10  # many instants
+    sampler, sampler_batched = seen.world.sampler, seen_batched.world.sampler
+    assert sampler_batched.attempts_started == sampler.attempts_started
+    assert sampler_batched.formation_messages == sampler.formation_messages
+    assert sampler_batched.gossip_messages == sampler.gossip_messages
+    formation, formation_batched = sampler.formation, sampler_batched.formation
+    for name in ("state", "initiate_at", "failures", "lock_until"):  # as the run left them
+        np.testing.assert_array_equal(getattr(formation_batched, name), getattr(formation, name))
+    assert formation_batched.n_trying == formation.n_trying
+
+
+#: Gossip worlds the batched driver does not apply to, and the field its refusal names (loss,
+#: churn and crashes keep ``gossip.formation = "auto"`` per message: rounds refuse faults).
+AUTO = GossipConfig(**FAST)
+NOT_BATCHED_GOSSIP = [
+    ({"network": NetworkConfig(loss=0.1), "gossip": AUTO}, "gossip.formation = 'auto'"),
+    ({"gossip": GossipConfig(churn=True, **FAST)}, "gossip.formation = 'auto'"),
+    ({"gossip": GossipConfig(member_crash_probability=0.1, **FAST)}, "gossip.formation"),
+    ({"network": NetworkConfig(latency="exponential")}, "network.latency = 'exponential'"),
+    ({"privacy": {"secure_aggregation": True}}, "privacy.secure_aggregation"),
+    ({"training": TrainingConfig(seconds_per_row=0.001)}, "training.seconds_per_row"),
+]
+
+
+@pytest.mark.parametrize(("settings", "field"), NOT_BATCHED_GOSSIP)
+def test_other_gossip_worlds_run_per_message(settings, field):
+    config = _gossip(n_peers=60, group_size=4, mode="group", latency=0.05, bandwidth=1e5)
+    settings = dict(settings)
+    privacy = settings.pop("privacy", None)
+    config = dataclasses.replace(config, **settings)
+    if privacy is not None:
+        config = _gaussian(config, epsilon=1.0, epsilon_per_aggregation=0.2, **privacy)
+    trained = prepare_peers(config, fold=0)
+    auto, seen = _run(config, trained, "auto")
+    assert not seen.world.batched and seen.world.peers  # per message: peers receive them
+    reference, _ = _run(config, trained, "reference")
+    assert {k: v for k, v in auto.row().items() if not k.startswith("wall_")} == {
+        k: v for k, v in reference.row().items() if not k.startswith("wall_")
+    }
+    assert reference.aggregations > 0
+    with pytest.raises(ConfigError, match=f"driver = 'batched'.*{field}"):
+        simulate(config, trained=trained, driver="batched")

@@ -1,4 +1,4 @@
-"""The batched driver of the one-shot protocol: whole waves of groups per Python call.
+"""The batched drivers of the one-shot protocol: whole waves (or batches) of groups at a time.
 
 Where no message can be lost, delayed at random or sent to an offline peer, the per-message
 SimPy world (:class:`p2pdp.sim.world.World`) runs like clockwork: under the central sampler
@@ -36,29 +36,36 @@ wave by wave, without an event or a message object:
   transport and completion monitor would have recorded (a ``PUBLISH`` of one wave reaches its
   members before the next wave's curators collect).
 
-Every other configuration (message loss, random latencies, churn and gossip formation, a
-sampler of your own, simulated training time, secure aggregation, a mechanism that defines
-its own release or a per-release statistic, an aggregate other than mean or sum) runs on the
-per-message SimPy world, which stays the reference: ``tests/test_waves.py`` runs both on
-worlds where both apply and compares every output.
+The gossip sampler forming its groups in rounds (:mod:`p2pdp.sim.gossip.rounds`: no loss, no
+churn, no crash) decides itself when groups start, so it keeps the SimPy clock; on the same
+fault-free worlds its groups skip their messages instead (:class:`GroupBatches`: one event per
+batch of groups started at one instant, the collections in the SimPy world's order).
+
+Every other configuration (message loss, random latencies, churn, gossip formation per
+message, a sampler of your own, simulated training time, secure aggregation, a mechanism
+that defines its own release or a per-release statistic, an aggregate other than mean or
+sum) runs on the per-message SimPy world, which stays the reference: ``tests/test_waves.py``
+runs both on worlds where both apply and compares every output.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from p2pdp.privacy.release import LINEAR_AGGREGATES
 from p2pdp.protocols.groups import HEADER_BYTES, Group, too_few_solvent
 from p2pdp.sim.central import CentralSampler
+from p2pdp.sim.transport import Environment
 
 if TYPE_CHECKING:  # the world imports this module
+    from p2pdp.sim.gossip.sampler import GossipSampler
     from p2pdp.sim.world import World
 
-__all__ = ["DRIVERS", "batched_obstacle", "run_waves"]
+__all__ = ["DRIVERS", "GroupBatches", "batched_obstacle", "run_waves"]
 
 #: How a one-shot simulation is driven: ``"auto"`` (batched where :func:`batched_obstacle`
 #: finds nothing in the way, else the SimPy world), ``"reference"`` (always the SimPy world),
@@ -78,8 +85,11 @@ def batched_obstacle(world: World) -> str:
     config = world.config
     network = config.network
     releaser = world.releaser
-    if type(world.sampler) is not CentralSampler:
-        return f"groups.sampler = {config.groups.sampler!r} (only 'central' is batched)"
+    if type(world.sampler) is not CentralSampler and not _formed_in_rounds(world):
+        return (
+            f"groups.sampler = {config.groups.sampler!r} (only 'central' and 'gossip' forming "
+            f"its groups in rounds are batched; gossip.formation = {config.gossip.formation!r})"
+        )
     if network.latency != "constant":
         return f"network.latency = {network.latency!r} (only 'constant' is batched)"
     if network.loss != 0:
@@ -178,6 +188,163 @@ def run_waves(world: World) -> None:
         _publish(world, pending, full=full)
 
 
+def _formed_in_rounds(world: World) -> bool:
+    """Whether ``world``'s sampler is the gossip sampler forming its groups in rounds (a
+    fault-free formation: :func:`~p2pdp.sim.gossip.rounds.uses_rounds`)."""
+    if world.config.groups.sampler != "gossip":
+        return False
+    from p2pdp.sim.gossip.rounds import RoundFormation  # loaded: the sampler is built
+    from p2pdp.sim.gossip.sampler import GossipSampler
+
+    sampler = world.sampler
+    return type(sampler) is GossipSampler and isinstance(sampler.formation, RoundFormation)
+
+
+class _Batch:
+    """Groups started one after another, with nothing scheduled in between, whose curators
+    collect at the same instant ``at`` (``mark``: ``env.scheduled`` after its event)."""
+
+    __slots__ = ("at", "groups", "mark")
+
+    def __init__(self, at: float, mark: int) -> None:
+        self.at = at
+        self.mark = mark
+        self.groups: list[Group] = []
+
+
+class GroupBatches:
+    """The batched driver of groups a decentralised sampler agreed on: per batch of one
+    instant, not per message (the gossip sampler forming its groups in rounds).
+
+    In the SimPy world such a group (:meth:`World.start_group
+    <p2pdp.sim.world.World.start_group>` with ``announce=False``) costs a ``SUBMIT`` event per
+    other member, the curator's collection event, and a ``PUBLISH`` event per other member.
+    On a world :func:`batched_obstacle` accepts (constant latency ``L``, bandwidth ``B``, no
+    loss, no churn or crash, no training time, plaintext), every ``SUBMIT`` of a group
+    started at ``T`` reaches its curator at ``T + D`` (``D = L + M/B``; a group of one is ready
+    at ``T``) and every ``PUBLISH`` of a release at ``C`` its member at ``C + D``. Groups
+    started one after another at ``T`` with nothing scheduled in between (a tick's groups)
+    therefore form a run of consecutive events at ``T + D`` in SimPy's queue, and their
+    collections a run of consecutive events after them: :meth:`start` gives such a batch
+    one event where the first ``SUBMIT`` would be, and that event collects the whole batch
+    in order, at once when no other event shares its instant, else from one event scheduled
+    then (where the first collection would be). Releases therefore happen in the SimPy
+    world's order, ties included, and draw the same noise.
+
+    Collecting a group does what :meth:`World.collected <p2pdp.sim.world.World.collected>`
+    does, in the same order: charge the members (:meth:`BudgetLedger.spend
+    <p2pdp.privacy.accounting.BudgetLedger.spend>`), draw the noise through the one release
+    path (:class:`~p2pdp.privacy.release.Releaser`'s stream and record), log the release, tell
+    the observers and publish; then the batch's groups end (:meth:`World.finish_group
+    <p2pdp.sim.world.World.finish_group>`), the sampler taking their members back in one call
+    (:meth:`GossipSampler.groups_finished
+    <p2pdp.sim.gossip.sampler.GossipSampler.groups_finished>`: same state, same draws) at the
+    instant they would be freed, after the batch's releases (an observer reading the
+    formation's state, not the world's, during a batch's releases would see the difference).
+    The exact aggregates are summed ``_CHUNK`` releases at a time (:func:`_release_models`, same
+    order per group as :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`): call
+    :meth:`flush` after the run. Group publication appends the members' receipts from one
+    event per batch at ``C + D``; a full publication reaches every peer (all online), which
+    the SimPy world records as no receipt, so it schedules nothing. The transport's counters
+    are those the messages would have added.
+    """
+
+    def __init__(self, world: World) -> None:
+        config = world.config
+        self.world = world
+        assert isinstance(world.env, Environment)  # a constant latency (batched_obstacle)
+        self.env = world.env  # it counts the events it schedules
+        self.group_size = g = config.groups.group_size
+        self.full = config.publication.mode == "full"
+        network = config.network
+        # Transport.delay of one model-sized message (SUBMIT, PUBLISH)
+        self.delay = float(network.latency_mean) + world.model_bytes / network.bandwidth
+        self._collect_after = self.delay if g > 1 else 0.0  # a group of one is ready at once
+        self._open: _Batch | None = None
+        self._scales: dict[tuple[int, ...], float] = {}
+        self._rows: list[list[int]] = []  # each pending release's rows: curator, then members
+        self._noises: list[np.ndarray] = []
+        self._sizes = world.shard_sizes.tolist()
+        assert _formed_in_rounds(world)  # the one sampler batched here (batched_obstacle)
+        self._finished = cast("GossipSampler", world.sampler).groups_finished
+
+    def start(self, members: np.ndarray, curator: int) -> Group:
+        """Start the group ``members`` (distinct ids, ``curator`` among them) agreed on."""
+        world, env = self.world, self.env
+        group = Group(world._next_group, members, curator, started=env.now)
+        world._next_group += 1
+        world.groups[group.group_id] = group
+        for observer in world.observers:
+            observer.group_started(world, group)
+        at = env.now + self._collect_after  # when SimPy would schedule its first event
+        batch = self._open
+        if batch is None or batch.at != at or batch.mark != env.scheduled:
+            batch = _Batch(at, 0)
+            env.timeout(self._collect_after).callbacks.append(lambda _: self._arrived(batch))
+            batch.mark = env.scheduled
+            self._open = batch
+        batch.groups.append(group)
+        return group
+
+    def _arrived(self, batch: _Batch) -> None:
+        """The batch's ``SUBMIT`` s are in (a group of one: its statistic is): collect now if
+        no other event shares this instant, else where the first collection's event would be."""
+        env = self.env
+        if self._open is batch:
+            self._open = None
+        if self.group_size == 1 or env.peek() > env.now:
+            self._collect(batch)
+        else:
+            env.timeout(0).callbacks.append(lambda _: self._collect(batch))
+
+    def _collect(self, batch: _Batch) -> None:
+        """Every curator of ``batch`` collects, in order (:meth:`World.collected`)."""
+        world, full = self.world, self.full
+        ledger, releaser = world.ledger, world.releaser
+        sizes, scales, observers = self._sizes, self._scales, world.observers
+        draw, record = releaser.noise.draw, releaser.record
+        g = self.group_size
+        receipts: list[tuple[int, int]] = world.receipts
+        members_receipts: list[tuple[int, int]] = []
+        if g > 1 and not full:  # where the first PUBLISH's event would be
+            later = self.env.timeout(self.delay)
+            later.callbacks.append(lambda _: receipts.extend(members_receipts))
+        for group in batch.groups:
+            curator, members = group.curator, group.members.tolist()
+            order = [curator, *(m for m in members if m != curator)]
+            group.submitted, group.sizes = order, [sizes[m] for m in order]
+            group.ended = True
+            ledger.spend(group.members)  # charged before the noise is drawn
+            key = tuple(group.sizes)  # a pure function of the sizes: computed once per sizes
+            scale = scales.get(key)
+            if scale is None:
+                scale = scales[key] = world.sensitivity(group.sizes)
+            noise = draw(scale)
+            release = record(g, group.sizes, scale, math.sqrt(float(noise @ noise)))
+            index = len(world.releases)
+            world.releases.append(release)
+            world.release_members.append(group.members.copy())
+            self._rows.append(order)
+            self._noises.append(noise)
+            for observer in observers:
+                observer.released(world, group, release)
+            world.shared.append(full)
+            if not full:  # the curator holds its copy; the members get theirs at C + D
+                receipts.append((curator, index))
+                members_receipts.extend((member, index) for member in order[1:])
+        for group in batch.groups:  # World.finish_group, the sampler's part at once
+            del world.groups[group.group_id]
+            world.monitor.notify(published=True)
+        self._finished(batch.groups)
+        if len(self._rows) >= _CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        """Publish the releases collected so far (their exact aggregates plus their noise)."""
+        if self._rows:
+            _release_models(self.world, self._rows, self._noises, full=self.full, assigned=False)
+
+
 @dataclass(slots=True)
 class _Pending:
     """Releases made and not yet published: each one's statistics rows (curator, then the
@@ -191,24 +358,18 @@ class _Pending:
 
 
 def _publish(world: World, pending: _Pending, *, full: bool) -> None:
-    """Publish the ``pending`` releases (then forget them) and record what the transport
-    would have: who holds each release and the messages sent.
+    """Publish the ``pending`` releases of the central sampler's waves (then forget them)
+    and record who holds each: :func:`_release_models`, then the shared flags, the release
+    members and the receipts.
 
-    Each release is its exact aggregate, summed over the same rows in the same order as
-    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`, plus its noise. Under group
-    publication the curators keep their copy and the ``PUBLISH`` of one wave reaches the
-    other members before the next wave's curators collect, so a wave's receipts are its
-    curators' (in draw order) then its other members' (group by group, in member order),
-    as in the SimPy world. The transport counts one ``ASSIGN`` per member (from the
-    sampler), one ``SUBMIT`` per other member and the curator's publication: ``g - 1``
-    messages, or one broadcast to the ``P - 1`` others.
+    Under group publication the curators keep their copy and the ``PUBLISH`` of one wave
+    reaches the other members before the next wave's curators collect, so a wave's receipts
+    are its curators' (in draw order) then its other members' (group by group, in member
+    order), as in the SimPy world.
     """
     first = len(world.published)
-    index = np.array(pending.rows, dtype=np.int64)  # (n, g)
+    index = _release_models(world, pending.rows, pending.noises, full=full, assigned=True)
     n, g = index.shape
-    total = world.statistics[index].sum(axis=1)  # (n, g, d) -> (n, d), each group in order
-    exact = total / g if world.releaser.aggregate == "mean" else total
-    world.published.extend(exact + np.stack(pending.noises))
     world.shared.extend([full] * n)
     world.release_members.extend(np.array(pending.members, dtype=np.int64))
     if not full:
@@ -220,10 +381,35 @@ def _publish(world: World, pending: _Pending, *, full: bool) -> None:
         order = np.lexsort((curator_first, wave[releases]))  # stable: keeps the draw order
         receipts = zip(peers[order].tolist(), (releases[order] + first).tolist(), strict=True)
         world.receipts.extend(receipts)
-    pending.rows.clear()
     pending.members.clear()
-    pending.noises.clear()
     pending.waves.clear()
+
+
+def _release_models(
+    world: World,
+    rows: list[list[int]],
+    noises: list[np.ndarray],
+    *,
+    full: bool,
+    assigned: bool,
+) -> np.ndarray:
+    """Publish the releases whose statistics rows (curator first) are ``rows`` and whose
+    noise is ``noises`` (then empty both), and count their messages; returns the rows as an
+    (n, g) array.
+
+    Each release is its exact aggregate, summed over the same rows in the same order as
+    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`, plus its noise. The
+    transport counts one ``ASSIGN`` per member (from the central sampler; ``assigned``), one
+    ``SUBMIT`` per other member and the curator's publication: ``g - 1`` messages, or one
+    broadcast to the ``P - 1`` others.
+    """
+    index = np.array(rows, dtype=np.int64)  # (n, g)
+    n, g = index.shape
+    total = world.statistics[index].sum(axis=1)  # (n, g, d) -> (n, d), each group in order
+    exact = total / g if world.releaser.aggregate == "mean" else total
+    world.published.extend(exact + np.stack(noises))
+    rows.clear()
+    noises.clear()
 
     transport = world.transport
     sent = transport.messages_sent
@@ -232,6 +418,8 @@ def _publish(world: World, pending: _Pending, *, full: bool) -> None:
     published = (sent.size - 1) if full else g - 1  # messages per publication
     np.add.at(sent, index[:, 0], published)
     np.add.at(transport.bytes_sent, index[:, 0], published * world.model_bytes)
-    transport.control_messages += n * g
+    if assigned:
+        transport.control_messages += n * g
     if full:
         transport.broadcasts += n
+    return index

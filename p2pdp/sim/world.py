@@ -60,9 +60,10 @@ from p2pdp.protocols.groups import (
     Step,
     model_bytes,
 )
+from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.sampler import GroupSampler
 from p2pdp.sim.transport import Environment, Transport
-from p2pdp.sim.waves import DRIVERS, batched_obstacle, run_waves
+from p2pdp.sim.waves import DRIVERS, GroupBatches, batched_obstacle, run_waves
 
 __all__ = ["CompletionMonitor", "Message", "Peer", "World", "WorldObserver", "budget_ledger"]
 
@@ -216,9 +217,10 @@ class World:
         Told of every group, release, abort, lost message and churn event.
     driver : "auto", "reference" or "batched"
         How :meth:`run` advances the protocol: ``"reference"`` event by event in SimPy,
-        ``"batched"`` wave by wave in arrays (:mod:`p2pdp.sim.waves`: same outputs, refused
-        where it does not apply), ``"auto"`` batched where it applies. :attr:`batched` says
-        which one runs.
+        ``"batched"`` without messages (:mod:`p2pdp.sim.waves`: wave by wave in arrays under
+        the central sampler, one event per batch of groups started at one instant under
+        gossip forming its groups in rounds; same outputs, refused where it does not apply),
+        ``"auto"`` batched where it applies. :attr:`batched` says which one runs.
     """
 
     def __init__(
@@ -283,6 +285,9 @@ class World:
         if driver == "batched" and obstacle:
             raise ConfigError(f"driver = 'batched' does not apply to this run: {obstacle}")
         self.batched = not obstacle and driver != "reference"
+        # a decentralised sampler's groups, batched per instant (the central one: run_waves)
+        central = type(self.sampler) is CentralSampler
+        self._batches = GroupBatches(self) if self.batched and not central else None
         ready_at = self.shard_sizes * config.training.seconds_per_row
         # the receivers of messages: the batched driver sends none
         self.peers = (
@@ -313,6 +318,9 @@ class World:
         """
         if self._check_groups:
             members = self._checked_group(members, curator)
+        if self._batches is not None:  # agreed groups on a fault-free world: batched
+            assert not announce  # only the central sampler announces (it runs run_waves)
+            return self._batches.start(members, curator)
         group = Group(
             self._next_group,
             members,
@@ -463,7 +471,10 @@ class World:
 
     def run(self) -> None:
         """Run until no group can form and every message in flight has been delivered."""
-        if self.batched:
+        if self._batches is not None:
+            self.env.run()
+            self._batches.flush()
+        elif self.batched:
             run_waves(self)
         else:
             self.env.run()

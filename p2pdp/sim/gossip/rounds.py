@@ -44,7 +44,9 @@ take no simulated time: a round trip is one tick. How it compares with the refer
 
 Faults are not modelled here: a message is never lost and no peer goes offline, so a
 scenario with ``network.loss``, ``gossip.churn`` or a crash probability is refused with
-``"rounds"`` and runs the reference with ``"auto"``.
+``"rounds"`` and runs the reference with ``"auto"``. Under a constant latency the groups formed
+in rounds also skip the one-shot protocol's messages (:class:`~p2pdp.sim.waves.GroupBatches`,
+the world's batched driver: the same releases as their ``SUBMIT`` and ``PUBLISH`` messages).
 """
 
 from __future__ import annotations
@@ -400,8 +402,14 @@ class RoundFormation(GossipFormation):
         chosen = slots < asks[:, None]
         rows, candidates = rows_2d[chosen], attempts.pool[rows_2d[chosen], columns[chosen]]
         attempts.position[inviting] += asks
-        if not rows.size:
-            return
+        if rows.size:
+            self._invitations(rows, candidates)
+        complete = inviting[attempts.n_accepted[inviting] == self.group_size - 1]
+        attempts.phase[complete] = _GROUP  # (a group of one is complete at once)
+
+    def _invitations(self, rows: np.ndarray, candidates: np.ndarray) -> None:
+        """Attempts ``rows`` invite ``candidates`` (one each); candidates accept one each."""
+        attempts = self._attempts
         initiators = attempts.initiator[rows]
         self._count(INVITE, initiators)
         # candidates: free, online and solvent ones accept the first invitation to arrive
@@ -432,8 +440,6 @@ class RoundFormation(GossipFormation):
         self.newscast.forget_all(initiators[losers[retired]], candidates[losers[retired]])
         busy = losers[~retired]
         self._append(attempts.declined, attempts.n_declined, rows[busy], candidates[busy], None)
-        complete = inviting[attempts.n_accepted[inviting] == self.group_size - 1]
-        attempts.phase[complete] = _GROUP
 
     @staticmethod
     def _append(

@@ -131,6 +131,19 @@ class GossipSampler:
         self.formation.members_back(group.members, published=published)
         self._check_done()
 
+    def groups_finished(self, groups: list[Group]) -> None:
+        """:meth:`group_finished` of ``groups``, all published at this instant, in this order,
+        in one call: the same state and the same backoff draws (members in order) as the calls
+        one after the other, whose stop tests in between cannot stop the run: the later
+        groups' members are still solvent and in flight (at least g peers can afford an
+        aggregation and a group is in flight), and a publication resets the aborts in a row.
+        """
+        self.in_flight -= len(groups)
+        self.aborted_in_a_row = 0
+        members = np.concatenate([group.members for group in groups])
+        self.formation.members_back(members, published=True)
+        self._check_done()
+
     # -- counters of the parts ---------------------------------------------------------------
     @property
     def views(self) -> Newscast:

@@ -36,6 +36,7 @@ Peer sampling (Newscast, Jelasity et al. 2003/2007)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,9 @@ __all__ = [
 #: Ticks per gossip period: the resolution of the peers' gossip phases, of lock expiry and
 #: of churn (initiations keep their exact times).
 TICKS_PER_PERIOD = 10
+#: :meth:`Newscast.exchange` merges a batch of exchanges sharing no peer in numpy from this
+#: many on, and the rest one by one in Python.
+_BATCH_FROM = 16
 #: Wire sizes (bytes) of a view entry: peer id, timestamp.
 ID_BYTES, STAMP_BYTES = 4, 8
 
@@ -192,7 +196,10 @@ class Newscast:
         ``(peer, stamp)`` (a stamp of -inf: the peer does not advertise itself). The partner
         always merges (its request arrived); the initiator only where ``reply_delivered``.
         Each initiator appears at most once; partners may repeat. Batches of exchanges that
-        share no peer are merged at once, which gives the sequential result.
+        share no peer are merged at once, which gives the sequential result; once a batch
+        would hold fewer than ``_BATCH_FROM`` exchanges (the chains of popular partners), the
+        rest are merged one after the other in Python (:meth:`_merge_one`, the same result:
+        each of numpy's calls costs more than merging one exchange).
         """
         first = self._first
         todo = np.arange(initiators.size)
@@ -203,6 +210,8 @@ class Newscast:
             first[nodes] = todo.size
             np.minimum.at(first, nodes, np.concatenate([k, k]))
             batch = (first[a] == k) & (first[b] == k)  # each peer's earliest exchange
+            if np.count_nonzero(batch) < _BATCH_FROM:
+                break
             self._merge(
                 a[batch],
                 b[batch],
@@ -211,6 +220,37 @@ class Newscast:
                 reply_delivered[todo[batch]],
             )
             todo = todo[~batch]
+        for a_k, b_k, stamp_a, stamp_b, both in zip(
+            initiators[todo].tolist(),
+            partners[todo].tolist(),
+            initiator_stamps[todo].tolist(),
+            partner_stamps[todo].tolist(),
+            reply_delivered[todo].tolist(),
+            strict=True,
+        ):
+            self._merge_one(a_k, b_k, stamp_a, stamp_b, both)
+
+    def _merge_one(self, a: int, b: int, stamp_a: float, stamp_b: float, both: bool) -> None:
+        """:meth:`_merge` of the one exchange ``a <-> b``, in Python: every id of the two
+        views and the two fresh descriptors at its freshest stamp, those with a finite stamp
+        freshest first (finite stamps are distinct), each owner's first ``c`` but itself."""
+        ids, stamps, c = self.ids, self.stamps, self.view_size
+        fresh: dict[int, float] = {}
+        for peer, stamp in zip(
+            [*ids[a].tolist(), a, *ids[b].tolist(), b],
+            [*stamps[a].tolist(), stamp_a, *stamps[b].tolist(), stamp_b],
+            strict=True,
+        ):
+            if peer >= 0 and stamp > fresh.get(peer, -math.inf):
+                fresh[peer] = stamp
+        union = sorted(
+            ((stamp, peer) for peer, stamp in fresh.items() if stamp > -math.inf), reverse=True
+        )
+        for owner in (b, a) if both else (b,):
+            kept = [entry for entry in union if entry[1] != owner][:c]
+            kept += [(-math.inf, -1)] * (c - len(kept))
+            stamps[owner] = [stamp for stamp, _ in kept]
+            ids[owner] = [peer for _, peer in kept]
 
     def _merge(
         self,
@@ -237,9 +277,10 @@ class Newscast:
         stamps_b = np.concatenate([self.stamps[b], stamp_b[:, None]], axis=1)
         # the staler copy of a repeated id (a's, on a tie); empty slots never match
         same = ids_a[:, :, None] == np.where(ids_b < 0, -2, ids_b)[:, None, :]
-        repeated = same.any(axis=2)
         match = same.argmax(axis=2)  # the b-side slot of a's entry, where repeated
-        b_stamp = np.take_along_axis(stamps_b, match, 1)
+        pair = np.arange(a.size)[:, None]  # (fancy indices: cheaper than take_along_axis)
+        repeated = same[pair, np.arange(c + 1), match]  # b's side holds an id at most once
+        b_stamp = stamps_b[pair, match]
         stale_a = repeated & (b_stamp > stamps_a)
         stale_b = np.zeros_like(repeated)
         row, column = np.nonzero(repeated & ~stale_a)
@@ -250,7 +291,7 @@ class Newscast:
         stale |= (ids < 0) | (stamps == -np.inf)
         stamps[stale], ids[stale] = -np.inf, -1
         top = np.argsort(-stamps, axis=1)[:, : c + 1]
-        ids, stamps = np.take_along_axis(ids, top, 1), np.take_along_axis(stamps, top, 1)
+        ids, stamps = ids[pair, top], stamps[pair, top]
         for owners, rows in ((b, slice(None)), (a[both], both)):
             own = ids[rows] == owners[:, None]
             drop = np.where(own.any(axis=1), own.argmax(axis=1), c)  # itself, or the last
