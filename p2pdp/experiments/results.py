@@ -110,7 +110,23 @@ class CellRecord:
     tables: dict[str, Sequence[dict[str, Any]]] = field(default_factory=dict)
 
 
-class ColumnTable(Sequence[dict[str, Any]]):
+class RowSequence(Sequence[dict[str, Any]]):
+    """A sequence of row dicts built when read: equal to (and shown as) the list of its rows."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it stands for
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class ColumnTable(RowSequence):
     """A table's rows given column by column, ``{column: [value of each row]}`` (every list
     as long), for :attr:`CellRecord.tables`: written as the same text as its rows as dicts
     (``str`` of each value, ``repr`` of a float, quoted as :mod:`csv` quotes), without
@@ -143,16 +159,6 @@ class ColumnTable(Sequence[dict[str, Any]]):
         if not -self._n <= index < self._n:
             raise IndexError(index)
         return {name: values[index] for name, values in self.columns.items()}
-
-    def __eq__(self, other: object) -> bool:  # as the list of rows it stands for
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(self) == len(other) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it stands for
-
-    def __repr__(self) -> str:
-        return f"ColumnTable({list(self)!r})"
 
     def csv_text(self, cell_id: str) -> str:
         """The table's CSV lines after a ``cell_id`` column (no header)."""

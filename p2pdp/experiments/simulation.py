@@ -24,7 +24,7 @@ from p2pdp.config import ScenarioConfig, flat_settings, settings_read
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
-from p2pdp.experiments.results import ColumnTable
+from p2pdp.experiments.results import ColumnTable, RowSequence
 from p2pdp.experiments.scenario import config_of
 from p2pdp.privacy.accounting import composed, make_accountant, supports
 from p2pdp.privacy.mechanisms import NoNoise
@@ -253,7 +253,7 @@ def _clears_phase(function: Callable[..., RunResult]) -> Callable[..., RunResult
     return cleared
 
 
-class ReleaseRows(Sequence[dict[str, Any]]):
+class ReleaseRows(RowSequence):
     """One row per release, ``{"time", "group", "curator", **record.as_row()}``, built when
     read: it holds ``(time, group, curator, record)`` and shares the world's release records
     (132 bytes a release instead of 524 for its dict: 0.4 GB less at a million releases)."""
@@ -284,16 +284,6 @@ class ReleaseRows(Sequence[dict[str, Any]]):
         if isinstance(index, slice):
             return [_release_row(*entry) for entry in self._entries[index]]
         return _release_row(*self._entries[index])
-
-    def __eq__(self, other: object) -> bool:  # as the list of rows it stands for
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(self) == len(other) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it stands for
-
-    def __repr__(self) -> str:
-        return f"ReleaseRows({list(self)!r})"
 
 
 def _release_row(time: float, group: int, curator: int, record: ReleaseRecord) -> dict[str, Any]:
