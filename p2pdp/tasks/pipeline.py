@@ -66,11 +66,11 @@ class TrainedPeers:
     """A fold, its peer shards (index arrays into ``fold.X_train``) and the exact local models.
 
     ``reference`` is the non-private model fitted on all of the fold's training rows, the
-    upper reference line of every accuracy result (d,), or the :class:`~p2pdp.core.parallel.
-    Background` solving it (:func:`train_peers`); read it as :attr:`centralized`. ``key`` is
-    the :func:`training_key` it was prepared for (``None`` if built by hand): a simulation
-    refuses models of another key. ``cache`` holds what a task computes lazily from this
-    training and reuses across cells.
+    upper reference line of every accuracy result (d,), or the
+    :class:`~p2pdp.core.parallel.Background` solving it (:func:`train_peers`); read it as
+    :attr:`centralized`. ``key`` is the :func:`training_key` it was prepared for (``None`` if
+    built by hand): a simulation refuses models of another key. ``cache`` holds what a task
+    computes lazily from this training and reuses across cells.
     """
 
     fold: FoldData
