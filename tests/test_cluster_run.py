@@ -134,8 +134,9 @@ def test_the_cluster_trains_the_local_models_bit_for_bit(address):
 
 
 def test_the_evaluation_runs_on_the_workers(address, monkeypatch):
-    """The evaluation's blocks of test rows (every peer's errors with the local-only errors,
-    the best peer's scores) are Dask tasks, one run of blocks per worker, not local forks."""
+    """The evaluation's blocks (the published models' sums on every test row, then every
+    peer's errors with the local-only errors) are Dask tasks, one run of blocks per worker,
+    not local forks."""
     calls = []
     with Client(address) as client:
         pieces = plan.dask_pieces(client)
@@ -147,7 +148,7 @@ def test_the_evaluation_runs_on_the_workers(address, monkeypatch):
         monkeypatch.setattr(runner, "dask_pieces", lambda client: counting)
         records = list(runner._run_dask(runner.make_cells(parse_scenario(LARGE)), client))
     assert len(records) == 1  # 2 workers of 1 thread: 2 runs of blocks each time
-    assert calls == [("_count_errors", 2), ("_first_scores", 2)]
+    assert calls == [("_published_partials", 2), ("_count_tallied", 2)]
 
 
 def test_cells_outside_the_plan_say_which_setting() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sklearn.metrics import roc_curve
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.learning.evaluation import (
@@ -40,6 +41,10 @@ def _naive_labels(local, published, shared, pairs, X, vote):
         if vote == "mean-margin":
             decision = margins.mean(axis=1)
             labels[:, peer] = np.where(decision >= 0, 1, -1)
+        elif vote == "majority-own":
+            votes = np.sign(margins).sum(axis=1)
+            own = np.where(margins[:, 0] >= 0, 1, -1)
+            labels[:, peer] = np.where(votes > 0, 1, np.where(votes < 0, -1, own))
         else:
             votes = np.sign(margins).sum(axis=1)
             tie_break = np.where(margins.sum(axis=1) >= 0, 1, -1)
@@ -61,6 +66,86 @@ def test_shared_tally_equals_naive_per_peer(vote, seed):
     assert metrics.confusion.sum() == X.shape[0] * local.shape[0]
     tp = int(((naive == 1) & (y[:, None] == 1)).sum())
     assert metrics.confusion[1, 1] == tp
+
+
+@pytest.mark.parametrize("vote", ["majority", "mean-margin", "majority-own"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_full_publication_is_scored_from_the_published_sums(vote, workers, monkeypatch):
+    """With every model shared, evaluate_ensembles scores tiles of peers against the
+    published models' summed margins and signs per row (_count_tallied): its errors,
+    confusion and own errors equal each peer's ensemble voted explicitly and linear_error,
+    with tiles and blocks of models of a few rows, in one process or two; its ROC is the
+    best peer's scores, as ensemble_scores gives them."""
+    from p2pdp.core.parallel import local_workers
+    from p2pdp.learning import evaluation
+
+    rng = np.random.default_rng(6)
+    local, published, _, _, X, y = _random_world(rng, n_peers=13, n_models=9, n_rows=47)
+    local[0] = 0.0  # zero margins: ties decided by the published models (majority-own: +1)
+    X[0] = 0.0  # every margin zero on a row: every vote tied, every score 0 -> +1
+    shared = np.ones(len(published), dtype=bool)
+    shared[2] = False  # a model nobody received (its members went offline): in no ensemble
+    no_pairs = np.zeros(0, dtype=np.int64)
+    ensembles = build_ensembles(local, published, shared, no_pairs, no_pairs)
+    pieces = []
+    split = evaluation.forked_map
+
+    def recording(function, shared, items, *, workers):
+        pieces.append((function.__name__, [len(item) for item in items]))
+        return split(function, shared, items, workers=workers)
+
+    monkeypatch.setattr(evaluation, "forked_map", recording)
+    monkeypatch.setattr(evaluation, "PARALLEL_MIN_PEERS", 2)
+    monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 100)  # blocks of 2 published models
+    monkeypatch.setattr(evaluation, "_MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(evaluation, "_PEER_TILE", 4)
+    monkeypatch.setattr(evaluation, "_ROW_TILE", 10)
+    with local_workers(workers):
+        metrics = evaluate_ensembles(ensembles, X, y, vote=vote, own_errors=True)
+    # 9 models in blocks of 2, 13 peers in tiles of 4, shared out to the workers
+    assert pieces == [
+        ("_published_partials", [5] if workers == 1 else [2, 3]),
+        ("_count_tallied", [4] if workers == 1 else [2, 2]),
+    ]
+    kept = np.flatnonzero(shared)
+    naive = _naive_labels(local, published[kept], np.ones(len(kept), bool), no_pairs, X, vote)
+    wrong = naive != y[:, None]
+    np.testing.assert_array_equal(metrics.errors, wrong.mean(axis=0))
+    assert 0 < metrics.errors.min() < metrics.errors.max() < 1
+    np.testing.assert_array_equal(metrics.own_errors, linear_error(local, X, y))
+    positive = naive == 1
+    expected = [
+        [(~positive & (y[:, None] == -1)).sum(), (positive & (y[:, None] == -1)).sum()],
+        [(~positive & (y[:, None] == 1)).sum(), (positive & (y[:, None] == 1)).sum()],
+    ]
+    np.testing.assert_array_equal(metrics.confusion, expected)
+    assert metrics.best_peer == int(np.argmin(wrong.mean(axis=0)))
+    best = ensemble_scores(ensembles, X, vote=vote)[:, metrics.best_peer]
+    fpr, tpr, _ = roc_curve(y, best, pos_label=1)
+    np.testing.assert_allclose(metrics.roc_fpr, fpr)
+    np.testing.assert_allclose(metrics.roc_tpr, tpr)
+
+
+def test_a_tally_rule_of_your_own_is_checked_like_any_rule():
+    """A TallyRule from outside the package scored on the tallied path: NaN scores are a
+    ComponentError naming its tally_scores, as its scores would be on the margins path."""
+    from p2pdp.core.errors import ComponentError
+    from p2pdp.learning.evaluation import TallyRule
+
+    class NaNTally(TallyRule):
+        name = "nan-tally"
+        tallies = ("votes",)
+
+        def tally_scores(self, own, margin, votes):
+            return np.full(own.shape, np.nan)
+
+    rng = np.random.default_rng(7)
+    local, published, _, _, X, y = _random_world(rng)
+    no_pairs = np.zeros(0, dtype=np.int64)
+    shared = np.ones(len(published), dtype=bool)
+    ensembles = build_ensembles(local, published, shared, no_pairs, no_pairs)
+    with pytest.raises(ComponentError, match=r"NaNTally.*tally_scores returned .* NaN"):
+        evaluate_ensembles(ensembles, X, y, vote=NaNTally())
 
 
 def test_many_models_are_read_a_chunk_of_rows_at_a_time(monkeypatch):

@@ -192,8 +192,9 @@ def test_backends_give_identical_rows(tmp_path):
 
 def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypatch):
     """A single cell with --jobs 2: one task, run here, its local models solved and its peers
-    scored by 2 forked processes (each on half the test rows), its centralised reference
-    solved in a background process while the cell runs; every row equal to --jobs 1."""
+    scored by 2 forked processes (each on half the published models, then on half the peers),
+    its centralised reference solved in a background process while the cell runs; every row
+    equal to --jobs 1."""
     from p2pdp.core.parallel import current_workers
     from p2pdp.learning import evaluation, models
     from p2pdp.tasks import pipeline
@@ -212,8 +213,9 @@ def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypa
     monkeypatch.setattr(models, "fit_local_models", recording)
     monkeypatch.setattr(evaluation, "forked_map", recording_split)
     monkeypatch.setattr(evaluation, "PARALLEL_MIN_PEERS", 2)  # TINY's run is small
-    monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 1)  # a block per test row
+    monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 1)  # a block per published model
     monkeypatch.setattr(evaluation, "_MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(evaluation, "_PEER_TILE", 1)  # a block per peer
     monkeypatch.setattr(pipeline, "BACKGROUND_MIN_ROWS", 2)  # TINY's reference is small
     one_cell = TINY[: TINY.index("[sweep]")]
     scenario = parse_scenario(one_cell, overrides=["evaluation.folds=[0]"])
@@ -223,10 +225,9 @@ def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypa
     # the peers' models and the centralised one with --jobs 1; with --jobs 2 the centralised
     # one is fitted in the background process (not recorded here)
     assert used == [1, 1, 2]
-    # the ensembles (and with them the local models' errors) and the best peer's scores (ROC)
-    # on the test rows split in two with 2 workers; the one centralised model's errors in one
-    # piece
-    halved = ["_count_errors", "_first_scores"]
+    # the published models' sums and the ensembles (and with them the local models' errors)
+    # split in two with 2 workers; the one centralised model's errors in one piece
+    halved = ["_published_partials", "_count_tallied"]
     assert sorted(scored) == sorted(
         [(name, 1, 1) for name in [*halved, "_linear_wrong"]]
         + [(name, 2, 2) for name in halved]

@@ -5,7 +5,10 @@ model it received (no pruning, as in the seed). With full publication all peers 
 published models, so scoring each peer separately would cost ``P`` times the group case.
 Instead each published model is scored on the test rows once (one matrix product); a peer's
 tally is the *shared* tally of models everyone received plus the sum over the models only it
-received (a sparse peer x model incidence matrix) plus its own local model.
+received (a sparse peer x model incidence matrix) plus its own local model. The built-in
+votes are :class:`TallyRule` s, functions of the own margin and of those sums alone: when
+every model is shared, :func:`evaluate_ensembles` sums the published models once per test
+row and never holds their margins for all of them at once.
 
 Decision rules (``evaluation.vote``: an :class:`EnsembleRule` component):
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -162,11 +166,15 @@ class Margins:
     noise_std: np.ndarray
     rows: np.ndarray | None = None
 
-    def held_sum(self, values: np.ndarray, start: np.ndarray) -> np.ndarray:
-        """``start`` (P, n) plus the sum of ``values`` (K, n) over the models each peer holds."""
-        held = start + (self.shared @ values)[None, :]
-        if self.receipts.nnz:  # none under full publication: no (P, n) product of zeros
-            held += self.receipts @ values
+    def held_sum(self, values: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+        """The sum of ``values`` (K, n) over the models each peer holds, plus ``start`` (P, n)
+        if given: (P, n), or (1, n) without ``start`` when every model is shared (full
+        publication: no (P, n) product of zeros)."""
+        held = (self.shared @ values)[None, :]
+        if start is not None:
+            held = start + held
+        if self.receipts.nnz:
+            held = held + self.receipts @ values
         return held
 
 
@@ -237,7 +245,38 @@ class LinearRule(EnsembleRule):
         return margins.rows @ self.weights.T
 
 
-class MajorityVote(EnsembleRule):
+class TallyRule(EnsembleRule):
+    """A rule whose score is a function of a peer's own margin and of sums over the published
+    models it holds: of their margins (``margin``) and of their signs (``votes``).
+
+    :func:`evaluate_ensembles` scores such a rule without the (K, n) margins of every published
+    model in every block of rows when every model is shared (full publication without
+    churn): it sums the published models' margins and signs over each test row once, then
+    scores blocks of peers against those sums. :meth:`scores` of :class:`Margins` computes the
+    same sums (:meth:`Margins.held_sum`) and calls :meth:`tally_scores`: one formula for both.
+
+    ``tallies`` names the sums the rule reads (``"margin"``, ``"votes"``); the others are
+    passed as None.
+    """
+
+    tallies: ClassVar[tuple[str, ...]] = ("margin", "votes")
+
+    @abstractmethod
+    def tally_scores(
+        self, own: np.ndarray, margin: np.ndarray | None, votes: np.ndarray | None
+    ) -> np.ndarray:
+        """Scores, (P, n): ``own`` (P, n) own margins; ``margin`` and ``votes`` (P, n), or
+        (1, n) when every peer holds the same models, the sums over each peer's published
+        models of their margins and of their signs."""
+
+    def scores(self, margins: Margins) -> np.ndarray:
+        published = margins.published
+        margin = margins.held_sum(published) if "margin" in self.tallies else None
+        votes = margins.held_sum(np.sign(published)) if "votes" in self.tallies else None
+        return self.tally_scores(margins.own, margin, votes).T
+
+
+class MajorityVote(TallyRule):
     """Majority of the signs of every model a peer holds, ties broken by the summed margin.
 
     score = (sum of signs) + tanh(sum of margins): the integer vote decides, a tie goes to
@@ -246,22 +285,30 @@ class MajorityVote(EnsembleRule):
 
     name: ClassVar[str] = "majority"
 
-    def scores(self, margins: Margins) -> np.ndarray:
-        margin_total = margins.held_sum(margins.published, margins.own)
-        vote_total = margins.held_sum(np.sign(margins.published), np.sign(margins.own))
-        return (vote_total + np.tanh(margin_total)).T
+    def tally_scores(
+        self, own: np.ndarray, margin: np.ndarray | None, votes: np.ndarray | None
+    ) -> np.ndarray:
+        assert margin is not None and votes is not None  # tallies
+        score = np.sign(own)
+        score += votes
+        score += np.tanh(own + margin)
+        return score
 
 
-class MeanMargin(EnsembleRule):
+class MeanMargin(TallyRule):
     """Sign of the mean margin of every model a peer holds (0 -> +1)."""
 
     name: ClassVar[str] = "mean-margin"
+    tallies: ClassVar[tuple[str, ...]] = ("margin",)
 
-    def scores(self, margins: Margins) -> np.ndarray:
-        return margins.held_sum(margins.published, margins.own).T
+    def tally_scores(
+        self, own: np.ndarray, margin: np.ndarray | None, votes: np.ndarray | None
+    ) -> np.ndarray:
+        assert margin is not None  # tallies
+        return own + margin
 
 
-class MajorityOwnTie(EnsembleRule):
+class MajorityOwnTie(TallyRule):
     """Majority of the signs of every model a peer holds, a tied vote going to the own model.
 
     ``score = (sum of signs) + tanh(own margin) / 2`` (a term below 1/2 in absolute value
@@ -271,10 +318,16 @@ class MajorityOwnTie(EnsembleRule):
     """
 
     name: ClassVar[str] = "majority-own"
+    tallies: ClassVar[tuple[str, ...]] = ("votes",)
 
-    def scores(self, margins: Margins) -> np.ndarray:
-        votes = margins.held_sum(np.sign(margins.published), np.sign(margins.own))
-        return (votes + 0.5 * np.tanh(margins.own)).T
+    def tally_scores(
+        self, own: np.ndarray, margin: np.ndarray | None, votes: np.ndarray | None
+    ) -> np.ndarray:
+        assert votes is not None  # tallies
+        score = np.sign(own)
+        score += votes
+        score += 0.5 * np.tanh(own)
+        return score
 
 
 def _public_view(ensembles: Ensembles) -> PublicView:
@@ -422,13 +475,23 @@ def evaluate_ensembles(
     own margins the scoring computes anyway instead of a second product.
 
     The rule is fitted once (:meth:`EnsembleRule.fit`, with ``own`` for rules that need the
-    peers' own shards), then scores every row block. From :data:`PARALLEL_MIN_PEERS` peers
-    on, a built-in rule's blocks of test rows are shared out to the local workers
-    (:func:`p2pdp.core.parallel.local_workers`), each scoring every peer on its blocks: the
-    blocks are those of one process, and the error counts are integers, so the metrics do
-    not depend on the number of workers. Rows, not peers, are split because the published
-    models' margins (shared by every peer under full publication) would otherwise be
-    computed by every worker.
+    peers' own shards), then scores the test rows in one of two ways:
+
+    - a :class:`TallyRule` (the built-in votes) when every published model is shared (full
+      publication without churn) and every label is +1 or -1: the published models' margins
+      and signs are summed per test row once, by blocks of models, and tiles of
+      :data:`_PEER_TILE` peers x :data:`_ROW_TILE` rows are scored against those sums (in
+      cache, each peer's model read once per tile of rows); the best peer's ROC reuses the
+      sums. From :data:`PARALLEL_MIN_PEERS` peers on, a built-in rule's blocks of models,
+      then its tiles of peers, are shared out to the local workers
+      (:func:`p2pdp.core.parallel.local_workers`);
+    - any other rule or ensemble: blocks of test rows, each with every peer's and every
+      published model's margins (:class:`Margins`), shared out to the local workers by rows
+      (the published models' margins would otherwise be computed by every worker), then the
+      best peer's scores in a second pass.
+
+    Either way the blocks are those of one process (partial sums added in block order) and
+    the error counts are integers, so the metrics do not depend on the number of workers.
     """
     rule = make_ensemble_rule(vote)
     with calling("ensemble", rule, "fit"):
@@ -437,37 +500,23 @@ def evaluate_ensembles(
     y = np.asarray(y)
     n_rows, n_peers = X.shape[0], ensembles.n_peers
     workers = current_workers() if is_builtin(rule) and n_peers >= PARALLEL_MIN_PEERS else 1
-    blocks = _row_blocks(n_rows, n_peers + ensembles.published.shape[0])
-    with _scoring_threads(workers):
-        parts = forked_map(
-            _count_errors,
-            (ensembles, X, y, vote, own_errors),
-            _split(blocks, workers),
-            workers=workers,
-        )
-    wrong = sum(part[0] for part in parts)
-    predicted_positive_on_pos = sum(part[1] for part in parts)
-    predicted_positive_on_neg = sum(part[2] for part in parts)
-    own_wrong = sum(part[4] for part in parts) if own_errors else None
-    n_pos = int((y == 1).sum()) * n_peers
-    n_neg = n_rows * n_peers - n_pos
+    n_pos = int((y == 1).sum())
+    plus_minus = n_pos + int((y == -1).sum()) == y.size
+    if isinstance(vote, TallyRule) and not ensembles.receipts.nnz and plus_minus:
+        counts = _tallied_counts(ensembles, X, y, vote, workers, own_errors)
+    else:
+        counts = _blocked_counts(ensembles, X, y, vote, workers, own_errors)
+    wrong, positive_on_pos, positive_on_neg, own_wrong, scores_of = counts
+    best = int(np.argmin(wrong))
+    best_scores = scores_of(best)
+    n_neg = n_rows - n_pos
     confusion = np.array(
         [
-            [n_neg - predicted_positive_on_neg, predicted_positive_on_neg],
-            [n_pos - predicted_positive_on_pos, predicted_positive_on_pos],
+            [n_neg * n_peers - positive_on_neg, positive_on_neg],
+            [n_pos * n_peers - positive_on_pos, positive_on_pos],
         ],
         dtype=np.int64,
     )
-    errors = wrong / n_rows
-    best = int(np.argmin(errors))
-    if len(parts) == 1 and parts[0][3] is not None:  # one block held every row: reuse it
-        best_scores = parts[0][3][:, best]
-    else:  # as costly as every peer's scores when the published models dominate: split too
-        one = (_one_peer(ensembles, best), X, vote.for_peers(slice(best, best + 1)))
-        blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
-        with _scoring_threads(workers):
-            scored = forked_map(_first_scores, one, _split(blocks, workers), workers=workers)
-        best_scores = np.concatenate(scored)
     if len(np.unique(y)) == 2:
         # arrays of our own making: sklearn's check of its arguments was most of the cost
         with sklearn.config_context(skip_parameter_validation=True):
@@ -476,13 +525,90 @@ def evaluate_ensembles(
     else:  # a test set with one class has no ROC
         fpr, tpr, area = np.array([0.0, 1.0]), np.array([0.0, 1.0]), float("nan")
     return Metrics(
-        errors=errors,
+        errors=wrong / n_rows,
         confusion=confusion,
         best_peer=best,
         roc_fpr=fpr,
         roc_tpr=tpr,
         auc=area,
-        own_errors=None if own_wrong is None else own_wrong / n_rows,
+        own_errors=own_wrong / n_rows if own_errors else None,
+    )
+
+
+#: What scoring every peer gives :func:`evaluate_ensembles`: wrong labels per peer (P,),
+#: positive predictions on positive rows and on negative rows (summed over the peers), wrong
+#: labels of each own model alone (P,), and the scores (n,) of a peer given its index.
+_Counts = tuple[np.ndarray, int, int, np.ndarray, Callable[[int], np.ndarray]]
+
+
+def _tallied_counts(
+    ensembles: Ensembles,
+    X: np.ndarray,
+    y: np.ndarray,
+    vote: TallyRule,
+    workers: int,
+    own_errors: bool,
+) -> _Counts:
+    """:data:`_Counts` of a :class:`TallyRule` whose published models are all shared, and
+    labels all +1 or -1: tiles of peers against the published models' sums per row."""
+    sums = _published_sums(vote, ensembles, X, workers)
+    n_peers = ensembles.n_peers
+    peers = [slice(a, a + _PEER_TILE) for a in range(0, n_peers, _PEER_TILE)]
+    with _scoring_threads(workers):
+        parts = forked_map(
+            _count_tallied,
+            (ensembles.local_weights, X, y == 1, vote, sums, own_errors),
+            _split(peers, workers),
+            workers=workers,
+        )
+    positives, wrong, own_wrong = (np.concatenate(column) for column in zip(*parts, strict=True))
+    # per peer, a and b its positive predictions on positive and on negative rows:
+    # positives = a + b and wrong = (n_pos - a) + b
+    total = int(positives.sum())
+    on_negative = (total + int(wrong.sum()) - int((y == 1).sum()) * n_peers) // 2
+
+    def scores(peer: int) -> np.ndarray:
+        own = ensembles.local_weights[peer : peer + 1] @ np.ascontiguousarray(X.T)
+        return _tally_scores(vote, own, sums, slice(None))[0]
+
+    return wrong, total - on_negative, on_negative, own_wrong, scores
+
+
+def _blocked_counts(
+    ensembles: Ensembles,
+    X: np.ndarray,
+    y: np.ndarray,
+    vote: EnsembleRule,
+    workers: int,
+    own_errors: bool,
+) -> _Counts:
+    """:data:`_Counts` of any rule: blocks of test rows with every model's margins."""
+    n_rows = X.shape[0]
+    blocks = _row_blocks(n_rows, ensembles.n_peers + ensembles.published.shape[0])
+    with _scoring_threads(workers):
+        parts = forked_map(
+            _count_errors,
+            (ensembles, X, y, vote, own_errors),
+            _split(blocks, workers),
+            workers=workers,
+        )
+
+    def scores(peer: int) -> np.ndarray:
+        if len(parts) == 1 and parts[0][3] is not None:  # one block held every row: reuse it
+            return parts[0][3][:, peer]
+        # as costly as every peer's scores when the published models dominate: split too
+        one = (_one_peer(ensembles, peer), X, vote.for_peers(slice(peer, peer + 1)))
+        blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
+        with _scoring_threads(workers):
+            scored = forked_map(_first_scores, one, _split(blocks, workers), workers=workers)
+        return np.concatenate(scored)
+
+    return (
+        sum((part[0] for part in parts), np.zeros(ensembles.n_peers, dtype=np.int64)),
+        sum(part[1] for part in parts),
+        sum(part[2] for part in parts),
+        sum((part[4] for part in parts), np.zeros(ensembles.n_peers, dtype=np.int64)),
+        scores,
     )
 
 
@@ -534,6 +660,92 @@ def _first_scores(
     """The first peer's scores on the test rows of ``blocks``, (n,)."""
     ensembles, X, vote = problem
     return np.concatenate([ensemble_scores(ensembles, X[rows], vote=vote)[:, 0] for rows in blocks])
+
+
+#: Peers and test rows of one tile of :func:`_count_tallied`: its (peers, rows) arrays stay
+#: a few MB, in cache, while each peer's model is read once per tile of rows.
+_PEER_TILE = 512
+_ROW_TILE = 512
+
+
+def _published_sums(
+    vote: TallyRule, ensembles: Ensembles, X: np.ndarray, workers: int
+) -> dict[str, np.ndarray]:
+    """``{tally: (n,)}`` for the tallies ``vote`` reads: the sums over the shared published
+    models of their margins (``"margin"``) and of their signs (``"votes"``) on each row of
+    ``X``. By blocks of models, each block's partial sums added in block order, so they do
+    not depend on ``workers``."""
+    blocks = _row_blocks(ensembles.published.shape[0], X.shape[0])
+    with _scoring_threads(workers):
+        parts = forked_map(
+            _published_partials,
+            (ensembles.published, ensembles.shared.astype(np.float64), X, vote.tallies),
+            _split(blocks, workers),
+            workers=workers,
+        )
+    partials = list(itertools.chain.from_iterable(parts))
+    return {
+        tally: sum((partial[tally] for partial in partials), np.zeros(X.shape[0]))
+        for tally in vote.tallies
+    }
+
+
+def _published_partials(
+    problem: tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]], blocks: list[slice]
+) -> list[dict[str, np.ndarray]]:
+    """Per block of models: the shared ones' summed margins and signs on every row, (n,)."""
+    published, shared, X, tallies = problem
+    rows_t = np.ascontiguousarray(X.T)
+    partials = []
+    for models in blocks:
+        margins = published[models] @ rows_t
+        weights = shared[models]
+        partial = {}
+        if "margin" in tallies:
+            partial["margin"] = weights @ margins
+        if "votes" in tallies:
+            partial["votes"] = weights @ np.sign(margins)
+        partials.append(partial)
+    return partials
+
+
+def _tally_scores(
+    vote: TallyRule, own: np.ndarray, sums: dict[str, np.ndarray], rows: slice
+) -> np.ndarray:
+    """``vote``'s scores (P, n) of the own margins ``own`` on ``rows``, checked."""
+    margin, votes = (sums[t][None, rows] if t in sums else None for t in ("margin", "votes"))
+    with calling("ensemble", vote, "tally_scores"):
+        scores = vote.tally_scores(own, margin, votes)
+    return check_numbers(scores, "ensemble", vote, "tally_scores", shape=own.shape)
+
+
+def _count_tallied(
+    problem: tuple[np.ndarray, np.ndarray, np.ndarray, TallyRule, dict[str, np.ndarray], bool],
+    blocks: list[slice],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per peer of ``blocks``: positive predictions, wrong ones, and wrong ones of the own
+    model alone (with ``own_errors``, else zeros), on every test row, (p,) each. ``problem =
+    (local_weights, X, positive, vote, sums, own_errors)``: ``positive`` (n,) bool where the
+    label is +1 (every label is +1 or -1), ``sums`` those of :func:`_published_sums`. Scored
+    tile by tile (:data:`_PEER_TILE` peers x :data:`_ROW_TILE` rows)."""
+    weights, X, positive_rows, vote, sums, own_errors = problem
+    tiles = [slice(a, a + _ROW_TILE) for a in range(0, X.shape[0], _ROW_TILE)]
+    rows_t = [np.ascontiguousarray(X[rows].T) for rows in tiles]
+    positives, wrong, own_wrong = [], [], []
+    for peers in blocks:
+        local = weights[peers]
+        counts = np.zeros((3, local.shape[0]), dtype=np.int64)
+        for rows, block_t in zip(tiles, rows_t, strict=True):
+            own = local @ block_t
+            positive = _tally_scores(vote, own, sums, rows) >= 0
+            counts[0] += np.count_nonzero(positive, axis=1)
+            counts[1] += np.count_nonzero(positive != positive_rows[rows], axis=1)
+            if own_errors:
+                counts[2] += np.count_nonzero((own >= 0) != positive_rows[rows], axis=1)
+        positives.append(counts[0])
+        wrong.append(counts[1])
+        own_wrong.append(counts[2])
+    return np.concatenate(positives), np.concatenate(wrong), np.concatenate(own_wrong)
 
 
 def _row_blocks(n_rows: int, width: int) -> list[slice]:
