@@ -126,6 +126,27 @@ def test_full_publication_is_scored_from_the_published_sums(vote, workers, monke
     np.testing.assert_allclose(metrics.roc_tpr, tpr)
 
 
+@pytest.mark.parametrize("rule", ["majority", "majority-own", "mean-margin"])
+@pytest.mark.parametrize("per_peer", [False, True])
+def test_labels_skip_the_tie_break_only_where_the_vote_decides(rule, per_peer):
+    """A built-in rule's labels on the tallied path (_positive) are its scores' signs
+    exactly, with tied votes (0, and -1 where tanh rounds to 1 above a margin of ~19),
+    zero margins and published sums per row or per peer."""
+    from p2pdp.learning.evaluation import make_ensemble_rule
+
+    vote = make_ensemble_rule(rule)
+    rng = np.random.default_rng(8)
+    own = rng.normal(scale=3.0, size=(40, 60))
+    own[0] = 0.0
+    own[1, ::2] = -0.0
+    shape = own.shape if per_peer else (1, own.shape[1])
+    margin = rng.choice([-30.0, -19.0, -1e-300, 0.0, 0.5, 19.0, 19.5, 30.0], size=shape)
+    votes = rng.integers(-3, 3, size=shape).astype(float)
+    labels = vote._positive(own, margin, votes)
+    np.testing.assert_array_equal(labels, vote.tally_scores(own, margin, votes) >= 0)
+    assert labels.any() and not labels.all()
+
+
 def test_a_tally_rule_of_your_own_is_checked_like_any_rule():
     """A TallyRule from outside the package scored on the tallied path: NaN scores are a
     ComponentError naming its tally_scores, as its scores would be on the margins path."""

@@ -49,7 +49,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeGuard
 
 import numpy as np
 import scipy.sparse as sp
@@ -275,6 +275,31 @@ class TallyRule(EnsembleRule):
         votes = margins.held_sum(np.sign(published)) if "votes" in self.tallies else None
         return self.tally_scores(margins.own, margin, votes).T
 
+    def _positive(
+        self, own: np.ndarray, margin: np.ndarray | None, votes: np.ndarray | None
+    ) -> np.ndarray:
+        """``tally_scores(own, margin, votes) >= 0``, (P, n) bool: the labels. This package's
+        rules skip there what only their scores need (their inputs are checked finite, so
+        their scores need no check)."""
+        return self.tally_scores(own, margin, votes) >= 0
+
+
+def _vote_positive(total: np.ndarray, tie_break: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``total + tie_break >= 0``, (P, n) bool, for integer vote totals ``total`` and a
+    tie-break in [-1, 1] computed only where it can decide: ``tie_break(at)`` gets the flat
+    indices of the elements where ``total`` is 0 or -1 (see :func:`_at`). Elsewhere the sum
+    has the sign of ``total`` (1 - 1 = 0 counts as +1, as in the scores)."""
+    positive = total >= 1
+    tied = np.flatnonzero((total > -2) != positive)
+    if tied.size:
+        positive.ravel()[tied] = total.ravel()[tied] + tie_break(tied) >= 0
+    return positive
+
+
+def _at(values: np.ndarray, shape: tuple[int, ...], at: np.ndarray) -> np.ndarray:
+    """``values`` broadcast to ``shape``, at the flat indices ``at``."""
+    return np.broadcast_to(values, shape)[np.unravel_index(at, shape)]
+
 
 class MajorityVote(TallyRule):
     """Majority of the signs of every model a peer holds, ties broken by the summed margin.
@@ -293,6 +318,16 @@ class MajorityVote(TallyRule):
         score += votes
         score += np.tanh(own + margin)
         return score
+
+    def _positive(
+        self, own: np.ndarray, margin: np.ndarray | None, votes: np.ndarray | None
+    ) -> np.ndarray:
+        assert margin is not None and votes is not None  # tallies
+        shape = own.shape
+        return _vote_positive(
+            np.sign(own) + votes,
+            lambda at: np.tanh(_at(own, shape, at) + _at(margin, shape, at)),
+        )
 
 
 class MeanMargin(TallyRule):
@@ -328,6 +363,14 @@ class MajorityOwnTie(TallyRule):
         score += votes
         score += 0.5 * np.tanh(own)
         return score
+
+    def _positive(
+        self, own: np.ndarray, margin: np.ndarray | None, votes: np.ndarray | None
+    ) -> np.ndarray:
+        assert votes is not None  # tallies
+        return _vote_positive(
+            np.sign(own) + votes, lambda at: 0.5 * np.tanh(_at(own, own.shape, at))
+        )
 
 
 def _public_view(ensembles: Ensembles) -> PublicView:
@@ -501,8 +544,7 @@ def evaluate_ensembles(
     n_rows, n_peers = X.shape[0], ensembles.n_peers
     workers = current_workers() if is_builtin(rule) and n_peers >= PARALLEL_MIN_PEERS else 1
     n_pos = int((y == 1).sum())
-    plus_minus = n_pos + int((y == -1).sum()) == y.size
-    if isinstance(vote, TallyRule) and not ensembles.receipts.nnz and plus_minus:
+    if _tallied(vote, ensembles, X, y):
         counts = _tallied_counts(ensembles, X, y, vote, workers, own_errors)
     else:
         counts = _blocked_counts(ensembles, X, y, vote, workers, own_errors)
@@ -535,6 +577,20 @@ def evaluate_ensembles(
     )
 
 
+def _tallied(
+    vote: EnsembleRule, ensembles: Ensembles, X: np.ndarray, y: np.ndarray
+) -> TypeGuard[TallyRule]:
+    """Whether :func:`evaluate_ensembles` scores ``vote`` from the published models' sums:
+    a :class:`TallyRule`, every published model shared (no receipts), every label +1 or -1,
+    and (what lets this package's rules skip checking their scores) finite models and rows."""
+    return (
+        isinstance(vote, TallyRule)
+        and not ensembles.receipts.nnz
+        and bool(np.isin(y, (-1, 1)).all())
+        and all(np.isfinite(a).all() for a in (X, ensembles.local_weights, ensembles.published))
+    )
+
+
 #: What scoring every peer gives :func:`evaluate_ensembles`: wrong labels per peer (P,),
 #: positive predictions on positive rows and on negative rows (summed over the peers), wrong
 #: labels of each own model alone (P,), and the scores (n,) of a peer given its index.
@@ -554,7 +610,7 @@ def _tallied_counts(
     sums = _published_sums(vote, ensembles, X, workers)
     n_peers = ensembles.n_peers
     peers = [slice(a, a + _PEER_TILE) for a in range(0, n_peers, _PEER_TILE)]
-    with _scoring_threads(workers):
+    with _one_blas_thread():
         parts = forked_map(
             _count_tallied,
             (ensembles.local_weights, X, y == 1, vote, sums, own_errors),
@@ -616,6 +672,13 @@ def _blocked_counts(
 PARALLEL_MIN_PEERS = 20_000
 
 
+def _one_blas_thread() -> contextlib.AbstractContextManager:
+    """The tallied path's products (a few hundred models or peers at a time) with one BLAS
+    thread in any number of workers: with two threads one process took 1.2x the time at 10^5
+    peers, and far more when another process kept the second core busy."""
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def _scoring_threads(workers: int) -> contextlib.AbstractContextManager:
     """Forked workers score with one BLAS thread each (2 workers x 2 BLAS threads on 2 cores
     ran slower than one process whose BLAS uses both cores); one process keeps its BLAS."""
@@ -663,8 +726,9 @@ def _first_scores(
 
 
 #: Peers and test rows of one tile of :func:`_count_tallied`: its (peers, rows) arrays stay
-#: a few MB, in cache, while each peer's model is read once per tile of rows.
-_PEER_TILE = 512
+#: 1 MB, in cache, while each peer's model is read once per tile of rows. Tiles of 512 x 512
+#: (2 MB arrays) took 2.5x the time of 256 x 512 or 256 x 256 at 10^5 peers.
+_PEER_TILE = 256
 _ROW_TILE = 512
 
 
@@ -676,7 +740,7 @@ def _published_sums(
     ``X``. By blocks of models, each block's partial sums added in block order, so they do
     not depend on ``workers``."""
     blocks = _row_blocks(ensembles.published.shape[0], X.shape[0])
-    with _scoring_threads(workers):
+    with _one_blas_thread():
         parts = forked_map(
             _published_partials,
             (ensembles.published, ensembles.shared.astype(np.float64), X, vote.tallies),
@@ -693,18 +757,23 @@ def _published_sums(
 def _published_partials(
     problem: tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]], blocks: list[slice]
 ) -> list[dict[str, np.ndarray]]:
-    """Per block of models: the shared ones' summed margins and signs on every row, (n,)."""
+    """Per block of models: the shared ones' summed margins and signs on every row, (n,),
+    summed over slices of the block whose margins fit in cache (in order: a block's sums
+    are the same in any process)."""
     published, shared, X, tallies = problem
     rows_t = np.ascontiguousarray(X.T)
+    step = max(1, _PEER_TILE * _ROW_TILE // X.shape[0])  # models whose margins stay in cache
     partials = []
-    for models in blocks:
-        margins = published[models] @ rows_t
-        weights = shared[models]
-        partial = {}
-        if "margin" in tallies:
-            partial["margin"] = weights @ margins
-        if "votes" in tallies:
-            partial["votes"] = weights @ np.sign(margins)
+    for block in blocks:
+        partial = {tally: np.zeros(X.shape[0]) for tally in tallies}
+        for start in range(block.start, block.stop, step):
+            models = slice(start, min(start + step, block.stop))
+            margins = published[models] @ rows_t
+            weights = shared[models]
+            if "margin" in tallies:
+                partial["margin"] += weights @ margins
+            if "votes" in tallies:
+                partial["votes"] += weights @ np.sign(margins)
         partials.append(partial)
     return partials
 
@@ -713,10 +782,17 @@ def _tally_scores(
     vote: TallyRule, own: np.ndarray, sums: dict[str, np.ndarray], rows: slice
 ) -> np.ndarray:
     """``vote``'s scores (P, n) of the own margins ``own`` on ``rows``, checked."""
-    margin, votes = (sums[t][None, rows] if t in sums else None for t in ("margin", "votes"))
     with calling("ensemble", vote, "tally_scores"):
-        scores = vote.tally_scores(own, margin, votes)
+        scores = vote.tally_scores(own, *_tallies(sums, rows))
     return check_numbers(scores, "ensemble", vote, "tally_scores", shape=own.shape)
+
+
+def _tallies(
+    sums: dict[str, np.ndarray], rows: slice
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(margin, votes)`` of :func:`_published_sums` on ``rows``, (1, n) each (or None)."""
+    margin, votes = (sums[t][None, rows] if t in sums else None for t in ("margin", "votes"))
+    return margin, votes
 
 
 def _count_tallied(
@@ -729,6 +805,7 @@ def _count_tallied(
     label is +1 (every label is +1 or -1), ``sums`` those of :func:`_published_sums`. Scored
     tile by tile (:data:`_PEER_TILE` peers x :data:`_ROW_TILE` rows)."""
     weights, X, positive_rows, vote, sums, own_errors = problem
+    ours = is_builtin(vote)  # their inputs checked finite: labels without checked scores
     tiles = [slice(a, a + _ROW_TILE) for a in range(0, X.shape[0], _ROW_TILE)]
     rows_t = [np.ascontiguousarray(X[rows].T) for rows in tiles]
     positives, wrong, own_wrong = [], [], []
@@ -737,7 +814,10 @@ def _count_tallied(
         counts = np.zeros((3, local.shape[0]), dtype=np.int64)
         for rows, block_t in zip(tiles, rows_t, strict=True):
             own = local @ block_t
-            positive = _tally_scores(vote, own, sums, rows) >= 0
+            if ours:
+                positive = vote._positive(own, *_tallies(sums, rows))
+            else:
+                positive = _tally_scores(vote, own, sums, rows) >= 0
             counts[0] += np.count_nonzero(positive, axis=1)
             counts[1] += np.count_nonzero(positive != positive_rows[rows], axis=1)
             if own_errors:
