@@ -45,6 +45,7 @@ releases plus the peer's own data, so the budget and the guarantee are unchanged
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -55,7 +56,7 @@ import numpy as np
 import scipy.sparse as sp
 import sklearn
 from sklearn.metrics import auc, roc_curve
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from p2pdp.core.boundary import calling, check_methods, check_numbers, is_builtin
 from p2pdp.core.errors import ConfigError
@@ -607,10 +608,10 @@ def _tallied_counts(
 ) -> _Counts:
     """:data:`_Counts` of a :class:`TallyRule` whose published models are all shared, and
     labels all +1 or -1: tiles of peers against the published models' sums per row."""
-    sums = _published_sums(vote, ensembles, X, workers)
     n_peers = ensembles.n_peers
     peers = [slice(a, a + _PEER_TILE) for a in range(0, n_peers, _PEER_TILE)]
     with _one_blas_thread():
+        sums = _published_sums(vote, ensembles, X, workers)
         parts = forked_map(
             _count_tallied,
             (ensembles.local_weights, X, y == 1, vote, sums, own_errors),
@@ -672,17 +673,24 @@ def _blocked_counts(
 PARALLEL_MIN_PEERS = 20_000
 
 
+@functools.cache
+def _blas() -> ThreadpoolController:
+    """This process's BLAS libraries, found once: ``threadpool_limits`` reads the process's
+    loaded libraries at every call (about 3 ms, more than a small run's whole scoring)."""
+    return ThreadpoolController()
+
+
 def _one_blas_thread() -> contextlib.AbstractContextManager:
     """The tallied path's products (a few hundred models or peers at a time) with one BLAS
     thread in any number of workers: with two threads one process took 1.2x the time at 10^5
-    peers, and far more when another process kept the second core busy."""
-    return threadpool_limits(limits=1, user_api="blas")
+    peers, and several times longer when another process kept the second core busy."""
+    return _blas().limit(limits=1, user_api="blas")
 
 
 def _scoring_threads(workers: int) -> contextlib.AbstractContextManager:
     """Forked workers score with one BLAS thread each (2 workers x 2 BLAS threads on 2 cores
     ran slower than one process whose BLAS uses both cores); one process keeps its BLAS."""
-    return threadpool_limits(limits=1, user_api="blas") if workers > 1 else contextlib.nullcontext()
+    return _one_blas_thread() if workers > 1 else contextlib.nullcontext()
 
 
 def _split(blocks: list[slice], workers: int) -> list[list[slice]]:
@@ -740,13 +748,12 @@ def _published_sums(
     ``X``. By blocks of models, each block's partial sums added in block order, so they do
     not depend on ``workers``."""
     blocks = _row_blocks(ensembles.published.shape[0], X.shape[0])
-    with _one_blas_thread():
-        parts = forked_map(
-            _published_partials,
-            (ensembles.published, ensembles.shared.astype(np.float64), X, vote.tallies),
-            _split(blocks, workers),
-            workers=workers,
-        )
+    parts = forked_map(
+        _published_partials,
+        (ensembles.published, ensembles.shared.astype(np.float64), X, vote.tallies),
+        _split(blocks, workers),
+        workers=workers,
+    )
     partials = list(itertools.chain.from_iterable(parts))
     return {
         tally: sum((partial[tally] for partial in partials), np.zeros(X.shape[0]))
