@@ -170,11 +170,19 @@ def forked_worker(
     pipes, with no helper thread: keep them small (a few KB) and the results waited for
     few, or both processes may wait on a full pipe. With ``workers <= 1``, inside
     :func:`remote_workers`, in a worker process or where the platform cannot fork, ``submit``
-    computes the value here, at once.
+    computes the value here, at once (an error is raised by ``result()``).
     """
 
     def here(item: _I) -> Callable[[], _R]:
-        value = function(shared, item)
+        try:
+            value = function(shared, item)
+        except Exception as error:  # raised where the value is read, as from the process
+            failure = error
+
+            def fail() -> _R:
+                raise failure
+
+            return fail
         return lambda: value
 
     local = workers > 1 and not _IN_WORKER and _REMOTE.get() is None
@@ -205,6 +213,7 @@ def forked_worker(
                 try:
                     values[received] = receive.recv()
                 except EOFError:
+                    process.join()  # it closed its end: it is gone
                     raise P2PDPError(
                         f"the forked worker computing {getattr(function, '__name__', function)} "
                         f"died (exit code {process.exitcode})"
