@@ -16,6 +16,7 @@ from p2pdp.privacy import accounting
 from p2pdp.privacy.accounting import (
     BUDGET_TOLERANCE,
     BudgetLedger,
+    DrawnCharges,
     affordable_aggregations,
     budget_table,
     composed_epsilon,
@@ -148,27 +149,44 @@ def test_ledger_refuses_to_overspend_and_leaves_state_unchanged():
     np.testing.assert_array_equal(ledger.aggregations(), [3, 3, 0, 0, 0])
 
 
-def test_spend_drawn_charges_like_spend_and_refuses_a_broke_peer():
-    """The batched driver's charge: same counts as spend, the same all-or-nothing refusal,
-    and the members it gives back to the pool are those can_afford after the charge, in
-    order; for small groups (a Python loop) and large ones (numpy)."""
-    large = list(range(29, 9, -1)), list(range(5, 25)), list(range(12, 30))
-    assert min(len(group) for group in large) > accounting._LOOP  # the numpy path is taken
-    groups = ([0, 1], [1, 2, 3], [1, 4], [0, 4], *large)
+def test_drawn_charges_charge_like_spend_and_refuse_a_broke_peer():
+    """The batched driver's charge: same counts as spend once written, the same
+    all-or-nothing refusal (on the counts it holds, not the ledger's), and the members it
+    gives back to the pool are those can_afford after the charge, in order."""
+    groups = (
+        [0, 1],
+        [1, 2, 3],
+        [1, 4],
+        [0, 4],
+        [*range(29, 9, -1)],
+        [*range(5, 25)],
+        [*range(12, 30)],
+    )
     drawn, reference = (
         BudgetLedger(30, epsilon_total=1.0, epsilon_per_aggregation=0.3) for _ in "ab"
     )
+    charges = DrawnCharges(drawn)
     for group in groups:
-        back = drawn.spend_drawn(group)
+        back = charges.spend(group)
         reference.spend(group)
-        np.testing.assert_array_equal(drawn.aggregations(), reference.aggregations())
+        assert charges.counts == reference.aggregations().tolist()
         assert back == [peer for peer in group if reference.can_afford([peer])[0]]
-    before = drawn.aggregations()
+    np.testing.assert_array_equal(drawn.aggregations(), np.zeros(30))  # not written yet
+    charges.write([1, 4])  # these peers only
+    np.testing.assert_array_equal(drawn.aggregations([1, 4]), reference.aggregations([1, 4]))
+    assert drawn.aggregations([0]).tolist() == [0]
+    charges.write()
+    np.testing.assert_array_equal(drawn.aggregations(), reference.aggregations())
+    before = list(charges.counts)
     with pytest.raises(BudgetExhaustedError, match=r"peers \[1\]"):
-        drawn.spend_drawn([2, 1])
+        charges.spend([2, 1])
     with pytest.raises(BudgetExhaustedError, match=r"peers \[20, 21\]"):
-        drawn.spend_drawn([0, 2, 3, 4, 5, 6, 7, 8, 9, 25, 26, 27, 20, 21])
-    np.testing.assert_array_equal(drawn.aggregations(), before)  # nobody charged either time
+        charges.spend([0, 2, 3, 4, 5, 6, 7, 8, 9, 25, 26, 27, 20, 21])
+    assert charges.counts == before  # nobody charged either time
+    fresh = DrawnCharges(BudgetLedger(30, epsilon_total=1.0, epsilon_per_aggregation=0.3))
+    fresh.counts[:] = before  # refused on the counts it holds while the ledger says 0
+    with pytest.raises(BudgetExhaustedError, match=r"peers \[1\]"):
+        fresh.spend([2, 1])
 
 
 def test_ledger_aggregations_is_a_copy():

@@ -15,8 +15,10 @@ from p2pdp.core.parallel import (
     Background,
     current_workers,
     forked_map,
+    forked_worker,
     in_background,
     local_workers,
+    shared_empty,
 )
 from p2pdp.experiments.scenario import config_of, parse_scenario
 from p2pdp.experiments.simulation import simulate
@@ -118,3 +120,38 @@ def test_a_large_run_with_workers_solves_its_reference_in_the_background(monkeyp
     monkeypatch.setattr(pipeline, "BACKGROUND_MIN_ROWS", 10**9)
     with local_workers(2):
         assert isinstance(pipeline.prepare_peers(config, fold=0).reference, np.ndarray)
+
+
+# -- a stream of pieces computed in one forked process (forked_worker) ---------------------
+def _step(state: dict, item):
+    """Changes the worker's copy of ``state`` (so the items must run in order, in one
+    process) and writes into shared memory: a running sum, the pid, a failure on request."""
+    if item == "fail":
+        raise ConfigError("lam = -1 is not > 0")
+    if item == "die":
+        os._exit(5)
+    state["total"] += item
+    state["out"][item % 4] = state["total"]
+    return state["total"], os.getpid()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_forked_worker_computes_the_items_in_order_while_this_process_goes_on(workers):
+    state = {"total": 0, "out": shared_empty((4,), np.int64)}
+    with forked_worker(_step, state, workers=workers) as submit:
+        results = [submit(item) for item in range(1, 4)]  # sent before any is read
+        failed = submit("fail")
+        last = submit(4)
+        assert [result()[0] for result in results] == [1, 3, 6]
+        with pytest.raises(ConfigError, match="lam = -1"):
+            failed()
+        total, pid = last()
+    assert total == 10 and state["out"].tolist() == [10, 1, 3, 6]  # written by the worker
+    assert (pid != os.getpid()) == (workers == 2)
+    assert state["total"] == (10 if workers == 1 else 0)  # the worker's copy moved on
+
+
+def test_a_forked_worker_that_dies_is_an_error_naming_its_function():
+    with forked_worker(_step, {"total": 0}, workers=2) as submit:
+        with pytest.raises(P2PDPError, match="computing _step died .*5"):
+            submit("die")()

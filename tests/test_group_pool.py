@@ -28,7 +28,7 @@ def _floyd(pool: list[int], uniform, g: int) -> tuple[list[int], int]:
 @pytest.mark.parametrize("k", [1, 4])
 def test_a_wave_of_draws_is_floyd_on_the_same_uniforms(g, k):
     peers = list(range(3, 200, 2))  # 99 peers: room for 3 waves of 4 groups of 7
-    pool = GroupPool(Uniforms(np.random.default_rng(g * 10 + k), batch=5).draw)
+    pool = GroupPool(Uniforms(np.random.default_rng(g * 10 + k), batch=5))
     pool.add(peers)
     reference_uniform = Uniforms(np.random.default_rng(g * 10 + k), batch=5).draw
     reference = list(peers)
@@ -47,7 +47,7 @@ def test_a_wave_of_draws_is_floyd_on_the_same_uniforms(g, k):
 
 
 def test_draw_is_one_group_of_a_wave():
-    one, many = (GroupPool(Uniforms(np.random.default_rng(5)).draw) for _ in range(2))
+    one, many = (GroupPool(Uniforms(np.random.default_rng(5))) for _ in range(2))
     one.add(list(range(40)))
     many.add(list(range(40)))
     drawn, curators = many.draw_many(4, 6)

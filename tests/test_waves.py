@@ -17,6 +17,7 @@ from test_simulation import synthetic
 
 from p2pdp.config import GossipConfig, GroupsConfig, NetworkConfig, PrivacyConfig, TrainingConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.parallel import local_workers
 from p2pdp.experiments.simulation import simulate
 from p2pdp.sim import waves
 from p2pdp.sim.world import WorldObserver
@@ -52,6 +53,26 @@ class Recorder(WorldObserver):
 
     def aborted(self, world, group, reason) -> None:
         self.events.append(("aborted", world.env.now, group.group_id, reason))
+
+
+class Told(WorldObserver):
+    """What an observer told of releases after the fact (``released_many``) sees: the time,
+    group id, curator and record of each, in order, and how it was told."""
+
+    def __init__(self) -> None:
+        self.world = None
+        self.events: list[tuple] = []
+        self.told_after = 0
+
+    def released(self, world, group, record) -> None:
+        self.world = world
+        self.events.append((world.env.now, group.group_id, group.curator, record.as_row()))
+
+    def released_many(self, world, times, group_ids, curators, records) -> None:
+        self.world = world
+        self.told_after += 1
+        rows = (record.as_row() for record in records)
+        self.events.extend(zip(times, group_ids, curators, rows, strict=True))
 
 
 def _same(new, old) -> bool:
@@ -103,6 +124,12 @@ def _assert_same_outputs(reference, seen, batched, seen_batched) -> None:
         )
     for counter in ("control_messages", "broadcasts", "messages_lost"):
         assert getattr(world_batched.transport, counter) == getattr(world.transport, counter)
+    np.testing.assert_array_equal(world_batched.ledger.aggregations(), world.ledger.aggregations())
+    (state, unit), (state_batched, unit_batched) = (
+        w.releaser.noise.state() for w in (world, world_batched)
+    )
+    assert state_batched == state  # the noise stream is where the SimPy world left it
+    np.testing.assert_array_equal(unit_batched, unit)
     assert world_batched.monitor.end_time == world.monitor.end_time
     assert world_batched.monitor.aggregations == world.monitor.aggregations
     if hasattr(world.sampler, "pool"):  # the central sampler's idle peers
@@ -141,6 +168,42 @@ def test_batched_driver_gives_the_reference_outputs(
     counts = reference.aggregations_per_peer
     if (seed, n_peers) in ((2, 20), (3, 23), (1, 31)):  # budgets that run out unevenly
         assert counts.min() < counts.max()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(
+    ("mode", "group_size", "concurrent", "seed"),
+    [("full", 5, 1, 1), ("group", 5, 3, 2), ("group", 1, 4, 3), ("full", 4, 100, 4)],
+)
+def test_releases_told_after_the_fact_give_the_reference_outputs(
+    mode, group_size, concurrent, seed, workers, monkeypatch
+):
+    """With no observer that must see each event (only ones with ``released_many``), the
+    batched driver makes its releases a chunk at a time, in a forked process with two local
+    workers: the same outputs, the same rows of the release log, the same observed releases,
+    the noise stream left at the same point."""
+    monkeypatch.setattr(waves, "_CHUNK", 3 + seed)  # several chunks, one partial
+    monkeypatch.setattr(waves, "_AHEAD", seed % 3)  # chunks published later (or at once)
+    config = synthetic(
+        n_peers=37,
+        epsilon=1.0,
+        epsilon_per_aggregation=0.2,
+        mode=mode,
+        rows=20 * 37 + 7 * seed,  # uneven shards: sizes and sensitivities differ
+        seed=seed,
+        groups=GroupsConfig(group_size=group_size, max_concurrent_groups=concurrent),
+        network=NetworkConfig(latency_mean=0.01 * seed, bandwidth=1e5),
+    )
+    trained = make_task(config).prepare(fold=0, repetition=0)
+    runs = []
+    for driver in ("reference", "batched"):
+        told = Told()
+        with local_workers(workers):
+            runs.append((simulate(config, trained=trained, observers=(told,), driver=driver), told))
+    (reference, seen), (batched, seen_batched) = runs
+    assert seen_batched.world.batched and seen_batched.told_after > 2 and not seen.told_after
+    _assert_same_outputs(reference, seen, batched, seen_batched)
+    assert reference.aggregations > 10
 
 
 def _gaussian(config, **privacy):

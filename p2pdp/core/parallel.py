@@ -12,7 +12,9 @@ into (a large data set generated or transformed block by block in the workers).
 :func:`remote_workers` sends :func:`forked_map`'s pieces to other machines instead (a Dask
 cluster's workers scoring one large run's peers, :mod:`p2pdp.experiments.cluster`).
 :func:`in_background` computes one function in a forked process while this one goes on (a
-large run's centralised reference during its simulation, which runs in one process).
+large run's centralised reference during its simulation, which runs in one process), and
+:func:`forked_worker` a stream of pieces of work (the exact aggregates of a large run's
+releases while its driver draws the next groups).
 """
 
 from __future__ import annotations
@@ -152,6 +154,109 @@ def forked_pool(
             )
     finally:
         _TASK = None
+
+
+@contextlib.contextmanager
+def forked_worker(
+    function: Callable[[_S, _I], _R], shared: _S, *, workers: int
+) -> Iterator[Callable[[_I], Callable[[], _R]]]:
+    """One forked process computing ``function(shared, item)`` for each item sent to it, in
+    order, while this process goes on with serial work.
+
+    Yields ``submit(item)``, which returns at once a ``result()`` that waits for and returns
+    ``function(shared, item)`` (re-raising its exception). The process forks once, on entry:
+    ``shared`` is what it was then, inherited copy-on-write; pass large inputs and outputs
+    through :func:`shared_empty` memory allocated before. Items and results travel through
+    pipes, with no helper thread: keep them small (a few KB) and the results waited for
+    few, or both processes may wait on a full pipe. With ``workers <= 1``, inside
+    :func:`remote_workers`, in a worker process or where the platform cannot fork, ``submit``
+    computes the value here, at once (an error is raised by ``result()``).
+    """
+
+    def here(item: _I) -> Callable[[], _R]:
+        try:
+            value = function(shared, item)
+        except Exception as error:  # raised where the value is read, as from the process
+            failure = error
+
+            def fail() -> _R:
+                raise failure
+
+            return fail
+        return lambda: value
+
+    local = workers > 1 and not _IN_WORKER and _REMOTE.get() is None
+    if not local or "fork" not in multiprocessing.get_all_start_methods():
+        yield here
+        return
+    context = multiprocessing.get_context("fork")
+    items, send = context.Pipe(duplex=False)
+    receive, results = context.Pipe(duplex=False)
+    process = context.Process(
+        target=_worker_main, args=(function, shared, items, results, (send, receive)), daemon=True
+    )
+    process.start()
+    items.close()  # the child holds the only ends it reads and writes
+    results.close()
+    sent, received = 0, 0
+    values: dict[int, tuple[bool, Any]] = {}
+
+    def submit(item: _I) -> Callable[[], _R]:
+        nonlocal sent
+        number = sent
+        send.send(item)
+        sent += 1
+
+        def result() -> _R:
+            nonlocal received
+            while number not in values:  # the results come in order
+                try:
+                    values[received] = receive.recv()
+                except EOFError:
+                    process.join()  # it closed its end: it is gone
+                    raise P2PDPError(
+                        f"the forked worker computing {getattr(function, '__name__', function)} "
+                        f"died (exit code {process.exitcode})"
+                    ) from None
+                received += 1
+            ok, value = values.pop(number)
+            if not ok:
+                raise value
+            return value
+
+        return result
+
+    try:
+        yield submit
+    finally:
+        send.close()  # the worker's loop ends ...
+        receive.close()  # ... or its send of a result nobody reads fails
+        process.join()
+
+
+def _worker_main(
+    function: Callable[[Any, Any], Any], shared: Any, items: Any, results: Any, parents: Any
+) -> None:
+    """A :func:`forked_worker`'s process: ``(True, value)`` or ``(False, error)`` per item,
+    until the parent closes its end of ``items`` (``parents``: the parent's ends, inherited:
+    closed here so that the parent's close is seen)."""
+    _pool_worker()
+    for end in parents:
+        end.close()
+    while True:
+        try:
+            item = items.recv()
+        except EOFError:  # the parent is done
+            break
+        try:
+            message: tuple[bool, Any] = (True, function(shared, item))
+        except BaseException as error:  # re-raised in the parent
+            message = (False, error)
+        try:
+            results.send(message)
+        except BrokenPipeError:  # the parent stopped reading
+            break
+    results.close()
 
 
 class Background(Generic[_R]):

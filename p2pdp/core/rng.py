@@ -83,3 +83,17 @@ class Uniforms:
         if not self._values:
             self._values = self._rng.random(self._batch).tolist()
         return self._values.pop()
+
+    def take(self, n: int) -> list[float]:
+        """The next ``n`` uniform floats in [0, 1), in order: what ``n`` calls of :meth:`draw`
+        give (the same batches, drawn at the same points), at a fraction of the cost."""
+        taken: list[float] = []
+        values = self._values
+        while n > len(values):  # use this batch up, then draw the next
+            taken.extend(reversed(values))
+            n -= len(values)
+            values = self._values = self._rng.random(self._batch).tolist()
+        if n:
+            taken.extend(values[: -n - 1 : -1])
+            del values[-n:]
+        return taken

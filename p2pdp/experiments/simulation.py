@@ -266,6 +266,16 @@ class ReleaseRows(RowSequence):
     def append(self, time: float, group: int, curator: int, record: ReleaseRecord) -> None:
         self._entries.append((time, group, curator, record))
 
+    def extend(
+        self,
+        times: list[float],
+        groups: list[int],
+        curators: list[int],
+        records: list[ReleaseRecord],
+    ) -> None:
+        """:meth:`append` each release, in order."""
+        self._entries.extend(zip(times, groups, curators, records, strict=True))
+
     def columns(self) -> dict[str, list[Any]]:
         """The rows as columns, ``{column: [value of each row]}`` (none without rows)."""
         if not self._entries:
@@ -298,6 +308,9 @@ class ReleaseLog(WorldObserver):
 
     def released(self, world, group, record) -> None:
         self.rows.append(float(world.env.now), group.group_id, group.curator, record)
+
+    def released_many(self, world, times, group_ids, curators, records) -> None:
+        self.rows.extend(times, group_ids, curators, records)
 
 
 #: Where a one-shot run happens: the SimPy world, or real processes over TCP (p2pdp.net).

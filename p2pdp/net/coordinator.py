@@ -308,7 +308,7 @@ class NetworkWorld:
         self.observers = tuple(observers)
         self.exact = exact
         self.bind = bind
-        self.pool = GroupPool(Uniforms(rngs["protocol"]).draw)
+        self.pool = GroupPool(Uniforms(rngs["protocol"]))
         self.env = _Clock()
         self.monitor = _Monitor()
         self.transport = _Counters(

@@ -720,8 +720,6 @@ def format_budget_table(rows: Sequence[dict[str, float | int]]) -> str:
 
 #: Arrays of at most this many peer ids are checked with Python builtins (faster when short).
 _SMALL = 256
-#: Largest group :meth:`BudgetLedger.spend_drawn` charges in a Python loop (numpy beyond).
-_LOOP = 12
 
 
 def _count_distinct(ids: np.ndarray) -> int:
@@ -811,8 +809,11 @@ class BudgetLedger:
         """Raise BudgetExhaustedError naming the peers that cannot afford one more aggregation."""
         self._refuse_broke(self._peer_ids(peers))
 
-    def _refuse_broke(self, ids: np.ndarray) -> None:
-        broke = ids[self._counts[ids] >= self.max_aggregations]
+    def _refuse_broke(self, ids: np.ndarray, spent: np.ndarray | None = None) -> None:
+        """Raise BudgetExhaustedError naming the ``ids`` whose count (``spent``, default the
+        ledger's) leaves no aggregation."""
+        spent = self._counts[ids] if spent is None else spent
+        broke = ids[spent >= self.max_aggregations]
         if broke.size:
             raise BudgetExhaustedError(
                 f"peers {broke.tolist()} have used all {self.max_aggregations} aggregations of "
@@ -826,36 +827,6 @@ class BudgetLedger:
             raise ConfigError(f"peers must be distinct ids, got {peers!r}")
         self._refuse_broke(ids)
         self._counts[ids] += 1
-
-    def spend_drawn(self, ids: list[int]) -> list[int]:
-        """:meth:`spend` for a group a driver drew from its pool of solvent peers: ``ids``
-        are distinct ids in [0, P) by construction, so only the budget is checked (a broke
-        peer is refused, all or nothing, as by :meth:`spend`).
-
-        A group of up to ``_LOOP`` members is charged in a Python loop (numpy's fancy
-        indexing costs more for so few).
-
-        Returns
-        -------
-        list of int
-            The members that can afford another aggregation after the charge (back to the
-            pool), in the order of ``ids``.
-        """
-        counts, most = self._counts, self.max_aggregations
-        if len(ids) > _LOOP:
-            index = np.array(ids, dtype=np.int64)
-            spent = counts[index]
-            if spent.max() >= most:
-                self._refuse_broke(index)
-            spent += 1
-            counts[index] = spent
-            return index[spent < most].tolist()
-        before = [counts.item(peer) for peer in ids]
-        if max(before) >= most:
-            self._refuse_broke(np.array(ids, dtype=np.int64))
-        for peer, count in zip(ids, before, strict=True):
-            counts[peer] = count + 1
-        return [peer for peer, count in zip(ids, before, strict=True) if count + 1 < most]
 
     def spent_epsilon(self) -> np.ndarray:
         """Epsilon spent by each peer under the ledger's accountant, shape (P,)."""
@@ -871,3 +842,47 @@ class BudgetLedger:
     def active_mask(self) -> np.ndarray:
         """Bool mask of peers that can still afford one more aggregation, shape (P,)."""
         return self._counts < self.max_aggregations
+
+
+class DrawnCharges:
+    """:meth:`BudgetLedger.spend` for a long run of small groups a driver draws from its pool
+    of solvent peers (:func:`p2pdp.sim.waves.run_waves`): the ledger's counts held as a
+    Python list, several times cheaper per member than the ledger's array.
+
+    The ids of a group are distinct ids in [0, P) by construction, so only the budget is
+    checked (a broke member is refused, all or nothing, as by :meth:`BudgetLedger.spend`).
+    The ledger changes only on :meth:`write`: call it before anyone may read the ledger.
+
+    Parameters
+    ----------
+    ledger : BudgetLedger
+        Its counts as they stand now; nothing else may charge it until the last
+        :meth:`write`.
+    """
+
+    __slots__ = ("_ledger", "_most", "counts")
+
+    def __init__(self, ledger: BudgetLedger) -> None:
+        self._ledger = ledger
+        self._most = ledger.max_aggregations
+        self.counts: list[int] = ledger.aggregations().tolist()
+
+    def spend(self, ids: list[int]) -> list[int]:
+        """Charge ``ids`` one aggregation each; returns those that can afford another after
+        it (back to the pool), in the order of ``ids``."""
+        counts, most = self.counts, self._most
+        after = [counts[peer] + 1 for peer in ids]
+        if max(after) > most:
+            before = np.array(after, dtype=np.int64) - 1
+            self._ledger._refuse_broke(np.array(ids, dtype=np.int64), before)
+        for peer, count in zip(ids, after, strict=True):
+            counts[peer] = count
+        return [peer for peer, count in zip(ids, after, strict=True) if count < most]
+
+    def write(self, ids: list[int] | None = None) -> None:
+        """Bring the ledger up to date: the counts of ``ids``, or of every peer."""
+        counts = self.counts
+        if ids is None:
+            self._ledger._counts[:] = counts
+        else:
+            self._ledger._counts[ids] = [counts[peer] for peer in ids]

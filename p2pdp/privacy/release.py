@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -153,6 +153,35 @@ class NoiseStream:
         if not self._unit:
             self._unit = list(self._sample(1.0, self._BATCH)[::-1])
         return sensitivity * self._unit.pop()
+
+    def draw_many(self, sensitivities: list[float]) -> np.ndarray:
+        """:meth:`draw` for each of ``sensitivities`` in turn, from the run's stream: the same
+        vectors, as the rows of an array of shape (n, dim) (a scale family's unit vectors
+        scaled in one operation), and the stream left where those draws leave it."""
+        n = len(sensitivities)
+        if not getattr(self.mechanism, "scale_family", False):
+            return np.array([self.draw(s) for s in sensitivities]).reshape(n, self.dim)
+        left = self._unit  # the current batch's unused vectors, the next one last
+        used = min(n, len(left))
+        units = [np.array(left[: -used - 1 : -1]).reshape(used, self.dim)]
+        del left[len(left) - used :]
+        while n > used:
+            batch = self._sample(1.0, self._BATCH)
+            units.append(batch[: n - used])
+            if n - used < self._BATCH:
+                self._unit = list(batch[n - used :][::-1])
+            used += min(n - used, self._BATCH)
+        return np.asarray(sensitivities, dtype=np.float64)[:, None] * np.concatenate(units)
+
+    def state(self) -> tuple[Mapping[str, Any], list[np.ndarray]]:
+        """Where the stream stands (its generator's state and the batch's unused vectors):
+        :meth:`restore` moves a copy of this stream (a forked process's) there."""
+        return self.rng.bit_generator.state, list(self._unit)
+
+    def restore(self, state: tuple[Mapping[str, Any], list[np.ndarray]]) -> None:
+        """Move the stream to ``state`` (:meth:`state` of a copy of it that drew on)."""
+        self.rng.bit_generator.state, unit = state
+        self._unit = list(unit)
 
     def skip(self, n: int) -> None:
         """Discard the next ``n`` draws: a replica of the run's stream held by one curator
@@ -371,6 +400,26 @@ class Releaser:
         """The public record of a release of ``n_members`` statistics (``noise_norm`` is
         analysis-only: NaN where the curator cannot know it, secure aggregation on the
         network)."""
+        return self._record(n_members, int(min(sizes)), sensitivity, noise_norm)
+
+    def records(
+        self,
+        n_members: int,
+        n_min: list[int],
+        sensitivities: list[float],
+        noise_norms: list[float],
+    ) -> list[ReleaseRecord]:
+        """:meth:`record` of many releases of ``n_members`` statistics each, given each one's
+        smallest shard size, sensitivity and noise norm."""
+        record = self._record
+        return [
+            record(n_members, smallest, sensitivity, norm)
+            for smallest, sensitivity, norm in zip(n_min, sensitivities, noise_norms, strict=True)
+        ]
+
+    def _record(
+        self, n_members: int, n_min: int, sensitivity: float, noise_norm: float
+    ) -> ReleaseRecord:
         sensitivity = float(sensitivity)
         if self._unit is not None:
             scale, std = self._unit[0] * sensitivity, self._unit[1] * sensitivity
@@ -380,7 +429,7 @@ class Releaser:
         inflation = math.sqrt(n_members / max(n_members - 1, 1)) if self.secure else 1.0
         return ReleaseRecord(
             n_members,
-            int(min(sizes)),
+            n_min,
             sensitivity,
             self.name,
             self.epsilon,

@@ -31,11 +31,13 @@ A group of one, with secure aggregation, is its own partial sum.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from p2pdp.core.rng import Uniforms
 
 __all__ = [
     "ASSIGN",
@@ -203,10 +205,10 @@ class GroupPool:
 
     Parameters
     ----------
-    uniform : callable
-        ``uniform()`` gives the next uniform float in [0, 1) of the protocol stream (a
-        :class:`~p2pdp.core.rng.Uniforms`): every choice of the pool comes from it, so the
-        same stream and the same order of events give the same groups in any driver.
+    uniforms : Uniforms
+        The protocol stream's uniform floats in [0, 1) (:class:`~p2pdp.core.rng.Uniforms`):
+        every choice of the pool comes from it, so the same stream and the same order of
+        events give the same groups in any driver.
 
     Attributes
     ----------
@@ -214,9 +216,10 @@ class GroupPool:
         Idle peers that can afford one more aggregation.
     """
 
-    def __init__(self, uniform: Callable[[], float]) -> None:
+    def __init__(self, uniforms: Uniforms) -> None:
         self.peers: list[int] = []
-        self._uniform = uniform
+        self._uniform = uniforms.draw
+        self._take = uniforms.take
 
     def __len__(self) -> int:
         return len(self.peers)
@@ -239,31 +242,40 @@ class GroupPool:
         """``k`` successive :meth:`draw` of ``g`` peers in one call (a wave of the batched
         driver, :mod:`p2pdp.sim.waves`): the same uniforms in the same order, the same groups.
 
+        Each group takes ``g + 1`` uniforms (Floyd's ``g`` picks, then the curator), so the
+        wave's are taken at once. Floyd's pick ``j`` (of ``n - g .. n - 1``) is
+        ``t = int(u * (j + 1))``, or ``j`` if ``t`` was picked already; when no ``t`` repeats
+        (almost always, for ``g`` much smaller than the pool) the picks are the ``t`` in order.
+
         Returns
         -------
         members : list of k lists of g ints
-            Each group's members, in the order :meth:`draw` gives them.
+            Each group's members, in the order :meth:`draw` gives them (the picks' set order).
         curators : list of k ints
         """
-        pool, uniform = self.peers, self._uniform
+        pool = self.peers
+        uniforms = self._take(k * (g + 1))
         groups: list[list[int]] = []
         curators: list[int] = []
-        for _ in range(k):
+        for start in range(0, k * (g + 1), g + 1):
             n = len(pool)
             if g == 1:  # Floyd's algorithm with one pick: a uniform index
-                t = int(uniform() * n)
+                t = int(uniforms[start] * n)
                 chosen = [pool[t]]
                 pool[t] = pool[-1]
                 pool.pop()
             else:
-                picks: set[int] = set()
-                for j in range(n - g, n):
-                    t = int(uniform() * (j + 1))
-                    picks.add(j if t in picks else t)
+                picked = uniforms[start : start + g]
+                ts = [int(u * j) for u, j in zip(picked, range(n - g + 1, n + 1), strict=True)]
+                picks = set(ts)  # the same set as adding the t one by one
+                if len(picks) < g:  # a t repeats: Floyd's rule, pick by pick
+                    picks = set()
+                    for j, t in zip(range(n - g, n), ts, strict=True):
+                        picks.add(j if t in picks else t)
                 chosen = [pool[i] for i in picks]
                 for i in sorted(picks, reverse=True):  # swap-remove, O(g)
                     pool[i] = pool[-1]
                     pool.pop()
             groups.append(chosen)
-            curators.append(chosen[int(uniform() * g)])
+            curators.append(chosen[int(uniforms[start + g] * g)])
         return groups, curators

@@ -62,7 +62,7 @@ class CentralSampler:
     def __init__(self, world: World, *, rng: np.random.Generator) -> None:
         self.world = world
         self.rng = rng
-        self.pool = GroupPool(Uniforms(rng).draw)  # idle peers that can afford one more
+        self.pool = GroupPool(Uniforms(rng))  # idle peers that can afford one more
         self.in_flight = 0
         self.not_ready = 0
         self.failed_in_a_row = 0

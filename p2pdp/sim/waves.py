@@ -16,17 +16,26 @@ wave by wave, without an event or a message object:
   (same protocol stream, same order of draws);
 - each group is a :class:`~p2pdp.protocols.groups.Group` whose curator holds its own statistic
   first and the other members' in member order (the order their ``SUBMIT`` arrive);
-- each curator charges its members on the ledger (:meth:`BudgetLedger.spend_drawn
-  <p2pdp.privacy.accounting.BudgetLedger.spend_drawn>`: the pool holds distinct solvent ids,
-  so only the budget is checked, and a broke member is still refused, all or nothing; the
-  members still solvent go back to the pool at the wave's end, in draw order), then draws its
-  noise from the run's stream through the one release path (:meth:`Releaser.release
-  <p2pdp.privacy.release.Releaser.release>`'s draw and record, in release order: the same
-  draws from the same generator), so the budget is charged before any noise is drawn; the
-  sensitivity, a function of the members' sizes, is asked once per distinct sizes;
+- each curator charges its members (:class:`~p2pdp.privacy.accounting.DrawnCharges`, the
+  ledger's counts as a Python list, written to the ledger before anyone can read it: the
+  pool holds distinct solvent ids, so only the budget is checked, and a broke member is
+  still refused, all or nothing; the members still solvent go back to the pool at the wave's
+  end, in draw order), then draws its noise from the run's stream through the one release
+  path (:class:`~p2pdp.privacy.release.Releaser`'s noise stream and record, in release
+  order: the same draws from the same generator), so the budget is charged before any
+  noise is drawn; the sensitivity, a function of the members' sizes, is asked once per
+  distinct sizes;
 - the observers see ``group_started`` for every group of the wave at ``T`` and ``released``
   for each at the collection instant, in the same order and with the same ledger state as in
-  the SimPy world (``world.env.now`` reads the wave's instant);
+  the SimPy world (``world.env.now`` reads the wave's instant). Where every observer can be
+  told of the releases after the fact (``world.told_after``: none overrides
+  ``group_started``, and each one overriding ``released`` overrides :meth:`released_many
+  <p2pdp.sim.world.WorldObserver.released_many>`, as the release log does), the driver
+  draws the groups and charges their members, and the rest (sensitivities, noise, records,
+  ``released_many``) is done ``_CHUNK`` releases at a time, with the same draws in the same
+  order; with two or more local workers, in one forked process beside the draws of the next
+  groups (:func:`~p2pdp.core.parallel.forked_worker`; its copy of the noise stream draws
+  what this one would, and this one is moved to where it stopped);
 - the exact aggregates (the only heavy arithmetic) are summed for many groups at once, in the
   same order per group (the curator's row, then the members'), and published with the noise,
   so ``world.published``, ``shared``, ``receipts`` and ``release_members`` grow by chunks
@@ -50,12 +59,18 @@ runs both on worlds where both apply and compares every output.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from p2pdp.core.parallel import current_workers, forked_worker, shared_empty
+from p2pdp.privacy.accounting import DrawnCharges
 from p2pdp.privacy.release import LINEAR_AGGREGATES
 from p2pdp.protocols.groups import HEADER_BYTES, Group, too_few_solvent
 from p2pdp.sim.central import CentralSampler
@@ -119,73 +134,95 @@ def run_waves(world: World) -> None:
     counters, the monitor's ``aggregations``, ``end_time`` and ``stop_reason`` and the
     sampler's pool and state. ``world.env.now`` ends at the last collection (the SimPy world
     also runs the last wave's publication messages).
+
+    Where an observer must see each event as it happens (not ``world.told_after``), each group and
+    release is made for it in turn, the ledger written as it goes. Else the driver only draws
+    the groups and charges their members (:class:`~p2pdp.privacy.accounting.DrawnCharges`),
+    and each chunk of ``_CHUNK`` releases is made at once (:class:`_Releases`: sensitivities,
+    noise, aggregates, then records and the observers' ``released_many``), with local workers
+    (:func:`~p2pdp.core.parallel.current_workers` > 1) in a forked process while the driver
+    draws on (:func:`~p2pdp.core.parallel.forked_worker`).
     """
     config = world.config
-    env, ledger, releaser = world.env, world.ledger, world.releaser
+    env, releaser = world.env, world.releaser
     sampler, monitor, observers = world.sampler, world.monitor, world.observers
     assert isinstance(sampler, CentralSampler)  # batched_obstacle says so
     pool = sampler.pool
     g = config.groups.group_size
     limit = config.groups.max_concurrent_groups
-    full = config.publication.mode == "full"
     latency, bandwidth = config.network.latency_mean, config.network.bandwidth
     assign_delay = latency + HEADER_BYTES / bandwidth  # Transport.delay of one ASSIGN
     submit_delay = latency + world.model_bytes / bandwidth  # ... and of one SUBMIT
-    sizes = world.shard_sizes.tolist()
-    sensitivity, draw, record = world.sensitivity, releaser.noise.draw, releaser.record
-    spend = ledger.spend_drawn  # the pool holds distinct solvent ids: only the budget is checked
-    releases = world.releases
-    scales: dict[tuple[int, ...], float] = {}
-    pending = _Pending()  # what no observer reads, published by chunks
-    now = env.now  # 0: every peer is ready at the start
-    while True:
-        k = min(limit, len(pool) // g)
-        if k == 0:
-            break
-        env._now = now  # what observers read as world.env.now (simpy keeps it there)
-        drawn, curators = pool.draw_many(g, k)
-        wave: list[Group] = []
-        for members, curator in zip(drawn, curators, strict=True):
-            members_array = np.array(members, dtype=np.int64)
-            group = Group(world._next_group, members_array, curator, started=now)
-            world._next_group += 1
-            wave.append(group)
-            for observer in observers:
-                observer.group_started(world, group)
-        now = now + assign_delay  # the members get their ASSIGN ...
-        if g > 1:
-            now = now + submit_delay  # ... and the curators every SUBMIT
-        env._now = now
-        solvent: list[int] = []  # who can afford another aggregation, in member order
-        for group, members in zip(wave, drawn, strict=True):
-            curator = group.curator
-            order = members if g == 1 else [curator, *[m for m in members if m != curator]]
-            group.submitted, group.sizes = order, [sizes[m] for m in order]
-            group.ended = True
-            solvent.extend(spend(members))  # charged before the noise is drawn
-            key = tuple(group.sizes)  # a pure function of the sizes: computed once per sizes
-            scale = scales.get(key)
-            if scale is None:
-                scale = scales[key] = sensitivity(group.sizes)
-            noise = draw(scale)
-            release = record(g, group.sizes, scale, math.sqrt(float(noise @ noise)))
-            releases.append(release)
-            for observer in observers:
-                observer.released(world, group, release)
-            pending.rows.append(order)
-            pending.members.append(members)
-            pending.noises.append(noise)
-        pending.waves.append(k)
-        monitor.aggregations += k
-        pool.add(solvent)
-        if len(pending.rows) >= _CHUNK:
-            _publish(world, pending, full=full)
+    charges = DrawnCharges(world.ledger)  # the pool holds distinct solvent ids
+    spend = charges.spend
+    per_event = not world.told_after
+    capacity = _CHUNK - 1 + min(limit, len(pool) // g)  # releases published at once, at most
+    releases = _Releases(world, deferred=not per_event, capacity=max(capacity, 1))
+    with (
+        _frozen_heap(),
+        forked_worker(_released, releases, workers=current_workers()) as submit,
+    ):
+        pending = _Pending(submit, releases, len(world.releases))  # published by chunks
+        members_, curators_ = pending.members, pending.curators
+        now = env.now  # 0: every peer is ready at the start
+        while True:
+            k = min(limit, len(pool) // g)
+            if k == 0:
+                break
+            env._now = now  # what observers read as world.env.now (simpy keeps it there)
+            drawn, curators = pool.draw_many(g, k)
+            first = world._next_group
+            world._next_group += k
+            if per_event:
+                wave = [
+                    Group(first + i, np.array(members, dtype=np.int64), curator, started=now)
+                    for i, (members, curator) in enumerate(zip(drawn, curators, strict=True))
+                ]
+                for group in wave:
+                    for observer in observers:
+                        observer.group_started(world, group)
+            now = now + assign_delay  # the members get their ASSIGN ...
+            if g > 1:
+                now = now + submit_delay  # ... and the curators every SUBMIT
+            env._now = now
+            solvent: list[int] = []  # who can afford another aggregation, in member order
+            for members in drawn:
+                solvent.extend(spend(members))  # charged before the noise is drawn
+                members_.extend(members)
+            if per_event:
+                for group, members in zip(wave, drawn, strict=True):
+                    charges.write(members)
+                    pending.noises.append(releases.release(group, members))
+            curators_.extend(curators)
+            pending.waves.append(k)
+            pending.times.append(float(now))
+            monitor.aggregations += k
+            pool.add(solvent)
+            if len(curators_) >= _CHUNK:
+                pending.publish(world)
 
-    sampler.stop_reason = monitor.stop_reason = too_few_solvent(g)
-    sampler.done.succeed(sampler.stop_reason)  # as the sampler would (nothing waits on it)
-    monitor.end_time = now
-    if pending.rows:
-        _publish(world, pending, full=full)
+        charges.write()
+        sampler.stop_reason = monitor.stop_reason = too_few_solvent(g)
+        sampler.done.succeed(sampler.stop_reason)  # as the sampler would (nothing waits on it)
+        monitor.end_time = now
+        if curators_:
+            pending.publish(world)
+        pending.flush(world)
+        if not per_event:  # the noise was drawn from the worker's copy of the stream
+            releaser.noise.restore(submit(None)())
+
+
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """Inside the block, the garbage collector ignores the objects that exist on entry
+    (:func:`gc.freeze`): a run's world, data and models live on, so no collection during the
+    run traverses them (a third of the simulation at 10^5 peers), nor, in a forked worker, copies
+    their pages."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _formed_in_rounds(world: World) -> bool:
@@ -342,75 +379,212 @@ class GroupBatches:
     def flush(self) -> None:
         """Publish the releases collected so far (their exact aggregates plus their noise)."""
         if self._rows:
-            _release_models(self.world, self._rows, self._noises, full=self.full, assigned=False)
+            _release_models(self.world, self._rows, self._noises, full=self.full)
+
+
+#: Chunks of releases that may be in the works at once (:class:`_Pending`).
+_AHEAD = 3
+
+
+class _Releases:
+    """How a chunk of the central sampler's releases is made (:func:`_released`), in the
+    driver's process or in one forked process (then on its copy of this object and of the
+    run's noise stream, which draws the same vectors in the same order: one process makes
+    every chunk, in order).
+
+    ``deferred``: the chunks come without their noise (nobody has seen these releases yet):
+    their sensitivities and noise are computed with their aggregates. Else :meth:`release`
+    made each release as it happened (noise, record, observers).
+
+    A chunk travels in one of ``_AHEAD + 1`` slots of shared memory
+    (:func:`~p2pdp.core.parallel.shared_empty`) of ``capacity`` releases: its statistics
+    rows ``index`` (slots, capacity, g) in, its ``published`` models (slots, capacity, d)
+    out (in: its noise, if not deferred) and, deferred, each one's ``n_min``, ``scales`` and
+    ``norms`` (:meth:`Releaser.records <p2pdp.privacy.release.Releaser.records>`) out.
+    """
+
+    def __init__(self, world: World, *, deferred: bool, capacity: int) -> None:
+        self.world = world
+        self.deferred = deferred
+        self.statistics = world.statistics
+        self.mean = world.releaser.aggregate == "mean"
+        self.noise = world.releaser.noise
+        self.shard_sizes = world.shard_sizes
+        self._sizes = world.shard_sizes.tolist()
+        self._scales: dict[tuple[int, ...], float] = {}
+        slots, g = _AHEAD + 1, world.config.groups.group_size
+        self.index = shared_empty((slots, capacity, g), np.int64)
+        self.published = shared_empty((slots, capacity, world.statistics.shape[-1]))
+        self.n_min = shared_empty((slots, capacity), np.int64)
+        self.scales = shared_empty((slots, capacity))
+        self.norms = shared_empty((slots, capacity))
+
+    def scale(self, sizes: list[int]) -> float:
+        """The sensitivity of a release whose rows have shard sizes ``sizes`` (a pure function
+        of them, computed once per distinct sizes)."""
+        key = tuple(sizes)
+        scale = self._scales.get(key)
+        if scale is None:
+            scale = self._scales[key] = self.world.sensitivity(sizes)
+        return scale
+
+    def release(self, group: Group, members: list[int]) -> np.ndarray:
+        """Make ``group``'s release now (its members, in member order, are charged): its rows
+        and sizes, its noise, its record, the observers' ``released``; returns the noise."""
+        world, g = self.world, len(members)
+        curator = group.curator
+        order = members if g == 1 else [curator, *[m for m in members if m != curator]]
+        group.submitted, group.sizes = order, [self._sizes[m] for m in order]
+        group.ended = True
+        scale = self.scale(group.sizes)
+        noise = self.noise.draw(scale)
+        release = world.releaser.record(g, group.sizes, scale, math.sqrt(float(noise @ noise)))
+        world.releases.append(release)
+        for observer in world.observers:
+            observer.released(world, group, release)
+        return noise
+
+
+def _released(releases: _Releases, chunk: tuple[int, int] | None) -> Any:
+    """Make the ``chunk`` ``(slot, n)`` of ``n`` releases (see :class:`_Releases`): their
+    exact aggregates (:func:`_exact`) plus their noise, drawn here if deferred. ``chunk``
+    None: the noise stream's state (:meth:`~p2pdp.privacy.release.NoiseStream.state`)."""
+    if chunk is None:
+        return releases.noise.state()
+    slot, n = chunk
+    index, published = releases.index[slot, :n], releases.published[slot, :n]
+    exact = _exact((releases.statistics, releases.mean), index)
+    if not releases.deferred:
+        published += exact  # the noise plus the exact aggregate: exact + noise, to the bit
+        return None
+    sizes = releases.shard_sizes[index]  # (n, g), in row order
+    scales = [releases.scale(row) for row in sizes.tolist()]
+    noise = releases.noise.draw_many(scales)
+    np.add(exact, noise, out=published)
+    releases.n_min[slot, :n] = sizes.min(axis=1)
+    releases.scales[slot, :n] = scales
+    releases.norms[slot, :n] = [math.sqrt(float(row @ row)) for row in noise]
+    return None
 
 
 @dataclass(slots=True)
 class _Pending:
-    """Releases made and not yet published: each one's statistics rows (curator, then the
-    other members in member order), members (in member order) and noise, and the number of
-    groups of each wave."""
+    """Releases made and not yet published, in release order (from the ``first``): their
+    members (in member order, flat), curators and, made one by one, noise; each wave's number
+    of groups and collection instant; and the chunks ``submit`` (:func:`forked_worker
+    <p2pdp.core.parallel.forked_worker>` of :func:`_released` on ``releases``) is making,
+    with their slot and what their observers need."""
 
-    rows: list[list[int]] = field(default_factory=list)
-    members: list[list[int]] = field(default_factory=list)
+    submit: Callable[[Any], Callable[[], Any]]
+    releases: _Releases
+    first: int
+    members: list[int] = field(default_factory=list)
+    curators: list[int] = field(default_factory=list)
     noises: list[np.ndarray] = field(default_factory=list)
     waves: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    chunks: int = 0
+    making: deque[tuple[Callable[[], Any], int, int, list[float], list[int], list[int]]] = field(
+        default_factory=deque
+    )
+
+    def publish(self, world: World) -> None:
+        """Send the pending releases to be made (:func:`_released`) and record who holds
+        each: the messages counted (:func:`_count_messages`), the shared flags, the release
+        members and the receipts; then forget them.
+
+        Under group publication the curators keep their copy and the ``PUBLISH`` of one wave
+        reaches the other members before the next wave's curators collect, so a wave's
+        receipts are its curators' (in draw order) then its other members' (group by group,
+        in member order), as in the SimPy world.
+        """
+        full = world.config.publication.mode == "full"
+        releases, n = self.releases, len(self.curators)
+        members = np.array(self.members, dtype=np.int64).reshape(n, -1)  # (n, g)
+        curators = np.array(self.curators, dtype=np.int64)
+        g = members.shape[1]
+        slot = self.chunks % (_AHEAD + 1)  # its last chunk was published (flush below)
+        self.chunks += 1
+        index = releases.index[slot, :n]
+        if g == 1:
+            index[:] = members
+        else:  # the curator, then the other members in member order
+            index[:, 0] = curators
+            index[:, 1:] = members[members != curators[:, None]].reshape(n, g - 1)
+        if self.noises:
+            releases.published[slot, :n] = self.noises
+        times = np.repeat(self.times, self.waves).tolist()
+        made = self.submit((slot, n))
+        group_ids = list(range(world._next_group - n, world._next_group))  # the last n groups
+        self.making.append((made, slot, n, times, group_ids, list(self.curators)))
+        first = self.first
+        self.first += n
+        _count_messages(world, index, full=full, assigned=True)
+        world.shared.extend([full] * n)
+        world.release_members.extend(members)
+        if not full:
+            wave = np.repeat(np.arange(len(self.waves)), self.waves)  # (n,)
+            others = index[:, 1:].ravel()  # group by group, in member order
+            peers = np.concatenate([index[:, 0], others])
+            releases_ = np.concatenate([np.arange(n), np.repeat(np.arange(n), g - 1)])
+            curator_first = np.concatenate([np.zeros(n, np.int8), np.ones(others.size, np.int8)])
+            order = np.lexsort((curator_first, wave[releases_]))  # stable: keeps the draw order
+            receipts = zip(peers[order].tolist(), (releases_[order] + first).tolist(), strict=True)
+            world.receipts.extend(receipts)
+        for values in (self.members, self.curators, self.noises, self.waves, self.times):
+            values.clear()
+        self.flush(world, _AHEAD)
+
+    def flush(self, world: World, ahead: int = 0) -> None:
+        """Publish the chunks being made, in order, until at most ``ahead`` are left (if
+        deferred, their records and the observers' ``released_many`` too)."""
+        releases = self.releases
+        while len(self.making) > ahead:
+            made, slot, n, times, group_ids, curators = self.making.popleft()
+            made()
+            world.published.extend(releases.published[slot, :n].copy())
+            if releases.deferred:
+                records = world.releaser.records(
+                    releases.index.shape[2],
+                    releases.n_min[slot, :n].tolist(),
+                    releases.scales[slot, :n].tolist(),
+                    releases.norms[slot, :n].tolist(),
+                )
+                world.releases.extend(records)
+                for observer in world.observers:
+                    observer.released_many(world, times, group_ids, curators, records)
 
 
-def _publish(world: World, pending: _Pending, *, full: bool) -> None:
-    """Publish the ``pending`` releases of the central sampler's waves (then forget them)
-    and record who holds each: :func:`_release_models`, then the shared flags, the release
-    members and the receipts.
-
-    Under group publication the curators keep their copy and the ``PUBLISH`` of one wave
-    reaches the other members before the next wave's curators collect, so a wave's receipts
-    are its curators' (in draw order) then its other members' (group by group, in member
-    order), as in the SimPy world.
-    """
-    first = len(world.published)
-    index = _release_models(world, pending.rows, pending.noises, full=full, assigned=True)
-    n, g = index.shape
-    world.shared.extend([full] * n)
-    world.release_members.extend(np.array(pending.members, dtype=np.int64))
-    if not full:
-        wave = np.repeat(np.arange(len(pending.waves)), pending.waves)  # (n,)
-        others = index[:, 1:].ravel()  # group by group, in member order
-        peers = np.concatenate([index[:, 0], others])
-        releases = np.concatenate([np.arange(n), np.repeat(np.arange(n), g - 1)])
-        curator_first = np.concatenate([np.zeros(n, np.int8), np.ones(others.size, np.int8)])
-        order = np.lexsort((curator_first, wave[releases]))  # stable: keeps the draw order
-        receipts = zip(peers[order].tolist(), (releases[order] + first).tolist(), strict=True)
-        world.receipts.extend(receipts)
-    pending.members.clear()
-    pending.waves.clear()
+def _exact(shared: tuple[np.ndarray, bool], index: np.ndarray) -> np.ndarray:
+    """The exact aggregates of releases whose statistics rows (curator first) are ``index``
+    (n, g), shape (n, d): summed over the same rows in the same order as :meth:`Releaser.exact
+    <p2pdp.privacy.release.Releaser.exact>` (``shared``: the statistics (P, d) and whether
+    the aggregate is the mean)."""
+    statistics, mean = shared
+    total = statistics[index].sum(axis=1)  # (n, g, d) -> (n, d), each group in order
+    return total / index.shape[1] if mean else total
 
 
 def _release_models(
-    world: World,
-    rows: list[list[int]],
-    noises: list[np.ndarray],
-    *,
-    full: bool,
-    assigned: bool,
-) -> np.ndarray:
+    world: World, rows: list[list[int]], noises: list[np.ndarray], *, full: bool
+) -> None:
     """Publish the releases whose statistics rows (curator first) are ``rows`` and whose
-    noise is ``noises`` (then empty both), and count their messages; returns the rows as an
-    (n, g) array.
-
-    Each release is its exact aggregate, summed over the same rows in the same order as
-    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`, plus its noise. The
-    transport counts one ``ASSIGN`` per member (from the central sampler; ``assigned``), one
-    ``SUBMIT`` per other member and the curator's publication: ``g - 1`` messages, or one
-    broadcast to the ``P - 1`` others.
-    """
+    noise is ``noises`` (then empty both), and count their messages (:func:`_count_messages`,
+    no ``ASSIGN``)."""
     index = np.array(rows, dtype=np.int64)  # (n, g)
-    n, g = index.shape
-    total = world.statistics[index].sum(axis=1)  # (n, g, d) -> (n, d), each group in order
-    exact = total / g if world.releaser.aggregate == "mean" else total
-    world.published.extend(exact + np.stack(noises))
+    statistics = world.statistics, world.releaser.aggregate == "mean"
+    world.published.extend(_exact(statistics, index) + np.stack(noises))
     rows.clear()
     noises.clear()
+    _count_messages(world, index, full=full, assigned=False)
 
+
+def _count_messages(world: World, index: np.ndarray, *, full: bool, assigned: bool) -> None:
+    """Count the messages of the releases whose statistics rows (curator first) are
+    ``index`` (n, g): one ``ASSIGN`` per member (from the central sampler; ``assigned``), one
+    ``SUBMIT`` per other member and the curator's publication: ``g - 1`` messages, or one
+    broadcast to the ``P - 1`` others."""
+    n, g = index.shape
     transport = world.transport
     sent = transport.messages_sent
     np.add.at(sent, index[:, 1:].ravel(), 1)  # SUBMIT
@@ -422,4 +596,3 @@ def _release_models(
         transport.control_messages += n * g
     if full:
         transport.broadcasts += n
-    return index

@@ -100,6 +100,26 @@ class WorldObserver:
     def released(self, world: World, group: Group, record: ReleaseRecord) -> None:
         """The group's noisy aggregate was released and its members charged."""
 
+    def released_many(
+        self,
+        world: World,
+        times: list[float],
+        group_ids: list[int],
+        curators: list[int],
+        records: list[ReleaseRecord],
+    ) -> None:
+        """Releases told after the fact, in release order: what :meth:`released` would do at
+        each (``times`` being what ``world.env.now`` read then).
+
+        Override it only where :meth:`released` reads nothing but the clock, the group's
+        ``group_id`` and ``curator`` and the record (not the ledger). The central sampler's
+        batched driver (:func:`p2pdp.sim.waves.run_waves`) then calls it, for chunks of
+        releases, instead of :meth:`released`, when no observer overrides
+        :meth:`group_started` and every one overriding :meth:`released` overrides this too
+        (it skips the per-release work nobody reads at once: noise, records, ledger writes).
+        """
+        raise NotImplementedError  # never called where not overridden
+
     def aborted(self, world: World, group: Group, reason: str) -> None:
         """The group ended without a release (nobody charged)."""
 
@@ -265,6 +285,12 @@ class World:
         # so an observer of releases costs nothing when messages are lost or peers churn.
         self._lost_observers = _overriding(self.observers, "message_lost")
         self._churn_observers = _overriding(self.observers, "peer_offline", "peer_online")
+        # Whether every observer can be told of releases after the fact (run_waves): none
+        # overrides group_started, and each one overriding released overrides released_many.
+        told = {id(observer) for observer in _overriding(self.observers, "released_many")}
+        self.told_after = not _overriding(self.observers, "group_started") and all(
+            id(observer) in told for observer in _overriding(self.observers, "released")
+        )
         if self._lost_observers:
             self.transport.on_lost = self.notify_lost
         self.online = np.ones(n_peers, dtype=bool)  # a group sampler with churn updates it
