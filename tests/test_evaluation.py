@@ -169,6 +169,29 @@ def test_a_tally_rule_of_your_own_is_checked_like_any_rule():
         evaluate_ensembles(ensembles, X, y, vote=NaNTally())
 
 
+@pytest.mark.parametrize("tallies", [("margins",), "votes", ("margin", "signs")])
+def test_a_tally_rule_naming_sums_nobody_gives_is_refused(tallies):
+    """``tallies`` other than a tuple of 'margin' and 'votes' is a ComponentError naming the
+    rule and its tallies before anything is scored (the tallied path would look them up)."""
+    from p2pdp.core.errors import ComponentError
+    from p2pdp.learning.evaluation import TallyRule, make_ensemble_rule
+
+    class Misnamed(TallyRule):
+        name = "misnamed"
+
+        def tally_scores(self, own, margin, votes):
+            return own
+
+    Misnamed.tallies = tallies
+    rng = np.random.default_rng(9)
+    local, published, shared, pairs, X, y = _random_world(rng)
+    ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
+    with pytest.raises(ComponentError, match=r"Misnamed.*tallies is .*'margin'.*'votes'"):
+        make_ensemble_rule(Misnamed())
+    with pytest.raises(ComponentError, match=r"Misnamed.*tallies is"):
+        evaluate_ensembles(ensembles, X, y, vote=Misnamed())
+
+
 def test_many_models_are_read_a_chunk_of_rows_at_a_time(monkeypatch):
     """However many peers and models, a chunk holds at least _MIN_CHUNK_ROWS test rows:
     every chunk reads every model, so chunks of a row or two made a million peers' evaluation

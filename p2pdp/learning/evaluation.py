@@ -58,7 +58,7 @@ import sklearn
 from sklearn.metrics import auc, roc_curve
 from threadpoolctl import ThreadpoolController
 
-from p2pdp.core.boundary import calling, check_methods, check_numbers, is_builtin
+from p2pdp.core.boundary import calling, check_methods, check_numbers, is_builtin, problem
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import current_workers, forked_map
 from p2pdp.learning.ensembles import (
@@ -424,6 +424,7 @@ class LocalValidatedRule(EnsembleRule):
 def make_ensemble_rule(vote: str | EnsembleRule) -> EnsembleRule:
     """The rule ``evaluation.vote`` names (a built-in, an import string, or an instance)."""
     if isinstance(vote, EnsembleRule):
+        _check_tallies(vote)
         return vote
     from p2pdp.core.components import resolve
 
@@ -432,7 +433,23 @@ def make_ensemble_rule(vote: str | EnsembleRule) -> EnsembleRule:
         with calling("ensemble", target, "__init__"):
             target = target()
     check_methods(target, "ensemble", ("fit", "scores"), "p2pdp.learning.evaluation.EnsembleRule")
+    _check_tallies(target)
     return target
+
+
+def _check_tallies(rule: EnsembleRule) -> None:
+    """A :class:`TallyRule`'s ``tallies`` name sums it can be given, else a ComponentError."""
+    if not isinstance(rule, TallyRule):
+        return
+    tallies = rule.tallies
+    if isinstance(tallies, str) or not set(tallies) <= {"margin", "votes"}:
+        raise problem(
+            "ensemble",
+            rule,
+            "tallies",
+            f"is {tallies!r}: a TallyRule reads a tuple of 'margin' (the summed margins of "
+            "the published models a peer holds) and 'votes' (their summed signs)",
+        )
 
 
 def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str | EnsembleRule) -> np.ndarray:
@@ -541,6 +558,7 @@ def evaluate_ensembles(
     with calling("ensemble", rule, "fit"):
         vote = rule.fit(ensembles, own)
     check_methods(vote, "ensemble", ("scores",), "p2pdp.learning.evaluation.EnsembleRule.fit")
+    _check_tallies(vote)
     y = np.asarray(y)
     n_rows, n_peers = X.shape[0], ensembles.n_peers
     workers = current_workers() if is_builtin(rule) and n_peers >= PARALLEL_MIN_PEERS else 1
