@@ -11,9 +11,11 @@ from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.learning import models as models_module
 from p2pdp.learning.models import (
     LocalModels,
+    block_sums,
     fit_local_models,
     fit_local_models_sklearn,
     logistic_objective_gradient,
+    newton_from_block_sums,
     training_workers,
 )
 
@@ -266,6 +268,42 @@ def test_converges_on_badly_scaled_rows():
     for lam in (1e-2, 1e-6):
         models = fit_local_models(X, y, shards, lam)
         assert gradient_norms(models, X, y, shards, lam).max() <= TOL
+
+
+def test_the_streamed_newton_asks_for_a_hessian_only_where_a_step_needs_it():
+    """newton_from_block_sums asks for the Hessian sums once per Newton step, at the point
+    the step starts from, never at the last point nor at a rejected trial; its steps and
+    model are those of a Newton that sums the Hessian at every point it visits (as it did
+    before), and the gradient is certified."""
+    rng = np.random.default_rng(14)
+    X, y = spambase_like_rows(5000, 58, rng)
+    y = y.astype(np.float64)
+    n, d, lam = X.shape[0], X.shape[1], 1e-3
+    starts = range(0, n, 700)
+    asked = []
+
+    def sums(w, hessian):
+        asked.append(hessian)
+        return [block_sums(X[a : a + 700], y[a : a + 700], w, hessian=hessian) for a in starts]
+
+    w, norm, steps = newton_from_block_sums(sums, n, d, lam, TOL, 50, 0)
+    assert norm <= TOL and steps >= 2
+    assert asked.count(True) == steps and asked[-1] is False
+    assert len(asked) == 2 * steps + 1  # no line search backtracked here
+
+    def every_point(v):  # the gradient and Hessian sums at v, in block order
+        gradient, hessian = np.zeros(d), np.zeros((d, d))
+        for block in sums(v, True):
+            gradient, hessian = gradient + block[1], hessian + block[2]
+        return gradient / n + lam * v, hessian / n + lam * np.eye(d)
+
+    v = np.zeros(d)
+    gradient, hessian = every_point(v)
+    for _ in range(steps):  # full steps: what the solver took above
+        v = v - np.linalg.solve(hessian, gradient)
+        gradient, hessian = every_point(v)
+    np.testing.assert_allclose(w, v, rtol=1e-12, atol=1e-15)
+    assert np.linalg.norm(gradient) <= TOL
 
 
 def test_the_streamed_reference_does_not_depend_on_the_number_of_workers(monkeypatch):

@@ -182,7 +182,9 @@ def prepare_on_cluster(
     del drawn  # the raw blocks are freed once transformed
     models = _local_models(client, ready, config)
     centralized, _, _ = newton_from_block_sums(
-        lambda w: client.gather([client.submit(_sums, block, w, pure=False) for block in ready]),
+        lambda w, hessian: client.gather(
+            [client.submit(_sums, block, w, hessian, pure=False) for block in ready]
+        ),
         n,
         fitted.n_features_out,
         config.training.lam,
@@ -292,10 +294,11 @@ def _fit(
         return LogisticModel().fit(X, y, shards, lam)
 
 
-def _sums(block: tuple[np.ndarray, np.ndarray], w: np.ndarray) -> BlockSums:
-    """:func:`p2pdp.learning.models.block_sums` of the block's training rows at ``w``."""
+def _sums(block: tuple[np.ndarray, np.ndarray], w: np.ndarray, hessian: bool) -> BlockSums:
+    """:func:`p2pdp.learning.models.block_sums` of the block's training rows at ``w`` (with
+    the Hessian if ``hessian``)."""
     with threadpool_limits(limits=1):
-        return block_sums(block[0], block[1].astype(np.float64), w)
+        return block_sums(block[0], block[1].astype(np.float64), w, hessian=hessian)
 
 
 def _piece(function: Callable[[Any, Any], Any], shared: Any, item: Any) -> Any:

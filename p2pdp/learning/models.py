@@ -315,41 +315,47 @@ STREAM_MIN_ROWS = 200_000
 _STREAM_BLOCK = 65_536  # rows per block: a constant, so sums do not depend on the workers
 
 
-#: What :func:`_block_sums` returns for one block: loss sum, gradient sum (d,), Hessian sum (d, d).
-BlockSums = tuple[float, NDArray[np.float64], NDArray[np.float64]]
+#: What :func:`_block_sums` returns for one block: loss sum, gradient sum (d,), Hessian sum
+#: (d, d), or None where it was not asked for.
+BlockSums = tuple[float, NDArray[np.float64], NDArray[np.float64] | None]
 
 
 def _block_sums(
     problem: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]],
-    item: tuple[int, NDArray[np.float64]],
+    item: tuple[int, NDArray[np.float64], bool],
 ) -> BlockSums:
     """:func:`block_sums` of the rows ``rows[start : start + B]`` (``B = _STREAM_BLOCK``) at
-    ``w``, with ``problem = (X, y, rows)`` and ``item = (start, w)``."""
+    ``w``, with ``problem = (X, y, rows)`` and ``item = (start, w, hessian)``."""
     X, y, rows = problem
-    start, w = item
+    start, w, hessian = item
     part = rows[start : start + _STREAM_BLOCK]
     first = int(part[0])
     if int(part[-1]) - first == len(part) - 1 and np.all(np.diff(part) == 1):
-        return block_sums(X[first : first + len(part)], y[first : first + len(part)], w)  # views
-    return block_sums(X[part], y[part], w)
+        rows_of = slice(first, first + len(part))  # views
+        return block_sums(X[rows_of], y[rows_of], w, hessian=hessian)
+    return block_sums(X[part], y[part], w, hessian=hessian)
 
 
 def block_sums(
-    Xb: NDArray[np.float64], yb: NDArray[np.float64], w: NDArray[np.float64]
+    Xb: NDArray[np.float64],
+    yb: NDArray[np.float64],
+    w: NDArray[np.float64],
+    *,
+    hessian: bool = True,
 ) -> BlockSums:
     """Unnormalised sums of one block of rows at the model ``w``: ``(loss, gradient, Hessian)``.
 
     ``Xb`` (m, d) rows, ``yb`` (m,) float64 labels in {-1, +1}, ``w`` (d,): with margins
     ``m_i = y_i w.x_i``, ``sum_i log(1 + exp(-m_i))``, ``sum_i -y_i expit(-m_i) x_i`` (d,) and
-    ``sum_i expit(m_i) expit(-m_i) x_i x_i^T`` (d, d) (the caller divides by the number of
-    rows and adds the regulariser: :func:`newton_from_block_sums`).
+    ``sum_i expit(m_i) expit(-m_i) x_i x_i^T`` (d, d), or None without ``hessian`` (the
+    caller divides by the number of rows and adds the regulariser:
+    :func:`newton_from_block_sums`). The loss and gradient do not depend on ``hessian``.
     """
     margins = yb * (Xb @ w)
-    curvature = expit(margins) * expit(-margins)
     return (
         float(-log_expit(margins).sum()),
         (-yb * expit(-margins)) @ Xb,
-        (Xb.T * curvature) @ Xb,
+        (Xb.T * (expit(margins) * expit(-margins))) @ Xb if hessian else None,
     )
 
 
@@ -380,12 +386,18 @@ def _newton_streaming(
     starts = range(0, n, _STREAM_BLOCK)
     with forked_pool(_block_sums, (X, y, rows), workers=workers) as blocks:
         return newton_from_block_sums(
-            lambda v: blocks([(start, v) for start in starts]), n, d, lam, tol, max_iter, peer
+            lambda v, hessian: blocks([(start, v, hessian) for start in starts]),
+            n,
+            d,
+            lam,
+            tol,
+            max_iter,
+            peer,
         )
 
 
 def newton_from_block_sums(
-    block_sums: Callable[[NDArray[np.float64]], Sequence[BlockSums]],
+    block_sums: Callable[[NDArray[np.float64], bool], Sequence[BlockSums]],
     n: int,
     d: int,
     lam: float,
@@ -395,25 +407,35 @@ def newton_from_block_sums(
 ) -> tuple[NDArray[np.float64], float, int]:
     """The damped Newton of :func:`_newton_streaming`, its passes over the rows delegated.
 
-    ``block_sums(w)`` returns the :func:`_block_sums` of every block of the ``n`` rows at the
-    model ``w`` (d,), in block order (blocks of :data:`_STREAM_BLOCK` rows, however and
-    wherever they are computed: forked processes, or a Dask cluster's workers holding the
-    blocks, :mod:`p2pdp.experiments.cluster`); they are added here in that order, so the
-    model is the same bit for bit for any executor. Returns the weights (d,), the achieved
-    gradient norm and the Newton steps taken; P2PDPError (naming ``peer``) if ``max_iter``
-    steps do not reach ``tol`` or a line search fails.
+    ``block_sums(w, hessian)`` returns the :func:`_block_sums` of every block of the ``n``
+    rows at the model ``w`` (d,), with their Hessians if ``hessian``, in block order (blocks
+    of :data:`_STREAM_BLOCK` rows, however and wherever they are computed: forked processes,
+    or a Dask cluster's workers holding the blocks, :mod:`p2pdp.experiments.cluster`); they
+    are added here in that order, so the model is the same bit for bit for any executor.
+    A trial point's Hessian is asked for in a second pass only once the point is accepted
+    and its gradient is above ``tol``: the last pass (and a rejected trial's) skips it,
+    about a third of a two-step solve. Returns the weights (d,), the achieved gradient norm
+    and the Newton steps taken; P2PDPError (naming ``peer``) if ``max_iter`` steps do not
+    reach ``tol`` or a line search fails.
     """
 
-    def at(v: NDArray[np.float64]) -> tuple[float, NDArray[np.float64], NDArray[np.float64]]:
-        """Objective, gradient and Hessian of ``J`` at ``v``."""
-        loss, gradient, hessian = 0.0, np.zeros(d), np.zeros((d, d))
-        for block in block_sums(v):  # added in block order
-            loss, gradient, hessian = loss + block[0], gradient + block[1], hessian + block[2]
-        value = loss / n + 0.5 * lam * float(v @ v)
-        return value, gradient / n + lam * v, hessian / n + lam * np.eye(d)
+    def at(v: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        """Objective and gradient of ``J`` at ``v``."""
+        loss, gradient = 0.0, np.zeros(d)
+        for block in block_sums(v, False):  # added in block order
+            loss, gradient = loss + block[0], gradient + block[1]
+        return loss / n + 0.5 * lam * float(v @ v), gradient / n + lam * v
+
+    def hessian_at(v: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Hessian of ``J`` at ``v``."""
+        hessian = np.zeros((d, d))
+        for block in block_sums(v, True):  # added in block order
+            assert block[2] is not None  # asked for
+            hessian = hessian + block[2]
+        return hessian / n + lam * np.eye(d)
 
     w = np.zeros(d)
-    value, gradient, hessian = at(w)
+    value, gradient = at(w)
     iteration = 0
     while True:
         grad_norm = float(np.linalg.norm(gradient))
@@ -425,11 +447,11 @@ def newton_from_block_sums(
                 f"iterations: worst peer {peer} has gradient norm {grad_norm:.3e}"
             )
         iteration += 1
-        step = -np.asarray(np.linalg.solve(hessian, gradient), dtype=np.float64)
+        step = -np.asarray(np.linalg.solve(hessian_at(w), gradient), dtype=np.float64)
         slope, length = float(gradient @ step), 1.0
         while True:
             trial = w + length * step
-            trial_value, trial_gradient, trial_hessian = at(trial)
+            trial_value, trial_gradient = at(trial)
             if trial_value <= value + _ARMIJO * length * slope + _ROUNDING_SLACK * abs(value):
                 break
             length *= 0.5
@@ -437,7 +459,7 @@ def newton_from_block_sums(
                 raise P2PDPError(
                     f"line search failed at Newton iteration {iteration} for peer {peer}"
                 )
-        w, value, gradient, hessian = trial, trial_value, trial_gradient, trial_hessian
+        w, value, gradient = trial, trial_value, trial_gradient
 
 
 def _batches(
