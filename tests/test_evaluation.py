@@ -192,6 +192,95 @@ def test_a_tally_rule_naming_sums_nobody_gives_is_refused(tallies):
         evaluate_ensembles(ensembles, X, y, vote=Misnamed())
 
 
+class _WritesMargin:
+    tallies = ("margin",)
+
+    def tally_scores(self, own, margin, votes):
+        margin -= 1.0
+        return own + margin
+
+
+class _WritesOwn:
+    tallies = ("margin",)
+
+    def tally_scores(self, own, margin, votes):
+        if own.shape[0] > 1:  # every peer's own margins, not the best peer's alone (ROC)
+            own += margin
+        return own + 0.0
+
+
+class _OneColumn:
+    tallies = ("votes",)
+
+    def tally_scores(self, own, margin, votes):
+        return own[:, :1]
+
+
+@pytest.mark.parametrize("full", [True, False])
+@pytest.mark.parametrize(
+    ("behaviour", "message"),
+    [
+        (_WritesMargin, r"tally_scores raised ValueError: .*read-only"),
+        (_WritesOwn, r"tally_scores raised ValueError: .*read-only"),
+        (_OneColumn, r"tally_scores returned shape \(7, 1\), expected \(7, 40\)"),
+    ],
+)
+def test_a_tally_rule_is_told_of_its_mistakes_the_same_way_under_either_publication(
+    full, behaviour, message
+):
+    """What a TallyRule is given is read-only (writing into the shared sums changed later
+    tiles' scores, into its own margins the local-only errors), and a wrong result is
+    reported against tally_scores in its own orientation, whether the ensembles are scored
+    from per-row sums (full publication) or through scores (group publication)."""
+    from p2pdp.core.errors import ComponentError
+    from p2pdp.learning.evaluation import TallyRule
+
+    rule = type("Rule", (behaviour, TallyRule), {"name": "rule"})()
+    rng = np.random.default_rng(10)
+    local, published, shared, pairs, X, y = _random_world(rng, share_fraction=float(full))
+    ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
+    assert bool(ensembles.receipts.nnz) is not full
+    with pytest.raises(ComponentError, match=message):
+        evaluate_ensembles(ensembles, X, y, vote=rule, own_errors=True)
+
+
+def test_a_tally_rule_with_per_peer_state_is_scored_on_whole_blocks(monkeypatch):
+    """A TallyRule whose fit keeps per-peer state (or that overrides scores) is scored
+    through scores on blocks of rows with every peer, never on tiles of some peers."""
+    from p2pdp.learning import evaluation
+    from p2pdp.learning.evaluation import TallyRule
+
+    class PerPeer(TallyRule):
+        name = "per-peer"
+        tallies = ("margin",)
+
+        def fit(self, ensembles, own=None):
+            self.weight = np.linspace(0.5, 2.0, ensembles.n_peers)[:, None]
+            return self
+
+        def tally_scores(self, own, margin, votes):
+            return own * self.weight + margin
+
+    rng = np.random.default_rng(11)
+    local, published, _, _, X, y = _random_world(rng, n_peers=9)
+    no_pairs = np.zeros(0, dtype=np.int64)
+    ensembles = build_ensembles(local, published, np.ones(11, bool), no_pairs, no_pairs)
+    used = []
+    split = evaluation.forked_map
+
+    def recording(function, shared, items, *, workers):
+        used.append(function.__name__)
+        return split(function, shared, items, workers=workers)
+
+    monkeypatch.setattr(evaluation, "forked_map", recording)
+    monkeypatch.setattr(evaluation, "_PEER_TILE", 4)
+    metrics = evaluate_ensembles(ensembles, X, y, vote=PerPeer())
+    assert used == ["_count_errors"]
+    weight = np.linspace(0.5, 2.0, 9)[:, None]
+    scores = (local @ X.T) * weight + (published @ X.T).sum(axis=0)
+    np.testing.assert_array_equal(metrics.errors, ((scores >= 0) != (y == 1)).mean(axis=1))
+
+
 def test_many_models_are_read_a_chunk_of_rows_at_a_time(monkeypatch):
     """However many peers and models, a chunk holds at least _MIN_CHUNK_ROWS test rows:
     every chunk reads every model, so chunks of a row or two made a million peers' evaluation

@@ -248,16 +248,20 @@ class LinearRule(EnsembleRule):
 
 class TallyRule(EnsembleRule):
     """A rule whose score is a function of a peer's own margin and of sums over the published
-    models it holds: of their margins (``margin``) and of their signs (``votes``).
+    models it holds (its own model not included): of their margins (``margin``) and of their
+    signs (``votes``), element by element (peer, test row).
 
     :func:`evaluate_ensembles` scores such a rule without the (K, n) margins of every published
     model in every block of rows when every model is shared (full publication without
     churn): it sums the published models' margins and signs over each test row once, then
-    scores blocks of peers against those sums. :meth:`scores` of :class:`Margins` computes the
-    same sums (:meth:`Margins.held_sum`) and calls :meth:`tally_scores`: one formula for both.
+    calls :meth:`tally_scores` on tiles of peers x rows (any subset of each: the rule keeps
+    no per-peer state and reads nothing across rows). :meth:`scores` of :class:`Margins`
+    computes the same sums (:meth:`Margins.held_sum`) and calls :meth:`tally_scores`: one
+    formula for both. A subclass that overrides :meth:`~EnsembleRule.fit` or :meth:`scores`
+    is scored through :meth:`scores` on blocks of rows instead.
 
-    ``tallies`` names the sums the rule reads (``"margin"``, ``"votes"``); the others are
-    passed as None.
+    ``tallies`` names the sums the rule reads, a tuple of ``"margin"`` and ``"votes"``; the
+    others are passed as None. Every input is read-only.
     """
 
     tallies: ClassVar[tuple[str, ...]] = ("margin", "votes")
@@ -266,15 +270,16 @@ class TallyRule(EnsembleRule):
     def tally_scores(
         self, own: np.ndarray, margin: np.ndarray | None, votes: np.ndarray | None
     ) -> np.ndarray:
-        """Scores, (P, n): ``own`` (P, n) own margins; ``margin`` and ``votes`` (P, n), or
-        (1, n) when every peer holds the same models, the sums over each peer's published
-        models of their margins and of their signs."""
+        """Scores of ``own``'s shape (p, n) (label +1 where >= 0): ``own`` the p peers' own
+        margins on n test rows; ``margin`` and ``votes`` (p, n), or (1, n) when every peer
+        holds the same models, the sums over each peer's published models of their margins
+        and of their signs (None if not in :attr:`tallies`)."""
 
     def scores(self, margins: Margins) -> np.ndarray:
-        published = margins.published
-        margin = margins.held_sum(published) if "margin" in self.tallies else None
-        votes = margins.held_sum(np.sign(published)) if "votes" in self.tallies else None
-        return self.tally_scores(margins.own, margin, votes).T
+        published, tallies = margins.published, self.tallies
+        margin = _read_only(margins.held_sum(published)) if "margin" in tallies else None
+        votes = _read_only(margins.held_sum(np.sign(published))) if "votes" in tallies else None
+        return _tally_scores(self, margins.own, margin, votes).T
 
     def _positive(
         self, own: np.ndarray, margin: np.ndarray | None, votes: np.ndarray | None
@@ -461,13 +466,20 @@ def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str | Ensemble
     return _scores(make_ensemble_rule(vote), ensembles, _margins(ensembles, X))
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` made read-only: a rule writing into what it is given would change what the
+    next tile, or the own models' errors, read."""
+    array.flags.writeable = False
+    return array
+
+
 def _margins(ensembles: Ensembles, X: np.ndarray) -> Margins:
-    """The :class:`Margins` of the rows ``X`` (n, d)."""
+    """The :class:`Margins` of the rows ``X`` (n, d), read-only."""
     # Work in (peers or models) x rows orientation: contiguous operands for the sparse product.
     rows_t = np.ascontiguousarray(X.T)
     return Margins(
-        own=ensembles.local_weights @ rows_t,
-        published=ensembles.published @ rows_t,
+        own=_read_only(ensembles.local_weights @ rows_t),
+        published=_read_only(ensembles.published @ rows_t),
         shared=ensembles.shared.astype(np.float64),
         receipts=ensembles.receipts,
         noise_std=ensembles.noise_std,
@@ -600,10 +612,13 @@ def _tallied(
     vote: EnsembleRule, ensembles: Ensembles, X: np.ndarray, y: np.ndarray
 ) -> TypeGuard[TallyRule]:
     """Whether :func:`evaluate_ensembles` scores ``vote`` from the published models' sums:
-    a :class:`TallyRule`, every published model shared (no receipts), every label +1 or -1,
-    and (what lets this package's rules skip checking their scores) finite models and rows."""
+    a :class:`TallyRule` that overrides neither ``fit`` (no per-peer state) nor ``scores``,
+    every published model shared (no receipts), every label +1 or -1, and (what lets this
+    package's rules skip checking their scores) finite models and rows."""
     return (
         isinstance(vote, TallyRule)
+        and type(vote).fit is EnsembleRule.fit
+        and type(vote).scores is TallyRule.scores
         and not ensembles.receipts.nnz
         and bool(np.isin(y, (-1, 1)).all())
         and all(np.isfinite(a).all() for a in (X, ensembles.local_weights, ensembles.published))
@@ -644,7 +659,7 @@ def _tallied_counts(
 
     def scores(peer: int) -> np.ndarray:
         own = ensembles.local_weights[peer : peer + 1] @ np.ascontiguousarray(X.T)
-        return _tally_scores(vote, own, sums, slice(None))[0]
+        return _tally_scores(vote, _read_only(own), *_tallies(sums, slice(None)))[0]
 
     return wrong, total - on_negative, on_negative, own_wrong, scores
 
@@ -773,10 +788,13 @@ def _published_sums(
         workers=workers,
     )
     partials = list(itertools.chain.from_iterable(parts))
-    return {
+    sums = {
         tally: sum((partial[tally] for partial in partials), np.zeros(X.shape[0]))
         for tally in vote.tallies
     }
+    for total in sums.values():
+        _read_only(total)
+    return sums
 
 
 def _published_partials(
@@ -804,18 +822,19 @@ def _published_partials(
 
 
 def _tally_scores(
-    vote: TallyRule, own: np.ndarray, sums: dict[str, np.ndarray], rows: slice
+    vote: TallyRule, own: np.ndarray, margin: np.ndarray | None, votes: np.ndarray | None
 ) -> np.ndarray:
-    """``vote``'s scores (P, n) of the own margins ``own`` on ``rows``, checked."""
+    """``vote.tally_scores(own, margin, votes)``, (P, n), checked."""
     with calling("ensemble", vote, "tally_scores"):
-        scores = vote.tally_scores(own, *_tallies(sums, rows))
+        scores = vote.tally_scores(own, margin, votes)
     return check_numbers(scores, "ensemble", vote, "tally_scores", shape=own.shape)
 
 
 def _tallies(
     sums: dict[str, np.ndarray], rows: slice
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """``(margin, votes)`` of :func:`_published_sums` on ``rows``, (1, n) each (or None)."""
+    """``(margin, votes)`` of :func:`_published_sums` on ``rows``, (1, n) each (or None):
+    views of the read-only sums."""
     margin, votes = (sums[t][None, rows] if t in sums else None for t in ("margin", "votes"))
     return margin, votes
 
@@ -838,11 +857,11 @@ def _count_tallied(
         local = weights[peers]
         counts = np.zeros((3, local.shape[0]), dtype=np.int64)
         for rows, block_t in zip(tiles, rows_t, strict=True):
-            own = local @ block_t
+            own = _read_only(local @ block_t)
             if ours:
                 positive = vote._positive(own, *_tallies(sums, rows))
             else:
-                positive = _tally_scores(vote, own, sums, rows) >= 0
+                positive = _tally_scores(vote, own, *_tallies(sums, rows)) >= 0
             counts[0] += np.count_nonzero(positive, axis=1)
             counts[1] += np.count_nonzero(positive != positive_rows[rows], axis=1)
             if own_errors:
