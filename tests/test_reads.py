@@ -322,7 +322,7 @@ def test_a_cut_row_is_reported_as_incomplete_with_the_command_that_completes_it(
 def test_components_lists_what_each_component_reads(capsys):
     assert main(["components", "protocol"]) == 0
     out = capsys.readouterr().out
-    assert "reads: protocol.rounds" in out and "protocol.gossip_steps" in out
+    assert "settings read: protocol.rounds" in out and "protocol.gossip_steps" in out
     assert main(["components"]) == 0
     out = capsys.readouterr().out
     assert "partition.scheme = 'label_skew': partition.alpha" in out

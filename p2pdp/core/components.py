@@ -486,5 +486,5 @@ def format_listing(rows: list[dict[str, str]]) -> str:
             lines.append(f"{current}: {KINDS[current]}")
         lines.append(f"  {row['name']:<{width}}  {row['description']}")
         if "reads" in row:
-            lines.append(f"  {'':<{width}}  reads: {row['reads']}")
+            lines.append(f"  {'':<{width}}  settings read: {row['reads']}")
     return "\n".join(lines)

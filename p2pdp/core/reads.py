@@ -56,4 +56,4 @@ def declares_reads(obj: Any) -> bool:
 
 def describe(reads: tuple[Read, ...]) -> str:
     """``reads`` as one line for listings: ``"a.b, c.*, d.e (when f = 'g')"``."""
-    return ", ".join(map(str, reads)) if reads else "nothing else"
+    return ", ".join(map(str, reads)) if reads else "no setting besides its own"
