@@ -35,7 +35,15 @@ __all__ = [
     "component_name",
     "is_builtin",
     "problem",
+    "read_only",
 ]
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` itself, made read-only: what a component is handed (or what the engine keeps
+    fitted) cannot be changed under the arrays that share it."""
+    array.flags.writeable = False
+    return array
 
 
 def component_name(component: Any) -> str:

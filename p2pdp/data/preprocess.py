@@ -51,6 +51,7 @@ from itertools import pairwise
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from p2pdp.core.boundary import read_only
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import current_workers, forked_map, is_shared, shared_empty
 
@@ -105,11 +106,6 @@ def _column_bounds(X: NDArray[np.float64], name: str) -> tuple[NDArray[np.float6
     high = np.max([block[1] for block in blocks], axis=0)
     _check_finite(np.concatenate([low, high]), name)
     return low, high
-
-
-def _read_only(array: NDArray[np.float64]) -> NDArray[np.float64]:
-    array.flags.writeable = False
-    return array
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,7 +168,7 @@ class Preprocessor:
             raise ConfigError(
                 f"preprocess bounds must be a (low, high) pair, got {len(bounds)} items"
             )
-        low, high = (_read_only(np.array(b, dtype=np.float64)) for b in bounds)
+        low, high = (read_only(np.array(b, dtype=np.float64)) for b in bounds)
         if low.ndim != 1 or low.shape != high.shape or low.size == 0:
             raise ConfigError(
                 "preprocess bounds low and high must be non-empty 1-D arrays of equal length, "
@@ -212,7 +208,7 @@ class Preprocessor:
                 )
             low, high = self.bounds
             if "log1p" in self.steps:
-                low, high = _read_only(_signed_log1p(low)), _read_only(_signed_log1p(high))
+                low, high = read_only(_signed_log1p(low)), read_only(_signed_log1p(high))
             return FittedPreprocessor(
                 steps=self.steps, n_features_in=shape[1], low=low, high=high, data_dependent=False
             )
@@ -228,8 +224,8 @@ class Preprocessor:
                 n_features_in=X.shape[1],
                 low=None,
                 high=None,
-                mean=_read_only(mean),
-                std=_read_only(std),
+                mean=read_only(mean),
+                std=read_only(std),
                 data_dependent=True,
             )
         X = _as_matrix(X_train, "X_train")
@@ -247,8 +243,8 @@ class Preprocessor:
         return FittedPreprocessor(
             steps=self.steps,
             n_features_in=X.shape[1],
-            low=_read_only(low),
-            high=_read_only(high),
+            low=read_only(low),
+            high=read_only(high),
             data_dependent=True,
         )
 

@@ -125,6 +125,22 @@ class RowSequence(Sequence[dict[str, Any]]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self)!r})"
 
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        n = len(self)
+        if isinstance(index, slice):
+            return [self._row(i) for i in range(*index.indices(n))]
+        if not -n <= index < n:
+            raise IndexError(index)
+        return self._row(index)
+
+    def _row(self, index: int) -> dict[str, Any]:
+        """Row ``index`` (in ``[-len, len)``) as a dict."""
+        raise NotImplementedError
+
 
 class ColumnTable(RowSequence):
     """A table's rows given column by column, ``{column: [value of each row]}`` (every list
@@ -149,15 +165,7 @@ class ColumnTable(RowSequence):
     def __len__(self) -> int:
         return self._n
 
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._n))]
-        if not -self._n <= index < self._n:
-            raise IndexError(index)
+    def _row(self, index: int) -> dict[str, Any]:
         return {name: values[index] for name, values in self.columns.items()}
 
     def csv_text(self, cell_id: str) -> str:

@@ -16,7 +16,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
@@ -286,18 +286,9 @@ class ReleaseRows(RowSequence):
     def __len__(self) -> int:
         return len(self._entries)
 
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(index, slice):
-            return [_release_row(*entry) for entry in self._entries[index]]
-        return _release_row(*self._entries[index])
-
-
-def _release_row(time: float, group: int, curator: int, record: ReleaseRecord) -> dict[str, Any]:
-    return {"time": time, "group": group, "curator": curator, **record.as_row()}
+    def _row(self, index: int) -> dict[str, Any]:
+        time, group, curator, record = self._entries[index]
+        return {"time": time, "group": group, "curator": curator, **record.as_row()}
 
 
 class ReleaseLog(WorldObserver):

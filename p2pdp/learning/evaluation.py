@@ -58,7 +58,14 @@ import sklearn
 from sklearn.metrics import auc, roc_curve
 from threadpoolctl import ThreadpoolController
 
-from p2pdp.core.boundary import calling, check_methods, check_numbers, is_builtin, problem
+from p2pdp.core.boundary import (
+    calling,
+    check_methods,
+    check_numbers,
+    is_builtin,
+    problem,
+    read_only,
+)
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import current_workers, forked_map
 from p2pdp.learning.ensembles import (
@@ -277,8 +284,8 @@ class TallyRule(EnsembleRule):
 
     def scores(self, margins: Margins) -> np.ndarray:
         published, tallies = margins.published, self.tallies
-        margin = _read_only(margins.held_sum(published)) if "margin" in tallies else None
-        votes = _read_only(margins.held_sum(np.sign(published))) if "votes" in tallies else None
+        margin = read_only(margins.held_sum(published)) if "margin" in tallies else None
+        votes = read_only(margins.held_sum(np.sign(published))) if "votes" in tallies else None
         return _tally_scores(self, margins.own, margin, votes).T
 
     def _positive(
@@ -466,20 +473,13 @@ def ensemble_scores(ensembles: Ensembles, X: np.ndarray, *, vote: str | Ensemble
     return _scores(make_ensemble_rule(vote), ensembles, _margins(ensembles, X))
 
 
-def _read_only(array: np.ndarray) -> np.ndarray:
-    """``array`` made read-only: a rule writing into what it is given would change what the
-    next tile, or the own models' errors, read."""
-    array.flags.writeable = False
-    return array
-
-
 def _margins(ensembles: Ensembles, X: np.ndarray) -> Margins:
     """The :class:`Margins` of the rows ``X`` (n, d), read-only."""
     # Work in (peers or models) x rows orientation: contiguous operands for the sparse product.
     rows_t = np.ascontiguousarray(X.T)
     return Margins(
-        own=_read_only(ensembles.local_weights @ rows_t),
-        published=_read_only(ensembles.published @ rows_t),
+        own=read_only(ensembles.local_weights @ rows_t),
+        published=read_only(ensembles.published @ rows_t),
         shared=ensembles.shared.astype(np.float64),
         receipts=ensembles.receipts,
         noise_std=ensembles.noise_std,
@@ -659,7 +659,7 @@ def _tallied_counts(
 
     def scores(peer: int) -> np.ndarray:
         own = ensembles.local_weights[peer : peer + 1] @ np.ascontiguousarray(X.T)
-        return _tally_scores(vote, _read_only(own), *_tallies(sums, slice(None)))[0]
+        return _tally_scores(vote, read_only(own), *_tallies(sums, slice(None)))[0]
 
     return wrong, total - on_negative, on_negative, own_wrong, scores
 
@@ -793,7 +793,7 @@ def _published_sums(
         for tally in vote.tallies
     }
     for total in sums.values():
-        _read_only(total)
+        read_only(total)
     return sums
 
 
@@ -857,7 +857,7 @@ def _count_tallied(
         local = weights[peers]
         counts = np.zeros((3, local.shape[0]), dtype=np.int64)
         for rows, block_t in zip(tiles, rows_t, strict=True):
-            own = _read_only(local @ block_t)
+            own = read_only(local @ block_t)
             if ours:
                 positive = vote._positive(own, *_tallies(sums, rows))
             else:
