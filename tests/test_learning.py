@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy.optimize import check_grad
+from scipy.special import expit
 
 from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.learning import models as models_module
@@ -293,8 +294,8 @@ def test_the_streamed_newton_asks_for_a_hessian_only_where_a_step_needs_it():
 
     def every_point(v):  # the gradient and Hessian sums at v, in block order
         gradient, hessian = np.zeros(d), np.zeros((d, d))
-        for block in sums(v, True):
-            gradient, hessian = gradient + block[1], hessian + block[2]
+        for block, curvature in zip(sums(v, False), sums(v, True), strict=True):
+            gradient, hessian = gradient + block[1], hessian + curvature
         return gradient / n + lam * v, hessian / n + lam * np.eye(d)
 
     v = np.zeros(d)
@@ -304,6 +305,25 @@ def test_the_streamed_newton_asks_for_a_hessian_only_where_a_step_needs_it():
         gradient, hessian = every_point(v)
     np.testing.assert_allclose(w, v, rtol=1e-12, atol=1e-15)
     assert np.linalg.norm(gradient) <= TOL
+
+
+def test_a_block_hessian_is_the_weighted_gram_matrix_exactly_symmetric():
+    """block_sums' Hessian (symmetric rank-k updates over chunks of rows, the last one
+    partial) is sum_i s_i x_i x_i^T with s_i = expit(m_i) expit(-m_i), whatever the labels,
+    and exactly symmetric; the pass without it gives the loss and gradient sums."""
+    rng = np.random.default_rng(15)
+    X, y = spambase_like_rows(2 * 1024 + 300, 58, rng)
+    y = y.astype(np.float64)
+    w = rng.normal(size=58)
+    margins = y * (X @ w)
+    weights = expit(margins) * expit(-margins)
+    hessian = block_sums(X, y, w, hessian=True)
+    np.testing.assert_allclose(hessian, (X.T * weights) @ X, rtol=1e-12, atol=1e-12)
+    assert np.array_equal(hessian, hessian.T)
+    assert np.array_equal(hessian, block_sums(X, -y, w, hessian=True))
+    loss, gradient = block_sums(X, y, w)
+    assert loss == pytest.approx(np.logaddexp(0.0, -margins).sum(), rel=1e-12)
+    np.testing.assert_allclose(gradient, (-y * expit(-margins)) @ X, rtol=1e-12, atol=1e-12)
 
 
 def test_the_streamed_reference_does_not_depend_on_the_number_of_workers(monkeypatch):
