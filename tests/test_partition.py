@@ -59,6 +59,16 @@ def test_iid_shards_cover_all_rows_with_balanced_sizes_and_classes(
     assert sizes.max() - sizes.min() <= 1
     counts = _class_counts(y, shards)
     assert np.all(counts.max(axis=0) - counts.min(axis=0) <= 1)
+    # the deal its docstring describes, row by row: the same stream gives the same shards
+    rng = np.random.default_rng(seed)
+    codes = np.unique(y, return_inverse=True)[1]
+    layout = np.concatenate(
+        [rng.permutation(np.flatnonzero(codes == c)) for c in range(codes.max() + 1)]
+    )
+    owner = np.empty(y.size, dtype=np.int64)
+    owner[layout] = rng.permutation(n_peers)[np.arange(y.size) % n_peers]
+    for peer, shard in enumerate(shards):
+        np.testing.assert_array_equal(shard, np.flatnonzero(owner == peer))
 
 
 @given(
