@@ -312,7 +312,7 @@ def test_a_block_hessian_is_the_weighted_gram_matrix_exactly_symmetric():
     partial) is sum_i s_i x_i x_i^T with s_i = expit(m_i) expit(-m_i), whatever the labels,
     and exactly symmetric; the pass without it gives the loss and gradient sums."""
     rng = np.random.default_rng(15)
-    X, y = spambase_like_rows(2 * 1024 + 300, 58, rng)
+    X, y = spambase_like_rows(2 * 1024 + 300, 58, rng)  # two chunks and a part
     y = y.astype(np.float64)
     w = rng.normal(size=58)
     margins = y * (X @ w)
