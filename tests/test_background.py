@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from p2pdp.core import parallel
 from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.parallel import (
     Background,
@@ -97,6 +98,33 @@ def test_an_unread_background_process_is_stopped_when_collected():
     assert not process.is_alive()
 
 
+def _policy_after(seconds):
+    time.sleep(seconds)
+    return os.sched_getscheduler(0)
+
+
+@pytest.mark.skipif(
+    not parallel._can_idle(), reason="this machine cannot undo idle priority (SCHED_IDLE)"
+)
+def test_it_runs_at_idle_priority_until_it_is_waited_for():
+    """Before result() waits for it, the process is at idle priority (it runs only on a core
+    nothing else wants); result() gives it normal priority back, so a machine busy with
+    other work cannot starve a value the run is waiting for."""
+    early = in_background(_policy_after, 0.1, what="a policy")
+    waited_for = in_background(_policy_after, 1.2, what="a policy")
+    time.sleep(0.6)
+    assert early.result() == os.SCHED_IDLE  # read before anyone waited
+    assert waited_for.result() == os.SCHED_OTHER  # read after result() began to wait
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux scheduling policies")
+def test_where_idle_priority_cannot_be_undone_it_runs_at_normal_priority(monkeypatch):
+    monkeypatch.setattr(parallel, "_can_idle", lambda: False)
+    background = in_background(_policy_after, 0.3, what="a policy")
+    time.sleep(0.6)
+    assert background.result() == os.SCHED_OTHER
+
+
 def test_a_large_run_with_workers_solves_its_reference_in_the_background(monkeypatch):
     """Wiring: with 2 local workers and a large enough fold, prepare_peers returns before
     the centralised model is solved, the run reads it once scored, and every row (the
@@ -105,9 +133,23 @@ def test_a_large_run_with_workers_solves_its_reference_in_the_background(monkeyp
     alone = pipeline.prepare_peers(config, fold=0)
     assert isinstance(alone.reference, np.ndarray)  # one worker: solved in-process
     monkeypatch.setattr(pipeline, "BACKGROUND_MIN_ROWS", 1000)
+    started = []
+
+    def recorded(name):
+        step = getattr(pipeline, name)
+
+        def call(*args, **kwargs):
+            started.append(name)
+            return step(*args, **kwargs)
+
+        monkeypatch.setattr(pipeline, name, call)
+
+    recorded("in_background")
+    recorded("peer_shards")
     with local_workers(2):
         trained = pipeline.prepare_peers(config, fold=0)
         assert isinstance(trained.reference, Background)  # did not wait for it
+        assert started == ["in_background", "peer_shards"]  # before the partition and fits
         result = simulate(config, fold=0, trained=trained)
     np.testing.assert_allclose(trained.centralized, alone.centralized, rtol=0, atol=1e-12)
     expected = simulate(config, fold=0, trained=alone).row()

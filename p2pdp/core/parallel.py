@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import mmap
 import multiprocessing
 import os
 import signal
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
@@ -262,6 +264,11 @@ def _worker_main(
 class Background(Generic[_R]):
     """``function(shared)`` being computed in one forked process (:func:`in_background`).
 
+    The process runs at idle priority (Linux's ``SCHED_IDLE``: only on a core nothing else
+    wants, without slowing what runs there) until :meth:`result` waits for it, which gives
+    it back normal priority. Where that cannot be undone (:func:`_can_idle`), it runs at
+    normal priority throughout.
+
     :meth:`result` waits for it (in the process that started it). Pickling waits for it too
     and pickles the value. A background process whose result is never read is stopped when
     this object is collected, or when the interpreter exits (it is a daemon).
@@ -274,6 +281,9 @@ class Background(Generic[_R]):
             target=_background_main, args=(function, shared, send), daemon=True
         )
         process.start()
+        self._idle = _can_idle()
+        if self._idle:  # set here, so that result() cannot undo it before it is done
+            _set_policy(process.pid, os.SCHED_IDLE)
         send.close()  # the child holds the only write end left here
         self._process, self._owner, self._what = process, os.getpid(), what
         self._done: tuple[_R] | None = None
@@ -288,6 +298,8 @@ class Background(Generic[_R]):
                     f"{self._what} is computed in a background process of process "
                     f"{self._owner}: read it there before forking"
                 )
+            if self._idle and self._process.is_alive():  # (not its pid reused)
+                _set_policy(self._process.pid, os.SCHED_OTHER)
             try:
                 ok, value = self._receive.recv()
             except EOFError:
@@ -324,6 +336,41 @@ def _background_main(function: Callable[[Any], Any], shared: Any, send: Any) -> 
     send.close()
 
 
+@functools.cache
+def _can_idle() -> bool:
+    """Whether a :class:`Background` may start at idle priority here: the platform has
+    ``SCHED_IDLE`` (Linux) and this process may move a process back from it to normal
+    priority (``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` of at least 20). Without that, a
+    background process waited for on a machine busy with other work would hardly run.
+    Tried once, on a thread that exits."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    undone: list[bool] = []
+
+    def trial() -> None:  # policies are per thread: this one's ends with it
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            return
+        undone.append(True)
+
+    thread = threading.Thread(target=trial)
+    thread.start()
+    thread.join()
+    return bool(undone)
+
+
+def _set_policy(pid: int | None, policy: int) -> None:
+    """Move process ``pid`` to the scheduling ``policy``, if it still runs (Linux)."""
+    if pid is None:  # never started
+        return
+    try:
+        os.sched_setscheduler(pid, policy, os.sched_param(0))
+    except (ProcessLookupError, PermissionError):  # done already; or no longer allowed
+        pass
+
+
 def _stop_background(process: Any, receive: Any) -> None:
     receive.close()
     if process.is_alive():
@@ -338,7 +385,8 @@ def in_background(function: Callable[[_S], _R], shared: _S, *, what: str) -> Bac
     ``shared`` is inherited (copy-on-write), never pickled; the value is pickled back. The
     process counts as a worker (:func:`current_workers` is 1 in it), so it forks nothing of
     its own. ``what`` names the value in errors. For work whose value is not needed until
-    later while this process is busy with something serial.
+    later: at idle priority until then (:class:`Background`), it takes only the core time
+    that this process and its workers leave.
     """
     if "fork" not in multiprocessing.get_all_start_methods():
         return function(shared)

@@ -276,26 +276,33 @@ def train_peers(
     the fold in messages.
     """
     model = model if model is not None else LogisticModel()
-    shards = peer_shards(fold, partition_config, rng=rng, fold_name=fold_name)
-    models = _fit(model, fold, shards, lam)
     everyone = (model, fold, lam)
-    reference = (
-        in_background(_centralised, everyone, what="the centralised reference model")
-        if current_workers() > 1
+    background = (
+        current_workers() > 1
         and len(fold.y_train) >= BACKGROUND_MIN_ROWS
         and type(model) is LogisticModel
-        else _centralised(everyone)
     )
+    reference: np.ndarray | Background[np.ndarray] | None = (
+        in_background(_centralised, everyone, what="the centralised reference model")
+        if background
+        else None
+    )
+    shards = peer_shards(fold, partition_config, rng=rng, fold_name=fold_name)
+    models = _fit(model, fold, shards, lam)
+    if reference is None:
+        reference = _centralised(everyone)
     return TrainedPeers(
         fold=fold, shards=tuple(shards), models=models, reference=reference, key=key
     )
 
 
 #: With several local workers (:func:`p2pdp.core.parallel.local_workers`) and at least this
-#: many training rows, :func:`train_peers` solves the centralised reference in a background
-#: process and returns at once: a run's simulation is one process and reads only the local
-#: models, so the reference overlaps it (its evaluation waits for it). The same model, bit
-#: for bit (:func:`p2pdp.learning.models.fit_local_models` does not depend on the workers).
+#: many training rows, :func:`train_peers` starts solving the centralised reference in a
+#: background process as soon as the fold is loaded, at idle priority
+#: (:class:`~p2pdp.core.parallel.Background`): it takes the core time that the partition,
+#: the local fits, the simulation (one process) and the evaluation leave, and all it needs
+#: once the evaluation waits for it. The same model, bit for bit
+#: (:func:`p2pdp.learning.models.fit_local_models` does not depend on the workers).
 BACKGROUND_MIN_ROWS = STREAM_MIN_ROWS
 
 
