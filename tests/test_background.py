@@ -197,3 +197,28 @@ def test_a_forked_worker_that_dies_is_an_error_naming_its_function():
     with forked_worker(_step, {"total": 0}, workers=2) as submit:
         with pytest.raises(P2PDPError, match="computing _step died .*5"):
             submit("die")()
+
+
+# -- every forked process runs with one BLAS thread ----------------------------------------
+def _blas_threads(*_args):
+    from threadpoolctl import threadpool_info
+
+    return sorted({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
+
+
+def _blas_threads_in_worker(_shared, _item):
+    return _blas_threads()
+
+
+def test_forked_processes_run_with_one_blas_thread_whatever_their_parent_has():
+    """Workers are the parallelism: a forked worker's own BLAS threads only took CPU from
+    the other workers (the synthetic rows drew 1.3x slower). Its parent keeps its threads."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert _blas_threads() == [2]  # so that a worker inheriting them would show it
+        assert forked_map(_blas_threads_in_worker, None, [0, 1], workers=2) == [[1], [1]]
+        with forked_worker(_blas_threads_in_worker, None, workers=2) as submit:
+            assert submit(0)() == [1]
+        assert in_background(_blas_threads, None, what="BLAS threads").result() == [1]
+        assert _blas_threads() == [2]

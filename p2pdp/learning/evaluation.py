@@ -44,8 +44,6 @@ releases plus the peer's own data, so the budget and the guarantee are unchanged
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -56,7 +54,6 @@ import numpy as np
 import scipy.sparse as sp
 import sklearn
 from sklearn.metrics import auc, roc_curve
-from threadpoolctl import ThreadpoolController
 
 from p2pdp.core.boundary import (
     calling,
@@ -67,7 +64,7 @@ from p2pdp.core.boundary import (
     read_only,
 )
 from p2pdp.core.errors import ConfigError
-from p2pdp.core.parallel import current_workers, forked_map
+from p2pdp.core.parallel import current_workers, forked_map, one_blas_thread
 from p2pdp.learning.ensembles import (
     CrossValidation,
     OwnShards,
@@ -643,7 +640,7 @@ def _tallied_counts(
     labels all +1 or -1: tiles of peers against the published models' sums per row."""
     n_peers = ensembles.n_peers
     peers = [slice(a, a + _PEER_TILE) for a in range(0, n_peers, _PEER_TILE)]
-    with _one_blas_thread():
+    with one_blas_thread():  # also in this process: two BLAS threads were 1.2x slower
         sums = _published_sums(vote, ensembles, X, workers)
         parts = forked_map(
             _count_tallied,
@@ -675,13 +672,12 @@ def _blocked_counts(
     """:data:`_Counts` of any rule: blocks of test rows with every model's margins."""
     n_rows = X.shape[0]
     blocks = _row_blocks(n_rows, ensembles.n_peers + ensembles.published.shape[0])
-    with _scoring_threads(workers):
-        parts = forked_map(
-            _count_errors,
-            (ensembles, X, y, vote, own_errors),
-            _split(blocks, workers),
-            workers=workers,
-        )
+    parts = forked_map(
+        _count_errors,
+        (ensembles, X, y, vote, own_errors),
+        _split(blocks, workers),
+        workers=workers,
+    )
 
     def scores(peer: int) -> np.ndarray:
         if len(parts) == 1 and parts[0][3] is not None:  # one block held every row: reuse it
@@ -689,8 +685,7 @@ def _blocked_counts(
         # as costly as every peer's scores when the published models dominate: split too
         one = (_one_peer(ensembles, peer), X, vote.for_peers(slice(peer, peer + 1)))
         blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
-        with _scoring_threads(workers):
-            scored = forked_map(_first_scores, one, _split(blocks, workers), workers=workers)
+        scored = forked_map(_first_scores, one, _split(blocks, workers), workers=workers)
         return np.concatenate(scored)
 
     return (
@@ -704,26 +699,6 @@ def _blocked_counts(
 
 #: Fewest peers for which :func:`evaluate_ensembles` splits the test rows over local workers.
 PARALLEL_MIN_PEERS = 20_000
-
-
-@functools.cache
-def _blas() -> ThreadpoolController:
-    """This process's BLAS libraries, found once: ``threadpool_limits`` reads the process's
-    loaded libraries at every call (about 3 ms, more than a small run's whole scoring)."""
-    return ThreadpoolController()
-
-
-def _one_blas_thread() -> contextlib.AbstractContextManager:
-    """The tallied path's products (a few hundred models or peers at a time) with one BLAS
-    thread in any number of workers: with two threads one process took 1.2x the time at 10^5
-    peers, and several times longer when another process kept the second core busy."""
-    return _blas().limit(limits=1, user_api="blas")
-
-
-def _scoring_threads(workers: int) -> contextlib.AbstractContextManager:
-    """Forked workers score with one BLAS thread each (2 workers x 2 BLAS threads on 2 cores
-    ran slower than one process whose BLAS uses both cores); one process keeps its BLAS."""
-    return _one_blas_thread() if workers > 1 else contextlib.nullcontext()
 
 
 def _split(blocks: list[slice], workers: int) -> list[list[slice]]:
@@ -902,13 +877,12 @@ def linear_error(weights: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarra
     weights = np.atleast_2d(weights)
     workers = current_workers() if weights.shape[0] >= PARALLEL_MIN_PEERS else 1
     blocks = _row_blocks(weights.shape[0], X.shape[0])
-    with _scoring_threads(workers):
-        parts = forked_map(
-            _linear_wrong,
-            (weights, X, np.asarray(y)),
-            _split(blocks, workers),
-            workers=workers,
-        )
+    parts = forked_map(
+        _linear_wrong,
+        (weights, X, np.asarray(y)),
+        _split(blocks, workers),
+        workers=workers,
+    )
     return np.concatenate(parts) / X.shape[0]
 
 
