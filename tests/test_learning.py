@@ -12,11 +12,13 @@ from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.learning import models as models_module
 from p2pdp.learning.models import (
     LocalModels,
+    block_hessian,
     block_sums,
     fit_local_models,
     fit_local_models_sklearn,
     logistic_objective_gradient,
     newton_from_block_sums,
+    sums_of_block,
     training_workers,
 )
 
@@ -285,7 +287,7 @@ def test_the_streamed_newton_asks_for_a_hessian_only_where_a_step_needs_it():
 
     def sums(w, hessian):
         asked.append(hessian)
-        return [block_sums(X[a : a + 700], y[a : a + 700], w, hessian=hessian) for a in starts]
+        return [sums_of_block(X[a : a + 700], y[a : a + 700], w, hessian) for a in starts]
 
     w, norm, steps = newton_from_block_sums(sums, n, d, lam, TOL, 50, 0)
     assert norm <= TOL and steps >= 2
@@ -308,19 +310,18 @@ def test_the_streamed_newton_asks_for_a_hessian_only_where_a_step_needs_it():
 
 
 def test_a_block_hessian_is_the_weighted_gram_matrix_exactly_symmetric():
-    """block_sums' Hessian (symmetric rank-k updates over chunks of rows, the last one
-    partial) is sum_i s_i x_i x_i^T with s_i = expit(m_i) expit(-m_i), whatever the labels,
-    and exactly symmetric; the pass without it gives the loss and gradient sums."""
+    """block_hessian (symmetric rank-k updates over chunks of rows, the last one partial)
+    is sum_i s_i x_i x_i^T with s_i = expit(m_i) expit(-m_i), exactly symmetric; block_sums
+    gives the loss and gradient sums over the same chunks."""
     rng = np.random.default_rng(15)
     X, y = spambase_like_rows(2 * 1024 + 300, 58, rng)  # two chunks and a part
     y = y.astype(np.float64)
     w = rng.normal(size=58)
     margins = y * (X @ w)
     weights = expit(margins) * expit(-margins)
-    hessian = block_sums(X, y, w, hessian=True)
+    hessian = block_hessian(X, w)
     np.testing.assert_allclose(hessian, (X.T * weights) @ X, rtol=1e-12, atol=1e-12)
     assert np.array_equal(hessian, hessian.T)
-    assert np.array_equal(hessian, block_sums(X, -y, w, hessian=True))
     loss, gradient = block_sums(X, y, w)
     assert loss == pytest.approx(np.logaddexp(0.0, -margins).sum(), rel=1e-12)
     np.testing.assert_allclose(gradient, (-y * expit(-margins)) @ X, rtol=1e-12, atol=1e-12)

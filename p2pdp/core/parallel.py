@@ -102,12 +102,10 @@ def worker_signals() -> None:
 
 def _pool_worker() -> None:
     """Start a forked worker (:func:`forked_pool`, :func:`forked_worker`, :class:`Background`):
-    the parent's signals, no pool of its own, one BLAS thread (:func:`one_blas_thread`: the
-    workers are the parallelism)."""
+    the parent's signals, no pool of its own."""
     global _IN_WORKER
     _IN_WORKER = True
     worker_signals()
-    one_blas_thread()  # for the worker's lifetime
 
 
 @functools.cache
@@ -118,10 +116,13 @@ def _blas() -> ThreadpoolController:
 
 
 def one_blas_thread() -> contextlib.AbstractContextManager:
-    """One BLAS thread in this process until the returned context exits (or for good, if it
-    is never entered). Every forked worker runs so: with 2 workers on 2 cores, each worker's
-    idle BLAS threads took CPU from the other, and drawing the synthetic rows at 10^5 peers
-    took 2.5 s instead of 1.9 s."""
+    """One BLAS thread in this process until the returned context exits.
+
+    A :func:`forked_pool`'s workers inherit it: the pool is forked inside it, so a worker
+    never sets a thread count itself (after a fork, OpenBLAS restarts its threads at the first
+    such call, and they spin for about 0.1 s of CPU each). With 2 workers on 2 cores, each
+    worker's idle BLAS threads took CPU from the other: drawing the synthetic rows at 10^5
+    peers took 2.5 s instead of 1.9 s."""
     return _blas().limit(limits=1, user_api="blas")
 
 
@@ -168,8 +169,11 @@ def forked_pool(
         return
     global _TASK
     _TASK = (function, shared)
-    try:
-        with multiprocessing.get_context("fork").Pool(workers, _pool_worker) as pool:
+    try:  # the workers are the parallelism: one BLAS thread each (one_blas_thread)
+        with (
+            one_blas_thread(),
+            multiprocessing.get_context("fork").Pool(workers, _pool_worker) as pool,
+        ):
             yield (
                 lambda items: pool.map(_call, items, chunksize=1) if len(items) > 1 else here(items)
             )
@@ -283,10 +287,11 @@ def _worker_main(
 class Background(Generic[_R]):
     """``function(shared)`` being computed in one forked process (:func:`in_background`).
 
-    The process runs at idle priority (Linux's ``SCHED_IDLE``: only on a core nothing else
-    wants, without slowing what runs there) until :meth:`result` waits for it, which gives
-    it back normal priority. Where that cannot be undone (:func:`_can_idle`), it runs at
-    normal priority throughout.
+    Where idle priority can be undone (:func:`_can_idle`: Linux, with ``CAP_SYS_NICE`` or an
+    ``RLIMIT_NICE`` of at least 20), the process runs at idle priority (``SCHED_IDLE``: it gets
+    a core only when nothing else wants it, though its memory traffic still costs what runs
+    beside it) until :meth:`result` waits for it or it is stopped, which give it back this
+    process's policy. Elsewhere it runs at normal priority throughout.
 
     :meth:`result` waits for it (in the process that started it). Pickling waits for it too
     and pickles the value. A background process whose result is never read is stopped when
@@ -299,14 +304,15 @@ class Background(Generic[_R]):
         process = context.Process(
             target=_background_main, args=(function, shared, send), daemon=True
         )
+        self._idle = _can_idle()  # (its first call starts a thread: before the fork)
         process.start()
-        self._idle = _can_idle()
+        assert process.pid is not None  # started
+        self._stop = weakref.finalize(self, _stop_background, process, self._receive, self._idle)
         if self._idle:  # set here, so that result() cannot undo it before it is done
             _set_policy(process.pid, os.SCHED_IDLE)
         send.close()  # the child holds the only write end left here
         self._process, self._owner, self._what = process, os.getpid(), what
         self._done: tuple[_R] | None = None
-        self._stop = weakref.finalize(self, _stop_background, process, self._receive)
 
     def result(self) -> _R:
         """The value of ``function(shared)``, once the background process has sent it (its
@@ -317,8 +323,8 @@ class Background(Generic[_R]):
                     f"{self._what} is computed in a background process of process "
                     f"{self._owner}: read it there before forking"
                 )
-            if self._idle and self._process.is_alive():  # (not its pid reused)
-                _set_policy(self._process.pid, os.SCHED_OTHER)
+            if self._idle:
+                _normal_priority(self._process)
             try:
                 ok, value = self._receive.recv()
             except EOFError:
@@ -380,19 +386,33 @@ def _can_idle() -> bool:
     return bool(undone)
 
 
-def _set_policy(pid: int | None, policy: int) -> None:
-    """Move process ``pid`` to the scheduling ``policy``, if it still runs (Linux)."""
-    if pid is None:  # never started
-        return
+def _set_policy(pid: int, policy: int) -> None:
+    """Move every thread of process ``pid`` that still runs to the scheduling ``policy``
+    (Linux: a policy is per thread, and ``sched_setscheduler(pid)`` sets the first one's)."""
     try:
-        os.sched_setscheduler(pid, policy, os.sched_param(0))
-    except (ProcessLookupError, PermissionError):  # done already; or no longer allowed
-        pass
+        threads = [int(task) for task in os.listdir(f"/proc/{pid}/task")]
+    except OSError:  # no /proc, or the process is gone
+        threads = [pid]
+    for thread in threads:
+        try:
+            os.sched_setscheduler(thread, policy, os.sched_param(0))
+        except OSError:  # done already; or no longer allowed
+            pass
 
 
-def _stop_background(process: Any, receive: Any) -> None:
+def _normal_priority(process: Any) -> None:
+    """Give an idle :class:`Background` process this process's scheduling policy back."""
+    if process.is_alive():  # (reaped: its pid may be someone else's)
+        policy = os.sched_getscheduler(0)
+        own = policy in (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE)
+        _set_policy(process.pid, policy if own else os.SCHED_OTHER)
+
+
+def _stop_background(process: Any, receive: Any, idle: bool) -> None:
     receive.close()
     if process.is_alive():
+        if idle:  # an idle process would take long to exit on a busy machine
+            _normal_priority(process)
         process.terminate()
     process.join()
 
@@ -404,10 +424,11 @@ def in_background(function: Callable[[_S], _R], shared: _S, *, what: str) -> Bac
     ``shared`` is inherited (copy-on-write), never pickled; the value is pickled back. The
     process counts as a worker (:func:`current_workers` is 1 in it), so it forks nothing of
     its own. ``what`` names the value in errors. For work whose value is not needed until
-    later: at idle priority until then (:class:`Background`), it takes only the core time
-    that this process and its workers leave.
+    later: at idle priority until then where the platform allows (:class:`Background`), it
+    takes mostly the core time that this process and its workers leave. Computed here too
+    in a forked worker (which forks nothing of its own).
     """
-    if "fork" not in multiprocessing.get_all_start_methods():
+    if _IN_WORKER or "fork" not in multiprocessing.get_all_start_methods():
         return function(shared)
     return Background(function, shared, what=what)
 

@@ -159,10 +159,9 @@ def partition_iid(
     table = np.ascontiguousarray(table.reshape(rounds, n_peers).T)
     table.sort(axis=1)
     full = n_rows - (rounds - 1) * n_peers  # the first `full` columns hold `rounds` rows
-    shards: list[NDArray[np.int64]] = [table[0, :0]] * n_peers
-    for j, peer in enumerate(dealt.tolist()):
-        shards[peer] = table[j, : rounds if j < full else rounds - 1]
-    return shards
+    row_of = np.empty(n_peers, dtype=np.int64)
+    row_of[dealt] = np.arange(n_peers)  # peer dealt[j] gets row j of the table
+    return [table[j, : rounds if j < full else rounds - 1] for j in row_of.tolist()]
 
 
 def _raise_small_shards(

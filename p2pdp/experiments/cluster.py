@@ -63,8 +63,8 @@ from p2pdp.learning.models import (
     BlockSums,
     LocalModels,
     LogisticModel,
-    block_sums,
     newton_from_block_sums,
+    sums_of_block,
 )
 from p2pdp.tasks.pipeline import FoldData, TrainedPeers, training_key
 
@@ -295,10 +295,10 @@ def _fit(
 
 
 def _sums(block: tuple[np.ndarray, np.ndarray], w: np.ndarray, hessian: bool) -> BlockSums:
-    """:func:`p2pdp.learning.models.block_sums` of the block's training rows at ``w`` (with
-    the Hessian if ``hessian``)."""
+    """:func:`p2pdp.learning.models.sums_of_block` of the block's training rows at ``w``:
+    their loss and gradient sums, or their Hessian sum if ``hessian``."""
     with threadpool_limits(limits=1):
-        return block_sums(block[0], block[1].astype(np.float64), w, hessian=hessian)
+        return sums_of_block(block[0], block[1].astype(np.float64), w, hessian)
 
 
 def _piece(function: Callable[[Any, Any], Any], shared: Any, item: Any) -> Any:

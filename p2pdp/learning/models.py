@@ -315,15 +315,16 @@ STREAM_MIN_ROWS = 200_000
 _STREAM_BLOCK = 65_536  # rows per block: a constant, so sums do not depend on the workers
 
 
-#: What one block gives a pass of :func:`newton_from_block_sums` (:func:`block_sums`): its
+#: What one block gives a pass of :func:`newton_from_block_sums` (:func:`sums_of_block`): its
 #: loss and gradient sums, or its Hessian sum.
 BlockSums = tuple[float, NDArray[np.float64]] | NDArray[np.float64]
 
-#: Rows :func:`block_sums` takes at a time: 1,024 rows of d = 58 (0.5 MB) stay in a core's L2
-#: cache for the second product of a pass, so a pass reads its rows from memory once (and
-#: leaves the shared cache to whatever runs beside it). Measured on one core over 2x10^6 rows
-#: in blocks of 65,536: 0.15 s against 0.19 s for the loss and gradient, 0.43 s against
-#: 0.99 s for the Hessian (one product over each block, the loss and gradient besides).
+#: Rows :func:`block_sums` and :func:`block_hessian` take at a time: 1,024 rows of d = 58
+#: (0.5 MB) stay in a core's L2 cache for the second product of a pass, so a pass reads its
+#: rows from memory once (and leaves the shared cache to whatever runs beside it). Measured
+#: on one core over 2x10^6 rows in blocks of 65,536: 0.15 s against 0.19 s for the loss and
+#: gradient, 0.43 s against 0.99 s for the Hessian (one product over each block, the loss
+#: and gradient besides).
 _SUM_CHUNK = 1024
 
 
@@ -331,7 +332,7 @@ def _block_sums(
     problem: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]],
     item: tuple[int, NDArray[np.float64], bool],
 ) -> BlockSums:
-    """:func:`block_sums` of the rows ``rows[start : start + B]`` (``B = _STREAM_BLOCK``) at
+    """:func:`sums_of_block` of the rows ``rows[start : start + B]`` (``B = _STREAM_BLOCK``) at
     ``w``, with ``problem = (X, y, rows)`` and ``item = (start, w, hessian)``."""
     X, y, rows = problem
     start, w, hessian = item
@@ -339,42 +340,52 @@ def _block_sums(
     first = int(part[0])
     if int(part[-1]) - first == len(part) - 1 and np.all(np.diff(part) == 1):
         rows_of = slice(first, first + len(part))  # views
-        return block_sums(X[rows_of], y[rows_of], w, hessian=hessian)
-    return block_sums(X[part], y[part], w, hessian=hessian)
+        return sums_of_block(X[rows_of], y[rows_of], w, hessian)
+    return sums_of_block(X[part], y[part], w, hessian)
 
 
 def block_sums(
-    Xb: NDArray[np.float64],
-    yb: NDArray[np.float64],
-    w: NDArray[np.float64],
-    *,
-    hessian: bool = False,
-) -> BlockSums:
-    """Unnormalised sums of one block of rows at the model ``w``, for one pass of
-    :func:`newton_from_block_sums` (which divides by the number of rows and adds the
+    Xb: NDArray[np.float64], yb: NDArray[np.float64], w: NDArray[np.float64]
+) -> tuple[float, NDArray[np.float64]]:
+    """Unnormalised loss and gradient sums of one block of rows at the model ``w``, for a
+    pass of :func:`newton_from_block_sums` (which divides by the number of rows and adds the
     regulariser).
 
     ``Xb`` (m, d) rows, ``yb`` (m,) float64 labels in {-1, +1}, ``w`` (d,). With margins
-    ``m_i = y_i w.x_i``: ``(loss, gradient)``, ``sum_i log(1 + exp(-m_i))`` and
-    ``sum_i -y_i expit(-m_i) x_i`` (d,); with ``hessian``, only the Hessian
-    ``sum_i expit(m_i) expit(-m_i) x_i x_i^T`` (d, d), exactly symmetric: symmetric rank-k
-    updates ``(r x)^T (r x)``, ``r = sqrt(expit(m) expit(-m))``. Summed over
-    :data:`_SUM_CHUNK` rows at a time, in row order.
+    ``m_i = y_i w.x_i``: ``sum_i log(1 + exp(-m_i))`` and ``sum_i -y_i expit(-m_i) x_i`` (d,),
+    summed over :data:`_SUM_CHUNK` rows at a time, in row order.
     """
-    d = Xb.shape[1]
-    loss, gradient, total = 0.0, np.zeros(d), np.zeros((d, d))
+    loss, gradient = 0.0, np.zeros(Xb.shape[1])
     for start in range(0, len(yb), _SUM_CHUNK):
+        rows, labels = Xb[start : start + _SUM_CHUNK], yb[start : start + _SUM_CHUNK]
+        margins = labels * (rows @ w)
+        loss -= float(log_expit(margins).sum())
+        gradient += (-labels * expit(-margins)) @ rows
+    return loss, gradient
+
+
+def block_hessian(Xb: NDArray[np.float64], w: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Unnormalised Hessian sum of one block of rows ``Xb`` (m, d) at the model ``w`` (d,):
+    ``sum_i expit(m_i) expit(-m_i) x_i x_i^T`` (d, d), which does not depend on the labels
+    (the weight is even in the margin). Exactly symmetric: symmetric rank-k updates
+    ``(r x)^T (r x)``, ``r = sqrt(expit(m) expit(-m))``, over :data:`_SUM_CHUNK` rows at a
+    time, in row order.
+    """
+    total = np.zeros((Xb.shape[1], Xb.shape[1]))
+    for start in range(0, len(Xb), _SUM_CHUNK):
         rows = Xb[start : start + _SUM_CHUNK]
-        if hessian:  # the weight is even in the margin: the labels do not enter
-            scores = rows @ w
-            scaled = rows * np.sqrt(expit(scores) * expit(-scores))[:, None]
-            total += scaled.T @ scaled  # numpy calls the symmetric rank-k update (syrk)
-        else:
-            labels = yb[start : start + _SUM_CHUNK]
-            margins = labels * (rows @ w)
-            loss -= float(log_expit(margins).sum())
-            gradient += (-labels * expit(-margins)) @ rows
-    return total if hessian else (loss, gradient)
+        scores = rows @ w
+        scaled = rows * np.sqrt(expit(scores) * expit(-scores))[:, None]
+        total += scaled.T @ scaled  # numpy calls the symmetric rank-k update (syrk)
+    return total
+
+
+def sums_of_block(
+    Xb: NDArray[np.float64], yb: NDArray[np.float64], w: NDArray[np.float64], hessian: bool
+) -> BlockSums:
+    """What one block gives a pass of :func:`newton_from_block_sums`: its
+    :func:`block_hessian` if ``hessian``, else its :func:`block_sums`."""
+    return block_hessian(Xb, w) if hessian else block_sums(Xb, yb, w)
 
 
 def _newton_streaming(
@@ -390,13 +401,14 @@ def _newton_streaming(
 ) -> tuple[NDArray[np.float64], float, int]:
     """Damped Newton for one peer on ``X[rows]``, reading the rows in blocks.
 
-    The steps of :func:`_newton` in primal form: each pass over the rows evaluates, at one
-    model ``w``, the objective, the gradient ``X^T c + lam w`` and the Hessian
-    ``X^T S X + lam I`` as sums of per-block sums (:func:`_block_sums`), computed in
+    The steps of :func:`_newton` in primal form: a pass over the rows evaluates, at one
+    model ``w``, either the objective and the gradient ``X^T c + lam w`` or the Hessian
+    ``X^T S X + lam I``, as sums of per-block sums (:func:`_block_sums`), computed in
     ``workers`` forked processes (forked once for the whole solve) and added in block order,
     so the model does not depend on the number of workers (bitwise, on one machine). A
     Newton step is tried at full length first; a pass at the trial model gives its objective
-    for the Armijo test and, when accepted, the next gradient and Hessian. Memory besides
+    for the Armijo test and its gradient, and once it is accepted (and not yet optimal) a
+    second pass its Hessian (:func:`newton_from_block_sums`). Memory besides
     ``X``: one block per process. Returns the weights, the achieved gradient norm and the
     Newton steps taken.
     """
@@ -425,7 +437,7 @@ def newton_from_block_sums(
 ) -> tuple[NDArray[np.float64], float, int]:
     """The damped Newton of :func:`_newton_streaming`, its passes over the rows delegated.
 
-    ``block_sums(w, hessian)`` returns the :func:`block_sums` of every block of the ``n``
+    ``block_sums(w, hessian)`` returns the :func:`sums_of_block` of every block of the ``n``
     rows at the model ``w`` (d,): their loss and gradient sums, or only their Hessian sums if
     ``hessian``, in block order (blocks
     of :data:`_STREAM_BLOCK` rows, however and wherever they are computed: forked processes,

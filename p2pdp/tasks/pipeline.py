@@ -298,10 +298,10 @@ def train_peers(
 
 #: With several local workers (:func:`p2pdp.core.parallel.local_workers`) and at least this
 #: many training rows, :func:`train_peers` starts solving the centralised reference in a
-#: background process as soon as the fold is loaded, at idle priority
-#: (:class:`~p2pdp.core.parallel.Background`): it takes the core time that the partition,
-#: the local fits, the simulation (one process) and the evaluation leave, and all it needs
-#: once the evaluation waits for it. The same model, bit for bit
+#: background process as soon as the fold is loaded, at idle priority where the platform
+#: allows (:class:`~p2pdp.core.parallel.Background`): it takes mostly the core time that the
+#: partition, the local fits, the simulation (one process) and the evaluation leave, and
+#: normal priority once the evaluation waits for it. The same model, bit for bit
 #: (:func:`p2pdp.learning.models.fit_local_models` does not depend on the workers).
 BACKGROUND_MIN_ROWS = STREAM_MIN_ROWS
 
