@@ -56,9 +56,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit, log_expit
-from threadpoolctl import threadpool_limits
 
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.parallel import one_blas_thread
 from p2pdp.learning.models import fit_local_models
 
 if TYPE_CHECKING:  # p2pdp.learning.evaluation imports scikit-learn
@@ -578,7 +578,7 @@ def fit_towards(
     result = np.empty((len(shards), dim))
     eye = lam * np.eye(dim)
     order = np.argsort(sizes, kind="stable")
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         for group in np.split(order, np.flatnonzero(np.diff(sizes[order])) + 1):
             if group.size == 0:
                 continue

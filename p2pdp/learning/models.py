@@ -30,11 +30,16 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit, log_expit
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
-from threadpoolctl import threadpool_limits
 
 from p2pdp.core.boundary import calling, check_methods, check_number
 from p2pdp.core.errors import ConfigError, P2PDPError
-from p2pdp.core.parallel import current_workers, forked_map, forked_pool, local_workers
+from p2pdp.core.parallel import (
+    current_workers,
+    forked_map,
+    forked_pool,
+    local_workers,
+    one_blas_thread,
+)
 
 __all__ = [
     "LocalModels",
@@ -640,7 +645,7 @@ def fit_local_models(
     iterations = 0
     batches = _batches(sizes, chunk_size, d, method)
     problem = (X, y, shard_arrays, sizes, lam, tol, max_iter, workers if len(batches) == 1 else 1)
-    with threadpool_limits(limits=1, user_api="blas"):  # inherited by forked workers
+    with one_blas_thread():  # inherited by forked workers
         # forked processes read X as it is (copy-on-write): no copy, no pickle
         fitted = forked_map(_fit_batch, problem, batches, workers=workers)
     for batch, (wb, norms, steps) in zip(batches, fitted, strict=True):
@@ -680,7 +685,7 @@ def fit_local_models_sklearn(
     grad_norms = np.empty(len(shard_arrays))
     iterations = 0
     # one BLAS thread, as in fit_local_models; non-convergence is an error, not a warning
-    with threadpool_limits(limits=1, user_api="blas"), warnings.catch_warnings():
+    with one_blas_thread(), warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         for j, shard in enumerate(shard_arrays):
             Xj, yj, sample_weight = X[shard], y[shard], np.ones(len(shard))
