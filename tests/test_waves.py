@@ -173,7 +173,14 @@ def test_batched_driver_gives_the_reference_outputs(
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize(
     ("mode", "group_size", "concurrent", "seed"),
-    [("full", 5, 1, 1), ("group", 5, 3, 2), ("group", 1, 4, 3), ("full", 4, 100, 4)],
+    [
+        ("full", 5, 1, 1),
+        ("group", 5, 3, 2),
+        ("group", 1, 4, 3),
+        ("full", 4, 100, 4),
+        ("group", 3, 1, 5),  # waves of one group (drawn and charged in turn) ...
+        ("full", 1, 1, 6),  # ... of one peer
+    ],
 )
 def test_releases_told_after_the_fact_give_the_reference_outputs(
     mode, group_size, concurrent, seed, workers, monkeypatch

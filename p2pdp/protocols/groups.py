@@ -279,3 +279,57 @@ class GroupPool:
             groups.append(chosen)
             curators.append(chosen[int(uniforms[start + g] * g)])
         return groups, curators
+
+    def draw_in_turn(
+        self, g: int, n: int, counts: list[int], most: int
+    ) -> tuple[list[int], list[int]]:
+        """Up to ``n`` groups of ``g`` drawn one after another, each member charged before the
+        next draw: waves of one group each (the batched driver with ``max_concurrent_groups
+        = 1``, :mod:`p2pdp.sim.waves`), in one call.
+
+        Each group is :meth:`draw_many` ``(g, 1)`` (the same uniforms, the same picks); then
+        each of its members, in member order, has its count in ``counts`` raised by one and,
+        if that count is still below ``most``, goes back to the pool. Stops after ``n``
+        groups or when fewer than ``g`` peers are idle. Every peer in the pool must be below
+        ``most``: a count that would pass it raises ``RuntimeError`` (the caller's bug).
+
+        Returns
+        -------
+        members : list of int
+            The groups' members, flat (``g`` per group, group after group).
+        curators : list of int
+            One per group.
+        """
+        pool, take = self.peers, self._take
+        members: list[int] = []
+        curators: list[int] = []
+        offsets = range(g)
+        while n > 0 and len(pool) >= g:
+            # groups certainly drawn before the pool can fall below g (each takes at most g
+            # from it): their uniforms are taken at once, as group after group would
+            m = min(n, (len(pool) - g) // g + 1)
+            n -= m
+            uniforms = take(m * (g + 1))
+            for start in range(0, m * (g + 1), g + 1):
+                size = len(pool)
+                first = size - g + 1  # Floyd's pick i draws from [0, first + i)
+                ts = [int(uniforms[start + i] * (first + i)) for i in offsets]
+                picks = set(ts)
+                if len(picks) < g:  # a t repeats: Floyd's rule, pick by pick
+                    picks = set()
+                    for j, t in zip(range(size - g, size), ts, strict=True):
+                        picks.add(j if t in picks else t)
+                chosen = [pool[i] for i in picks]
+                for i in sorted(picks, reverse=True):  # swap-remove, O(g)
+                    pool[i] = pool[-1]
+                    pool.pop()
+                curators.append(chosen[int(uniforms[start + g] * g)])
+                members.extend(chosen)
+                for peer in chosen:
+                    count = counts[peer] + 1
+                    counts[peer] = count
+                    if count < most:
+                        pool.append(peer)
+                    elif count > most:
+                        raise RuntimeError(f"peer {peer} was in the pool with no budget left")
+        return members, curators

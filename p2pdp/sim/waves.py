@@ -24,7 +24,11 @@ wave by wave, without an event or a message object:
   path (:class:`~p2pdp.privacy.release.Releaser`'s noise stream and record, in release
   order: the same draws from the same generator), so the budget is charged before any
   noise is drawn; the sensitivity, a function of the members' sizes, is asked once per
-  distinct sizes;
+  distinct sizes; where every wave is one group (``max_concurrent_groups = 1``) and the
+  releases are made by chunks (below), the pool draws and charges up to a chunk of such
+  waves in one call (:meth:`GroupPool.draw_in_turn
+  <p2pdp.protocols.groups.GroupPool.draw_in_turn>`: the same draws, without a call per
+  wave);
 - the observers see ``group_started`` for every group of the wave at ``T`` and ``released``
   for each at the collection instant, in the same order and with the same ledger state as in
   the SimPy world (``world.env.now`` reads the wave's instant). Where every observer can be
@@ -154,7 +158,7 @@ def run_waves(world: World) -> None:
     assign_delay = latency + HEADER_BYTES / bandwidth  # Transport.delay of one ASSIGN
     submit_delay = latency + world.model_bytes / bandwidth  # ... and of one SUBMIT
     charges = DrawnCharges(world.ledger)  # the pool holds distinct solvent ids
-    spend = charges.spend
+    spend, most = charges.spend, world.ledger.max_aggregations
     per_event = not world.told_after
     capacity = _CHUNK - 1 + min(limit, len(pool) // g)  # releases published at once, at most
     releases = _Releases(world, deferred=not per_event, capacity=max(capacity, 1))
@@ -165,7 +169,26 @@ def run_waves(world: World) -> None:
         pending = _Pending(submit, releases, len(world.releases))  # published by chunks
         members_, curators_ = pending.members, pending.curators
         now = env.now  # 0: every peer is ready at the start
-        while True:
+        in_turn = limit == 1 and not per_event  # waves of one group, drawn and charged in turn
+        while in_turn:
+            flat, curators = pool.draw_in_turn(g, _CHUNK - len(curators_), charges.counts, most)
+            k = len(curators)
+            if k == 0:
+                break
+            for _ in range(k):  # each wave's collection instant, as below
+                now = now + assign_delay
+                if g > 1:
+                    now = now + submit_delay
+                pending.times.append(float(now))
+            env._now = now
+            pending.waves.extend([1] * k)
+            members_.extend(flat)
+            curators_.extend(curators)
+            world._next_group += k
+            monitor.aggregations += k
+            if len(curators_) >= _CHUNK:
+                pending.publish(world)
+        while not in_turn:
             k = min(limit, len(pool) // g)
             if k == 0:
                 break
