@@ -24,6 +24,7 @@ from p2pdp.core.parallel import (
 from p2pdp.experiments.scenario import config_of, parse_scenario
 from p2pdp.experiments.simulation import simulate
 from p2pdp.tasks import pipeline
+from p2pdp.tasks.logistic import task as logistic_task
 
 SCENARIO = """
 name = "background"
@@ -130,6 +131,12 @@ def test_it_runs_at_idle_priority_until_it_is_waited_for():
         del unread
         process.join(timeout=10)
     assert not process.is_alive() and seen == [os.SCHED_OTHER]
+    hurried = in_background(time.sleep, 0.3, what="a nap")
+    assert os.sched_getscheduler(hurried._process.pid) == os.SCHED_IDLE
+    hurried.hurry()  # read soon: normal priority now, without waiting for it
+    assert os.sched_getscheduler(hurried._process.pid) == os.SCHED_OTHER
+    assert hurried._done is None  # still running
+    hurried.result()
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux scheduling policies")
@@ -161,11 +168,21 @@ def test_a_large_run_with_workers_solves_its_reference_in_the_background(monkeyp
 
     recorded("in_background")
     recorded("peer_shards")
+    hurry = Background.hurry
+    monkeypatch.setattr(Background, "hurry", lambda self: started.append("hurry") or hurry(self))
+    scored = logistic_task.evaluate_ensembles
+    monkeypatch.setattr(
+        logistic_task,
+        "evaluate_ensembles",
+        lambda *a, **k: started.append("evaluate_ensembles") or scored(*a, **k),
+    )
     with local_workers(2):
         trained = pipeline.prepare_peers(config, fold=0)
         assert isinstance(trained.reference, Background)  # did not wait for it
         assert started == ["in_background", "peer_shards"]  # before the partition and fits
         result = simulate(config, fold=0, trained=trained)
+    # the evaluation shares the cores with it from its start (not alone at the end)
+    assert started[2:4] == ["hurry", "evaluate_ensembles"]
     np.testing.assert_allclose(trained.centralized, alone.centralized, rtol=0, atol=1e-12)
     expected = simulate(config, fold=0, trained=alone).row()
     row = result.row()

@@ -343,3 +343,33 @@ def test_the_streamed_reference_does_not_depend_on_the_number_of_workers(monkeyp
     assert forked.iterations == alone.iterations
     np.testing.assert_array_less(gradient_norms(forked, X, y, everyone, 1e-3), TOL)
     assert np.abs(forked.weights - batched.weights).max() <= 2 * TOL / 1e-3
+
+
+def test_local_models_are_the_same_fitted_here_in_forked_workers_or_on_other_machines():
+    """Forked workers write each batch's models into shared memory (nothing pickled back);
+    in this process, into the result; on other machines (``remote_workers``: each item
+    computed on its own copy of the problem) they come back as values: the same models."""
+    import pickle
+
+    from p2pdp.core.parallel import is_shared, remote_workers
+
+    rng = np.random.default_rng(21)
+    X, y = spambase_like_rows(600, 12, rng)
+    sizes = [20, 9] * 15  # two shard sizes: batches of 4 peers of one size, a short last
+    shards = [
+        np.arange(start, start + size) for start, size in zip(range(0, 600, 20), sizes, strict=True)
+    ]
+
+    def elsewhere(function, shared, items):
+        return [function(pickle.loads(pickle.dumps(shared)), item) for item in items]
+
+    here = fit_local_models(X, y, shards, 1e-2, chunk_size=4, workers=1)
+    forked = fit_local_models(X, y, shards, 1e-2, chunk_size=4, workers=2)
+    with remote_workers(elsewhere, 2):
+        remote = fit_local_models(X, y, shards, 1e-2, chunk_size=4)
+    assert is_shared(forked.weights) and not is_shared(here.weights)
+    for models in (forked, remote):
+        np.testing.assert_allclose(models.weights, here.weights, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(models.grad_norms, here.grad_norms, rtol=1e-9, atol=1e-15)
+        assert models.iterations == here.iterations
+    np.testing.assert_array_less(here.grad_norms, TOL)

@@ -142,11 +142,20 @@ def forked_map(
     or where the platform cannot fork (Windows). Inside :func:`remote_workers` (and not in a
     forked worker), the pieces go to its ``pieces`` instead (``shared`` is then pickled).
     """
-    remote = None if _IN_WORKER else _REMOTE.get()
-    if remote is not None and workers > 1 and len(items) > 1:
+    if not maps_here(workers, len(items)):
+        remote = _REMOTE.get()
+        assert remote is not None
         return remote(function, shared, items)
     with forked_pool(function, shared, workers=min(workers, len(items))) as pieces:
         return pieces(items)
+
+
+def maps_here(workers: int, items: int) -> bool:
+    """Whether :func:`forked_map` of ``items`` items with ``workers`` computes on this machine
+    (in processes forked from this one, or in this one), so that what its function writes
+    into :func:`shared_empty` memory it was given is seen here; False inside
+    :func:`remote_workers`, where the items go to other machines."""
+    return _IN_WORKER or _REMOTE.get() is None or workers <= 1 or items <= 1
 
 
 @contextlib.contextmanager
@@ -290,8 +299,8 @@ class Background(Generic[_R]):
     Where idle priority can be undone (:func:`_can_idle`: Linux, with ``CAP_SYS_NICE`` or an
     ``RLIMIT_NICE`` of at least 20), the process runs at idle priority (``SCHED_IDLE``: it gets
     a core only when nothing else wants it, though its memory traffic still costs what runs
-    beside it) until :meth:`result` waits for it or it is stopped, which give it back this
-    process's policy. Elsewhere it runs at normal priority throughout.
+    beside it) until :meth:`hurry` or :meth:`result` asks for it or it is stopped, which give
+    it back this process's policy. Elsewhere it runs at normal priority throughout.
 
     :meth:`result` waits for it (in the process that started it). Pickling waits for it too
     and pickles the value. A background process whose result is never read is stopped when
@@ -314,6 +323,13 @@ class Background(Generic[_R]):
         self._process, self._owner, self._what = process, os.getpid(), what
         self._done: tuple[_R] | None = None
 
+    def hurry(self) -> None:
+        """Give the background process this process's policy back now, without waiting: its
+        value is read soon, after work of this process's that may take every core (the
+        cores are then shared with it instead of it running alone at the end)."""
+        if self._idle and self._done is None and os.getpid() == self._owner:
+            _normal_priority(self._process)
+
     def result(self) -> _R:
         """The value of ``function(shared)``, once the background process has sent it (its
         exception, re-raised here, if it raised one)."""
@@ -323,8 +339,7 @@ class Background(Generic[_R]):
                     f"{self._what} is computed in a background process of process "
                     f"{self._owner}: read it there before forking"
                 )
-            if self._idle:
-                _normal_priority(self._process)
+            self.hurry()
             try:
                 ok, value = self._receive.recv()
             except EOFError:

@@ -38,7 +38,9 @@ from p2pdp.core.parallel import (
     forked_map,
     forked_pool,
     local_workers,
+    maps_here,
     one_blas_thread,
+    shared_empty,
 )
 
 __all__ = [
@@ -515,19 +517,40 @@ def _batches(
     return batches
 
 
-#: A :func:`fit_local_models` problem: X, y, shards, shard sizes, lam, tol, max_iter, and the
-#: workers of a streamed shard (1 when the batches themselves run in workers).
+#: A :func:`fit_local_models` problem: X, y, shards, shard sizes, lam, tol, max_iter, the
+#: workers of a streamed shard (1 when the batches themselves run in workers), and the
+#: weights (P, d) and gradient norms (P,) to write each batch's into (None: return them).
 _Problem = tuple[
     NDArray[np.float64], NDArray[np.float64], list[NDArray[np.int64]], NDArray[np.int64],
-    float, float, int, int,
+    float, float, int, int, tuple[NDArray[np.float64], NDArray[np.float64]] | None,
 ]  # fmt: skip
 
 
 def _fit_batch(
     problem: _Problem, batch: NDArray[np.intp]
+) -> tuple[int, tuple[NDArray[np.float64], NDArray[np.float64]] | None]:
+    """Newton steps of one batch of peers, and their weights (B, d) and achieved gradient
+    norms (B,), or None once written into the problem's outputs (rows ``batch``)."""
+    X, y, shard_arrays, sizes, lam, tol, max_iter, workers, out = problem
+    fitted = _solve_batch(X, y, shard_arrays, sizes, lam, tol, max_iter, workers, batch)
+    if out is None:
+        return fitted[2], fitted[:2]
+    out[0][batch], out[1][batch] = fitted[0], fitted[1]
+    return fitted[2], None
+
+
+def _solve_batch(
+    X: NDArray[np.float64],
+    y: NDArray[np.float64],
+    shard_arrays: list[NDArray[np.int64]],
+    sizes: NDArray[np.int64],
+    lam: float,
+    tol: float,
+    max_iter: int,
+    workers: int,
+    batch: NDArray[np.intp],
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
     """Weights (B, d), achieved gradient norms (B,) and Newton steps of one batch of peers."""
-    X, y, shard_arrays, sizes, lam, tol, max_iter, workers = problem
     if len(batch) == 1 and sizes[batch[0]] >= STREAM_MIN_ROWS:
         peer = int(batch[0])
         w, norm, steps = _newton_streaming(
@@ -640,16 +663,21 @@ def fit_local_models(
         raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
     sizes = np.array([len(shard) for shard in shard_arrays], dtype=np.int64)
     d = X.shape[1]
-    weights = np.empty((len(sizes), d))
-    grad_norms = np.empty(len(sizes))
-    iterations = 0
     batches = _batches(sizes, chunk_size, d, method)
+    # each batch writes its models into weights and grad_norms, except on other machines: in
+    # forked workers, into shared memory (no result pickled, nothing copied here)
+    here = maps_here(workers, len(batches))
+    empty = shared_empty if here and min(workers, len(batches)) > 1 else np.empty
+    weights, grad_norms = empty((len(sizes), d)), empty((len(sizes),))
+    out = (weights, grad_norms) if here else None
     problem = (X, y, shard_arrays, sizes, lam, tol, max_iter, workers if len(batches) == 1 else 1)
     with one_blas_thread():  # inherited by forked workers
         # forked processes read X as it is (copy-on-write): no copy, no pickle
-        fitted = forked_map(_fit_batch, problem, batches, workers=workers)
-    for batch, (wb, norms, steps) in zip(batches, fitted, strict=True):
-        weights[batch], grad_norms[batch] = wb, norms
+        fitted = forked_map(_fit_batch, (*problem, out), batches, workers=workers)
+    iterations = 0
+    for batch, (steps, models) in zip(batches, fitted, strict=True):
+        if models is not None:
+            weights[batch], grad_norms[batch] = models
         iterations = max(iterations, steps)
     return LocalModels(
         weights=weights, grad_norms=grad_norms, iterations=iterations, shard_sizes=sizes

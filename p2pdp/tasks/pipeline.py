@@ -82,6 +82,13 @@ class TrainedPeers:
     #: (e.g. the logistic task's k-fold refits of the own models); not part of equality.
     cache: dict = field(default_factory=dict, compare=False, repr=False)
 
+    def centralized_soon(self) -> None:
+        """The centralised model is read soon (:attr:`centralized`): if it is still being
+        solved at idle priority, it now shares the cores with what comes first
+        (:meth:`Background.hurry <p2pdp.core.parallel.Background.hurry>`)."""
+        if isinstance(self.reference, Background):
+            self.reference.hurry()
+
     @property
     def centralized(self) -> np.ndarray:
         """The centralised model (d,), waiting for it if it is still being solved."""

@@ -340,6 +340,7 @@ class LogisticEnsembles:
         self, prepared: TrainedPeers, ensembles: Any, rule: Any, own: PeerData | None
     ) -> LogisticEvaluation:
         data = prepared.fold
+        prepared.centralized_soon()  # read at the end (_fixed_errors)
         # the ensembles' own models are the local models (one-shot runs): until the training
         # key's local-only errors are known, count them from the scoring's own margins
         local = (
