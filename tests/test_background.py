@@ -252,3 +252,33 @@ def test_pool_workers_run_with_one_blas_thread_whatever_their_parent_has():
         assert _blas_threads() == [2]  # so that a worker inheriting them would show it
         assert forked_map(_blas_threads_in_worker, None, [0, 1], workers=2) == [[1], [1]]
         assert _blas_threads() == [2]
+
+
+def _faults_of_a_third_block(_shared, _item) -> int:
+    """Minor page faults of a block's worth of temporaries (5-24 MB), freed and allocated
+    again for the third time in this process."""
+    import resource
+
+    def block() -> None:
+        rows = np.ones(3 * 2**20)
+        column = np.ones(2 * 2**20)
+        scaled = rows[:, None] * 2.0
+        del rows, column, scaled
+
+    block()
+    block()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(
+    not hasattr(__import__("ctypes").CDLL(None), "mallopt"), reason="glibc's malloc parameters"
+)
+def test_forked_workers_keep_freed_memory_for_their_next_block():
+    """A worker's freed temporaries stay with its malloc for the next block instead of going
+    back to the kernel and being faulted in and zeroed again (with glibc's defaults this
+    block's 16,384 pages take about 1,500 faults every time: 0.55 s of kernel time per
+    worker drawing the 10^5-peer rows)."""
+    faults = forked_map(_faults_of_a_third_block, None, [0, 1], workers=2)
+    assert max(faults) < 64, faults

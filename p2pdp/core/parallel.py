@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import functools
 import mmap
 import multiprocessing
@@ -106,6 +107,31 @@ def _pool_worker() -> None:
     global _IN_WORKER
     _IN_WORKER = True
     worker_signals()
+    _keep_freed_memory()
+
+
+#: glibc's ``mallopt`` parameters (malloc.h) and the values a worker sets.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 32 * 2**20  # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
+_TRIM_THRESHOLD = 2**31 - 1
+
+
+def _keep_freed_memory() -> None:
+    """In this (short-lived, forked worker) process, let glibc's malloc keep the memory that
+    numpy frees, for the next block's temporaries, instead of returning it to the kernel.
+
+    By default an allocation of more than about 4 MB is a fresh mapping and its pages are
+    faulted in and zeroed again at every block. With blocks of 64k rows, drawing the 10^5-peer
+    synthetic rows spent 0.55 s per worker in the kernel (1.65 s in all), and their
+    transform 0.45 s (1.15 s): with allocations up to 32 MB served from the heap and the
+    heap never trimmed, 0.35 s and 0.1 s (1.45 s and 0.75 s). A worker's memory is returned
+    when it exits. No-op where the C library has no ``mallopt`` (not glibc)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+    mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
 
 
 @functools.cache
