@@ -282,3 +282,28 @@ def test_forked_workers_keep_freed_memory_for_their_next_block():
     worker drawing the 10^5-peer rows)."""
     faults = forked_map(_faults_of_a_third_block, None, [0, 1], workers=2)
     assert max(faults) < 64, faults
+
+
+def test_prefault_brings_in_the_pages_of_its_view_and_no_others():
+    """Rows of fresh shared memory prefaulted (one madvise) are written with no page fault
+    (the synthetic rows' blocks); rows outside the view are still faulted in when written."""
+    import resource
+
+    from p2pdp.core.parallel import prefault
+
+    def faults_writing(view) -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        view[:] = 1.0
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    import mmap
+
+    try:
+        mmap.mmap(-1, mmap.PAGESIZE).madvise(parallel._MADV_POPULATE_WRITE)
+    except (OSError, AttributeError):
+        pytest.skip("the kernel has no MADV_POPULATE_WRITE (Linux 5.14+): prefault does nothing")
+    rows = shared_empty((100_000, 58))[:, :57]  # the synthetic rows' strided layout
+    prefault(rows[10_000:60_000])
+    assert faults_writing(rows[10_000:60_000]) < 8  # 5,664 pages otherwise
+    assert faults_writing(rows[70_000:90_000]) > 1_000  # not prefaulted
+    prefault(np.ones(3))  # not shared memory: nothing to do

@@ -489,6 +489,31 @@ def shared_empty(shape: tuple[int, ...], dtype: Any = np.float64) -> np.ndarray:
     return np.ndarray(shape, dtype=dtype, buffer=_SharedMemory(-1, max(size, 1)))
 
 
+#: Linux's ``madvise`` advice (5.14+) that faults a range in for writing, in one call.
+_MADV_POPULATE_WRITE = 23
+
+
+def prefault(view: np.ndarray) -> None:
+    """Bring in the pages of ``view``, a view of :func:`shared_empty` memory about to be
+    written for the first time, in one call (Linux's ``MADV_POPULATE_WRITE``: every page
+    from its first element to its last) instead of a page fault per 4 KB page: drawing the
+    10^5-peer synthetic rows into fresh shared memory took 0.35-0.45 s of kernel time per
+    worker, 0.25-0.29 s with it. No-op for other arrays, views with a negative stride, or
+    where the kernel lacks it."""
+    base: Any = view
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if not isinstance(base, _SharedMemory) or view.size == 0 or min(view.strides) < 0:
+        return
+    first = view.ctypes.data - ctypes.addressof(ctypes.c_char.from_buffer(base))
+    last = first + sum((n - 1) * step for n, step in zip(view.shape, view.strides, strict=True))
+    page = mmap.PAGESIZE
+    start = first // page * page
+    end = min(len(base), (last + view.itemsize + page - 1) // page * page)
+    with contextlib.suppress(OSError, AttributeError):  # an older kernel; no madvise
+        base.madvise(_MADV_POPULATE_WRITE, start, end - start)
+
+
 def is_shared(array: np.ndarray) -> bool:
     """True when ``array`` is (a view of) memory from :func:`shared_empty`."""
     base: Any = array

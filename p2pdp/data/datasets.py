@@ -55,7 +55,7 @@ from sklearn.datasets import load_svmlight_file
 from p2pdp.core import components
 from p2pdp.core.boundary import calling
 from p2pdp.core.errors import ConfigError, DataError
-from p2pdp.core.parallel import current_workers, forked_map, shared_empty
+from p2pdp.core.parallel import current_workers, forked_map, prefault, shared_empty
 from p2pdp.data.settings import FILE_LOADER_OPTIONS, DataConfig
 
 if sys.version_info >= (3, 11):
@@ -1232,6 +1232,7 @@ def _draw_block(shared: tuple[np.ndarray, np.ndarray, np.random.SeedSequence], b
     X, y, seed_seq = shared
     start = block * SYNTHETIC_BLOCK_ROWS
     Xb, yb = synthetic_block(seed_seq, block, n_total=len(y), n_features=X.shape[1])
+    prefault(X[start : start + len(yb)])  # fresh memory: its pages in at once
     X[start : start + len(yb)] = Xb
     y[start : start + len(yb)] = yb
 
