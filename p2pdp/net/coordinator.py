@@ -43,7 +43,6 @@ a statistic, nor a host's private key (each host makes its own).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import math
@@ -799,7 +798,7 @@ class NetworkWorld:
         self.position[group.group_id] = len(self.published)
         if math.isnan(record.noise_norm) and self.exact is not None:  # analysis only
             noise = model - self.exact(group.members)
-            record = dataclasses.replace(record, noise_norm=float(np.linalg.norm(noise)))
+            record = record._replace(noise_norm=float(np.linalg.norm(noise)))
         self.releases.append(record)
         self.release_members.append(group.members.copy())
         self.curators.append(group.curator)

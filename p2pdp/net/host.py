@@ -36,7 +36,6 @@ Masks always come from the CSPRNG (they cancel, and never change a release).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import math
@@ -809,7 +808,7 @@ class PeerHost:
             noise_rng=rng,
         )
         if rng is not None:  # the noise stays here: not even its norm is reported
-            record = dataclasses.replace(record, noise_norm=math.nan)
+            record = record._replace(noise_norm=math.nan)
         self._publish(group, released, record)
 
     def _publish(self, group: Group, released: np.ndarray, record: Any) -> None:
