@@ -177,7 +177,17 @@ def tidy_signature(
     return tidy(signature), tidy(return_annotation)
 
 
+def skip_named_tuple_fields(
+    app: Sphinx, what: str, name: str, obj: object, skip: bool, options: object
+) -> bool | None:
+    """Leave out a ``NamedTuple``'s field accessors ("Alias for field number N"): the class's
+    "Attributes" section describes its fields (as ``:ivar:``, like a dataclass's), and a
+    second entry per field would make names like ``epsilon`` ambiguous targets."""
+    return True if type(obj).__name__ == "_tuplegetter" else None
+
+
 def setup(app: Sphinx) -> dict[str, bool]:
     app.add_directive("p2pdp-protocol", ProtocolDirective)
     app.connect("autodoc-process-signature", tidy_signature)
+    app.connect("autodoc-skip-member", skip_named_tuple_fields)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
