@@ -135,7 +135,7 @@ def test_it_runs_at_idle_priority_until_it_is_waited_for():
     assert os.sched_getscheduler(hurried._process.pid) == os.SCHED_IDLE
     hurried.hurry()  # read soon: normal priority now, without waiting for it
     assert os.sched_getscheduler(hurried._process.pid) == os.SCHED_OTHER
-    assert hurried._done is None  # still running
+    assert hurried._process.is_alive() and hurried._done is None  # still running
     hurried.result()
 
 
@@ -170,11 +170,11 @@ def test_a_large_run_with_workers_solves_its_reference_in_the_background(monkeyp
     recorded("peer_shards")
     hurry = Background.hurry
     monkeypatch.setattr(Background, "hurry", lambda self: started.append("hurry") or hurry(self))
-    scored = logistic_task.evaluate_ensembles
+    built = logistic_task.build_ensembles
     monkeypatch.setattr(
         logistic_task,
-        "evaluate_ensembles",
-        lambda *a, **k: started.append("evaluate_ensembles") or scored(*a, **k),
+        "build_ensembles",
+        lambda *a, **k: started.append("build_ensembles") or built(*a, **k),
     )
     with local_workers(2):
         trained = pipeline.prepare_peers(config, fold=0)
@@ -182,7 +182,7 @@ def test_a_large_run_with_workers_solves_its_reference_in_the_background(monkeyp
         assert started == ["in_background", "peer_shards"]  # before the partition and fits
         result = simulate(config, fold=0, trained=trained)
     # the evaluation shares the cores with it from its start (not alone at the end)
-    assert started[2:4] == ["hurry", "evaluate_ensembles"]
+    assert started[2:4] == ["hurry", "build_ensembles"]
     np.testing.assert_allclose(trained.centralized, alone.centralized, rtol=0, atol=1e-12)
     expected = simulate(config, fold=0, trained=alone).row()
     row = result.row()
@@ -306,4 +306,10 @@ def test_prefault_brings_in_the_pages_of_its_view_and_no_others():
     prefault(rows[10_000:60_000])
     assert faults_writing(rows[10_000:60_000]) < 8  # 5,664 pages otherwise
     assert faults_writing(rows[70_000:90_000]) > 1_000  # not prefaulted
+    prefault(rows[95_000:])  # up to the mapping's last page (its spare column unused)
+    assert faults_writing(rows[95_000:]) == 0
+    one = shared_empty((3 * mmap.PAGESIZE,), np.uint8)
+    prefault(one[2 * mmap.PAGESIZE + 5 : 2 * mmap.PAGESIZE + 6])  # one element: its page only
+    assert faults_writing(one[2 * mmap.PAGESIZE :]) == 0
+    assert faults_writing(one[: mmap.PAGESIZE]) == 1
     prefault(np.ones(3))  # not shared memory: nothing to do

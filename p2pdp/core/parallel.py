@@ -27,6 +27,7 @@ import mmap
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -117,21 +118,24 @@ _TRIM_THRESHOLD = 2**31 - 1
 
 
 def _keep_freed_memory() -> None:
-    """In this (short-lived, forked worker) process, let glibc's malloc keep the memory that
-    numpy frees, for the next block's temporaries, instead of returning it to the kernel.
+    """In this forked worker (a pool's, a :func:`forked_worker` or a :class:`Background`, all
+    gone by the end of the run), let glibc's malloc keep the memory numpy frees, for the
+    next block's temporaries, instead of returning it to the kernel.
 
-    By default an allocation of more than about 4 MB is a fresh mapping and its pages are
-    faulted in and zeroed again at every block. With blocks of 64k rows, drawing the 10^5-peer
-    synthetic rows spent 0.55 s per worker in the kernel (1.65 s in all), and their
-    transform 0.45 s (1.15 s): with allocations up to 32 MB served from the heap and the
-    heap never trimmed, 0.35 s and 0.1 s (1.45 s and 0.75 s). A worker's memory is returned
-    when it exits. No-op where the C library has no ``mallopt`` (not glibc)."""
+    glibc maps an allocation above its threshold (128 KB, raised to the largest mapping
+    freed so far) afresh and trims the top of its heap: a block's temporaries of a few tens of
+    MB were faulted in and zeroed again at every block (a 24 MB one took about 1,500 faults
+    each time). Drawing the 10^5-peer synthetic rows spent 0.55 s per worker in the kernel and
+    their transform 0.45 s; with allocations up to 32 MB served from the heap and the heap
+    never trimmed, 0.35 s and 0.05-0.3 s. Both settings are needed (neither helps alone), so
+    the second is set only if the first was. No-op where the C library has no ``mallopt``
+    (not glibc)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (AttributeError, OSError):
         return
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-    mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    if mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD):  # 1 on success (0: a 32-bit glibc)
+        mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
 
 
 @functools.cache
@@ -503,15 +507,21 @@ def prefault(view: np.ndarray) -> None:
     base: Any = view
     while isinstance(base, np.ndarray):
         base = base.base
-    if not isinstance(base, _SharedMemory) or view.size == 0 or min(view.strides) < 0:
+    if (
+        sys.platform != "linux"
+        or not isinstance(base, _SharedMemory)
+        or view.size == 0
+        or min(view.strides) < 0
+    ):
         return
     first = view.ctypes.data - ctypes.addressof(ctypes.c_char.from_buffer(base))
     last = first + sum((n - 1) * step for n, step in zip(view.shape, view.strides, strict=True))
     page = mmap.PAGESIZE
     start = first // page * page
     end = min(len(base), (last + view.itemsize + page - 1) // page * page)
-    with contextlib.suppress(OSError, AttributeError):  # an older kernel; no madvise
-        base.madvise(_MADV_POPULATE_WRITE, start, end - start)
+    if 0 <= start < end:  # (a view made by hand could point outside the mapping)
+        with contextlib.suppress(OSError):  # a kernel older than 5.14
+            base.madvise(_MADV_POPULATE_WRITE, start, end - start)
 
 
 def is_shared(array: np.ndarray) -> bool:

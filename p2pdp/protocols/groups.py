@@ -305,9 +305,10 @@ class GroupPool:
         curators: list[int] = []
         offsets = range(g)
         while n > 0 and len(pool) >= g:
-            # groups certainly drawn before the pool can fall below g (each takes at most g
-            # from it): their uniforms are taken at once, as group after group would
-            m = min(n, (len(pool) - g) // g + 1)
+            # groups certainly drawn before the pool can fall below g (each takes g peers out
+            # and puts at most g back): their uniforms are taken at once, as group after group
+            # would take them
+            m = min(n, len(pool) // g)
             n -= m
             uniforms = take(m * (g + 1))
             for start in range(0, m * (g + 1), g + 1):

@@ -313,6 +313,7 @@ class LogisticEnsembles:
         )
 
     def evaluate(self, prepared: TrainedPeers, outcome: Outcome) -> LogisticEvaluation:
+        prepared.centralized_soon()  # read at the end (_fixed_errors)
         weights = prepared.models.weights
         ensembles = build_ensembles(
             weights,
@@ -331,6 +332,7 @@ class LogisticEnsembles:
         For the iterative protocols (:mod:`p2pdp.protocols`): a peer's model already merges
         what it received, so its "ensemble" is that one model (``mean_ensemble_size`` 1).
         """
+        prepared.centralized_soon()  # read at the end (_fixed_errors)
         empty = np.zeros((0, models.shape[1]))
         none = np.zeros(0, dtype=np.int64)
         ensembles = build_ensembles(models, empty, np.zeros(0, dtype=bool), none, none)
@@ -340,7 +342,6 @@ class LogisticEnsembles:
         self, prepared: TrainedPeers, ensembles: Any, rule: Any, own: PeerData | None
     ) -> LogisticEvaluation:
         data = prepared.fold
-        prepared.centralized_soon()  # read at the end (_fixed_errors)
         # the ensembles' own models are the local models (one-shot runs): until the training
         # key's local-only errors are known, count them from the scoring's own margins
         local = (
