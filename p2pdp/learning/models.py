@@ -531,12 +531,12 @@ def _fit_batch(
 ) -> tuple[int, tuple[NDArray[np.float64], NDArray[np.float64]] | None]:
     """Newton steps of one batch of peers, and their weights (B, d) and achieved gradient
     norms (B,), or None once written into the problem's outputs (rows ``batch``)."""
-    X, y, shard_arrays, sizes, lam, tol, max_iter, workers, out = problem
-    fitted = _solve_batch(X, y, shard_arrays, sizes, lam, tol, max_iter, workers, batch)
+    weights, norms, steps = _solve_batch(*problem[:8], batch)
+    out = problem[8]
     if out is None:
-        return fitted[2], fitted[:2]
-    out[0][batch], out[1][batch] = fitted[0], fitted[1]
-    return fitted[2], None
+        return steps, (weights, norms)
+    out[0][batch], out[1][batch] = weights, norms
+    return steps, None
 
 
 def _solve_batch(
@@ -670,10 +670,11 @@ def fit_local_models(
     empty = shared_empty if here and min(workers, len(batches)) > 1 else np.empty
     weights, grad_norms = empty((len(sizes), d)), empty((len(sizes),))
     out = (weights, grad_norms) if here else None
-    problem = (X, y, shard_arrays, sizes, lam, tol, max_iter, workers if len(batches) == 1 else 1)
+    streamed = workers if len(batches) == 1 else 1
+    problem = (X, y, shard_arrays, sizes, lam, tol, max_iter, streamed, out)
     with one_blas_thread():  # inherited by forked workers
         # forked processes read X as it is (copy-on-write): no copy, no pickle
-        fitted = forked_map(_fit_batch, (*problem, out), batches, workers=workers)
+        fitted = forked_map(_fit_batch, problem, batches, workers=workers)
     iterations = 0
     for batch, (steps, models) in zip(batches, fitted, strict=True):
         if models is not None:
