@@ -1255,23 +1255,26 @@ def _here(setting: str, config: ScenarioConfig, read: dict[str, str]) -> str:
     )
 
 
+def unread_reason(key: str, config: ScenarioConfig, read: dict[str, str]) -> str:
+    """Why nothing ``config`` selects reads the setting ``key``: its value, the components
+    that would read it and what ``config`` selects instead (``read``: what it reads), e.g.
+    ``"groups.group_size = 1 is read only with protocol.name = 'one-shot' (here 'dpsgd')"``."""
+    readers = readers_of(key)
+    would = "; ".join(
+        f"{setting} = {' or '.join(map(repr, values))}" + _here(setting, config, read)
+        for setting, values in readers.items()
+    )
+    if not readers:
+        return f"{key} = {setting_value(config, key)!r} is read by no built-in component"
+    return f"{key} = {setting_value(config, key)!r} is read only with {would}"
+
+
 def refuse_unread(keys: list[str], config: ScenarioConfig, read: dict[str, str]) -> None:
     """ConfigError naming each of ``keys`` (settings no selected component reads), its value,
     the components that would read it and what this config selects instead."""
     if not keys:
         return
-    lines = []
-    for key in keys:
-        readers = readers_of(key)
-        would = "; ".join(
-            f"{setting} = {' or '.join(map(repr, values))}" + _here(setting, config, read)
-            for setting, values in readers.items()
-        )
-        lines.append(
-            f"{key} = {setting_value(config, key)!r} is read only with {would}"
-            if readers
-            else f"{key} = {setting_value(config, key)!r} is read by no built-in component"
-        )
+    lines = [unread_reason(key, config, read) for key in keys]
     raise ConfigError(
         f"{'; '.join(lines)}: nothing this scenario selects reads "
         f"{'it' if len(keys) == 1 else 'them'}, so {'it' if len(keys) == 1 else 'they'} "

@@ -174,6 +174,7 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         help='override a setting, e.g. groups.group_size=20 or sweep."privacy.epsilon"=[1,10] '
         "(repeatable; a plain setting also removes that key from the sweep)",
     )
+    _add_unset(parser)
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--jobs",
@@ -207,17 +208,36 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_cmd_run)
 
 
+def _add_unset(parser: argparse.ArgumentParser) -> None:
+    """The ``--unset KEY`` option of the commands that load a scenario."""
+    parser.add_argument(
+        "--unset",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="drop a setting the scenario file sets (in its table or its sweep), so that its "
+        "default applies, e.g. groups.group_size (repeatable; applied before every --set)",
+    )
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from p2pdp.experiments.disclosure import mechanism_warnings
     from p2pdp.experiments.report import write_report
     from p2pdp.experiments.runner import default_out_dir, run_experiment
     from p2pdp.experiments.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, args.overrides)
+    scenario = load_scenario(args.scenario, args.overrides, args.unset)
     for key in scenario.unread_axes:
         print(
             f"p2pdp: note: {key} is swept, but no cell's components read it: its values give "
             f"the same cells, run once ({len(scenario.points)} grid points in all)",
+            file=sys.stderr,
+        )
+    for reason in scenario.dropped:
+        print(
+            f"p2pdp: note: {reason}, which no cell reads after your --set: dropped from "
+            f"{args.scenario}, its default applies (--unset {reason.partition(' = ')[0]} to "
+            "say so)",
             file=sys.stderr,
         )
     hosts: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
@@ -252,6 +272,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 {
                     "scenario_source": args.scenario,
                     "overrides": args.overrides,
+                    "unset": args.unset,
                     "runtime": args.runtime,
                     "hosts": hosts_flag() if network else None,  # --hosts, or the environment
                 },
@@ -428,6 +449,7 @@ def _add_split(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="override a setting, as for `p2pdp run`",
     )
+    _add_unset(parser)
     parser.set_defaults(func=_cmd_split)
 
 
@@ -436,7 +458,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
     from p2pdp.experiments.scenario import load_scenario
     from p2pdp.experiments.shards import write_host_shards
 
-    scenario = load_scenario(args.scenario, args.overrides)
+    scenario = load_scenario(args.scenario, args.overrides, args.unset)
     setting = args.hosts.strip()
     if setting.lstrip("+-").isdigit():
         hosts = int(setting)

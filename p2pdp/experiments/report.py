@@ -37,6 +37,7 @@ from p2pdp.core.figures import write_figure
 from p2pdp.core.files import write_atomic
 from p2pdp.experiments.disclosure import LAMBDA_SWEPT
 from p2pdp.experiments.results import (
+    CELL_SELECTION,
     MANIFEST_FILE,
     RESULTS_FILE,
     ROC_FPR,
@@ -223,8 +224,8 @@ def _check_results(directory: Path) -> None:
 
 
 def _write_report(directory: Path) -> Path:
-    rows = [  # public names; results of older versions said training.lam
-        {public_key(key): _parse(value) for key, value in row.items()}
+    rows = [  # public names; results of older versions said training.lam; not which folds
+        {public_key(key): _parse(value) for key, value in row.items() if key != CELL_SELECTION}
         for row in read_results(directory)
     ]
     if not rows:
@@ -1017,9 +1018,15 @@ def _markdown(
     lines = [f"# {name}: results", ""]
     if manifest:
         versions = ", ".join(f"{k} {v}" for k, v in manifest["versions"].items() if v)
+        unset = manifest.get("unset", [])
         lines += [
             f"Scenario `{manifest['scenario_source']}`"
-            + (f" with `--set {' '.join(manifest['overrides'])}`" if manifest["overrides"] else "")
+            + (f" with `--unset {' '.join(unset)}`" if unset else "")
+            + (
+                f" {'and' if unset else 'with'} `--set {' '.join(manifest['overrides'])}`"
+                if manifest["overrides"]
+                else ""
+            )
             + f", hash `{manifest['scenario_hash'][:12]}`; started {manifest['started']}, "
             + (f"finished {manifest['finished']}; " if manifest.get("finished") else "")
             + "git commit "

@@ -62,7 +62,7 @@ import numpy as np
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.files import write_atomic
-from p2pdp.experiments.scenario import Scenario
+from p2pdp.experiments.scenario import Scenario, format_change, parse_scenario, scenario_changes
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -84,6 +84,10 @@ ROC_FPR = np.linspace(0.0, 1.0, 101)
 _ROC_COLUMNS = ("cell_id", "fpr", "tpr")
 _RESERVED_TABLES = ("results", "roc", "manifest")
 _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+#: The setting that says which folds a run covers, not how a cell runs (each row has its
+#: ``fold``): ``--resume`` may add folds to a run, whose rows of one grid point then differ in
+#: this column only (the report ignores it).
+CELL_SELECTION = "evaluation.folds"
 #: Column of ``results.csv``: the rows the cell wrote to each other table, ``"peers:50;roc:101"``.
 TABLE_ROWS = "table_rows"
 _VERSIONED = ("p2pdp", "numpy", "scipy", "simpy", "scikit-learn", "networkx", "matplotlib")
@@ -406,20 +410,9 @@ class ResultsStore:
                     f"--out {directory} holds a {RESULTS_FILE} without a {MANIFEST_FILE}; "
                     "use --force to overwrite it, or another --out"
                 )
-            if existing is not None and not (
-                resume and existing["scenario_hash"] == scenario.digest
-            ):
-                same = existing["scenario_hash"] == scenario.digest
-                what = (
-                    "this scenario; use --resume to finish it"
-                    if same
-                    else f"a different scenario ({existing['scenario']!r} from "
-                    f"{existing['scenario_source']}, hash {existing['scenario_hash'][:12]}, "
-                    f"not {scenario.digest[:12]}); use another --out"
-                )
-                raise ConfigError(
-                    f"--out {directory} already holds results of {what}, or --force to discard them"
-                )
+            change = None
+            if existing is not None:
+                change = _scenario_change(directory, existing, scenario, cell_ids, resume=resume)
             session = {
                 "started": _now(),
                 "finished": None,
@@ -447,6 +440,12 @@ class ResultsStore:
                 manifest = existing
                 manifest["sessions"].append(session)
                 manifest.setdefault("tables", [])
+                if change is not None:  # more folds: this scenario's grid from now on
+                    change["session"] = len(manifest["sessions"]) - 1
+                    manifest.setdefault("changes", []).append(change)
+                    manifest.update(
+                        _scenario_fields(scenario), cells=n_cells, cell_ids=list(cell_ids or ())
+                    )
             else:
                 done = frozenset()
                 manifest = _new_manifest(scenario, n_cells, cell_ids, inputs)
@@ -889,6 +888,74 @@ def run_inputs(scenario: Scenario, *, read_data: bool = True) -> dict[str, Any]:
     return {"p2pdp": _version("p2pdp"), "data": dict(sorted(data.items()))}
 
 
+def _scenario_change(
+    directory: Path,
+    manifest: dict[str, Any],
+    scenario: Scenario,
+    cell_ids: Sequence[str] | None,
+    *,
+    resume: bool,
+) -> dict[str, Any] | None:
+    """Whether ``scenario`` may write the folder of ``manifest`` (which holds results):
+    ``None`` if it is the folder's scenario and ``resume`` is set; the change to record if it
+    only adds folds (:data:`CELL_SELECTION`) and ``resume`` is set; else ConfigError saying
+    what changed."""
+    retry = "use another --out, or --force to discard them"
+    if manifest["scenario_hash"] == scenario.digest:
+        if resume:
+            return None
+        raise ConfigError(
+            f"--out {directory} already holds results of this scenario; use --resume to "
+            "finish it, or --force to discard them"
+        )
+    what = (
+        f"--out {directory} already holds results of a different scenario "
+        f"({manifest['scenario']!r} from {manifest['scenario_source']}, hash "
+        f"{manifest['scenario_hash'][:12]}, not {scenario.digest[:12]})"
+    )
+    try:
+        before = parse_scenario(
+            manifest["scenario_text"],
+            source=manifest["scenario_source"],
+            overrides=manifest.get("overrides", []),
+            unset=manifest.get("unset", []),
+        )
+    except (ConfigError, KeyError, TypeError):
+        before = None  # written from a mapping, or by a p2pdp that read it otherwise
+    changes = [] if before is None else scenario_changes(before, scenario)
+    if before is None or before.digest != manifest["scenario_hash"] or not changes:
+        raise ConfigError(f"{what}; {retry}")
+    text = "; ".join(map(format_change, changes))
+    if any(key != CELL_SELECTION for key, _, _ in changes):
+        only = f"; --resume can only add folds ({CELL_SELECTION})" if resume else ""
+        raise ConfigError(f"{what}: {text}{only}; {retry}")
+    left_out = sorted(set(manifest.get("cell_ids") or ()) - set(cell_ids or ()))
+    if left_out or cell_ids is None:
+        folds = set(before.config.evaluation.fold_indices())
+        gone = sorted(folds - set(scenario.config.evaluation.fold_indices()))
+        why = (
+            f"the folder holds cells of folds {gone} that it leaves out"
+            if gone
+            else f"its cell ids differ (first old one missing: {left_out[0]}: a fold number "
+            "with more digits renames every cell)"
+            if left_out
+            else "no grid to check the folder against"
+        )
+        raise ConfigError(f"--out {directory}: {text}: {why}; --resume can only add folds; {retry}")
+    if not resume:
+        raise ConfigError(
+            f"--out {directory} already holds results of this scenario with fewer folds "
+            f"({text}); use --resume to run the new folds' cells, or --force to discard them"
+        )
+    return {
+        "change": text,
+        "scenario_hash": manifest["scenario_hash"],
+        "overrides": manifest.get("overrides", []),
+        "unset": manifest.get("unset", []),
+        "cells": manifest.get("cells"),
+    }
+
+
 def _check_inputs(directory: Path, manifest: dict[str, Any], inputs: dict[str, Any]) -> None:
     old = manifest.get("inputs")
     if old == inputs:
@@ -979,9 +1046,11 @@ def _version(package: str) -> str | None:
 
 def resume_command(directory: str | Path, manifest: dict[str, Any]) -> str:
     """The command that finishes the run of ``manifest`` in ``directory``: its scenario,
-    ``--set`` overrides, and for a network run ``--runtime network`` and its ``--hosts``."""
+    ``--unset`` keys, ``--set`` overrides, and for a network run ``--runtime network`` and its
+    ``--hosts``."""
     words = ["p2pdp", "run", str(manifest.get("scenario_source", "SCENARIO"))]
     words += ["--out", str(directory)]
+    words += [word for key in manifest.get("unset", []) for word in ("--unset", key)]
     words += [word for override in manifest.get("overrides", []) for word in ("--set", override)]
     runtime = manifest.get("runtime", "simulation")
     if runtime != "simulation":
@@ -991,19 +1060,27 @@ def resume_command(directory: str | Path, manifest: dict[str, Any]) -> str:
     return shlex.join([*words, "--resume"])
 
 
-def _new_manifest(
-    scenario: Scenario, n_cells: int, cell_ids: Sequence[str] | None, inputs: dict[str, Any]
-) -> dict[str, Any]:
-    versions = {package: _version(package) for package in _VERSIONED}
+def _scenario_fields(scenario: Scenario) -> dict[str, Any]:
+    """What a manifest says about its scenario."""
     return {
         "scenario": scenario.name,
         "scenario_source": scenario.source,
         "scenario_hash": scenario.digest,
         "scenario_text": scenario.text,
         "overrides": list(scenario.overrides),
+        "unset": list(scenario.unset),
         "sweep": [
             {"keys": list(a.keys), "values": [list(v) for v in a.values]} for a in scenario.axes
         ],
+    }
+
+
+def _new_manifest(
+    scenario: Scenario, n_cells: int, cell_ids: Sequence[str] | None, inputs: dict[str, Any]
+) -> dict[str, Any]:
+    versions = {package: _version(package) for package in _VERSIONED}
+    return {
+        **_scenario_fields(scenario),
         "cells": n_cells,
         "cell_ids": None if cell_ids is None else list(cell_ids),
         "inputs": inputs,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import itertools
 import json
@@ -43,7 +44,9 @@ from p2pdp.config import (
     field_key,
     public_key,
     refuse_unread,
+    setting_value,
     settings_read,
+    unread_reason,
     unread_settings,
 )
 from p2pdp.core.errors import ConfigError
@@ -110,6 +113,13 @@ class Scenario:
         The file path, or a description, used in error messages and the manifest.
     overrides : tuple of str
         The ``--set`` arguments applied on top of the file.
+    unset : tuple of str
+        The ``--unset`` keys: settings of the file dropped (before the overrides) so that
+        their defaults apply.
+    drop_unread : tuple of str
+        Settings of the base config that are reset to their defaults, and listed in
+        :attr:`dropped`, when no point reads them, instead of refused: the settings of a file
+        that only its ``--set`` arguments left unread (:func:`parse_scenario`).
 
     Attributes
     ----------
@@ -122,6 +132,11 @@ class Scenario:
         is refused.
     unread_axes : tuple of str
         Swept settings that no point reads (their values collapse into one point).
+    dropped : tuple of str
+        Why each setting of ``drop_unread`` that no point reads was dropped, e.g.
+        ``"groups.group_size = 1 is read only with protocol.name = 'one-shot' (here 'dpsgd')"``.
+    read : frozenset of str
+        Every setting some point reads.
     digest : str
         SHA-256 of the effective settings (base config and axes), hex: equal digests mean
         the same experiment, whatever the file's comments or formatting.
@@ -132,8 +147,12 @@ class Scenario:
     text: str = ""
     source: str = "<scenario>"
     overrides: tuple[str, ...] = ()
+    unset: tuple[str, ...] = ()
+    drop_unread: tuple[str, ...] = ()
     points: tuple[GridPoint, ...] = field(init=False, repr=False, compare=False)
     unread_axes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    dropped: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    read: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "axes", tuple(axis.public() for axis in self.axes))
@@ -187,12 +206,22 @@ class Scenario:
         object.__setattr__(
             self, "unread_axes", tuple(key for key in self.swept_keys() if key not in read_anywhere)
         )
+        object.__setattr__(self, "read", frozenset(read_anywhere))
         fixed = [k for k in unread_settings(self.config, read_anywhere) if k not in seen]
-        if fixed:
-            try:
-                refuse_unread(fixed, self.config, settings_read(self.config, None))
-            except ConfigError as exc:
-                raise ConfigError(f"{self.source}: {exc}") from None
+        dropped = [k for k in fixed if k in self.drop_unread]
+        read = settings_read(self.config, None) if fixed else {}
+        try:
+            refuse_unread([k for k in fixed if k not in dropped], self.config, read)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.source}: {exc}") from None
+        # read by no point: resetting them changes no cell, only the base (and the digest)
+        object.__setattr__(
+            self, "dropped", tuple(unread_reason(k, self.config, read) for k in dropped)
+        )
+        if dropped:
+            object.__setattr__(
+                self, "config", with_values(self.config, {k: _default(k) for k in dropped})
+            )
 
     @property
     def name(self) -> str:
@@ -205,6 +234,45 @@ class Scenario:
     def swept_keys(self) -> tuple[str, ...]:
         """Every swept setting (public names, e.g. ``"training.lambda"``), in axis order."""
         return tuple(key for axis in self.axes for key in axis.keys)
+
+
+def scenario_changes(old: Scenario, new: Scenario) -> list[tuple[str, Any, Any]]:
+    """How ``new``'s effective settings differ from ``old``'s: ``(key, old value, new value)``
+    for each base setting that is not swept in either, then ``('sweep."k1,k2"', old values,
+    new values)`` for each sweep axis that differs (``None``: no such axis), then
+    ``("sweep order", old, new)`` if the axes both have come in another order (it numbers the
+    grid points)."""
+    swept = {*old.swept_keys(), *new.swept_keys()}
+    changes = [
+        (key, setting_value(old.config, key), setting_value(new.config, key))
+        for key in (*_TOP_LEVEL, *_toml_keys())
+        if key not in swept and setting_value(old.config, key) != setting_value(new.config, key)
+    ]
+    before, after = ({axis.keys: axis.values for axis in s.axes} for s in (old, new))
+    changes += [
+        (f'sweep."{",".join(keys)}"', before.get(keys), after.get(keys))
+        for keys in dict.fromkeys([*before, *after])
+        if before.get(keys) != after.get(keys)
+    ]
+    order = [
+        [",".join(keys) for keys in axes if keys in before and keys in after]
+        for axes in (before, after)
+    ]
+    if order[0] != order[1]:  # the grid's order numbers its points
+        changes.append(("sweep order", order[0], order[1]))
+    return changes
+
+
+def format_change(change: tuple[str, Any, Any]) -> str:
+    """One item of :func:`scenario_changes` as text: ``"evaluation.folds [0] -> [0, 1]"``."""
+    key, before, after = change
+
+    def shown(value: Any) -> str:
+        if key.startswith("sweep.") and value is not None:  # one tuple per grid value
+            value = [v[0] if len(v) == 1 else list(v) for v in value]
+        return repr(list(value) if isinstance(value, tuple) else value)
+
+    return f"{key} {shown(before)} -> {shown(after)}"
 
 
 def with_values(config: ScenarioConfig, settings: Mapping[str, Any]) -> ScenarioConfig:
@@ -256,7 +324,9 @@ def find_scenario(name_or_path: str | Path) -> Path:
     )
 
 
-def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
+def load_scenario(
+    path: str | Path, overrides: Sequence[str] = (), unset: Sequence[str] = ()
+) -> Scenario:
     """Read, check and validate a scenario file.
 
     Parameters
@@ -265,13 +335,15 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
         A TOML file, or the name of a shipped scenario (see :func:`find_scenario`).
     overrides : sequence of str
         ``"key.path=value"`` settings applied after the file (see :func:`parse_scenario`).
+    unset : sequence of str
+        Settings of the file to drop, so that their defaults apply (``--unset``).
     """
     file = find_scenario(path)
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: cannot read scenario file: {exc}") from None
-    return parse_scenario(text, source=str(file), overrides=overrides)
+    return parse_scenario(text, source=str(file), overrides=overrides, unset=unset)
 
 
 def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mapping>") -> Scenario:
@@ -304,9 +376,18 @@ def config_of(value: Any) -> ScenarioConfig:
 
 
 def parse_scenario(
-    text: str, *, source: str = "<string>", overrides: Sequence[str] = ()
+    text: str,
+    *,
+    source: str = "<string>",
+    overrides: Sequence[str] = (),
+    unset: Sequence[str] = (),
 ) -> Scenario:
     """Parse scenario TOML ``text``; ``source`` names it in error messages.
+
+    ``unset`` are dotted keys (``--unset groups.group_size``) that the file sets, in its
+    tables or in ``[sweep]``: each is dropped, so its default applies; a swept key leaves the
+    sweep (the other keys of its zipped axis stay swept, as with a plain ``--set``). They are
+    applied before the overrides.
 
     ``overrides`` are ``"key.path=value"`` strings, applied in order. The value is read as a
     TOML value (``20``, ``1e-3``, ``[1, 2]``, ``true``, ``"full"``), else taken as a string
@@ -315,6 +396,10 @@ def parse_scenario(
     'sweep."privacy.epsilon"=[0.1,1]'``) replaces every axis that contains its keys; the other
     keys of a replaced zipped axis (here ``privacy.epsilon_per_aggregation``) are no longer
     swept and take their base value (the file's table, else the default).
+
+    A setting of the file's tables that the file's cells read but that, after the overrides
+    (``--set protocol.name=dpsgd``), no cell reads is dropped (its default applies) and
+    explained in :attr:`Scenario.dropped`, instead of refused: it could change no cell.
 
     Raises
     ------
@@ -325,9 +410,20 @@ def parse_scenario(
     """
     settings, axes = _read_document(parse_toml(text, source), source)
     file_only = (dict(settings), list(axes))
-    origin: dict[str, str] = {}  # key -> the --set argument that set or swept it last
+    origin: dict[str, str] = {}  # key -> the --set or --unset argument that changed it last
     released: dict[str, str] = {}  # key -> the --set argument that took its zipped axis away
-    loose: dict[str, str] = {}  # key -> the --set argument that fixed its zipped partner
+    loose: dict[str, str] = {}  # key -> the argument that fixed or dropped its zipped partner
+    for name in unset:
+        where = f"--unset {name}"
+        key = _unset_key(name, where)
+        if key not in settings and not any(key in axis.keys for axis in axes):
+            raise ConfigError(
+                f"{where}: {source} does not set {key}, so it already has its default "
+                f"({_default(key)!r}); drop the --unset"
+            )
+        settings.pop(key, None)
+        axes = _without_key(axes, key, where, loose)
+        origin[key] = where
     for override in overrides:
         where = f"--set {override}"
         override_settings, override_axes = _read_document(_parse_override(override), where)
@@ -336,53 +432,81 @@ def parse_scenario(
         for axis in axes:
             if any(key in axis.keys for key in swept):  # a new axis replaces the whole old one
                 released.update({k: where for k in axis.keys if k not in swept})
-                continue
-            left: Axis | None = axis
-            for key in override_settings:  # a plain setting leaves its zipped partners swept
-                if left is not None and key in left.keys:
-                    loose.update({k: where for k in left.keys if k != key})
-                    left = left.without(key)
-            if left is not None:
-                kept.append(left)
+            else:
+                kept.append(axis)
+        for key in override_settings:  # a plain setting leaves its zipped partners swept
+            kept = _without_key(kept, key, where, loose)
         for key in [*override_settings, *swept]:
             origin[key] = where
             released.pop(key, None)
             loose.pop(key, None)
         settings.update(override_settings)
         axes = [*kept, *override_axes]
+    arguments = [*(f"--unset {name}" for name in unset), *(f"--set {o}" for o in overrides)]
+    build = functools.partial(_build, text=text, source=source, overrides=overrides, unset=unset)
     try:
-        return _build(settings, axes, text=text, source=source, overrides=overrides)
+        return build(settings, axes)
     except ConfigError as exc:
-        if not overrides:
+        if not arguments:
             raise
+        error = exc
+    try:
+        read_by_file = _build(*file_only, text=text, source=source, overrides=()).read
+    except ConfigError:
+        raise error from None  # the file alone is already invalid: its error stands
+    # the file's settings its cells read, that only the arguments left unread: dropped
+    droppable = tuple(k for k in settings if k not in origin and k in read_by_file)
+    if droppable:
         try:
-            _build(*file_only, text=text, source=source, overrides=())
-        except ConfigError:
-            raise exc from None  # the file alone is already invalid: its error stands
-        message = str(exc).removeprefix(f"{source}: ")
-        mentioned = {where for key, where in origin.items() if _mentions(message, key)}
-        blamed = [f"--set {o}" for o in overrides if f"--set {o}" in mentioned]
-        blamed = blamed or [f"--set {o}" for o in overrides]
-        hints = [
-            f"{key} is no longer swept because {where} replaced the sweep axis it shared, so "
-            f"it has its base value; set it too (--set {key}=VALUE) or sweep both together "
-            f"(--set 'sweep.\"{','.join(_zipped_with(key, file_only[1]))}\"=[[...], ...]')"
-            for key, where in released.items()
-            if _mentions(message, key)
-        ]
-        hints += [
-            f"{key} is still swept on its own because {where} fixed the other key of their "
-            f"zipped axis; set it too (--set {key}=VALUE) or sweep both together"
-            for key, where in loose.items()
-            if _mentions(message, key)
-        ]
-        hints += [
-            f"{key} = {value!r} comes from {source}"
-            for key, value in file_only[0].items()
-            if key not in origin and _mentions(message, key)
-        ]
-        hint = f" ({'; '.join(hints)})" if hints else ""
-        raise ConfigError(f"{', '.join(blamed)}: {message}{hint}") from None
+            return build(settings, axes, drop_unread=droppable)
+        except ConfigError as exc:
+            error = exc
+    message = str(error).removeprefix(f"{source}: ")
+    mentioned = {where for key, where in origin.items() if _mentions(message, key)}
+    blamed = [where for where in arguments if where in mentioned] or arguments
+    hints = [
+        f"{key} is no longer swept because {where} replaced the sweep axis it shared, so "
+        f"it has its base value; set it too (--set {key}=VALUE) or sweep both together "
+        f"(--set 'sweep.\"{','.join(_zipped_with(key, file_only[1]))}\"=[[...], ...]')"
+        for key, where in released.items()
+        if _mentions(message, key)
+    ]
+    hints += [
+        f"{key} is still swept on its own because {where} fixed the other key of their "
+        f"zipped axis; set it too (--set {key}=VALUE) or sweep both together"
+        for key, where in loose.items()
+        if _mentions(message, key)
+    ]
+    hints += [
+        f"{key} = {value!r} comes from {source}"
+        for key, value in file_only[0].items()
+        if key not in origin and _mentions(message, key)
+    ]
+    hint = f" ({'; '.join(hints)})" if hints else ""
+    raise ConfigError(f"{', '.join(blamed)}: {message}{hint}") from None
+
+
+def _unset_key(name: str, where: str) -> str:
+    """The setting ``--unset name`` names (a dotted public name, or ``seed``...); ConfigError
+    naming the closest valid key if there is none."""
+    key = name.strip()
+    valid = [*_TOP_LEVEL, *_toml_keys()]
+    if key not in valid:
+        raise _unknown(where, key, _NO_VALUE, valid)
+    return key
+
+
+def _without_key(axes: Sequence[Axis], key: str, where: str, loose: dict[str, str]) -> list[Axis]:
+    """``axes`` with ``key`` no longer swept; its zipped partners stay swept, and ``loose``
+    records that ``where`` left them on their own."""
+    kept = []
+    for axis in axes:
+        if key in axis.keys:
+            loose.update({k: where for k in axis.keys if k != key})
+        left = axis.without(key)
+        if left is not None:
+            kept.append(left)
+    return kept
 
 
 def _build(
@@ -392,6 +516,8 @@ def _build(
     text: str,
     source: str,
     overrides: Sequence[str],
+    unset: Sequence[str] = (),
+    drop_unread: tuple[str, ...] = (),
 ) -> Scenario:
     # Swept keys take their first value in the base config, so that a base value that only
     # the sweep makes valid (groups.group_size > the default n_peers, say) is never checked.
@@ -406,7 +532,13 @@ def _build(
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return Scenario(
-        config=config, axes=tuple(axes), text=text, source=source, overrides=tuple(overrides)
+        config=config,
+        axes=tuple(axes),
+        text=text,
+        source=source,
+        overrides=tuple(overrides),
+        unset=tuple(unset),
+        drop_unread=drop_unread,
     )
 
 
@@ -537,10 +669,15 @@ def _toml_keys() -> Iterable[str]:
             yield public_key(f"{section}.{f.name}")
 
 
+#: ``_unknown``'s value for a key given without one (``--unset KEY``).
+_NO_VALUE = object()
+
+
 def _unknown(where: str, key: str, value: Any, valid: Sequence[str]) -> ConfigError:
     close = difflib.get_close_matches(key, valid, n=1)
     hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
-    return ConfigError(f"{where}: unknown key {key!r} (value {value!r}); {hint}")
+    given = "" if value is _NO_VALUE else f" (value {value!r})"
+    return ConfigError(f"{where}: unknown key {key!r}{given}; {hint}")
 
 
 def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
