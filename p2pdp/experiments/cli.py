@@ -233,11 +233,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             f"the same cells, run once ({len(scenario.points)} grid points in all)",
             file=sys.stderr,
         )
-    for reason in scenario.dropped:
+    for reason in scenario.dropped:  # "KEY = VALUE is read only with ..."
         print(
-            f"p2pdp: note: {reason}, which no cell reads after your --set: dropped from "
-            f"{args.scenario}, its default applies (--unset {reason.partition(' = ')[0]} to "
-            "say so)",
+            f"p2pdp: note: {reason}: dropped, its default applies (--unset "
+            f"{reason.partition(' = ')[0]} drops it without this note)",
             file=sys.stderr,
         )
     hosts: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
