@@ -69,7 +69,7 @@ def test_every_readme_command_parses(argv):
     if argv[0] == "p2pdp":
         args = build_parser().parse_args(argv[1:])  # SystemExit (a failure) if it does not
         if args.command == "run" and not _on_readme_file(argv):
-            load_scenario(args.scenario, args.overrides)
+            load_scenario(args.scenario, args.overrides, args.unset)
     elif argv[0] == "pip":
         extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
             "optional-dependencies"
@@ -148,7 +148,7 @@ def test_readme_run_commands_run_on_tiny_settings(real_data_home, tmp_path, caps
     assert runs
     for index, argv in enumerate(runs):
         args = build_parser().parse_args(argv[1:])
-        scenario = load_scenario(args.scenario, args.overrides)
+        scenario = load_scenario(args.scenario, args.overrides, args.unset)
         point = _point_that_runs_alone(scenario)
         tiny = [
             "--out",
