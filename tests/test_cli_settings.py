@@ -11,36 +11,19 @@ import json
 import re
 
 import pytest
+from test_results import TINY as RESULTS_TINY
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.results import read_results, resume_command
 from p2pdp.experiments.scenario import load_scenario, parse_scenario
 
-#: Two cells per fold, well under a second each; one-shot settings in the base.
-TINY = """
-name = "tiny"
-seed = 11
-
-[data]
-dataset = "synthetic"
-synthetic_rows = 300
-synthetic_test_rows = 100
-synthetic_features = 5
-
-[partition]
-n_peers = 10
-
-[groups]
-group_size = 4
-
-[evaluation]
-cv_folds = 4
-folds = [0]
-
-[sweep]
-"publication.mode" = ["group", "full"]
-"""
+#: test_results' two cells per fold (under a second each, one-shot settings in the base), with
+#: room for the default group size, on fold 0.
+TINY = RESULTS_TINY.replace("n_peers = 8", "n_peers = 10").replace(
+    "cv_folds = 4", "cv_folds = 4\nfolds = [0]"
+)
+assert "n_peers = 10" in TINY and "folds = [0]" in TINY
 
 #: What D-PSGD needs on TINY besides the protocol's name.
 DPSGD = [
