@@ -81,6 +81,12 @@ def test_unset_an_unknown_key_is_refused_naming_it(tiny, capsys):
     )
 
 
+def test_split_takes_unset_too(tiny, capsys):
+    assert main(["split", tiny, "--hosts", "2", "--out", "shards", "--unset", "seed"]) == 0
+    assert main(["split", tiny, "--hosts", "2", "--out", "shards", "--unset", "sed"]) == 2
+    assert "--unset sed: unknown key 'sed'; did you mean 'seed'?" in error_line(capsys)
+
+
 def test_unset_a_key_the_file_does_not_set_is_refused(tiny, capsys):
     assert run(tiny, "--out", "out", "--unset", "privacy.epsilon") == 2
     line = error_line(capsys)
@@ -102,6 +108,12 @@ def test_unset_a_swept_key_takes_it_out_of_the_sweep_at_its_default():
     assert {p.config.privacy.step_epsilon for p in scenario.points} == {0.1}
     with pytest.raises(ConfigError, match=r"^--unset privacy.epsilon: .*still swept on its own"):
         parse_scenario(zipped, unset=["privacy.epsilon"])  # 5 > the default epsilon 1
+
+
+def test_unset_a_top_level_setting():
+    assert parse_scenario(TINY, unset=["seed"]).config.seed == 0  # the default
+    with pytest.raises(ConfigError, match=r"does not set repetitions, .* default \(1\)"):
+        parse_scenario(TINY, unset=["repetitions"])
 
 
 def test_set_applies_after_unset():

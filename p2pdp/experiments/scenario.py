@@ -240,8 +240,8 @@ def scenario_changes(old: Scenario, new: Scenario) -> list[tuple[str, Any, Any]]
     """How ``new``'s effective settings differ from ``old``'s: ``(key, old value, new value)``
     for each base setting that is not swept in either, then ``('sweep."k1,k2"', old values,
     new values)`` for each sweep axis that differs (``None``: no such axis), then
-    ``("sweep order", old, new)`` if the axes both have come in another order (it numbers the
-    grid points)."""
+    ``("sweep order", old, new)`` if the axes that both have are in another order (the order
+    numbers the grid points)."""
     swept = {*old.swept_keys(), *new.swept_keys()}
     changes = [
         (key, setting_value(old.config, key), setting_value(new.config, key))
@@ -649,8 +649,10 @@ def _resolve(dotted: str, value: Any, where: str) -> tuple[str, Any]:
 
 
 def _default(key: str) -> Any:
-    """The default value of the dotted setting ``key``."""
-    section, _, name = field_key(key).partition(".")
+    """The default value of the dotted setting ``key`` (or top-level, ``"seed"``)."""
+    section, dot, name = field_key(key).partition(".")
+    if not dot:
+        return next(f.default for f in dataclasses.fields(ScenarioConfig) if f.name == key)
     return getattr(SECTIONS[section](), name)
 
 
