@@ -10,16 +10,24 @@ pseudo-inverse, then enumerates the adversary's signs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 
 import networkx as nx
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from p2pdp.config import ScenarioConfig
+from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
+from p2pdp.experiments.scenario import scenario_from_mapping
+from p2pdp.experiments.simulation import simulate
+from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols import correlated_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
+from p2pdp.protocols.iterative import DecentralizedSGD, LocalProblem, step_privacy
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
 
@@ -90,7 +98,7 @@ def _brute_run(graph, rounds, *, z, zp, scales, decay=1.0, lost=None, mode="fres
             y[i, r * P + i] -= scales[i]
         for k, (a, b) in enumerate(edges):
             col = (rounds * per_round + k) if mode == "reused" else base + P + k
-            c = min(scales[a], scales[b]) * zp
+            c = max(scales[a], scales[b]) * zp  # eta / min(m_a, m_b)
             x[a, col] -= c
             x[b, col] -= c if mode == "symmetric" else -c
             edge_of[col] = k
@@ -289,3 +297,205 @@ def test_correlated_noise_never_costs_more_than_local_dp() -> None:
         without = _module_kappa(graph, 3, observers, z=1.0, zp=0.0, scales=scales)
         for u in with_pairs:
             assert with_pairs[u] <= without[u] + 1e-9 <= 3.0 + 2e-9
+
+
+# --- the noise layer of D-PSGD: config -> noise drawn -> epsilon reported ----------------------
+
+
+def _config(**protocol) -> ScenarioConfig:
+    settings = {"name": "dpsgd", "rounds": 3, "noise_multiplier": 2.0, "step_size": 0.7}
+    return ScenarioConfig(
+        data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
+        partition={"n_peers": 14, "scheme": "quantity_skew"},
+        training={"lam": 0.01},
+        privacy={"mechanism": "gaussian", "epsilon": 50.0, "delta": 1e-5},
+        gossip={"degree": 3},
+        evaluation={"cv_folds": 2},
+        protocol={**settings, **protocol},
+    )
+
+
+def _dpsgd(config: ScenarioConfig, graph: nx.Graph, d: int, seed: int = 0) -> DecentralizedSGD:
+    """D-PSGD of ``config`` on ``graph`` with ``d`` features, unequal shards (2..5 rows)."""
+    rng = generator(seed, "problem")
+    P = graph.number_of_nodes()
+    sizes = 2 + np.arange(P) % 4
+    X = rng.normal(size=(sizes.sum(), d)) / np.sqrt(d)
+    y = np.where(rng.random(sizes.sum()) < 0.5, -1.0, 1.0)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    shards = tuple(np.arange(bounds[i], bounds[i + 1]) for i in range(P))
+    problem = LocalProblem.from_shards(X, y, shards, lam=config.training.lam)
+    rngs = {name: generator(seed, name) for name in ("noise", "sampling", "gossip", "pairs")}
+    return DecentralizedSGD(config.protocol, problem, _mixing(graph), step_privacy(config),
+                            rngs=rngs)  # fmt: skip
+
+
+def test_pair_terms_cancel_over_the_peers_are_fresh_each_round_and_have_their_scale() -> None:
+    graph = GRAPHS["3-regular-14"]
+    protocol = _dpsgd(_config(pairwise_noise_multiplier=3.0), graph, d=20000)
+    everyone = np.arange(14)
+    first = protocol.pair_terms(everyone, 20000)
+    second = protocol.pair_terms(everyone, 20000)
+    assert isinstance(first, np.ndarray) and isinstance(second, np.ndarray)
+    scale = np.abs(first).max()
+    assert np.abs(first.sum(axis=0)).max() <= 1e-12 * scale  # cancels, up to rounding
+    m = protocol._denominators
+    for i in range(14):  # a peer's term: sum over its edges of N(0, (z_p C / m_e)^2)
+        expected = sum((3.0 / min(m[i], m[j])) ** 2 for j in graph.neighbors(i))
+        assert first[i].var() == pytest.approx(expected, rel=0.05)
+    correlation = np.corrcoef(first.ravel(), second.ravel())[0, 1]
+    assert abs(correlation) < 0.01  # fresh every round, not reused
+    # a peer out of budget: its edges add nothing; the others' terms still cancel
+    some = np.array([0, 1, 2, 3, 5, 8])
+    partial = protocol.pair_terms(some, 100)
+    assert isinstance(partial, np.ndarray) and partial.shape == (6, 100)
+    assert np.abs(partial.sum(axis=0)).max() <= 1e-12 * np.abs(partial).max()
+    assert _dpsgd(_config(), graph, d=5).pair_terms(everyone, 5) == 0.0
+
+
+def _fixed_gradients(monkeypatch) -> None:
+    """Gradient sums that do not depend on the models (peer ``i``'s is ``i`` in every
+    coordinate): runs then differ only by their noise, as the accounting's model assumes."""
+    monkeypatch.setattr(
+        LocalProblem,
+        "clipped_sums",
+        lambda self, models, peers, mechanism, rng: np.repeat(
+            peers[:, None].astype(float), models.shape[1], axis=1
+        ),
+    )
+
+
+def test_the_network_average_keeps_only_the_independent_noise_unless_a_message_is_lost(
+    monkeypatch,
+) -> None:
+    """Same seeds with and without pair noise: every delivered round leaves the peers' mean
+    model unchanged by the pair noise (to rounding); a lost message leaves some in it."""
+    _fixed_gradients(monkeypatch)
+    graph = GRAPHS["erdos-renyi-9"]
+    E = 2 * graph.number_of_edges()
+    for lose, equal in ((False, True), (True, False)):
+        means = []
+        for zp in (0.0, 5.0):
+            protocol = _dpsgd(_config(**({"pairwise_noise_multiplier": zp} if zp else {})),
+                              graph, d=6)  # fmt: skip
+            for r in range(3):
+                protocol.step()
+                delivered = np.ones(E, dtype=bool)
+                delivered[0] = not (lose and r == 1)
+                protocol.average(delivered)
+            means.append(protocol.models.mean(axis=0))
+        assert np.allclose(means[0], means[1], rtol=0, atol=1e-12) == equal
+
+
+def test_the_noise_drawn_has_the_covariance_the_accounting_assumes(monkeypatch) -> None:
+    """Wiring: with the gradients zeroed, every message of a real D-PSGD run (20,000 iid
+    coordinates) has the empirical covariance ``C^2 A A^T`` of the model the epsilons come
+    from (pair noise fresh, antisymmetric, unscaled by W), to sampling error."""
+    _fixed_gradients(monkeypatch)
+    graph = GRAPHS["star-7"]
+    d, clip = 20000, 0.5
+    config = _config(pairwise_noise_multiplier=3.0, clip_norm=clip)
+    protocol = _dpsgd(config, graph, d=d)
+    E = 2 * graph.number_of_edges()
+    lost = generator(2, "lost").random((3, E)) < 0.2
+    trace, sent = ViewTrace(), []
+    for r in range(3):
+        trace.step(protocol.step())
+        sent.append(protocol.models.copy())
+        trace.exchange(~lost[r], np.zeros(E, dtype=bool))
+        protocol.average(~lost[r])
+    run = CorrelatedRun.build(
+        trace,
+        protocol.mixing,
+        scales=0.7 / protocol._denominators,
+        decay=1.0 - 0.7 * 0.01,
+        noise_multiplier=protocol.privacy.mechanism.noise_multiplier,
+        pair_noise_multiplier=protocol.pair_noise_multiplier,
+    )
+    A = np.concatenate(run.messages) * clip
+    model = A @ A.T
+    observed = np.concatenate(sent)
+    gradients = np.concatenate(run.data) @ np.tile(np.arange(7.0), 3)  # the known mean
+    observed = observed - gradients[:, None]
+    empirical = observed @ observed.T / d
+    spread = np.sqrt(np.outer(np.diag(model), np.diag(model)))
+    assert np.abs(empirical - model).max() / spread.max() < 5.5 * np.sqrt(2.0 / d)
+    assert (np.abs(empirical - model) <= 5.5 * np.sqrt(2.0 / d) * spread + 1e-15).all()
+
+
+def test_rows_report_the_exact_epsilon_per_threat_model_of_the_run() -> None:
+    """Config -> run -> columns: the brute force of the run's overlay, unequal shards and
+    decay, computed here, gives the reported eavesdropper and curious-peer epsilons; both are
+    below local DP, and below the same run's values without pair noise."""
+    from p2pdp.sim.overlay import build_overlay
+
+    config = _config(pairwise_noise_multiplier=4.0)
+    result = simulate(config)
+    row = result.row()
+    assert row["correlated_dp_note"] == ""
+    overlay = build_overlay(config.gossip, 14, rng=generator(config.seed, "overlay", 0, 0))
+    graph = nx.Graph()
+    graph.add_nodes_from(range(14))
+    rows = np.repeat(np.arange(14), np.diff(overlay.indptr))
+    graph.add_edges_from(zip(rows.tolist(), overlay.indices.tolist(), strict=True))
+    scales = 0.7 / result.shard_sizes.astype(float)
+    assert np.ptp(scales) > 0
+    z = result.row()["noise_multiplier_used"]
+    ratio, decay = 2.0, 1.0 - 0.7 * 0.01  # Delta / C; the step's decay
+
+    def worst(zp: float) -> tuple[float, float]:
+        brute = _brute_run(graph, 3, z=z, zp=zp, scales=scales, decay=decay)
+        eaves = max(_sign_max(M) for M in _brute_Ms(brute, None).values())
+        curious = max(_sign_max(M) for v in range(14) for M in _brute_Ms(brute, [v]).values())
+        return eaves, curious
+
+    eaves, curious = worst(4.0)
+    # kappa with T = 3 steps: the reported value lies between the signs and the SDP caps
+    for column, kappa in (("eavesdropper", eaves), ("curious_peer", curious)):
+        reported = row[f"correlated_dp_{column}_epsilon"]
+        floor = gdp_epsilon(ratio * np.sqrt(kappa), 1e-5)
+        assert reported >= floor * (1 - 1e-9)
+        assert reported <= gdp_epsilon(ratio * np.sqrt(3 * kappa), 1e-5)
+        assert reported < row["max_epsilon_spent"]
+    without = worst(0.0)
+    assert eaves < without[0] and curious < without[1]
+
+
+NONE = {"mechanism": "none", "epsilon": 2.0}
+
+
+def test_pair_noise_is_refused_where_nothing_reads_it_and_empty_where_not_computed(
+    monkeypatch,
+) -> None:
+    document = {
+        "data": {"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
+        "privacy": {"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5},
+        "protocol": {"name": "dpsgd", "pairwise_noise_multiplier": 1.0},
+    }
+    scenario_from_mapping(document)  # read by D-PSGD with noisy steps
+    for protocol, privacy in (("muffliato", {}), ("gossip-learning", {}), ("dpsgd", NONE)):
+        changed = {
+            **document,
+            "protocol": {**document["protocol"], "name": protocol},
+            "privacy": privacy or document["privacy"],
+        }
+        with pytest.raises(ConfigError, match="pairwise_noise_multiplier"):
+            scenario_from_mapping(changed)
+    with pytest.raises(ConfigError, match="pairwise_noise_multiplier"):
+        _config(pairwise_noise_multiplier=-1.0)
+    base = _config(pairwise_noise_multiplier=1.0, rounds=2)
+    poisson = dataclasses.replace(
+        base,
+        protocol=dataclasses.replace(base.protocol, sampling="poisson", sampling_rate=0.5),
+        privacy=dataclasses.replace(base.privacy, min_shard_size=1),
+    )
+    row = simulate(poisson).row()
+    assert "protocol.sampling = 'poisson'" in row["correlated_dp_note"]
+    assert math.isnan(row["correlated_dp_eavesdropper_epsilon"])
+    monkeypatch.setattr(correlated_dp, "MAX_VIEW_ENTRIES", 100)
+    row = simulate(base).row()
+    assert "more than the 100 of an exact computation" in row["correlated_dp_note"]
+    assert math.isnan(row["correlated_dp_curious_peer_epsilon"])
+    plain = simulate(_config(rounds=2)).row()  # off by default: nothing computed, no note
+    assert math.isnan(plain["correlated_dp_eavesdropper_epsilon"])
+    assert plain["correlated_dp_note"] == ""

@@ -65,9 +65,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp import ViewTrace, worst_case_shifts
+from p2pdp.protocols.network_dp import (
+    MAX_VIEW_ENTRIES,
+    ViewTrace,
+    not_computed,
+    worst_case_shifts,
+)
 
 __all__ = [
     "CorrelatedRun",
@@ -76,6 +82,7 @@ __all__ = [
     "edge_pairs",
     "epsilon_of_kappa",
     "pair_incidence",
+    "report",
     "threat_epsilons",
     "view_size",
 ]
@@ -121,13 +128,16 @@ def eavesdropper_one_round(laplacian: np.ndarray, z: float, z_pair: float) -> np
 
 
 def view_size(trace: ViewTrace, mixing: Mixing) -> int:
-    """Entries of the eavesdropper's view matrix: messages sent x noises of the run (the size
-    :data:`~p2pdp.protocols.network_dp.MAX_VIEW_ENTRIES` limits, counted without building).
-
-    A peer's view is a subset of the eavesdropper's rows, so every threat model of the run
-    costs at most this per view."""
+    """Entries of the views :func:`report` builds: the eavesdropper's and every peer's rows
+    (messages seen) x the run's noises (the size
+    :data:`~p2pdp.protocols.network_dp.MAX_VIEW_ENTRIES` limits, counted without building)."""
     senders = np.unique(mixing.indices).size
-    sent = senders * sum(1 for e in trace.events if isinstance(e, tuple))
+    sent = 0
+    for event in trace.events:
+        if isinstance(event, tuple):
+            seen = event[0] | event[1]
+            # distinct (sender, receiver) pairs: an overlay has one edge per ordered pair
+            sent += senders + int(seen.sum())
     pairs = edge_pairs(mixing)
     noises = 0
     for event in trace.events:
@@ -216,7 +226,7 @@ class CorrelatedRun:
         noise_peer = np.full(n_noise, -1, dtype=np.int64)
         noise_pair = np.full(n_noise, -1, dtype=np.int64)
         data_peer = np.zeros(n_data, dtype=np.int64)
-        pair_scale = np.minimum(scales[pairs[:, 0]], scales[pairs[:, 1]])
+        pair_scale = np.maximum(scales[pairs[:, 0]], scales[pairs[:, 1]])  # eta / m_e
         X = np.zeros((n, n_noise))
         Y = np.zeros((n, n_data))
         messages, data, seen = [], [], []
@@ -379,3 +389,55 @@ def threat_epsilons(
 
     scale = {"sensitivity_over_clip": sensitivity_over_clip, "delta": delta}
     return {"eavesdropper": worst(eavesdropper), "curious_peer": worst(curious)}
+
+
+def report(
+    trace: ViewTrace,
+    mixing: Mixing,
+    mechanism: ClippedGaussianSum,
+    *,
+    scales: np.ndarray,
+    decay: float,
+    pair_noise_multiplier: float,
+    delta: float,
+    churn: bool = False,
+) -> dict[str, float | str]:
+    """A D-PSGD run's per-threat-model columns (at the rows' ``privacy.delta``).
+
+    ``correlated_dp_eavesdropper_epsilon``: the worst target's epsilon against the
+    eavesdropper; ``correlated_dp_curious_peer_epsilon``: the worst ordered pair ``(u, v)``,
+    ``v`` curious; ``correlated_dp_note``: "" when computed, else why not (the epsilons NaN):
+    noiseless steps, Poisson sampling, churn (as :func:`network_dp.not_computed
+    <p2pdp.protocols.network_dp.not_computed>`) or views over
+    :data:`~p2pdp.protocols.network_dp.MAX_VIEW_ENTRIES` entries. ``scales``, ``decay``: see
+    :meth:`CorrelatedRun.build`."""
+    reason = not_computed(mechanism, churn=churn)
+    entries = view_size(trace, mixing)
+    if not reason and entries > MAX_VIEW_ENTRIES:
+        reason = (
+            f"not computed: the views have {entries:,} entries (messages seen x noises of the "
+            f"run), more than the {MAX_VIEW_ENTRIES:,} of an exact computation"
+        )
+    if reason:
+        nan = float("nan")
+        return {
+            "correlated_dp_eavesdropper_epsilon": nan,
+            "correlated_dp_curious_peer_epsilon": nan,
+            "correlated_dp_note": reason,
+        }
+    run = CorrelatedRun.build(
+        trace,
+        mixing,
+        scales=scales,
+        decay=decay,
+        noise_multiplier=mechanism.noise_multiplier,
+        pair_noise_multiplier=pair_noise_multiplier,
+    )
+    worst = threat_epsilons(
+        run, sensitivity_over_clip=mechanism.sensitivity / mechanism.clip_norm, delta=delta
+    )
+    return {
+        "correlated_dp_eavesdropper_epsilon": worst["eavesdropper"],
+        "correlated_dp_curious_peer_epsilon": worst["curious_peer"],
+        "correlated_dp_note": "",
+    }
