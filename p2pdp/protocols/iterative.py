@@ -21,6 +21,7 @@ Released to: each overlay neighbour (``dpsgd``, ``muffliato``: every message of 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -354,39 +355,38 @@ class DecentralizedSGD(IterativeProtocol):
         When("privacy.mechanism", "none", ("protocol.pairwise_noise_multiplier",), negate=True),
     )
 
-    def __init__(
-        self,
-        settings: ProtocolConfig,
-        problem: LocalProblem,
-        mixing: Mixing,
-        privacy: StepPrivacy,
-        *,
-        rngs: dict[str, np.random.Generator],
-    ) -> None:
-        super().__init__(settings, problem, mixing, privacy, rngs=rngs)
-        self.pairs = edge_pairs(mixing)
-        z_pair = settings.pairwise_noise_multiplier if privacy.mechanism.private else 0.0
-        self._pair_streams: list[np.random.Generator] = []
-        if z_pair > 0:
-            if "pairs" not in rngs:
-                raise ConfigError("protocol.pairwise_noise_multiplier needs a 'pairs' stream")
-            # a SeedSequence from the run's stream, spawned per edge (numpy >= 1.24)
-            root = np.random.SeedSequence(rngs["pairs"].integers(0, 2**63, size=4).tolist())
-            self._pair_streams = [np.random.default_rng(s) for s in root.spawn(len(self.pairs))]
-        m = self._denominators
-        a, b = self.pairs[:, 0], self.pairs[:, 1]
-        #: (U,) standard deviation of each pair's term in a step's gradient: ``z_p C / m_e``.
-        self.pair_std = z_pair * privacy.mechanism.clip_norm / np.minimum(m[a], m[b])
-
     @property
     def pair_noise_multiplier(self) -> float:
         """``z_p`` as applied (0 when there is no pair noise: unset, or steps without noise)."""
-        return float(self.settings.pairwise_noise_multiplier) if self._pair_streams else 0.0
+        if not self.privacy.mechanism.private:
+            return 0.0
+        return float(self.settings.pairwise_noise_multiplier)
+
+    @functools.cached_property
+    def pairs(self) -> np.ndarray:
+        """(U, 2) the overlay's edges ``(a, b)``, ``a < b`` (:func:`edge_pairs`)."""
+        return edge_pairs(self.mixing)
+
+    @functools.cached_property
+    def pair_std(self) -> np.ndarray:
+        """(U,) standard deviation of each pair's term in a step's gradient: ``z_p C / m_e``."""
+        m = self._denominators
+        m_e = np.minimum(m[self.pairs[:, 0]], m[self.pairs[:, 1]])
+        return self.pair_noise_multiplier * self.privacy.mechanism.clip_norm / m_e
+
+    @functools.cached_property
+    def _pair_streams(self) -> list[np.random.Generator]:
+        """One generator per pair: a SeedSequence seeded from the run's ``pairs`` stream,
+        spawned per edge (numpy >= 1.24)."""
+        if "pairs" not in self.rngs:
+            raise ConfigError("protocol.pairwise_noise_multiplier needs a 'pairs' stream")
+        root = np.random.SeedSequence(self.rngs["pairs"].integers(0, 2**63, size=4).tolist())
+        return [np.random.default_rng(seed) for seed in root.spawn(len(self.pairs))]
 
     def pair_terms(self, peers: np.ndarray, dim: int) -> np.ndarray | float:
         """(k, dim): the pair terms of ``peers`` this round, one fresh draw per edge whose
         two ends both step (each end adds it with its sign; their sum over all peers is 0)."""
-        if not self._pair_streams:
+        if self.pair_noise_multiplier == 0:
             return 0.0
         stepping = np.zeros(self.problem.n_peers, dtype=bool)
         stepping[peers] = True
