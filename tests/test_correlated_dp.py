@@ -200,11 +200,17 @@ def _check(graph, rounds, observers, *, z=1.0, zp=3.0, scales=None, lost=None) -
             assert kappa[u] <= cap + 1e-9
 
 
+@pytest.mark.parametrize("whitening", ["covariance", "svd"])
 @pytest.mark.parametrize("rounds", [1, 2, 3])
 @pytest.mark.parametrize("name", list(GRAPHS))
-def test_eavesdropper_and_every_curious_peer_match_the_brute_force(name, rounds) -> None:
+def test_eavesdropper_and_every_curious_peer_match_the_brute_force(
+    name, rounds, whitening, monkeypatch
+) -> None:
     """Exact (T <= 2) or between the brute force's signs and its SDP caps (T = 3), for the
-    eavesdropper and every curious peer; unequal shards (scales) on two graphs."""
+    eavesdropper and every curious peer; unequal shards (scales) on two graphs; both ways the
+    module whitens a view (its covariance's eigenvectors, or the SVD it falls back to)."""
+    if whitening == "svd":
+        monkeypatch.setattr(correlated_dp, "_GRAM_CONDITION", 0.0)
     graph = GRAPHS[name]
     P = graph.number_of_nodes()
     scales = None

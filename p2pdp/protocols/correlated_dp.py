@@ -314,22 +314,36 @@ class CorrelatedRun:
         return _view_kappa(R[:, ~known], D, self.data_peer, targets)
 
 
+#: Views whose covariance ``A A^T`` has a condition number below this are whitened through
+#: its eigendecomposition (fast: the covariance is small); others through the SVD of ``A``.
+_GRAM_CONDITION = 1e6
+
+
 def _view_kappa(
     A: np.ndarray, D: np.ndarray, data_peer: np.ndarray, targets: np.ndarray
 ) -> np.ndarray:
     """``kappa`` of each target's data columns of ``D`` against noise ``A A^T``.
 
-    ``(A A^T)^+ = U S^-2 U^T`` from the SVD of ``A`` (numerical rank as numpy's); a data column
-    with a part outside ``U``'s span larger than 1e-9 of its norm (relative to the view's
-    scale) is a shift seen without noise: ``inf``."""
+    ``(A A^T)^+ = U S^-2 U^T``. A well-conditioned covariance (the usual case: every message
+    seen carries noise of its own) is decomposed directly, ``A A^T`` being only as large as the
+    view (``R x R``, not ``R x N``); its rounding is bounded by ``cond * R * eps`` relative,
+    and ``M`` is inflated by 100 times that, so the result stays an upper bound. Otherwise the
+    SVD of ``A`` (numerical rank as numpy's): a data column with a part outside ``U``'s span
+    larger than 1e-9 of the view's scale is a shift seen without noise: ``inf``."""
     targets = np.asarray(targets, dtype=np.int64)
     out = np.zeros(targets.size)
     if A.shape[0] == 0:
         return out
-    U, singular, _ = np.linalg.svd(A, full_matrices=False)
-    tolerance = singular.max(initial=0.0) * max(A.shape) * np.finfo(float).eps
-    rank = singular > tolerance
-    U, singular = U[:, rank], singular[rank]
+    values, U = np.linalg.eigh(A @ A.T)
+    inflate = 1.0
+    if values[0] > 0 and values[-1] < _GRAM_CONDITION * values[0]:
+        singular = np.sqrt(values)
+        inflate += 100.0 * (values[-1] / values[0]) * A.shape[0] * np.finfo(float).eps
+    else:
+        U, singular, _ = np.linalg.svd(A, full_matrices=False)
+        tolerance = singular.max(initial=0.0) * max(A.shape) * np.finfo(float).eps
+        rank = singular > tolerance
+        U, singular = U[:, rank], singular[rank]
     counts = np.array([int((data_peer == u).sum()) for u in targets.tolist()])
     scale = max(float(np.abs(D).max(initial=0.0)), 1e-300)
     for T in np.unique(counts).tolist():
@@ -341,7 +355,7 @@ def _view_kappa(
         outside = G - np.einsum("rk,bkt->brt", U, inside)
         blind = np.abs(outside).max(axis=(1, 2)) > 1e-9 * scale
         H = inside / singular[None, :, None]
-        upper, _ = worst_case_shifts(np.einsum("bkt,bks->bts", H, H))
+        upper, _ = worst_case_shifts(inflate * np.einsum("bkt,bks->bts", H, H))
         out[which] = np.where(blind, np.inf, upper)
     return out
 
