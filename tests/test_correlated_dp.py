@@ -505,3 +505,22 @@ def test_pair_noise_is_refused_where_nothing_reads_it_and_empty_where_not_comput
     plain = simulate(_config(rounds=2)).row()  # off by default: nothing computed, no note
     assert math.isnan(plain["correlated_dp_eavesdropper_epsilon"])
     assert plain["correlated_dp_note"] == ""
+
+
+def test_a_noise_multiplier_calibrated_for_a_threat_model_spends_exactly_its_budget() -> None:
+    """``kappa(z, r z) = kappa(1, r) / z^2``: the multiplier from one unit computation gives,
+    recomputed by the brute force at that multiplier, the target epsilon (never more)."""
+    graph = GRAPHS["3-regular-14"]
+    scales = np.full(14, 0.4)
+    unit = _module_kappa(graph, 2, [0], z=1.0, zp=4.0, scales=scales)
+    z = correlated_dp.calibrated_noise_multiplier(
+        max(unit.values()), epsilon=1.0, delta=1e-5, sensitivity_over_clip=2.0
+    )
+    brute = _brute_Ms(_brute_run(graph, 2, z=z, zp=4.0 * z, scales=scales), [0])
+    kappa = max(_sign_max(M) for M in brute.values())
+    epsilon = float(gdp_epsilon(2.0 * np.sqrt(kappa), 1e-5))
+    assert epsilon == pytest.approx(1.0, rel=1e-8) and epsilon <= 1.0 + 1e-12
+    with pytest.raises(ConfigError, match="without noise"):
+        correlated_dp.calibrated_noise_multiplier(
+            np.inf, epsilon=1.0, delta=1e-5, sensitivity_over_clip=2.0
+        )

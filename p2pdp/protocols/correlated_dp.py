@@ -60,13 +60,15 @@ with a public budget every peer knows who steps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
+from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
-from p2pdp.privacy.gdp import gdp_epsilon
+from p2pdp.privacy.gdp import gdp_epsilon, gdp_mu
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import (
     MAX_VIEW_ENTRIES,
@@ -77,6 +79,7 @@ from p2pdp.protocols.network_dp import (
 
 __all__ = [
     "CorrelatedRun",
+    "calibrated_noise_multiplier",
     "coalition_kappa",
     "eavesdropper_one_round",
     "edge_pairs",
@@ -381,6 +384,28 @@ def epsilon_of_kappa(
     ok = np.isfinite(kappa)
     out[ok] = gdp_epsilon(sensitivity_over_clip * np.sqrt(np.maximum(kappa[ok], 0.0)), delta)
     return out
+
+
+def calibrated_noise_multiplier(
+    kappa_at_unit: float, *, epsilon: float, delta: float, sensitivity_over_clip: float
+) -> float:
+    """``z`` that spends exactly ``(epsilon, delta)`` under a threat model, at a fixed ratio
+    ``z_p / z``.
+
+    Every noise column of a view is proportional to ``z`` once ``z_p = r z``, so
+    ``A A^T`` scales by ``z^2`` and ``kappa(z, r z) = kappa(1, r) / z^2``: one view computation
+    at ``z = 1`` (``kappa_at_unit``, the worst target's, for the run's trace) gives
+    ``z = (Delta / C) sqrt(kappa(1, r)) / mu(epsilon, delta)`` with ``mu`` the largest GDP
+    parameter within the budget (:func:`~p2pdp.privacy.gdp.gdp_mu`, rounded towards more
+    noise). Valid for the trace it was computed on (a run without losses is predictable; a
+    lossy one is not) and for that adversary only: local DP is then ``sqrt(T) (Delta / C) / z``
+    -GDP, larger. Not wired to a setting yet."""
+    if not (math.isfinite(kappa_at_unit) and kappa_at_unit >= 0):
+        raise ConfigError(
+            f"no noise multiplier reaches epsilon = {epsilon!r} against a view that sees a "
+            f"shift without noise (kappa = {kappa_at_unit!r})"
+        )
+    return sensitivity_over_clip * math.sqrt(kappa_at_unit) / gdp_mu(epsilon, delta)
 
 
 def threat_epsilons(
