@@ -84,7 +84,6 @@ __all__ = [
     "eavesdropper_one_round",
     "edge_pairs",
     "epsilon_of_kappa",
-    "pair_incidence",
     "report",
     "threat_epsilons",
     "view_size",
@@ -97,18 +96,6 @@ def edge_pairs(mixing: Mixing) -> np.ndarray:
     keep = receivers < senders
     pairs = np.stack([receivers[keep], senders[keep]], axis=1)
     return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
-
-
-def pair_incidence(pairs: np.ndarray, n_peers: int) -> np.ndarray:
-    """(P, U) signed incidence: ``+1`` at each pair's smaller end, ``-1`` at the other.
-
-    Row ``i`` times the pair noises is what peer ``i`` adds; the column sums are 0 (the
-    cancellation)."""
-    B = np.zeros((n_peers, len(pairs)))
-    columns = np.arange(len(pairs))
-    B[pairs[:, 0], columns] = 1.0
-    B[pairs[:, 1], columns] = -1.0
-    return B
 
 
 def eavesdropper_one_round(laplacian: np.ndarray, z: float, z_pair: float) -> np.ndarray:
@@ -177,6 +164,8 @@ class CorrelatedRun:
     senders, receivers : (E,) int arrays
         ``Mixing.indices`` and ``Mixing.receivers``.
     n_peers : int
+    noise_multiplier : float
+        ``z`` of the peers' own noises.
     """
 
     messages: list[np.ndarray]
@@ -189,6 +178,7 @@ class CorrelatedRun:
     senders: np.ndarray
     receivers: np.ndarray
     n_peers: int
+    noise_multiplier: float
 
     @classmethod
     def build(
@@ -273,6 +263,7 @@ class CorrelatedRun:
             senders=mixing.indices,
             receivers=mixing.receivers,
             n_peers=n,
+            noise_multiplier=noise_multiplier,
         )
 
     def view(self, observers: Iterable[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -312,9 +303,17 @@ class CorrelatedRun:
     def kappa(self, observers: Iterable[int] | None, targets: np.ndarray) -> np.ndarray:
         """``kappa`` of each target (upper bound, ``inf`` when a shift is seen noiselessly)
         against the view of ``observers`` (None: the eavesdropper); targets must not be
-        observers. (T,) array."""
+        observers. (T,) array.
+
+        Capped by local DP, ``T_u / z^2`` (``u``'s ``T_u`` data columns are its own noise
+        columns over ``z``, and a projection of them has norm at most 1), a bound the
+        rounding margin of the fast path could otherwise exceed by a few 1e-8."""
         R, D, known = self.view(observers)
-        return _view_kappa(R[:, ~known], D, self.data_peer, targets)
+        kappa = _view_kappa(R[:, ~known], D, self.data_peer, targets)
+        if self.noise_multiplier > 0:
+            steps = np.array([int((self.data_peer == u).sum()) for u in np.ravel(targets)])
+            kappa = np.minimum(kappa, steps / self.noise_multiplier**2)
+        return kappa
 
 
 #: Views whose covariance ``A A^T`` has a condition number below this are whitened through
