@@ -524,3 +524,36 @@ def test_a_noise_multiplier_calibrated_for_a_threat_model_spends_exactly_its_bud
         correlated_dp.calibrated_noise_multiplier(
             np.inf, epsilon=1.0, delta=1e-5, sensitivity_over_clip=2.0
         )
+
+
+@pytest.mark.parametrize("name", ["ring-8", "star-7"])
+def test_the_worst_coalition_of_each_size_is_the_brute_forces_worst(name) -> None:
+    """Every coalition of 1 and 2 peers enumerated by the brute force: the module's worst per
+    target equals the brute force's (T = 2: exact); coalitions of one are the curious peers,
+    and a larger coalition never learns less."""
+    graph = GRAPHS[name]
+    P = graph.number_of_nodes()
+    scales = np.full(P, 0.5)
+    mixing = _mixing(graph)
+    run = CorrelatedRun.build(
+        _trace(mixing, 2), mixing, scales=scales, decay=1.0, noise_multiplier=1.0,
+        pair_noise_multiplier=3.0,
+    )  # fmt: skip
+    brute = _brute_run(graph, 2, z=1.0, zp=3.0, scales=scales)
+    previous = np.zeros(P)
+    for size in (1, 2):
+        worst = correlated_dp.worst_coalition_kappa(run, size)
+        expected = np.zeros(P)
+        for members in itertools.combinations(range(P), size):
+            for u, M in _brute_Ms(brute, list(members)).items():
+                expected[u] = max(expected[u], _sign_max(M))
+        np.testing.assert_allclose(worst, expected, rtol=1e-7, atol=1e-10)
+        assert (worst >= previous - 1e-12).all()
+        previous = worst
+    curious = np.zeros(P)
+    for v in range(P):
+        others = np.array([u for u in range(P) if u != v])
+        curious[others] = np.maximum(curious[others], run.kappa([v], others))
+    np.testing.assert_allclose(correlated_dp.worst_coalition_kappa(run, 1), curious, rtol=1e-12)
+    with pytest.raises(ConfigError, match="to enumerate"):
+        correlated_dp.worst_coalition_kappa(run, P)

@@ -44,9 +44,9 @@ views are Gaussians with covariance ``A A^T`` and means ``G c`` apart: ``mu``-GD
     secrets of its own edges; reported as the worst over ordered pairs ``u != v``.
 ``coalition K``
     the union of its members' views, their noises and the secrets of every edge with an end
-    in ``K``; target ``u`` outside ``K``. :func:`coalition_kappa` computes one coalition; the
-    worst over all coalitions of a size is a search this module does not do (so the rows do
-    not report it).
+    in ``K``; target ``u`` outside ``K``. :func:`coalition_kappa` computes one coalition,
+    :func:`worst_coalition_kappa` the worst of a size by enumeration (small overlays only, so
+    the rows do not report it).
 
 **Lost messages.** A step's pair terms are added before anything is sent, so a lost (or
 late) message does not change what either end adds: the receiver cannot know at step time
@@ -60,6 +60,7 @@ with a public budget every peer knows who steps.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ __all__ = [
     "report",
     "threat_epsilons",
     "view_size",
+    "worst_coalition_kappa",
 ]
 
 
@@ -371,6 +373,30 @@ def coalition_kappa(run: CorrelatedRun, coalition: Iterable[int]) -> np.ndarray:
     targets = np.setdiff1d(np.arange(n), members)
     out[targets] = run.kappa(members, targets)
     return out
+
+
+#: Most coalitions :func:`worst_coalition_kappa` enumerates.
+MAX_COALITIONS = 10_000
+
+
+def worst_coalition_kappa(run: CorrelatedRun, size: int) -> np.ndarray:
+    """``kappa`` of every peer against the worst coalition of ``size`` other peers. (P,).
+
+    Exact (each coalition as :func:`coalition_kappa`), by enumerating every coalition of
+    ``size`` peers: a view only grows with its coalition (post-processing), so the worst of
+    at most ``size`` is among them. Raises ConfigError beyond :data:`MAX_COALITIONS`
+    coalitions (no bound short of enumeration is implemented)."""
+    n = run.n_peers
+    count = math.comb(n, size)
+    if not 1 <= size < n or count > MAX_COALITIONS:
+        raise ConfigError(
+            f"coalitions of {size} among {n} peers: {count:,} to enumerate, more than "
+            f"{MAX_COALITIONS:,} (or a size outside 1..{n - 1})"
+        )
+    worst = np.zeros(n)
+    for members in itertools.combinations(range(n), size):
+        worst = np.fmax(worst, coalition_kappa(run, members))
+    return worst
 
 
 def epsilon_of_kappa(
