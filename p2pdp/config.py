@@ -710,8 +710,11 @@ class ProtocolConfig:
     leaves it. ``noise_multiplier = None`` (the default) calibrates the noise so that
     ``rounds`` steps spend ``privacy.epsilon`` at ``privacy.delta``; ``0`` adds none (NOT
     private: every row then says epsilon = inf). ``gossip_steps`` is Muffliato's number of
-    gossip (averaging) steps per private step. ``eval_every``: rounds between two records of
-    the test error in the ``rounds`` table.
+    gossip (averaging) steps per private step. ``pairwise_noise_multiplier`` (``z_p``, D-PSGD
+    only, 0 = off) adds correlated noise that cancels in the network average: each pair of
+    neighbours adds a fresh ``N(0, (z_p C)^2 I)`` draw of their shared stream to their steps
+    with opposite signs (:mod:`p2pdp.protocols.correlated_dp`). ``eval_every``: rounds between
+    two records of the test error in the ``rounds`` table.
     """
 
     name: str = field(default="one-shot", metadata=check(ComponentName("protocol")))
@@ -724,6 +727,7 @@ class ProtocolConfig:
     batch_size: int = field(default=16, metadata=check(IntAtLeast(1)))
     clip_norm: float = field(default=1.0, metadata=check(Positive(allow_inf=True)))
     noise_multiplier: float | None = field(default=None, metadata=check(Optional(NonNegative())))
+    pairwise_noise_multiplier: float = field(default=0.0, metadata=check(NonNegative()))
     eval_every: int = field(default=1, metadata=check(IntAtLeast(1)))
 
     def __post_init__(self) -> None:

@@ -624,7 +624,8 @@ def simulate_iterative(
     Streams (by name, from the seed, fold and repetition): ``overlay`` (the graph, shared by
     cells that differ only in the protocol's settings), ``network`` (delays, losses, phases),
     ``noise`` (the steps' Gaussian noise), ``sampling`` (records per step), ``gossip``
-    (gossip learning's targets), ``churn`` (sessions and downtimes, with ``gossip.churn``).
+    (gossip learning's targets), ``churn`` (sessions and downtimes, with ``gossip.churn``),
+    ``pairs`` (D-PSGD's pair secrets, one SeedSequence spawned per edge from it).
     """
     from p2pdp.core.components import resolve
     from p2pdp.learning.evaluation import linear_error
@@ -679,10 +680,11 @@ def simulate_iterative(
     privacy = step_privacy(config)
     rngs = {
         name: generator(config.seed, name, fold, repetition)
-        for name in ("network", "noise", "sampling", "gossip", "churn")
+        for name in ("network", "noise", "sampling", "gossip", "churn", "pairs")
     }
     protocol = cls(config.protocol, problem, mixing, privacy, rngs=rngs)
-    trace = network_dp.ViewTrace() if protocol.network_dp else None
+    pair_noise = protocol.pair_noise_multiplier
+    trace = network_dp.ViewTrace() if protocol.network_dp or pair_noise > 0 else None
     run = run_iterative(
         config,
         protocol,
@@ -708,8 +710,24 @@ def simulate_iterative(
         consensus_distance=consensus_distance(protocol.models),
     )
     distances: list[dict[str, Any]] = []
-    if trace is not None:  # the view of every peer over the run as it happened
-        step_size = config.protocol.step_size
+    step_size = config.protocol.step_size
+    if pair_noise > 0:  # every threat model's view of the run as it happened
+        from p2pdp.protocols import correlated_dp
+
+        assert trace is not None
+        columns.update(
+            correlated_dp.report(
+                trace,
+                mixing,
+                mechanism,
+                scales=step_size / mechanism.denominators(problem.sizes),
+                decay=1.0 - step_size * problem.lam,
+                pair_noise_multiplier=pair_noise,
+                delta=config.privacy.delta,
+                churn=config.gossip.churn,
+            )
+        )
+    if trace is not None and protocol.network_dp:  # the view of every peer as it happened
         summary, distances = network_dp.report(
             trace,
             mixing,

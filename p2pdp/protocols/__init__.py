@@ -12,7 +12,10 @@ network runtime of :mod:`p2pdp.net` too). Gossip group formation (``groups.sampl
 ``dpsgd``
     D-PSGD (Lian et al. 2017) with local DP: each round every peer takes one private local
     step, sends the result to its overlay neighbours and averages what it received with
-    Metropolis-Hastings weights (:mod:`p2pdp.protocols.mixing`).
+    Metropolis-Hastings weights (:mod:`p2pdp.protocols.mixing`). With
+    ``protocol.pairwise_noise_multiplier > 0`` neighbours add correlated noise that cancels
+    in the network average; its rows add the exact epsilon per threat model
+    (:mod:`p2pdp.protocols.correlated_dp`).
 ``muffliato``
     Noise-then-gossip (Cyffers et al. 2022): a private step, then ``protocol.gossip_steps``
     averagings; its rows add the pairwise network DP bound (:mod:`p2pdp.protocols.network_dp`)
@@ -72,7 +75,8 @@ class OneShot:
 
 #: Columns every results row has (NaN where they do not apply, e.g. one-shot runs):
 #: what an iterative run did and what it guarantees beyond ``epsilon_spent`` (local DP);
-#: ``network_dp_note`` says why a ``muffliato`` run's network DP columns are empty.
+#: ``network_dp_note`` says why a ``muffliato`` run's network DP columns are empty, and
+#: ``correlated_dp_note`` why a ``dpsgd`` run with pair noise has no per-threat-model epsilons.
 ITERATIVE_COLUMNS: dict[str, float | str] = {
     "mean_steps_per_peer": math.nan,
     "min_steps_per_peer": math.nan,
@@ -83,4 +87,7 @@ ITERATIVE_COLUMNS: dict[str, float | str] = {
     "network_dp_epsilon_max": math.nan,
     "network_dp_epsilon_max_beyond_neighbours": math.nan,
     "network_dp_note": "",
+    "correlated_dp_eavesdropper_epsilon": math.nan,
+    "correlated_dp_curious_peer_epsilon": math.nan,
+    "correlated_dp_note": "",
 }

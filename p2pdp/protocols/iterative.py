@@ -21,6 +21,7 @@ Released to: each overlay neighbour (``dpsgd``, ``muffliato``: every message of 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -35,6 +36,7 @@ from p2pdp.core.reads import Read, When
 from p2pdp.privacy.accounting import affordable, composed, make_accountant
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum, calibrated_noise_multiplier
 from p2pdp.privacy.events import PrivacyEvent
+from p2pdp.protocols.correlated_dp import edge_pairs
 from p2pdp.protocols.mixing import Mixing
 
 
@@ -302,9 +304,20 @@ class IterativeProtocol:
         noisy = sums + mechanism.noise(sums.shape, self.rngs["noise"])
         models = self.models[peers]
         gradient = noisy / self._denominators[peers, None] + self.problem.lam * models
+        gradient += self.pair_terms(peers, sums.shape[1])
         self.models[peers] = models - self.settings.step_size * gradient
         self.steps[peers] += 1
         return peers
+
+    @property
+    def pair_noise_multiplier(self) -> float:
+        """``z_p`` of the correlated noise the steps add (0: none; :class:`DecentralizedSGD`)."""
+        return 0.0
+
+    def pair_terms(self, peers: np.ndarray, dim: int) -> np.ndarray | float:
+        """What ``peers`` add to their step's gradient besides their own noise: 0 here
+        (correlated noise: :class:`DecentralizedSGD`)."""
+        return 0.0
 
     def average(self, delivered: np.ndarray) -> None:
         """Merge the round's messages: ``delivered`` (E,) marks the edges whose model arrived."""
@@ -325,9 +338,67 @@ class IterativeProtocol:
 
 
 class DecentralizedSGD(IterativeProtocol):
-    """D-PSGD: one private step, then one Metropolis-Hastings averaging, per round."""
+    """D-PSGD: one private step, then one Metropolis-Hastings averaging, per round.
+
+    With ``protocol.pairwise_noise_multiplier = z_p > 0``, correlated noise (DECOR): every
+    overlay edge ``e = (a, b)``, ``a < b``, has its own stream (a ``SeedSequence`` seeded from
+    the run's ``pairs`` stream, spawned per edge: the pair's shared secret), and in a round
+    where both ends step it draws a fresh ``p_e ~ N(0, (z_p C)^2 I)`` that ``a`` adds to its
+    step's gradient as ``+p_e / m_e`` and ``b`` as ``-p_e / m_e`` (``m_e = min(m_a, m_b)``,
+    public step denominators). What this changes for privacy, per threat model, and what a
+    lost message does: :mod:`p2pdp.protocols.correlated_dp`.
+    """
 
     name: ClassVar[str] = "dpsgd"
+    reads: ClassVar[tuple[Read, ...]] = (
+        *IterativeProtocol.reads,
+        When("privacy.mechanism", "none", ("protocol.pairwise_noise_multiplier",), negate=True),
+    )
+
+    @property
+    def pair_noise_multiplier(self) -> float:
+        """``z_p`` as applied (0 when there is no pair noise: unset, or steps without noise)."""
+        if not self.privacy.mechanism.private:
+            return 0.0
+        return float(self.settings.pairwise_noise_multiplier)
+
+    @functools.cached_property
+    def pairs(self) -> np.ndarray:
+        """(U, 2) the overlay's edges ``(a, b)``, ``a < b`` (:func:`edge_pairs`)."""
+        return edge_pairs(self.mixing)
+
+    @functools.cached_property
+    def pair_std(self) -> np.ndarray:
+        """(U,) standard deviation of each pair's term in a step's gradient: ``z_p C / m_e``."""
+        m = self._denominators
+        m_e = np.minimum(m[self.pairs[:, 0]], m[self.pairs[:, 1]])
+        return self.pair_noise_multiplier * self.privacy.mechanism.clip_norm / m_e
+
+    @functools.cached_property
+    def _pair_streams(self) -> list[np.random.Generator]:
+        """One generator per pair: a SeedSequence seeded from the run's ``pairs`` stream,
+        spawned per edge (numpy >= 1.24)."""
+        if "pairs" not in self.rngs:
+            raise ConfigError("protocol.pairwise_noise_multiplier needs a 'pairs' stream")
+        root = np.random.SeedSequence(self.rngs["pairs"].integers(0, 2**63, size=4).tolist())
+        return [np.random.default_rng(seed) for seed in root.spawn(len(self.pairs))]
+
+    def pair_terms(self, peers: np.ndarray, dim: int) -> np.ndarray | float:
+        """(k, dim): the pair terms of ``peers`` this round, one fresh draw per edge whose
+        two ends both step (each end adds it with its sign; their sum over all peers is 0)."""
+        if self.pair_noise_multiplier == 0:
+            return 0.0
+        stepping = np.zeros(self.problem.n_peers, dtype=bool)
+        stepping[peers] = True
+        a, b = self.pairs[:, 0], self.pairs[:, 1]
+        active = np.flatnonzero(stepping[a] & stepping[b])
+        terms = np.zeros((self.problem.n_peers, dim))
+        if active.size:
+            draws = np.stack([self._pair_streams[e].standard_normal(dim) for e in active])
+            draws *= self.pair_std[active, None]
+            np.add.at(terms, a[active], draws)
+            np.add.at(terms, b[active], -draws)
+        return terms[peers]
 
 
 class Muffliato(IterativeProtocol):
