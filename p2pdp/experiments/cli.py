@@ -142,9 +142,25 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         names, posterior, iterative = (), (), (args.mechanism,)
     else:
         names, posterior, iterative = (args.mechanism,), (), ()
-    results = run_audit(names, n_samples=args.samples, seed=args.seed) if names else []
-    results += run_posterior_audit(posterior, seed=args.seed)
-    results += run_iterative_audit(iterative, seed=args.seed, runs=args.runs)
+    def additive(name: str) -> list:
+        return run_audit((name,), n_samples=args.samples, seed=args.seed)
+
+    def exact(name: str) -> list:
+        return run_posterior_audit((name,), seed=args.seed)
+
+    def whole_runs(name: str) -> list:
+        return run_iterative_audit((name,), seed=args.seed, runs=args.runs)
+
+    # one at a time (each on its own stream: the same results), saying which one starts
+    planned = [
+        *((name, additive) for name in names),
+        *((name, exact) for name in posterior),
+        *((name, whole_runs) for name in iterative),
+    ]
+    results = []
+    for number, (name, audit) in enumerate(planned, 1):
+        print(f"p2pdp audit: [{number}/{len(planned)}] {name}", file=sys.stderr, flush=True)
+        results += audit(name)
     if args.json:
         print(json.dumps([result.as_dict() for result in results], indent=2))
     else:
