@@ -279,6 +279,33 @@ def test_progress_heartbeat_while_a_long_cell_runs(tmp_path, monkeypatch):
     assert lines[-1].startswith("p2pdp run: 4/4 cells")
 
 
+#: Libraries `p2pdp run` needs only once the scenario is valid (numpy is needed to validate;
+#: simpy and cryptography, ~50 ms together, still load for the runtimes' declared reads).
+HEAVY = ("scipy", "sklearn", "pandas", "matplotlib", "dask", "distributed", "networkx")
+
+
+def test_a_typo_fails_before_the_heavy_libraries_load():
+    """A mistyped setting fails in well under a second: the scenario is validated before
+    anything imports scipy, scikit-learn, pandas, matplotlib, dask or networkx."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from p2pdp.experiments.cli import main
+typos = ["privacy.mechanism=typo", "privacy.epsilonn=1", "privacy.epsilon=-1"]
+print([main(["run", "quickstart", "--set", typo]) for typo in typos])
+print(sorted({name.split(".")[0] for name in sys.modules} & set(sys.argv[1:])))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *HEAVY], capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout.splitlines() == ["[2, 2, 2]", "[]"], (done.stdout, done.stderr)
+    errors = done.stderr.splitlines()
+    assert "--set privacy.mechanism=typo: privacy.mechanism must be one of" in errors[0]
+    assert "privacy.epsilonn" in errors[1] and "privacy.epsilon" in errors[2]
+
+
 def test_quickstart_end_to_end(tmp_path, real_data_home, capsys):
     out = tmp_path / "quick"
     argv = ["run", "quickstart", "--out", str(out), "--jobs", "2", "--set", "evaluation.folds=[0]"]

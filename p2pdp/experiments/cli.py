@@ -142,6 +142,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         names, posterior, iterative = (), (), (args.mechanism,)
     else:
         names, posterior, iterative = (args.mechanism,), (), ()
+
     def additive(name: str) -> list:
         return run_audit((name,), n_samples=args.samples, seed=args.seed)
 
@@ -224,12 +225,14 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from p2pdp.experiments.scenario import load_scenario
+
+    # validated before the runner and the report load scipy, scikit-learn, matplotlib, dask
+    scenario = load_scenario(args.scenario, args.overrides)
     from p2pdp.experiments.disclosure import mechanism_warnings
     from p2pdp.experiments.report import write_report
     from p2pdp.experiments.runner import default_out_dir, run_experiment
-    from p2pdp.experiments.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, args.overrides)
     for key in scenario.unread_axes:
         print(
             f"p2pdp: note: {key} is swept, but no cell's components read it: its values give "
