@@ -350,21 +350,14 @@ def test_progress_of_a_long_single_cell_says_what_it_is_doing(tmp_path, monkeypa
     assert lines[-1].startswith("p2pdp run: 1/1 cells") and "running" not in lines[-1]
 
 
-ITERATIVE = (
-    TINY[: TINY.index("[sweep]")]
-    + """
-[privacy]
-mechanism = "gaussian"
-delta = 1e-5
-
-[gossip]
-degree = 4
-
-[protocol]
-name = "dpsgd"
-rounds = 20
-"""
-)
+#: Overrides making TINY's first grid point an iterative scenario: D-PSGD for 20 rounds.
+ITERATIVE = [
+    "privacy.mechanism=gaussian",
+    "privacy.delta=1e-5",
+    "gossip.degree=4",
+    "protocol.name=dpsgd",
+    "protocol.rounds=20",
+]
 
 
 def _slow_rounds(monkeypatch, seconds):
@@ -396,7 +389,8 @@ def test_worker_processes_report_the_round_of_their_iterative_cells(tmp_path, mo
     test_backends_give_identical_rows has the rows equal to those of a run in this process)."""
     _slow_rounds(monkeypatch, 0.04)
     monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 0.05)
-    scenario = parse_scenario(ITERATIVE, overrides=["evaluation.folds=[0, 1]"])
+    one_point = TINY[: TINY.index("[sweep]")]
+    scenario = parse_scenario(one_point, overrides=[*ITERATIVE, "evaluation.folds=[0, 1]"])
     stream = io.StringIO()
     experiment.run_experiment(scenario, tmp_path, jobs=2, progress=stream)
     lines = stream.getvalue().splitlines()
@@ -418,7 +412,8 @@ def test_dask_workers_report_the_round_of_their_iterative_cells(tmp_path, monkey
         received(self, event)
 
     monkeypatch.setattr(experiment._ClusterReports, "_received", spy)
-    scenario = parse_scenario(ITERATIVE, overrides=["evaluation.folds=[0]"])
+    one_point = TINY[: TINY.index("[sweep]")]
+    scenario = parse_scenario(one_point, overrides=[*ITERATIVE, "evaluation.folds=[0]"])
     stream = io.StringIO()
     with LocalCluster(
         n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
