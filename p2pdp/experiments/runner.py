@@ -276,7 +276,9 @@ def run_experiment(
         results (see :meth:`p2pdp.experiments.results.ResultsStore.open`).
     progress : text stream, optional
         Where to report progress (a bar on a TTY, log lines otherwise), at least every
-        :data:`PROGRESS_INTERVAL_S` seconds; None is silent.
+        :data:`PROGRESS_INTERVAL_S` seconds, with what the running cells are doing (their
+        phase, round or aggregations: :mod:`p2pdp.core.progress`, which local workers and
+        Dask workers report every :data:`PROGRESS_INTERVAL_S` / 2 seconds); None is silent.
     runtime : "simulation" or "network"
         ``network``: every cell runs its peers as OS processes over TCP on this machine
         (:mod:`p2pdp.net`), one cell at a time (its host processes use the cores, as many
