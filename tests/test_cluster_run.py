@@ -149,7 +149,8 @@ def test_the_evaluation_runs_on_the_workers(address, monkeypatch):
             return pieces(function, shared, items)
 
         monkeypatch.setattr(runner, "dask_pieces", lambda client: counting)
-        records = list(runner._run_dask(runner.make_cells(parse_scenario(LARGE)), client))
+        cells = runner.make_cells(parse_scenario(LARGE))
+        records = list(runner._run_dask(cells, client, "p2pdp-progress-test"))
     assert len(records) == 1  # 2 workers of 1 thread: 2 runs of blocks each time
     assert calls == [("_published_partials", 2), ("_count_tallied", 2)]
 

@@ -279,6 +279,33 @@ def test_progress_heartbeat_while_a_long_cell_runs(tmp_path, monkeypatch):
     assert lines[-1].startswith("p2pdp run: 4/4 cells")
 
 
+#: Libraries `p2pdp run` needs only once the scenario is valid (numpy is needed to validate;
+#: simpy and cryptography, ~50 ms together, still load for the runtimes' declared reads).
+HEAVY = ("scipy", "sklearn", "pandas", "matplotlib", "dask", "distributed", "networkx")
+
+
+def test_a_typo_fails_before_the_heavy_libraries_load():
+    """A mistyped setting fails in well under a second: the scenario is validated before
+    anything imports scipy, scikit-learn, pandas, matplotlib, dask or networkx."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from p2pdp.experiments.cli import main
+typos = ["privacy.mechanism=typo", "privacy.epsilonn=1", "privacy.epsilon=-1"]
+print([main(["run", "quickstart", "--set", typo]) for typo in typos])
+print(sorted({name.split(".")[0] for name in sys.modules} & set(sys.argv[1:])))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *HEAVY], capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout.splitlines() == ["[2, 2, 2]", "[]"], (done.stdout, done.stderr)
+    errors = done.stderr.splitlines()
+    assert "--set privacy.mechanism=typo: privacy.mechanism must be one of" in errors[0]
+    assert "privacy.epsilonn" in errors[1] and "privacy.epsilon" in errors[2]
+
+
 def test_quickstart_end_to_end(tmp_path, real_data_home, capsys):
     out = tmp_path / "quick"
     argv = ["run", "quickstart", "--out", str(out), "--jobs", "2", "--set", "evaluation.folds=[0]"]
@@ -317,8 +344,119 @@ def test_progress_of_a_long_single_cell_says_what_it_is_doing(tmp_path, monkeypa
     stream = io.StringIO()
     experiment.run_experiment(scenario, tmp_path / "out", jobs=1, progress=stream)
     lines = stream.getvalue().splitlines()
-    assert any(line.endswith("(running: simulation)") for line in lines), lines
+    # the cell, its phase, and the counter of its one-shot simulation (read when due)
+    running = "(running: p0-f0-r0 simulation, 0 of at most "
+    assert any(running in line and "aggregations, 0 aborted" in line for line in lines), lines
     assert lines[-1].startswith("p2pdp run: 1/1 cells") and "running" not in lines[-1]
+
+
+#: Overrides making TINY's first grid point an iterative scenario: D-PSGD for 20 rounds.
+ITERATIVE = [
+    "privacy.mechanism=gaussian",
+    "privacy.delta=1e-5",
+    "gossip.degree=4",
+    "protocol.name=dpsgd",
+    "protocol.rounds=20",
+]
+
+
+def _slow_rounds(monkeypatch, seconds):
+    """Every round of an iterative run (its record) takes ``seconds`` longer (forked workers
+    inherit it)."""
+    from p2pdp.sim import iterative
+
+    distance = iterative.consensus_distance
+
+    def slow(models):
+        time.sleep(seconds)
+        return distance(models)
+
+    monkeypatch.setattr(iterative, "consensus_distance", slow)
+
+
+def _rounds_shown(lines, cell):
+    """The rounds the progress ``lines`` said ``cell`` was in (of 20), in order."""
+    import re
+
+    return [
+        int(r) for line in lines for r in re.findall(rf"{cell} simulation, round (\d+) of 20", line)
+    ]
+
+
+def test_worker_processes_report_the_round_of_their_iterative_cells(tmp_path, monkeypatch):
+    """Cells in forked workers: each worker says what its cells are doing on the record queue,
+    and the parent's line shows both cells' rounds as they move (the workers always report:
+    test_backends_give_identical_rows has the rows equal to those of a run in this process)."""
+    _slow_rounds(monkeypatch, 0.04)
+    monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 0.05)
+    one_point = TINY[: TINY.index("[sweep]")]
+    scenario = parse_scenario(one_point, overrides=[*ITERATIVE, "evaluation.folds=[0, 1]"])
+    stream = io.StringIO()
+    experiment.run_experiment(scenario, tmp_path, jobs=2, progress=stream)
+    lines = stream.getvalue().splitlines()
+    for cell in ("p0-f0-r0", "p0-f1-r0"):
+        rounds = _rounds_shown(lines, cell)
+        assert len(set(rounds)) >= 2 and rounds == sorted(rounds), (cell, lines)
+    assert lines[-1].startswith("p2pdp run: 2/2 cells") and "running" not in lines[-1]
+
+
+def test_dask_workers_report_the_round_of_their_iterative_cells(tmp_path, monkeypatch):
+    """Cells on Dask workers send what they are doing as events on the run's topic."""
+    _slow_rounds(monkeypatch, 0.04)
+    monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 0.05)
+    events = []
+    received = experiment._ClusterReports._received
+
+    def spy(self, event):
+        events.append(event[1])
+        received(self, event)
+
+    monkeypatch.setattr(experiment._ClusterReports, "_received", spy)
+    one_point = TINY[: TINY.index("[sweep]")]
+    scenario = parse_scenario(one_point, overrides=[*ITERATIVE, "evaluation.folds=[0]"])
+    stream = io.StringIO()
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as cluster:
+        experiment.run_experiment(
+            scenario, tmp_path / "out", scheduler=cluster.scheduler_address, progress=stream
+        )
+    said = [text for cell, text in events if cell == "p0-f0-r0" and text]
+    assert any(text.startswith("simulation, round ") for text in said), events
+    assert _rounds_shown(stream.getvalue().splitlines(), "p0-f0-r0"), stream.getvalue()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_line_names_two_running_cells_and_fits_a_terminal(monkeypatch):
+    running = {
+        "p1-f0-r0": "data and local models",
+        "p0-f0-r0": "simulation, round 3 of 10",
+        "p0-f1-r0": "training",
+        "p2-f0-r0": "simulation, 12 of at most 40 aggregations, 0 aborted, simulated time 9 s",
+    }
+    log = io.StringIO()
+    bar = experiment._Progress(4, 0, log, running=lambda: running)
+    bar.update("p0-f1-r0")  # done: a late report of it is not shown
+    bar._show()
+    bar.close()
+    line = log.getvalue().splitlines()[-1]
+    assert line.endswith(
+        "(running: p0-f0-r0 simulation, round 3 of 10; p1-f0-r0 data and local models; +1 more)"
+    )
+    monkeypatch.setattr(experiment.shutil, "get_terminal_size", lambda: os.terminal_size((60, 20)))
+    terminal = _Terminal()
+    bar = experiment._Progress(4, 0, terminal, running=lambda: running)
+    bar._show()
+    bar.update("p0-f1-r0")
+    bar.close()
+    redraws = terminal.getvalue().rstrip("\n").split("\r")[1:]
+    assert len(redraws) >= 2
+    for redraw in redraws:  # each cut to the terminal, erasing what a longer one left
+        assert redraw.endswith("\x1b[K") and len(redraw.removesuffix("\x1b[K")) <= 59
 
 
 def _signal_handlers(_shared, _item):

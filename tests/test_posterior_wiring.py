@@ -220,11 +220,26 @@ def test_p2pdp_audit_runs_the_posterior_audits(capsys, monkeypatch):
     assert "posterior-logistic-exact" in printed and "pass" in printed
     with pytest.raises(ConfigError, match="posterior audits are"):
         posterior_audit.run_posterior_audit(["posterior-nonsense"])
-    # without --mechanism: every posterior audit after the others (recorded, not run: ~3 s)
+    # without --mechanism: every posterior audit after the others, one at a time (recorded,
+    # not run: ~1 min), each announced on stderr before it runs
+    from p2pdp.experiments import iterative_audit
+
     asked = []
-    monkeypatch.setattr(audit, "run_audit", lambda names, **kw: asked.append(names) or [])
-    monkeypatch.setattr(
-        posterior_audit, "run_posterior_audit", lambda names, **kw: asked.append(names) or []
-    )
+
+    def record(names, **kw):
+        asked.extend((name, capsys.readouterr().err) for name in names)
+        return []
+
+    monkeypatch.setattr(audit, "run_audit", record)
+    monkeypatch.setattr(posterior_audit, "run_posterior_audit", record)
+    monkeypatch.setattr(iterative_audit, "run_iterative_audit", record)
+    capsys.readouterr()
     assert main(["audit"]) == 0
-    assert asked == [audit.AUDIT_NAMES, posterior_audit.POSTERIOR_AUDIT_NAMES]
+    every = [
+        *audit.AUDIT_NAMES,
+        *posterior_audit.POSTERIOR_AUDIT_NAMES,
+        *iterative_audit.ITERATIVE_AUDIT_NAMES,
+    ]
+    assert [name for name, _ in asked] == every
+    announced = [f"p2pdp audit: [{i}/{len(every)}] {name}\n" for i, name in enumerate(every, 1)]
+    assert [printed for _, printed in asked] == announced

@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from sklearn.datasets import load_svmlight_file
 
 from p2pdp.core import components
 from p2pdp.core.boundary import calling
@@ -552,6 +551,8 @@ def _parse_table(
     data: bytes, rows: list[tuple[int, str]], path: Path, manifest: Manifest
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fast parse into dense (X, raw labels); on failure find and report the first bad line."""
+    from sklearn.datasets import load_svmlight_file
+
     d = manifest.n_features
     try:
         if manifest.format == "libsvm":

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from sklearn.model_selection import StratifiedKFold
 
 from p2pdp.core.errors import ConfigError, DataError
 
@@ -76,6 +75,8 @@ def stratified_folds(
         ``n_folds`` pairs of sorted int64 index arrays into ``y``. The test sets are disjoint
         and cover all rows; ``train_idx`` is the complement of ``test_idx``.
     """
+    from sklearn.model_selection import StratifiedKFold
+
     codes = _class_codes(y)
     smallest_class = int(np.bincount(codes).min())
     if not 2 <= n_folds <= smallest_class:

@@ -142,9 +142,26 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         names, posterior, iterative = (), (), (args.mechanism,)
     else:
         names, posterior, iterative = (args.mechanism,), (), ()
-    results = run_audit(names, n_samples=args.samples, seed=args.seed) if names else []
-    results += run_posterior_audit(posterior, seed=args.seed)
-    results += run_iterative_audit(iterative, seed=args.seed, runs=args.runs)
+
+    def additive(name: str) -> list:
+        return run_audit((name,), n_samples=args.samples, seed=args.seed)
+
+    def exact(name: str) -> list:
+        return run_posterior_audit((name,), seed=args.seed)
+
+    def whole_runs(name: str) -> list:
+        return run_iterative_audit((name,), seed=args.seed, runs=args.runs)
+
+    # one at a time (each on its own stream: the same results), saying which one starts
+    planned = [
+        *((name, additive) for name in names),
+        *((name, exact) for name in posterior),
+        *((name, whole_runs) for name in iterative),
+    ]
+    results = []
+    for number, (name, audit) in enumerate(planned, 1):
+        print(f"p2pdp audit: [{number}/{len(planned)}] {name}", file=sys.stderr, flush=True)
+        results += audit(name)
     if args.json:
         print(json.dumps([result.as_dict() for result in results], indent=2))
     else:
@@ -221,12 +238,14 @@ def _add_unset(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from p2pdp.experiments.scenario import load_scenario
+
+    # validated before the runner and the report load scipy, scikit-learn, matplotlib, dask
+    scenario = load_scenario(args.scenario, args.overrides, args.unset)
     from p2pdp.experiments.disclosure import mechanism_warnings
     from p2pdp.experiments.report import write_report
     from p2pdp.experiments.runner import default_out_dir, run_experiment
-    from p2pdp.experiments.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, args.overrides, args.unset)
     for key in scenario.unread_axes:
         print(
             f"p2pdp: note: {key} is swept, but no cell's components read it: its values give "

@@ -35,20 +35,23 @@ propagates; the results folder's manifest then says ``failed`` or ``interrupted`
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import multiprocessing
 import os
 import pickle
 import queue
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
+import uuid
 import warnings
 from collections import deque
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +63,7 @@ from p2pdp.config import ScenarioConfig, check_reads
 from p2pdp.core.boundary import problem
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, remote_workers, worker_signals
+from p2pdp.core.progress import report_every, running, running_cell, set_phase
 from p2pdp.core.validation import OneOf
 from p2pdp.experiments.cluster import dask_pieces, plan_gap, prepare_on_cluster
 from p2pdp.experiments.disclosure import non_private_column
@@ -71,7 +75,7 @@ from p2pdp.experiments.network import (
 )
 from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.experiments.scenario import Scenario
-from p2pdp.experiments.simulation import RUNTIMES, check_budget, current_phase, simulate
+from p2pdp.experiments.simulation import RUNTIMES, check_budget, simulate
 from p2pdp.tasks import make_task, prepared
 
 Task = tuple["Cell", ...]
@@ -195,24 +199,13 @@ def run_task(cells: Task) -> list[CellRecord]:
     return list(iter_task(cells))
 
 
-#: What the in-process run is doing outside :func:`simulate` (for the progress report).
-_PREPARING = [False]
-
-
 def _prepare(cell: Cell) -> tuple[Any, float]:
     """What the task prepares for ``cell``'s training key (its local training), and seconds."""
     start = time.perf_counter()
-    _PREPARING[0] = True
-    try:
+    with running_cell(cell.cell_id):
+        set_phase("data and local models")
         trained = prepared(make_task(cell.config), fold=cell.fold, repetition=cell.repetition)
-    finally:
-        _PREPARING[0] = False
     return trained, time.perf_counter() - start
-
-
-def _phase() -> str:
-    """The phase of the cell running in this process, for the progress line (or empty)."""
-    return "data and local models" if _PREPARING[0] else current_phase()
 
 
 def _run_cell(
@@ -221,13 +214,15 @@ def _run_cell(
     """Simulate one cell: its results row, ROC curve and its ``releases``, ``peers``,
     ``rounds``, ``network_dp`` and ``wire`` tables (a table without rows is not written)."""
     start = time.perf_counter()
-    result = simulate(
-        cell.config,
-        fold=cell.fold,
-        repetition=cell.repetition,
-        trained=trained,
-        runtime=runtime,
-    )
+    with running_cell(cell.cell_id):
+        set_phase("starting")
+        result = simulate(
+            cell.config,
+            fold=cell.fold,
+            repetition=cell.repetition,
+            trained=trained,
+            runtime=runtime,
+        )
     row: dict[str, Any] = {"cell_id": cell.cell_id, "point": cell.point, **result.row()}
     # p2pdp.experiments.disclosure
     row["non_private_steps"] = non_private_column(cell.config, runtime=runtime)
@@ -281,7 +276,9 @@ def run_experiment(
         results (see :meth:`p2pdp.experiments.results.ResultsStore.open`).
     progress : text stream, optional
         Where to report progress (a bar on a TTY, log lines otherwise), at least every
-        :data:`PROGRESS_INTERVAL_S` seconds; None is silent.
+        :data:`PROGRESS_INTERVAL_S` seconds, with what the running cells are doing (their
+        phase, round or aggregations: :mod:`p2pdp.core.progress`, which local workers and
+        Dask workers report every :data:`PROGRESS_INTERVAL_S` / 2 seconds); None is silent.
     runtime : "simulation" or "network"
         ``network``: every cell runs its peers as OS processes over TCP on this machine
         (:mod:`p2pdp.net`), one cell at a time (its host processes use the cores, as many
@@ -344,23 +341,25 @@ def run_experiment(
                 )
             pending = [cell for cell in cells if cell.cell_id not in store.done]
             outcomes: _WorkerPool | Generator[CellRecord, None, None]
+            running_cells = running  # what the running cells are doing, where they run
             if client is not None:
-                outcomes = _run_dask(pending, client)
+                reports = _ClusterReports(client)
+                outcomes, running_cells = _run_dask(pending, client, reports.topic), reports.running
             elif runtime == "network":  # one cell at a time: its host processes use the cores
                 outcomes = _run_in_process(training_groups(pending), runtime=runtime)
             elif workers > 1 and len(pending) > 1:
                 outcomes = _WorkerPool(pending, min(workers, len(pending)))
+                running_cells = outcomes.running
             else:  # one cell: the spare workers solve its local models
                 outcomes = _run_in_process(training_groups(pending), training_workers=workers)
             bar = None
             try:
-                in_process = not isinstance(outcomes, _WorkerPool) and client is None
                 bar = _Progress(
-                    len(cells), len(cells) - len(pending), progress, in_process=in_process
+                    len(cells), len(cells) - len(pending), progress, running=running_cells
                 )
                 for record in outcomes:
                     store.append([record])
-                    bar.update(1)
+                    bar.update(record.cell_id)
             finally:
                 outcomes.close()  # stops the workers now, not when the traceback is freed
                 if bar is not None:
@@ -400,7 +399,9 @@ _RECORDS: Any = None  # in a worker process: the queue its records go to
 
 
 def _start_worker(records: Any, parent: int) -> None:
-    """Initialise a worker process: its record queue; signals are the parent's business.
+    """Initialise a worker process: its record queue, on which it also says what its cells
+    are doing every :data:`PROGRESS_INTERVAL_S` / 2 seconds (when that changed:
+    :func:`~p2pdp.core.progress.report_every`); signals are the parent's business.
 
     The parent stops its workers on Ctrl-C or SIGTERM, so a worker ignores SIGINT (a
     terminal sends it to the whole process group) and dies on SIGTERM; on Linux it is also
@@ -409,6 +410,8 @@ def _start_worker(records: Any, parent: int) -> None:
     global _RECORDS
     _RECORDS = records
     worker_signals()
+    pid = os.getpid()  # what its cells are doing, for the parent's progress line
+    report_every(PROGRESS_INTERVAL_S / 2, lambda now: records.put(("running", pid, now)))
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -475,6 +478,7 @@ class _WorkerPool:
         self.key_of: dict[str, int] = {}  # cell id -> its key's index, for the keys alive
         self.left: dict[int, int] = {}  # key alive -> its cells not yet done
         self.unsent: dict[int, list[Task]] = {}  # key training -> its chunks to send once saved
+        self.reports: dict[int, dict[str, str]] = {}  # worker pid -> what its cells are doing
         self.folder = tempfile.TemporaryDirectory(prefix="p2pdp-trained-")
         self.pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
             max_workers=workers,
@@ -542,12 +546,21 @@ class _WorkerPool:
             except queue.Empty:
                 continue
             if not isinstance(message, CellRecord):
-                self._trained(*message[1:])
+                if message[0] == "running":  # a worker says what its cells are doing
+                    self.reports[message[1]] = message[2]
+                else:
+                    self._trained(*message[1:])
                 continue
             self.remaining -= 1
             self._done(message)
             yield message
         self.finished = True
+
+    def running(self) -> dict[str, str]:
+        """What the cells running in the workers are doing, as they said last."""
+        return {
+            cell: text for report in list(self.reports.values()) for cell, text in report.items()
+        }
 
     def close(self) -> None:
         if self.pool is None:
@@ -595,18 +608,60 @@ def _connect(address: str) -> Any:
         ) from None
 
 
-def _dask_prepare(cell: Cell) -> tuple[Any, float]:
-    with threadpool_limits(limits=1):
+def _dask_prepare(cell: Cell, topic: str) -> tuple[Any, float]:
+    with threadpool_limits(limits=1), _reporting(topic, cell.cell_id):
         return _prepare(cell)
 
 
-def _dask_cell(cell: Cell, prepared: tuple[Any, float]) -> CellRecord:
-    with threadpool_limits(limits=1):
+def _dask_cell(cell: Cell, prepared: tuple[Any, float], topic: str) -> CellRecord:
+    with threadpool_limits(limits=1), _reporting(topic, cell.cell_id):
         return _run_cell(cell, *prepared)
 
 
-def _run_dask(cells: Sequence[Cell], client: Any) -> Generator[CellRecord, None, None]:
+@contextlib.contextmanager
+def _reporting(topic: str, cell_id: str) -> Iterator[None]:
+    """On a Dask worker, while the block runs the cell ``cell_id``: say what it is doing
+    every :data:`PROGRESS_INTERVAL_S` / 2 seconds (when that changed) as an event on
+    ``topic`` (:class:`_ClusterReports`), and that it is done at the end."""
+    from dask.distributed import get_worker
+
+    worker = get_worker()  # its log_event may be called from another thread
+
+    def send(now: dict[str, str]) -> None:
+        worker.log_event(topic, [cell_id, now.get(cell_id, "")])
+
+    stop = report_every(PROGRESS_INTERVAL_S / 2, send)
+    try:
+        yield
+    finally:
+        stop.set()
+        worker.log_event(topic, [cell_id, None])
+
+
+class _ClusterReports:
+    """What the cells running on a Dask cluster are doing: the events its workers send on
+    a topic of this run's own (:func:`_reporting`), and the cells this process simulates
+    (the cluster plan's, :func:`_run_split`)."""
+
+    def __init__(self, client: Any) -> None:
+        self.topic = f"p2pdp-progress-{uuid.uuid4().hex}"
+        self.reports: dict[str, str] = {}
+        client.subscribe_topic(self.topic, self._received)
+
+    def _received(self, event: tuple[float, list]) -> None:
+        cell, text = event[1]
+        if text is None:
+            self.reports.pop(cell, None)
+        else:
+            self.reports[cell] = text
+
+    def running(self) -> dict[str, str]:
+        return {**self.reports, **running()}
+
+
+def _run_dask(cells: Sequence[Cell], client: Any, topic: str) -> Generator[CellRecord, None, None]:
     """One future per training key, one per cell depending on it; records as cells finish.
+    The workers say what their cells are doing on ``topic`` (:func:`_reporting`).
 
     The client keeps no reference to the trainings, so Dask frees each one when its last
     cell is done. The keys the cluster plan covers (:func:`p2pdp.experiments.cluster.plan_gap`)
@@ -620,8 +675,8 @@ def _run_dask(cells: Sequence[Cell], client: Any) -> Generator[CellRecord, None,
         if plan_gap(group[0].config) is None:
             split.append(group)
             continue
-        prepared = client.submit(_dask_prepare, group[0], pure=False)
-        futures += [client.submit(_dask_cell, cell, prepared, pure=False) for cell in group]
+        prepared = client.submit(_dask_prepare, group[0], topic, pure=False)
+        futures += [client.submit(_dask_cell, cell, prepared, topic, pure=False) for cell in group]
         del prepared
     try:
         for group in split:
@@ -637,13 +692,11 @@ def _run_split(cells: Task, client: Any) -> Iterator[CellRecord]:
     workers, simulated here, scored on the workers (:mod:`p2pdp.experiments.cluster`)."""
     first = cells[0]
     start = time.perf_counter()
-    _PREPARING[0] = True
-    try:
+    with running_cell(first.cell_id):
+        set_phase("data and local models")
         trained = prepare_on_cluster(
             client, first.config, fold=first.fold, repetition=first.repetition
         )
-    finally:
-        _PREPARING[0] = False
     seconds = time.perf_counter() - start
     workers = max(1, sum(client.nthreads().values()))
     with threadpool_limits(limits=1), remote_workers(dask_pieces(client), workers):
@@ -657,16 +710,24 @@ class _Progress:
 
     A background thread redraws the bar, or prints a line, whenever nothing was shown for
     :data:`PROGRESS_INTERVAL_S` seconds, so a long cell does not leave the run silent. Off a
-    TTY, lines come at most that often (and once at the end). When the cells run in this
-    process (one task: a single large cell, say), the line also says what the running cell is
-    doing (``running: data and local models``, ``simulation``, ...).
+    TTY, lines come at most that often (and once at the end). The line also says what the
+    running cells are doing, as ``running()`` says (:func:`p2pdp.core.progress.running` of
+    this process, or what the workers reported): ``(running: p0-f1-r0 simulation, round 12
+    of 100; p1-f0-r0 data and local models; +2 more)``. On a TTY the bar is cut to the
+    terminal's width.
     """
 
     def __init__(
-        self, total: int, done: int, stream: TextIO | None, *, in_process: bool = False
+        self,
+        total: int,
+        done: int,
+        stream: TextIO | None,
+        *,
+        running: Callable[[], dict[str, str]] = running,
     ) -> None:
         self.total, self.done, self.stream = total, done, stream
-        self.in_process = in_process  # cells run here: the line can say which phase
+        self.running = running
+        self.finished: set[str] = set()  # a report may come after the cell's record
         self.start_done, self.start = done, time.perf_counter()
         self.interval = PROGRESS_INTERVAL_S
         self.tty = stream is not None and stream.isatty()
@@ -680,9 +741,11 @@ class _Progress:
             self._thread = threading.Thread(target=self._beat, name="p2pdp-progress", daemon=True)
             self._thread.start()
 
-    def update(self, cells: int) -> None:
+    def update(self, cell_id: str) -> None:
+        """Count the cell ``cell_id`` done (and show the line, if due)."""
         with self._lock:
-            self.done += cells
+            self.done += 1
+            self.finished.add(cell_id)
         due = time.perf_counter() - self._shown >= self.interval
         if self.tty or due or self.done == self.total:
             self._show()
@@ -709,15 +772,27 @@ class _Progress:
                 f"{self.done}/{self.total} cells, {rate:.2f} cells/s, "
                 f"{_duration(elapsed)} elapsed, ETA {_duration(eta)}"
             )
-            phase = _phase() if self.in_process and self.done < self.total else ""
-            if phase:
-                status += f" (running: {phase})"
+            if self.done < self.total:
+                status += self._running()
             if self.tty:
                 filled = round(30 * self.done / max(self.total, 1))
-                self._print(f"\r[{'#' * filled}{'.' * (30 - filled)}] {status}", end="")
+                line = f"[{'#' * filled}{'.' * (30 - filled)}] {status}"
+                width = shutil.get_terminal_size().columns - 1
+                self._print(f"\r{line[:width]}\x1b[K", end="")  # erase the longer line before
             else:
                 self._print(f"p2pdp run: {status}")
             self._shown = now
+
+    def _running(self) -> str:
+        """`` (running: CELL WHAT; ...)`` for the first two running cells, in grid order."""
+        cells = sorted(
+            (cell, text) for cell, text in self.running().items() if cell not in self.finished
+        )
+        if not cells:
+            return ""
+        shown = "; ".join(f"{cell} {text}".rstrip() for cell, text in cells[:2])
+        more = f"; +{len(cells) - 2} more" if len(cells) > 2 else ""
+        return f" (running: {shown}{more})"
 
     def _print(self, text: str, end: str = "\n") -> None:
         if self.stream is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import os
 import time
 import tracemalloc
@@ -22,6 +23,7 @@ import numpy as np
 
 from p2pdp.config import ScenarioConfig, flat_settings, settings_read
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
 from p2pdp.experiments.results import ColumnTable, RowSequence
@@ -230,29 +232,6 @@ class RunResult:
         return ColumnTable({"fold": [self.fold] * n, "repetition": [self.repetition] * n, **lists})
 
 
-#: The phase the running :func:`simulate` is in (``"training"``, ``"simulation"`` or
-#: ``"network run"``, ``"evaluation"``; empty between runs), for progress reports of long runs.
-_PHASE = [""]
-
-
-def current_phase() -> str:
-    """The phase of the :func:`simulate` running in this process (empty if none)."""
-    return _PHASE[0]
-
-
-def _clears_phase(function: Callable[..., RunResult]) -> Callable[..., RunResult]:
-    """``function`` leaving :func:`current_phase` empty when it ends, however it ends."""
-
-    @functools.wraps(function)
-    def cleared(*args: Any, **kwargs: Any) -> RunResult:
-        try:
-            return function(*args, **kwargs)
-        finally:
-            _PHASE[0] = ""
-
-    return cleared
-
-
 class ReleaseRows(RowSequence):
     """One row per release, ``{"time", "group", "curator", **record.as_row()}``, built when
     read: it holds ``(time, group, curator, record)`` and shares the world's release records
@@ -329,7 +308,6 @@ class Unscored:
         return {}
 
 
-@_clears_phase
 def simulate(
     config: ScenarioConfig | str | os.PathLike[str] | Mapping[str, Any],
     *,
@@ -414,14 +392,14 @@ def simulate(
             return result
     wall: dict[str, float] = {}
     start = time.perf_counter()
-    _PHASE[0] = "training"
+    set_phase("training")
     trained = _trained(task, trained, fold=fold, repetition=repetition)
     statistics, sizes = task_statistics(task, trained, config.partition.n_peers)
     check_min_shard_size(sizes, config.privacy.min_shard_size)
     wall["training"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    _PHASE[0] = "network run" if runtime == "network" else "simulation"
+    set_phase("network run" if runtime == "network" else "simulation")
     dim = statistics.shape[-1]  # (P, d), or (P, R, d): a fresh statistic per release
     mechanism, releaser, rngs = release_path(config, task, dim, fold=fold, repetition=repetition)
     log = ReleaseLog()
@@ -448,11 +426,12 @@ def simulate(
             observers=(log, *observers),
             driver=driver,
         )
+        set_phase("simulation", _aggregations_done(world))
     world.run()
     wall["simulation"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    _PHASE[0] = "evaluation"
+    set_phase("evaluation")
     evaluation = evaluated(task, trained, _outcome(world, dim))
     wall["evaluation"] = time.perf_counter() - start
 
@@ -513,7 +492,7 @@ def _unscored_network_run(
         return paths[dim][1]
 
     start = time.perf_counter()
-    _PHASE[0] = "network run"
+    set_phase("network run")
     log = ReleaseLog()
     world = network_world(
         config,
@@ -610,9 +589,22 @@ def check_budget(config: ScenarioConfig) -> None:
         step_privacy(config)
 
 
-def _round_phase(rounds: int, round_: int) -> None:
-    """The progress line's phase during an iterative cell: its round."""
-    _PHASE[0] = f"simulation, round {round_} of {rounds}"
+def _aggregations_done(world: World) -> Callable[[], str]:
+    """The progress counter of a one-shot simulation: the aggregations ``world`` published so
+    far (of at most every peer's affordable aggregations over the group size), the groups
+    aborted and the simulated time (which moves on when lost messages abort every group)."""
+    config = world.config
+    most = config.partition.n_peers * int(world.ledger.max_aggregations)
+    most //= config.groups.group_size
+    monitor, env = world.monitor, world.env  # counted per group, wave or chunk of waves
+
+    def counter() -> str:
+        return (
+            f"{monitor.aggregations} of at most {most} aggregations, {monitor.aborted} "
+            f"aborted, simulated time {env.now:.0f} s"
+        )
+
+    return counter
 
 
 def simulate_iterative(
@@ -653,7 +645,7 @@ def simulate_iterative(
         )
     wall: dict[str, float] = {}
     start = time.perf_counter()
-    _PHASE[0] = "training"
+    set_phase("training")
     trained = _trained(task, trained, fold=fold, repetition=repetition)
     data = trained.fold
     problem = LocalProblem.from_shards(
@@ -671,7 +663,8 @@ def simulate_iterative(
     wall["training"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    _PHASE[0] = "simulation"
+    rounds_done = [0]  # the round recorded last, read by the progress report
+    set_phase("simulation", lambda: f"round {rounds_done[0]} of {settings.rounds}")
     n_peers = problem.n_peers
     overlay = build_overlay(
         config.gossip, n_peers, rng=generator(config.seed, "overlay", fold, repetition)
@@ -691,13 +684,13 @@ def simulate_iterative(
         errors=lambda models: linear_error(models, data.X_test, data.y_test),
         rng=rngs["network"],
         churn_rng=rngs["churn"],
-        on_round=functools.partial(_round_phase, config.protocol.rounds),
+        on_round=functools.partial(operator.setitem, rounds_done, 0),
         trace=trace,
     )
     wall["simulation"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    _PHASE[0] = "evaluation"
+    set_phase("evaluation")
     evaluation = task.evaluate_models(trained, protocol.models)
     steps = protocol.steps
     mechanism = privacy.mechanism

@@ -54,14 +54,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.special import expit, log_expit
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import one_blas_thread
 from p2pdp.learning.models import fit_local_models
 
-if TYPE_CHECKING:  # p2pdp.learning.evaluation imports scikit-learn
+if TYPE_CHECKING:  # scipy and scikit-learn are imported where used, not to validate a config
+    import scipy.sparse as sp
+
     from p2pdp.learning.evaluation import Ensembles
 
 __all__ = [
@@ -128,6 +128,8 @@ class PublicView:
     receipts: sp.csr_matrix
 
     def __post_init__(self) -> None:
+        import scipy.sparse as sp
+
         own = np.asarray(self.own_weights, dtype=np.float64)
         if own.ndim != 2 or own.shape[0] == 0:
             raise ConfigError(f"own_weights must be a non-empty (P, d) array, got {own.shape}")
@@ -355,6 +357,8 @@ class CrossValidation:
 
     def indicator(self, n_peers: int) -> sp.csr_matrix:
         """(M, P) 0/1 matrix: held-out row ``i`` belongs to peer ``peer[i]``."""
+        import scipy.sparse as sp
+
         m = len(self.rows)
         return sp.csr_matrix((np.ones(m), (np.arange(m), self.peer)), shape=(m, n_peers))
 
@@ -570,6 +574,8 @@ def fit_towards(
     -------
     (P, d) array of minimisers.
     """
+    from scipy.special import expit, log_expit
+
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     centres = np.asarray(centres, dtype=np.float64)

@@ -48,12 +48,9 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeGuard
+from typing import TYPE_CHECKING, ClassVar, TypeGuard
 
 import numpy as np
-import scipy.sparse as sp
-import sklearn
-from sklearn.metrics import auc, roc_curve
 
 from p2pdp.core.boundary import (
     calling,
@@ -72,6 +69,9 @@ from p2pdp.learning.ensembles import (
     average_rule,
     local_validated_rule,
 )
+
+if TYPE_CHECKING:  # scipy and scikit-learn are imported where used, not to validate a config
+    import scipy.sparse as sp
 
 _CHUNK_ELEMENTS = 4_000_000  # test rows x (models + peers) per chunk: bounds memory to ~100 MB
 #: Fewest test rows per chunk, however many models: every chunk reads every model once, so
@@ -125,6 +125,8 @@ def build_ensembles(
     noise_std: np.ndarray | None = None,
 ) -> Ensembles:
     """Assemble :class:`Ensembles` from receipt pairs ``(peer, model index)``."""
+    import scipy.sparse as sp
+
     n_peers, n_models = local_weights.shape[0], published.shape[0]
     data = np.ones(len(receipt_peers), dtype=np.float64)
     receipts = sp.csr_matrix(
@@ -563,6 +565,9 @@ def evaluate_ensembles(
     Either way the blocks are those of one process (partial sums added in block order) and
     the error counts are integers, so the metrics do not depend on the number of workers.
     """
+    import sklearn
+    from sklearn.metrics import auc, roc_curve
+
     rule = make_ensemble_rule(vote)
     with calling("ensemble", rule, "fit"):
         vote = rule.fit(ensembles, own)

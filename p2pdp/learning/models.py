@@ -27,9 +27,6 @@ from typing import Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import expit, log_expit
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
 
 from p2pdp.core.boundary import calling, check_methods, check_number
 from p2pdp.core.errors import ConfigError, P2PDPError
@@ -120,6 +117,8 @@ def logistic_objective_gradient(
     gradient : numpy.ndarray, shape (d,)
         ``-(1/n) sum_i y_i expit(-y_i w.x_i) x_i + lam w``.
     """
+    from scipy.special import expit, log_expit
+
     margins = y * (X @ w)
     value = -np.mean(log_expit(margins)) + 0.5 * lam * float(w @ w)
     gradient = -(y * expit(-margins)) @ X / len(y) + lam * w
@@ -183,6 +182,8 @@ def _loss_coefficients(
     margins: NDArray[np.float64], yb: NDArray[np.float64]
 ) -> NDArray[np.float64]:
     """``c`` with ``grad J = X^T c + lam w``: ``c_i = -y_i expit(-m_i) / n``, (B, n)."""
+    from scipy.special import expit
+
     return -yb * expit(-margins) / yb.shape[1]
 
 
@@ -231,6 +232,7 @@ def _newton(
     search all converged (at most 41 iterations). The full step is always tried first, so
     convergence near the optimum stays quadratic. Converged peers leave the batch.
     """
+    from scipy.special import expit, log_expit
 
     def inner(
         u: NDArray[np.float64], v: NDArray[np.float64], Fv: NDArray[np.float64] | None
@@ -362,6 +364,8 @@ def block_sums(
     ``m_i = y_i w.x_i``: ``sum_i log(1 + exp(-m_i))`` and ``sum_i -y_i expit(-m_i) x_i`` (d,),
     summed over :data:`_SUM_CHUNK` rows at a time, in row order.
     """
+    from scipy.special import expit, log_expit
+
     loss, gradient = 0.0, np.zeros(Xb.shape[1])
     for start in range(0, len(yb), _SUM_CHUNK):
         rows, labels = Xb[start : start + _SUM_CHUNK], yb[start : start + _SUM_CHUNK]
@@ -378,6 +382,8 @@ def block_hessian(Xb: NDArray[np.float64], w: NDArray[np.float64]) -> NDArray[np
     ``(r x)^T (r x)``, ``r = sqrt(expit(m) expit(-m))``, over :data:`_SUM_CHUNK` rows at a
     time, in row order.
     """
+    from scipy.special import expit
+
     total = np.zeros((Xb.shape[1], Xb.shape[1]))
     for start in range(0, len(Xb), _SUM_CHUNK):
         rows = Xb[start : start + _SUM_CHUNK]
@@ -709,6 +715,9 @@ def fit_local_models_sklearn(
     P2PDPError
         scikit-learn did not converge for some peer.
     """
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
     X, y, shard_arrays = _validate(X, y, shards, lam)
     weights = np.empty((len(shard_arrays), X.shape[1]))
     grad_norms = np.empty(len(shard_arrays))

@@ -38,8 +38,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import log_ndtr, ndtri
 
 from p2pdp.core.errors import ConfigError
 
@@ -83,6 +81,8 @@ def _log_delta(epsilon: np.ndarray, mu: np.ndarray) -> np.ndarray:
     ``delta = Phi(a) (1 - exp(epsilon + log Phi(b) - log Phi(a)))`` with
     ``a = -epsilon/mu + mu/2`` and ``b = a - mu``; the bracket is in (0, 1] since ``mu > 0``.
     """
+    from scipy.special import log_ndtr
+
     a = -epsilon / mu + mu / 2.0
     log_first = log_ndtr(a)
     exponent = epsilon + log_ndtr(a - mu) - log_first
@@ -134,6 +134,9 @@ def gaussian_mu(n_releases: int | np.ndarray, noise_multiplier: float) -> np.nda
 
 def _epsilon_one(mu: float, log_delta: float) -> float:
     """Smallest ``epsilon >= 0`` with ``delta(epsilon; mu) <= delta``, for one ``mu > 0``."""
+    from scipy.optimize import brentq
+    from scipy.special import ndtri
+
     if _log_delta(np.float64(0.0), np.float64(mu)) <= log_delta:
         return 0.0
 
@@ -195,6 +198,8 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     epsilon : float, > 0
     delta : float in (0, 1)
     """
+    from scipy.optimize import brentq
+
     epsilon = _positive("epsilon", epsilon)
     log_delta = math.log(_open_probability("delta", delta))
     if epsilon > MAX_EPSILON:

@@ -47,8 +47,6 @@ from typing import ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.optimize import brentq
-from scipy.special import expit, log_ndtr
 
 from p2pdp.core.boundary import calling, check_methods, check_number, check_numbers, check_type
 from p2pdp.core.errors import ConfigError, PrivacyWarning
@@ -205,6 +203,8 @@ def _gaussian_log_delta(log_sigma: float, epsilon: float, sensitivity: float) ->
     ``delta(sigma) = Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D)`` (Balle & Wang 2018,
     Theorem 8), evaluated as ``Phi(A) * (1 - exp(eps + log Phi(B) - log Phi(A)))`` in log space.
     """
+    from scipy.special import log_ndtr
+
     sigma = math.exp(log_sigma)
     half = sensitivity / (2.0 * sigma)
     shift = epsilon * sigma / sensitivity
@@ -236,6 +236,8 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) ->
     float
         Per-coordinate standard deviation, same units as ``sensitivity``.
     """
+    from scipy.optimize import brentq
+
     epsilon = require_positive("epsilon", epsilon)
     delta = require_probability("delta", delta, low_open=True, high_open=True)
     sensitivity = require_positive("sensitivity", sensitivity)
@@ -754,6 +756,8 @@ class RandomizedResponse:
     @classmethod
     def from_epsilon(cls, epsilon: float) -> RandomizedResponse:
         """The keep form calibrated to ``epsilon``: ``p = e^eps / (1 + e^eps)``."""
+        from scipy.special import expit
+
         return cls.keep(float(expit(require_positive("epsilon", epsilon))))
 
     def output_probabilities(self) -> np.ndarray:

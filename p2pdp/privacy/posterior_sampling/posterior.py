@@ -92,8 +92,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import minimize
-from scipy.special import expit, log_expit
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.mechanisms import require_count, require_positive
@@ -271,6 +269,8 @@ class LinearRegression(_PosteriorModel):
 
     def log_prior(self, theta: np.ndarray, batch: _Batch) -> tuple[np.ndarray, np.ndarray]:
         """Log prior density and gradient; theta (G, K, p)."""
+        from scipy.special import expit
+
         coefficients, log_sigma = theta[..., :-1], theta[..., -1]
         var = self.prior_std**2
         n_coef = coefficients.shape[-1]
@@ -328,6 +328,8 @@ class LogisticRegression(_PosteriorModel):
     def bounded_log_likelihood(
         self, theta: np.ndarray, batch: _Batch, tau: float
     ) -> tuple[np.ndarray, np.ndarray]:
+        from scipy.special import expit, log_expit
+
         margins = batch.y[:, None, :] * np.matmul(theta, batch.Xt)
         gamma, slope = bounded_log_likelihood(log_expit(margins), tau)
         weighted = slope * batch.mask[:, None, :] * batch.y[:, None, :] * expit(-margins)
@@ -566,6 +568,8 @@ def langevin(
     -------
     LangevinRun
     """
+    from scipy.optimize import minimize
+
     z = np.array(z0, dtype=float)
     if z.ndim != 2:
         raise ConfigError(f"z0 must be a (chains, dim) array, got shape {z.shape}")
@@ -1028,6 +1032,8 @@ def map_estimate(
 
     Returns ``theta`` of shape (p,). Not private: for reference lines only.
     """
+    from scipy.optimize import minimize
+
     X = np.asarray(X, float)
     y = np.asarray(y, float).ravel()
     p = model.n_params(X.shape[1])
