@@ -1007,7 +1007,7 @@ def test_an_enrollment_is_refused_without_its_token_for_another_identity_or_twic
     async def go():
         server = world._enrollment = await tls.listen(
             world._enroll, "127.0.0.1", world._enrollment_tls, pending=4,
-            refused=world.wire.refused,
+            refused=world.wire.refused, per_identity=4, total=4, first_frame=5.0,
         )  # fmt: skip
         port = server.sockets[0].getsockname()[1]
 
@@ -1754,3 +1754,138 @@ def test_more_silent_connections_than_a_hosts_descriptors_during_a_run(monkeypat
         + f'[[host]]\naddress = "127.0.0.1"\ncommand = {command}\n' * 2
     )
     assert _silent_connections_during_a_run(monkeypatch, 1100, str(hosts)) == [1024, 1024]
+
+
+def _rss_mb(pid):
+    """The resident memory of process ``pid`` now (MB), from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _descriptors(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+#: An insider in a process of its own: reads a JSON plan on stdin (its PEM certificate, key
+#: and the run's CA; ``targets``: [port, server name, connections]; ``huge``: [port, name]),
+#: opens every connection (idle: it sends nothing), sends a 4 GiB length prefix on each
+#: ``huge`` one, prints how many of those the listener closed, and waits for stdin to end.
+INSIDER = r"""
+import asyncio, json, ssl, struct, sys, tempfile, os
+plan = json.loads(sys.stdin.readline())
+directory = tempfile.mkdtemp()
+for name in ("cert", "key", "ca"):
+    with open(os.path.join(directory, name), "w") as f:
+        f.write(plan[name])
+context = ssl.create_default_context(cafile=os.path.join(directory, "ca"))
+context.load_cert_chain(os.path.join(directory, "cert"), os.path.join(directory, "key"))
+held = []
+async def connect(port, name):
+    try:
+        held.append(await asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                  server_hostname=name))
+    except (OSError, ssl.SSLError):
+        pass
+async def huge(port, name):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                   server_hostname=name)
+    writer.write(struct.pack(">I", 2**32 - 1))
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), 10) == b""
+    except ConnectionError:
+        return True
+async def main():
+    targets = [(port, name) for port, name, n in plan["targets"] for _ in range(n)]
+    for start in range(0, len(targets), 50):
+        await asyncio.gather(*(connect(*t) for t in targets[start:start + 50]))
+    closed = await asyncio.gather(*(huge(*t) for t in plan["huge"]))
+    print(sum(closed), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+asyncio.run(main())
+"""
+
+
+def _insiders_during_a_run(monkeypatch, capfd, n_connections):
+    """From group 2 on, an insider (a process of its own) holding a valid certificate of
+    host 1 opens ``n_connections`` mutual-TLS connections to host 0's peers (spread over its
+    sockets) and as many to the coordinator's control port, keeps them open and idle to the
+    end, and sends a 4 GiB length prefix on three more of each. Each listener keeps at most
+    two connections per certificate name (taking no other party's place) and closes the rest
+    at once, so: the run gives the simulator's rows (seeded noise), neither the coordinator
+    nor a host grows by 50 MB or 100 descriptors, the huge prefixes are refused and their
+    connections closed by the host and the coordinator alike, and the log grows by less than
+    1 MB."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    send = NetworkWorld._send
+    measured, attacker = [], []
+
+    def measure(world):
+        pids = [os.getpid(), *(p.pid for p in world.processes)]
+        measured.append([(_rss_mb(pid), _descriptors(pid)) for pid in pids])
+
+    async def sending(world, peer, message):
+        if message["kind"] == "assign" and message["group"] == 2 and not measured:
+            measure(world)
+            insider = _insider(world.authority, 1)
+            key = insider.key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+            per_peer = [n_connections // 6 + (i < n_connections % 6) for i in range(6)]
+            plan = {
+                "cert": insider.certificate.decode(),
+                "key": key.decode(),
+                "ca": world.authority.certificate.decode(),
+                "targets": [[world.port, "coordinator", n_connections]]
+                + [[world.ports[i], "host-0", n] for i, n in enumerate(per_peer)],
+                "huge": [[world.port, "coordinator"]] * 3
+                + [[world.ports[i], "host-0"] for i in range(3)],
+            }
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", INSIDER,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            )  # fmt: skip
+            process.stdin.write(json.dumps(plan).encode() + b"\n")
+            attacker.append(process)
+            attacker.append(int(await asyncio.wait_for(process.stdout.readline(), 600)))
+        await send(world, peer, message)
+
+    monkeypatch.setattr(NetworkWorld, "_send", sending)
+    finish = NetworkWorld._finish
+
+    async def finishing(world):
+        measure(world)
+        attacker[0].stdin.close()
+        await attacker[0].wait()
+        await finish(world)
+
+    monkeypatch.setattr(NetworkWorld, "_finish", finishing)
+    capfd.readouterr()
+    config = _config("group")
+    network = simulate(_seeded(config), runtime="network")
+    log = capfd.readouterr()
+    assert len(log.out) + len(log.err) < 1_000_000
+    assert attacker[1] == 6  # every huge prefix's connection closed by its listener
+    before, after = measured
+    for (rss_0, fds_0), (rss_1, fds_1) in zip(before, after, strict=True):
+        assert rss_1 - rss_0 < 50 and fds_1 - fds_0 < 100, (before, after)
+    _same_rows(simulate(config), network)
+    (refused,) = [row["frames"] for row in network.wire if row["kind"] == "refused"]
+    assert refused >= 2 * n_connections - 2 * 7  # at most two per listener kept, and evicted
+    return before, after
+
+
+def test_insiders_idle_connections_during_a_run_leave_its_rows_memory_and_log_alone(
+    monkeypatch, capfd
+):
+    _insiders_during_a_run(monkeypatch, capfd, 200)
+
+
+@pytest.mark.slow
+def test_two_thousand_idle_insider_connections_to_a_host_and_the_coordinator(monkeypatch, capfd):
+    _insiders_during_a_run(monkeypatch, capfd, 2000)

@@ -71,7 +71,7 @@ from p2pdp.net.host import (
     Ticket,
     hosts_of,
 )
-from p2pdp.net.tls import Authority, host_name, identity, listen
+from p2pdp.net.tls import Authority, host_name, identity, listen, resolve
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
@@ -389,6 +389,7 @@ class NetworkWorld:
         asyncio.run(self._run())
 
     async def _run(self) -> None:
+        allowed = resolve(self.settings.allowed)
         try:
             server = await listen(
                 self._control,
@@ -396,7 +397,10 @@ class NetworkWorld:
                 self._server_tls,
                 pending=self.n_hosts + 8,  # every host at the start, and some slack
                 refused=self.wire.refused,
-                allowed=self.settings.allowed,
+                allowed=allowed,
+                per_identity=2,  # a host's control connection, and one to replace it
+                total=2 * self.n_hosts,
+                first_frame=self.settings.timeout,  # a host says hello at once
             )
         except OSError as error:
             raise ConfigError(
@@ -409,7 +413,10 @@ class NetworkWorld:
             self._enrollment_tls,
             pending=self.n_hosts + 8,
             refused=self.wire.refused,
-            allowed=self.settings.allowed,
+            allowed=allowed,
+            per_identity=self.n_hosts + 8,  # no client certificate: one name (None) for all
+            total=self.n_hosts + 8,
+            first_frame=self.settings.timeout,
         )
         ended = False
         try:
@@ -545,8 +552,11 @@ class NetworkWorld:
         except (ProtocolError, TimeoutError, ConnectionError) as error:
             self.wire.refused[type(error).__name__] += 1
             log.warning("coordinator: refused a control connection: %s", error)
+            writer.transport.abort()  # closed here too, with its descriptor, at once
         except asyncio.CancelledError:  # the run is over
             pass
+        finally:
+            writer.close()
 
     def _on_control(
         self,

@@ -56,6 +56,7 @@ from p2pdp.net.tls import (
     identity,
     listen,
     new_key,
+    resolve,
     signing_request,
 )
 from p2pdp.net.wire import (
@@ -298,6 +299,7 @@ class PeerHost:
     async def listen(self, address: str = "127.0.0.1") -> dict[int, int]:
         """Open one listening socket per peer and start the sender task; ``{peer: port}``."""
         self._sending = asyncio.ensure_future(self._sender())
+        allowed = resolve(self.settings.allowed)  # once: the names of a hosts file
         ports = {}
         for peer in self.peers:
             serve = functools.partial(self._serve, peer)
@@ -310,7 +312,12 @@ class PeerHost:
                     self._server_tls,
                     pending=self.settings.group_size + 8,
                     refused=self.counters.refused,
-                    allowed=self.settings.allowed,
+                    allowed=allowed,
+                    # one connection from the coordinator and one from each host (one per
+                    # receiver), and one each to replace it
+                    per_identity=2,
+                    total=2 * (self.settings.hosts + 1),
+                    first_frame=self.settings.timeout,  # a party connects to send a frame
                 )
             self.servers.append(server)
             ports[peer] = server.sockets[0].getsockname()[1]
