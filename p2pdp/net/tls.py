@@ -367,7 +367,7 @@ async def listen(
     held = 0  # handshakes' states alive: the holders and those evicted, not yet freed
     tasks: set[asyncio.Task[None]] = set()
     # authenticated connections per certificate name, oldest first
-    admitted: dict[str | None, dict[asyncio.BaseTransport, Admitted]] = {}
+    admitted: dict[str | None, dict[asyncio.Transport, Admitted]] = {}
 
     def settle(place: asyncio.Future[bool], result: bool) -> None:
         if not place.done():  # its task may have been cancelled (the loop is closing)
@@ -386,7 +386,7 @@ async def listen(
                 return True
         return False
 
-    def admit(secure: asyncio.BaseTransport, protocol: Admitted) -> bool:
+    def admit(secure: asyncio.Transport, protocol: Admitted) -> bool:
         who = identity(secure)
         mine = admitted.setdefault(who, {})
         count = sum(map(len, admitted.values()))
@@ -402,7 +402,7 @@ async def listen(
         """An authenticated connection: marks it once it sends a byte, forgets it once
         closed."""
 
-        secure: asyncio.BaseTransport | None = None
+        secure: asyncio.Transport | None = None
         who: str | None = None
         sent = False  # a byte arrived (maybe with the handshake's last, before admit)
 
