@@ -109,12 +109,16 @@ class _Releases(WorldObserver):
         raise AssertionError(f"group {group.group_id} aborted: {reason}")
 
 
-def _same_rows(simulated, network):
+def _same_rows(simulated, network, *, refused=0, lost=0):
+    """The simulator's row and the network's are the same, but for the messages the network
+    refused (``refused``) and, of those, the honest ones not delivered (``lost``)."""
     a, b = simulated.row(), network.row()
     # the only mode with the simulator's rows; the simulator does not read the setting
     assert b["network.seeded_noise"] is True and a["network.seeded_noise"] is None
+    assert a["messages_refused"] == 0 and b["messages_refused"] == refused
+    assert a["messages_lost"] == 0 and b["messages_lost"] == lost
     # floats with a tolerance: two processes, two code paths
-    for key in a.keys() - TIMING - {"network.seeded_noise"}:
+    for key in a.keys() - TIMING - {"network.seeded_noise", "messages_refused", "messages_lost"}:
         if key.startswith("network."):  # the simulated network's: a real one reads none
             assert b[key] is None, key
             continue
@@ -769,6 +773,14 @@ ASSIGN_0 = {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2], "c
         (0, {**ASSIGN_0, "members": [0, 2**64 - 1]}, "assign"),  # an id beyond int64
         (0, {**_submit(), "group": -1}, "submit"),  # a group behind the curator
         (0, {"kind": "gossip", "sender": 2}, "unknown"),  # counted as unknown: no new keys
+        # integers are integers: not a number-like string, a bool, a float
+        (0, _submit(size="6"), "submit"),
+        (0, _submit(sender="2"), "submit"),
+        (0, _submit(group=False), "submit"),  # False == 0, its group
+        (0, _submit(size=6.0), "submit"),
+        (1, {**ASSIGN_0, "members": [0, "1", 2]}, "assign"),
+        (0, {**ASSIGN_0, "timeout": "60"}, "assign"),
+        (1, {**ASSIGN_0, "curator": True}, "assign"),
     ],
 )  # fmt: skip
 def test_a_host_refuses_frames_outside_the_protocol_and_keeps_serving(peer, message, reason):
@@ -819,6 +831,27 @@ def test_made_up_groups_cannot_crowd_out_an_honest_senders_message():
 def _full_publication(sender, group):
     return {"kind": "publish", "sender": sender, "group": group, "index": group,
             "model": pack_vector(np.zeros(2))}  # fmt: skip
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_an_honest_publication_refused_after_a_forged_copy_is_counted_in_the_stats(full):
+    """Peer 1 is a member of group 0 (curator 0); a copy of group 0's publication from
+    peer 0 arrives first (forged by an insider with peer 0's host's certificate), then the
+    honest one, refused as a second copy. Once the FINISH says group 0 was released by
+    peer 0, the final report counts one "pre-empted" (a lost message); a second copy of a
+    group never released counts nothing."""
+    host = _host([])
+    host.settings = dataclasses.replace(host.settings, full_publication=full)
+    host.handle(1, ASSIGN_0)
+    host.handle(1, _full_publication(0, 0))  # the forged copy
+    host.handle(1, _full_publication(0, 0))  # the honest one
+    assert host.counters.refused["publish"] == 1
+    if full:  # a made-up group of another sender, twice: no release, no loss
+        host.handle(1, _full_publication(2, 9))
+        host.handle(1, _full_publication(2, 9))
+    assert "pre-empted" not in host.stats(0)["refused"]  # not before the FINISH
+    host.released_pairs = {(0, 0)}
+    assert host.stats(0)["refused"]["pre-empted"] == 1
 
 
 def test_made_up_full_publications_do_not_end_a_hosts_final_wait(caplog):
@@ -1532,30 +1565,34 @@ def test_forged_releases_publications_records_and_hellos_are_refused_and_the_run
     assert "by 6, not its curator" in log
     assert "record noise_norm must be a number >= 0, got 'x'" in log
     assert "says where peers [0]" in log
-    _same_rows(simulate(config), network)
+    _same_rows(simulate(config), network, refused=5)  # and the host's two publications
     (refused,) = [row["frames"] for row in network.wire if row["kind"] == "refused"]
-    assert refused == 5  # and the host's two publications
+    assert refused == 5
 
 
-def test_made_up_full_publications_during_a_run_leave_its_rows_alone(monkeypatch):
-    """Full publication: while group 2 is in flight, an insider with host 1's certificate
-    makes each of host 1's peers that curated none of groups 0 to 2 "publish" group 2 to every
-    peer of host 0 (accepted on arrival: a non-member cannot know a group's curator; not
-    from a curator of a group so far, whose real publication it would make a replay). They
-    count toward no final wait (the coordinator's FINISH names each released group's
-    curator, see ``test_made_up_full_publications_do_not_end_a_hosts_final_wait``) and the
-    run completes with the simulator's rows."""
+def test_forged_full_publications_pre_empt_no_other_group_and_are_counted(monkeypatch):
+    """Full publication: once a group curated by a peer of host 1 is in flight, an insider
+    with host 1's certificate sends every peer of host 0 a "publication" of group 10^6 from
+    each of host 1's peers (none of them its curator: a receiver cannot know, so it is taken,
+    but each (group, sender) only once: it pre-empts none of those peers' real groups; it
+    used to make every later one a refused "replay"), and one of the group in flight from its
+    curator (its id: the honest copy that follows is refused, at each of the 6 peers). The
+    row counts the 6 refused and the 6 honest messages not delivered; all else is the
+    simulator's (the forged publications count toward no final wait: the FINISH names each
+    released group's curator)."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
     send = NetworkWorld._send
     sent = []
 
-    async def forge(world, curators):
+    async def forge(world, group):
         context = _insider(world.authority, 1).context(server=False)
         zeros = pack_vector(np.zeros(world.dim))
         messages = [
-            {"kind": "publish", "sender": sender, "group": 2, "index": 2, "model": zeros}
-            for sender in sorted(set(range(6, 12)) - curators)
+            {"kind": "publish", "sender": sender, "group": 10**6, "index": 10**6, "model": zeros}
+            for sender in range(6, 12)
         ]
+        messages.append({"kind": "publish", "sender": group.curator, "group": group.group_id,
+                         "index": group.group_id, "model": zeros})  # fmt: skip
         for peer in range(6):
             _, writer = await asyncio.open_connection(
                 "127.0.0.1", world.ports[peer], ssl=context, server_hostname="host-0"
@@ -1563,14 +1600,12 @@ def test_made_up_full_publications_during_a_run_leave_its_rows_alone(monkeypatch
             writer.write(b"".join(encode(message) for message in messages))
             await writer.drain()
             sent.append(writer)
-
-    curators = {}
+        await asyncio.sleep(0.5)  # read before the honest publication
 
     async def sending(world, peer, message):
-        if message["kind"] == "assign":
-            curators.setdefault(message["group"], world._in_flight[message["group"]].curator)
-            if message["group"] == 2 and not sent:
-                await forge(world, set(curators.values()))
+        group = world._in_flight.get(message["group"])
+        if message["kind"] == "assign" and not sent and group.group_id and group.curator >= 6:
+            await forge(world, group)
         await send(world, peer, message)
 
     monkeypatch.setattr(NetworkWorld, "_send", sending)
@@ -1579,7 +1614,7 @@ def test_made_up_full_publications_during_a_run_leave_its_rows_alone(monkeypatch
     for writer in sent:
         writer.close()
     assert len(sent) == 6
-    _same_rows(simulate(config), network)
+    _same_rows(simulate(config), network, refused=6, lost=6)
 
 
 def test_a_release_reported_after_its_groups_collect_timeout_is_charged(monkeypatch):

@@ -217,6 +217,7 @@ PROTOCOL_COLUMNS = (
     "messages_sent",
     "bytes_sent",
     "messages_lost",
+    "messages_refused",
     "hosts_lost",
     "stop_reason",
     "data_dependent_bounds",

@@ -66,6 +66,8 @@ from p2pdp.net.host import (
     ENROLL_BYTES,
     FINISH,
     HELLO,
+    KINDS,
+    PRE_EMPTED,
     STATS,
     HostSettings,
     Ticket,
@@ -172,7 +174,11 @@ def _ended(host: int, process: Any) -> str:
 
 #: Refusal reasons (the ``wire`` table's) that are the run's own messages lost: a frame that
 #: could not be delivered, or that reached its curator past its group's timer.
-LOST = ("unreachable", "expired")
+LOST = ("unreachable", "expired", PRE_EMPTED)
+#: Refusal reasons that are messages refused as outside the protocol (replayed, forged,
+#: malformed, from a party the protocol's state does not entitle to send them), counted per
+#: kind (the row's ``messages_refused``); refused connections are not messages.
+REFUSED = (*KINDS, HELLO, DONE, STATS, ENROLL, "unknown")
 
 
 @dataclass
@@ -193,6 +199,7 @@ class _Counters:
     bytes_sent: np.ndarray
     control_messages: int = 0
     messages_lost: int = 0
+    messages_refused: int = 0
 
 
 class _Clock:
@@ -833,9 +840,9 @@ class NetworkWorld:
         for host, writer in self._hosts.items():
             if host in self.lost_hosts:
                 continue
-            finish: dict[str, Any] = {"kind": FINISH, "publications": int(expected[host])}
-            if full:  # which groups were released by whom: hosts count only those receipts
-                finish["released"] = released
+            # which groups were released by whom: hosts count only those receipts (full
+            # publication), and the publications of those they refused (pre-empted)
+            finish = {"kind": FINISH, "publications": int(expected[host]), "released": released}
             frame = encode(finish)
             writer.write(frame)
             self.wire.add(FINISH, len(frame))
@@ -864,6 +871,8 @@ class NetworkWorld:
                 )
         # the protocol's frames that did not serve: undeliverable, or past their group's timer,
         # as the reporting parties counted them (a lost host's own counts are lost with it);
-        # frames refused as outside the protocol (forged, malformed, strangers') are not
-        # messages of the run: the wire table counts them
+        # and the publications of released groups refused because a forged copy came first;
+        # frames refused as outside the protocol (forged, malformed) are messages_refused,
+        # refused connections (strangers', beyond a name's bound) the wire table's only
         self.transport.messages_lost = sum(self.wire.refused[r] for r in LOST)
+        self.transport.messages_refused = sum(self.wire.refused[r] for r in REFUSED)
