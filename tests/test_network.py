@@ -23,6 +23,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import msgpack
 import numpy as np
@@ -1655,7 +1656,7 @@ def test_a_release_reported_after_its_groups_collect_timeout_is_charged(monkeypa
 
 
 # -- bounded under hostile load ---------------------------------------------------------------
-def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypatch):
+def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypatch, caplog):
     """40 silent TCP clients at one peer's socket, then the coordinator: each newcomer
     beyond the cap on handshakes in progress evicts the oldest, so the coordinator's
     handshake completes and its assignment is read; the silent clients left are dropped at
@@ -1699,8 +1700,43 @@ def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypa
     assert host.counters.refused["busy"] == 40 + 1 - pending
     assert host.counters.refused["handshake"] == pending - 1
     assert host.last_group == {0: 0}
-    host = asyncio.run(go(("10.0.0.9",)))
+    with caplog.at_level("WARNING"):
+        host = asyncio.run(go(("10.0.0.9",)))
     assert host.counters.refused["address"] == 41 and host.last_group == {}
+    assert caplog.text.count("not in the allowlist ['10.0.0.9']") == 1  # logged once
+    host = asyncio.run(go(("localhost",)))  # a name: resolved once, to 127.0.0.1
+    assert host.counters.refused["address"] == 0 and host.last_group == {0: 0}
+
+
+def test_an_allowlist_name_that_does_not_resolve_is_named():
+    with pytest.raises(ConfigError, match="allowlist's address 'no-such-host.invalid'"):
+        tls.resolve(["127.0.0.1", "no-such-host.invalid"])
+
+
+def test_a_host_outside_the_allowlist_is_told_so(monkeypatch):
+    """The coordinator refuses this host's address (its allowlist names another): the host's
+    one-line error names the allowlist (it said only "Connection reset by peer")."""
+    authority = Authority(1)
+
+    async def go():
+        refused = Counter()
+        server = await tls.listen(
+            lambda reader, writer: None, "127.0.0.1", authority.credential.context(server=True,
+            clients=False), pending=4, refused=refused, allowed={"10.0.0.9"}, per_identity=4,
+            total=4, first_frame=5.0,
+        )  # fmt: skip
+        ticket = Ticket(port=1, enrollment_port=server.sockets[0].getsockname()[1],
+                        token=authority.token(0), authority=authority.certificate)  # fmt: skip
+        settings = HostSettings(n_peers=2, hosts=1, full_publication=False, allowed=("10.0.0.9",))
+        with pytest.raises(HostError, match=r"allowlist, resolved: 10\.0\.0\.9; is this host"):
+            await host_module.serve(
+                np.array([0, 1]), np.zeros((2, 2)), np.array([5, 7]), releaser=_host([]).releaser,
+                sensitivity=lambda sizes: 1.0, settings=settings, host_index=0, ticket=ticket,
+            )  # fmt: skip
+        server.close()
+        return refused
+
+    assert asyncio.run(go())["address"] == 1
 
 
 def test_a_host_shut_down_with_connections_queued_logs_no_error(caplog):

@@ -939,7 +939,16 @@ async def serve(
     bytes per kind on the wire, the receipts (``group`` publication: a ``full`` one reaches
     everyone), and the frames refused.
     """
-    credential = await enroll(host_index, ticket, coordinator, settings.timeout)
+    hint = (
+        " (the run's listeners accept only the hosts file's allowlist, resolved: "
+        f"{', '.join(settings.allowed)}; is this host's address among them?)"
+        if settings.allowed
+        else ""
+    )
+    try:
+        credential = await enroll(host_index, ticket, coordinator, settings.timeout)
+    except HostError as error:
+        raise HostError(f"{error}{hint}") from None
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(
@@ -952,7 +961,7 @@ async def serve(
         )
     except (OSError, TimeoutError) as error:
         raise HostError(f"cannot reach the coordinator at {coordinator}:{ticket.port}: "
-                        f"{error or 'timed out'}") from None  # fmt: skip
+                        f"{error or 'timed out'}{hint}") from None  # fmt: skip
 
     def report(message: dict[str, Any]) -> None:
         frame = encode(message)
