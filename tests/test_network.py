@@ -391,7 +391,7 @@ def _one_error_line(capfd, expected):
     [
         ('command = ["false"]', r"host 1 \(false\) exited with status 1 while waiting for every"),
         ('command = ["/no/such/p2pdp-host"]', r"host 1 \(/no/such/p2pdp-host\) cannot start: "),
-        ('address = "192.0.2.1"', r"host 1 \(.*-m p2pdp.experiments.network\) exited with st"),
+        ('address = "192.0.2.1"', r"host 1 \(.*-m p2pdp.experiments.network\) stopped with"),
     ],
 )
 def test_a_host_that_cannot_start_fails_the_run_in_one_line(tmp_path, capfd, entry, expected):
@@ -539,6 +539,72 @@ def test_a_host_that_dies_at_start_fails_the_run_at_once():
     with pytest.raises(NetworkRunError, match=r"host 0 exited; host 1 exited while.*__main__"):
         world.run()
     assert time.perf_counter() - start < 5
+
+
+def test_hosts_that_said_why_they_stopped_fail_the_run_with_no_unrelated_advice():
+    """A host that printed its own one-line error (exit status EXPLAINED: a tampered shard
+    file, say) stops the run with a line that points at it, without the advice about hosts
+    files and the main guard (it used to end every such error)."""
+
+    class Explained:
+        exitcode = host_module.EXPLAINED
+
+        def is_alive(self):
+            return False
+
+        def join(self, timeout=None):
+            pass
+
+        def kill(self):
+            pass
+
+    world = _coordinator(launch=lambda host, port: Explained())
+    with pytest.raises(NetworkRunError) as error:
+        world.run()
+    assert str(error.value) == (
+        "network runtime: host 0; host 1 stopped with the error above while waiting for every "
+        "host to start"
+    )
+
+
+UNGUARDED = """
+import os
+os.environ["P2PDP_NETWORK_HOSTS"] = "2"
+from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
+from p2pdp.experiments.simulation import simulate
+data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)
+config = ScenarioConfig(seed=1, data=data, partition=PartitionConfig(n_peers=6),
+                        groups=GroupsConfig(group_size=3))
+{call}
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_without_the_main_guard_is_told_in_one_line(tmp_path, guarded):
+    """From a script, the network runtime spawns hosts that import the script again: without
+    ``if __name__ == "__main__":`` one line says to add it (there were 176 lines of the hosts'
+    tracebacks), before any host starts; with it, the check says nothing (called alone: a
+    guarded run is what every other test of the runtime does)."""
+    call = 'simulate(config, runtime="network")'
+    if guarded:
+        call = (
+            'if __name__ == "__main__":\n    from p2pdp.experiments import network\n'
+            '    network._check_main_guard()\n    print("checked")'
+        )
+    script = tmp_path / "script.py"
+    script.write_text(UNGUARDED.format(call=call))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    if guarded:
+        assert done.returncode == 0 and done.stdout == "checked\n", done.stderr
+        return
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(
+        f"p2pdp: error: the network runtime was started at the top level of {script} (line 9): "
+        'put that under `if __name__ == "__main__":`'
+    )
 
 
 def test_the_coordinator_charges_only_releases_of_groups_it_aborted():

@@ -64,6 +64,7 @@ from p2pdp.net.host import (
     DONE,
     ENROLL,
     ENROLL_BYTES,
+    EXPLAINED,
     FINISH,
     HELLO,
     KINDS,
@@ -473,6 +474,11 @@ class NetworkWorld:
                     f"; not connected yet: {', '.join(silent)}" if silent else "",
                 )
             dead = [(i, p) for i, p in enumerate(self.processes) if not p.is_alive()]
+            if dead and all(getattr(p, "exitcode", None) == EXPLAINED for _, p in dead):
+                raise NetworkRunError(  # each said why in its own line: nothing to add
+                    f"network runtime: {'; '.join(_name(i, p) for i, p in dead)} stopped "
+                    f"with the error above while waiting for {what}"
+                )
             if dead:
                 raise NetworkRunError(
                     f"network runtime: {'; '.join(_ended(i, p) for i, p in dead)} while "

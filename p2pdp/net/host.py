@@ -83,7 +83,16 @@ from p2pdp.protocols.groups import (
     model_bytes,
 )
 
-__all__ = ["HostError", "HostSettings", "PeerHost", "Ticket", "enroll", "hosts_of", "serve"]
+__all__ = [
+    "EXPLAINED",
+    "HostError",
+    "HostSettings",
+    "PeerHost",
+    "Ticket",
+    "enroll",
+    "hosts_of",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +103,9 @@ ENROLL, CERTIFICATE = "enroll", "certificate"
 #: Largest enrollment frame, either way (bytes): a P-256 request or certificate in PEM is
 #: under 1 KiB, a token 43 characters.
 ENROLL_BYTES = 4096
+#: Exit status of a host process that printed its own one-line error (``p2pdp host N: ...``):
+#: the coordinator's error then says only that it is above, with no unrelated advice.
+EXPLAINED = 3
 #: A host's count of publications of released groups its peers refused (a forged copy with
 #: the group's id came first): honest messages not delivered (:meth:`PeerHost.pre_empted`).
 PRE_EMPTED = "pre-empted"
