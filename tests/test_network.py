@@ -2014,6 +2014,8 @@ async def huge(port, name):
         return await asyncio.wait_for(reader.read(), 10) == b""
     except ConnectionError:
         return True
+    except TimeoutError:  # still open
+        return False
 async def main():
     targets = [(port, name) for port, name, n in plan["targets"] for _ in range(n)]
     for start in range(0, len(targets), 50):
