@@ -31,7 +31,10 @@ one of its peers is aborted at once, its peers leave the pool, and the run goes 
 ``hosts_lost``). A host that does not answer the final ``FINISH`` in time is killed and counted
 the same way. ``transport.messages_lost`` (the row's ``messages_lost``) counts the run's frames
 that were undeliverable or reached a curator past its group's timer (:data:`LOST`), as every
-party that reported counted them. A host that exits or
+party that reported counted them, and the honest publications refused because a forged copy
+with their group's id came first (:data:`~p2pdp.net.host.PRE_EMPTED`);
+``transport.messages_refused`` (the row's ``messages_refused``) the messages refused as outside
+the protocol (:data:`REFUSED`). A host that exits or
 never connects while the hosts start fails the run (:class:`~p2pdp.core.errors.NetworkRunError`,
 naming the host and its command).
 

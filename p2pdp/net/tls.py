@@ -26,7 +26,12 @@ allowlist (if any), then has ``HANDSHAKE_TIMEOUT`` seconds to complete its hands
 most ``pending`` connections per listener hold a handshake's state at once, as many more
 wait for one, and a newcomer evicts the oldest. So silent or slow clients hold at most
 ``pending`` handshakes' memory (~300 KB each, asyncio's TLS buffers) and ``2 pending``
-descriptors per listener, for a few seconds.
+descriptors per listener, for a few seconds. An authenticated connection (an insider holds a
+valid certificate) counts against its certificate name: at most ``per_identity`` per name and
+``total`` per listener, a silent one is closed after ``first_frame`` seconds, and a newcomer
+beyond the bound takes only the place of a silent connection of its own name. Failed accepts
+(e.g. no descriptor left) are logged once per kind (:func:`quiet_accept_errors`), and an
+allowlist holds addresses, its names resolved once (:func:`resolve`).
 """
 
 from __future__ import annotations
