@@ -358,7 +358,7 @@ def test_a_host_that_cannot_reach_the_coordinator_says_where_it_looked(
         'coordinator = "127.0.0.2"\nbind = "127.0.0.1"\n[[host]]\naddress = "127.0.0.1"\n'
     )
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
-    with pytest.raises(NetworkRunError, match=r"host 0 \(.*\) exited with status 1.*addresses"):
+    with pytest.raises(NetworkRunError, match=r"host 0 \(.*\) stopped with the error above"):
         simulate(_config("group"), runtime="network")
     err = capfd.readouterr().err
     assert "p2pdp host 0: cannot reach the coordinator at 127.0.0.2:" in err
