@@ -521,20 +521,24 @@ def _coordinator(*, launch, dim=2):
     )
 
 
+class _Dead:
+    """A host process that has exited (with status ``exitcode``, None: unknown)."""
+
+    exitcode = None
+
+    def is_alive(self):
+        return False
+
+    def join(self, timeout=None):
+        pass
+
+    def kill(self):
+        pass
+
+
 def test_a_host_that_dies_at_start_fails_the_run_at_once():
     """E.g. a script without the main guard: spawn cannot start the hosts."""
-
-    class Dead:
-        def is_alive(self):
-            return False
-
-        def join(self, timeout=None):
-            pass
-
-        def kill(self):
-            pass
-
-    world = _coordinator(launch=lambda host, port: Dead())
+    world = _coordinator(launch=lambda host, port: _Dead())
     start = time.perf_counter()
     with pytest.raises(NetworkRunError, match=r"host 0 exited; host 1 exited while.*__main__"):
         world.run()
@@ -546,17 +550,8 @@ def test_hosts_that_said_why_they_stopped_fail_the_run_with_no_unrelated_advice(
     file, say) stops the run with a line that points at it, without the advice about hosts
     files and the main guard (it used to end every such error)."""
 
-    class Explained:
+    class Explained(_Dead):
         exitcode = host_module.EXPLAINED
-
-        def is_alive(self):
-            return False
-
-        def join(self, timeout=None):
-            pass
-
-        def kill(self):
-            pass
 
     world = _coordinator(launch=lambda host, port: Explained())
     with pytest.raises(NetworkRunError) as error:
@@ -810,6 +805,20 @@ def _host(reports, *, mechanism="vector-laplace", seeded_noise=False):
     )
     host.send = lambda send, group, **fields: reports.append(("sent", send))  # no sockets
     return host
+
+
+def _tls_host(credential, settings):
+    """A host of peers 0 and 1 with ``credential`` (mutual TLS) and ``settings``."""
+    return PeerHost(
+        np.array([0, 1]),
+        np.array([[0.1, 0.2], [0.3, 0.4]]),
+        np.array([5, 7]),
+        releaser=_host([]).releaser,
+        sensitivity=lambda sizes: 2.0 / min(sizes),
+        settings=settings,
+        report=lambda message: None,
+        credential=credential,
+    )
 
 
 def _submit(sender=2, size=6, **changes):
@@ -1152,15 +1161,8 @@ def test_mutual_tls_refuses_strangers_impostors_and_replays():
         return await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname=expect)
 
     async def go():
-        host = PeerHost(
-            np.array([0, 1]),
-            np.array([[0.1, 0.2], [0.3, 0.4]]),
-            np.array([5, 7]),
-            releaser=_host([]).releaser,
-            sensitivity=lambda sizes: 2.0 / min(sizes),
-            settings=HostSettings(n_peers=4, hosts=2, full_publication=False),
-            report=lambda message: None,
-            credential=credentials["host-0"],
+        host = _tls_host(
+            credentials["host-0"], HostSettings(n_peers=4, hosts=2, full_publication=False)
         )
         port = (await host.listen())[0]
         # no certificate at all: the handshake never completes, no frame is read
@@ -1732,15 +1734,9 @@ def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypa
     _, credentials = _credentials(1)
 
     async def go(allowed):
-        host = PeerHost(
-            np.array([0, 1]),
-            np.array([[0.1, 0.2], [0.3, 0.4]]),
-            np.array([5, 7]),
-            releaser=_host([]).releaser,
-            sensitivity=lambda sizes: 2.0 / min(sizes),
-            settings=HostSettings(n_peers=2, hosts=1, full_publication=False, allowed=allowed),
-            report=lambda message: None,
-            credential=credentials["host-0"],
+        host = _tls_host(
+            credentials["host-0"],
+            HostSettings(n_peers=2, hosts=1, full_publication=False, allowed=allowed),
         )
         port = (await host.listen())[0]
         silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(40)]
@@ -1814,15 +1810,8 @@ def test_a_host_shut_down_with_connections_queued_logs_no_error(caplog):
     _, credentials = _credentials(1)
 
     async def go():
-        host = PeerHost(
-            np.array([0, 1]),
-            np.array([[0.1, 0.2], [0.3, 0.4]]),
-            np.array([5, 7]),
-            releaser=_host([]).releaser,
-            sensitivity=lambda sizes: 2.0 / min(sizes),
-            settings=HostSettings(n_peers=2, hosts=1, full_publication=False),
-            report=lambda message: None,
-            credential=credentials["host-0"],
+        host = _tls_host(
+            credentials["host-0"], HostSettings(n_peers=2, hosts=1, full_publication=False)
         )
         port = (await host.listen())[0]
         silent.extend(socket.create_connection(("127.0.0.1", port)) for _ in range(40))
