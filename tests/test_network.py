@@ -1280,6 +1280,43 @@ def test_a_host_keeps_sending_when_a_receiver_is_gone():
     assert host.counters.wire["publish"] == 4  # counted as sent, as the simulator counts them
 
 
+def test_a_peers_socket_closes_an_idle_connection_and_senders_connect_afresh():
+    """A peer's socket keeps a connection that sends nothing for ``peer_idle`` seconds (a
+    group's time and two timeouts; it was 600 s): peer 0's host sends a frame to peer 1, stays
+    silent past that, and sends another: its receiver closed the first connection, and the
+    sender, which drops a connection unused for half that, reconnected: both frames arrive,
+    nothing is lost."""
+    settings = HostSettings(
+        n_peers=2, hosts=2, full_publication=False, collect_timeout=0.2, timeout=0.2
+    )
+    assert settings.peer_idle == pytest.approx(0.6)
+    releaser = _host([]).releaser
+
+    def host(peer):
+        return PeerHost(np.array([peer]), np.array([[0.1, 0.2]]), np.array([5]),
+                        releaser=releaser, sensitivity=lambda sizes: 1.0, settings=settings,
+                        report=lambda message: None)  # fmt: skip
+
+    async def go():
+        sender, receiver = host(0), host(1)
+        await sender.listen()
+        port = (await receiver.listen())[1]
+        sender.addresses, sender.ports = ["127.0.0.1"] * 2, [0, port]
+        frame = encode(_full_publication(0, 3))  # refused by peer 1 (no such group): counted
+        for _ in range(2):
+            sender.send_frame("publish", 0, [1], frame)
+            await sender.flush()
+            await asyncio.sleep(1.0)  # past peer_idle: the receiver closes the connection
+        await sender.close()
+        await receiver.close()
+        return sender, receiver
+
+    sender, receiver = asyncio.run(go())
+    assert receiver.counters.refused["publish"] == 2  # both arrived
+    assert receiver.counters.refused["TimeoutError"] == 2  # each connection closed when idle
+    assert sender.counters.refused["unreachable"] == 0
+
+
 # -- secure aggregation between the peers of one host, frames routed by hand -----------------
 SECURE_STATISTICS = np.array([[0.1, -0.2], [0.3, 0.4], [-0.5, 0.25]])
 

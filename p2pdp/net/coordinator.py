@@ -75,6 +75,7 @@ from p2pdp.net.host import (
     STATS,
     HostSettings,
     Ticket,
+    fresh,
     hosts_of,
 )
 from p2pdp.net.tls import Authority, host_name, identity, listen, resolve
@@ -346,6 +347,7 @@ class NetworkWorld:
         self._held = np.zeros(n_peers, dtype=np.int64)  # per peer: aborted groups' charges
         self.position: dict[int, int] = {}  # group -> index of its release in published
         self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._used: dict[int, float] = {}  # peer -> when its connection was last used
         self.host_of = hosts_of(n_peers, hosts)
         self.authority = authority
         own = authority.credential
@@ -737,6 +739,7 @@ class NetworkWorld:
         self.wire.refused["late release"] += 1
 
     async def _send(self, peer: int, message: dict[str, Any]) -> None:
+        fresh(self._writers, self._used, peer, self.settings.peer_idle)
         if peer not in self._writers:
             _, self._writers[peer] = await asyncio.wait_for(
                 asyncio.open_connection(

@@ -90,6 +90,7 @@ __all__ = [
     "PeerHost",
     "Ticket",
     "enroll",
+    "fresh",
     "hosts_of",
     "serve",
 ]
@@ -136,7 +137,9 @@ class HostSettings:
     timeout : float
         Seconds any wait for a frame's body, a connection or a report may take.
     idle_timeout : float
-        Seconds a connection may stay silent between frames (the run's longest pause).
+        Seconds a control connection (a host's, to the coordinator) may stay silent between
+        frames (the run's longest pause). A peer's socket keeps a silent connection only
+        :attr:`peer_idle` seconds.
     seeded_noise : bool
         Draw noise from the run's seeded streams (``network.seeded_noise``: parity tests,
         NOT private); else from the operating system's CSPRNG (see the module docstring).
@@ -164,6 +167,13 @@ class HostSettings:
     allowed: tuple[str, ...] = ()
     releases_per_peer: int = 2**31 - 1
 
+    @property
+    def peer_idle(self) -> float:
+        """Seconds a peer's socket keeps a connection that sends nothing: a group's time and
+        two timeouts of slack. A sender drops a connection it has not used for half that and
+        connects afresh (:func:`fresh`), so it never writes to one about to be closed."""
+        return self.collect_timeout + 2 * self.timeout
+
 
 def _sender(message: dict[str, Any]) -> int:
     """A frame's ``sender``: a peer id, or SAMPLER (the coordinator); ProtocolError unless an
@@ -176,6 +186,20 @@ def _seconds(value: Any) -> float:
     if type(value) not in (int, float) or not 0 <= value < math.inf:
         raise ProtocolError(f"timeout must be a number of seconds >= 0, got {value!r:.40}")
     return float(value)
+
+
+def fresh(
+    writers: dict[int, asyncio.StreamWriter], used: dict[int, float], key: int, idle: float
+) -> None:
+    """Forget (and close) ``writers[key]`` if it was last used more than ``idle / 2`` seconds
+    ago (its receiver closes it after ``idle``: :attr:`HostSettings.peer_idle`); mark it used
+    now. Call before writing, then connect if ``key`` is not in ``writers``."""
+    now = time.monotonic()
+    writer = writers.get(key)
+    if writer is not None and now - used.get(key, now) > idle / 2:
+        del writers[key]
+        writer.close()
+    used[key] = now
 
 
 def hosts_of(n_peers: int, hosts: int) -> np.ndarray:
@@ -327,6 +351,7 @@ class PeerHost:
         self.deadline: dict[int, float] = {}  # group -> when its curator stops (monotonic s)
         self.noise_position = 0  # draws of the run's noise stream consumed or skipped here
         self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._used: dict[int, float] = {}  # receiver -> when its connection was last used
         self._outbox: deque[tuple[int | None, Any]] = deque()  # (receiver, frame) or action
         self._connecting: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._sending: asyncio.Future | None = None
@@ -371,7 +396,7 @@ class PeerHost:
                 message = await read_frame(
                     reader,
                     timeout=self.settings.timeout,
-                    idle=self.settings.idle_timeout,
+                    idle=self.settings.peer_idle,
                     max_bytes=self.frame_bytes,
                 )
                 if message is None:
@@ -386,6 +411,7 @@ class PeerHost:
             writer.close()
 
     async def _writer(self, receiver: int) -> asyncio.StreamWriter:
+        fresh(self._writers, self._used, receiver, self.settings.peer_idle)
         if receiver not in self._writers:
             async with self._connecting[receiver]:  # one connection per receiver
                 if receiver not in self._writers:
