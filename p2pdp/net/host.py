@@ -987,25 +987,14 @@ async def serve(
         credential = await enroll(host_index, ticket, coordinator, settings.timeout)
     except HostError as error:
         raise HostError(f"{error}{hint}") from None
-    try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                coordinator,
-                ticket.port,
-                ssl=credential.context(server=False),
-                server_hostname=COORDINATOR,
-            ),
-            settings.timeout,
-        )
-    except (OSError, TimeoutError) as error:
-        raise HostError(f"cannot reach the coordinator at {coordinator}:{ticket.port}: "
-                        f"{error or 'timed out'}{hint}") from None  # fmt: skip
+    writer: asyncio.StreamWriter | None = None
 
     def report(message: dict[str, Any]) -> None:
         frame = encode(message)
         if message["kind"] != STATS:  # the report of the counts cannot count itself
             host.counters.wire[message["kind"]] += 1
             host.counters.wire_bytes[message["kind"]] += len(frame)
+        assert writer is not None  # reports follow the hello
         writer.write(frame)
 
     host = PeerHost(
@@ -1019,10 +1008,24 @@ async def serve(
         credential=credential,
     )
     try:
-        try:
+        try:  # its sockets first: the coordinator closes a control connection silent too long
             ports = await host.listen(address)
         except OSError as error:
             raise HostError(f"cannot listen on {address}: {error}") from None
+        try:
+            reader, control = await asyncio.wait_for(
+                asyncio.open_connection(
+                    coordinator,
+                    ticket.port,
+                    ssl=credential.context(server=False),
+                    server_hostname=COORDINATOR,
+                ),
+                settings.timeout,
+            )
+        except (OSError, TimeoutError) as error:
+            raise HostError(f"cannot reach the coordinator at {coordinator}:{ticket.port}: "
+                            f"{error or 'timed out'}{hint}") from None  # fmt: skip
+        writer = control
         report(
             {
                 "kind": HELLO,
@@ -1052,11 +1055,12 @@ async def serve(
                 )
                 await host.flush()
                 report(host.stats(host_index))
-                await asyncio.wait_for(writer.drain(), settings.timeout)
+                await asyncio.wait_for(control.drain(), settings.timeout)
                 return
     finally:
         await host.close()
-        writer.close()
+        if writer is not None:
+            writer.close()
 
 
 async def enroll(host_index: int, ticket: Ticket, coordinator: str, timeout: float) -> Credential:
