@@ -17,11 +17,13 @@ import pickle
 import re
 import shlex
 import signal
+import socket
 import ssl
 import struct
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import msgpack
 import numpy as np
@@ -109,12 +111,16 @@ class _Releases(WorldObserver):
         raise AssertionError(f"group {group.group_id} aborted: {reason}")
 
 
-def _same_rows(simulated, network):
+def _same_rows(simulated, network, *, refused=0, lost=0):
+    """The simulator's row and the network's are the same, but for the messages the network
+    refused (``refused``) and, of those, the honest ones not delivered (``lost``)."""
     a, b = simulated.row(), network.row()
     # the only mode with the simulator's rows; the simulator does not read the setting
     assert b["network.seeded_noise"] is True and a["network.seeded_noise"] is None
+    assert a["messages_refused"] == 0 and b["messages_refused"] == refused
+    assert a["messages_lost"] == 0 and b["messages_lost"] == lost
     # floats with a tolerance: two processes, two code paths
-    for key in a.keys() - TIMING - {"network.seeded_noise"}:
+    for key in a.keys() - TIMING - {"network.seeded_noise", "messages_refused", "messages_lost"}:
         if key.startswith("network."):  # the simulated network's: a real one reads none
             assert b[key] is None, key
             continue
@@ -352,7 +358,7 @@ def test_a_host_that_cannot_reach_the_coordinator_says_where_it_looked(
         'coordinator = "127.0.0.2"\nbind = "127.0.0.1"\n[[host]]\naddress = "127.0.0.1"\n'
     )
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
-    with pytest.raises(NetworkRunError, match=r"host 0 \(.*\) exited with status 1.*addresses"):
+    with pytest.raises(NetworkRunError, match=r"host 0 \(.*\) stopped with the error above"):
         simulate(_config("group"), runtime="network")
     err = capfd.readouterr().err
     assert "p2pdp host 0: cannot reach the coordinator at 127.0.0.2:" in err
@@ -385,7 +391,7 @@ def _one_error_line(capfd, expected):
     [
         ('command = ["false"]', r"host 1 \(false\) exited with status 1 while waiting for every"),
         ('command = ["/no/such/p2pdp-host"]', r"host 1 \(/no/such/p2pdp-host\) cannot start: "),
-        ('address = "192.0.2.1"', r"host 1 \(.*-m p2pdp.experiments.network\) exited with st"),
+        ('address = "192.0.2.1"', r"host 1 \(.*-m p2pdp.experiments.network\) stopped with"),
     ],
 )
 def test_a_host_that_cannot_start_fails_the_run_in_one_line(tmp_path, capfd, entry, expected):
@@ -515,24 +521,85 @@ def _coordinator(*, launch, dim=2):
     )
 
 
+class _Dead:
+    """A host process that has exited (with status ``exitcode``, None: unknown)."""
+
+    exitcode = None
+
+    def is_alive(self):
+        return False
+
+    def join(self, timeout=None):
+        pass
+
+    def kill(self):
+        pass
+
+
 def test_a_host_that_dies_at_start_fails_the_run_at_once():
     """E.g. a script without the main guard: spawn cannot start the hosts."""
-
-    class Dead:
-        def is_alive(self):
-            return False
-
-        def join(self, timeout=None):
-            pass
-
-        def kill(self):
-            pass
-
-    world = _coordinator(launch=lambda host, port: Dead())
+    world = _coordinator(launch=lambda host, port: _Dead())
     start = time.perf_counter()
     with pytest.raises(NetworkRunError, match=r"host 0 exited; host 1 exited while.*__main__"):
         world.run()
     assert time.perf_counter() - start < 5
+
+
+def test_hosts_that_said_why_they_stopped_fail_the_run_with_no_unrelated_advice():
+    """A host that printed its own one-line error (exit status EXPLAINED: a tampered shard
+    file, say) stops the run with a line that points at it, without the advice about hosts
+    files and the main guard (it used to end every such error)."""
+
+    class Explained(_Dead):
+        exitcode = host_module.EXPLAINED
+
+    world = _coordinator(launch=lambda host, port: Explained())
+    with pytest.raises(NetworkRunError) as error:
+        world.run()
+    assert str(error.value) == (
+        "network runtime: host 0; host 1 stopped with the error above while waiting for every "
+        "host to start"
+    )
+
+
+UNGUARDED = """
+import os
+os.environ["P2PDP_NETWORK_HOSTS"] = "2"
+from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
+from p2pdp.experiments.simulation import simulate
+data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)
+config = ScenarioConfig(seed=1, data=data, partition=PartitionConfig(n_peers=6),
+                        groups=GroupsConfig(group_size=3))
+{call}
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_without_the_main_guard_is_told_in_one_line(tmp_path, guarded):
+    """From a script, the network runtime spawns hosts that import the script again: without
+    ``if __name__ == "__main__":`` one line says to add it (there were 176 lines of the hosts'
+    tracebacks), before any host starts; with it, the check says nothing (called alone: a
+    guarded run is what every other test of the runtime does)."""
+    call = 'simulate(config, runtime="network")'
+    if guarded:
+        call = (
+            'if __name__ == "__main__":\n    from p2pdp.experiments import network\n'
+            '    network._check_main_guard()\n    print("checked")'
+        )
+    script = tmp_path / "script.py"
+    script.write_text(UNGUARDED.format(call=call))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    if guarded:
+        assert done.returncode == 0 and done.stdout == "checked\n", done.stderr
+        return
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(
+        f"p2pdp: error: the network runtime was started at the top level of {script} (line 9): "
+        'put that under `if __name__ == "__main__":`'
+    )
 
 
 def test_the_coordinator_charges_only_releases_of_groups_it_aborted():
@@ -740,6 +807,20 @@ def _host(reports, *, mechanism="vector-laplace", seeded_noise=False):
     return host
 
 
+def _tls_host(credential, settings):
+    """A host of peers 0 and 1 with ``credential`` (mutual TLS) and ``settings``."""
+    return PeerHost(
+        np.array([0, 1]),
+        np.array([[0.1, 0.2], [0.3, 0.4]]),
+        np.array([5, 7]),
+        releaser=_host([]).releaser,
+        sensitivity=lambda sizes: 2.0 / min(sizes),
+        settings=settings,
+        report=lambda message: None,
+        credential=credential,
+    )
+
+
 def _submit(sender=2, size=6, **changes):
     message = {
         "kind": "submit",
@@ -769,6 +850,14 @@ ASSIGN_0 = {"kind": "assign", "sender": -1, "group": 0, "members": [0, 1, 2], "c
         (0, {**ASSIGN_0, "members": [0, 2**64 - 1]}, "assign"),  # an id beyond int64
         (0, {**_submit(), "group": -1}, "submit"),  # a group behind the curator
         (0, {"kind": "gossip", "sender": 2}, "unknown"),  # counted as unknown: no new keys
+        # integers are integers: not a number-like string, a bool, a float
+        (0, _submit(size="6"), "submit"),
+        (0, _submit(sender="2"), "submit"),
+        (0, _submit(group=False), "submit"),  # False == 0, its group
+        (0, _submit(size=6.0), "submit"),
+        (1, {**ASSIGN_0, "members": [0, "1", 2]}, "assign"),
+        (0, {**ASSIGN_0, "timeout": "60"}, "assign"),
+        (1, {**ASSIGN_0, "curator": True}, "assign"),
     ],
 )  # fmt: skip
 def test_a_host_refuses_frames_outside_the_protocol_and_keeps_serving(peer, message, reason):
@@ -819,6 +908,27 @@ def test_made_up_groups_cannot_crowd_out_an_honest_senders_message():
 def _full_publication(sender, group):
     return {"kind": "publish", "sender": sender, "group": group, "index": group,
             "model": pack_vector(np.zeros(2))}  # fmt: skip
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_an_honest_publication_refused_after_a_forged_copy_is_counted_in_the_stats(full):
+    """Peer 1 is a member of group 0 (curator 0); a copy of group 0's publication from
+    peer 0 arrives first (forged by an insider with peer 0's host's certificate), then the
+    honest one, refused as a second copy. Once the FINISH says group 0 was released by
+    peer 0, the final report counts one "pre-empted" (a lost message); a second copy of a
+    group never released counts nothing."""
+    host = _host([])
+    host.settings = dataclasses.replace(host.settings, full_publication=full)
+    host.handle(1, ASSIGN_0)
+    host.handle(1, _full_publication(0, 0))  # the forged copy
+    host.handle(1, _full_publication(0, 0))  # the honest one
+    assert host.counters.refused["publish"] == 1
+    if full:  # a made-up group of another sender, twice: no release, no loss
+        host.handle(1, _full_publication(2, 9))
+        host.handle(1, _full_publication(2, 9))
+    assert "pre-empted" not in host.stats(0)["refused"]  # not before the FINISH
+    host.released_pairs = {(0, 0)}
+    assert host.stats(0)["refused"]["pre-empted"] == 1
 
 
 def test_made_up_full_publications_do_not_end_a_hosts_final_wait(caplog):
@@ -1007,7 +1117,7 @@ def test_an_enrollment_is_refused_without_its_token_for_another_identity_or_twic
     async def go():
         server = world._enrollment = await tls.listen(
             world._enroll, "127.0.0.1", world._enrollment_tls, pending=4,
-            refused=world.wire.refused,
+            refused=world.wire.refused, per_identity=4, total=4, first_frame=5.0,
         )  # fmt: skip
         port = server.sockets[0].getsockname()[1]
 
@@ -1051,15 +1161,8 @@ def test_mutual_tls_refuses_strangers_impostors_and_replays():
         return await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname=expect)
 
     async def go():
-        host = PeerHost(
-            np.array([0, 1]),
-            np.array([[0.1, 0.2], [0.3, 0.4]]),
-            np.array([5, 7]),
-            releaser=_host([]).releaser,
-            sensitivity=lambda sizes: 2.0 / min(sizes),
-            settings=HostSettings(n_peers=4, hosts=2, full_publication=False),
-            report=lambda message: None,
-            credential=credentials["host-0"],
+        host = _tls_host(
+            credentials["host-0"], HostSettings(n_peers=4, hosts=2, full_publication=False)
         )
         port = (await host.listen())[0]
         # no certificate at all: the handshake never completes, no frame is read
@@ -1175,6 +1278,43 @@ def test_a_host_keeps_sending_when_a_receiver_is_gone():
     assert host.counters.refused["unreachable"] == 4
     assert 3 not in host._writers  # the next frame to peer 3 connects afresh
     assert host.counters.wire["publish"] == 4  # counted as sent, as the simulator counts them
+
+
+def test_a_peers_socket_closes_an_idle_connection_and_senders_connect_afresh():
+    """A peer's socket keeps a connection that sends nothing for ``peer_idle`` seconds (a
+    group's time and two timeouts; it was 600 s): peer 0's host sends a frame to peer 1, stays
+    silent past that, and sends another: its receiver closed the first connection, and the
+    sender, which drops a connection unused for half that, reconnected: both frames arrive,
+    nothing is lost."""
+    settings = HostSettings(
+        n_peers=2, hosts=2, full_publication=False, collect_timeout=0.2, timeout=0.2
+    )
+    assert settings.peer_idle == pytest.approx(0.6)
+    releaser = _host([]).releaser
+
+    def host(peer):
+        return PeerHost(np.array([peer]), np.array([[0.1, 0.2]]), np.array([5]),
+                        releaser=releaser, sensitivity=lambda sizes: 1.0, settings=settings,
+                        report=lambda message: None)  # fmt: skip
+
+    async def go():
+        sender, receiver = host(0), host(1)
+        await sender.listen()
+        port = (await receiver.listen())[1]
+        sender.addresses, sender.ports = ["127.0.0.1"] * 2, [0, port]
+        frame = encode(_full_publication(0, 3))  # refused by peer 1 (no such group): counted
+        for _ in range(2):
+            sender.send_frame("publish", 0, [1], frame)
+            await sender.flush()
+            await asyncio.sleep(1.0)  # past peer_idle: the receiver closes the connection
+        await sender.close()
+        await receiver.close()
+        return sender, receiver
+
+    sender, receiver = asyncio.run(go())
+    assert receiver.counters.refused["publish"] == 2  # both arrived
+    assert receiver.counters.refused["TimeoutError"] == 2  # each connection closed when idle
+    assert sender.counters.refused["unreachable"] == 0
 
 
 # -- secure aggregation between the peers of one host, frames routed by hand -----------------
@@ -1532,30 +1672,34 @@ def test_forged_releases_publications_records_and_hellos_are_refused_and_the_run
     assert "by 6, not its curator" in log
     assert "record noise_norm must be a number >= 0, got 'x'" in log
     assert "says where peers [0]" in log
-    _same_rows(simulate(config), network)
+    _same_rows(simulate(config), network, refused=5)  # and the host's two publications
     (refused,) = [row["frames"] for row in network.wire if row["kind"] == "refused"]
-    assert refused == 5  # and the host's two publications
+    assert refused == 5
 
 
-def test_made_up_full_publications_during_a_run_leave_its_rows_alone(monkeypatch):
-    """Full publication: while group 2 is in flight, an insider with host 1's certificate
-    makes each of host 1's peers that curated none of groups 0 to 2 "publish" group 2 to every
-    peer of host 0 (accepted on arrival: a non-member cannot know a group's curator; not
-    from a curator of a group so far, whose real publication it would make a replay). They
-    count toward no final wait (the coordinator's FINISH names each released group's
-    curator, see ``test_made_up_full_publications_do_not_end_a_hosts_final_wait``) and the
-    run completes with the simulator's rows."""
+def test_forged_full_publications_pre_empt_no_other_group_and_are_counted(monkeypatch):
+    """Full publication: once a group curated by a peer of host 1 is in flight, an insider
+    with host 1's certificate sends every peer of host 0 a "publication" of group 10^6 from
+    each of host 1's peers (none of them its curator: a receiver cannot know, so it is taken,
+    but each (group, sender) only once: it pre-empts none of those peers' real groups; it
+    used to make every later one a refused "replay"), and one of the group in flight from its
+    curator (its id: the honest copy that follows is refused, at each of the 6 peers). The
+    row counts the 6 refused and the 6 honest messages not delivered; all else is the
+    simulator's (the forged publications count toward no final wait: the FINISH names each
+    released group's curator)."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
     send = NetworkWorld._send
     sent = []
 
-    async def forge(world, curators):
+    async def forge(world, group):
         context = _insider(world.authority, 1).context(server=False)
         zeros = pack_vector(np.zeros(world.dim))
         messages = [
-            {"kind": "publish", "sender": sender, "group": 2, "index": 2, "model": zeros}
-            for sender in sorted(set(range(6, 12)) - curators)
+            {"kind": "publish", "sender": sender, "group": 10**6, "index": 10**6, "model": zeros}
+            for sender in range(6, 12)
         ]
+        messages.append({"kind": "publish", "sender": group.curator, "group": group.group_id,
+                         "index": group.group_id, "model": zeros})  # fmt: skip
         for peer in range(6):
             _, writer = await asyncio.open_connection(
                 "127.0.0.1", world.ports[peer], ssl=context, server_hostname="host-0"
@@ -1563,14 +1707,12 @@ def test_made_up_full_publications_during_a_run_leave_its_rows_alone(monkeypatch
             writer.write(b"".join(encode(message) for message in messages))
             await writer.drain()
             sent.append(writer)
-
-    curators = {}
+        await asyncio.sleep(0.5)  # read before the honest publication
 
     async def sending(world, peer, message):
-        if message["kind"] == "assign":
-            curators.setdefault(message["group"], world._in_flight[message["group"]].curator)
-            if message["group"] == 2 and not sent:
-                await forge(world, set(curators.values()))
+        group = world._in_flight.get(message["group"])
+        if message["kind"] == "assign" and not sent and group.group_id and group.curator >= 6:
+            await forge(world, group)
         await send(world, peer, message)
 
     monkeypatch.setattr(NetworkWorld, "_send", sending)
@@ -1579,7 +1721,7 @@ def test_made_up_full_publications_during_a_run_leave_its_rows_alone(monkeypatch
     for writer in sent:
         writer.close()
     assert len(sent) == 6
-    _same_rows(simulate(config), network)
+    _same_rows(simulate(config), network, refused=6, lost=6)
 
 
 def test_a_release_reported_after_its_groups_collect_timeout_is_charged(monkeypatch):
@@ -1619,7 +1761,7 @@ def test_a_release_reported_after_its_groups_collect_timeout_is_charged(monkeypa
 
 
 # -- bounded under hostile load ---------------------------------------------------------------
-def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypatch):
+def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypatch, caplog):
     """40 silent TCP clients at one peer's socket, then the coordinator: each newcomer
     beyond the cap on handshakes in progress evicts the oldest, so the coordinator's
     handshake completes and its assignment is read; the silent clients left are dropped at
@@ -1629,15 +1771,9 @@ def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypa
     _, credentials = _credentials(1)
 
     async def go(allowed):
-        host = PeerHost(
-            np.array([0, 1]),
-            np.array([[0.1, 0.2], [0.3, 0.4]]),
-            np.array([5, 7]),
-            releaser=_host([]).releaser,
-            sensitivity=lambda sizes: 2.0 / min(sizes),
-            settings=HostSettings(n_peers=2, hosts=1, full_publication=False, allowed=allowed),
-            report=lambda message: None,
-            credential=credentials["host-0"],
+        host = _tls_host(
+            credentials["host-0"],
+            HostSettings(n_peers=2, hosts=1, full_publication=False, allowed=allowed),
         )
         port = (await host.listen())[0]
         silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(40)]
@@ -1663,8 +1799,114 @@ def test_a_listener_bounds_silent_clients_and_then_serves_an_honest_one(monkeypa
     assert host.counters.refused["busy"] == 40 + 1 - pending
     assert host.counters.refused["handshake"] == pending - 1
     assert host.last_group == {0: 0}
-    host = asyncio.run(go(("10.0.0.9",)))
+    with caplog.at_level("WARNING"):
+        host = asyncio.run(go(("10.0.0.9",)))
     assert host.counters.refused["address"] == 41 and host.last_group == {}
+    assert caplog.text.count("not in the allowlist ['10.0.0.9']") == 1  # logged once
+    host = asyncio.run(go(("localhost",)))  # a name: resolved once, to 127.0.0.1
+    assert host.counters.refused["address"] == 0 and host.last_group == {0: 0}
+
+
+def test_an_allowlist_name_that_does_not_resolve_is_named():
+    with pytest.raises(ConfigError, match="allowlist's address 'no-such-host.invalid'"):
+        tls.resolve(["127.0.0.1", "no-such-host.invalid"])
+
+
+def test_a_host_outside_the_allowlist_is_told_so(monkeypatch):
+    """The coordinator refuses this host's address (its allowlist names another): the host's
+    one-line error names the allowlist (it said only "Connection reset by peer")."""
+    authority = Authority(1)
+
+    async def go():
+        refused = Counter()
+        server = await tls.listen(
+            lambda reader, writer: None, "127.0.0.1", authority.credential.context(server=True,
+            clients=False), pending=4, refused=refused, allowed={"10.0.0.9"}, per_identity=4,
+            total=4, first_frame=5.0,
+        )  # fmt: skip
+        ticket = Ticket(port=1, enrollment_port=server.sockets[0].getsockname()[1],
+                        token=authority.token(0), authority=authority.certificate)  # fmt: skip
+        settings = HostSettings(n_peers=2, hosts=1, full_publication=False, allowed=("10.0.0.9",))
+        with pytest.raises(HostError, match=r"allowlist, resolved: 10\.0\.0\.9; is this host"):
+            await host_module.serve(
+                np.array([0, 1]), np.zeros((2, 2)), np.array([5, 7]), releaser=_host([]).releaser,
+                sensitivity=lambda sizes: 1.0, settings=settings, host_index=0, ticket=ticket,
+            )  # fmt: skip
+        server.close()
+        return refused
+
+    assert asyncio.run(go())["address"] == 1
+
+
+def test_a_host_shut_down_with_connections_queued_logs_no_error(caplog):
+    """40 silent clients hold every handshake place and queue for more when the host's loop
+    ends: their tasks are cancelled quietly (the queue's futures used to be set after their
+    cancellation: an InvalidStateError traceback per queued connection)."""
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(tls, "HANDSHAKE_TIMEOUT", 30.0)
+    _, credentials = _credentials(1)
+
+    async def go():
+        host = _tls_host(
+            credentials["host-0"], HostSettings(n_peers=2, hosts=1, full_publication=False)
+        )
+        port = (await host.listen())[0]
+        silent.extend(socket.create_connection(("127.0.0.1", port)) for _ in range(40))
+        for _ in range(3):  # accepted, and queued: not yet through the queue when it ends
+            await asyncio.sleep(0)
+        await host.close()
+
+    silent = []
+    with caplog.at_level("DEBUG", logger="asyncio"):
+        asyncio.run(go())
+    monkeypatch.undo()
+    for client in silent:
+        client.close()
+    assert "InvalidStateError" not in caplog.text and "Traceback" not in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+#: A listener in a process with one descriptor left, taken by a client: every accept fails
+#: with EMFILE (asyncio retries 100 at a time, every second) for ``argv[1]`` seconds.
+OUT_OF_DESCRIPTORS = """
+import asyncio, logging, os, resource, socket, sys
+from collections import Counter
+from p2pdp.net import tls
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+context = tls.Authority(1).credential.context(server=True)
+async def main():
+    server = await tls.listen(lambda r, w: None, "127.0.0.1", context, pending=4,
+                              refused=Counter(), per_identity=2, total=4, first_frame=5.0)
+    port = server.sockets[0].getsockname()[1]
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    os.close(held.pop())
+    client = socket.create_connection(("127.0.0.1", port))  # the last descriptor
+    await asyncio.sleep(float(sys.argv[1]))
+asyncio.run(main())
+"""
+
+
+def test_accept_errors_out_of_descriptors_are_logged_once():
+    """A listener whose process has no descriptor left: accept fails with EMFILE over and
+    over (asyncio logged a traceback for each: 3,400 lines in 3.5 s here, 163 MB in 3.5 min
+    in the audit); now one line, naming the error, for the whole process."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", OUT_OF_DESCRIPTORS, "2.5"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "p2pdp.net.tls: a listener could not accept a connection: [Errno 24] Too many open "
+        "files (logged once)"
+    ]
 
 
 def _vm_peak_mb(pid):
@@ -1754,3 +1996,146 @@ def test_more_silent_connections_than_a_hosts_descriptors_during_a_run(monkeypat
         + f'[[host]]\naddress = "127.0.0.1"\ncommand = {command}\n' * 2
     )
     assert _silent_connections_during_a_run(monkeypatch, 1100, str(hosts)) == [1024, 1024]
+
+
+def _rss_mb(pid):
+    """The resident memory of process ``pid`` now (MB), from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _descriptors(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+#: An insider in a process of its own: reads a JSON plan on stdin (its PEM certificate, key
+#: and the run's CA; ``targets``: [port, server name, connections]; ``huge``: [port, name]),
+#: opens every connection (idle: it sends nothing), sends a 4 GiB length prefix on each
+#: ``huge`` one, prints how many of those the listener closed, and waits for stdin to end.
+INSIDER = r"""
+import asyncio, json, ssl, struct, sys, tempfile, os
+plan = json.loads(sys.stdin.readline())
+directory = tempfile.mkdtemp()
+for name in ("cert", "key", "ca"):
+    with open(os.path.join(directory, name), "w") as f:
+        f.write(plan[name])
+context = ssl.create_default_context(cafile=os.path.join(directory, "ca"))
+context.load_cert_chain(os.path.join(directory, "cert"), os.path.join(directory, "key"))
+held = []
+async def connect(port, name):
+    try:
+        held.append(await asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                  server_hostname=name))
+    except (OSError, ssl.SSLError):
+        pass
+async def huge(port, name):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                   server_hostname=name)
+    writer.write(struct.pack(">I", 2**32 - 1))
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), 10) == b""
+    except ConnectionError:
+        return True
+    except TimeoutError:  # still open
+        return False
+async def main():
+    targets = [(port, name) for port, name, n in plan["targets"] for _ in range(n)]
+    for start in range(0, len(targets), 50):
+        await asyncio.gather(*(connect(*t) for t in targets[start:start + 50]))
+    closed = await asyncio.gather(*(huge(*t) for t in plan["huge"]))
+    print(sum(closed), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+asyncio.run(main())
+"""
+
+
+def _insiders_during_a_run(monkeypatch, capfd, caplog, n_connections):
+    """From group 2 on, an insider (a process of its own) holding a valid certificate of
+    host 1 opens ``n_connections`` mutual-TLS connections to host 0's peers (spread over its
+    sockets) and as many to the coordinator's control port, keeps them open and idle to the
+    end, and sends a 4 GiB length prefix on three more of each. Each listener keeps at most
+    two connections per certificate name (taking no other party's place) and closes the rest
+    at once, so: the run gives the simulator's rows (seeded noise), neither the coordinator
+    nor a host grows by 50 MB or 100 descriptors, the huge prefixes are refused and their
+    connections closed by the host and the coordinator alike, and the log grows by less than
+    1 MB."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    send = NetworkWorld._send
+    measured, attacker = [], []
+
+    def measure(world):
+        pids = [os.getpid(), *(p.pid for p in world.processes)]
+        measured.append([(_rss_mb(pid), _descriptors(pid)) for pid in pids])
+
+    async def sending(world, peer, message):
+        if message["kind"] == "assign" and message["group"] == 2 and not measured:
+            measure(world)
+            insider = _insider(world.authority, 1)
+            key = insider.key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+            per_peer = [n_connections // 6 + (i < n_connections % 6) for i in range(6)]
+            plan = {
+                "cert": insider.certificate.decode(),
+                "key": key.decode(),
+                "ca": world.authority.certificate.decode(),
+                "targets": [[world.port, "coordinator", n_connections]]
+                + [[world.ports[i], "host-0", n] for i, n in enumerate(per_peer)],
+                "huge": [[world.port, "coordinator"]] * 3
+                + [[world.ports[i], "host-0"] for i in range(3)],
+            }
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", INSIDER,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            )  # fmt: skip
+            process.stdin.write(json.dumps(plan).encode() + b"\n")
+            attacker.append(process)
+            attacker.append(int(await asyncio.wait_for(process.stdout.readline(), 600)))
+        await send(world, peer, message)
+
+    monkeypatch.setattr(NetworkWorld, "_send", sending)
+    finish = NetworkWorld._finish
+
+    async def finishing(world):
+        measure(world)
+        attacker[0].stdin.close()
+        await attacker[0].wait()
+        await finish(world)
+
+    monkeypatch.setattr(NetworkWorld, "_finish", finishing)
+    capfd.readouterr()
+    config = _config("group")
+    network = simulate(_seeded(config), runtime="network")
+    log = capfd.readouterr()  # the hosts' (their stderr), and the coordinator's (logging)
+    logged = len(log.out) + len(log.err) + len(caplog.text)
+    assert logged < 1_000_000
+    assert attacker[1] == 6  # every huge prefix's connection closed by its listener
+    before, after = measured
+    for (rss_0, fds_0), (rss_1, fds_1) in zip(before, after, strict=True):
+        assert rss_1 - rss_0 < 50 and fds_1 - fds_0 < 100, (before, after)
+    _same_rows(simulate(config), network)
+    (refused,) = [row["frames"] for row in network.wire if row["kind"] == "refused"]
+    assert refused >= 2 * n_connections - 2 * 7  # at most two per listener kept, and evicted
+    return before, after, logged, refused
+
+
+def test_insiders_idle_connections_during_a_run_leave_its_rows_memory_and_log_alone(
+    monkeypatch, capfd, caplog
+):
+    _insiders_during_a_run(monkeypatch, capfd, caplog, 200)
+
+
+@pytest.mark.slow
+def test_two_thousand_idle_insider_connections_to_a_host_and_the_coordinator(
+    monkeypatch, capfd, caplog
+):
+    before, after, log, refused = _insiders_during_a_run(monkeypatch, capfd, caplog, 2000)
+    with capfd.disabled():  # the numbers measured: (RSS MB, descriptors) per process
+        print(f"\ncoordinator and hosts before: {before}\nafter: {after}\nlog: {log} bytes, "
+              f"refused: {refused}")  # fmt: skip

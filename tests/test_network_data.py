@@ -217,6 +217,7 @@ PROTOCOL_COLUMNS = (
     "messages_sent",
     "bytes_sent",
     "messages_lost",
+    "messages_refused",
     "hosts_lost",
     "stop_reason",
     "data_dependent_bounds",
@@ -335,7 +336,7 @@ def test_a_host_checks_its_own_shard_sizes_when_the_coordinator_holds_none(
         "P2PDP_NETWORK_HOSTS", str(_hosts_file(tmp_path, manifests, logs, score=False))
     )
     config = load_scenario(str(scenario)).points[0].config
-    with pytest.raises(NetworkRunError, match=r"(?s)host \d .* exited with status 1"):
+    with pytest.raises(NetworkRunError, match=r"(?s)host \d .* stopped with the error above"):
         simulate(config, runtime="network")
     err = capfd.readouterr().err  # the first host to fail (the run then stops the other)
     assert re.search(r"privacy.min_shard_size = 21, but peer [04] holds 20 records", err)
@@ -384,7 +385,7 @@ def test_a_host_given_another_hosts_data_fails_the_run_naming_the_file_and_field
     )
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
     config = load_scenario(str(scenario)).points[0].config
-    with pytest.raises(NetworkRunError, match=r"host \d .* exited with status 1"):
+    with pytest.raises(NetworkRunError, match=r"host \d .* stopped with the error above"):
         simulate(config, runtime="network")
     err = capfd.readouterr().err
     # both hosts hold the other's data: whichever fails first stops the run (a race)
@@ -393,6 +394,46 @@ def test_a_host_given_another_hosts_data_fails_the_run_naming_the_file_and_field
         for i in (0, 1)
     ), err
     assert "Traceback" not in err
+
+
+def test_shards_split_for_another_peer_count_say_to_rerun_split_in_one_line(tmp_path, capfd):
+    """Shard files split for 8 peers, a run of 12: each host's one line names both counts
+    and says to rerun ``p2pdp split`` (it printed two SHA-256 keys), and the run's own line
+    points at it, without the advice about the main guard; no traceback."""
+    scenario = _scenario(tmp_path)
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\n'
+        + "".join(
+            f'[[host]]\naddress = "127.0.0.1"\ndata = "{m}"\n'
+            for m in _split(scenario, tmp_path / "shards")
+        )
+    )
+    capfd.readouterr()
+    argv = ["run", str(scenario), "--out", str(tmp_path / "out"), "--runtime", "network",
+            "--hosts", str(hosts), "--set", "partition.n_peers=12"]  # fmt: skip
+    assert cli(argv) == 2
+    err = capfd.readouterr().err
+    assert re.search(
+        r"p2pdp host \d: shard manifest .*host-\d.json: split for partition.n_peers = 8, this "
+        r"run has 12: rerun `p2pdp split SCENARIO --hosts N --out DIR`",
+        err,
+    ), err
+    (line,) = [line for line in err.splitlines() if line.startswith("p2pdp: error:")]
+    assert line.endswith("stopped with the error above while waiting for every host to start")
+    assert "Traceback" not in err and "__main__" not in err
+
+
+def test_split_into_an_existing_file_is_refused_in_one_line(tmp_path, capsys):
+    out = tmp_path / "taken"
+    out.write_text("not a directory")
+    assert cli(["split", str(_scenario(tmp_path)), "--hosts", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"p2pdp: error: p2pdp split: --out {out} is a file: give a directory (made if missing) "
+        "for the shard files"
+    )
+    assert out.read_text() == "not a directory"
 
 
 def _tamper(manifest: Path, **changes) -> None:

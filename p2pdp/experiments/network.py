@@ -29,6 +29,7 @@ standard input.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import logging
 import multiprocessing
@@ -38,6 +39,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +52,7 @@ from p2pdp.core.errors import ConfigError, NetworkRunError, P2PDPError
 from p2pdp.core.parallel import worker_signals
 from p2pdp.experiments.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
-from p2pdp.net.host import HostError, HostSettings, Ticket, hosts_of, serve
+from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of, serve
 from p2pdp.net.tls import Authority
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import Releaser
@@ -423,6 +425,8 @@ def network_world(
             return made.exact(statistics[members])
 
     hosts, plan = hosts_plan(n_peers)
+    if plan is None:  # spawned hosts import the main script again
+        _check_main_guard()
     context = multiprocessing.get_context("spawn")
     authority = Authority(hosts)  # its keys stay in this process
 
@@ -461,6 +465,48 @@ def network_world(
     )
 
 
+def _is_main_test(test: ast.expr) -> bool:
+    """``test`` is ``__name__ == "__main__"`` (either way round)."""
+    if not isinstance(test, ast.Compare) or len(test.ops) != 1:
+        return False
+    if not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, *test.comparators]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    values = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and values == ["__main__"]
+
+
+def _check_main_guard() -> None:
+    """Exit with one line if this process runs its main script's top level outside
+    ``if __name__ == "__main__":``: each spawned host would import that script again and
+    start the run again (a traceback per host). Nothing is checked without a script file
+    (an interactive session, ``python -c``, a notebook)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    frame: types.FrameType | None = sys._getframe()
+    while frame is not None and not (
+        frame.f_code.co_name == "<module>" and main is not None and frame.f_globals is vars(main)
+    ):
+        frame = frame.f_back
+    if frame is None or path is None:
+        return
+    line = frame.f_lineno
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            if node.lineno <= line <= (node.end_lineno or node.lineno):
+                return
+    raise SystemExit(
+        f"p2pdp: error: the network runtime was started at the top level of {path} (line "
+        f'{line}): put that under `if __name__ == "__main__":` (each host process imports '
+        "the main script again, and would start the run again)"
+    )
+
+
 def host_main(
     config: ScenarioConfig,
     fold: int,
@@ -491,7 +537,7 @@ def host_main(
             check_min_shard_size(sizes, config.privacy.min_shard_size)
     except P2PDPError as error:  # one line, not a traceback: it names what to fix
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(EXPLAINED)
     _, releaser, _ = release_path(config, task, own.shape[-1], fold=fold, repetition=repetition)
     try:
         asyncio.run(
@@ -511,7 +557,7 @@ def host_main(
         )
     except (HostError, P2PDPError) as error:  # one line, not a traceback: it names what to fix
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(EXPLAINED)
 
 
 def _own_statistics(

@@ -78,6 +78,12 @@ def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) ->
     set of files could not serve them all). ``hosts``: from 1 to ``partition.n_peers``.
     Returns the manifests' paths, host by host.
     """
+    target = Path(out)
+    if target.exists() and not target.is_dir():
+        raise ConfigError(
+            f"p2pdp split: --out {os.fspath(out)} is a file: give a directory (made if missing) "
+            "for the shard files"
+        )
     points = [point.config for point in scenario.points]
     config = points[0]
     names = ("seed", "data", "evaluation.split", "evaluation.cv_folds", "partition")
@@ -125,8 +131,10 @@ def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) ->
                         f"bounds_{fold}_{repetition}": np.array(data.data_dependent_bounds),
                     }
                 )
-    target = Path(out)
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"p2pdp split: --out {os.fspath(out)}: {error}") from None
     manifests = []
     for host in range(hosts):
         shard_file = target / f"host-{host}.npz"
@@ -139,6 +147,7 @@ def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) ->
             "shard_key": _shard_digest(config),
             "host": host,
             "hosts": hosts,
+            "n_peers": n_peers,
             "peers": np.flatnonzero(owner == host).tolist(),
             "folds": folds,
             "repetitions": config.repetitions,
@@ -206,17 +215,30 @@ def read_host_shards(
     if not isinstance(manifest, dict):
         raise ConfigError(f"shard manifest {where}: must be a JSON object")
 
-    def field(name: str, expected: Any, what: str) -> None:
+    rerun = (
+        ": rerun `p2pdp split SCENARIO --hosts N --out DIR` with this run's scenario and hosts, "
+        "and give each host its new manifest"
+    )
+
+    def field(name: str, expected: Any, what: str, advice: str = "") -> None:
         value = manifest.get(name)
         if value != expected:
             raise ConfigError(
-                f"shard manifest {where}: {name} = {value!r}, expected {expected!r} ({what})"
+                f"shard manifest {where}: {name} = {value!r}, expected {expected!r} "
+                f"({what}){advice}"
             )
 
     field("format", SHARD_FORMAT, "a manifest written by `p2pdp split`")
-    field("version", SHARD_VERSION, "the version this p2pdp reads")
-    field("shard_key", _shard_digest(config), "the rows of this run's seed, data and partition")
-    field("hosts", hosts, "this run's number of hosts")
+    field("version", SHARD_VERSION, "the version this p2pdp reads", rerun)
+    n_peers = config.partition.n_peers
+    if manifest.get("n_peers", n_peers) != n_peers:  # (manifests of version 1 may lack it)
+        raise ConfigError(
+            f"shard manifest {where}: split for partition.n_peers = {manifest['n_peers']!r}, "
+            f"this run has {n_peers}{rerun}"
+        )
+    field("shard_key", _shard_digest(config), "the rows of this run's seed, data and partition",
+          rerun)  # fmt: skip
+    field("hosts", hosts, "this run's number of hosts", rerun)
     field("host", host, "this host's index: the hosts file names another host's data")
     peers = np.flatnonzero(hosts_of(config.partition.n_peers, hosts) == host)
     field("peers", peers.tolist(), "the peers this run gives this host")

@@ -74,8 +74,12 @@ class RunResult:
     ``messages_lost``: messages the transport model lost (or, for iterative protocols, that
     came late); on the network runtime, the run's frames that were undeliverable or past their
     group's timer, as the parties that reported counted them (see
-    :mod:`p2pdp.net.coordinator`), with ``hosts_lost`` the host
+    :mod:`p2pdp.net.coordinator`), and the publications of released groups refused because
+    a forged copy came first, with ``hosts_lost`` the host
     processes lost during the run (their peers left it; 0 in simulation).
+    ``messages_refused`` (network runtime; 0 in simulation): the messages the parties refused
+    as outside the protocol (replayed, forged, malformed, or from a party the protocol's
+    state does not entitle to send them), as every party that reported counted them.
     ``score_note`` is empty for a scored run; a network run whose coordinator holds no data
     (a hosts file's ``score = false``) says there why its scores (the task's summary columns,
     the peers' scores and shard sizes, a release's ``noise_norm`` unless its curator reported
@@ -125,6 +129,7 @@ class RunResult:
     runtime: str = "simulation"
     hosts_lost: int = 0
     score_note: str = ""
+    messages_refused: int = 0
 
     def row(self) -> dict[str, Any]:
         """Flat results row: every config setting (empty where the run read none), the
@@ -144,6 +149,7 @@ class RunResult:
             messages_sent=self.messages_sent,
             bytes_sent=self.bytes_sent,
             messages_lost=self.messages_lost,
+            messages_refused=self.messages_refused,
             hosts_lost=self.hosts_lost,
             stop_reason=self.stop_reason,
             data_dependent_bounds=self.data_dependent_bounds,
@@ -559,6 +565,7 @@ def _result(
         wire=getattr(world, "wire_rows", list)(),
         runtime=runtime,
         hosts_lost=len(getattr(world, "lost_hosts", ())),
+        messages_refused=getattr(transport, "messages_refused", 0),
         **fields,
     )
 

@@ -31,7 +31,10 @@ one of its peers is aborted at once, its peers leave the pool, and the run goes 
 ``hosts_lost``). A host that does not answer the final ``FINISH`` in time is killed and counted
 the same way. ``transport.messages_lost`` (the row's ``messages_lost``) counts the run's frames
 that were undeliverable or reached a curator past its group's timer (:data:`LOST`), as every
-party that reported counted them. A host that exits or
+party that reported counted them, and the honest publications refused because a forged copy
+with their group's id came first (:data:`~p2pdp.net.host.PRE_EMPTED`);
+``transport.messages_refused`` (the row's ``messages_refused``) the messages refused as outside
+the protocol (:data:`REFUSED`). A host that exits or
 never connects while the hosts start fails the run (:class:`~p2pdp.core.errors.NetworkRunError`,
 naming the host and its command).
 
@@ -64,14 +67,18 @@ from p2pdp.net.host import (
     DONE,
     ENROLL,
     ENROLL_BYTES,
+    EXPLAINED,
     FINISH,
     HELLO,
+    KINDS,
+    PRE_EMPTED,
     STATS,
     HostSettings,
     Ticket,
+    fresh,
     hosts_of,
 )
-from p2pdp.net.tls import Authority, host_name, identity, listen
+from p2pdp.net.tls import Authority, host_name, identity, listen, resolve
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
@@ -172,7 +179,11 @@ def _ended(host: int, process: Any) -> str:
 
 #: Refusal reasons (the ``wire`` table's) that are the run's own messages lost: a frame that
 #: could not be delivered, or that reached its curator past its group's timer.
-LOST = ("unreachable", "expired")
+LOST = ("unreachable", "expired", PRE_EMPTED)
+#: Refusal reasons that are messages refused as outside the protocol (replayed, forged,
+#: malformed, from a party the protocol's state does not entitle to send them), counted per
+#: kind (the row's ``messages_refused``); refused connections are not messages.
+REFUSED = (*KINDS, HELLO, DONE, STATS, ENROLL, "unknown")
 
 
 @dataclass
@@ -193,6 +204,7 @@ class _Counters:
     bytes_sent: np.ndarray
     control_messages: int = 0
     messages_lost: int = 0
+    messages_refused: int = 0
 
 
 class _Clock:
@@ -335,6 +347,7 @@ class NetworkWorld:
         self._held = np.zeros(n_peers, dtype=np.int64)  # per peer: aborted groups' charges
         self.position: dict[int, int] = {}  # group -> index of its release in published
         self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._used: dict[int, float] = {}  # peer -> when its connection was last used
         self.host_of = hosts_of(n_peers, hosts)
         self.authority = authority
         own = authority.credential
@@ -389,6 +402,7 @@ class NetworkWorld:
         asyncio.run(self._run())
 
     async def _run(self) -> None:
+        allowed = resolve(self.settings.allowed)
         try:
             server = await listen(
                 self._control,
@@ -396,7 +410,10 @@ class NetworkWorld:
                 self._server_tls,
                 pending=self.n_hosts + 8,  # every host at the start, and some slack
                 refused=self.wire.refused,
-                allowed=self.settings.allowed,
+                allowed=allowed,
+                per_identity=2,  # a host's control connection, and one to replace it
+                total=2 * self.n_hosts,
+                first_frame=self.settings.timeout,  # a host says hello at once
             )
         except OSError as error:
             raise ConfigError(
@@ -409,7 +426,10 @@ class NetworkWorld:
             self._enrollment_tls,
             pending=self.n_hosts + 8,
             refused=self.wire.refused,
-            allowed=self.settings.allowed,
+            allowed=allowed,
+            per_identity=self.n_hosts + 8,  # no client certificate: one name (None) for all
+            total=self.n_hosts + 8,
+            first_frame=self.settings.timeout,
         )
         ended = False
         try:
@@ -459,6 +479,11 @@ class NetworkWorld:
                     f"; not connected yet: {', '.join(silent)}" if silent else "",
                 )
             dead = [(i, p) for i, p in enumerate(self.processes) if not p.is_alive()]
+            if dead and all(getattr(p, "exitcode", None) == EXPLAINED for _, p in dead):
+                raise NetworkRunError(  # each said why in its own line: nothing to add
+                    f"network runtime: {'; '.join(_name(i, p) for i, p in dead)} stopped "
+                    f"with the error above while waiting for {what}"
+                )
             if dead:
                 raise NetworkRunError(
                     f"network runtime: {'; '.join(_ended(i, p) for i, p in dead)} while "
@@ -545,8 +570,11 @@ class NetworkWorld:
         except (ProtocolError, TimeoutError, ConnectionError) as error:
             self.wire.refused[type(error).__name__] += 1
             log.warning("coordinator: refused a control connection: %s", error)
+            writer.transport.abort()  # closed here too, with its descriptor, at once
         except asyncio.CancelledError:  # the run is over
             pass
+        finally:
+            writer.close()
 
     def _on_control(
         self,
@@ -711,6 +739,7 @@ class NetworkWorld:
         self.wire.refused["late release"] += 1
 
     async def _send(self, peer: int, message: dict[str, Any]) -> None:
+        fresh(self._writers, self._used, peer, self.settings.peer_idle)
         if peer not in self._writers:
             _, self._writers[peer] = await asyncio.wait_for(
                 asyncio.open_connection(
@@ -823,9 +852,9 @@ class NetworkWorld:
         for host, writer in self._hosts.items():
             if host in self.lost_hosts:
                 continue
-            finish: dict[str, Any] = {"kind": FINISH, "publications": int(expected[host])}
-            if full:  # which groups were released by whom: hosts count only those receipts
-                finish["released"] = released
+            # which groups were released by whom: hosts count only those receipts (full
+            # publication), and the publications of those they refused (pre-empted)
+            finish = {"kind": FINISH, "publications": int(expected[host]), "released": released}
             frame = encode(finish)
             writer.write(frame)
             self.wire.add(FINISH, len(frame))
@@ -854,6 +883,8 @@ class NetworkWorld:
                 )
         # the protocol's frames that did not serve: undeliverable, or past their group's timer,
         # as the reporting parties counted them (a lost host's own counts are lost with it);
-        # frames refused as outside the protocol (forged, malformed, strangers') are not
-        # messages of the run: the wire table counts them
+        # and the publications of released groups refused because a forged copy came first;
+        # frames refused as outside the protocol (forged, malformed) are messages_refused,
+        # refused connections (strangers', beyond a name's bound) the wire table's only
         self.transport.messages_lost = sum(self.wire.refused[r] for r in LOST)
+        self.transport.messages_refused = sum(self.wire.refused[r] for r in REFUSED)

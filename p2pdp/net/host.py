@@ -56,12 +56,14 @@ from p2pdp.net.tls import (
     identity,
     listen,
     new_key,
+    resolve,
     signing_request,
 )
 from p2pdp.net.wire import (
     ProtocolError,
     encode,
     frame_bytes,
+    integer,
     pack_vector,
     read_frame,
     unpack_vector,
@@ -81,7 +83,17 @@ from p2pdp.protocols.groups import (
     model_bytes,
 )
 
-__all__ = ["HostError", "HostSettings", "PeerHost", "Ticket", "enroll", "hosts_of", "serve"]
+__all__ = [
+    "EXPLAINED",
+    "HostError",
+    "HostSettings",
+    "PeerHost",
+    "Ticket",
+    "enroll",
+    "fresh",
+    "hosts_of",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +104,12 @@ ENROLL, CERTIFICATE = "enroll", "certificate"
 #: Largest enrollment frame, either way (bytes): a P-256 request or certificate in PEM is
 #: under 1 KiB, a token 43 characters.
 ENROLL_BYTES = 4096
+#: Exit status of a host process that printed its own one-line error (``p2pdp host N: ...``):
+#: the coordinator's error then says only that it is above, with no unrelated advice.
+EXPLAINED = 3
+#: A host's count of publications of released groups its peers refused (a forged copy with
+#: the group's id came first): honest messages not delivered (:meth:`PeerHost.pre_empted`).
+PRE_EMPTED = "pre-empted"
 #: Every kind a peer's socket reads (a refusal is counted under its kind, or "unknown").
 KINDS = (ASSIGN, SUBMIT, SHARE, PARTIAL, PUBLISH)
 
@@ -119,7 +137,9 @@ class HostSettings:
     timeout : float
         Seconds any wait for a frame's body, a connection or a report may take.
     idle_timeout : float
-        Seconds a connection may stay silent between frames (the run's longest pause).
+        Seconds a control connection (a host's, to the coordinator) may stay silent between
+        frames (the run's longest pause). A peer's socket keeps a silent connection only
+        :attr:`peer_idle` seconds.
     seeded_noise : bool
         Draw noise from the run's seeded streams (``network.seeded_noise``: parity tests,
         NOT private); else from the operating system's CSPRNG (see the module docstring).
@@ -146,6 +166,40 @@ class HostSettings:
     group_size: int = 3
     allowed: tuple[str, ...] = ()
     releases_per_peer: int = 2**31 - 1
+
+    @property
+    def peer_idle(self) -> float:
+        """Seconds a peer's socket keeps a connection that sends nothing: a group's time and
+        two timeouts of slack. A sender drops a connection it has not used for half that and
+        connects afresh (:func:`fresh`), so it never writes to one about to be closed."""
+        return self.collect_timeout + 2 * self.timeout
+
+
+def _sender(message: dict[str, Any]) -> int:
+    """A frame's ``sender``: a peer id, or SAMPLER (the coordinator); ProtocolError unless an
+    int (see :func:`~p2pdp.net.wire.integer`)."""
+    return integer(message["sender"], "sender", SAMPLER)
+
+
+def _seconds(value: Any) -> float:
+    """An assignment's ``timeout``: a finite number of seconds >= 0 (not a bool or a str)."""
+    if type(value) not in (int, float) or not 0 <= value < math.inf:
+        raise ProtocolError(f"timeout must be a number of seconds >= 0, got {value!r:.40}")
+    return float(value)
+
+
+def fresh(
+    writers: dict[int, asyncio.StreamWriter], used: dict[int, float], key: int, idle: float
+) -> None:
+    """Forget (and close) ``writers[key]`` if it was last used more than ``idle / 2`` seconds
+    ago (its receiver closes it after ``idle``: :attr:`HostSettings.peer_idle`); mark it used
+    now. Call before writing, then connect if ``key`` is not in ``writers``."""
+    now = time.monotonic()
+    writer = writers.get(key)
+    if writer is not None and now - used.get(key, now) > idle / 2:
+        del writers[key]
+        writer.close()
+    used[key] = now
 
 
 def hosts_of(n_peers: int, hosts: int) -> np.ndarray:
@@ -273,8 +327,8 @@ class PeerHost:
         self.early: dict[int, dict[int, tuple[int, dict[str, tuple[dict[str, Any], Any]]]]]
         self.early = {}
         self.early_held: Counter[int] = Counter()  # sender's host -> messages kept early
-        # what a peer may be published: group -> its curator (``group`` publication: the
-        # receiver's own assignments), or sender -> its last group (``full``: any peer's)
+        # what a peer may be published (``group`` publication): group -> its curator, from
+        # the receiver's own assignments
         self.expected: dict[int, dict[int, int]] = defaultdict(dict)
         # full publication: (group, sender) -> how many of this host's peers it reached, and
         # sender -> its groups among them (at most releases_per_peer); which pairs were real
@@ -283,12 +337,21 @@ class PeerHost:
         self.sender_groups: Counter[int] = Counter()
         self.released: set[tuple[int, int]] | None = None
         self.released_received = 0
+        # full publication: peer -> sender -> the groups it published to that peer
+        self.got: dict[int, dict[int, set[int]]] = defaultdict(dict)
+        self.delivered: set[tuple[int, int]] = set()  # group publication: (peer, group)
+        # publications refused as a second copy or beyond a sender's groups: (group, sender)
+        # -> how many, and per sender how many such groups (bounded like arrivals)
+        self.refused_publications: Counter[tuple[int, int]] = Counter()
+        self.refused_senders: Counter[int] = Counter()
+        self.released_pairs: set[tuple[int, int]] = set()  # (group, curator): the FINISH's
         self.frame_bytes = frame_bytes(self.dim, settings.n_peers)
         self.codec = FixedPoint()
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
         self.deadline: dict[int, float] = {}  # group -> when its curator stops (monotonic s)
         self.noise_position = 0  # draws of the run's noise stream consumed or skipped here
         self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._used: dict[int, float] = {}  # receiver -> when its connection was last used
         self._outbox: deque[tuple[int | None, Any]] = deque()  # (receiver, frame) or action
         self._connecting: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._sending: asyncio.Future | None = None
@@ -298,6 +361,7 @@ class PeerHost:
     async def listen(self, address: str = "127.0.0.1") -> dict[int, int]:
         """Open one listening socket per peer and start the sender task; ``{peer: port}``."""
         self._sending = asyncio.ensure_future(self._sender())
+        allowed = resolve(self.settings.allowed)  # once: the names of a hosts file
         ports = {}
         for peer in self.peers:
             serve = functools.partial(self._serve, peer)
@@ -310,7 +374,12 @@ class PeerHost:
                     self._server_tls,
                     pending=self.settings.group_size + 8,
                     refused=self.counters.refused,
-                    allowed=self.settings.allowed,
+                    allowed=allowed,
+                    # one connection from the coordinator and one from each host (one per
+                    # receiver), and one each to replace it
+                    per_identity=2,
+                    total=2 * (self.settings.hosts + 1),
+                    first_frame=self.settings.timeout,  # a party connects to send a frame
                 )
             self.servers.append(server)
             ports[peer] = server.sockets[0].getsockname()[1]
@@ -327,7 +396,7 @@ class PeerHost:
                 message = await read_frame(
                     reader,
                     timeout=self.settings.timeout,
-                    idle=self.settings.idle_timeout,
+                    idle=self.settings.peer_idle,
                     max_bytes=self.frame_bytes,
                 )
                 if message is None:
@@ -342,6 +411,7 @@ class PeerHost:
             writer.close()
 
     async def _writer(self, receiver: int) -> asyncio.StreamWriter:
+        fresh(self._writers, self._used, receiver, self.settings.peer_idle)
         if receiver not in self._writers:
             async with self._connecting[receiver]:  # one connection per receiver
                 if receiver not in self._writers:
@@ -455,7 +525,10 @@ class PeerHost:
             "host": host_index,
             "sent": [[int(p), int(counters.messages[p]), int(counters.bytes[p])] for p in sent],
             "wire": {k: [counters.wire[k], counters.wire_bytes[k]] for k in counters.wire},
-            "refused": dict(counters.refused),
+            "refused": {
+                **counters.refused,
+                **({PRE_EMPTED: pre} if (pre := self.pre_empted()) else {}),
+            },
             # (peer, release) pairs as int64 bytes: a msgpack list of lists is ~3x larger
             "receipts": np.array(self.receipts, dtype="<i8").reshape(-1, 2).tobytes(),
         }
@@ -488,37 +561,60 @@ class PeerHost:
             log.warning("peer %d: refused a %r frame: %s", peer, kind[:32], error)
 
     def _on_publish(self, peer: int, message: dict[str, Any]) -> None:
-        """A release for ``peer``: only from its group's curator, once, with the group's
-        index. A ``group`` publication is checked against ``peer``'s own assignment; a
-        ``full`` one reaches peers outside the group, who know only that a curator releases
-        its groups in order, so it must name a later group than that sender's last."""
-        group, sender, index = int(message["group"]), int(message["sender"]), message["index"]
+        """A release for ``peer``: from its group's curator, once per group and sender, with
+        the group's index. A ``group`` publication is checked against ``peer``'s own
+        assignment; a ``full`` one reaches peers outside the group, who cannot know a group's
+        curator: each ``(group, sender)`` is taken once per peer, and at most
+        ``releases_per_peer`` groups per sender (all a peer can curate), so a sender that
+        makes up groups takes only its own places, never another sender's (and never the
+        place of a real group of its own it has not made up). A publication refused as a
+        second copy, or beyond its sender's groups, is remembered (:meth:`pre_empted`)."""
+        group, sender = integer(message["group"], "group"), _sender(message)
+        index = message["index"]
         if type(index) is not int or index != group:  # an assignment's index is its group
-            raise ProtocolError(f"a publication of group {group} with index {index!r}")
-        expected = self.expected[peer]
+            raise ProtocolError(f"a publication of group {group} with index {index!r:.40}")
+        key = (group, sender)
         if self.settings.full_publication:
-            if group <= expected.get(sender, -1):
+            groups = self.got[peer].setdefault(sender, set())
+            if group in groups:
+                self._turned_away(key)
                 raise ProtocolError(f"a publication of group {group} from {sender} replayed")
-            key = (group, sender)
             if key not in self.arrivals:
                 if self.sender_groups[sender] >= self.settings.releases_per_peer:
+                    self._turned_away(key)
                     raise ProtocolError(
                         f"a publication of group {group} from {sender}, which has published "
                         f"{self.settings.releases_per_peer} groups here: all a peer can curate"
                     )
                 self.sender_groups[sender] += 1
-            expected[sender] = group
+            groups.add(group)
             self.arrivals[key] += 1
             if self.released is not None and key in self.released:
                 self.released_received += 1
         else:
+            expected = self.expected[peer]
             if expected.get(group) != sender:
+                if (peer, group) in self.delivered:
+                    self._turned_away(key)
                 raise ProtocolError(
-                    f"a publication of group {group} from {sender}, not its curator for {peer}"
+                    f"a publication of group {group} from {sender}, not its curator for {peer} "
+                    "(or a second one)"
                 )
             del expected[group]
+            self.delivered.add((peer, group))
             self.receipts.append((peer, group))
         self.counters.publications_received += 1
+
+    def _turned_away(self, key: tuple[int, int]) -> None:
+        """Remember a refused publication of ``key`` (group, sender): if that group was
+        released by that sender, an honest copy was not delivered (a forged one with its id,
+        or a replay, came first). At most ``releases_per_peer`` groups per sender, as
+        arrivals."""
+        if key in self.refused_publications or (
+            self.refused_senders[key[1]] < self.settings.releases_per_peer
+        ):
+            self.refused_senders[key[1]] += key not in self.refused_publications
+            self.refused_publications[key] += 1
 
     def count_released(self, released: set[tuple[int, int]]) -> None:
         """Full publication, at the end of the run: ``released`` holds the ``(group,
@@ -529,10 +625,18 @@ class PeerHost:
         self.released = released
         self.released_received = sum(self.arrivals.get(pair, 0) for pair in released)
 
+    def pre_empted(self) -> int:
+        """Publications of released groups (the coordinator's FINISH names each with its
+        curator) that this host's peers refused: a second copy (a forgery with the group's
+        id, or a replay, came first) or beyond the curator's groups. Each is a message of
+        the run that was not delivered as sent; 0 before the FINISH."""
+        released = self.released_pairs
+        return sum(n for key, n in self.refused_publications.items() if key in released)
+
     def _assigned(self, peer: int, kind: str, message: dict[str, Any]) -> bool:
         """Whether ``peer`` was assigned the group of ``message`` in the role it needs: a
         member for a share, its curator for a submission or a partial sum."""
-        group_id = int(message["group"])
+        group_id = integer(message["group"], "group")
         if kind == SHARE:
             member = self.members.get(peer)
             return member is not None and member.group.group_id == group_id
@@ -546,7 +650,8 @@ class PeerHost:
         messages per sender (one per kind): an honest sender is in one group at a time and
         only moves forward, so a newer group replaces an older one, and a sender that makes
         up groups only ever takes its own place, never an honest sender's."""
-        group_id, sender, kind = int(message["group"]), int(message["sender"]), message["kind"]
+        group_id, sender = integer(message["group"], "group"), _sender(message)
+        kind = message["kind"]
         if group_id <= self.last_group.get(peer, -1):
             raise ProtocolError(f"group {group_id} is not one {peer} takes part in now")
         kept = self.early.setdefault(peer, {})
@@ -595,7 +700,7 @@ class PeerHost:
     def _check_sender(self, message: dict[str, Any], who: str | None) -> None:
         """Refuse a frame whose claimed sender is not what the connection authenticated:
         assignments come from the coordinator, a peer's messages from the host running it."""
-        sender = int(message["sender"])
+        sender = _sender(message)
         if sender != SAMPLER and not 0 <= sender < self.settings.n_peers:
             raise ProtocolError(f"unknown sender {sender}")
         entitled = COORDINATOR if sender == SAMPLER else host_name(int(self.host_of[sender]))
@@ -603,14 +708,16 @@ class PeerHost:
             raise ProtocolError(f"sender {sender} impersonated by {who!r} (expected {entitled})")
 
     def _group(self, message: dict[str, Any]) -> Group:
-        members = np.array([int(m) for m in message["members"]], dtype=np.int64)
-        curator = int(message["curator"])
+        members = np.array([integer(m, "member") for m in message["members"]], dtype=np.int64)
+        curator = integer(message["curator"], "curator")
         if curator not in members.tolist() or len(set(members.tolist())) != members.size:
             raise ProtocolError(f"bad group {members.tolist()} with curator {curator}")
-        return Group(int(message["group"]), members, curator, secure=self.releaser.secure)
+        return Group(
+            integer(message["group"], "group"), members, curator, secure=self.releaser.secure
+        )
 
     def _on_assign(self, peer: int, message: dict[str, Any]) -> None:
-        if int(message["sender"]) != SAMPLER:
+        if _sender(message) != SAMPLER:
             raise ProtocolError("an assignment must come from the coordinator")
         group = self._group(message)
         if peer not in group.members.tolist():
@@ -624,9 +731,9 @@ class PeerHost:
             self._expire(older)  # it curates one group at a time: the older one is over
         if peer == group.curator:  # the group as the coordinator formed it, nobody else
             self.groups[group.group_id] = (group, {})
-            self.release_index[group.group_id] = int(message["release"])
+            self.release_index[group.group_id] = integer(message["release"], "release")
             # the curator's own timer, on its own clock (no clock shared with anyone)
-            self.deadline[group.group_id] = time.monotonic() + float(message["timeout"])
+            self.deadline[group.group_id] = time.monotonic() + _seconds(message["timeout"])
         if self.releaser.secure:
             self._share(peer, group)
         else:
@@ -649,9 +756,9 @@ class PeerHost:
 
     def _on_submit(self, peer: int, message: dict[str, Any]) -> None:
         group, received = self._collecting(peer, message)
-        sender = int(message["sender"])
+        sender = _sender(message)
         received[sender] = unpack_vector(message["statistic"], shape=(self.dim,))
-        if group.on_submit(sender, int(message["size"])):
+        if group.on_submit(sender, integer(message["size"], "size")):
             self._release(group)
 
     # -- secure aggregation (p2pdp.privacy.secure_aggregation, for real) ----------------------
@@ -692,7 +799,7 @@ class PeerHost:
     def _on_share(self, peer: int, message: dict[str, Any]) -> None:
         """A share for ``peer``'s current group: add it; with one from every other member,
         send the partial sum (and the shard size) to the curator."""
-        sender = int(message["sender"])
+        sender = _sender(message)
         vector = unpack_vector(message["share"], shape=(self.dim,), ring=True)
         member = self.members[peer]
         group = member.group
@@ -718,9 +825,9 @@ class PeerHost:
 
     def _on_partial(self, peer: int, message: dict[str, Any]) -> None:
         group, received = self._collecting(peer, message)
-        sender = int(message["sender"])
+        sender = _sender(message)
         received[sender] = unpack_vector(message["partial"], shape=(self.dim,), ring=True)
-        if group.on_partial(sender, int(message["size"])):
+        if group.on_partial(sender, integer(message["size"], "size")):
             self._release_secure(group)
 
     def _collecting(
@@ -730,13 +837,13 @@ class PeerHost:
         gave it), and what it received so far; ProtocolError if the message has no place
         there (from outside the group, a second one, a shard size below the public minimum,
         after the deadline)."""
-        group, received = self.groups[int(message["group"])]  # _assigned checked it is
-        sender = int(message["sender"])
+        group, received = self.groups[integer(message["group"], "group")]  # _assigned checked it is
+        sender = _sender(message)
         if sender not in group.members.tolist() or sender == peer:
             raise ProtocolError(f"{message['kind']} from {sender} to {peer} outside its group")
         if sender in received:
             raise ProtocolError(f"a second {message['kind']} from {sender} (replayed)")
-        size = int(message["size"])
+        size = integer(message["size"], "size")
         if size < self.settings.min_shard_size:
             raise ProtocolError(
                 f"shard size {size} below the public minimum {self.settings.min_shard_size}"
@@ -870,26 +977,24 @@ async def serve(
     bytes per kind on the wire, the receipts (``group`` publication: a ``full`` one reaches
     everyone), and the frames refused.
     """
-    credential = await enroll(host_index, ticket, coordinator, settings.timeout)
+    hint = (
+        " (the run's listeners accept only the hosts file's allowlist, resolved: "
+        f"{', '.join(settings.allowed)}; is this host's address among them?)"
+        if settings.allowed
+        else ""
+    )
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                coordinator,
-                ticket.port,
-                ssl=credential.context(server=False),
-                server_hostname=COORDINATOR,
-            ),
-            settings.timeout,
-        )
-    except (OSError, TimeoutError) as error:
-        raise HostError(f"cannot reach the coordinator at {coordinator}:{ticket.port}: "
-                        f"{error or 'timed out'}") from None  # fmt: skip
+        credential = await enroll(host_index, ticket, coordinator, settings.timeout)
+    except HostError as error:
+        raise HostError(f"{error}{hint}") from None
+    writer: asyncio.StreamWriter | None = None
 
     def report(message: dict[str, Any]) -> None:
         frame = encode(message)
         if message["kind"] != STATS:  # the report of the counts cannot count itself
             host.counters.wire[message["kind"]] += 1
             host.counters.wire_bytes[message["kind"]] += len(frame)
+        assert writer is not None  # reports follow the hello
         writer.write(frame)
 
     host = PeerHost(
@@ -903,10 +1008,24 @@ async def serve(
         credential=credential,
     )
     try:
-        try:
+        try:  # its sockets first: the coordinator closes a control connection silent too long
             ports = await host.listen(address)
         except OSError as error:
             raise HostError(f"cannot listen on {address}: {error}") from None
+        try:
+            reader, control = await asyncio.wait_for(
+                asyncio.open_connection(
+                    coordinator,
+                    ticket.port,
+                    ssl=credential.context(server=False),
+                    server_hostname=COORDINATOR,
+                ),
+                settings.timeout,
+            )
+        except (OSError, TimeoutError) as error:
+            raise HostError(f"cannot reach the coordinator at {coordinator}:{ticket.port}: "
+                            f"{error or 'timed out'}{hint}") from None  # fmt: skip
+        writer = control
         report(
             {
                 "kind": HELLO,
@@ -922,20 +1041,26 @@ async def serve(
             if message is None:  # the coordinator is gone: nothing more to do
                 return
             if message["kind"] == DIRECTORY:
-                host.ports = [int(port) for port in message["ports"]]
+                host.ports = [integer(port, "port", 0, 65536) for port in message["ports"]]
                 host.addresses = [str(a) for a in message["addresses"]]
             elif message["kind"] == FINISH:
+                host.released_pairs = {
+                    (integer(g, "group"), integer(c, "curator")) for g, c in message["released"]
+                }
                 if settings.full_publication:
-                    host.count_released({(int(g), int(c)) for g, c in message["released"]})
+                    host.count_released(host.released_pairs)
                 await host.flush()
-                await _received(host, int(message["publications"]), settings.timeout)
+                await _received(
+                    host, integer(message["publications"], "publications"), settings.timeout
+                )
                 await host.flush()
                 report(host.stats(host_index))
-                await asyncio.wait_for(writer.drain(), settings.timeout)
+                await asyncio.wait_for(control.drain(), settings.timeout)
                 return
     finally:
         await host.close()
-        writer.close()
+        if writer is not None:
+            writer.close()
 
 
 async def enroll(host_index: int, ticket: Ticket, coordinator: str, timeout: float) -> Credential:

@@ -26,14 +26,22 @@ allowlist (if any), then has ``HANDSHAKE_TIMEOUT`` seconds to complete its hands
 most ``pending`` connections per listener hold a handshake's state at once, as many more
 wait for one, and a newcomer evicts the oldest. So silent or slow clients hold at most
 ``pending`` handshakes' memory (~300 KB each, asyncio's TLS buffers) and ``2 pending``
-descriptors per listener, for a few seconds.
+descriptors per listener, for a few seconds. An authenticated connection (an insider holds a
+valid certificate) counts against its certificate name: at most ``per_identity`` per name and
+``total`` per listener, a silent one is closed after ``first_frame`` seconds, and a newcomer
+beyond the bound takes only the place of a silent connection of its own name. Failed accepts
+(e.g. no descriptor left) are logged once per kind (:func:`quiet_accept_errors`), and an
+allowlist holds addresses, its names resolved once (:func:`resolve`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import errno
+import logging
 import secrets
+import socket
 import ssl
 import tempfile
 from collections import Counter
@@ -48,6 +56,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from p2pdp.core.errors import ConfigError
 from p2pdp.net.wire import ProtocolError
 
 __all__ = [
@@ -60,6 +69,8 @@ __all__ = [
     "identity",
     "listen",
     "new_key",
+    "quiet_accept_errors",
+    "resolve",
     "signing_request",
 ]
 
@@ -67,6 +78,8 @@ COORDINATOR = "coordinator"
 #: Seconds a client has to complete its TLS handshake with a listener of the run.
 HANDSHAKE_TIMEOUT = 5.0
 _VALIDITY = datetime.timedelta(days=1)
+
+log = logging.getLogger(__name__)
 
 
 def host_name(host: int) -> str:
@@ -259,6 +272,65 @@ def identity(writer: object) -> str | None:
     return None
 
 
+def resolve(names: Collection[str]) -> frozenset[str]:
+    """The IP addresses of ``names`` (host names or addresses, e.g. a hosts file's
+    allowlist), each looked up once with :func:`socket.getaddrinfo`: a listener compares a
+    client's address with these, never with a name.
+
+    Raises
+    ------
+    ConfigError
+        A name that does not resolve (naming it and the allowlist).
+    """
+    addresses: set[str] = set()
+    for name in names:
+        try:
+            found = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError) as error:
+            raise ConfigError(
+                f"the allowlist's address {name!r} (a hosts file's coordinator or host "
+                f"address) does not resolve: {error}; give an IP address or a resolvable name"
+            ) from None
+        addresses.update(str(info[4][0]) for info in found)
+    return frozenset(addresses)
+
+
+class _Once:
+    """Log a warning once per kind (e.g. per errno of a failed accept, per address refused):
+    a client, or a shortage of descriptors, cannot grow the log with repeats."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def warn(self, kind: str, message: str, *args: Any) -> None:
+        if kind not in self.seen and len(self.seen) < 256:
+            self.seen.add(kind)
+            log.warning(message + " (logged once)", *args)
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """Make ``loop`` log a failed ``accept`` (e.g. EMFILE: out of descriptors) once per kind
+    instead of a traceback each time (asyncio retries it after a second, so it may fail many
+    times); every other error goes to the handler it had."""
+    if getattr(loop, "_p2pdp_quiet", False):
+        return
+    previous = loop.get_exception_handler()
+    once = _Once()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        if isinstance(error, OSError) and "accept" in str(context.get("message", "")):
+            kind = errno.errorcode.get(error.errno or 0, type(error).__name__)
+            once.warn(f"accept {kind}", "a listener could not accept a connection: %s", error)
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+    loop._p2pdp_quiet = True  # type: ignore[attr-defined]
+
+
 async def listen(
     handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
     address: str,
@@ -267,30 +339,106 @@ async def listen(
     pending: int,
     refused: Counter,
     allowed: Collection[str] = (),
+    per_identity: int,
+    total: int,
+    first_frame: float,
 ) -> asyncio.Server:
     """A TLS listener on ``address`` (a port the OS picks) that calls ``handler`` with each
     authenticated connection.
 
-    A connection from an address outside ``allowed`` (when given: IP addresses as this
-    listener sees them) is closed at once and counted ``refused["address"]``. At most
+    A connection from an address outside ``allowed`` (when given: IP addresses, see
+    :func:`resolve`) is closed at once and counted ``refused["address"]``. At most
     ``pending`` connections hold a handshake's state at once, and at most ``pending`` more
     wait for one (reading nothing): a newcomer beyond them closes the oldest in its handshake
     and, if the queue is full, the oldest in the queue (``"busy"``), and the newest queued
     takes the next free place. An honest client completes its handshake in milliseconds, a
     silent one waits to be evicted. A handshake that fails or takes more than
     ``HANDSHAKE_TIMEOUT`` s is dropped (``"handshake"``).
+
+    Authenticated connections: at most ``per_identity`` per certificate name (the protocol
+    needs one per party and listener) and ``total`` in all. A newcomer beyond either bound
+    takes the place of the oldest connection of its own name (else, beyond ``total``, of any
+    name) that has not sent a byte yet; if every one has, the newcomer is closed
+    (``"connections"``). A connection that sends nothing within ``first_frame`` s is closed
+    (``"idle"``): an honest party connects to send a frame. So a holder of a valid
+    certificate keeps at most ``per_identity`` connections here, and takes no other
+    party's place. Every refused connection is closed at once, with its descriptor.
     """
     loop = asyncio.get_running_loop()
+    quiet_accept_errors(loop)
+    once = _Once()
     holders: dict[asyncio.Transport, None] = {}  # in their handshake, oldest first
     queue: dict[asyncio.Transport, asyncio.Future[bool]] = {}  # waiting, oldest first
     held = 0  # handshakes' states alive: the holders and those evicted, not yet freed
     tasks: set[asyncio.Task[None]] = set()
+    # authenticated connections per certificate name, oldest first
+    admitted: dict[str | None, dict[asyncio.Transport, Admitted]] = {}
+
+    def settle(place: asyncio.Future[bool], result: bool) -> None:
+        if not place.done():  # its task may have been cancelled (the loop is closing)
+            place.set_result(result)
+
+    def evict(name: str | None) -> bool:
+        """Close the oldest connection of ``name`` (any, if None) that sent nothing yet."""
+        for who, connections in admitted.items():
+            if name is not None and who != name:
+                continue
+            victim = next((t for t, p in connections.items() if not p.sent), None)
+            if victim is not None:
+                del connections[victim]
+                refused["connections"] += 1
+                victim.abort()
+                return True
+        return False
+
+    def admit(secure: asyncio.Transport, protocol: Admitted) -> bool:
+        who = identity(secure)
+        mine = admitted.setdefault(who, {})
+        count = sum(map(len, admitted.values()))
+        if len(mine) >= per_identity and not evict(who):
+            return False
+        if count >= total and not evict(who) and not evict(None):
+            return False
+        mine[secure] = protocol
+        protocol.secure, protocol.who = secure, who
+        return True
+
+    class Admitted(asyncio.StreamReaderProtocol):
+        """An authenticated connection: marks it once it sends a byte, forgets it once
+        closed."""
+
+        secure: asyncio.Transport | None = None
+        who: str | None = None
+        sent = False  # a byte arrived (maybe with the handshake's last, before admit)
+
+        def data_received(self, data: bytes) -> None:
+            self.sent = True
+            super().data_received(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.secure is not None:
+                admitted.get(self.who, {}).pop(self.secure, None)
+            super().connection_lost(exc)
+
+    def silent(protocol: Admitted) -> None:
+        connections = admitted.get(protocol.who, {})
+        if protocol.secure in connections and not protocol.sent:
+            del connections[protocol.secure]
+            refused["idle"] += 1
+            protocol.secure.abort()
 
     async def upgrade(transport: asyncio.Transport) -> None:
         nonlocal held
         peer: Any = transport.get_extra_info("peername")
         if allowed and (not peer or peer[0] not in allowed):
             refused["address"] += 1
+            once.warn(
+                f"address {peer and peer[0]}",
+                "refused a connection from %s: not in the allowlist %s (a hosts file's "
+                "coordinator and host addresses, resolved)",
+                peer and peer[0],
+                sorted(allowed),
+            )
             transport.abort()
             return
         if held < pending:
@@ -306,12 +454,12 @@ async def listen(
                 del queue[first]
                 refused["busy"] += 1
                 first.abort()
-                place.set_result(False)
+                settle(place, False)
             queue[transport] = place = loop.create_future()
             if not await place:  # evicted from the queue
                 return
         holders[transport] = None
-        protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(), handler)
+        protocol = Admitted(asyncio.StreamReader(), handler)
         try:
             secure = await loop.start_tls(
                 transport,
@@ -329,12 +477,23 @@ async def listen(
         finally:  # its state is released: the newest in the queue takes its place
             if queue:
                 _, place = queue.popitem()
-                place.set_result(True)
+                settle(place, True)
             else:
                 held -= 1
         if holders.pop(transport, 0) is not None or secure is None:  # evicted meanwhile
             transport.abort()
             return
+        if not admit(secure, protocol):  # this name has all the connections it may hold here
+            refused["connections"] += 1
+            once.warn(
+                f"connections {identity(secure)}",
+                "refused a connection from %r: it holds %d connections here already",
+                identity(secure),
+                per_identity,
+            )
+            secure.abort()
+            return
+        loop.call_later(first_frame, silent, protocol)
         protocol.connection_made(secure)  # the stream and the handler's task start here
 
     class Plain(asyncio.Protocol):

@@ -25,6 +25,7 @@ __all__ = [
     "ProtocolError",
     "encode",
     "frame_bytes",
+    "integer",
     "pack_vector",
     "read_frame",
     "unpack_vector",
@@ -45,6 +46,14 @@ def frame_bytes(dim: int, n_peers: int) -> int:
 
 class ProtocolError(Exception):
     """A frame that breaks the wire format (too long, not msgpack, no kind, bad vector)."""
+
+
+def integer(value: Any, name: str, low: int = 0, high: int = 2**63) -> int:
+    """``value`` if it is an int in ``[low, high)`` (msgpack's integers: not a bool, a
+    number-like string or a float); else ProtocolError naming the field ``name``."""
+    if type(value) is not int or not low <= value < high:
+        raise ProtocolError(f"{name} must be an integer in [{low}, {high}), got {value!r:.40}")
+    return value
 
 
 def encode(message: dict[str, Any]) -> bytes:
