@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import grimp
 import pytest
 
 from p2pdp import _moved
@@ -82,6 +83,13 @@ def test_the_layer_contracts_hold():
             "No cycles are allowed in p2pdp.learning.\nIt could be made acyclic by removing 1 "
             "dependency:\n\n- .models -> .ensembles",
         ),
+        (  # a cycle of imports for typing only: a sampler naming the world that imports it
+            "sim/central.py",
+            "if TYPE_CHECKING:\n    import p2pdp.sim.world",
+            "No import cycles",
+            "No cycles are allowed in p2pdp.sim.\nIt could be made acyclic by removing 1 "
+            "dependency:\n\n- .central -> .world",
+        ),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract_and_is_named(
@@ -96,6 +104,22 @@ def test_a_forbidden_import_breaks_its_contract_and_is_named(
     assert done.returncode != 0
     broken = done.stdout[done.stdout.index("Broken contracts") :]
     assert contract in broken and named in broken, done.stdout
+
+
+def test_no_builtin_sampler_imports_the_world_that_builds_it_by_name():
+    """The world resolves its sampler by name (``groups.sampler``, through the registry), so
+    a sampler importing the world, even for typing only, closes a cycle that no import
+    statement of the world shows: samplers see it through ``p2pdp.sim.sampler.SamplerWorld``."""
+    graph = grimp.build_graph("p2pdp", cache_dir=None)  # TYPE_CHECKING imports counted
+    samplers = {
+        component["target"].split(":")[0]
+        for component in components.listing()
+        if component["kind"] == "sampler"
+    }
+    assert samplers == {"p2pdp.sim.central", "p2pdp.sim.gossip"}
+    for module in sorted(samplers):
+        chain = graph.find_shortest_chain(module, "p2pdp.sim.world", as_packages=True)
+        assert chain is None, chain
 
 
 def test_the_top_level_holds_only_the_packages_and_the_entry_points():

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -62,11 +62,10 @@ from p2pdp.learning.models import fit_local_models
 if TYPE_CHECKING:  # scipy and scikit-learn are imported where used, not to validate a config
     import scipy.sparse as sp
 
-    from p2pdp.learning.evaluation import Ensembles
-
 __all__ = [
     "ENSEMBLE_RULES",
     "CrossValidation",
+    "HeldModels",
     "LinearPredictors",
     "OwnShards",
     "PublicView",
@@ -101,6 +100,24 @@ DEFAULT_FOLDS = 5
 
 
 # -- inputs -----------------------------------------------------------------------------------
+class HeldModels(Protocol):
+    """Who holds which model, as :meth:`PublicView.from_ensembles` reads it: a
+    :class:`p2pdp.learning.evaluation.Ensembles` is one (the evaluation imports this module,
+    which does not import it back)."""
+
+    @property
+    def local_weights(self) -> np.ndarray: ...
+
+    @property
+    def published(self) -> np.ndarray: ...
+
+    @property
+    def shared(self) -> np.ndarray: ...
+
+    @property
+    def receipts(self) -> sp.csr_matrix: ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PublicView:
     """Everything an ensemble rule may read about releases, plus each peer's own model.
@@ -161,7 +178,7 @@ class PublicView:
             object.__setattr__(self, name, value)
 
     @classmethod
-    def from_ensembles(cls, ensembles: Ensembles, noise_std: np.ndarray) -> PublicView:
+    def from_ensembles(cls, ensembles: HeldModels, noise_std: np.ndarray) -> PublicView:
         """From a :class:`p2pdp.learning.evaluation.Ensembles` (read by attribute) plus noise
         scales."""
         return cls(

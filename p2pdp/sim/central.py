@@ -18,10 +18,11 @@ import numpy as np
 from p2pdp.core.rng import Uniforms
 from p2pdp.protocols.groups import GroupPool, failed_in_a_row, too_few_solvent
 
-if TYPE_CHECKING:  # the world imports this module
+if TYPE_CHECKING:
     import simpy
 
-    from p2pdp.sim.world import Group, World
+    from p2pdp.protocols.groups import Group
+    from p2pdp.sim.sampler import SamplerWorld
 
 __all__ = ["CentralSampler"]
 
@@ -33,7 +34,7 @@ class CentralSampler:
 
     Parameters
     ----------
-    world : World
+    world : SamplerWorld
         Reads ``world.config.groups`` and ``world.ledger``; starts groups with
         ``world.start_group(..., announce=True)``.
     rng : numpy.random.Generator
@@ -59,7 +60,7 @@ class CentralSampler:
 
     faults = False
 
-    def __init__(self, world: World, *, rng: np.random.Generator) -> None:
+    def __init__(self, world: SamplerWorld, *, rng: np.random.Generator) -> None:
         self.world = world
         self.rng = rng
         self.pool = GroupPool(Uniforms(rng))  # idle peers that can afford one more

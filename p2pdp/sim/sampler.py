@@ -6,6 +6,11 @@ the completion monitor. Two samplers ship: :class:`p2pdp.sim.central.CentralSamp
 seed's GroupAgent, one coordinator that sees every idle peer) and
 :class:`p2pdp.sim.gossip.GossipSampler` (decentralised formation from local views). Both
 implement :class:`GroupSampler`; so can yours.
+
+A sampler sees the world through :class:`SamplerWorld`, the part of
+:class:`~p2pdp.sim.world.World` it may use: the world imports its samplers, and they import
+this module, never the world (``lint-imports`` refuses an import cycle, even one made of
+imports for typing only).
 """
 
 from __future__ import annotations
@@ -14,13 +19,39 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from p2pdp.core.rng import Uniforms as Uniforms  # its home until 0.2
 
-if TYPE_CHECKING:  # the world imports this module; import the world's types for typing only
+if TYPE_CHECKING:
     import numpy as np
     import simpy
 
-    from p2pdp.sim.world import Group, World
+    from p2pdp.config import ScenarioConfig
+    from p2pdp.privacy.accounting import BudgetLedger
+    from p2pdp.protocols.groups import Group
+    from p2pdp.sim.transport import Transport
 
-__all__ = ["GroupSampler", "SamplerFactory"]
+__all__ = ["GroupSampler", "SamplerFactory", "SamplerWorld"]
+
+
+class SamplerWorld(Protocol):
+    """What a group sampler may use on the world (:class:`~p2pdp.sim.world.World` is one).
+
+    :class:`GroupSampler` says how to use each: ``env``, ``config``, ``ledger``, ``online``,
+    ``transport`` and :meth:`start_group`; :meth:`set_online` is how a sampler that models
+    faults writes ``online`` (the world tells its observers).
+    """
+
+    env: simpy.Environment
+    config: ScenarioConfig
+    ledger: BudgetLedger
+    online: np.ndarray
+    transport: Transport
+
+    def start_group(self, members: np.ndarray, curator: int, *, announce: bool = True) -> Group:
+        """Hand the group ``members`` led by ``curator`` to the world, which aggregates it."""
+        ...
+
+    def set_online(self, peers: np.ndarray, online: bool) -> None:
+        """Mark ``peers`` online or offline (churn, crashes) and tell the observers."""
+        ...
 
 
 @runtime_checkable
@@ -35,7 +66,7 @@ class GroupSampler(Protocol):
     seed reproduces the run and other components' streams stay untouched. ``done`` must exist
     when the constructor returns (the completion monitor waits on it).
 
-    **What the sampler may use on the world** (``world`` is a
+    **What the sampler may use on the world** (``world`` is a :class:`SamplerWorld`: the
     :class:`~p2pdp.sim.world.World`):
 
     ``world.env`` : simpy.Environment
@@ -156,4 +187,4 @@ class SamplerFactory(Protocol):
     what ``world`` offers and ``rng`` is for.
     """
 
-    def __call__(self, world: World, *, rng: np.random.Generator) -> GroupSampler: ...
+    def __call__(self, world: SamplerWorld, *, rng: np.random.Generator) -> GroupSampler: ...

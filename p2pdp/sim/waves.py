@@ -69,7 +69,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -78,13 +78,15 @@ from p2pdp.privacy.accounting import DrawnCharges
 from p2pdp.privacy.release import LINEAR_AGGREGATES
 from p2pdp.protocols.groups import HEADER_BYTES, Group, too_few_solvent
 from p2pdp.sim.central import CentralSampler
+from p2pdp.sim.sampler import SamplerWorld
 from p2pdp.sim.transport import Environment
 
-if TYPE_CHECKING:  # the world imports this module
+if TYPE_CHECKING:
+    from p2pdp.privacy.release import Releaser, ReleaseRecord
     from p2pdp.sim.gossip.sampler import GossipSampler
-    from p2pdp.sim.world import World
+    from p2pdp.sim.sampler import GroupSampler
 
-__all__ = ["DRIVERS", "GroupBatches", "batched_obstacle", "run_waves"]
+__all__ = ["DRIVERS", "BatchedWorld", "GroupBatches", "batched_obstacle", "run_waves"]
 
 #: How a one-shot simulation is driven: ``"auto"`` (batched where :func:`batched_obstacle`
 #: finds nothing in the way, else the SimPy world), ``"reference"`` (always the SimPy world),
@@ -96,7 +98,66 @@ DRIVERS = ("auto", "reference", "batched")
 _CHUNK = 1024
 
 
-def batched_obstacle(world: World) -> str:
+class _Monitor(Protocol):
+    """What the batched drivers record in the world's completion monitor
+    (:class:`~p2pdp.sim.world.CompletionMonitor`)."""
+
+    aggregations: int
+    stop_reason: str
+    end_time: float
+
+    def notify(self, *, published: bool) -> None: ...
+
+
+class _Observer(Protocol):
+    """The hooks of a :class:`~p2pdp.sim.world.WorldObserver` the batched drivers call."""
+
+    def group_started(self, world: Any, group: Group) -> None: ...
+
+    def released(self, world: Any, group: Group, record: ReleaseRecord) -> None: ...
+
+    def released_many(
+        self,
+        world: Any,
+        times: list[float],
+        group_ids: list[int],
+        curators: list[int],
+        records: list[ReleaseRecord],
+    ) -> None: ...
+
+
+class BatchedWorld(SamplerWorld, Protocol):
+    """What the batched drivers read and write on the world (:class:`~p2pdp.sim.world.World`
+    is one): its sampler's seam, plus the run's inputs (statistics, shard sizes, release
+    path, sensitivity), the logs they append to and the world's count of groups started.
+
+    The world imports this module, which never imports the world (``lint-imports`` refuses
+    an import cycle, even one made of imports for typing only).
+    """
+
+    sampler: GroupSampler
+    releaser: Releaser
+    sensitivity: Callable[[list[int]], float]
+    statistics: np.ndarray
+    shard_sizes: np.ndarray
+    model_bytes: int
+    told_after: bool
+    groups: dict[int, Group]
+    published: list[np.ndarray]
+    releases: list[ReleaseRecord]
+    shared: list[bool]
+    release_members: list[np.ndarray]
+    receipts: list[tuple[int, int]]
+    _next_group: int
+
+    @property
+    def monitor(self) -> _Monitor: ...
+
+    @property
+    def observers(self) -> tuple[_Observer, ...]: ...
+
+
+def batched_obstacle(world: BatchedWorld) -> str:
     """Why :func:`run_waves` cannot drive ``world`` (a setting and its value), or ``""``.
 
     Called once the world's sampler, ledger and releaser exist and before it runs.
@@ -129,7 +190,7 @@ def batched_obstacle(world: World) -> str:
     return ""
 
 
-def run_waves(world: World) -> None:
+def run_waves(world: BatchedWorld) -> None:
     """Run ``world`` to its end wave by wave (see the module docstring); it must be a world
     :func:`batched_obstacle` accepts, built and not yet run.
 
@@ -248,7 +309,7 @@ def _frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _formed_in_rounds(world: World) -> bool:
+def _formed_in_rounds(world: BatchedWorld) -> bool:
     """Whether ``world``'s sampler is the gossip sampler forming its groups in rounds (a
     fault-free formation: :func:`~p2pdp.sim.gossip.rounds.uses_rounds`)."""
     if world.config.groups.sampler != "gossip":
@@ -309,7 +370,7 @@ class GroupBatches:
     are those the messages would have added.
     """
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: BatchedWorld) -> None:
         config = world.config
         self.world = world
         assert isinstance(world.env, Environment)  # a constant latency (batched_obstacle)
@@ -426,7 +487,7 @@ class _Releases:
     ``norms`` (:meth:`Releaser.records <p2pdp.privacy.release.Releaser.records>`) out.
     """
 
-    def __init__(self, world: World, *, deferred: bool, capacity: int) -> None:
+    def __init__(self, world: BatchedWorld, *, deferred: bool, capacity: int) -> None:
         self.world = world
         self.deferred = deferred
         self.statistics = world.statistics
@@ -511,7 +572,7 @@ class _Pending:
         default_factory=deque
     )
 
-    def publish(self, world: World) -> None:
+    def publish(self, world: BatchedWorld) -> None:
         """Send the pending releases to be made (:func:`_released`) and record who holds
         each: the messages counted (:func:`_count_messages`), the shared flags, the release
         members and the receipts; then forget them.
@@ -558,7 +619,7 @@ class _Pending:
             values.clear()
         self.flush(world, _AHEAD)
 
-    def flush(self, world: World, ahead: int = 0) -> None:
+    def flush(self, world: BatchedWorld, ahead: int = 0) -> None:
         """Publish the chunks being made, in order, until at most ``ahead`` are left (if
         deferred, their records and the observers' ``released_many`` too)."""
         releases = self.releases
@@ -589,7 +650,7 @@ def _exact(shared: tuple[np.ndarray, bool], index: np.ndarray) -> np.ndarray:
 
 
 def _release_models(
-    world: World, rows: list[list[int]], noises: list[np.ndarray], *, full: bool
+    world: BatchedWorld, rows: list[list[int]], noises: list[np.ndarray], *, full: bool
 ) -> None:
     """Publish the releases whose statistics rows (curator first) are ``rows`` and whose
     noise is ``noises`` (then empty both), and count their messages (:func:`_count_messages`,
@@ -602,7 +663,7 @@ def _release_models(
     _count_messages(world, index, full=full, assigned=False)
 
 
-def _count_messages(world: World, index: np.ndarray, *, full: bool, assigned: bool) -> None:
+def _count_messages(world: BatchedWorld, index: np.ndarray, *, full: bool, assigned: bool) -> None:
     """Count the messages of the releases whose statistics rows (curator first) are
     ``index`` (n, g): one ``ASSIGN`` per member (from the central sampler; ``assigned``), one
     ``SUBMIT`` per other member and the curator's publication: ``g - 1`` messages, or one

@@ -39,9 +39,9 @@ from p2pdp.protocols.gossip import (
 from p2pdp.protocols.groups import HEADER_BYTES
 from p2pdp.sim.gossip.views import ID_BYTES
 
-if TYPE_CHECKING:  # the world imports the gossip package lazily
+if TYPE_CHECKING:
     from p2pdp.sim.gossip.views import Newscast
-    from p2pdp.sim.world import World
+    from p2pdp.sim.sampler import SamplerWorld
 
 __all__ = ["GroupFormation", "message_bytes"]
 
@@ -78,7 +78,7 @@ class _Timer:
 
 
 def protocol_arguments(
-    world: World, views: Newscast, *, uniform: Callable[[], float], rng: np.random.Generator
+    world: SamplerWorld, views: Newscast, *, uniform: Callable[[], float], rng: np.random.Generator
 ) -> dict[str, Any]:
     """The :class:`~p2pdp.protocols.gossip.GossipFormation` arguments of ``world``'s
     formation, whichever driver advances it (per message here, or in rounds)."""
@@ -103,7 +103,7 @@ class GroupFormation(GossipFormation):
 
     Parameters
     ----------
-    world : World
+    world : SamplerWorld
         Reads ``world.config`` (``groups``, ``gossip``), ``world.online``,
         ``world.ledger.can_afford``; sends through ``world.transport``.
     views : Newscast
@@ -122,7 +122,7 @@ class GroupFormation(GossipFormation):
 
     def __init__(
         self,
-        world: World,
+        world: SamplerWorld,
         views: Newscast,
         *,
         uniform: Callable[[], float],

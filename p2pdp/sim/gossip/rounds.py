@@ -77,10 +77,10 @@ from p2pdp.protocols.gossip import (
 )
 from p2pdp.sim.gossip.formation import message_bytes, protocol_arguments
 
-if TYPE_CHECKING:  # the world imports the gossip package lazily
+if TYPE_CHECKING:
     from p2pdp.config import ScenarioConfig
     from p2pdp.sim.gossip.views import Newscast
-    from p2pdp.sim.world import World
+    from p2pdp.sim.sampler import SamplerWorld
 
 __all__ = ["ROUNDS_FROM_PEERS", "RoundFormation", "uses_rounds"]
 
@@ -160,7 +160,7 @@ class RoundFormation(GossipFormation):
 
     Parameters
     ----------
-    world : World
+    world : SamplerWorld
         Reads ``world.config`` (``groups``, ``gossip``), ``world.online``,
         ``world.ledger.can_afford``; counts messages in ``world.transport``.
     views : Newscast
@@ -177,7 +177,7 @@ class RoundFormation(GossipFormation):
 
     def __init__(
         self,
-        world: World,
+        world: SamplerWorld,
         views: Newscast,
         *,
         uniform: Callable[[], float],

@@ -36,8 +36,9 @@ from p2pdp.sim.gossip.rounds import RoundFormation, uses_rounds
 from p2pdp.sim.gossip.views import TICKS_PER_PERIOD, Newscast, PeerSampling
 from p2pdp.sim.overlay import build_overlay
 
-if TYPE_CHECKING:  # the world imports the gossip package lazily
-    from p2pdp.sim.world import Group, World
+if TYPE_CHECKING:
+    from p2pdp.protocols.groups import Group
+    from p2pdp.sim.sampler import SamplerWorld
 
 __all__ = ["GossipSampler"]
 
@@ -47,7 +48,7 @@ class GossipSampler:
 
     Parameters
     ----------
-    world : World
+    world : SamplerWorld
         Reads ``world.config`` (``groups``, ``gossip``, ``network.loss``), ``world.ledger``,
         ``world.transport``; writes ``world.online`` (churn, crashes).
     rng : numpy.random.Generator
@@ -87,7 +88,7 @@ class GossipSampler:
         "gossip.member_crash_probability",
     )
 
-    def __init__(self, world: World, *, rng: np.random.Generator) -> None:
+    def __init__(self, world: SamplerWorld, *, rng: np.random.Generator) -> None:
         self.world = world
         self.env = world.env
         self.params = world.config.gossip

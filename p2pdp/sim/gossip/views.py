@@ -45,9 +45,9 @@ import numpy as np
 from p2pdp.protocols.groups import HEADER_BYTES
 from p2pdp.sim.overlay import Overlay
 
-if TYPE_CHECKING:  # the world imports the gossip package lazily
+if TYPE_CHECKING:
     from p2pdp.config import GossipConfig
-    from p2pdp.sim.world import World
+    from p2pdp.sim.sampler import SamplerWorld
 
 __all__ = [
     "ID_BYTES",
@@ -305,7 +305,7 @@ class PeerSampling:
 
     Parameters
     ----------
-    world : World
+    world : SamplerWorld
         Reads ``world.env``, ``world.online`` and ``world.config.network.loss``; counts the
         view messages per sender in ``world.transport``.
     overlay : Overlay
@@ -329,7 +329,7 @@ class PeerSampling:
 
     def __init__(
         self,
-        world: World,
+        world: SamplerWorld,
         overlay: Overlay,
         params: GossipConfig,
         *,
