@@ -12,7 +12,8 @@ network runtime of :mod:`p2pdp.net` too). Gossip group formation (``groups.sampl
 ``dpsgd``
     D-PSGD (Lian et al. 2017) with local DP: each round every peer takes one private local
     step, sends the result to its overlay neighbours and averages what it received with
-    Metropolis-Hastings weights (:mod:`p2pdp.protocols.mixing`).
+    Metropolis-Hastings weights (:mod:`p2pdp.protocols.mixing`); its rows, like
+    ``muffliato``'s, add the pairwise network DP bound.
 ``muffliato``
     Noise-then-gossip (Cyffers et al. 2022): a private step, then ``protocol.gossip_steps``
     averagings; its rows add the pairwise network DP bound (:mod:`p2pdp.protocols.network_dp`)
@@ -72,7 +73,7 @@ class OneShot:
 
 #: Columns every results row has (NaN where they do not apply, e.g. one-shot runs):
 #: what an iterative run did and what it guarantees beyond ``epsilon_spent`` (local DP);
-#: ``network_dp_note`` says why a ``muffliato`` run's network DP columns are empty.
+#: ``network_dp_note`` says why an iterative run's network DP columns are empty.
 ITERATIVE_COLUMNS: dict[str, float | str] = {
     "mean_steps_per_peer": math.nan,
     "min_steps_per_peer": math.nan,

@@ -328,6 +328,7 @@ class DecentralizedSGD(IterativeProtocol):
     """D-PSGD: one private step, then one Metropolis-Hastings averaging, per round."""
 
     name: ClassVar[str] = "dpsgd"
+    network_dp: ClassVar[bool] = True  # Muffliato's view model with one averaging per round
 
 
 class Muffliato(IterativeProtocol):
