@@ -590,3 +590,39 @@ def test_a_built_in_accountants_affordable_count_is_searched_once(monkeypatch):
     for _ in range(2):
         assert accounting.affordable(own, event, epsilon_total=1.0, delta_total=0.0) == first
     assert len(calls) - before == 2 * searched
+
+
+def test_a_runs_realised_poisson_sampling_rate_is_the_rate_the_accountant_charges(monkeypatch):
+    """Config -> run -> records used: every private step of a Poisson-sampled D-PSGD run is
+    watched (a spy around the step's real record selection), and the fraction of records it
+    used is the ``sampling_rate`` of the event the accountant composes (within 5 binomial
+    standard deviations; a rate of 1 - q, or any other, would be charged as q)."""
+    from p2pdp.config import ScenarioConfig
+    from p2pdp.experiments.simulation import simulate
+    from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
+    from p2pdp.protocols.iterative import step_privacy
+
+    config = ScenarioConfig(
+        data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
+        partition={"n_peers": 20},
+        training={"lam": 0.01},
+        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5, "min_shard_size": 5},
+        gossip={"degree": 4},
+        evaluation={"cv_folds": 2},
+        protocol={"name": "dpsgd", "rounds": 6, "sampling": "poisson", "sampling_rate": 0.2},
+    )
+    select = ClippedGaussianSum.select
+    used = []
+
+    def spy(self, indptr, rng):
+        mask = select(self, indptr, rng)
+        used.append((int(mask.sum()), mask.size))
+        return mask
+
+    monkeypatch.setattr(ClippedGaussianSum, "select", spy)
+    result = simulate(config)
+    assert len(used) == 6 and result.row()["max_epsilon_spent"] > 0  # one draw per round
+    kept, records = (sum(column) for column in zip(*used, strict=True))
+    accounted = step_privacy(config).event.sampling_rate
+    assert accounted == 0.2
+    assert abs(kept / records - accounted) <= 5 * math.sqrt(accounted * (1 - accounted) / records)
