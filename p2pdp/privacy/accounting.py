@@ -296,18 +296,14 @@ def subsampled_gaussian_rdp(
     from scipy.special import gammaln, logsumexp
 
     q, z = float(sampling_rate), float(noise_multiplier)
-    out = np.empty(len(orders))
-    for i, alpha in enumerate(np.asarray(orders, dtype=np.int64).tolist()):
-        if q == 1.0:
-            out[i] = alpha / (2 * z**2)
-            continue
-        k = np.arange(alpha + 1, dtype=float)
-        log_binom = gammaln(alpha + 1) - gammaln(k + 1) - gammaln(alpha - k + 1)
-        terms = (
-            log_binom + k * math.log(q) + (alpha - k) * math.log1p(-q) + (k * k - k) / (2 * z * z)
-        )
-        out[i] = float(logsumexp(terms)) / (alpha - 1)
-    return out
+    alpha = np.asarray(orders, dtype=np.int64).astype(float)[:, None]
+    if q == 1.0:
+        return alpha[:, 0] / (2 * z**2)
+    k = np.arange(alpha.max() + 1)[None, :]  # every order's terms at once, k > alpha masked
+    inside = k <= alpha
+    log_binom = gammaln(alpha + 1) - gammaln(k + 1) - gammaln(np.where(inside, alpha - k, 0) + 1)
+    terms = log_binom + k * math.log(q) + (alpha - k) * math.log1p(-q) + (k * k - k) / (2 * z * z)
+    return logsumexp(np.where(inside, terms, -np.inf), axis=1) / (alpha[:, 0] - 1)
 
 
 class GdpAccountant(_GaussianAccountant):
