@@ -262,6 +262,42 @@ def threshold_test(
     )
 
 
+def gdp_threshold_test(
+    null: NDArray[np.float64], alternative: NDArray[np.float64], *, confidence: float = 0.95
+) -> tuple[float, ThresholdTest]:
+    """Lower bound on ``mu`` of a claim of ``mu``-GDP from one threshold test, and the test.
+
+    A ``mu``-GDP mechanism's tests satisfy ``FNR >= Phi(Phi^-1(1 - FPR) - mu)`` (Dong, Roth &
+    Su 2019), so with Clopper-Pearson upper bounds that hold together with probability
+    ``confidence``, ``mu >= Phi^-1(1 - FPR_U) - Phi^-1(FNR_U)``. As :func:`threshold_test`:
+    the first half of each side picks the threshold (of the 1-D statistic, larger meaning
+    ``D'``) that maximises this bound, the second half evaluates it. For independent outputs
+    of a Gaussian mechanism this bound tends to the true ``mu`` (central thresholds are
+    estimated well), where the ``(epsilon, delta)`` bound of :func:`threshold_test` needs the
+    tails. Returns ``(mu_lb >= 0, the test)``; ``eps_lb`` of the test is 0 (unused).
+    """
+    confidence = require_probability("confidence", confidence, low_open=True, high_open=True)
+    level = 1 - (1 - confidence) / 2
+    null, alternative = np.asarray(null, float).ravel(), np.asarray(alternative, float).ravel()
+    require_count("len(null)", len(null), minimum=4)
+    require_count("len(alternative)", len(alternative), minimum=4)
+    null_cal, null_eval = np.array_split(null, 2)
+    alt_cal, alt_eval = np.array_split(alternative, 2)
+
+    def bound(fpr: NDArray[np.float64], fnr: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.maximum(ndtri(1 - fpr) - ndtri(fnr), 0.0)
+
+    candidates = np.quantile(np.concatenate([null_cal, alt_cal]), np.linspace(0, 1, _N_THRESHOLDS))
+    scores = bound(*_error_bounds(null_cal, alt_cal, candidates, level))
+    threshold = float(candidates[np.argmax(scores)])
+    fpr_u, fnr_u = _error_bounds(null_eval, alt_eval, np.array([threshold]), level)
+    test = ThresholdTest(
+        eps_lb=0.0, statistic=0, threshold=threshold, fpr_upper=float(fpr_u[0]),
+        fnr_upper=float(fnr_u[0]),
+    )  # fmt: skip
+    return float(bound(fpr_u, fnr_u)[0]), test
+
+
 def audit_statistics(
     outputs: NDArray[np.float64], shift: NDArray[np.float64]
 ) -> NDArray[np.float64]:
