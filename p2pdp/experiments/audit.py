@@ -355,7 +355,7 @@ def _expected_failure(name: str) -> str:
 def format_audit_table(results: Sequence[AuditResult]) -> str:
     """Readable fixed-width table of audit results."""
     header = (
-        f"{'mechanism':<32} {'epsilon':>7} {'delta':>7} {'eps_lb':>7} {'guarantee':>9} "
+        f"{'mechanism':<36} {'epsilon':>7} {'delta':>7} {'eps_lb':>7} {'guarantee':>9} "
         f"{'method':<28} result"
     )
     lines = [header, "-" * len(header)]
@@ -371,7 +371,7 @@ def format_audit_table(results: Sequence[AuditResult]) -> str:
         if not result.as_expected:
             verdict += ", UNEXPECTED"
         lines.append(
-            f"{result.mechanism:<32} {result.epsilon:>7.4g} {result.delta:>7g} "
+            f"{result.mechanism:<36} {result.epsilon:>7.4g} {result.delta:>7g} "
             f"{result.eps_lb:>7.3f} {result.guarantee_epsilon:>9.3g} {method:<28} {verdict}"
         )
     return "\n".join(lines)
