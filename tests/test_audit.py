@@ -61,6 +61,34 @@ def test_l2_calibrated_coordinate_laplace_in_50_dimensions_fails():
     assert result.eps_lb > 1.5 * result.epsilon and not result.passed
 
 
+def test_secure_aggregation_k_way_shares_are_caught(audit_results):
+    """End to end through the secret sharing: the curator that subtracts its own share of a
+    K-way split (K = 2) keeps half the noise (true epsilon 1.47 against the claimed 1); the
+    honest (K - 1)-way shares pass (test_dp_mechanisms_pass) within their guarantee."""
+    honest = audit_results["secure-aggregation"]
+    assert honest.method == "gdp-threshold-test" and honest.eps_lb <= honest.epsilon
+    control = audit_results["secure-aggregation-k-way-shares"]
+    assert not control.passed and control.as_expected
+    assert control.epsilon < control.eps_lb <= control.guarantee_epsilon
+    assert control.guarantee_epsilon == pytest.approx(1.465, abs=1e-3)
+
+
+def test_the_gdp_threshold_test_is_a_valid_lower_bound_on_mu():
+    """mu-GDP Gaussian samples (N(0, 1) against N(mu, 1)): the bound exceeds mu in at most
+    ~5% of 60 repetitions, and comes close to it (the (epsilon, delta) test needs the tails)."""
+    from p2pdp.privacy.audit import gdp_threshold_test
+
+    rng = np.random.default_rng(8)
+    bounds = np.array(
+        [
+            gdp_threshold_test(rng.normal(size=20_000), rng.normal(0.5, size=20_000))[0]
+            for _ in range(60)
+        ]
+    )
+    assert np.mean(bounds > 0.5) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 60)
+    assert np.median(bounds) > 0.4
+
+
 @pytest.mark.parametrize("epsilon", [0.3, 2.0])
 def test_dp_mechanisms_pass_at_other_epsilons(epsilon):
     for name in ("vector-laplace", "coordinate-laplace", "gaussian"):

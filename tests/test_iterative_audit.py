@@ -26,9 +26,11 @@ from p2pdp.experiments.iterative_audit import (
 )
 from p2pdp.privacy.audit import (
     one_run_epsilon_lower_bound,
+    one_run_gdp_lower_bound,
     one_run_guesses,
     one_run_p_value,
 )
+from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.protocols.iterative import step_privacy
 
 
@@ -88,6 +90,50 @@ def test_delta_only_weakens_the_bound_and_coin_flips_give_none():
         **args, delta=0.0
     )
     assert one_run_epsilon_lower_bound(canaries=1000, guesses=200, correct=100, delta=0.0) == 0.0
+
+
+def _gaussian_guesses(mu: float, *, canaries: int, per_side: int, rng) -> tuple[int, int]:
+    """A mu-GDP guesser: each canary's score N(+-mu/2, 1) by its state (the Gaussian
+    mechanism's likelihood ratio), top and bottom ``per_side`` guessed; (guesses, correct)."""
+    states = rng.choice([-1.0, 1.0], size=canaries)
+    plus, minus = one_run_guesses(
+        states * mu / 2 + rng.normal(size=canaries), guesses_per_side=per_side
+    )
+    return 2 * per_side, int((states[plus] > 0).sum() + (states[minus] < 0).sum())
+
+
+def test_the_gdp_bound_exceeds_mu_at_most_five_percent_of_the_time_against_gaussian_guessers():
+    """Independent check of the f-DP one-run bound: 300 simulated audits of a mu-GDP
+    mechanism (independent Gaussian canaries, 4,000 of them, 100 guesses a side) reject mu
+    in at most 5% of them (plus three binomial standard deviations), and the bound is not
+    vacuous (its median is above mu/2); against 2 mu it is above mu in most of them."""
+    rng = np.random.default_rng(5)
+    mu = 1.0
+
+    def bounds(true_mu: float, trials: int) -> np.ndarray:
+        out = []
+        for _ in range(trials):
+            guesses, correct = _gaussian_guesses(true_mu, canaries=4000, per_side=100, rng=rng)
+            out.append(one_run_gdp_lower_bound(canaries=4000, guesses=guesses, correct=correct))
+        return np.array(out)
+
+    honest = bounds(mu, 300)
+    assert np.mean(honest > mu) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 300)
+    assert np.median(honest) > 0.5 * mu
+    assert np.mean(bounds(2 * mu, 30) > mu) > 0.5
+
+
+def test_the_gdp_bound_is_monotone_and_zero_for_coin_flips():
+    """More right guesses reject more (the bound grows with them); half right rejects
+    nothing; a smaller confidence rejects more."""
+    bounds = [
+        one_run_gdp_lower_bound(canaries=10_000, guesses=200, correct=v) for v in (100, 150, 190)
+    ]
+    assert bounds[0] == 0.0 and 0.0 < bounds[1] < bounds[2]
+    assert (
+        one_run_gdp_lower_bound(canaries=10_000, guesses=200, correct=150, confidence=0.5)
+        > bounds[1]
+    )
 
 
 def test_guesses_take_the_extreme_scores():
@@ -156,6 +202,48 @@ def test_dpsgd_passes_its_audit_and_both_negative_controls_are_caught():
     half = audit_iterative("dpsgd-run-half-noise", seed=1)  # 50,000 canaries: the power it needs
     assert half.epsilon == honest.epsilon  # the claim is kept ...
     assert half.epsilon < half.eps_lb <= half.guarantee_epsilon  # ... and caught
+
+
+def _shortfall(monkeypatch, factor: float) -> None:
+    """Every private step's noise at ``factor`` times what the mechanism states (the
+    accountant keeps charging the stated noise)."""
+    noise = ClippedGaussianSum.noise
+    monkeypatch.setattr(
+        ClippedGaussianSum, "noise", lambda self, shape, rng: factor * noise(self, shape, rng)
+    )
+
+
+def test_the_dpsgd_audit_fails_when_the_step_has_half_its_noise(monkeypatch):
+    """The fast check of the wiring the slow test below exercises at 0.75 x: the step's
+    noise patched where every protocol draws it, the honest D-PSGD row (f-DP bound) fails."""
+    _shortfall(monkeypatch, 0.5)
+    result = audit_iterative("dpsgd-run", seed=4, runs=100)
+    assert not result.passed and result.method == "one-run f-DP (GDP)"
+    assert result.eps_lb > result.epsilon
+
+
+@pytest.mark.slow
+def test_p2pdp_audit_fails_when_the_dpsgd_step_has_three_quarters_of_its_noise(monkeypatch, capsys):
+    """Issue 42's done-means: noise at 0.75 x (true epsilon 2.76 against the claimed 2)
+    makes ``p2pdp audit`` fail on the D-PSGD row (the (epsilon, delta) one-run bound passed
+    it at 1.668); 10^6 canaries, ~80 s."""
+    _shortfall(monkeypatch, 0.75)
+    code = main(["audit", "--mechanism", "dpsgd-run", "--json"])
+    (row,) = json.loads(capsys.readouterr().out)
+    assert code == 1 and row["passed"] is False and row["as_expected"] is False
+    assert row["canaries"] == 1_000_000 and row["eps_lb"] > row["epsilon"]
+
+
+def test_poisson_sampling_passes_its_audit_and_inverted_sampling_is_caught():
+    """D-PSGD with Poisson sampling end to end (add/remove canaries: present or absent, the
+    ``pld`` claim, the (epsilon, delta) one-run bound): the honest row passes; records kept
+    with probability 1 - q while q is charged (the mutation nothing caught) fail."""
+    honest = audit_iterative("dpsgd-poisson-run", seed=1, runs=30)
+    assert honest.passed and honest.method == "one-run"
+    assert honest.epsilon == pytest.approx(2.0, rel=1e-3)
+    inverted = audit_iterative("dpsgd-poisson-run-inverted-sampling", seed=1, runs=30)
+    assert not inverted.passed and inverted.as_expected
+    assert inverted.epsilon < inverted.eps_lb <= inverted.guarantee_epsilon
 
 
 @pytest.mark.slow

@@ -272,4 +272,107 @@ def test_network_dp_is_empty_with_the_reason_where_not_computed(monkeypatch) -> 
     result = simulate(base)
     assert "more than the 100 of an exact computation" in result.row()["network_dp_note"]
     assert math.isnan(result.row()["network_dp_epsilon_max"]) and result.network_dp == []
-    assert simulate(_config(name="dpsgd", gossip_steps=1)).row()["network_dp_note"] == ""
+    gossip_learning = simulate(_config(name="gossip-learning", gossip_steps=1)).row()
+    assert "'gossip-learning' is not a synchronous" in gossip_learning["network_dp_note"]
+    assert math.isnan(gossip_learning["network_dp_epsilon_max"])
+
+
+def _brute_epsilon(W, steps, gossip, *, ratio, **kwargs) -> np.ndarray:
+    """Every pair's epsilon at delta 1e-5 from the brute-force sign maximum (exact, T <= 2)."""
+    P = len(W)
+    epsilon = np.full((P, P), np.nan)
+    for v in range(P):
+        for u, M in _brute_Ms(W, steps, gossip, v, **kwargs).items():
+            mu = ratio * math.sqrt(_sign_max(M))
+            if mu < 1e-12:  # u not in v's view
+                epsilon[u, v] = 0.0
+                continue
+            epsilon[u, v] = optimize.brentq(lambda e, m=mu: _gdp_delta(e, m) - 1e-5, 0, 50,
+                                            xtol=1e-13)  # fmt: skip
+    return epsilon
+
+
+def test_a_dpsgd_run_reports_the_exact_network_dp_of_its_single_exchanges() -> None:
+    """D-PSGD is the view model with one exchange per round: its rows carry the columns (they
+    were NaN with an empty note), equal to the brute force of that run (2 rounds, K = 1)."""
+    from p2pdp.sim.overlay import build_overlay
+
+    config = _config(name="dpsgd", gossip_steps=1, rounds=2, noise_multiplier=6.0,
+                     step_size=0.5)  # fmt: skip
+    result = simulate(config)
+    row = result.row()
+    np.testing.assert_array_equal(result.aggregations_per_peer, 2)
+    overlay = build_overlay(config.gossip, 20, rng=generator(config.seed, "overlay", 0, 0))
+    W = Mixing.metropolis_hastings(overlay.indptr, overlay.indices).matrix().toarray()
+    scales = 0.5 / result.shard_sizes.astype(float)
+    epsilon = _brute_epsilon(W, 2, 1, ratio=2.0 / 6.0, scales=scales, decay=1 - 0.5 * 0.01)
+    assert row["network_dp_note"] == ""
+    assert row["network_dp_epsilon_mean"] == pytest.approx(np.nanmean(epsilon), rel=1e-7)
+    assert row["network_dp_epsilon_max"] == pytest.approx(np.nanmax(epsilon), rel=1e-7)
+    assert row["network_dp_epsilon_max"] <= row["max_epsilon_spent"] * (1 + 1e-9)
+
+
+def test_the_reported_coefficient_is_the_certificate_not_the_feasible_point(monkeypatch) -> None:
+    """T = 4 > 2, where the semidefinite program is solved: with the barrier stopped after
+    one round, its feasible point (lower) falls short of the optimum while its dual
+    certificate (upper) still bounds it. What ``view_coefficients`` reports must be the
+    certificate: at least the optimum found independently (power ascent on the brute-force
+    ``M``), and the note's gap says by how much the lower value differs."""
+    monkeypatch.setattr(network_dp, "_BARRIER_ROUNDS", 1)
+    mixing = _mixing(GRAPHS["ring-10"])
+    W = mixing.matrix().toarray()
+    kappa, gap = network_dp.view_coefficients(
+        _trace(mixing, 4, 1), mixing, scales=np.ones(10), decay=1.0
+    )
+    assert gap > 1e-6  # a case where the two differ
+    for u, v in [(1, 0), (9, 0), (4, 3)]:
+        M = _brute_M(W, 4, 1, u, v)
+        (_,), (lower,) = network_dp.worst_case_shifts(M[None])
+        optimum = _ascent(M)
+        assert lower < optimum - 1e-5  # reporting the feasible point would understate
+        assert kappa[u, v] >= optimum - 1e-9 and kappa[u, v] <= 4 + 1e-9
+
+
+def test_distances_are_hop_counts_of_the_overlay() -> None:
+    """``by_distance`` groups pairs by hops (networkx's shortest path lengths), not by the
+    mixing weights: every distance an integer, each with its pairs' count, mean and max."""
+    graph = GRAPHS["3-regular-14"]
+    mixing = _mixing(graph)
+    P = mixing.n_peers
+    epsilon = np.arange(P * P, dtype=float).reshape(P, P) / 7.0
+    hops = dict(nx.all_pairs_shortest_path_length(graph))
+    expected: dict[int, list[float]] = {}
+    for u in range(P):
+        for v in range(P):
+            if u != v:
+                expected.setdefault(hops[u][v], []).append(epsilon[u, v])
+    rows = network_dp.by_distance(mixing, epsilon)
+    assert [row["distance"] for row in rows] == sorted(expected) and len(expected) > 2
+    for row in rows:
+        values = expected[row["distance"]]
+        assert row["pairs"] == len(values)
+        assert row["mean_epsilon"] == pytest.approx(np.mean(values), rel=1e-12)
+        assert row["max_epsilon"] == pytest.approx(max(values), rel=1e-12)
+
+
+def test_a_runs_network_dp_table_has_one_row_per_hop_distance_of_its_overlay() -> None:
+    """Config -> run -> the ``network_dp.csv`` rows: their distances and pair counts are the
+    hop distances of the run's overlay (computed here with networkx)."""
+    from p2pdp.sim.overlay import build_overlay
+
+    config = _config(name="muffliato", gossip_steps=2, rounds=2, noise_multiplier=6.0)
+    result = simulate(config)
+    overlay = build_overlay(config.gossip, 20, rng=generator(config.seed, "overlay", 0, 0))
+    graph = nx.Graph()
+    for u in range(20):
+        graph.add_edges_from(
+            (u, int(v)) for v in overlay.indices[overlay.indptr[u] : overlay.indptr[u + 1]]
+        )
+    counts: dict[int, int] = {}
+    for u, lengths in nx.all_pairs_shortest_path_length(graph):
+        for v, hops in lengths.items():
+            if u != v:
+                counts[hops] = counts.get(hops, 0) + 1
+    rows = result.network_dp_rows()
+    assert {row["distance"]: row["pairs"] for row in rows} == counts
+    assert all(row["fold"] == 0 for row in rows)

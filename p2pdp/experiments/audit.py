@@ -51,6 +51,8 @@ AUDIT_NAMES: tuple[str, ...] = (
     "pooled-test-known-others",
     "clipped-gaussian",
     "clipped-gaussian-unclipped",
+    "secure-aggregation",
+    "secure-aggregation-k-way-shares",
 )
 
 
@@ -60,6 +62,7 @@ EXPECTED_TO_FAIL: dict[str, str] = {
     "vector-laplace-exponential-norm": "Exponential norm bug",
     "pooled-test-known-others": "not worst-case DP",
     "clipped-gaussian-unclipped": "gradients not clipped",
+    "secure-aggregation-k-way-shares": "K-way noise shares",
 }
 
 
@@ -160,6 +163,69 @@ def _audit_clipped_gaussian(
     return _threshold_result(name, epsilon, delta, epsilon, test, n_samples=n_samples, dim=dim)
 
 
+#: Members of the secure-aggregation audit's group (2: a member that subtracts its own share
+#: of a K-way split keeps only half the noise, the largest shortfall of that bug).
+AUDIT_SECURE_MEMBERS = 2
+
+
+def _audit_secure_aggregation(
+    name: str, *, n_samples: int, rng: np.random.Generator, epsilon: float, delta: float
+) -> AuditResult:
+    """The group mean by secure aggregation, end to end (:mod:`p2pdp.privacy.secure_aggregation`:
+    each member's noise share, fixed-point encoding, secret sharing, the curator's decoding),
+    audited against the curator, a member that knows its own model and noise share.
+
+    Neighbours: the other member's model is 0 or ``K`` (its record moves the mean by the
+    sensitivity 1). The curator's view is the release minus its own model's ``1 / K`` and its
+    own share; ``n_samples`` independent rounds per side (one coordinate each, in one run of
+    the protocol over ``n_samples`` coordinates: the shares and the sharing are per
+    coordinate). The claim is the Gaussian mechanism at ``(epsilon, delta)``, exactly
+    ``mu``-GDP with ``mu = 1 / sigma``: audited by :func:`~p2pdp.privacy.audit.
+    gdp_threshold_test`, ``eps_lb`` the epsilon of its ``mu`` lower bound at ``delta``. The
+    negative control splits the noise K ways instead of ``K - 1``: the curator, subtracting
+    its share, is left with ``(K - 1) / K`` of the variance.
+    """
+    from p2pdp.privacy.audit import gdp_threshold_test
+    from p2pdp.privacy.gdp import gdp_epsilon
+    from p2pdp.privacy.secure_aggregation import draw_noise_shares, secure_noisy_mean
+
+    mechanism = make_mechanism("gaussian", epsilon=epsilon, delta=delta)
+    members = AUDIT_SECURE_MEMBERS
+    sigma = float(mechanism.noise_std(1.0, 1))
+    mu = 1.0 / sigma
+
+    def curator_view(other: float) -> np.ndarray:
+        if name == "secure-aggregation":
+            shares = draw_noise_shares(
+                mechanism, sensitivity=1.0, n_members=members, dim=n_samples, rng=rng
+            )
+        else:  # the control: shares of a K-way split
+            shares = np.asarray(mechanism.noise_shares(1.0, n_samples, members, rng=rng))
+        models = np.zeros((members, n_samples))
+        models[1] = other
+        release = secure_noisy_mean(models, shares, curator=0, rng=rng).total
+        return release - models[0] / members - shares[0]
+
+    mu_lb, test = gdp_threshold_test(curator_view(0.0), curator_view(float(members)))
+    real_mu = mu if name == "secure-aggregation" else mu * math.sqrt(members / (members - 1))
+    return AuditResult(
+        mechanism=name,
+        epsilon=epsilon,
+        delta=delta,
+        eps_lb=float(gdp_epsilon(mu_lb, delta)) if mu_lb > 0 else 0.0,
+        passed=mu_lb <= mu,
+        expected_pass=name not in EXPECTED_TO_FAIL,
+        guarantee_epsilon=float(gdp_epsilon(real_mu, delta)),
+        method="gdp-threshold-test",
+        dim=1,
+        n_samples=n_samples,
+        statistic="projection",
+        threshold=test.threshold,
+        fpr_upper=test.fpr_upper,
+        fnr_upper=test.fnr_upper,
+    )
+
+
 def audit_mechanism(
     name: str,
     *,
@@ -187,6 +253,10 @@ def audit_mechanism(
         return _exact_result(name, epsilon, pooling.epsilon_of_law(law), expected_pass)
     if name.startswith("pooled-test"):
         return _audit_pooled(name)
+    if name.startswith("secure-aggregation"):
+        return _audit_secure_aggregation(
+            name, n_samples=n_samples, rng=rng, epsilon=epsilon, delta=delta
+        )
     if name.startswith("clipped-gaussian"):
         return _audit_clipped_gaussian(
             name, n_samples=n_samples, rng=rng, epsilon=epsilon, delta=delta, dim=dim
@@ -285,7 +355,7 @@ def _expected_failure(name: str) -> str:
 def format_audit_table(results: Sequence[AuditResult]) -> str:
     """Readable fixed-width table of audit results."""
     header = (
-        f"{'mechanism':<32} {'epsilon':>7} {'delta':>7} {'eps_lb':>7} {'guarantee':>9} "
+        f"{'mechanism':<36} {'epsilon':>7} {'delta':>7} {'eps_lb':>7} {'guarantee':>9} "
         f"{'method':<28} result"
     )
     lines = [header, "-" * len(header)]
@@ -301,7 +371,7 @@ def format_audit_table(results: Sequence[AuditResult]) -> str:
         if not result.as_expected:
             verdict += ", UNEXPECTED"
         lines.append(
-            f"{result.mechanism:<32} {result.epsilon:>7.4g} {result.delta:>7g} "
+            f"{result.mechanism:<36} {result.epsilon:>7.4g} {result.delta:>7g} "
             f"{result.eps_lb:>7.3f} {result.guarantee_epsilon:>9.3g} {method:<28} {verdict}"
         )
     return "\n".join(lines)

@@ -105,9 +105,12 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
         "the Langevin sampler's stationary law (a wrong-noise negative control). Then whole "
         "runs of dpsgd, muffliato and gossip-learning: canaries in one peer's shard, guessed by "
         "a neighbour from the models it receives, turned into an epsilon lower bound by the "
-        "one-run audit (Steinke, Nasr & Jagielski 2023, 95%%) against the peer's epsilon_spent; "
-        "the -unclipped and -half-noise rows are negative controls (~1 minute). Exit status "
-        "1 if any outcome differs from its expectation.",
+        "one-run audit against the peer's epsilon_spent (95%%): the f-DP bound of Mahloujifar, "
+        "Melis & Chaudhuri 2024 for the mu-GDP claims of full sampling (10^6 canaries), the "
+        "(epsilon, delta) bound of Steinke, Nasr & Jagielski 2023 for Poisson sampling "
+        "(dpsgd-poisson); the -unclipped, -half-noise and -inverted-sampling rows are negative "
+        "controls (~5 minutes in all). Exit status 1 if any outcome differs from its "
+        "expectation.",
     )
     parser.add_argument(
         "--mechanism", help="audit only this one (default: all; see the table for the names)"
@@ -119,8 +122,9 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--runs",
         type=int,
-        default=100,
-        help="runs pooled by each iterative protocol's audit, 500 canaries each (default: 100)",
+        default=None,
+        help="runs pooled by each iterative protocol's audit, 500 canaries each (default: 2000 "
+        "for the honest rows of a mu-GDP claim, 100 for the others)",
     )
     parser.add_argument("--seed", type=int, default=0, help="root random seed (default: 0)")
     parser.set_defaults(func=_cmd_audit)
@@ -133,7 +137,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES, run_iterative_audit
     from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
 
-    # then the posterior audits (exact and Langevin, ~3 s) and whole iterative runs (~1 min)
+    # then the posterior audits (exact and Langevin, ~3 s) and whole iterative runs (~5 min)
     if args.mechanism is None:
         names, posterior, iterative = AUDIT_NAMES, POSTERIOR_AUDIT_NAMES, ITERATIVE_AUDIT_NAMES
     elif args.mechanism in POSTERIOR_AUDIT_NAMES:

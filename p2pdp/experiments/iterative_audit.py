@@ -2,7 +2,8 @@
 
 What is audited is the row's claim: the audited peer's local DP ``epsilon_spent`` at
 ``privacy.delta`` (the composition of the private steps it took, under the step's neighbouring
-relation: replace one record of its shard, full sampling).
+relation: replace one record of its shard for full sampling; add or remove one for the
+``dpsgd-poisson`` rows, D-PSGD with Poisson sampling at :data:`AUDIT_SAMPLING_RATE`).
 
 The experiment (one run; :data:`AUDIT_RUNS` independent runs are pooled, each canary
 affecting one run only):
@@ -15,6 +16,9 @@ affecting one run only):
   is ``x = e_k`` on a coordinate no other record uses, with label ``S_k = +1`` or ``-1``
   (probability 1/2 each, drawn independently). The two states of a canary are neighbouring
   shards under the claimed relation (one record replaced); the shard size does not change.
+  Under Poisson sampling (add/remove) state ``+1`` is the canary ``e_k`` present, ``-1`` it
+  absent (a row of zeros: no gradient, and the step's divisor is public, so it is the same
+  output law as a shard without it).
   Its logistic gradient is ``-S_k sigmoid(-S_k w_k) e_k``, of norm above the clipping norm
   while ``|w_k| < ln(1 / C - 1)``, so its clipped gradient is ``-S_k C e_k`` and the two
   states move the step's sum by ``2 C``, the full sensitivity.
@@ -28,18 +32,23 @@ affecting one run only):
   canary's clipped-gradient direction.
 * **Guesses and bound.** It guesses ``S_k = +1`` for the :data:`AUDIT_GUESS_FRACTION` of the
   canaries with the highest scores, ``-1`` for as many with the lowest, abstains on the rest
-  (the fraction is fixed in advance), and :func:`p2pdp.privacy.audit.
-  one_run_epsilon_lower_bound` turns its correct guesses into ``eps_lb`` at
-  :data:`AUDIT_CONFIDENCE`. ``passed = eps_lb <= claimed``.
+  (the fraction is fixed in advance). Full sampling claims ``mu``-GDP (the ``gdp``
+  accountant, ``mu = sqrt(steps) / z``): :func:`p2pdp.privacy.audit.one_run_gdp_lower_bound`
+  (the f-DP one-run bound, :data:`AUDIT_GUESS_FRACTION_GDP`, 10^6 canaries for the honest
+  rows) turns the correct guesses into a lower bound on ``mu`` at :data:`AUDIT_CONFIDENCE`,
+  reported as its epsilon ``eps_lb`` at ``privacy.delta``; ``passed`` when that ``mu`` is at
+  most the claim's. Poisson sampling claims one ``(epsilon, delta)`` (``pld``):
+  :func:`p2pdp.privacy.audit.one_run_epsilon_lower_bound`, ``passed = eps_lb <= claimed``.
 
-Negative controls (the ``-unclipped`` and ``-half-noise`` rows, switched here and nowhere
-else): the step sums unclipped gradients (canaries of norm :data:`AUDIT_UNCLIPPED_NORM`, 1000
-times the clipping norm) under the noise calibrated for clipped ones; or the noise multiplier
-is halved while the accountant keeps charging the calibrated one. Both must fail.
+Negative controls (switched here and nowhere else): ``-unclipped``, the step sums unclipped
+gradients (canaries of norm :data:`AUDIT_UNCLIPPED_NORM`, 1000 times the clipping norm) under
+the noise calibrated for clipped ones; ``-half-noise``, the noise multiplier is halved while
+the accountant keeps charging the calibrated one; ``-inverted-sampling`` (Poisson), each record
+is kept with probability ``1 - q`` while ``q`` is charged. All must fail.
 
 Passing is evidence, not proof: ``eps_lb`` is a lower bound on what this adversary achieves
 with these canaries, and a bug that this experiment does not exercise (another relation, a
-data-dependent divisor, another sampling) stays invisible.
+data-dependent divisor, fixed-size sampling) stays invisible.
 """
 
 from __future__ import annotations
@@ -55,27 +64,43 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import require_count
-from p2pdp.privacy.audit import AuditResult, one_run_epsilon_lower_bound, one_run_guesses
+from p2pdp.privacy.audit import (
+    AuditResult,
+    one_run_epsilon_lower_bound,
+    one_run_gdp_lower_bound,
+    one_run_guesses,
+)
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
+from p2pdp.privacy.events import GaussianEvent
+from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols.iterative import IterativeProtocol, LocalProblem, StepPrivacy, step_privacy
 from p2pdp.protocols.mixing import Mixing
 
-#: The audited protocols and, for each, its rows: honest, then the two negative controls.
+#: The audited protocols (full sampling, replace-one, the ``gdp`` accountant's mu-GDP claim).
 AUDIT_PROTOCOLS: tuple[str, ...] = ("dpsgd", "muffliato", "gossip-learning")
+#: Every audited variant: the protocols, and D-PSGD with Poisson sampling (add/remove, the
+#: ``pld`` accountant's claim; :data:`AUDIT_SAMPLING_RATE`).
+AUDIT_VARIANTS: tuple[str, ...] = (*AUDIT_PROTOCOLS, "dpsgd-poisson")
 CONTROLS: dict[str, str] = {
     "unclipped": "gradients not clipped",
     "half-noise": "half the calibrated noise",
+    "inverted-sampling": "records kept w.p. 1 - q, charged q",
+}
+#: The negative controls of each variant.
+_VARIANT_CONTROLS: dict[str, tuple[str, ...]] = {
+    **{protocol: ("unclipped", "half-noise") for protocol in AUDIT_PROTOCOLS},
+    "dpsgd-poisson": ("inverted-sampling",),
 }
 ITERATIVE_AUDIT_NAMES: tuple[str, ...] = tuple(
-    f"{protocol}-run{suffix}"
-    for protocol in AUDIT_PROTOCOLS
-    for suffix in ("", *(f"-{control}" for control in CONTROLS))
+    f"{variant}-run{suffix}"
+    for variant in AUDIT_VARIANTS
+    for suffix in ("", *(f"-{control}" for control in _VARIANT_CONTROLS[variant]))
 )
 #: Negative controls of this audit and why they must fail.
 ITERATIVE_EXPECTED_TO_FAIL: dict[str, str] = {
-    f"{protocol}-run-{control}": reason
-    for protocol in AUDIT_PROTOCOLS
-    for control, reason in CONTROLS.items()
+    f"{variant}-run-{control}": CONTROLS[control]
+    for variant in AUDIT_VARIANTS
+    for control in _VARIANT_CONTROLS[variant]
 }
 
 #: Peers on the path: gossip learning's on two, so that peer 0 hears from peer 1 every period
@@ -84,8 +109,22 @@ AUDIT_PEERS = {"dpsgd": 4, "muffliato": 4, "gossip-learning": 2}
 AUDIT_RECORDS = 16  # ordinary records per peer
 AUDIT_FEATURES = 4  # their coordinates (the canaries' come after)
 AUDIT_CANARIES = 500  # canaries per run
-AUDIT_RUNS = 100  # independent runs pooled (50,000 canaries)
+AUDIT_RUNS = 100  # independent runs pooled by a negative control and the Poisson row (50,000)
+#: Runs pooled by the honest rows of a mu-GDP claim (10^6 canaries, 75-90 s a row): what the
+#: f-DP bound needs to catch a 25% noise shortfall (in 20 simulated audits at 0.75 x noise,
+#: against the claim's mu 0.502: 5 x 10^5 canaries, smallest bound 0.506, mean 0.544; 10^6,
+#: smallest 0.523, mean 0.552; the real run of seed 0, epsilon 2.21 against 2).
+AUDIT_RUNS_GDP = 2000
 AUDIT_GUESS_FRACTION = 0.01  # of the canaries guessed +1, and as many guessed -1
+#: The guess fraction of the f-DP (mu-GDP) bound, at its best around 10^-3 for 10^6 canaries.
+AUDIT_GUESS_FRACTION_GDP = 0.001
+#: Fewest guesses a side (a fraction of few canaries leaves too few to reject anything): at
+#: 50,000 canaries, the smallest of 10 simulated f-DP bounds of a half-noise run was epsilon
+#: 2.29 with 50 guesses a side, 2.93 with 250 (the claim: 2).
+AUDIT_MIN_GUESSES = 250
+#: Poisson sampling rate of the ``dpsgd-poisson`` rows (each peer's shard is at least
+#: :data:`AUDIT_RECORDS`, its public ``privacy.min_shard_size``).
+AUDIT_SAMPLING_RATE = 0.25
 AUDIT_CONFIDENCE = 0.95
 AUDIT_UNCLIPPED_NORM = 100.0  # the unclipped control's canary norm (the clipping norm is 0.1)
 
@@ -100,15 +139,21 @@ _GOSSIP_STEPS = {"muffliato": 3}  # averagings per round (the others must have 1
 
 
 def audit_config(protocol: str) -> ScenarioConfig:
-    """The scenario of ``protocol``'s audited runs (:data:`AUDIT_SCENARIO`)."""
-    if protocol not in AUDIT_PROTOCOLS:
-        raise ConfigError(f"protocol must be one of {AUDIT_PROTOCOLS}, got {protocol!r}")
+    """The scenario of ``protocol``'s audited runs (:data:`AUDIT_SCENARIO`), one of
+    :data:`AUDIT_VARIANTS` (``dpsgd-poisson``: D-PSGD at :data:`AUDIT_SAMPLING_RATE`)."""
+    if protocol not in AUDIT_VARIANTS:
+        raise ConfigError(f"protocol must be one of {AUDIT_VARIANTS}, got {protocol!r}")
+    name = protocol.removesuffix("-poisson")
     settings = {
         **AUDIT_SCENARIO["protocol"],
-        "name": protocol,
-        "gossip_steps": _GOSSIP_STEPS.get(protocol, 1),
+        "name": name,
+        "gossip_steps": _GOSSIP_STEPS.get(name, 1),
     }
-    return ScenarioConfig(**{**AUDIT_SCENARIO, "protocol": settings})
+    privacy = AUDIT_SCENARIO["privacy"]
+    if protocol.endswith("-poisson"):
+        settings.update(sampling="poisson", sampling_rate=AUDIT_SAMPLING_RATE)
+        privacy = {**privacy, "min_shard_size": AUDIT_RECORDS}
+    return ScenarioConfig(**{**AUDIT_SCENARIO, "protocol": settings, "privacy": privacy})
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,15 +164,40 @@ class _UnclippedSum(ClippedGaussianSum):
         return np.ones(np.shape(norms))
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _InvertedSampling(ClippedGaussianSum):
+    """Negative control only: Poisson sampling that keeps each record with probability
+    ``1 - sampling_rate`` (the accountant still charges ``sampling_rate``)."""
+
+    def select(self, indptr: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return rng.random(int(indptr[-1])) >= self.sampling_rate
+
+
 def _controlled(privacy: StepPrivacy, control: str | None) -> StepPrivacy:
     """``privacy`` with the negative control's step; the claim (event, budget) unchanged."""
     mechanism = privacy.mechanism
+    fields = {f.name: getattr(mechanism, f.name) for f in dataclasses.fields(mechanism)}
     if control == "unclipped":
-        fields = {f.name: getattr(mechanism, f.name) for f in dataclasses.fields(mechanism)}
         mechanism = _UnclippedSum(**fields)
     elif control == "half-noise":
         mechanism = dataclasses.replace(mechanism, noise_multiplier=mechanism.noise_multiplier / 2)
+    elif control == "inverted-sampling":
+        mechanism = _InvertedSampling(**fields)
     return dataclasses.replace(privacy, mechanism=mechanism)
+
+
+def _real_guarantee(privacy: StepPrivacy, control: str | None, steps: int) -> float:
+    """What ``steps`` steps of the control's mechanism really guarantee (the claim's own
+    epsilon without a control; inf for unclipped gradients)."""
+    mechanism = privacy.mechanism
+    if control == "unclipped":
+        return math.inf
+    if control == "half-noise":
+        mechanism = _controlled(privacy, control).mechanism
+    elif control == "inverted-sampling":  # the rate it really samples at
+        mechanism = dataclasses.replace(mechanism, sampling_rate=1 - mechanism.sampling_rate)
+    real = dataclasses.replace(privacy, mechanism=mechanism, event=mechanism.event(), _known={})
+    return float(real.epsilon(np.array([steps]))[0])
 
 
 def _path_mixing(n_peers: int) -> Mixing:
@@ -138,11 +208,16 @@ def _path_mixing(n_peers: int) -> Mixing:
 
 
 def _problem(
-    labels: np.ndarray, *, n_peers: int, canary_norm: float, lam: float, rng: np.random.Generator
+    labels: np.ndarray,
+    *,
+    n_peers: int,
+    canary_norm: float | np.ndarray,
+    lam: float,
+    rng: np.random.Generator,
 ) -> LocalProblem:
     """Ordinary records (a noisy linear concept on :data:`AUDIT_FEATURES` coordinates, rows
     of norm <= 1) for every peer; peer 0's shard also holds the canaries ``canary_norm e_k``
-    with ``labels`` (m,) in {-1, +1}."""
+    (a norm, or one per canary: 0 is a canary absent) with ``labels`` (m,) in {-1, +1}."""
     rows = n_peers * AUDIT_RECORDS
     m = len(labels)
     X = np.zeros((rows + m, AUDIT_FEATURES + m))
@@ -150,7 +225,7 @@ def _problem(
     X[:rows, :AUDIT_FEATURES] = features / np.linalg.norm(features, axis=1, keepdims=True)
     concept = rng.normal(size=AUDIT_FEATURES)
     y = np.where(X[:rows, :AUDIT_FEATURES] @ concept + 0.3 * rng.normal(size=rows) > 0, 1.0, -1.0)
-    X[rows:, AUDIT_FEATURES:] = canary_norm * np.eye(m)
+    X[rows:, AUDIT_FEATURES:] = np.diag(np.broadcast_to(canary_norm, m).astype(float))
     shards = tuple(np.arange(j * AUDIT_RECORDS, (j + 1) * AUDIT_RECORDS) for j in range(n_peers))
     shards = (np.concatenate([shards[0], rows + np.arange(m)]), *shards[1:])
     return LocalProblem.from_shards(X, np.concatenate([y, labels]), shards, lam=lam)
@@ -271,10 +346,17 @@ def audited_run(
     streams = {key: generator(seed, "audit", name, run, key) for key in (
         "canaries", "data", "network", "noise", "sampling", "gossip")}  # fmt: skip
     labels = np.where(streams["canaries"].random(AUDIT_CANARIES) < 0.5, -1.0, 1.0)
-    norm = AUDIT_UNCLIPPED_NORM if control == "unclipped" else 1.0
+    norm: float | np.ndarray = AUDIT_UNCLIPPED_NORM if control == "unclipped" else 1.0
+    canary_labels = labels
+    if privacy.mechanism.sampling == "poisson":  # add/remove: +1 present, -1 absent (a 0 row)
+        norm, canary_labels = np.where(labels > 0, norm, 0.0), np.ones_like(labels)
     n_peers = AUDIT_PEERS[config.protocol.name]
     problem = _problem(
-        labels, n_peers=n_peers, canary_norm=norm, lam=config.training.lam, rng=streams["data"]
+        canary_labels,
+        n_peers=n_peers,
+        canary_norm=norm,
+        lam=config.training.lam,
+        rng=streams["data"],
     )
     cls = resolve("protocol", config.protocol.name, key="protocol.name")
     observed = type(f"Observed{cls.__name__}", (_Observed, cls), {})
@@ -292,20 +374,30 @@ def audited_run(
 
 
 def audit_iterative(
-    name: str, *, seed: int, runs: int = AUDIT_RUNS, confidence: float = AUDIT_CONFIDENCE
+    name: str, *, seed: int, runs: int | None = None, confidence: float = AUDIT_CONFIDENCE
 ) -> AuditResult:
     """The one-run audit (pooled over ``runs`` runs) of one of :data:`ITERATIVE_AUDIT_NAMES`.
 
     The claim is the largest ``epsilon_spent`` of peer 0 over the runs (each canary's run is
-    at most that private towards it), at ``privacy.delta``.
+    at most that private towards it), at ``privacy.delta``. Full sampling (the ``gdp``
+    accountant) claims ``mu``-GDP, ``mu = sqrt(steps) / z``: audited by the f-DP bound
+    (:func:`~p2pdp.privacy.audit.one_run_gdp_lower_bound`, :data:`AUDIT_GUESS_FRACTION_GDP`),
+    ``eps_lb`` its ``mu`` lower bound's epsilon at ``privacy.delta``, ``passed`` when that
+    ``mu`` is at most the claim's. Poisson sampling (``pld``) claims one ``(epsilon, delta)``:
+    audited by :func:`~p2pdp.privacy.audit.one_run_epsilon_lower_bound`. ``runs`` defaults to
+    :data:`AUDIT_RUNS_GDP` for the honest rows of a GDP claim, else :data:`AUDIT_RUNS`.
     """
     if name not in ITERATIVE_AUDIT_NAMES:
         raise ConfigError(f"mechanism must be one of {ITERATIVE_AUDIT_NAMES}, got {name!r}")
-    runs = require_count("runs", runs)
     protocol, _, suffix = name.partition("-run")
     config = audit_config(protocol)
     control = suffix.lstrip("-") or None
     privacy = step_privacy(config)
+    event = privacy.event
+    gaussian = isinstance(event, GaussianEvent)  # the gdp accountant's mu-GDP claim
+    if runs is None:
+        runs = AUDIT_RUNS_GDP if gaussian and control is None else AUDIT_RUNS
+    runs = require_count("runs", runs)
     labels, scores, steps = [], [], 0
     for run in range(runs):
         states, score, taken = audited_run(
@@ -315,38 +407,40 @@ def audit_iterative(
         scores.append(score)
         steps = max(steps, taken)
     states, score = np.concatenate(labels), np.concatenate(scores)
-    k = max(1, int(AUDIT_GUESS_FRACTION * states.size))
+    fraction = AUDIT_GUESS_FRACTION_GDP if gaussian else AUDIT_GUESS_FRACTION
+    k = min(states.size // 2, max(AUDIT_MIN_GUESSES, int(fraction * states.size)))
     plus, minus = one_run_guesses(score, guesses_per_side=k)
     correct = int((states[plus] > 0).sum() + (states[minus] < 0).sum())
     delta = config.privacy.delta
-    eps_lb = one_run_epsilon_lower_bound(
-        canaries=states.size, guesses=2 * k, correct=correct, delta=delta, confidence=confidence
-    )
     claimed = float(privacy.epsilon(np.array([steps]))[0])
-    if control == "unclipped":
-        guarantee = math.inf
-    elif control == "half-noise":  # what the halved noise really guarantees for those steps
-        half = _controlled(privacy, control).mechanism
-        real = dataclasses.replace(privacy, mechanism=half, event=half.event(), _known={})
-        guarantee = float(real.epsilon(np.array([steps]))[0])
+    if isinstance(event, GaussianEvent):
+        mu = one_run_gdp_lower_bound(
+            canaries=states.size, guesses=2 * k, correct=correct, confidence=confidence
+        )
+        eps_lb = float(gdp_epsilon(mu, delta)) if mu > 0 else 0.0
+        passed = mu <= math.sqrt(steps) / event.noise_multiplier
     else:
-        guarantee = claimed
+        eps_lb = one_run_epsilon_lower_bound(
+            canaries=states.size, guesses=2 * k, correct=correct, delta=delta,
+            confidence=confidence,
+        )  # fmt: skip
+        passed = eps_lb <= claimed
     return AuditResult(
         mechanism=name,
         epsilon=claimed,
         delta=delta,
         eps_lb=eps_lb,
-        passed=eps_lb <= claimed,
+        passed=passed,
         expected_pass=name not in ITERATIVE_EXPECTED_TO_FAIL,
-        guarantee_epsilon=guarantee,
-        method="one-run",
+        guarantee_epsilon=_real_guarantee(privacy, control, steps),
+        method="one-run f-DP (GDP)" if gaussian else "one-run",
         canaries=int(states.size),
         confidence=confidence,
     )
 
 
 def run_iterative_audit(
-    names: Sequence[str] = ITERATIVE_AUDIT_NAMES, *, seed: int, runs: int = AUDIT_RUNS
+    names: Sequence[str] = ITERATIVE_AUDIT_NAMES, *, seed: int, runs: int | None = None
 ) -> list[AuditResult]:
-    """:func:`audit_iterative` of each of ``names``."""
+    """:func:`audit_iterative` of each of ``names`` (``runs``: each row's default if None)."""
     return [audit_iterative(name, seed=seed, runs=runs) for name in names]

@@ -180,8 +180,8 @@ class RunResult:
         return [{**head, **row} for row in self.rounds]
 
     def network_dp_rows(self) -> list[dict[str, Any]]:
-        """The ``network_dp`` table (``muffliato``): per graph distance between two peers, the
-        pairs and the mean and max pairwise network DP epsilon at ``privacy.delta``."""
+        """The ``network_dp`` table (``dpsgd``, ``muffliato``): per graph distance between two
+        peers, the pairs and the mean and max pairwise network DP epsilon at ``privacy.delta``."""
         return [
             {"fold": self.fold, "repetition": self.repetition, **row} for row in self.network_dp
         ]
@@ -738,6 +738,8 @@ def simulate_iterative(
             churn=config.gossip.churn,
         )
         columns.update(summary)
+    else:
+        columns["network_dp_note"] = network_dp.not_modelled(config.protocol.name)
     wall["evaluation"] = time.perf_counter() - start
 
     transport = run.transport

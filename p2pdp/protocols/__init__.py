@@ -12,7 +12,8 @@ network runtime of :mod:`p2pdp.net` too). Gossip group formation (``groups.sampl
 ``dpsgd``
     D-PSGD (Lian et al. 2017) with local DP: each round every peer takes one private local
     step, sends the result to its overlay neighbours and averages what it received with
-    Metropolis-Hastings weights (:mod:`p2pdp.protocols.mixing`). With
+    Metropolis-Hastings weights (:mod:`p2pdp.protocols.mixing`); its rows, like
+    ``muffliato``'s, add the pairwise network DP bound. With
     ``protocol.pairwise_noise_multiplier > 0`` neighbours add correlated noise that cancels
     in the network average; its rows add the exact epsilon per threat model
     (:mod:`p2pdp.protocols.correlated_dp`).
@@ -75,7 +76,7 @@ class OneShot:
 
 #: Columns every results row has (NaN where they do not apply, e.g. one-shot runs):
 #: what an iterative run did and what it guarantees beyond ``epsilon_spent`` (local DP);
-#: ``network_dp_note`` says why a ``muffliato`` run's network DP columns are empty, and
+#: ``network_dp_note`` says why an iterative run's network DP columns are empty, and
 #: ``correlated_dp_note`` why a ``dpsgd`` run with pair noise has no per-threat-model epsilons.
 ITERATIVE_COLUMNS: dict[str, float | str] = {
     "mean_steps_per_peer": math.nan,

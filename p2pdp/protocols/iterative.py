@@ -350,6 +350,7 @@ class DecentralizedSGD(IterativeProtocol):
     """
 
     name: ClassVar[str] = "dpsgd"
+    network_dp: ClassVar[bool] = True  # Muffliato's view model with one averaging per round
     reads: ClassVar[tuple[Read, ...]] = (
         *IterativeProtocol.reads,
         When("privacy.mechanism", "none", ("protocol.pairwise_noise_multiplier",), negate=True),

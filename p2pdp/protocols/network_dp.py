@@ -38,6 +38,9 @@ lower one on the graphs tested; ``network_dp_note`` says so where the gap exceed
 Converted to ``(epsilon, delta)`` at the rows' ``privacy.delta`` exactly (``mu``-GDP, Dong,
 Roth & Su), the conversion of the ``gdp`` accountant.
 
+**Which runs.** Those of ``dpsgd`` (one exchange per round) and ``muffliato`` (``K``); the
+rows of other protocols say why not (:func:`not_modelled`).
+
 **Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps;
 Poisson sampling (the view is then a mixture of Gaussians); churn; runs whose views exceed
 :data:`MAX_VIEW_ENTRIES`. **Assumption.** Like the paper, the model takes the gradient terms
@@ -261,6 +264,15 @@ def by_distance(mixing: Mixing, epsilon: np.ndarray) -> list[dict[str, float]]:
             }
         )
     return rows
+
+
+def not_modelled(protocol: str) -> str:
+    """Why the rows of ``protocol``, whose views the model does not describe, have no network DP
+    (every protocol but the synchronous step-then-average ones, ``dpsgd`` and ``muffliato``)."""
+    return (
+        f"not computed: protocol.name = {protocol!r} is not a synchronous step-then-average "
+        "protocol (its views are not modelled)"
+    )
 
 
 def not_computed(mechanism: ClippedGaussianSum, *, churn: bool) -> str:
