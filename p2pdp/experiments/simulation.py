@@ -625,12 +625,18 @@ def simulate_iterative(
     cells that differ only in the protocol's settings), ``network`` (delays, losses, phases),
     ``noise`` (the steps' Gaussian noise), ``sampling`` (records per step), ``gossip``
     (gossip learning's targets), ``churn`` (sessions and downtimes, with ``gossip.churn``),
-    ``pairs`` (D-PSGD's pair secrets, one SeedSequence spawned per edge from it).
+    ``pairs`` (D-PSGD's pair secrets, one SeedSequence spawned per edge from it),
+    ``central`` (the trusted-curator reference's sampling and noise).
     """
     from p2pdp.core.components import resolve
     from p2pdp.learning.evaluation import linear_error
     from p2pdp.protocols import network_dp
-    from p2pdp.protocols.iterative import IterativeProtocol, LocalProblem, step_privacy
+    from p2pdp.protocols.iterative import (
+        IterativeProtocol,
+        LocalProblem,
+        central_dp_reference,
+        step_privacy,
+    )
     from p2pdp.protocols.mixing import Mixing
     from p2pdp.sim.iterative import consensus_distance, run_iterative
     from p2pdp.sim.overlay import build_overlay
@@ -709,6 +715,17 @@ def simulate_iterative(
         spectral_gap=mixing.spectral_gap(),
         consensus_distance=consensus_distance(protocol.models),
     )
+    if mechanism.private:  # where a trusted curator would be, at the same budget
+        central, central_epsilon = central_dp_reference(
+            problem,
+            config.protocol,
+            privacy,
+            rng=generator(config.seed, "central", fold, repetition),
+        )
+        columns.update(
+            central_dp_error=float(linear_error(central[None, :], data.X_test, data.y_test)[0]),
+            central_dp_epsilon=central_epsilon,
+        )
     distances: list[dict[str, Any]] = []
     step_size = config.protocol.step_size
     if pair_noise > 0:  # every threat model's view of the run as it happened

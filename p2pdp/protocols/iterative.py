@@ -225,6 +225,67 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
     return result
 
 
+def central_dp_reference(
+    problem: LocalProblem,
+    settings: ProtocolConfig,
+    privacy: StepPrivacy,
+    *,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, float]:
+    """Central DP-SGD on the pooled training rows: where a trusted curator would be.
+
+    A reference only: it needs a **trusted curator** holding every peer's rows. The curator
+    runs ``protocol.rounds`` private steps of :meth:`IterativeProtocol.step` (the same code)
+    on one shard of all ``N`` rows, from zeros, at the peers' ``step_size``, lambda and clip
+    norm, with ``privacy``'s mechanism: the same sampling and noise multiplier ``z``. Every
+    record is in one shard of the run and in the pooled shard alike, so a record's privacy
+    loss is the same event composed ``rounds`` times, under the same neighbouring relation
+    (replace-one for full and fixed sampling, add/remove for Poisson): the curator's epsilon
+    is ``privacy.epsilon([rounds])``, the peers' local DP budget. Only difference: the
+    divisor is the pooled one (``N``, ``min(batch_size, N)``; for Poisson
+    ``q * P * min_shard_size``, a public lower bound on ``N`` under add/remove), so the noise
+    per row is ``~P`` times smaller than a peer's. Released to: nobody in the run (the row
+    reports its test error).
+
+    Parameters
+    ----------
+    problem : LocalProblem
+        The peers' shards; pooled here.
+    settings : ProtocolConfig
+        ``rounds`` and ``step_size``.
+    privacy : StepPrivacy
+        The peers' step mechanism (:func:`step_privacy`), local-DP calibrated.
+    rng : numpy.random.Generator
+        The curator's sampling and noise (its own stream: the run's draws are unchanged).
+
+    Returns
+    -------
+    model : (d,) array
+        The curator's model after its steps (``rounds``, or fewer if ``privacy`` affords
+        fewer, as for the peers).
+    epsilon : float
+        Its DP epsilon at ``privacy.delta_total``, by ``privacy``'s accountant.
+    """
+    pooled = LocalProblem(
+        X=problem.X, y=problem.y, indptr=np.array([0, len(problem.y)]), lam=problem.lam
+    )
+    mechanism = privacy.mechanism
+    if mechanism.min_shard_size is not None:
+        mechanism = dataclasses.replace(
+            mechanism, min_shard_size=mechanism.min_shard_size * problem.n_peers
+        )
+    curator = IterativeProtocol(
+        settings,
+        pooled,
+        Mixing(indptr=np.zeros(2, np.int64), indices=np.zeros(0, np.int64), weights=np.zeros(0)),
+        dataclasses.replace(privacy, mechanism=mechanism),
+        rngs={"sampling": rng, "noise": rng},
+    )
+    for _ in range(settings.rounds):
+        curator.step()
+    return curator.models[0], float(privacy.epsilon(curator.steps)[0])
+
+
 class IterativeProtocol:
     """Peers that keep a model and update it from their data and what they receive.
 
