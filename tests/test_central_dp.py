@@ -25,8 +25,12 @@ def _config(min_shard_size: int | None = None, **protocol) -> ScenarioConfig:
         data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
         partition={"n_peers": 14, "scheme": "quantity_skew"},
         training={"lam": 0.01},
-        privacy={"mechanism": "gaussian", "epsilon": 3.0, "delta": 1e-5,
-                 "min_shard_size": min_shard_size},
+        privacy={
+            "mechanism": "gaussian",
+            "epsilon": 3.0,
+            "delta": 1e-5,
+            "min_shard_size": min_shard_size,
+        },
         gossip={"degree": 3},
         evaluation={"cv_folds": 2},
         protocol={**settings, **protocol},
@@ -97,3 +101,27 @@ def test_rows_report_the_curators_error_at_the_runs_epsilon_and_relation() -> No
     )
     none = simulate(plain).row()
     assert math.isnan(none["central_dp_error"]) and math.isnan(none["central_dp_epsilon"])
+
+
+def test_the_comparison_figure_draws_the_curator_where_iterative_rows_have_it(
+    monkeypatch, tmp_path
+) -> None:
+    from p2pdp.experiments import protocol_report
+
+    base = {"mean_error": 0.3, "local_only_error": 0.4, "centralized_error": 0.1, "fold": 0}
+    rows = [
+        {**base, "protocol.name": name, "privacy.epsilon": eps, "central_dp_error": central}
+        for name, eps, central in (
+            ("dpsgd", 1.0, 0.2), ("dpsgd", 2.0, 0.15),
+            ("one-shot", 1.0, math.nan), ("one-shot", 2.0, math.nan),
+        )
+    ]  # fmt: skip
+    _, table = protocol_report.tuned_comparison(rows, ["privacy.epsilon", "protocol.name"])
+    drawn = {}
+    monkeypatch.setattr(protocol_report, "write_figure", lambda f, p: drawn.setdefault("f", f))
+    protocol_report.comparison_figure(table, tmp_path / "f.png")
+    (line,) = [
+        line for line in drawn["f"].axes[0].get_lines() if line.get_label().startswith("central DP")
+    ]
+    np.testing.assert_allclose(line.get_xdata(), [1.0, 2.0])
+    np.testing.assert_allclose(line.get_ydata(), [0.2, 0.15])

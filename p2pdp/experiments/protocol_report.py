@@ -63,9 +63,10 @@ def tuned_comparison(
     (keys, table): ``keys`` are the compared settings (``protocol.name`` first); each table
     row has them plus ``partition`` (a label), ``folds``, ``error`` (mean over folds of the
     tuned error), ``error_std`` (over folds), ``chosen`` (the setting chosen most often, as
-    text), ``local_only_error``, ``centralized_error``, ``epsilon_spent`` (largest local DP
-    epsilon of a peer), ``network_dp_epsilon_mean`` (NaN unless computed for every cell) and
-    ``network_dp_notes`` (the cells' distinct reasons for not computing it).
+    text), ``local_only_error``, ``centralized_error``, ``central_dp_error`` (the trusted
+    curator's DP-SGD at the same budget, NaN for one-shot cells), ``epsilon_spent`` (largest
+    local DP epsilon of a peer), ``network_dp_epsilon_mean`` (NaN unless computed for every
+    cell) and ``network_dp_notes`` (the cells' distinct reasons for not computing it).
     """
     tuned = [k for k in swept if k in TUNED_KEYS]
     keys = ["protocol.name", *(k for k in swept if k not in TUNED_KEYS and k != "protocol.name")]
@@ -103,6 +104,7 @@ def tuned_comparison(
                 or "-",
                 "local_only_error": _mean(cells, "local_only_error"),
                 "centralized_error": _mean(cells, "centralized_error"),
+                "central_dp_error": _mean(cells, "central_dp_error"),
                 "epsilon_spent": _mean(cells, "max_epsilon_spent"),
                 "network_dp_epsilon_mean": _mean(cells, "network_dp_epsilon_mean"),
                 "network_dp_notes": sorted(
@@ -180,6 +182,16 @@ def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
             epsilons, [r["centralized_error"] for r in ordered], "k--",
             label="centralized (non-private)",
         )  # fmt: skip
+        central = {}  # the curator's reference: mean over the iterative rows at each epsilon
+        for epsilon in dict.fromkeys(epsilons):
+            values = [r["central_dp_error"] for r in ordered if r["privacy.epsilon"] == epsilon]
+            if np.isfinite(values).any():
+                central[epsilon] = float(np.nanmean(values))
+        if central:
+            axis.plot(
+                list(central), list(central.values()), "k-.",
+                label="central DP (trusted curator)",
+            )  # fmt: skip
         axis.set_xscale("log")
         axis.set_xlabel("privacy budget ε per peer (local DP)")
         axis.set_title(panel)

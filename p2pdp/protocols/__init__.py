@@ -78,8 +78,8 @@ class OneShot:
 #: ``network_dp_note`` says why a ``muffliato`` run's network DP columns are empty, and
 #: ``correlated_dp_note`` why a ``dpsgd`` run with pair noise has no per-threat-model epsilons;
 #: ``central_dp_error`` / ``central_dp_epsilon``: the trusted-curator DP-SGD reference on the
-#: pooled rows at the run's budget and relation (:func:`p2pdp.protocols.iterative.central_dp_reference`;
-#: NaN for non-private steps).
+#: pooled rows at the run's budget and relation
+#: (:func:`p2pdp.protocols.iterative.central_dp_reference`; NaN for non-private steps).
 ITERATIVE_COLUMNS: dict[str, float | str] = {
     "mean_steps_per_peer": math.nan,
     "min_steps_per_peer": math.nan,
