@@ -106,8 +106,11 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
         "runs of dpsgd, muffliato and gossip-learning: canaries in one peer's shard, guessed by "
         "a neighbour from the models it receives, turned into an epsilon lower bound by the "
         "one-run audit (Steinke, Nasr & Jagielski 2023, 95%%) against the peer's epsilon_spent; "
-        "the -unclipped and -half-noise rows are negative controls (~1 minute). Exit status "
-        "1 if any outcome differs from its expectation.",
+        "the -unclipped and -half-noise rows are negative controls (~1 minute). Then D-PSGD "
+        "with correlated noise against an eavesdropper and a curious neighbour, each claim "
+        "the exact epsilon of that threat model; -reused-pairs, -weighted-pairs and "
+        "-leaked-secret are negative controls (~1 minute). Exit status 1 if any outcome "
+        "differs from its expectation.",
     )
     parser.add_argument(
         "--mechanism", help="audit only this one (default: all; see the table for the names)"
@@ -130,12 +133,18 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     import json
 
     from p2pdp.experiments.audit import AUDIT_NAMES, format_audit_table, run_audit
+    from p2pdp.experiments.correlated_audit import CORRELATED_AUDIT_NAMES, run_correlated_audit
     from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES, run_iterative_audit
     from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
 
-    # then the posterior audits (exact and Langevin, ~3 s) and whole iterative runs (~1 min)
+    # then the posterior audits (exact and Langevin, ~3 s) and whole iterative runs (~1 min),
+    # then correlated D-PSGD per threat model (~1 min)
+    correlated: tuple[str, ...] = ()
     if args.mechanism is None:
         names, posterior, iterative = AUDIT_NAMES, POSTERIOR_AUDIT_NAMES, ITERATIVE_AUDIT_NAMES
+        correlated = CORRELATED_AUDIT_NAMES
+    elif args.mechanism in CORRELATED_AUDIT_NAMES:
+        names, posterior, iterative, correlated = (), (), (), (args.mechanism,)
     elif args.mechanism in POSTERIOR_AUDIT_NAMES:
         names, posterior, iterative = (), (args.mechanism,), ()
     elif args.mechanism in ITERATIVE_AUDIT_NAMES:
@@ -145,6 +154,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     results = run_audit(names, n_samples=args.samples, seed=args.seed) if names else []
     results += run_posterior_audit(posterior, seed=args.seed)
     results += run_iterative_audit(iterative, seed=args.seed, runs=args.runs)
+    results += run_correlated_audit(correlated, seed=args.seed, runs=args.runs)
     if args.json:
         print(json.dumps([result.as_dict() for result in results], indent=2))
     else:
