@@ -84,6 +84,7 @@ ITERATIVE_COLUMNS: dict[str, float | str] = {
     "mean_steps_per_peer": math.nan,
     "min_steps_per_peer": math.nan,
     "noise_multiplier_used": math.nan,
+    "pairwise_noise_multiplier_used": math.nan,
     "spectral_gap": math.nan,
     "consensus_distance": math.nan,
     "network_dp_epsilon_mean": math.nan,

@@ -225,6 +225,64 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
     return result
 
 
+def threat_model_privacy(
+    config: ScenarioConfig, privacy: StepPrivacy, mixing: Mixing, sizes: np.ndarray
+) -> StepPrivacy:
+    """``privacy`` with the noise multiplier calibrated to ``protocol.threat_model``.
+
+    ``"local"``: ``privacy`` unchanged. Otherwise ``z`` spends exactly ``privacy.epsilon`` at
+    ``privacy.delta`` against the worst target under that threat model, on the run in which
+    every peer steps every round and every message arrives
+    (:func:`~p2pdp.protocols.correlated_dp.threat_calibration`, ``z_p = ratio z``, ``ratio``
+    = ``protocol.pairwise_noise_multiplier``); every peer may take every round's step (the
+    budget is the threat model's, not local DP's; ``epsilon_spent`` still reports local DP).
+    A run that then loses a message, or has churn, no longer matches the calibration: refused
+    (churn, loss before the run; the driver's trace is checked after it).
+
+    Parameters
+    ----------
+    config : ScenarioConfig
+    privacy : StepPrivacy
+        The local-DP step (:func:`step_privacy`): its sampling and clipping are kept.
+    mixing : Mixing
+        The overlay's weights.
+    sizes : (P,) int array
+        Shard sizes (the step denominators).
+    """
+    from p2pdp.protocols import correlated_dp
+
+    settings = config.protocol
+    if settings.threat_model == "local":
+        return privacy
+    mechanism = privacy.mechanism
+    if mechanism.sampling == "poisson" or config.gossip.churn or config.network.loss > 0:
+        raise ConfigError(
+            f"protocol.threat_model = {settings.threat_model!r} is calibrated on a run in which "
+            "every peer steps and every message arrives: it needs full or fixed sampling, "
+            "gossip.churn = false and network.loss = 0"
+        )
+    z = correlated_dp.threat_calibration(
+        mixing,
+        rounds=settings.rounds,
+        scales=settings.step_size / mechanism.denominators(sizes),
+        decay=1.0 - settings.step_size * config.training.lam,
+        ratio=settings.pairwise_noise_multiplier,
+        threat=settings.threat_model.replace("-", "_"),
+        epsilon=config.privacy.epsilon,
+        delta=config.privacy.delta,
+        sensitivity_over_clip=mechanism.sensitivity / mechanism.clip_norm,
+    )
+    mechanism = dataclasses.replace(mechanism, noise_multiplier=z)
+    delta_step = config.privacy.delta / settings.rounds
+    return StepPrivacy(
+        mechanism=mechanism,
+        event=mechanism.event(delta_step),
+        accountant=privacy.accountant,
+        max_steps=settings.rounds,
+        delta_total=privacy.delta_total,
+    )
+
+
 def central_dp_reference(
     problem: LocalProblem,
     settings: ProtocolConfig,
@@ -413,14 +471,25 @@ class DecentralizedSGD(IterativeProtocol):
     name: ClassVar[str] = "dpsgd"
     reads: ClassVar[tuple[Read, ...]] = (
         *IterativeProtocol.reads,
-        When("privacy.mechanism", "none", ("protocol.pairwise_noise_multiplier",), negate=True),
+        When(
+            "privacy.mechanism",
+            "none",
+            ("protocol.pairwise_noise_multiplier", "protocol.threat_model"),
+            negate=True,
+        ),
     )
 
     @property
     def pair_noise_multiplier(self) -> float:
-        """``z_p`` as applied (0 when there is no pair noise: unset, or steps without noise)."""
+        """``z_p`` as applied (0 when there is no pair noise: unset, or steps without noise);
+        with ``protocol.threat_model`` the setting is ``z_p / z``."""
         if not self.privacy.mechanism.private:
             return 0.0
+        if self.settings.threat_model != "local":
+            return (
+                float(self.settings.pairwise_noise_multiplier)
+                * self.privacy.mechanism.noise_multiplier
+            )
         return float(self.settings.pairwise_noise_multiplier)
 
     @functools.cached_property
