@@ -24,6 +24,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.scenario import scenario_from_mapping
 from p2pdp.experiments.simulation import simulate
+from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols import correlated_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
@@ -620,3 +621,26 @@ def test_a_threat_model_is_refused_where_the_calibration_cannot_hold() -> None:
     )
     with pytest.raises(ConfigError, match="lost or delayed"):
         simulate(late)
+
+
+def test_the_rows_scaled_unit_views_equal_the_views_computed_at_the_runs_noise() -> None:
+    """``kappa(z, r z) = kappa(1, r) / z^2``: the report (unit views, cached per run) gives the
+    epsilons of the views built at the run's own z, and another ratio is not served from the
+    cache."""
+    graph = GRAPHS["3-regular-14"]
+    mixing = _mixing(graph)
+    trace = correlated_dp.loss_free_trace(mixing, 3)
+    scales = 0.5 + 0.1 * generator(4, "scales").random(14)
+    mechanism = ClippedGaussianSum(clip_norm=1.0, noise_multiplier=1.7)
+    row = correlated_dp.report(
+        trace, mixing, mechanism, scales=scales, decay=0.99, pair_noise_multiplier=5.1,
+        delta=1e-5,
+    )  # fmt: skip
+    direct = correlated_dp.worst_kappas(CorrelatedRun.build(
+        trace, mixing, scales=scales, decay=0.99, noise_multiplier=1.7,
+        pair_noise_multiplier=5.1))  # fmt: skip
+    for threat, kappa in direct.items():
+        expected = gdp_epsilon(2.0 * np.sqrt(kappa), 1e-5)
+        assert row[f"correlated_dp_{threat}_epsilon"] == pytest.approx(expected, rel=1e-6)
+    other = correlated_dp.unit_worst_kappas(trace, mixing, scales=scales, decay=0.99, ratio=1.0)
+    assert other["eavesdropper"] > direct["eavesdropper"] * 1.7**2 * (1 + 1e-3)

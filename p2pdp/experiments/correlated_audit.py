@@ -69,7 +69,7 @@ from p2pdp.protocols import correlated_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
 from p2pdp.protocols.iterative import DecentralizedSGD, LocalProblem, StepPrivacy
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp import ViewTrace, worst_case_shifts
+from p2pdp.protocols.network_dp import worst_case_shifts
 
 CORRELATED_PEERS = 6
 CORRELATED_ROUNDS = 8
@@ -112,16 +112,6 @@ def _ring(n_peers: int) -> Mixing:
     neighbours = [sorted({(i - 1) % n_peers, (i + 1) % n_peers}) for i in range(n_peers)]
     indptr = np.concatenate([[0], np.cumsum([len(row) for row in neighbours])])
     return Mixing.metropolis_hastings(indptr, np.concatenate(neighbours))
-
-
-def _loss_free_trace(mixing: Mixing, rounds: int) -> ViewTrace:
-    """Every peer steps and every message arrives, ``rounds`` times."""
-    trace = ViewTrace()
-    edges = mixing.indices.size
-    for _ in range(rounds):
-        trace.step(np.arange(mixing.n_peers))
-        trace.exchange(np.ones(edges, dtype=bool), np.zeros(edges, dtype=bool))
-    return trace
 
 
 class _Recorder:
@@ -224,7 +214,7 @@ def _linear_map(z: float, ratio: float, sizes: np.ndarray, mixing: Mixing) -> Co
     settings, lam = CORRELATED_SCENARIO["protocol"], CORRELATED_SCENARIO["training"]["lam"]
     eta = settings["step_size"]
     return CorrelatedRun.build(
-        _loss_free_trace(mixing, CORRELATED_ROUNDS),
+        correlated_dp.loss_free_trace(mixing, CORRELATED_ROUNDS),
         mixing,
         scales=eta / sizes.astype(float),
         decay=1.0 - eta * lam,

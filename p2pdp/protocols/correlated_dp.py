@@ -60,6 +60,7 @@ with a public budget every peer knows who steps.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections.abc import Iterable
@@ -89,7 +90,7 @@ __all__ = [
     "loss_free_trace",
     "report",
     "threat_calibration",
-    "threat_epsilons",
+    "unit_worst_kappas",
     "view_size",
     "worst_coalition_kappa",
     "worst_kappas",
@@ -442,7 +443,7 @@ def worst_kappas(run: CorrelatedRun) -> dict[str, float]:
 
     ``eavesdropper``: max over targets ``u``; ``curious_peer``: max over ordered pairs
     ``u != v`` (``v`` the curious peer). Epsilon grows with ``kappa``, so these give the
-    worst epsilons (:func:`threat_epsilons`)."""
+    worst epsilons (:func:`report`)."""
     n = run.n_peers
     everyone = np.arange(n)
     eavesdropper = run.kappa(None, everyone)
@@ -453,15 +454,36 @@ def worst_kappas(run: CorrelatedRun) -> dict[str, float]:
     return {"eavesdropper": float(np.max(eavesdropper)), "curious_peer": float(np.nanmax(curious))}
 
 
-def threat_epsilons(
-    run: CorrelatedRun, *, sensitivity_over_clip: float, delta: float
+#: Unit ``kappa`` of the views already computed in this process (:func:`unit_worst_kappas`).
+_UNIT_KAPPAS: dict[bytes, dict[str, float]] = {}
+
+
+def unit_worst_kappas(
+    trace: ViewTrace, mixing: Mixing, *, scales: np.ndarray, decay: float, ratio: float
 ) -> dict[str, float]:
-    """The worst epsilon of any target under each threat model (:func:`worst_kappas`)."""
-    scale = {"sensitivity_over_clip": sensitivity_over_clip, "delta": delta}
-    return {
-        threat: float(epsilon_of_kappa(np.array([kappa]), **scale)[0])
-        for threat, kappa in worst_kappas(run).items()
-    }
+    """:func:`worst_kappas` of the run of ``trace`` at ``z = 1``, ``z_p = ratio``.
+
+    At a fixed ``z_p / z`` every noise column scales with ``z`` and nothing else does, so
+    ``kappa(z, ratio z) = kappa(1, ratio) / z^2`` (also for the SDP bound and the local-DP
+    cap, both linear in ``M``): cells that differ only in the budget share one computation,
+    kept for the process (keyed by the trace, overlay, scales, decay and ratio)."""
+    digest = hashlib.sha256()
+    for array in (mixing.indptr, mixing.indices, mixing.weights, np.asarray(scales, float)):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    digest.update(repr((float(decay), float(ratio))).encode())
+    for event in trace.events:
+        parts = (event,) if isinstance(event, np.ndarray) else event
+        for part in parts:
+            digest.update(np.ascontiguousarray(part).tobytes() + b"|")
+        digest.update(b"#")
+    key = digest.digest()
+    if key not in _UNIT_KAPPAS:
+        unit = CorrelatedRun.build(
+            trace, mixing, scales=scales, decay=decay, noise_multiplier=1.0,
+            pair_noise_multiplier=ratio,
+        )  # fmt: skip
+        _UNIT_KAPPAS[key] = worst_kappas(unit)
+    return dict(_UNIT_KAPPAS[key])
 
 
 def loss_free_trace(mixing: Mixing, rounds: int) -> ViewTrace:
@@ -503,12 +525,8 @@ def threat_calibration(
             f"have {entries:,} entries, more than the {MAX_VIEW_ENTRIES:,} of an exact "
             "computation; lower protocol.rounds or the overlay's degree"
         )
-    unit = CorrelatedRun.build(
-        trace, mixing, scales=scales, decay=decay, noise_multiplier=1.0,
-        pair_noise_multiplier=ratio,
-    )  # fmt: skip
     return calibrated_noise_multiplier(
-        worst_kappas(unit)[threat],
+        unit_worst_kappas(trace, mixing, scales=scales, decay=decay, ratio=ratio)[threat],
         epsilon=epsilon,
         delta=delta,
         sensitivity_over_clip=sensitivity_over_clip,
@@ -549,17 +567,15 @@ def report(
             "correlated_dp_curious_peer_epsilon": nan,
             "correlated_dp_note": reason,
         }
-    run = CorrelatedRun.build(
-        trace,
-        mixing,
-        scales=scales,
-        decay=decay,
-        noise_multiplier=mechanism.noise_multiplier,
-        pair_noise_multiplier=pair_noise_multiplier,
+    z = mechanism.noise_multiplier
+    unit = unit_worst_kappas(
+        trace, mixing, scales=scales, decay=decay, ratio=pair_noise_multiplier / z
     )
-    worst = threat_epsilons(
-        run, sensitivity_over_clip=mechanism.sensitivity / mechanism.clip_norm, delta=delta
-    )
+    scale = {"sensitivity_over_clip": mechanism.sensitivity / mechanism.clip_norm, "delta": delta}
+    worst = {
+        threat: float(epsilon_of_kappa(np.array([kappa / z**2]), **scale)[0])
+        for threat, kappa in unit.items()
+    }
     return {
         "correlated_dp_eavesdropper_epsilon": worst["eavesdropper"],
         "correlated_dp_curious_peer_epsilon": worst["curious_peer"],
