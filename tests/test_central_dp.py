@@ -125,3 +125,26 @@ def test_the_comparison_figure_draws_the_curator_where_iterative_rows_have_it(
     ]
     np.testing.assert_allclose(line.get_xdata(), [1.0, 2.0])
     np.testing.assert_allclose(line.get_ydata(), [0.2, 0.15])
+
+
+def test_the_comparison_draws_one_line_per_compared_protocol_setting(monkeypatch, tmp_path):
+    """Two D-PSGD variants (local DP, calibrated to a curious peer) are two lines, each
+    through its own errors, not one line through both."""
+    from p2pdp.experiments import protocol_report
+
+    rows = [
+        {"protocol.name": "dpsgd", "protocol.threat_model": threat, "privacy.epsilon": eps,
+         "mean_error": error, "fold": 0, "central_dp_error": 0.1}
+        for threat, eps, error in (
+            ("local", 1.0, 0.3), ("local", 2.0, 0.25),
+            ("curious-peer", 1.0, 0.2), ("curious-peer", 2.0, 0.15),
+        )
+    ]  # fmt: skip
+    swept = ["privacy.epsilon", "protocol.name", "protocol.threat_model"]
+    _, table = protocol_report.tuned_comparison(rows, swept)
+    drawn = {}
+    monkeypatch.setattr(protocol_report, "write_figure", lambda f, p: drawn.setdefault("f", f))
+    protocol_report.comparison_figure(table, tmp_path / "f.png")
+    lines = {line.get_label(): line for line in drawn["f"].axes[0].get_lines()}
+    np.testing.assert_allclose(lines["dpsgd, threat_model = local"].get_ydata(), [0.3, 0.25])
+    np.testing.assert_allclose(lines["dpsgd, threat_model = curious-peer"].get_ydata(), [0.2, 0.15])

@@ -155,6 +155,17 @@ def _partition_label(row: dict[str, Any]) -> str:
     return f"{scheme}, α = {row.get('partition.alpha')}"
 
 
+def _line(row: dict[str, Any]) -> str:
+    """A comparison row's line: its protocol, and the other protocol settings the sweep
+    compares (e.g. ``dpsgd, threat_model = curious-peer``)."""
+    compared = [
+        f"{key.rpartition('.')[2]} = {value}"
+        for key, value in row.items()
+        if key.startswith("protocol.") and key != "protocol.name"
+    ]
+    return ", ".join([str(row["protocol.name"]), *compared])
+
+
 def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
     """Tuned error vs epsilon, a line per protocol, a panel per partition."""
     panels = sorted({r["partition"] for r in table})
@@ -164,9 +175,9 @@ def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
     )  # fmt: skip
     for axis, panel in zip(axes[0], panels, strict=True):
         rows = [r for r in table if r["partition"] == panel]
-        for number, protocol in enumerate(sorted({r["protocol.name"] for r in rows})):
+        for number, protocol in enumerate(sorted({_line(r) for r in rows})):
             line = sorted(
-                (r for r in rows if r["protocol.name"] == protocol),
+                (r for r in rows if _line(r) == protocol),
                 key=lambda r: r["privacy.epsilon"],
             )
             x = [r["privacy.epsilon"] for r in line]
