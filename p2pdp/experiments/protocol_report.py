@@ -161,7 +161,7 @@ def _line(row: dict[str, Any]) -> str:
     compared = [
         f"{key.rpartition('.')[2]} = {value}"
         for key, value in row.items()
-        if key.startswith("protocol.") and key != "protocol.name"
+        if key.startswith("protocol.") and key != "protocol.name" and value is not None
     ]
     return ", ".join([str(row["protocol.name"]), *compared])
 
@@ -204,7 +204,12 @@ def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
                 label="central DP (trusted curator)",
             )  # fmt: skip
         axis.set_xscale("log")
-        axis.set_xlabel("privacy budget ε per peer (local DP)")
+        threats = {r.get("protocol.threat_model") for r in rows} - {None, "local"}
+        axis.set_xlabel(
+            "privacy budget ε per peer (local DP; a threat_model line: against it)"
+            if threats
+            else "privacy budget ε per peer (local DP)"
+        )
         axis.set_title(panel)
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("test error, tuned (fraction misclassified)")
