@@ -57,6 +57,9 @@ OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert"
 FORMATIONS = ("auto", "messages", "rounds")
 #: How a peer of an iterative protocol picks the records of one private step.
 RECORD_SAMPLINGS = ("full", "poisson", "fixed")
+#: Whom ``privacy.epsilon`` is spent against when D-PSGD's noise is calibrated
+#: (``protocol.threat_model``).
+THREAT_MODELS = ("local", "eavesdropper", "curious-peer")
 #: Most rounds, and averaging exchanges (rounds x gossip steps), of one iterative cell: about
 #: an hour of one core at P = 100 (a guard against a typo such as ``rounds = 1e11``).
 MAX_ROUNDS = 1_000_000
@@ -713,8 +716,15 @@ class ProtocolConfig:
     gossip (averaging) steps per private step. ``pairwise_noise_multiplier`` (``z_p``, D-PSGD
     only, 0 = off) adds correlated noise that cancels in the network average: each pair of
     neighbours adds a fresh ``N(0, (z_p C)^2 I)`` draw of their shared stream to their steps
-    with opposite signs (:mod:`p2pdp.protocols.correlated_dp`). ``eval_every``: rounds between
-    two records of the test error in the ``rounds`` table.
+    with opposite signs (:mod:`p2pdp.protocols.correlated_dp`). ``threat_model`` (D-PSGD
+    only): whom the calibrated noise spends ``privacy.epsilon`` against: ``"local"`` (the
+    default: every peer's local DP, any adversary), ``"eavesdropper"`` (one that sees every
+    message) or ``"curious-peer"`` (the worst neighbour, with its own noise and edge
+    secrets). With a threat model, ``pairwise_noise_multiplier`` is the ratio ``z_p / z``
+    (required > 0), ``noise_multiplier`` must be unset (it is calibrated, exactly, on the run
+    every message of which arrives), and peers take every round's step: their local DP
+    (``epsilon_spent``) is then larger than ``privacy.epsilon``. ``eval_every``: rounds
+    between two records of the test error in the ``rounds`` table.
     """
 
     name: str = field(default="one-shot", metadata=check(ComponentName("protocol")))
@@ -728,6 +738,7 @@ class ProtocolConfig:
     clip_norm: float = field(default=1.0, metadata=check(Positive(allow_inf=True)))
     noise_multiplier: float | None = field(default=None, metadata=check(Optional(NonNegative())))
     pairwise_noise_multiplier: float = field(default=0.0, metadata=check(NonNegative()))
+    threat_model: str = field(default="local", metadata=check(OneOf(THREAT_MODELS)))
     eval_every: int = field(default=1, metadata=check(IntAtLeast(1)))
 
     def __post_init__(self) -> None:
@@ -738,6 +749,15 @@ class ProtocolConfig:
             raise ConfigError(
                 f"protocol.rounds x protocol.gossip_steps must be <= {MAX_EXCHANGES:,} averaging "
                 f"exchanges per cell, got {self.rounds} x {self.gossip_steps}"
+            )
+        if self.threat_model != "local" and (
+            self.noise_multiplier is not None or self.pairwise_noise_multiplier == 0
+        ):
+            raise ConfigError(
+                f"protocol.threat_model = {self.threat_model!r} calibrates the noise multiplier "
+                "at the ratio protocol.pairwise_noise_multiplier = z_p / z: leave "
+                "protocol.noise_multiplier unset and set protocol.pairwise_noise_multiplier > 0, "
+                f"got {self.noise_multiplier!r} and {self.pairwise_noise_multiplier!r}"
             )
         if self.noise_multiplier == 0:
             raise ConfigError(

@@ -24,6 +24,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.scenario import scenario_from_mapping
 from p2pdp.experiments.simulation import simulate
+from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols import correlated_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
@@ -557,3 +558,89 @@ def test_the_worst_coalition_of_each_size_is_the_brute_forces_worst(name) -> Non
     np.testing.assert_allclose(correlated_dp.worst_coalition_kappa(run, 1), curious, rtol=1e-12)
     with pytest.raises(ConfigError, match="to enumerate"):
         correlated_dp.worst_coalition_kappa(run, P)
+
+
+@pytest.mark.parametrize("threat", ["eavesdropper", "curious-peer"])
+def test_a_threat_model_calibrates_the_noise_so_the_row_spends_the_budget_against_it(
+    threat,
+) -> None:
+    """Config -> calibrated z -> noise drawn -> epsilon reported: with
+    ``protocol.threat_model`` the run's worst target spends privacy.epsilon against that
+    adversary (the brute force of the run's overlay, at the row's z, brackets it), z_p is the
+    ratio times z, every peer takes every step, and local DP is reported honestly (above the
+    budget); the central reference stays at the local-DP budget."""
+    from p2pdp.sim.overlay import build_overlay
+
+    base = _config(noise_multiplier=None, pairwise_noise_multiplier=3.0, threat_model=threat)
+    config = dataclasses.replace(base, privacy=dataclasses.replace(base.privacy, epsilon=2.0))
+    row = simulate(config).row()
+    column = f"correlated_dp_{threat.replace('-', '_')}_epsilon"
+    assert row[column] == pytest.approx(2.0, rel=1e-6) and row[column] <= 2.0 + 1e-9
+    z = row["noise_multiplier_used"]
+    assert row["pairwise_noise_multiplier_used"] == pytest.approx(3.0 * z, rel=1e-12)
+    assert row["mean_steps_per_peer"] == 3 and row["max_epsilon_spent"] > 2.0
+    assert row["central_dp_epsilon"] == pytest.approx(2.0, rel=1e-4)
+    local = dataclasses.replace(config, protocol=dataclasses.replace(
+        config.protocol, threat_model="local"))  # fmt: skip
+    assert z < simulate(local).row()["noise_multiplier_used"]
+    overlay = build_overlay(config.gossip, 14, rng=generator(config.seed, "overlay", 0, 0))
+    graph = nx.Graph()
+    graph.add_nodes_from(range(14))
+    rows = np.repeat(np.arange(14), np.diff(overlay.indptr))
+    graph.add_edges_from(zip(rows.tolist(), overlay.indices.tolist(), strict=True))
+    sizes = simulate(config).shard_sizes.astype(float)
+    brute = _brute_run(graph, 3, z=z, zp=3.0 * z, scales=0.7 / sizes, decay=1.0 - 0.7 * 0.01)
+    observers = [None] if threat == "eavesdropper" else [[v] for v in range(14)]
+    kappa = max(_sign_max(M) for o in observers for M in _brute_Ms(brute, o).values())
+    assert gdp_epsilon(2.0 * np.sqrt(kappa), 1e-5) <= 2.0 * (1 + 1e-9)  # the claim holds
+    assert gdp_epsilon(2.0 * np.sqrt(3 * kappa), 1e-5) >= 2.0 * (1 - 1e-9)  # and is not loose
+
+
+def test_a_threat_model_is_refused_where_the_calibration_cannot_hold() -> None:
+    with pytest.raises(ConfigError, match="leave protocol.noise_multiplier unset"):
+        _config(threat_model="curious-peer", pairwise_noise_multiplier=3.0)
+    with pytest.raises(ConfigError, match="pairwise_noise_multiplier > 0"):
+        _config(noise_multiplier=None, threat_model="eavesdropper")
+    document = {
+        "data": {"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
+        "privacy": {"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5},
+        "protocol": {"name": "muffliato", "pairwise_noise_multiplier": 1.0,
+                     "threat_model": "eavesdropper"},
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match="threat_model"):
+        scenario_from_mapping(document)
+    calibrated = _config(noise_multiplier=None, pairwise_noise_multiplier=3.0,
+                         threat_model="curious-peer")  # fmt: skip
+    lossy = dataclasses.replace(
+        calibrated, network=dataclasses.replace(calibrated.network, loss=0.2)
+    )
+    with pytest.raises(ConfigError, match="network.loss = 0"):
+        simulate(lossy)
+    late = dataclasses.replace(  # messages later than the round: the trace is not the one
+        calibrated, network=dataclasses.replace(calibrated.network, latency_mean=5.0)
+    )
+    with pytest.raises(ConfigError, match="lost or delayed"):
+        simulate(late)
+
+
+def test_the_rows_scaled_unit_views_equal_the_views_computed_at_the_runs_noise() -> None:
+    """``kappa(z, r z) = kappa(1, r) / z^2``: the report (unit views, cached per run) gives the
+    epsilons of the views built at the run's own z, and another ratio is not served from the
+    cache."""
+    graph = GRAPHS["3-regular-14"]
+    mixing = _mixing(graph)
+    trace = correlated_dp.loss_free_trace(mixing, 3)
+    scales = 0.5 + 0.1 * generator(4, "scales").random(14)
+    mechanism = ClippedGaussianSum(clip_norm=1.0, noise_multiplier=1.7)
+    row = correlated_dp.report(
+        trace, mixing, mechanism, scales=scales, decay=0.99, pair_noise_multiplier=5.1,
+        delta=1e-5,
+    )  # fmt: skip
+    direct = correlated_dp.worst_kappas(CorrelatedRun.build(
+        trace, mixing, scales=scales, decay=0.99, noise_multiplier=1.7,
+        pair_noise_multiplier=5.1))  # fmt: skip
+    for threat, kappa in direct.items():
+        expected = gdp_epsilon(2.0 * np.sqrt(kappa), 1e-5)
+        assert row[f"correlated_dp_{threat}_epsilon"] == pytest.approx(expected, rel=1e-6)
+    other = correlated_dp.unit_worst_kappas(trace, mixing, scales=scales, decay=0.99, ratio=1.0)
+    assert other["eavesdropper"] > direct["eavesdropper"] * 1.7**2 * (1 + 1e-3)

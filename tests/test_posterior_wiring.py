@@ -222,7 +222,7 @@ def test_p2pdp_audit_runs_the_posterior_audits(capsys, monkeypatch):
         posterior_audit.run_posterior_audit(["posterior-nonsense"])
     # without --mechanism: every posterior audit after the others, one at a time (recorded,
     # not run: ~1 min), each announced on stderr before it runs
-    from p2pdp.experiments import iterative_audit
+    from p2pdp.experiments import correlated_audit, iterative_audit
 
     asked = []
 
@@ -233,12 +233,14 @@ def test_p2pdp_audit_runs_the_posterior_audits(capsys, monkeypatch):
     monkeypatch.setattr(audit, "run_audit", record)
     monkeypatch.setattr(posterior_audit, "run_posterior_audit", record)
     monkeypatch.setattr(iterative_audit, "run_iterative_audit", record)
+    monkeypatch.setattr(correlated_audit, "run_correlated_audit", record)
     capsys.readouterr()
     assert main(["audit"]) == 0
     every = [
         *audit.AUDIT_NAMES,
         *posterior_audit.POSTERIOR_AUDIT_NAMES,
         *iterative_audit.ITERATIVE_AUDIT_NAMES,
+        *correlated_audit.CORRELATED_AUDIT_NAMES,
     ]
     assert [name for name, _ in asked] == every
     announced = [f"p2pdp audit: [{i}/{len(every)}] {name}\n" for i, name in enumerate(every, 1)]

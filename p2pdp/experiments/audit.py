@@ -342,11 +342,17 @@ def run_audit(
 
 
 def _expected_failure(name: str) -> str:
-    """Why the negative control ``name`` must fail (this module's, the iterative protocols' or
-    the posterior audit's)."""
+    """Why the negative control ``name`` must fail (this module's, the iterative protocols',
+    correlated D-PSGD's or the posterior audit's)."""
+    from p2pdp.experiments.correlated_audit import CORRELATED_EXPECTED_TO_FAIL
     from p2pdp.experiments.iterative_audit import ITERATIVE_EXPECTED_TO_FAIL
 
-    for reasons in (EXPECTED_TO_FAIL, ITERATIVE_EXPECTED_TO_FAIL, POSTERIOR_EXPECTED_TO_FAIL):
+    for reasons in (
+        EXPECTED_TO_FAIL,
+        ITERATIVE_EXPECTED_TO_FAIL,
+        CORRELATED_EXPECTED_TO_FAIL,
+        POSTERIOR_EXPECTED_TO_FAIL,
+    ):
         if name in reasons:
             return reasons[name]
     return "negative control"

@@ -109,8 +109,10 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
         "Melis & Chaudhuri 2024 for the mu-GDP claims of full sampling (10^6 canaries), the "
         "(epsilon, delta) bound of Steinke, Nasr & Jagielski 2023 for Poisson sampling "
         "(dpsgd-poisson); the -unclipped, -half-noise and -inverted-sampling rows are negative "
-        "controls (~5 minutes in all). Exit status 1 if any outcome differs from its "
-        "expectation.",
+        "controls. Then D-PSGD with correlated noise against an eavesdropper and a curious "
+        "neighbour, each claim the exact epsilon of that threat model; -reused-pairs, "
+        "-weighted-pairs and -leaked-secret are negative controls (~6 minutes in all). Exit "
+        "status 1 if any outcome differs from its expectation.",
     )
     parser.add_argument(
         "--mechanism", help="audit only this one (default: all; see the table for the names)"
@@ -134,12 +136,18 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     import json
 
     from p2pdp.experiments.audit import AUDIT_NAMES, format_audit_table, run_audit
+    from p2pdp.experiments.correlated_audit import CORRELATED_AUDIT_NAMES, run_correlated_audit
     from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES, run_iterative_audit
     from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
 
-    # then the posterior audits (exact and Langevin, ~3 s) and whole iterative runs (~5 min)
+    # then the posterior audits (exact and Langevin, ~3 s), whole iterative runs (~5 min)
+    # and correlated D-PSGD per threat model (~1 min)
+    correlated: tuple[str, ...] = ()
     if args.mechanism is None:
         names, posterior, iterative = AUDIT_NAMES, POSTERIOR_AUDIT_NAMES, ITERATIVE_AUDIT_NAMES
+        correlated = CORRELATED_AUDIT_NAMES
+    elif args.mechanism in CORRELATED_AUDIT_NAMES:
+        names, posterior, iterative, correlated = (), (), (), (args.mechanism,)
     elif args.mechanism in POSTERIOR_AUDIT_NAMES:
         names, posterior, iterative = (), (args.mechanism,), ()
     elif args.mechanism in ITERATIVE_AUDIT_NAMES:
@@ -156,11 +164,17 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     def whole_runs(name: str) -> list:
         return run_iterative_audit((name,), seed=args.seed, runs=args.runs)
 
+    def correlated_runs(name: str) -> list:
+        if args.runs is None:  # its own default (--runs sets every whole-run audit's)
+            return run_correlated_audit((name,), seed=args.seed)
+        return run_correlated_audit((name,), seed=args.seed, runs=args.runs)
+
     # one at a time (each on its own stream: the same results), saying which one starts
     planned = [
         *((name, additive) for name in names),
         *((name, exact) for name in posterior),
         *((name, whole_runs) for name in iterative),
+        *((name, correlated_runs) for name in correlated),
     ]
     results = []
     for number, (name, audit) in enumerate(planned, 1):

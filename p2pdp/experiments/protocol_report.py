@@ -63,9 +63,10 @@ def tuned_comparison(
     (keys, table): ``keys`` are the compared settings (``protocol.name`` first); each table
     row has them plus ``partition`` (a label), ``folds``, ``error`` (mean over folds of the
     tuned error), ``error_std`` (over folds), ``chosen`` (the setting chosen most often, as
-    text), ``local_only_error``, ``centralized_error``, ``epsilon_spent`` (largest local DP
-    epsilon of a peer), ``network_dp_epsilon_mean`` (NaN unless computed for every cell) and
-    ``network_dp_notes`` (the cells' distinct reasons for not computing it).
+    text), ``local_only_error``, ``centralized_error``, ``central_dp_error`` (the trusted
+    curator's DP-SGD at the same budget, NaN for one-shot cells), ``epsilon_spent`` (largest
+    local DP epsilon of a peer), ``network_dp_epsilon_mean`` (NaN unless computed for every
+    cell) and ``network_dp_notes`` (the cells' distinct reasons for not computing it).
     """
     tuned = [k for k in swept if k in TUNED_KEYS]
     keys = ["protocol.name", *(k for k in swept if k not in TUNED_KEYS and k != "protocol.name")]
@@ -103,6 +104,7 @@ def tuned_comparison(
                 or "-",
                 "local_only_error": _mean(cells, "local_only_error"),
                 "centralized_error": _mean(cells, "centralized_error"),
+                "central_dp_error": _mean(cells, "central_dp_error"),
                 "epsilon_spent": _mean(cells, "max_epsilon_spent"),
                 "network_dp_epsilon_mean": _mean(cells, "network_dp_epsilon_mean"),
                 "network_dp_notes": sorted(
@@ -153,6 +155,17 @@ def _partition_label(row: dict[str, Any]) -> str:
     return f"{scheme}, α = {row.get('partition.alpha')}"
 
 
+def _line(row: dict[str, Any]) -> str:
+    """A comparison row's line: its protocol, and the other protocol settings the sweep
+    compares (e.g. ``dpsgd, threat_model = curious-peer``)."""
+    compared = [
+        f"{key.rpartition('.')[2]} = {value}"
+        for key, value in row.items()
+        if key.startswith("protocol.") and key != "protocol.name" and value is not None
+    ]
+    return ", ".join([str(row["protocol.name"]), *compared])
+
+
 def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
     """Tuned error vs epsilon, a line per protocol, a panel per partition."""
     panels = sorted({r["partition"] for r in table})
@@ -162,9 +175,9 @@ def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
     )  # fmt: skip
     for axis, panel in zip(axes[0], panels, strict=True):
         rows = [r for r in table if r["partition"] == panel]
-        for number, protocol in enumerate(sorted({r["protocol.name"] for r in rows})):
+        for number, protocol in enumerate(sorted({_line(r) for r in rows})):
             line = sorted(
-                (r for r in rows if r["protocol.name"] == protocol),
+                (r for r in rows if _line(r) == protocol),
                 key=lambda r: r["privacy.epsilon"],
             )
             x = [r["privacy.epsilon"] for r in line]
@@ -180,8 +193,23 @@ def comparison_figure(table: Sequence[dict[str, Any]], path: Path) -> None:
             epsilons, [r["centralized_error"] for r in ordered], "k--",
             label="centralized (non-private)",
         )  # fmt: skip
+        central = {}  # the curator's reference: mean over the iterative rows at each epsilon
+        for epsilon in dict.fromkeys(epsilons):
+            values = [r["central_dp_error"] for r in ordered if r["privacy.epsilon"] == epsilon]
+            if np.isfinite(values).any():
+                central[epsilon] = float(np.nanmean(values))
+        if central:
+            axis.plot(
+                list(central), list(central.values()), "k-.",
+                label="central DP (trusted curator)",
+            )  # fmt: skip
         axis.set_xscale("log")
-        axis.set_xlabel("privacy budget ε per peer (local DP)")
+        threats = {r.get("protocol.threat_model") for r in rows} - {None, "local"}
+        axis.set_xlabel(
+            "privacy budget ε per peer (local DP; a threat_model line: against it)"
+            if threats
+            else "privacy budget ε per peer (local DP)"
+        )
         axis.set_title(panel)
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("test error, tuned (fraction misclassified)")

@@ -624,12 +624,19 @@ def simulate_iterative(
     cells that differ only in the protocol's settings), ``network`` (delays, losses, phases),
     ``noise`` (the steps' Gaussian noise), ``sampling`` (records per step), ``gossip``
     (gossip learning's targets), ``churn`` (sessions and downtimes, with ``gossip.churn``),
-    ``pairs`` (D-PSGD's pair secrets, one SeedSequence spawned per edge from it).
+    ``pairs`` (D-PSGD's pair secrets, one SeedSequence spawned per edge from it),
+    ``central`` (the trusted-curator reference's sampling and noise).
     """
     from p2pdp.core.components import resolve
     from p2pdp.learning.evaluation import linear_error
     from p2pdp.protocols import network_dp
-    from p2pdp.protocols.iterative import IterativeProtocol, LocalProblem, step_privacy
+    from p2pdp.protocols.iterative import (
+        IterativeProtocol,
+        LocalProblem,
+        central_dp_reference,
+        step_privacy,
+        threat_model_privacy,
+    )
     from p2pdp.protocols.mixing import Mixing
     from p2pdp.sim.iterative import consensus_distance, run_iterative
     from p2pdp.sim.overlay import build_overlay
@@ -677,7 +684,8 @@ def simulate_iterative(
         config.gossip, n_peers, rng=generator(config.seed, "overlay", fold, repetition)
     )
     mixing = Mixing.metropolis_hastings(overlay.indptr, overlay.indices)
-    privacy = step_privacy(config)
+    local = step_privacy(config)  # local DP at privacy.epsilon (the central reference's too)
+    privacy = threat_model_privacy(config, local, mixing, problem.sizes)
     rngs = {
         name: generator(config.seed, name, fold, repetition)
         for name in ("network", "noise", "sampling", "gossip", "churn", "pairs")
@@ -706,15 +714,36 @@ def simulate_iterative(
         mean_steps_per_peer=float(steps.mean()),
         min_steps_per_peer=float(steps.min()),
         noise_multiplier_used=mechanism.noise_multiplier,
+        pairwise_noise_multiplier_used=pair_noise,
         spectral_gap=mixing.spectral_gap(),
         consensus_distance=consensus_distance(protocol.models),
     )
+    if mechanism.private:  # where a trusted curator would be, at the same budget
+        central, central_epsilon = central_dp_reference(
+            problem,
+            config.protocol,
+            local,
+            rng=generator(config.seed, "central", fold, repetition),
+        )
+        columns.update(
+            central_dp_error=float(linear_error(central[None, :], data.X_test, data.y_test)[0]),
+            central_dp_epsilon=central_epsilon,
+        )
     distances: list[dict[str, Any]] = []
     step_size = config.protocol.step_size
     if pair_noise > 0:  # every threat model's view of the run as it happened
         from p2pdp.protocols import correlated_dp
 
         assert trace is not None
+        if config.protocol.threat_model != "local" and not _same_trace(
+            trace, correlated_dp.loss_free_trace(mixing, config.protocol.rounds)
+        ):
+            raise ConfigError(
+                f"protocol.threat_model = {config.protocol.threat_model!r}: the noise was "
+                "calibrated on a run in which every message arrives in time, and this one lost "
+                "or delayed some (network.latency_mean, bandwidth vs protocol.round_period): "
+                "its epsilon against that threat model would exceed privacy.epsilon"
+            )
         columns.update(
             correlated_dp.report(
                 trace,
@@ -771,6 +800,21 @@ def simulate_iterative(
         rounds=run.rounds,
         network_dp=distances,
     )
+
+
+def _same_trace(trace: Any, expected: Any) -> bool:
+    """Whether two :class:`~p2pdp.protocols.network_dp.ViewTrace` recorded the same events."""
+    if len(trace.events) != len(expected.events):
+        return False
+    for got, want in zip(trace.events, expected.events, strict=True):
+        if isinstance(want, np.ndarray):
+            if not (isinstance(got, np.ndarray) and np.array_equal(got, want)):
+                return False
+        elif isinstance(got, np.ndarray) or not all(
+            np.array_equal(a, b) for a, b in zip(got, want, strict=True)
+        ):
+            return False
+    return True
 
 
 def guarantee_label(event: Any) -> str:

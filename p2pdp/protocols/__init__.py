@@ -77,11 +77,15 @@ class OneShot:
 #: Columns every results row has (NaN where they do not apply, e.g. one-shot runs):
 #: what an iterative run did and what it guarantees beyond ``epsilon_spent`` (local DP);
 #: ``network_dp_note`` says why an iterative run's network DP columns are empty, and
-#: ``correlated_dp_note`` why a ``dpsgd`` run with pair noise has no per-threat-model epsilons.
+#: ``correlated_dp_note`` why a ``dpsgd`` run with pair noise has no per-threat-model epsilons;
+#: ``central_dp_error`` / ``central_dp_epsilon``: the trusted-curator DP-SGD reference on the
+#: pooled rows at the run's budget and relation
+#: (:func:`p2pdp.protocols.iterative.central_dp_reference`; NaN for non-private steps).
 ITERATIVE_COLUMNS: dict[str, float | str] = {
     "mean_steps_per_peer": math.nan,
     "min_steps_per_peer": math.nan,
     "noise_multiplier_used": math.nan,
+    "pairwise_noise_multiplier_used": math.nan,
     "spectral_gap": math.nan,
     "consensus_distance": math.nan,
     "network_dp_epsilon_mean": math.nan,
@@ -91,4 +95,6 @@ ITERATIVE_COLUMNS: dict[str, float | str] = {
     "correlated_dp_eavesdropper_epsilon": math.nan,
     "correlated_dp_curious_peer_epsilon": math.nan,
     "correlated_dp_note": "",
+    "central_dp_error": math.nan,
+    "central_dp_epsilon": math.nan,
 }

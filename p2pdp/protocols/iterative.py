@@ -225,6 +225,125 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
     return result
 
 
+def threat_model_privacy(
+    config: ScenarioConfig, privacy: StepPrivacy, mixing: Mixing, sizes: np.ndarray
+) -> StepPrivacy:
+    """``privacy`` with the noise multiplier calibrated to ``protocol.threat_model``.
+
+    ``"local"``: ``privacy`` unchanged. Otherwise ``z`` spends exactly ``privacy.epsilon`` at
+    ``privacy.delta`` against the worst target under that threat model, on the run in which
+    every peer steps every round and every message arrives
+    (:func:`~p2pdp.protocols.correlated_dp.threat_calibration`, ``z_p = ratio z``, ``ratio``
+    = ``protocol.pairwise_noise_multiplier``); every peer may take every round's step (the
+    budget is the threat model's, not local DP's; ``epsilon_spent`` still reports local DP).
+    A run that then loses a message, or has churn, no longer matches the calibration: refused
+    (churn, loss before the run; the driver's trace is checked after it).
+
+    Parameters
+    ----------
+    config : ScenarioConfig
+    privacy : StepPrivacy
+        The local-DP step (:func:`step_privacy`): its sampling and clipping are kept.
+    mixing : Mixing
+        The overlay's weights.
+    sizes : (P,) int array
+        Shard sizes (the step denominators).
+    """
+    from p2pdp.protocols import correlated_dp
+
+    settings = config.protocol
+    if settings.threat_model == "local":
+        return privacy
+    mechanism = privacy.mechanism
+    if mechanism.sampling == "poisson" or config.gossip.churn or config.network.loss > 0:
+        raise ConfigError(
+            f"protocol.threat_model = {settings.threat_model!r} is calibrated on a run in which "
+            "every peer steps and every message arrives: it needs full or fixed sampling, "
+            "gossip.churn = false and network.loss = 0"
+        )
+    z = correlated_dp.threat_calibration(
+        mixing,
+        rounds=settings.rounds,
+        scales=settings.step_size / mechanism.denominators(sizes),
+        decay=1.0 - settings.step_size * config.training.lam,
+        ratio=settings.pairwise_noise_multiplier,
+        threat=settings.threat_model.replace("-", "_"),
+        epsilon=config.privacy.epsilon,
+        delta=config.privacy.delta,
+        sensitivity_over_clip=mechanism.sensitivity / mechanism.clip_norm,
+    )
+    mechanism = dataclasses.replace(mechanism, noise_multiplier=z)
+    delta_step = config.privacy.delta / settings.rounds
+    return StepPrivacy(
+        mechanism=mechanism,
+        event=mechanism.event(delta_step),
+        accountant=privacy.accountant,
+        max_steps=settings.rounds,
+        delta_total=privacy.delta_total,
+    )
+
+
+def central_dp_reference(
+    problem: LocalProblem,
+    settings: ProtocolConfig,
+    privacy: StepPrivacy,
+    *,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, float]:
+    """Central DP-SGD on the pooled training rows: where a trusted curator would be.
+
+    A reference only: it needs a **trusted curator** holding every peer's rows. The curator
+    runs ``protocol.rounds`` private steps of :meth:`IterativeProtocol.step` (the same code)
+    on one shard of all ``N`` rows, from zeros, at the peers' ``step_size``, lambda and clip
+    norm, with ``privacy``'s mechanism: the same sampling and noise multiplier ``z``. Every
+    record is in one shard of the run and in the pooled shard alike, so a record's privacy
+    loss is the same event composed ``rounds`` times, under the same neighbouring relation
+    (replace-one for full and fixed sampling, add/remove for Poisson): the curator's epsilon
+    is ``privacy.epsilon([rounds])``, the peers' local DP budget. Only difference: the
+    divisor is the pooled one (``N``, ``min(batch_size, N)``; for Poisson
+    ``q * P * min_shard_size``, a public lower bound on ``N`` under add/remove), so the noise
+    per row is ``~P`` times smaller than a peer's. Released to: nobody in the run (the row
+    reports its test error).
+
+    Parameters
+    ----------
+    problem : LocalProblem
+        The peers' shards; pooled here.
+    settings : ProtocolConfig
+        ``rounds`` and ``step_size``.
+    privacy : StepPrivacy
+        The peers' step mechanism (:func:`step_privacy`), local-DP calibrated.
+    rng : numpy.random.Generator
+        The curator's sampling and noise (its own stream: the run's draws are unchanged).
+
+    Returns
+    -------
+    model : (d,) array
+        The curator's model after its steps (``rounds``, or fewer if ``privacy`` affords
+        fewer, as for the peers).
+    epsilon : float
+        Its DP epsilon at ``privacy.delta_total``, by ``privacy``'s accountant.
+    """
+    pooled = LocalProblem(
+        X=problem.X, y=problem.y, indptr=np.array([0, len(problem.y)]), lam=problem.lam
+    )
+    mechanism = privacy.mechanism
+    if mechanism.min_shard_size is not None:
+        mechanism = dataclasses.replace(
+            mechanism, min_shard_size=mechanism.min_shard_size * problem.n_peers
+        )
+    curator = IterativeProtocol(
+        settings,
+        pooled,
+        Mixing(indptr=np.zeros(2, np.int64), indices=np.zeros(0, np.int64), weights=np.zeros(0)),
+        dataclasses.replace(privacy, mechanism=mechanism),
+        rngs={"sampling": rng, "noise": rng},
+    )
+    for _ in range(settings.rounds):
+        curator.step()
+    return curator.models[0], float(privacy.epsilon(curator.steps)[0])
+
+
 class IterativeProtocol:
     """Peers that keep a model and update it from their data and what they receive.
 
@@ -353,14 +472,25 @@ class DecentralizedSGD(IterativeProtocol):
     network_dp: ClassVar[bool] = True  # Muffliato's view model with one averaging per round
     reads: ClassVar[tuple[Read, ...]] = (
         *IterativeProtocol.reads,
-        When("privacy.mechanism", "none", ("protocol.pairwise_noise_multiplier",), negate=True),
+        When(
+            "privacy.mechanism",
+            "none",
+            ("protocol.pairwise_noise_multiplier", "protocol.threat_model"),
+            negate=True,
+        ),
     )
 
     @property
     def pair_noise_multiplier(self) -> float:
-        """``z_p`` as applied (0 when there is no pair noise: unset, or steps without noise)."""
+        """``z_p`` as applied (0 when there is no pair noise: unset, or steps without noise);
+        with ``protocol.threat_model`` the setting is ``z_p / z``."""
         if not self.privacy.mechanism.private:
             return 0.0
+        if self.settings.threat_model != "local":
+            return (
+                float(self.settings.pairwise_noise_multiplier)
+                * self.privacy.mechanism.noise_multiplier
+            )
         return float(self.settings.pairwise_noise_multiplier)
 
     @functools.cached_property
