@@ -375,6 +375,14 @@ class PrivacyConfig:
         :class:`ScenarioConfig` only when the protocol reads them (an iterative protocol
         spends its budget by steps, not aggregations).
         """
+        step = self.step_epsilon  # first: a derived delta_per_aggregation follows from it
+        if step > self.epsilon * (1 + 1e-12):
+            key = (
+                "privacy.epsilon_per_aggregation"
+                if self.noise_multiplier is None
+                else "the epsilon of one release at privacy.noise_multiplier"
+            )
+            raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
         if self.approximate:
             value = self.delta_per_aggregation
             if not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
@@ -388,14 +396,6 @@ class PrivacyConfig:
                     "privacy.delta_per_aggregation must be <= privacy.delta "
                     f"({self.delta!r}), got {value!r}"
                 )
-        step = self.step_epsilon
-        if step > self.epsilon * (1 + 1e-12):
-            key = (
-                "privacy.epsilon_per_aggregation"
-                if self.noise_multiplier is None
-                else "the epsilon of one release at privacy.noise_multiplier"
-            )
-            raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
         if self.epsilon / step > MAX_AGGREGATIONS_PER_PEER:
             raise ConfigError(
                 f"privacy.epsilon / privacy.epsilon_per_aggregation must be <= "
@@ -849,6 +849,13 @@ class ScenarioConfig:
             _check_round_formation(self)
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
             _check_data_provides(self.data, self.evaluation)
+        if self.data.test_path is not None and self.evaluation.split != "fixed":
+            raise ConfigError(
+                f"data.test_path = {self.data.test_path!r} is a predefined test split, which "
+                f"evaluation.split = {self.evaluation.split!r} does not use (its folds are cut "
+                "from data.path alone): set evaluation.split = 'fixed' to test on it, or "
+                "remove data.test_path"
+            )
         _check_row_norm_bound(self)
         _check_peer_column(self.data, self.partition)
         if "protocol.name" in read and self.protocol.iterative:

@@ -13,9 +13,10 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from p2pdp import __version__
-from p2pdp.core.errors import ConfigError, P2PDPError
+from p2pdp.core.errors import ClusterLostError, ConfigError, P2PDPError
 
 
 # --- datasets ---------------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "audit",
         help="empirically lower-bound the epsilon of each privacy mechanism",
-        description="Threshold-test audit (Clopper-Pearson, 95%%) of the additive-noise "
+        description="Threshold-test audit (Clopper-Pearson, 95%) of the additive-noise "
         "mechanisms in d = 58 at epsilon = 1, exact epsilon of randomized response (keep and "
         "two-coin forms) and the noisy count, and of one member of a pooled test "
         "against its claimed epsilon, with the other members unknown to the adversary. "
@@ -105,7 +106,7 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
         "the Langevin sampler's stationary law (a wrong-noise negative control). Then whole "
         "runs of dpsgd, muffliato and gossip-learning: canaries in one peer's shard, guessed by "
         "a neighbour from the models it receives, turned into an epsilon lower bound by the "
-        "one-run audit (Steinke, Nasr & Jagielski 2023, 95%%) against the peer's epsilon_spent; "
+        "one-run audit (Steinke, Nasr & Jagielski 2023, 95%) against the peer's epsilon_spent; "
         "the -unclipped and -half-noise rows are negative controls (~1 minute). Exit status "
         "1 if any outcome differs from its expectation.",
     )
@@ -118,11 +119,13 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--runs",
-        type=int,
+        type=_integer(1),
         default=100,
         help="runs pooled by each iterative protocol's audit, 500 canaries each (default: 100)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="root random seed (default: 0)")
+    parser.add_argument(
+        "--seed", type=_integer(0), default=0, help="root random seed, >= 0 (default: 0)"
+    )
     parser.set_defaults(func=_cmd_audit)
 
 
@@ -131,8 +134,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
     from p2pdp.experiments.audit import AUDIT_NAMES, format_audit_table, run_audit
     from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES, run_iterative_audit
+    from p2pdp.privacy.audit import MIN_AUDIT_SAMPLES
     from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
 
+    if args.samples < MIN_AUDIT_SAMPLES:
+        raise ConfigError(
+            f"--samples must be an integer >= {MIN_AUDIT_SAMPLES}, got {args.samples}"
+        )
     # then the posterior audits (exact and Langevin, ~3 s) and whole iterative runs (~1 min)
     if args.mechanism is None:
         names, posterior, iterative = AUDIT_NAMES, POSTERIOR_AUDIT_NAMES, ITERATIVE_AUDIT_NAMES
@@ -140,8 +148,11 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         names, posterior, iterative = (), (args.mechanism,), ()
     elif args.mechanism in ITERATIVE_AUDIT_NAMES:
         names, posterior, iterative = (), (), (args.mechanism,)
-    else:
+    elif args.mechanism in AUDIT_NAMES:
         names, posterior, iterative = (args.mechanism,), (), ()
+    else:
+        every = ", ".join((*AUDIT_NAMES, *POSTERIOR_AUDIT_NAMES, *ITERATIVE_AUDIT_NAMES))
+        raise ConfigError(f"--mechanism must be one of {every}; got {args.mechanism!r}")
     results = run_audit(names, n_samples=args.samples, seed=args.seed) if names else []
     results += run_posterior_audit(posterior, seed=args.seed)
     results += run_iterative_audit(iterative, seed=args.seed, runs=args.runs)
@@ -262,6 +273,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return code
+        except ClusterLostError as exc:
+            from p2pdp.experiments.results import read_manifest, resume_command
+
+            again = resume_command(out, read_manifest(out))
+            raise ClusterLostError(f"{exc} in {out}; finish with: {again}") from None
         except OSError as exc:
             raise _os_error(exc) from None
         print(
@@ -452,8 +468,35 @@ def _cmd_split(args: argparse.Namespace) -> int:
 
 
 # --- main -------------------------------------------------------------------------------------
+class UsageError(ConfigError):
+    """A command line argparse refuses (unknown option, bad value): one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (:class:`UsageError`) pointing to
+    ``--help``, printed by :func:`main` like every other error (its sub-commands' too)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _integer(minimum: int) -> Callable[[str], int]:
+    """The argparse ``type`` of an integer flag that must be >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="p2pdp",
         description="Simulator for peer-to-peer federated learning with differential privacy.",
     )
@@ -467,8 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except P2PDPError as exc:
         print(f"p2pdp: error: {exc}", file=sys.stderr)

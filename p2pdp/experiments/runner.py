@@ -596,12 +596,16 @@ def _connect(address: str) -> Any:
 
 
 def _dask_prepare(cell: Cell) -> tuple[Any, float]:
-    with threadpool_limits(limits=1):
+    from p2pdp.experiments.cluster import on_dask_worker
+
+    with threadpool_limits(limits=1), on_dask_worker():
         return _prepare(cell)
 
 
 def _dask_cell(cell: Cell, prepared: tuple[Any, float]) -> CellRecord:
-    with threadpool_limits(limits=1):
+    from p2pdp.experiments.cluster import on_dask_worker
+
+    with threadpool_limits(limits=1), on_dask_worker():
         return _run_cell(cell, *prepared)
 
 
@@ -615,6 +619,8 @@ def _run_dask(cells: Sequence[Cell], client: Any) -> Generator[CellRecord, None,
     """
     from dask.distributed import as_completed as dask_completed
 
+    from p2pdp.experiments.cluster import scheduler_watch
+
     futures, split = [], []
     for group in training_groups(cells):
         if plan_gap(group[0].config) is None:
@@ -624,10 +630,11 @@ def _run_dask(cells: Sequence[Cell], client: Any) -> Generator[CellRecord, None,
         futures += [client.submit(_dask_cell, cell, prepared, pure=False) for cell in group]
         del prepared
     try:
-        for group in split:
-            yield from _run_split(group, client)
-        for future in dask_completed(futures):
-            yield future.result()
+        with scheduler_watch(client):
+            for group in split:
+                yield from _run_split(group, client)
+            for future in dask_completed(futures):
+                yield future.result()
     finally:
         client.cancel(futures)
 
