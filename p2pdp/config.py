@@ -63,8 +63,9 @@ MAX_ROUNDS = 1_000_000
 MAX_EXCHANGES = 10_000_000
 
 
-#: Settings every run reads, whatever its components: the grid's seed, repetitions and folds,
-#: the workload and the number of peers (:mod:`p2pdp.experiments.runner`).
+#: Settings every run reads, whatever its components: the grid's seed, repetitions and split
+#: (its folds: :data:`OPTION_READS`), the workload and the number of peers
+#: (:mod:`p2pdp.experiments.runner`).
 ENGINE_READS = (
     "name",
     "seed",
@@ -72,8 +73,6 @@ ENGINE_READS = (
     "task.name",
     "partition.n_peers",
     "evaluation.split",
-    "evaluation.cv_folds",
-    "evaluation.folds",
 )
 
 #: Settings that name a component, and the component kind they name: the named component's
@@ -145,6 +144,7 @@ OPTION_READS: dict[str, dict[Any, tuple[str, ...]]] = {
     },
     "prevalence.source": {"synthetic": ("prevalence.prevalence",), "dataset": ("data.*",)},
     "prevalence.response": {"keep": (), "two-coin": ("prevalence.theta2",)},
+    "evaluation.split": {"cv": ("evaluation.cv_folds", "evaluation.folds"), "fixed": ()},
 }
 
 #: Most aggregations a peer's budget may be meant for (``epsilon / epsilon_per_aggregation``):

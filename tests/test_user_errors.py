@@ -109,8 +109,36 @@ def test_a_test_file_under_cross_validation_is_refused(folder, capsys):
     line = error_line(capsys, argv)
     assert "data.test_path = 'rows.csv'" in line and "evaluation.split = 'cv'" in line
     assert "set evaluation.split = 'fixed'" in line and not (folder / "out").exists()
-    assert main([*argv, "--set", "evaluation.split=fixed"]) == 0  # the fixed split reads it
+    (folder / "fixed.toml").write_text(CSV.replace("cv_folds = 2", 'split = "fixed"'))
+    argv[1] = "fixed.toml"
+    assert main(argv) == 0  # the fixed split reads it
     assert read_results(folder / "out")[0]["data.test_path"] == "rows.csv"
+
+
+def test_folds_under_a_fixed_split_are_refused(folder, capsys):
+    argv = ["run", "csv.toml", "--out", "o", "--set", "evaluation.split=fixed"]
+    line = error_line(capsys, [*argv, "--set", "data.test_path=rows.csv"])
+    assert (
+        "evaluation.cv_folds = 2 is read only with evaluation.split = 'cv' (here 'fixed')" in line
+    )
+    (folder / "fixed.toml").write_text(CSV.replace("cv_folds = 2", 'split = "fixed"'))
+    argv = ["run", "fixed.toml", "--out", "o", "--set", "data.test_path=rows.csv"]
+    line = error_line(capsys, [*argv, "--set", "evaluation.folds=[1]"])
+    assert "evaluation.folds = (1,) is read only with evaluation.split = 'cv'" in line
+    config = ScenarioConfig(
+        data=DataConfig(dataset="synthetic", synthetic_rows=200, synthetic_features=4),
+        partition=PartitionConfig(n_peers=8),
+        groups=GroupsConfig(group_size=2),
+        evaluation=EvaluationConfig(split="fixed"),
+    )
+    with pytest.raises(ConfigError, match="fold must be 0 with evaluation.split = 'fixed'"):
+        p2pdp.simulate(config, fold=1)
+
+
+def test_a_data_path_for_the_synthetic_data_set_is_refused(folder, capsys):
+    argv = ["run", "synthetic.toml", "--out", "o", "--set", "data.path=rows.csv"]
+    line = error_line(capsys, argv)
+    assert "data.path = 'rows.csv' is not read by data.dataset = 'synthetic'" in line
 
 
 @pytest.mark.parametrize("key", ["synthetic_rows", "synthetic_test_rows", "synthetic_features"])
@@ -273,8 +301,10 @@ def test_an_error_has_no_tail_about_an_unrelated_setting(folder, capsys):
     assert "'seed-laplace'" not in line and "seed-laplace" in line  # a name in the list
     assert "comes from" not in line  # not "seed = 4 comes from synthetic.toml"
     # a tail that is related stays
-    line = error_line(capsys, ["run", "csv.toml", "--out", "o", "--set", "evaluation.split=fixed"])
-    assert line.endswith("for data.dataset = 'csv' (data.dataset = 'csv' comes from csv.toml)")
+    (folder / "nofolds.toml").write_text(CSV.replace("cv_folds = 2", ""))
+    argv = ["run", "nofolds.toml", "--out", "o", "--set", "evaluation.split=fixed"]
+    line = error_line(capsys, argv)
+    assert line.endswith("for data.dataset = 'csv' (data.dataset = 'csv' comes from nofolds.toml)")
     line = error_line(capsys, ["run", "synthetic.toml", "--out", "o", "--set", "seed=-1"])
     assert line.endswith("seed must be an integer >= 0, got -1")
 

@@ -111,6 +111,12 @@ class DataConfig:
                     f"data.{key} is an option of data.dataset = {' or '.join(map(repr, users))}; "
                     f"got data.{key} = {value!r} with data.dataset = {self.dataset!r}"
                 )
+        if self.dataset == "synthetic" and self.path is not None:
+            raise ConfigError(
+                f"data.path = {self.path!r} is not read by data.dataset = 'synthetic', which "
+                "draws its rows (sized by data.synthetic_*): remove it, or set data.dataset "
+                "to the loader of the file"
+            )
         if self.dataset != "synthetic" and components.is_builtin("dataset", self.dataset):
             for key in SYNTHETIC_OPTIONS:  # a loader of your own may read them
                 value = getattr(self, key)

@@ -393,6 +393,8 @@ def simulate(
     IntAtLeast(0).check("repetition", repetition)
     if config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds:
         raise ConfigError(f"fold must be in [0, {config.evaluation.cv_folds}), got {fold}")
+    if config.evaluation.split == "fixed" and fold != 0:
+        raise ConfigError(f"fold must be 0 with evaluation.split = 'fixed' (one split), got {fold}")
     if runtime == "network":  # before anything runs (an iterative protocol included)
         from p2pdp.experiments.network import check_network_settings
 
