@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_experiment import TINY
 
 import p2pdp
 from p2pdp.config import (
@@ -37,25 +38,7 @@ from p2pdp.tasks.pipeline import load_fold
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SYNTHETIC = """
-name = "careless"
-seed = 4
-
-[data]
-dataset = "synthetic"
-synthetic_rows = 300
-synthetic_test_rows = 100
-synthetic_features = 5
-
-[partition]
-n_peers = 10
-
-[evaluation]
-cv_folds = 3
-
-[sweep]
-"groups.group_size" = [2, 5]
-"""
+SYNTHETIC = TINY  # 12 cells: 2 x 2 grid points x 3 folds
 
 CSV = """
 name = "careless_csv"
@@ -90,6 +73,7 @@ def folder(tmp_path, monkeypatch):
     np.savetxt(tmp_path / "rows.csv", np.column_stack([X, y]), delimiter=",", fmt="%.6f")
     (tmp_path / "synthetic.toml").write_text(SYNTHETIC)
     (tmp_path / "csv.toml").write_text(CSV)
+    (tmp_path / "binary").write_bytes(b"\xff\xfe\x00\x93")
     return tmp_path
 
 
@@ -187,6 +171,11 @@ def test_a_test_split_inside_an_npz_file_under_cross_validation_is_refused(tmp_p
         (["split", "synthetic.toml", "--hosts", "0", "--out", "s"], "--hosts gives 0 hosts"),
         (["datasets", "info", "nosuch"], "dataset must be one of"),
         (["components", "nosuch"], "argument kind: invalid choice: 'nosuch'"),
+        (["split", "synthetic.toml", "--hosts", "2", "--out", "rows.csv"], "--out rows.csv is a"),
+        (
+            ["run", "synthetic.toml", "--out", "o", "--runtime", "network", "--hosts", "binary"],
+            "hosts file binary: cannot read it as text",
+        ),
     ],
 )
 def test_bad_arguments_of_every_command_are_one_line(folder, capsys, argv, message):
@@ -204,7 +193,9 @@ def test_audit_help_shows_percent_signs_once(capsys):
 # --- unclear errors -----------------------------------------------------------------------------
 def test_epsilon_below_the_swept_per_aggregation_epsilon_names_it(capsys, folder):
     (folder / "zipped.toml").write_text(
-        SYNTHETIC.replace('"groups.group_size" = [2, 5]', "")
+        SYNTHETIC.replace(
+            '"groups.group_size" = [2, 5]\n"publication.mode" = ["group", "full"]', ""
+        )
         + '"privacy.epsilon,privacy.epsilon_per_aggregation" = [[1, 0.1], [10, 1]]\n'
         + '[privacy]\nmechanism = "gaussian"\ndelta = 1e-5\n'
     )
@@ -240,6 +231,18 @@ def test_a_text_file_named_npy_is_not_a_numpy_file(folder, capsys, content, says
     assert "pickle" not in line
     with pytest.raises(DataError, match=says):
         load_data(DataConfig(dataset="numpy", path="rows.npy"), rng=None)
+
+
+def test_a_csv_header_must_be_names_and_names_need_a_header(folder, capsys):
+    argv = ["run", "csv.toml", "--out", "o", "--set", "data.header=true"]
+    line = error_line(capsys, argv)  # skipping it would drop a data row unseen
+    assert "rows.csv, line 1: data.header = true skips this line as column names, but it " in line
+    names = "a,b,c,label\n" + (folder / "rows.csv").read_text()
+    (folder / "rows.csv").write_text(names)
+    line = error_line(capsys, argv[:4])
+    assert "non-numeric cell 'a' (column names? set data.header = true)" in line
+    assert main([*argv, "--out", "ok"]) == 0
+    assert len(read_results(folder / "ok")) == 2
 
 
 def test_an_object_array_says_so_not_allow_pickle(tmp_path):
@@ -299,7 +302,7 @@ def test_an_error_has_no_tail_about_an_unrelated_setting(folder, capsys):
         capsys, ["run", "synthetic.toml", "--out", "o", "--set", "privacy.mechanism=nosuch"]
     )
     assert "'seed-laplace'" not in line and "seed-laplace" in line  # a name in the list
-    assert "comes from" not in line  # not "seed = 4 comes from synthetic.toml"
+    assert "comes from" not in line  # not "seed = 7 comes from synthetic.toml"
     # a tail that is related stays
     (folder / "nofolds.toml").write_text(CSV.replace("cv_folds = 2", ""))
     argv = ["run", "nofolds.toml", "--out", "o", "--set", "evaluation.split=fixed"]
@@ -389,7 +392,7 @@ def test_a_lost_dask_scheduler_is_one_line_with_the_resume_command(
     monkeypatch.undo()
     monkeypatch.chdir(folder)
     assert main(["run", "synthetic.toml", "--out", "out", "--jobs", "1", "--resume"]) == 0
-    assert len(read_results(folder / "out")) == 6
+    assert len(read_results(folder / "out")) == 12
 
 
 def test_scheduler_watch_turns_cancelled_futures_into_one_error():

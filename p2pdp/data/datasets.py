@@ -1310,6 +1310,11 @@ def _read_csv(path: Path, data: DataConfig) -> tuple[np.ndarray, np.ndarray, np.
     if data.header and rows:
         delimiter = None if data.delimiter == "whitespace" else data.delimiter
         names = [name.strip().strip('"') for name in rows[0][1].split(delimiter)]
+        if all(_is_number(name) for name in names):  # skipping it would lose a row unseen
+            raise DataError(
+                f"{path}, line {rows[0][0]}: data.header = true skips this line as column "
+                "names, but it holds numbers: a data row; set data.header = false"
+            )
         rows = rows[1:]
     if not rows:
         raise DataError(f"{path}: the file has no data lines")
@@ -1334,6 +1339,8 @@ def _read_csv(path: Path, data: DataConfig) -> tuple[np.ndarray, np.ndarray, np.
         for line_number, line in rows:
             problem = _dense_line_problem(line, delimiter, n_columns - 1)
             if problem is not None:
+                if line_number == rows[0][0] and not data.header and "non-numeric" in problem:
+                    problem += " (column names? set data.header = true)"
                 raise _line_error(path, line_number, problem) from exc
         raise DataError(f"{path}: cannot be read as CSV: {exc}") from exc
     non_finite = np.argwhere(~np.isfinite(table))

@@ -449,6 +449,7 @@ def _add_split(subparsers: argparse._SubParsersAction) -> None:
 
 def _cmd_split(args: argparse.Namespace) -> int:
     from p2pdp.experiments.network import read_hosts_file
+    from p2pdp.experiments.results import make_folder
     from p2pdp.experiments.scenario import load_scenario
     from p2pdp.experiments.shards import write_host_shards
 
@@ -462,6 +463,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--hosts = {args.hosts!r}: give the number of hosts or an existing hosts file"
         )
+    make_folder(args.out)  # "--out X is a file, not a folder", before any data is cut
     for manifest in write_host_shards(scenario, hosts, args.out):
         print(manifest)
     return 0
@@ -519,6 +521,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `p2pdp datasets list | head -1`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a file or folder that cannot be read or written, by any command
+        print(f"p2pdp: error: {_os_error(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:  # before a command installed its own handling
         name, code = _signal_of(exc)
         print(f"\np2pdp: interrupted by {name}", file=sys.stderr)
