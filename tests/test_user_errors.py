@@ -245,6 +245,14 @@ def test_a_csv_header_must_be_names_and_names_need_a_header(folder, capsys):
     assert len(read_results(folder / "ok")) == 2
 
 
+@pytest.mark.parametrize("dataset", ["csv", "libsvm"])
+def test_a_numpy_file_read_as_text_says_it_is_numpy(tmp_path, dataset):
+    X, y = rows()
+    np.savez(tmp_path / "a.npz", X=X, y=y)
+    with pytest.raises(DataError, match="a.npz: not a text file .* set data.dataset = 'numpy'"):
+        load_data(DataConfig(dataset=dataset, path=str(tmp_path / "a.npz")), rng=None)
+
+
 def test_an_object_array_says_so_not_allow_pickle(tmp_path):
     np.save(tmp_path / "t.npy", np.array([[1.0, None]], dtype=object), allow_pickle=True)
     with pytest.raises(DataError, match=r"the table holds Python objects \(an object array"):

@@ -1295,11 +1295,15 @@ def _file(value: str | None, key: str) -> Path:
 def _text_lines(path: Path) -> list[tuple[int, str]]:
     """(1-based line number, line) of every non-blank line of the UTF-8 text file ``path``."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = path.read_bytes()
+        text = data.decode("utf-8")
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from exc
+        numpy = (
+            " but a numpy file: set data.dataset = 'numpy'" if data.startswith(_NUMPY_MAGIC) else ""
+        )
+        raise DataError(f"{path}: not a text file (byte {exc.start} is not UTF-8){numpy}") from exc
     return [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
 
 
