@@ -137,6 +137,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     from p2pdp.privacy.audit import MIN_AUDIT_SAMPLES
     from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
 
+    every = (*AUDIT_NAMES, *POSTERIOR_AUDIT_NAMES, *ITERATIVE_AUDIT_NAMES)
+    if args.mechanism is not None and args.mechanism not in every:
+        raise ConfigError(f"--mechanism must be one of {', '.join(every)}; got {args.mechanism!r}")
     if args.samples < MIN_AUDIT_SAMPLES:
         raise ConfigError(
             f"--samples must be an integer >= {MIN_AUDIT_SAMPLES}, got {args.samples}"
@@ -148,11 +151,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         names, posterior, iterative = (), (args.mechanism,), ()
     elif args.mechanism in ITERATIVE_AUDIT_NAMES:
         names, posterior, iterative = (), (), (args.mechanism,)
-    elif args.mechanism in AUDIT_NAMES:
-        names, posterior, iterative = (args.mechanism,), (), ()
     else:
-        every = ", ".join((*AUDIT_NAMES, *POSTERIOR_AUDIT_NAMES, *ITERATIVE_AUDIT_NAMES))
-        raise ConfigError(f"--mechanism must be one of {every}; got {args.mechanism!r}")
+        names, posterior, iterative = (args.mechanism,), (), ()
     results = run_audit(names, n_samples=args.samples, seed=args.seed) if names else []
     results += run_posterior_audit(posterior, seed=args.seed)
     results += run_iterative_audit(iterative, seed=args.seed, runs=args.runs)
