@@ -155,7 +155,7 @@ def test_a_test_split_inside_an_npz_file_under_cross_validation_is_refused(tmp_p
     ("argv", "message"),
     [
         (["audit", "--seed", "-1"], "argument --seed: must be an integer >= 0, got '-1'"),
-        (["audit", "--runs", "0"], "argument --runs: must be an integer >= 1, got '0'"),
+        (["audit", "--runs", "0"], "--runs must be an integer >= 1, got 0"),
         (["audit", "--seed", "1.5"], "argument --seed: must be an integer >= 0, got '1.5'"),
         (["audit", "--samples", "3"], "--samples must be an integer >= 8, got 3"),
         (["audit", "--samples", "many"], "argument --samples: invalid int value: 'many'"),

@@ -119,7 +119,7 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--runs",
-        type=_integer(1),
+        type=int,
         default=100,
         help="runs pooled by each iterative protocol's audit, 500 canaries each (default: 100)",
     )
@@ -132,18 +132,11 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
 def _cmd_audit(args: argparse.Namespace) -> int:
     import json
 
+    _check_audit_arguments(args)
     from p2pdp.experiments.audit import AUDIT_NAMES, format_audit_table, run_audit
     from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES, run_iterative_audit
-    from p2pdp.privacy.audit import MIN_AUDIT_SAMPLES
     from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
 
-    every = (*AUDIT_NAMES, *POSTERIOR_AUDIT_NAMES, *ITERATIVE_AUDIT_NAMES)
-    if args.mechanism is not None and args.mechanism not in every:
-        raise ConfigError(f"--mechanism must be one of {', '.join(every)}; got {args.mechanism!r}")
-    if args.samples < MIN_AUDIT_SAMPLES:
-        raise ConfigError(
-            f"--samples must be an integer >= {MIN_AUDIT_SAMPLES}, got {args.samples}"
-        )
     # then the posterior audits (exact and Langevin, ~3 s) and whole iterative runs (~1 min)
     if args.mechanism is None:
         names, posterior, iterative = AUDIT_NAMES, POSTERIOR_AUDIT_NAMES, ITERATIVE_AUDIT_NAMES
@@ -161,6 +154,24 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     else:
         print(format_audit_table(results))
     return 0 if all(result.as_expected for result in results) else 1
+
+
+def _check_audit_arguments(args: argparse.Namespace) -> None:
+    """ConfigError naming ``--mechanism``, ``--samples`` or ``--runs`` if it cannot run."""
+    from p2pdp.experiments.audit import AUDIT_NAMES
+    from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES
+    from p2pdp.privacy.audit import MIN_AUDIT_SAMPLES
+    from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES
+
+    every = (*AUDIT_NAMES, *POSTERIOR_AUDIT_NAMES, *ITERATIVE_AUDIT_NAMES)
+    if args.mechanism is not None and args.mechanism not in every:
+        raise ConfigError(f"--mechanism must be one of {', '.join(every)}; got {args.mechanism!r}")
+    if args.samples < MIN_AUDIT_SAMPLES:
+        raise ConfigError(
+            f"--samples must be an integer >= {MIN_AUDIT_SAMPLES}, got {args.samples}"
+        )
+    if args.runs is not None and args.runs < 1:
+        raise ConfigError(f"--runs must be an integer >= 1, got {args.runs}")
 
 
 # --- run / report -------------------------------------------------------------------------------
