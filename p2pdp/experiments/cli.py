@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from p2pdp import __version__
 from p2pdp.core.errors import ClusterLostError, ConfigError, P2PDPError
@@ -95,7 +95,7 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "audit",
         help="empirically lower-bound the epsilon of each privacy mechanism",
-        description="Threshold-test audit (Clopper-Pearson, 95%) of the additive-noise "
+        description="Threshold-test audit (Clopper-Pearson, 95%%) of the additive-noise "
         "mechanisms in d = 58 at epsilon = 1, exact epsilon of randomized response (keep and "
         "two-coin forms) and the noisy count, and of one member of a pooled test "
         "against its claimed epsilon, with the other members unknown to the adversary. "
@@ -106,7 +106,7 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
         "the Langevin sampler's stationary law (a wrong-noise negative control). Then whole "
         "runs of dpsgd, muffliato and gossip-learning: canaries in one peer's shard, guessed by "
         "a neighbour from the models it receives, turned into an epsilon lower bound by the "
-        "one-run audit (Steinke, Nasr & Jagielski 2023, 95%) against the peer's epsilon_spent; "
+        "one-run audit (Steinke, Nasr & Jagielski 2023, 95%%) against the peer's epsilon_spent; "
         "the -unclipped and -half-noise rows are negative controls (~1 minute). Exit status "
         "1 if any outcome differs from its expectation.",
     )
@@ -485,9 +485,21 @@ class UsageError(ConfigError):
     """A command line argparse refuses (unknown option, bad value): one line, exit status 2."""
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Writes ``%%`` in a description as ``%``, as argparse does in help strings (it leaves
+    descriptions alone unless they name ``%(prog)s``), so both are written the same way."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(text if "%(prog)" in text else text.replace("%%", "%"))
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (:class:`UsageError`) pointing to
     ``--help``, printed by :func:`main` like every other error (its sub-commands' too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
