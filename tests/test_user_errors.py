@@ -29,10 +29,13 @@ from p2pdp.core.errors import ClusterLostError, ConfigError, DataError
 from p2pdp.core.rng import generator
 from p2pdp.data.datasets import load_data
 from p2pdp.experiments import results as results_module
+from p2pdp.experiments import runner as experiment
 from p2pdp.experiments.audit import AUDIT_SAMPLES, format_audit_table
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.cluster import on_dask_worker, scheduler_watch
 from p2pdp.experiments.results import read_manifest, read_results
+from p2pdp.experiments.runner import make_cells
+from p2pdp.experiments.scenario import parse_scenario
 from p2pdp.privacy.audit import AuditResult
 from p2pdp.tasks.pipeline import load_fold
 
@@ -369,7 +372,20 @@ def test_on_dask_worker_labels_p2pdp_errors_with_the_worker(tmp_path, monkeypatc
         raise ValueError("a bug")  # not p2pdp's: unchanged, its traceback shown
 
 
-@pytest.mark.slow  # ~12 s; test_on_dask_worker_labels_p2pdp_errors_with_the_worker is fast
+def test_the_dask_tasks_label_their_errors(folder, monkeypatch):
+    """What runs on a worker is labelled: the training task (and the cell task, which runs
+    the same code through on_dask_worker)."""
+    import dask.distributed
+
+    worker = type("Worker", (), {"address": "tcp://10.0.0.3:4", "log_event": print})()
+    monkeypatch.setattr(dask.distributed, "get_worker", lambda: worker)
+    scenario = parse_scenario(CSV.replace("rows.csv", "elsewhere.csv"))
+    (cell,) = [c for c in make_cells(scenario) if c.fold == 0]
+    with pytest.raises(DataError, match="^on Dask worker tcp://10.0.0.3:4: data.path = 'else"):
+        experiment._dask_prepare(cell)
+
+
+@pytest.mark.slow  # ~12 s; the two tests above cover the same wiring fast
 def test_an_error_on_a_dask_worker_says_which_worker_not_its_folder(folder, capsys, cluster):
     address, _ = cluster
     line = error_line(capsys, ["run", "csv.toml", "--out", "out", "--scheduler", address])
