@@ -24,6 +24,7 @@ from p2pdp.config import (
     PartitionConfig,
     PrivacyConfig,
     ScenarioConfig,
+    check_reads,
 )
 from p2pdp.core.errors import ClusterLostError, ConfigError, DataError
 from p2pdp.core.rng import generator
@@ -103,15 +104,15 @@ def test_a_test_file_under_cross_validation_is_refused(folder, capsys):
 
 
 def test_folds_under_a_fixed_split_are_refused(folder, capsys):
-    argv = ["run", "csv.toml", "--out", "o", "--set", "evaluation.split=fixed"]
-    line = error_line(capsys, [*argv, "--set", "data.test_path=rows.csv"])
-    assert (
-        "evaluation.cv_folds = 2 is read only with evaluation.split = 'cv' (here 'fixed')" in line
-    )
     (folder / "fixed.toml").write_text(CSV.replace("cv_folds = 2", 'split = "fixed"'))
     argv = ["run", "fixed.toml", "--out", "o", "--set", "data.test_path=rows.csv"]
+    line = error_line(capsys, [*argv, "--set", "evaluation.cv_folds=5"])
+    assert "evaluation.cv_folds = 5 is read only with evaluation.split = 'cv' (here 'fix" in line
     line = error_line(capsys, [*argv, "--set", "evaluation.folds=[1]"])
     assert "evaluation.folds = (1,) is read only with evaluation.split = 'cv'" in line
+    with pytest.raises(ConfigError, match="evaluation.cv_folds = 5 is read only with"):
+        fixed = EvaluationConfig(split="fixed", cv_folds=5)
+        check_reads(ScenarioConfig(data=DataConfig(dataset="synthetic"), evaluation=fixed))
     config = ScenarioConfig(
         data=DataConfig(dataset="synthetic", synthetic_rows=200, synthetic_features=4),
         partition=PartitionConfig(n_peers=8),
