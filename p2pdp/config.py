@@ -66,8 +66,9 @@ MAX_ROUNDS = 1_000_000
 MAX_EXCHANGES = 10_000_000
 
 
-#: Settings every run reads, whatever its components: the grid's seed, repetitions and folds,
-#: the workload and the number of peers (:mod:`p2pdp.experiments.runner`).
+#: Settings every run reads, whatever its components: the grid's seed, repetitions and split
+#: (its folds: :data:`OPTION_READS`), the workload and the number of peers
+#: (:mod:`p2pdp.experiments.runner`).
 ENGINE_READS = (
     "name",
     "seed",
@@ -75,8 +76,6 @@ ENGINE_READS = (
     "task.name",
     "partition.n_peers",
     "evaluation.split",
-    "evaluation.cv_folds",
-    "evaluation.folds",
 )
 
 #: Settings that name a component, and the component kind they name: the named component's
@@ -148,6 +147,7 @@ OPTION_READS: dict[str, dict[Any, tuple[str, ...]]] = {
     },
     "prevalence.source": {"synthetic": ("prevalence.prevalence",), "dataset": ("data.*",)},
     "prevalence.response": {"keep": (), "two-coin": ("prevalence.theta2",)},
+    "evaluation.split": {"cv": ("evaluation.cv_folds", "evaluation.folds"), "fixed": ()},
 }
 
 #: Most aggregations a peer's budget may be meant for (``epsilon / epsilon_per_aggregation``):
@@ -378,6 +378,14 @@ class PrivacyConfig:
         :class:`ScenarioConfig` only when the protocol reads them (an iterative protocol
         spends its budget by steps, not aggregations).
         """
+        step = self.step_epsilon  # first: a derived delta_per_aggregation follows from it
+        if step > self.epsilon * (1 + 1e-12):
+            key = (
+                "privacy.epsilon_per_aggregation"
+                if self.noise_multiplier is None
+                else "the epsilon of one release at privacy.noise_multiplier"
+            )
+            raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
         if self.approximate:
             value = self.delta_per_aggregation
             if not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
@@ -391,14 +399,6 @@ class PrivacyConfig:
                     "privacy.delta_per_aggregation must be <= privacy.delta "
                     f"({self.delta!r}), got {value!r}"
                 )
-        step = self.step_epsilon
-        if step > self.epsilon * (1 + 1e-12):
-            key = (
-                "privacy.epsilon_per_aggregation"
-                if self.noise_multiplier is None
-                else "the epsilon of one release at privacy.noise_multiplier"
-            )
-            raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
         if self.epsilon / step > MAX_AGGREGATIONS_PER_PEER:
             raise ConfigError(
                 f"privacy.epsilon / privacy.epsilon_per_aggregation must be <= "
@@ -873,6 +873,13 @@ class ScenarioConfig:
             _check_round_formation(self)
         if self.evaluation.split == "fixed" or self.data.bounds == "manifest":
             _check_data_provides(self.data, self.evaluation)
+        if self.data.test_path is not None and self.evaluation.split != "fixed":
+            raise ConfigError(
+                f"data.test_path = {self.data.test_path!r} is a predefined test split, which "
+                f"evaluation.split = {self.evaluation.split!r} does not use (its folds are cut "
+                "from data.path alone): set evaluation.split = 'fixed' to test on it, or "
+                "remove data.test_path"
+            )
         _check_row_norm_bound(self)
         _check_peer_column(self.data, self.partition)
         if "protocol.name" in read and self.protocol.iterative:

@@ -179,7 +179,7 @@ def test_cli_rejects_bad_arguments(capsys):
     assert main(["audit", "--mechanism", "laplace"]) == 2
     assert "got 'laplace'" in capsys.readouterr().err
     assert main(["audit", "--samples", "3"]) == 2
-    assert "n_samples must be an integer >= 8, got 3" in capsys.readouterr().err
+    assert "--samples must be an integer >= 8, got 3" in capsys.readouterr().err
 
 
 # --- bad input ------------------------------------------------------------------------------------

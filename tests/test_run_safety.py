@@ -171,6 +171,13 @@ def test_rows_survive_a_kill_after_the_first_cells(tmp_path, scenario_file):
     kept = rows_in(out)
     assert 1 <= kept < CELLS // 2
     assert read_manifest(out)["status"] == "running"  # kill -9: no chance to say more
+    # the report holds the lock, so no run is left: it was interrupted (and how to finish it)
+    report = write_report(out).read_text()
+    assert "the run is running" not in report
+    assert "the run is interrupted: the process that ran it ended without finishing" in report
+    assert (
+        f"`p2pdp run {scenario_file} --out {out} --set 'evaluation.folds=[0]' --resume`" in report
+    )
 
     # the lock died with the process: resume at once, and get the uninterrupted rows
     scenario = load_scenario(scenario_file, [ONE_FOLD[1]])

@@ -34,6 +34,11 @@ class NetworkRunError(P2PDPError, RuntimeError):
     while it started. The message names each host and the command that started it."""
 
 
+class ClusterLostError(P2PDPError):
+    """The Dask scheduler of a run (``--scheduler``) went away mid-run: the cells that
+    finished are kept, ``p2pdp run ... --resume`` runs the others."""
+
+
 class BudgetExhaustedError(P2PDPError):
     """A peer was asked to spend more privacy budget than it has left."""
 

@@ -14,6 +14,8 @@ import hashlib
 
 import numpy as np
 
+from p2pdp.core.errors import ConfigError
+
 
 def _name_key(name: str) -> int:
     """A stable 64-bit integer derived from ``name`` (independent of PYTHONHASHSEED)."""
@@ -31,7 +33,7 @@ def derive_seed(seed: int, *names: str | int) -> np.random.SeedSequence:
         Path of the component, e.g. ``("fold", 3, "noise")``.
     """
     if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+        raise ConfigError(f"seed must be >= 0, got {seed}")  # a ValueError too
     entropy = [int(seed)] + [_name_key(str(name)) for name in names]
     return np.random.SeedSequence(entropy)
 

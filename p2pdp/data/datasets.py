@@ -1286,6 +1286,8 @@ def _file(value: str | None, key: str) -> Path:
     if value is None:
         raise ConfigError(f"{key} is required to read a file")
     path = Path(value).expanduser()
+    if path.is_dir():
+        raise DataError(f"{key} = {value!r} is a folder, not a file: give the data file in it")
     if not path.is_file():
         raise DataError(f"{key} = {value!r}: no such file ({path.resolve()})")
     return path
@@ -1294,11 +1296,15 @@ def _file(value: str | None, key: str) -> Path:
 def _text_lines(path: Path) -> list[tuple[int, str]]:
     """(1-based line number, line) of every non-blank line of the UTF-8 text file ``path``."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = path.read_bytes()
+        text = data.decode("utf-8")
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from exc
+        numpy = (
+            " but a numpy file: set data.dataset = 'numpy'" if data.startswith(_NUMPY_MAGIC) else ""
+        )
+        raise DataError(f"{path}: not a text file (byte {exc.start} is not UTF-8){numpy}") from exc
     return [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
 
 
@@ -1309,6 +1315,11 @@ def _read_csv(path: Path, data: DataConfig) -> tuple[np.ndarray, np.ndarray, np.
     if data.header and rows:
         delimiter = None if data.delimiter == "whitespace" else data.delimiter
         names = [name.strip().strip('"') for name in rows[0][1].split(delimiter)]
+        if all(_is_number(name) for name in names):  # skipping it would lose a row unseen
+            raise DataError(
+                f"{path}, line {rows[0][0]}: data.header = true skips this line as column "
+                "names, but it holds numbers: a data row; set data.header = false"
+            )
         rows = rows[1:]
     if not rows:
         raise DataError(f"{path}: the file has no data lines")
@@ -1333,6 +1344,8 @@ def _read_csv(path: Path, data: DataConfig) -> tuple[np.ndarray, np.ndarray, np.
         for line_number, line in rows:
             problem = _dense_line_problem(line, delimiter, n_columns - 1)
             if problem is not None:
+                if line_number == rows[0][0] and not data.header and "non-numeric" in problem:
+                    problem += " (column names? set data.header = true)"
                 raise _line_error(path, line_number, problem) from exc
         raise DataError(f"{path}: cannot be read as CSV: {exc}") from exc
     non_finite = np.argwhere(~np.isfinite(table))
@@ -1479,17 +1492,51 @@ def libsvm_file(data: DataConfig, *, rng: np.random.Generator | None = None) -> 
 NPZ_ARRAYS = ("X", "y", "X_test", "y_test")
 
 
+#: How the files numpy writes begin: ``numpy.save`` (.npy) and ``numpy.savez`` (a zip archive).
+_NUMPY_MAGIC = (b"\x93NUMPY", b"PK\x03\x04", b"PK\x05\x06")
+
+
 def _read_numpy(path: Path, data: DataConfig, key: str) -> dict[str, np.ndarray]:
     """The arrays of a ``.npz`` file, or ``X``, ``y`` (and ``peers``) of a ``.npy`` table."""
+    where = f"{key} = {str(path)!r}"
     try:
+        with path.open("rb") as file:
+            head = file.read(6)
+        if not head.startswith(_NUMPY_MAGIC):
+            raise DataError(
+                f"{where} is not a file written by numpy.save or numpy.savez ("
+                + (f"it begins {head!r}" if head else "it is empty")
+                + "): write it with one of them, or read a text table with data.dataset = 'csv'"
+            )
         loaded = np.load(path, allow_pickle=False)  # never unpickle a data file
         if isinstance(loaded, np.lib.npyio.NpzFile):
             with loaded:
-                arrays = dict(loaded)  # reads every array (a bad one raises here)
+                arrays = {name: _numpy_array(loaded, name, where) for name in loaded.files}
             return _npz_arrays(arrays, path, data, key)
+        table = np.asarray(loaded)
     except (OSError, ValueError, EOFError) as exc:
-        raise DataError(f"{key} = {str(path)!r}: cannot be read as a numpy file: {exc}") from None
-    return _npy_arrays(np.asarray(loaded), path, data, key)
+        if "pickle" in str(exc):  # np.load refuses object arrays without allow_pickle
+            raise DataError(_object_array(where, "the table")) from None
+        raise DataError(f"{where}: cannot be read as a numpy file: {exc}") from None
+    return _npy_arrays(table, path, data, key)
+
+
+def _numpy_array(archive: Any, name: str, where: str) -> np.ndarray:
+    """Array ``name`` of a ``.npz`` archive, or DataError if it holds Python objects."""
+    try:
+        return np.asarray(archive[name])
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise DataError(_object_array(where, f"array {name!r}")) from None
+        raise
+
+
+def _object_array(where: str, what: str) -> str:
+    return (
+        f"{where}: {what} holds Python objects (an object array: None, strings or mixed "
+        "types), which are not read (allow_pickle=False); save numbers only, e.g. "
+        "numpy.asarray(values, dtype=float)"
+    )
 
 
 def _npz_arrays(

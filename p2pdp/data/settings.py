@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from p2pdp.core import components
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.validation import (
     Boolean,
@@ -56,7 +57,8 @@ class DataConfig:
     min-max on the pooled training fold (a global, non-private step, recorded in results);
     ``"manifest"`` uses the data set's data-independent feature bounds. ``standardize``
     is always fitted on the pooled training fold (the same kind of non-private step).
-    ``synthetic_*`` size the ``synthetic`` data set (a logistic model with lognormal features).
+    ``synthetic_*`` size the ``synthetic`` data set (a logistic model with lognormal features);
+    another built-in data set refuses them (a loader of your own may read them).
     """
 
     dataset: str = field(default="spambase", metadata=check(ComponentName("dataset")))
@@ -109,6 +111,21 @@ class DataConfig:
                     f"data.{key} is an option of data.dataset = {' or '.join(map(repr, users))}; "
                     f"got data.{key} = {value!r} with data.dataset = {self.dataset!r}"
                 )
+        if self.dataset == "synthetic" and self.path is not None:
+            raise ConfigError(
+                f"data.path = {self.path!r} is not read by data.dataset = 'synthetic', which "
+                "draws its rows (sized by data.synthetic_*): remove it, or set data.dataset "
+                "to the loader of the file"
+            )
+        if self.dataset != "synthetic" and components.is_builtin("dataset", self.dataset):
+            for key in SYNTHETIC_OPTIONS:  # a loader of your own may read them
+                value = getattr(self, key)
+                if value != _SYNTHETIC_DEFAULTS[key]:
+                    raise ConfigError(
+                        f"data.{key} sizes data.dataset = 'synthetic'; got data.{key} = "
+                        f"{value!r} with data.dataset = {self.dataset!r}, which it would not "
+                        f"change: remove it"
+                    )
         if self.dataset == "numpy":
             self._check_numpy_options()
         object.__setattr__(self, "transform", as_list("data.transform", self.transform))
@@ -174,6 +191,11 @@ FILE_LOADER_OPTIONS = {
     "csv": ("test_path", "delimiter", "header", "label_column", "peer_column"),
     "libsvm": ("test_path", "n_features"),
     "numpy": ("test_path", "label_column", "peer_column"),
+}
+#: Settings of the ``synthetic`` data set: refused with another built-in one.
+SYNTHETIC_OPTIONS = ("synthetic_rows", "synthetic_test_rows", "synthetic_features")
+_SYNTHETIC_DEFAULTS = {
+    f.name: f.default for f in dataclasses.fields(DataConfig) if f.name in SYNTHETIC_OPTIONS
 }
 _FILE_OPTION_DEFAULTS = {
     f.name: f.default

@@ -72,6 +72,11 @@ AUDIT_EPSILON = 1.0
 AUDIT_DELTA = 1e-5  # for the gaussian mechanism
 
 
+#: Outputs per side of each threshold test (``p2pdp audit --samples``); far fewer may let a
+#: negative control pass.
+AUDIT_SAMPLES = 100_000
+
+
 AUDIT_DIM = 58  # spambase: 57 features + bias
 
 
@@ -332,7 +337,7 @@ def _exact_result(name: str, epsilon: float, exact: float, expected_pass: bool) 
 
 
 def run_audit(
-    names: Sequence[str] = AUDIT_NAMES, *, n_samples: int = 100_000, seed: int
+    names: Sequence[str] = AUDIT_NAMES, *, n_samples: int = AUDIT_SAMPLES, seed: int
 ) -> list[AuditResult]:
     """Audit each of ``names``, each on its own random stream ``(seed, "audit", name)``."""
     return [
@@ -358,6 +363,25 @@ def _expected_failure(name: str) -> str:
     return "negative control"
 
 
+def _too_small(result: AuditResult) -> str:
+    """Why a negative control may have passed: a sample below the audit's default (a test
+    with too few outputs or canaries cannot tell the flawed mechanism from a sound one)."""
+    from p2pdp.experiments.iterative_audit import AUDIT_CANARIES, AUDIT_RUNS
+
+    if result.passed and not result.expected_pass:
+        if result.n_samples is not None and result.n_samples < AUDIT_SAMPLES:
+            return (
+                f": the sample may be too small to catch it ({result.n_samples} outputs per "
+                f"side; the audit's default is --samples {AUDIT_SAMPLES})"
+            )
+        if result.canaries is not None and result.canaries < AUDIT_RUNS * AUDIT_CANARIES:
+            return (
+                f": the sample may be too small to catch it ({result.canaries} canaries; the "
+                f"audit's default is --runs {AUDIT_RUNS}, {AUDIT_RUNS * AUDIT_CANARIES} canaries)"
+            )
+    return ""
+
+
 def format_audit_table(results: Sequence[AuditResult]) -> str:
     """Readable fixed-width table of audit results."""
     header = (
@@ -375,7 +399,7 @@ def format_audit_table(results: Sequence[AuditResult]) -> str:
         if not result.expected_pass:
             verdict += f", expected: fail ({_expected_failure(result.mechanism)})"
         if not result.as_expected:
-            verdict += ", UNEXPECTED"
+            verdict += ", UNEXPECTED" + _too_small(result)
         lines.append(
             f"{result.mechanism:<36} {result.epsilon:>7.4g} {result.delta:>7g} "
             f"{result.eps_lb:>7.3f} {result.guarantee_epsilon:>9.3g} {method:<28} {verdict}"

@@ -13,9 +13,10 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from p2pdp import __version__
-from p2pdp.core.errors import ConfigError, P2PDPError
+from p2pdp.core.errors import ClusterLostError, ConfigError, P2PDPError
 
 
 # --- datasets ---------------------------------------------------------------------------------
@@ -128,13 +129,16 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:
         help="runs pooled by each iterative protocol's audit, 500 canaries each (default: 2000 "
         "for the honest rows of a mu-GDP claim, 100 for the others)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="root random seed (default: 0)")
+    parser.add_argument(
+        "--seed", type=_integer(0), default=0, help="root random seed, >= 0 (default: 0)"
+    )
     parser.set_defaults(func=_cmd_audit)
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     import json
 
+    _check_audit_arguments(args)
     from p2pdp.experiments.audit import AUDIT_NAMES, format_audit_table, run_audit
     from p2pdp.experiments.correlated_audit import CORRELATED_AUDIT_NAMES, run_correlated_audit
     from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES, run_iterative_audit
@@ -185,6 +189,24 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     else:
         print(format_audit_table(results))
     return 0 if all(result.as_expected for result in results) else 1
+
+
+def _check_audit_arguments(args: argparse.Namespace) -> None:
+    """ConfigError naming ``--mechanism``, ``--samples`` or ``--runs`` if it cannot run."""
+    from p2pdp.experiments.audit import AUDIT_NAMES
+    from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES
+    from p2pdp.privacy.audit import MIN_AUDIT_SAMPLES
+    from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES
+
+    every = (*AUDIT_NAMES, *POSTERIOR_AUDIT_NAMES, *ITERATIVE_AUDIT_NAMES)
+    if args.mechanism is not None and args.mechanism not in every:
+        raise ConfigError(f"--mechanism must be one of {', '.join(every)}; got {args.mechanism!r}")
+    if args.samples < MIN_AUDIT_SAMPLES:
+        raise ConfigError(
+            f"--samples must be an integer >= {MIN_AUDIT_SAMPLES}, got {args.samples}"
+        )
+    if args.runs is not None and args.runs < 1:
+        raise ConfigError(f"--runs must be an integer >= 1, got {args.runs}")
 
 
 # --- run / report -------------------------------------------------------------------------------
@@ -319,6 +341,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return code
+        except ClusterLostError as exc:
+            from p2pdp.experiments.results import read_manifest, resume_command
+
+            again = resume_command(out, read_manifest(out))
+            raise ClusterLostError(f"{exc} in {out}; finish with: {again}") from None
         except OSError as exc:
             raise _os_error(exc) from None
         print(
@@ -491,6 +518,7 @@ def _add_split(subparsers: argparse._SubParsersAction) -> None:
 
 def _cmd_split(args: argparse.Namespace) -> int:
     from p2pdp.experiments.network import read_hosts_file
+    from p2pdp.experiments.results import make_folder
     from p2pdp.experiments.scenario import load_scenario
     from p2pdp.experiments.shards import write_host_shards
 
@@ -504,14 +532,54 @@ def _cmd_split(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--hosts = {args.hosts!r}: give the number of hosts or an existing hosts file"
         )
+    make_folder(args.out)  # "--out X is a file, not a folder", before any data is cut
     for manifest in write_host_shards(scenario, hosts, args.out):
         print(manifest)
     return 0
 
 
 # --- main -------------------------------------------------------------------------------------
+class UsageError(ConfigError):
+    """A command line argparse refuses (unknown option, bad value): one line, exit status 2."""
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Writes ``%%`` in a description as ``%``, as argparse does in help strings (it leaves
+    descriptions alone unless they name ``%(prog)s``), so both are written the same way."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(text if "%(prog)" in text else text.replace("%%", "%"))
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (:class:`UsageError`) pointing to
+    ``--help``, printed by :func:`main` like every other error (its sub-commands' too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _integer(minimum: int) -> Callable[[str], int]:
+    """The argparse ``type`` of an integer flag that must be >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="p2pdp",
         description="Simulator for peer-to-peer federated learning with differential privacy.",
     )
@@ -525,8 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except P2PDPError as exc:
         print(f"p2pdp: error: {exc}", file=sys.stderr)
@@ -534,6 +602,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `p2pdp datasets list | head -1`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a file or folder that cannot be read or written, by any command
+        print(f"p2pdp: error: {_os_error(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:  # before a command installed its own handling
         name, code = _signal_of(exc)
         print(f"\np2pdp: interrupted by {name}", file=sys.stderr)

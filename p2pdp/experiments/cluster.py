@@ -41,16 +41,21 @@ reference, iterative protocols and plug-in tasks or models.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import itertools
+import logging
 import math
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from p2pdp.config import ScenarioConfig
-from p2pdp.core.errors import ConfigError
+from p2pdp.core.errors import ClusterLostError, ConfigError, P2PDPError
 from p2pdp.core.parallel import RemotePieces
 from p2pdp.core.rng import generator
 from p2pdp.data.datasets import SYNTHETIC_BLOCK_ROWS, synthetic_block
@@ -231,6 +236,53 @@ def _local_models(client: Any, ready: Sequence[Any], config: ScenarioConfig) -> 
         iterations=max(part.iterations for part in parts),
         shard_sizes=np.concatenate([part.shard_sizes for part in parts]),
     )
+
+
+@contextlib.contextmanager
+def on_dask_worker() -> Iterator[None]:
+    """Label a p2pdp error raised meanwhile on a Dask worker ``on Dask worker ADDRESS: ...``,
+    its own folder (a relative path resolved there) shown as ``<the worker's folder>``, so the
+    client's one-line error says where it happened. Other exceptions pass unchanged."""
+    try:
+        yield
+    except P2PDPError as exc:
+        from dask.distributed import get_worker
+
+        message = str(exc).replace(os.getcwd(), "<the worker's folder>")
+        exc.args = (f"on Dask worker {get_worker().address}: {message}",)
+        raise
+
+
+class _LostScheduler(logging.Filter):
+    """Drops dask's log records of a lost connection (one line says it instead)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, (OSError, asyncio.CancelledError))
+
+
+@contextlib.contextmanager
+def scheduler_watch(client: Any) -> Iterator[None]:
+    """Turn the futures cancelled by the loss of ``client``'s scheduler into one
+    :class:`~p2pdp.core.errors.ClusterLostError`. Dask's log records of a lost connection
+    (tracebacks) are dropped meanwhile and, once it is lost, for the rest of the process (the
+    client logs them as it closes)."""
+    from distributed.comm.core import CommClosedError
+
+    quiet = _LostScheduler()
+    handlers = logging.getLogger("distributed").handlers  # where dask's modules log
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        yield
+    except (concurrent.futures.CancelledError, CommClosedError) as exc:
+        reason = getattr(exc, "reason", None) or type(exc).__name__
+        raise ClusterLostError(
+            f"--scheduler {client.scheduler.address}: lost the Dask scheduler mid-run "
+            f"({reason}); the cells that finished are kept"
+        ) from None
+    for handler in handlers:
+        handler.removeFilter(quiet)
 
 
 def dask_pieces(client: Any) -> RemotePieces:

@@ -150,8 +150,8 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
     where = os.fspath(path)
     try:
         source = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"hosts file {where}: {error}") from None
+    except (OSError, UnicodeDecodeError) as error:  # a folder, a binary file
+        raise ConfigError(f"hosts file {where}: cannot read it as text ({error})") from None
     document = parse_toml(source, f"hosts file {where}")
 
     def text(table: dict[str, Any], key: str, name: str, default: str | None = None) -> str:

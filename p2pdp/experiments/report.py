@@ -972,6 +972,11 @@ def _with_status(
         why = f" ({manifest['error']})" if manifest.get("error") else ""
         if status == "complete":  # every cell ran, but a row is gone (a crash, a full disk)
             status = "incomplete: its manifest says complete, but results.csv lacks rows"
+        elif status == "running":  # the report holds the folder's lock: no run is left
+            status = (
+                "interrupted: the process that ran it ended without finishing (killed, or "
+                "its machine stopped)"
+            )
         warnings.insert(
             0,
             f"**Incomplete results: {missing}; the run is {status}{why}.** Every number below "

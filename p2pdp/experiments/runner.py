@@ -65,7 +65,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, remote_workers, worker_signals
 from p2pdp.core.progress import report_every, running, running_cell, set_phase
 from p2pdp.core.validation import OneOf
-from p2pdp.experiments.cluster import dask_pieces, plan_gap, prepare_on_cluster
+from p2pdp.experiments.cluster import dask_pieces, on_dask_worker, plan_gap, prepare_on_cluster
 from p2pdp.experiments.disclosure import non_private_column
 from p2pdp.experiments.network import (
     check_network_settings,
@@ -609,12 +609,12 @@ def _connect(address: str) -> Any:
 
 
 def _dask_prepare(cell: Cell, topic: str) -> tuple[Any, float]:
-    with threadpool_limits(limits=1), _reporting(topic, cell.cell_id):
+    with threadpool_limits(limits=1), _reporting(topic, cell.cell_id), on_dask_worker():
         return _prepare(cell)
 
 
 def _dask_cell(cell: Cell, prepared: tuple[Any, float], topic: str) -> CellRecord:
-    with threadpool_limits(limits=1), _reporting(topic, cell.cell_id):
+    with threadpool_limits(limits=1), _reporting(topic, cell.cell_id), on_dask_worker():
         return _run_cell(cell, *prepared)
 
 
@@ -670,6 +670,8 @@ def _run_dask(cells: Sequence[Cell], client: Any, topic: str) -> Generator[CellR
     """
     from dask.distributed import as_completed as dask_completed
 
+    from p2pdp.experiments.cluster import scheduler_watch
+
     futures, split = [], []
     for group in training_groups(cells):
         if plan_gap(group[0].config) is None:
@@ -679,10 +681,11 @@ def _run_dask(cells: Sequence[Cell], client: Any, topic: str) -> Generator[CellR
         futures += [client.submit(_dask_cell, cell, prepared, topic, pure=False) for cell in group]
         del prepared
     try:
-        for group in split:
-            yield from _run_split(group, client)
-        for future in dask_completed(futures):
-            yield future.result()
+        with scheduler_watch(client):
+            for group in split:
+                yield from _run_split(group, client)
+            for future in dask_completed(futures):
+                yield future.result()
     finally:
         client.cancel(futures)
 

@@ -299,6 +299,22 @@ def with_values(config: ScenarioConfig, settings: Mapping[str, Any]) -> Scenario
     return dataclasses.replace(config, **top, **replaced)
 
 
+def with_settings(
+    config: ScenarioConfig, settings: Mapping[str, Any], where: str
+) -> ScenarioConfig:
+    """A copy of ``config`` with ``settings``, shaped like a scenario file (``{"privacy":
+    {"epsilon": 1.0}, "seed": 3}``), applied over it as ``--set`` would: unknown keys are
+    refused naming the closest valid one, values are type-checked, a sweep is refused (one
+    config is one grid point). ``where`` names the caller in errors."""
+    values, axes = _read_document(settings, where)
+    if axes:
+        raise ConfigError(f"{where}: a sweep is several configs; give each setting one value")
+    try:
+        return with_values(config, values)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 # --- loading ----------------------------------------------------------------------------------
 def shipped_scenarios_dir() -> Path:
     """Directory of the shipped scenarios: ``p2pdp/_scenarios`` (wheel) or ``<repo>/scenarios``."""
@@ -315,6 +331,11 @@ def find_scenario(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(
+            f"scenario {str(name_or_path)!r} is a folder, not a scenario file: give a .toml "
+            "file (or a shipped scenario's name)"
+        )
     shipped = shipped_scenarios_dir() / f"{path.name.removesuffix('.toml')}.toml"
     if path.parent == Path(".") and shipped.is_file():
         return shipped
@@ -543,8 +564,13 @@ def _build(
 
 
 def _mentions(message: str, key: str) -> bool:
-    """True if ``message`` names the dotted setting ``key`` (not just a longer key)."""
-    return re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message) is not None
+    """True if ``message`` names the dotted setting ``key`` (not just a longer key, nor a
+    quoted value or hyphenated name such as ``'seed-laplace'``). A top-level key, a plain
+    word (``seed``, ``name``), counts only as ``key =`` or ``key must``."""
+    name = rf"(?<![\w.'\-]){re.escape(key)}(?![\w'\-])"
+    if "." not in key:
+        name += r"(?=\s*=|\s+must\b)"
+    return re.search(name, message) is not None
 
 
 def _zipped_with(key: str, axes: Sequence[Axis]) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
 from p2pdp.experiments.results import ColumnTable, RowSequence
-from p2pdp.experiments.scenario import config_of
+from p2pdp.experiments.scenario import config_of, with_settings
 from p2pdp.privacy.accounting import composed, make_accountant, supports
 from p2pdp.privacy.mechanisms import NoNoise
 from p2pdp.privacy.release import ReleaseRecord, record_columns
@@ -324,6 +324,7 @@ def simulate(
     observers: tuple[WorldObserver, ...] = (),
     runtime: str = "simulation",
     driver: str = "auto",
+    **settings: Any,
 ) -> RunResult:
     """Simulate fold ``fold`` of ``config`` (its ``sweep`` is ignored) and evaluate it.
 
@@ -352,8 +353,14 @@ def simulate(
         up to the timing columns (``sim_time`` is then wall seconds). With a hosts file's
         ``score = false`` this process opens no data (``trained`` is not used) and the
         scores are empty (:data:`UNSCORED`).
+    **settings
+        Settings applied over ``config``, as ``p2pdp run --set`` would: a section as a dict
+        of its settings (``privacy={"epsilon": 1.0}``) or a top-level setting (``seed=3``).
+        An unknown name is a ConfigError naming the closest valid one.
     """
     config = config_of(config)
+    if settings:
+        config = with_settings(config, settings, "simulate()")
     OneOf(RUNTIMES).check("runtime", runtime)
     OneOf(DRIVERS).check("driver", driver)
     if driver != "auto" and (runtime == "network" or config.protocol.iterative):
@@ -370,6 +377,8 @@ def simulate(
     IntAtLeast(0).check("repetition", repetition)
     if config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds:
         raise ConfigError(f"fold must be in [0, {config.evaluation.cv_folds}), got {fold}")
+    if config.evaluation.split == "fixed" and fold != 0:
+        raise ConfigError(f"fold must be 0 with evaluation.split = 'fixed' (one split), got {fold}")
     if runtime == "network":  # before anything runs (an iterative protocol included)
         from p2pdp.experiments.network import check_network_settings
 

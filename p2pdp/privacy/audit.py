@@ -65,6 +65,8 @@ from p2pdp.privacy.mechanisms import (
     require_probability,
 )
 
+#: Fewest outputs per side a threshold test takes (half of them calibrate the threshold).
+MIN_AUDIT_SAMPLES = 8
 _N_THRESHOLDS = 512  # candidate thresholds per statistic scanned on the calibration half
 #: Test statistics of the threshold test (columns of :func:`audit_statistics`).
 STATISTICS: tuple[str, ...] = ("projection", "l1-difference", "l2-difference")
@@ -351,7 +353,8 @@ def audit_additive_noise(
     delta : float
         The mechanism's delta.
     n_samples : int
-        Outputs drawn per side (>= 8; the threshold test uses half of them for calibration).
+        Outputs drawn per side (>= :data:`MIN_AUDIT_SAMPLES`; the threshold test uses half
+        of them for calibration).
     rng : numpy.random.Generator
     confidence : float
 
@@ -362,7 +365,7 @@ def audit_additive_noise(
     """
     sensitivity = require_positive("sensitivity", sensitivity)
     dim = require_count("dim", dim)
-    n_samples = require_count("n_samples", n_samples, minimum=8)
+    n_samples = require_count("n_samples", n_samples, minimum=MIN_AUDIT_SAMPLES)
     shift = np.full(dim, sensitivity / math.sqrt(dim))
     null = audit_statistics(sample_noise(size=n_samples, rng=rng), shift)
     alternative = audit_statistics(shift + sample_noise(size=n_samples, rng=rng), shift)

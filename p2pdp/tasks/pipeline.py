@@ -126,6 +126,12 @@ def load_fold(
     """
     raw = load_data(data, rng=generator(seed, "synthetic"))
     X, y = raw.X, raw.y
+    if evaluation.split != "fixed" and raw.X_test is not None and data.dataset == "numpy":
+        raise ConfigError(  # data.test_path is refused with the config; this is in data.path
+            f"data.path = {data.path!r} holds a test split (X_test, y_test), which "
+            f"evaluation.split = {evaluation.split!r} does not use (its folds are cut from X, "
+            "y): set evaluation.split = 'fixed' to test on it, or save the file without them"
+        )
     if evaluation.split != "fixed" and raw.cv_pools_test:
         if raw.X_test is not None and raw.y_test is not None:
             X, y = np.vstack([raw.X, raw.X_test]), np.concatenate([raw.y, raw.y_test])
