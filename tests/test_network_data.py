@@ -429,10 +429,7 @@ def test_split_into_an_existing_file_is_refused_in_one_line(tmp_path, capsys):
     out.write_text("not a directory")
     assert cli(["split", str(_scenario(tmp_path)), "--hosts", "2", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == (
-        f"p2pdp: error: p2pdp split: --out {out} is a file: give a directory (made if missing) "
-        "for the shard files"
-    )
+    assert err.strip() == (f"p2pdp: error: --out {out} is a file, not a folder")
     assert out.read_text() == "not a directory"
 
 

@@ -194,11 +194,12 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _check_audit_arguments(args: argparse.Namespace) -> None:
     """ConfigError naming ``--mechanism``, ``--samples`` or ``--runs`` if it cannot run."""
     from p2pdp.experiments.audit import AUDIT_NAMES
+    from p2pdp.experiments.correlated_audit import CORRELATED_AUDIT_NAMES
     from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES
     from p2pdp.privacy.audit import MIN_AUDIT_SAMPLES
     from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES
 
-    every = (*AUDIT_NAMES, *POSTERIOR_AUDIT_NAMES, *ITERATIVE_AUDIT_NAMES)
+    every = (*AUDIT_NAMES, *POSTERIOR_AUDIT_NAMES, *ITERATIVE_AUDIT_NAMES, *CORRELATED_AUDIT_NAMES)
     if args.mechanism is not None and args.mechanism not in every:
         raise ConfigError(f"--mechanism must be one of {', '.join(every)}; got {args.mechanism!r}")
     if args.samples < MIN_AUDIT_SAMPLES:
@@ -518,7 +519,6 @@ def _add_split(subparsers: argparse._SubParsersAction) -> None:
 
 def _cmd_split(args: argparse.Namespace) -> int:
     from p2pdp.experiments.network import read_hosts_file
-    from p2pdp.experiments.results import make_folder
     from p2pdp.experiments.scenario import load_scenario
     from p2pdp.experiments.shards import write_host_shards
 
@@ -532,7 +532,6 @@ def _cmd_split(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--hosts = {args.hosts!r}: give the number of hosts or an existing hosts file"
         )
-    make_folder(args.out)  # "--out X is a file, not a folder", before any data is cut
     for manifest in write_host_shards(scenario, hosts, args.out):
         print(manifest)
     return 0

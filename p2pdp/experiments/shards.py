@@ -39,6 +39,7 @@ import numpy as np
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.experiments.results import make_folder
 from p2pdp.net.host import hosts_of
 from p2pdp.tasks import check_own_rows, make_task
 from p2pdp.tasks.pipeline import (
@@ -78,12 +79,7 @@ def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) ->
     set of files could not serve them all). ``hosts``: from 1 to ``partition.n_peers``.
     Returns the manifests' paths, host by host.
     """
-    target = Path(out)
-    if target.exists() and not target.is_dir():
-        raise ConfigError(
-            f"p2pdp split: --out {os.fspath(out)} is a file: give a directory (made if missing) "
-            "for the shard files"
-        )
+    target = make_folder(Path(out))  # one line if it cannot be a folder, before any data is cut
     points = [point.config for point in scenario.points]
     config = points[0]
     names = ("seed", "data", "evaluation.split", "evaluation.cv_folds", "partition")
@@ -131,10 +127,6 @@ def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) ->
                         f"bounds_{fold}_{repetition}": np.array(data.data_dependent_bounds),
                     }
                 )
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"p2pdp split: --out {os.fspath(out)}: {error}") from None
     manifests = []
     for host in range(hosts):
         shard_file = target / f"host-{host}.npz"
