@@ -719,8 +719,10 @@ class ProtocolConfig:
     with opposite signs (:mod:`p2pdp.protocols.correlated_dp`). ``threat_model`` (D-PSGD
     only): whom the calibrated noise spends ``privacy.epsilon`` against: ``"local"`` (the
     default: every peer's local DP, any adversary), ``"eavesdropper"`` (one that sees every
-    message) or ``"curious-peer"`` (the worst neighbour, with its own noise and edge
-    secrets). With a threat model, ``pairwise_noise_multiplier`` is the ratio ``z_p / z``
+    message; a proof, the models being known to it before each step) or ``"curious-peer"``
+    (the worst neighbour, with its own noise and edge secrets; exact only under the
+    fixed-gradient assumption of :mod:`p2pdp.protocols.network_dp`, not a proven guarantee
+    of the run). With a threat model, ``pairwise_noise_multiplier`` is the ratio ``z_p / z``
     (required > 0), ``noise_multiplier`` must be unset (it is calibrated, exactly, on the run
     every message of which arrives), and peers take every round's step: their local DP
     (``epsilon_spent``) is then larger than ``privacy.epsilon``. ``eval_every``: rounds

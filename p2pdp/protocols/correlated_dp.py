@@ -32,7 +32,12 @@ standard normals). Changing one record of the target ``u`` moves ``u``'s gradien
 moves by ``G c`` (``G``: ``u``'s data columns). With ``A`` the remaining noise columns, the two
 views are Gaussians with covariance ``A A^T`` and means ``G c`` apart: ``mu``-GDP with
 ``mu^2 = c^T G^T (A A^T)^+ G c / C^2``, and infinite if ``G c`` leaves the range of ``A A^T``
-(only possible without independent noise). ``kappa = sup_{||a_t|| <= 1} a^T M a`` with
+(only possible without independent noise). The assumption is harmless for the
+eavesdropper, who sees every model before each step (given its past view each round is a
+fresh Gaussian of known covariance, and adaptive composition gives the same ``kappa``); for a
+curious peer or a coalition, whose neighbours' gradients depend on models carrying noise it
+has not seen, the value is exact for the model, not a proven bound on the run.
+``kappa = sup_{||a_t|| <= 1} a^T M a`` with
 ``M = G^T (A A^T)^+ G`` is bounded from above by
 :func:`~p2pdp.protocols.network_dp.worst_case_shifts`; ``mu = (Delta / C) sqrt(kappa)``.
 
@@ -335,8 +340,9 @@ def _view_kappa(
 
     ``(A A^T)^+ = U S^-2 U^T``. A well-conditioned covariance (the usual case: every message
     seen carries noise of its own) is decomposed directly, ``A A^T`` being only as large as the
-    view (``R x R``, not ``R x N``); its rounding is bounded by ``cond * R * eps`` relative,
-    and ``M`` is inflated by 100 times that, so the result stays an upper bound. Otherwise the
+    view (``R x R``, not ``R x N``); forming ``A A^T`` (inner dimension ``N``) and its
+    eigendecomposition round by at most about ``cond * max(R, N) * eps`` relative, and ``M``
+    is inflated by 100 times that, so the result stays an upper bound. Otherwise the
     SVD of ``A`` (numerical rank as numpy's): a data column with a part outside ``U``'s span
     larger than 1e-9 of the view's scale is a shift seen without noise: ``inf``."""
     targets = np.asarray(targets, dtype=np.int64)
@@ -347,7 +353,7 @@ def _view_kappa(
     inflate = 1.0
     if values[0] > 0 and values[-1] < _GRAM_CONDITION * values[0]:
         singular = np.sqrt(values)
-        inflate += 100.0 * (values[-1] / values[0]) * A.shape[0] * np.finfo(float).eps
+        inflate += 100.0 * (values[-1] / values[0]) * max(A.shape) * np.finfo(float).eps
     else:
         U, singular, _ = np.linalg.svd(A, full_matrices=False)
         tolerance = singular.max(initial=0.0) * max(A.shape) * np.finfo(float).eps
