@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import networkx as nx
 import numpy as np
 import pytest
 
 from p2pdp.config import GossipConfig
 from p2pdp.core.errors import ConfigError
-from p2pdp.sim.overlay import build_overlay
+from p2pdp.sim.overlay import build_overlay, random_regular_edges
 
 
 def edges_of(overlay) -> set[tuple[int, int]]:
@@ -100,3 +101,18 @@ def test_parameters_that_do_not_fit_the_peers(params, n_peers, message):
 def test_bad_peer_count():
     with pytest.raises(ConfigError, match="partition.n_peers must be an integer >= 1, got 0"):
         build_overlay(GossipConfig(), 0, rng=np.random.default_rng(0))
+
+
+@pytest.mark.parametrize(
+    ("degree", "n_peers"),
+    [(1, 2), (2, 5), (3, 4), (3, 6), (4, 5), (5, 6), (5, 8), (6, 10), (4, 12), (8, 30), (10, 100)],
+)
+def test_random_regular_edges_are_networkx_graph(degree, n_peers):
+    """The same edges as networkx's generator for the same seed, dense graphs included
+    (whose attempts fail and start over: the same random stream throughout)."""
+    for seed in range(40):
+        graph = nx.random_regular_graph(degree, n_peers, seed=seed)
+        expected = sorted((min(u, v), max(u, v)) for u, v in graph.edges())
+        assert random_regular_edges(degree, n_peers, seed).tolist() == [
+            list(edge) for edge in expected
+        ]

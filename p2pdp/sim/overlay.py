@@ -11,13 +11,18 @@ objects while it is built; its CSR arrays take 4.6 MB (``benchmarks/bench_gossip
 --overlays``). The networkx object lives only while its edges are copied out. Generation is
 networkx's pure Python: 1.8 s (Watts-Strogatz), 2.6 s (Barabási-Albert), 3.2 s
 (Erdős–Rényi) and 4.7 s (random 10-regular) at P = 100,000, a small part of a run of that
-size, so we keep networkx's tested generators rather than hand-written numpy ones.
+size, so we keep networkx's tested generators rather than hand-written numpy ones, but for the
+random-regular overlay (the default): :func:`random_regular_edges` draws networkx's graph
+(the same shuffles of the same ``random.Random``, so the same edges) with its pairing passes
+in numpy and without building the networkx graph, which took most of the time.
 Erdős–Rényi with mean degree 10 has about P e^-10 isolated peers, so it is disconnected at
 P = 100,000: raise ``gossip.degree`` (ln P + 3, about 15 there, makes it unlikely) or allow it.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import networkx as nx
@@ -29,7 +34,7 @@ from scipy.sparse.csgraph import connected_components
 from p2pdp.config import GossipConfig
 from p2pdp.core.errors import ConfigError
 
-__all__ = ["Overlay", "build_overlay"]
+__all__ = ["Overlay", "build_overlay", "random_regular_edges"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,72 @@ class Overlay:
         return np.diff(self.indptr)
 
 
-def _networkx_graph(config: GossipConfig, n_peers: int, seed: int) -> nx.Graph[int]:
+def random_regular_edges(degree: int, n_peers: int, seed: int) -> NDArray[np.int64]:
+    """The edges of ``nx.random_regular_graph(degree, n_peers, seed=seed)``, (E, 2) int64.
+
+    networkx's algorithm (Steger & Wormald: shuffle the ``degree`` stubs of every peer, pair
+    them in order, keep the pairs that are new edges, shuffle the rest again; start over if
+    no remaining pair can be joined) with the same ``random.Random(seed)`` shuffles of the
+    same lists, so the same edge set; each pass's pairing is done in numpy, and no graph is
+    built (together most of networkx's time at P = 100,000). Rows ``(u, v)``, ``u < v``,
+    sorted. ``tests/test_overlay.py`` checks the edges against networkx's.
+    """
+    if degree == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    shuffle = random.Random(seed).shuffle
+    while True:
+        edges = _try_regular(degree, n_peers, shuffle)
+        if edges is not None:
+            return np.stack(np.divmod(edges, n_peers), axis=1)
+
+
+def _try_regular(
+    degree: int, n_peers: int, shuffle: Callable[[list[int]], None]
+) -> NDArray[np.int64] | None:
+    """One attempt of networkx's ``_try_creation``: the edges as sorted keys ``u n + v``
+    (``u < v``), or None where it fails."""
+    edges = np.zeros(0, dtype=np.int64)
+    stubs = list(range(n_peers)) * degree
+    while stubs:
+        shuffle(stubs)
+        pairs = np.array(stubs, dtype=np.int64).reshape(-1, 2)
+        low, high = pairs.min(axis=1), pairs.max(axis=1)
+        keys = low * n_peers + high
+        # a pair is joined if it is no loop, not an edge yet, and its first occurrence
+        candidates = np.flatnonzero((low != high) & ~np.isin(keys, edges))
+        joined = np.zeros(keys.size, dtype=bool)
+        joined[candidates[np.unique(keys[candidates], return_index=True)[1]]] = True
+        edges = np.union1d(edges, keys[joined])
+        # the others' stubs, each peer as often as it occurs, in order of first occurrence
+        # (networkx's dict of potential edges)
+        rest = np.stack([low[~joined], high[~joined]], axis=1).ravel()
+        peers, first, counts = np.unique(rest, return_index=True, return_counts=True)
+        order = np.argsort(first)
+        peers, counts = peers[order], counts[order]
+        if peers.size and not _suitable(peers.tolist(), edges, n_peers):
+            return None
+        stubs = np.repeat(peers, counts).tolist()
+    return edges
+
+
+def _suitable(peers: list[int], edges: NDArray[np.int64], n_peers: int) -> bool:
+    """networkx's ``_suitable`` as it is, on ``peers`` (those with stubs left, at least one):
+    its loops (whose swap rebinds the outer peer) look for a pair not joined yet."""
+    among = np.isin(edges // n_peers, peers) & np.isin(edges % n_peers, peers)
+    joined = set(edges[among].tolist())
+    for s1 in peers:
+        for s2 in peers:
+            if s1 == s2:
+                break
+            if s1 > s2:
+                s1, s2 = s2, s1  # rebinds the outer peer too, as networkx does
+            if s1 * n_peers + s2 not in joined:
+                return True
+    return False
+
+
+def _edges(config: GossipConfig, n_peers: int, seed: int) -> NDArray[np.int64]:
+    """The overlay's edges, (E, 2) int64 (each undirected edge once)."""
     kind = config.overlay
     if kind == "random-regular":
         if config.degree >= n_peers or (config.degree * n_peers) % 2:
@@ -72,25 +142,27 @@ def _networkx_graph(config: GossipConfig, n_peers: int, seed: int) -> nx.Graph[i
                 f"gossip.degree must be < partition.n_peers ({n_peers}) and make "
                 f"degree * n_peers even for a random-regular overlay, got {config.degree}"
             )
-        return nx.random_regular_graph(config.degree, n_peers, seed=seed)
+        return random_regular_edges(config.degree, n_peers, seed)
     if kind == "erdos-renyi":
         p = config.edge_probability
         if p is None:
             p = min(1.0, config.degree / max(n_peers - 1, 1))
-        return nx.fast_gnp_random_graph(n_peers, p, seed=seed)
-    if kind == "watts-strogatz":
+        graph = nx.fast_gnp_random_graph(n_peers, p, seed=seed)
+    elif kind == "watts-strogatz":
         if config.degree >= n_peers:
             raise ConfigError(
                 f"gossip.degree must be < partition.n_peers ({n_peers}) for a "
                 f"watts-strogatz overlay, got {config.degree}"
             )
-        return nx.watts_strogatz_graph(n_peers, config.degree, config.rewiring, seed=seed)
-    if config.attachment >= n_peers:  # barabasi-albert
-        raise ConfigError(
-            f"gossip.attachment must be < partition.n_peers ({n_peers}) for a "
-            f"barabasi-albert overlay, got {config.attachment}"
-        )
-    return nx.barabasi_albert_graph(n_peers, config.attachment, seed=seed)
+        graph = nx.watts_strogatz_graph(n_peers, config.degree, config.rewiring, seed=seed)
+    else:  # barabasi-albert
+        if config.attachment >= n_peers:
+            raise ConfigError(
+                f"gossip.attachment must be < partition.n_peers ({n_peers}) for a "
+                f"barabasi-albert overlay, got {config.attachment}"
+            )
+        graph = nx.barabasi_albert_graph(n_peers, config.attachment, seed=seed)
+    return np.array(graph.edges(), dtype=np.int64).reshape(-1, 2)
 
 
 def build_overlay(config: GossipConfig, n_peers: int, *, rng: np.random.Generator) -> Overlay:
@@ -116,9 +188,7 @@ def build_overlay(config: GossipConfig, n_peers: int, *, rng: np.random.Generato
     """
     if not isinstance(n_peers, int) or isinstance(n_peers, bool) or n_peers < 1:
         raise ConfigError(f"partition.n_peers must be an integer >= 1, got {n_peers!r}")
-    graph = _networkx_graph(config, n_peers, int(rng.integers(2**32)))
-    edges = np.array(graph.edges(), dtype=np.int64).reshape(-1, 2)
-    del graph
+    edges = _edges(config, n_peers, int(rng.integers(2**32)))
     rows = np.concatenate([edges[:, 0], edges[:, 1]])
     cols = np.concatenate([edges[:, 1], edges[:, 0]])
     adjacency = coo_array(
