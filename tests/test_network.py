@@ -44,9 +44,9 @@ from p2pdp.config import (
     ScenarioConfig,
 )
 from p2pdp.core.errors import ConfigError, NetworkRunError
+from p2pdp.experiments import network as network_module
 from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.disclosure import non_private_column
-from p2pdp.experiments import network as network_module
 from p2pdp.experiments.network import read_hosts_file
 from p2pdp.experiments.runner import run_experiment
 from p2pdp.experiments.scenario import load_scenario

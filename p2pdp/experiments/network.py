@@ -1,8 +1,10 @@
 """The network runtime's processes: what each host process computes, and how they start.
 
 ``simulate(config, runtime="network")`` builds a :class:`p2pdp.net.coordinator.NetworkWorld`
-here. Each host is a fresh OS process that serves its own peers' statistics
-(:func:`p2pdp.net.host.serve`). Peers are split evenly, in id order, over the host processes.
+here. Each host is an OS process that serves its own peers' statistics
+(:func:`p2pdp.net.host.serve`), started once per run and serving every cell of it, each cell a
+session of its own (:class:`RunHosts`, :func:`run_hosts`). Peers are split evenly, in id
+order, over the host processes.
 Where a hosts file gives each host its ``data`` (a per-host shard file written by ``p2pdp
 split``, :mod:`p2pdp.experiments.shards`), the host reads only that file and trains only its
 own peers' models: it never derives, opens or receives another peer's rows or model. Without
@@ -23,8 +25,8 @@ Where the hosts run is ``P2PDP_NETWORK_HOSTS`` (the CLI's ``--hosts``, checked b
 :func:`hosts_plan`): unset, one per CPU core on this machine; a number, that many on this
 machine (``spawn``; an integer from 1 to the number of peers); the path of a hosts file
 (:func:`read_hosts_file`), one per entry, each started by the entry's command (e.g. over
-``ssh`` on another machine), which reads its launch bundle (:func:`host_from_stdin`) on its
-standard input.
+``ssh`` on another machine), which reads its cells' launch bundles (:func:`host_from_stdin`)
+on its standard input.
 """
 
 from __future__ import annotations
@@ -335,7 +337,7 @@ class _Command:
         assert out is not None
         if not select.select([out], [], [], timeout)[0]:
             return False
-        return os.read(out.fileno(), 1) == b"." or self.process.poll() is not None
+        return os.read(out.fileno(), 1) in (b".", b"")  # "over", or the end: it exited
 
     def join(self, timeout: float | None = None) -> None:
         try:
