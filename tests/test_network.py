@@ -359,6 +359,35 @@ def test_a_runs_hosts_start_once_and_serve_every_cell(tmp_path, monkeypatch, sta
         assert len(log.read_text().split()) == 2
 
 
+def test_a_run_starts_its_hosts_once_and_leaves_none_behind(tmp_path, monkeypatch):
+    """run_experiment (the CLI's run) with a hosts file: each command starts once for the
+    run's two cells (its log: one pid per host), and no host is left when it returns."""
+    log = tmp_path / "starts"
+    host = f"{shlex.quote(sys.executable)} -m p2pdp.experiments.network"
+    command = ["sh", "-c", f"echo $$ >> {shlex.quote(str(log))}; exec {host}"]
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\n'
+        + f'[[host]]\naddress = "127.0.0.1"\ncommand = {json.dumps(command)}\n' * 2
+    )
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    scenario = _tiny_scenario(tmp_path)
+    scenario.write_text(scenario.read_text() + '[sweep]\n"groups.collect_timeout" = [10.0, 11.0]\n')
+    summary = run_experiment(load_scenario(scenario), tmp_path / "out", runtime="network")
+    assert summary.run == 2
+    pids = [int(pid) for pid in log.read_text().split()]
+    assert len(pids) == 2 and not any(map(_running, pids))
+
+
+def test_a_runs_hosts_stop_when_an_interrupt_leaves_it(monkeypatch):
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    with pytest.raises(KeyboardInterrupt), network_module.run_hosts() as served:
+        simulate(_config("group"), runtime="network")
+        processes = list(served.hosts.values())
+        raise KeyboardInterrupt
+    assert len(processes) == 2 and not any(p.is_alive() for p in processes)
+
+
 ORPHANS = """
 import os, sys, time
 os.environ["P2PDP_NETWORK_HOSTS"] = sys.argv[1]
