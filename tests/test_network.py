@@ -330,22 +330,29 @@ def test_hosts_started_by_a_hosts_files_commands_give_the_simulators_rows(tmp_pa
     _same_rows(simulate(config), network)
 
 
+def _logged_hosts(tmp_path, monkeypatch):
+    """Two hosts started by a hosts file's commands, each writing its pid to the returned
+    log when it starts (P2PDP_NETWORK_HOSTS points at the file)."""
+    log = tmp_path / "starts"
+    host = f"{shlex.quote(sys.executable)} -m p2pdp.experiments.network"
+    command = ["sh", "-c", f"echo $$ >> {shlex.quote(str(log))}; exec {host}"]
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\n'
+        + f'[[host]]\naddress = "127.0.0.1"\ncommand = {json.dumps(command)}\n' * 2
+    )
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    return log
+
+
 @pytest.mark.parametrize("started_by", ["spawn", "command"])
 def test_a_runs_hosts_start_once_and_serve_every_cell(tmp_path, monkeypatch, started_by):
     """Within run_hosts (a run's cells: the runner's), one set of host processes serves
     every cell, spawned or started by a hosts file's commands (their log: one start per
     host), each cell a session of its own with the simulator's rows (group and full
     publication, plain and secure, alternating); they exit at the end of the run."""
-    log = tmp_path / "starts"
     if started_by == "command":
-        host = f"{shlex.quote(sys.executable)} -m p2pdp.experiments.network"
-        command = ["sh", "-c", f"echo $$ >> {shlex.quote(str(log))}; exec {host}"]
-        hosts = tmp_path / "hosts.toml"
-        hosts.write_text(
-            'coordinator = "127.0.0.1"\n'
-            + f'[[host]]\naddress = "127.0.0.1"\ncommand = {json.dumps(command)}\n' * 2
-        )
-        monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+        log = _logged_hosts(tmp_path, monkeypatch)
     else:
         monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
     cells = [_config("group"), _config("full", secure=True), _config("full"), _config("group")]
@@ -362,15 +369,7 @@ def test_a_runs_hosts_start_once_and_serve_every_cell(tmp_path, monkeypatch, sta
 def test_a_run_starts_its_hosts_once_and_leaves_none_behind(tmp_path, monkeypatch):
     """run_experiment (the CLI's run) with a hosts file: each command starts once for the
     run's two cells (its log: one pid per host), and no host is left when it returns."""
-    log = tmp_path / "starts"
-    host = f"{shlex.quote(sys.executable)} -m p2pdp.experiments.network"
-    command = ["sh", "-c", f"echo $$ >> {shlex.quote(str(log))}; exec {host}"]
-    hosts = tmp_path / "hosts.toml"
-    hosts.write_text(
-        'coordinator = "127.0.0.1"\n'
-        + f'[[host]]\naddress = "127.0.0.1"\ncommand = {json.dumps(command)}\n' * 2
-    )
-    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    log = _logged_hosts(tmp_path, monkeypatch)
     scenario = _tiny_scenario(tmp_path)
     scenario.write_text(scenario.read_text() + '[sweep]\n"groups.collect_timeout" = [10.0, 11.0]\n')
     summary = run_experiment(load_scenario(scenario), tmp_path / "out", runtime="network")
