@@ -44,6 +44,7 @@ from p2pdp.config import (
     ScenarioConfig,
 )
 from p2pdp.core.errors import ConfigError, NetworkRunError
+from p2pdp.experiments import network as network_module
 from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.disclosure import non_private_column
 from p2pdp.experiments.network import read_hosts_file
@@ -327,6 +328,120 @@ def test_hosts_started_by_a_hosts_files_commands_give_the_simulators_rows(tmp_pa
     network = simulate(_seeded(config), runtime="network")
     assert network.aggregations > 0
     _same_rows(simulate(config), network)
+
+
+def _logged_hosts(tmp_path, monkeypatch):
+    """Two hosts started by a hosts file's commands, each writing its pid to the returned
+    log when it starts (P2PDP_NETWORK_HOSTS points at the file)."""
+    log = tmp_path / "starts"
+    host = f"{shlex.quote(sys.executable)} -m p2pdp.experiments.network"
+    command = ["sh", "-c", f"echo $$ >> {shlex.quote(str(log))}; exec {host}"]
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\n'
+        + f'[[host]]\naddress = "127.0.0.1"\ncommand = {json.dumps(command)}\n' * 2
+    )
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    return log
+
+
+@pytest.mark.parametrize("started_by", ["spawn", "command"])
+def test_a_runs_hosts_start_once_and_serve_every_cell(tmp_path, monkeypatch, started_by):
+    """Within run_hosts (a run's cells: the runner's), one set of host processes serves
+    every cell, spawned or started by a hosts file's commands (their log: one start per
+    host), each cell a session of its own with the simulator's rows (group and full
+    publication, plain and secure, alternating); they exit at the end of the run."""
+    if started_by == "command":
+        log = _logged_hosts(tmp_path, monkeypatch)
+    else:
+        monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    cells = [_config("group"), _config("full", secure=True), _config("full"), _config("group")]
+    with network_module.run_hosts() as served:
+        for config in cells:
+            _same_rows(simulate(config), simulate(_seeded(config), runtime="network"))
+        processes = list(served.hosts.values())
+        assert served.started == 2 and all(p.is_alive() for p in processes)
+    assert not any(p.is_alive() for p in processes)
+    if started_by == "command":
+        assert len(log.read_text().split()) == 2
+
+
+def test_a_run_starts_its_hosts_once_and_leaves_none_behind(tmp_path, monkeypatch):
+    """run_experiment (the CLI's run) with a hosts file: each command starts once for the
+    run's two cells (its log: one pid per host), and no host is left when it returns."""
+    log = _logged_hosts(tmp_path, monkeypatch)
+    scenario = _tiny_scenario(tmp_path)
+    scenario.write_text(scenario.read_text() + '[sweep]\n"groups.collect_timeout" = [10.0, 11.0]\n')
+    summary = run_experiment(load_scenario(scenario), tmp_path / "out", runtime="network")
+    assert summary.run == 2
+    pids = [int(pid) for pid in log.read_text().split()]
+    assert len(pids) == 2 and not any(map(_running, pids))
+
+
+def test_a_runs_hosts_stop_when_an_interrupt_leaves_it(monkeypatch):
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
+    with pytest.raises(KeyboardInterrupt), network_module.run_hosts() as served:
+        simulate(_config("group"), runtime="network")
+        processes = list(served.hosts.values())
+        raise KeyboardInterrupt
+    assert len(processes) == 2 and not any(p.is_alive() for p in processes)
+
+
+ORPHANS = """
+import os, sys, time
+os.environ["P2PDP_NETWORK_HOSTS"] = sys.argv[1]
+from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
+from p2pdp.experiments.network import run_hosts
+from p2pdp.experiments.simulation import simulate
+if __name__ == "__main__":
+    data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)
+    config = ScenarioConfig(seed=1, data=data, partition=PartitionConfig(n_peers=6),
+                            groups=GroupsConfig(group_size=3))
+    with run_hosts() as served:
+        simulate(config, runtime="network")
+        print(*[process.pid for process in served.hosts.values()], flush=True)
+        time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("started_by", ["spawn", "command"])
+def test_a_runs_hosts_exit_when_the_coordinator_dies(tmp_path, started_by):
+    """kill -9 of the coordinator between two cells: its hosts (spawned, or started by a
+    hosts file's commands in sessions of their own) see the end of their input and exit
+    within seconds, leaving no orphan."""
+    setting = "2"
+    if started_by == "command":
+        hosts = tmp_path / "hosts.toml"
+        hosts.write_text('coordinator = "127.0.0.1"\n' + '[[host]]\naddress = "127.0.0.1"\n' * 2)
+        setting = str(hosts)
+    script = tmp_path / "coordinator.py"
+    script.write_text(ORPHANS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    coordinator_process = subprocess.Popen(
+        [sys.executable, str(script), setting], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert coordinator_process.stdout is not None
+        pids = [int(pid) for pid in coordinator_process.stdout.readline().split()]
+        assert len(pids) == 2
+        alive = [pid for pid in pids if _running(pid)]
+        assert alive == pids  # between cells: the hosts wait for the next one
+    finally:
+        coordinator_process.kill()
+        coordinator_process.wait()
+    deadline = time.monotonic() + 20
+    while any(map(_running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_running, pids))
+
+
+def _running(pid: int) -> bool:
+    """Process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_host_command_that_never_connects_is_named_and_killed_with_its_children(

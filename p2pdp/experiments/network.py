@@ -1,8 +1,10 @@
 """The network runtime's processes: what each host process computes, and how they start.
 
 ``simulate(config, runtime="network")`` builds a :class:`p2pdp.net.coordinator.NetworkWorld`
-here. Each host is a fresh OS process that serves its own peers' statistics
-(:func:`p2pdp.net.host.serve`). Peers are split evenly, in id order, over the host processes.
+here. Each host is an OS process that serves its own peers' statistics
+(:func:`p2pdp.net.host.serve`), started once per run and serving every cell of it, each cell a
+session of its own (:class:`RunHosts`, :func:`run_hosts`). Peers are split evenly, in id
+order, over the host processes.
 Where a hosts file gives each host its ``data`` (a per-host shard file written by ``p2pdp
 split``, :mod:`p2pdp.experiments.shards`), the host reads only that file and trains only its
 own peers' models: it never derives, opens or receives another peer's rows or model. Without
@@ -23,24 +25,27 @@ Where the hosts run is ``P2PDP_NETWORK_HOSTS`` (the CLI's ``--hosts``, checked b
 :func:`hosts_plan`): unset, one per CPU core on this machine; a number, that many on this
 machine (``spawn``; an integer from 1 to the number of peers); the path of a hosts file
 (:func:`read_hosts_file`), one per entry, each started by the entry's command (e.g. over
-``ssh`` on another machine), which reads its launch bundle (:func:`host_from_stdin`) on its
-standard input.
+``ssh`` on another machine), which reads its cells' launch bundles (:func:`host_from_stdin`)
+on its standard input.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
+import contextvars
 import logging
 import multiprocessing
 import os
 import pickle
+import select
 import shlex
 import signal
 import subprocess
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +74,7 @@ from p2pdp.tasks import (
 
 __all__ = [
     "HostsFile",
+    "RunHosts",
     "check_network_settings",
     "coordinator_scores",
     "host_from_stdin",
@@ -78,6 +84,7 @@ __all__ = [
     "network_hosts",
     "network_world",
     "read_hosts_file",
+    "run_hosts",
 ]
 
 #: The command that starts a host from a hosts file when its entry gives none.
@@ -293,21 +300,44 @@ def coordinator_scores(n_peers: int) -> bool:
 class _Command:
     """A host started by a hosts file's command, with the process interface the coordinator
     uses (``join``, ``is_alive``, ``kill``, ``pid``). The command runs in a session of its
-    own, so that killing it kills what it started too (a shell's children, ssh)."""
+    own, so that killing it kills what it started too (a shell's children, ssh). It reads
+    its cells' launch bundles on its standard input (one pickle each) and writes one byte on
+    its standard output when a cell is over (:func:`host_from_stdin`)."""
 
-    def __init__(self, host: int, command: Sequence[str], bundle: bytes) -> None:
+    def __init__(self, host: int, command: Sequence[str]) -> None:
         self.name = f"host {host} ({shlex.join(command)})"
         try:
-            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+            )
         except OSError as error:
             raise NetworkRunError(f"network runtime: {self.name} cannot start: {error}") from None
         self.pid = self.process.pid
+
+    def send(self, bundle: dict[str, Any]) -> None:
+        """Start a cell: its launch bundle on the host's standard input."""
         assert self.process.stdin is not None
         try:
-            self.process.stdin.write(bundle)
-            self.process.stdin.close()
-        except BrokenPipeError:  # it exited at once: is_alive says so
+            self.process.stdin.write(pickle.dumps(bundle))
+            self.process.stdin.flush()
+        except BrokenPipeError:  # it exited: is_alive says so
             pass
+
+    def close(self) -> None:
+        """No more cells: the host exits once its cell is over (end of its input)."""
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def finished(self, timeout: float | None) -> bool:
+        """Whether the host said its cell is over (or exited) within ``timeout`` s."""
+        out = self.process.stdout
+        assert out is not None
+        if not select.select([out], [], [], timeout)[0]:
+            return False
+        return os.read(out.fileno(), 1) in (b".", b"")  # "over", or the end: it exited
 
     def join(self, timeout: float | None = None) -> None:
         try:
@@ -332,6 +362,161 @@ class _Command:
 
     def __str__(self) -> str:
         return self.name
+
+
+class _Spawned:
+    """A host spawned from this Python process (``multiprocessing``): its cells' launch
+    bundles and the end of each travel on a pipe of its own; the interface of
+    :class:`_Command`."""
+
+    def __init__(self, host: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.connection, theirs = context.Pipe()
+        self.name = f"host {host} (spawned from this Python process)"
+        self.process = context.Process(
+            target=_host_loop, args=(theirs,), name=self.name, daemon=True
+        )
+        self.process.start()
+        theirs.close()  # the host holds the only other end: it sees the end of this process
+        self.pid = self.process.pid
+
+    def send(self, bundle: dict[str, Any]) -> None:
+        try:
+            self.connection.send(bundle)
+        except OSError:  # it exited: is_alive says so
+            pass
+
+    def close(self) -> None:
+        """No more cells: the host exits once its cell is over (None: the end of its input)."""
+        self.send(None)  # type: ignore[arg-type]
+
+    def finished(self, timeout: float | None) -> bool:
+        try:
+            if not self.connection.poll(timeout):
+                return False
+            self.connection.recv()
+        except (EOFError, OSError):  # it exited
+            pass
+        return True
+
+    def join(self, timeout: float | None = None) -> None:
+        self.process.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class _Cell:
+    """One cell's view of a host process that serves every cell of a run
+    (:class:`RunHosts`): alive until the host says the cell is over; ``kill`` kills the
+    process (the next cell starts another)."""
+
+    def __init__(self, host: _Command | _Spawned, *, last: bool) -> None:
+        self.host, self.name, self.pid = host, host.name, host.pid
+        self.over = False
+        self.last = last  # the host's last cell: it exits after it
+        if last:
+            host.close()
+
+    def join(self, timeout: float | None = None) -> None:
+        if not self.over:
+            self.over = self.host.finished(timeout)
+        if self.over and self.last:
+            self.host.join(timeout)
+
+    def is_alive(self) -> bool:
+        return not self.over and self.host.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.host.exitcode
+
+    def kill(self) -> None:
+        self.over = True
+        self.host.kill()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RunHosts:
+    """The host processes of a network run: started once, at the first cell that needs
+    them, they serve every cell (each a fresh protocol session: its own launch bundle,
+    enrollment, CA and TLS identities, sockets and state), and stop at :meth:`close` (the
+    end of the run, an interrupt, an error), or by themselves when this process dies (the
+    end of their input: :func:`host_from_stdin`, :func:`_host_loop`).
+
+    A host killed or lost in a cell is started afresh for the next; so are all of them when
+    a cell needs another number of hosts, or other commands (another ``n_peers``).
+    """
+
+    def __init__(self) -> None:
+        self.hosts: dict[int, _Command | _Spawned] = {}
+        self.plan: tuple[int, HostsFile | None] | None = None
+        self.started = 0  # host processes started (a measure: once per host per run)
+
+    def launch(
+        self,
+        host: int,
+        plan: tuple[int, HostsFile | None],
+        bundle: dict[str, Any],
+        *,
+        last: bool = False,
+    ) -> _Cell:
+        """Host ``host`` of ``plan`` (:func:`hosts_plan`) serves the cell of ``bundle``
+        (``last``: and then exits)."""
+        if plan != self.plan:
+            self.close()
+            self.plan = plan
+        process = self.hosts.get(host)
+        if process is None or not process.is_alive():
+            hosts_file = plan[1]
+            process = self.hosts[host] = (
+                _Command(host, hosts_file.commands[host]) if hosts_file else _Spawned(host)
+            )
+            self.started += 1
+        process.send(bundle)
+        return _Cell(process, last=last)
+
+    def close(self) -> None:
+        """Stop every host: the end of its input, then (after a few seconds) a kill."""
+        for process in self.hosts.values():
+            process.close()
+        for process in self.hosts.values():
+            process.join(timeout=5.0)
+            if process.is_alive():
+                process.kill()
+        self.hosts.clear()
+
+
+_RUN_HOSTS: contextvars.ContextVar[RunHosts | None] = contextvars.ContextVar(
+    "p2pdp_run_hosts", default=None
+)
+
+
+@contextlib.contextmanager
+def run_hosts() -> Iterator[RunHosts]:
+    """Within it, every network cell of this process is served by the same host processes
+    (:class:`RunHosts`), stopped on the way out (an exception included); outside, each
+    network run starts its own and stops them when it ends."""
+    hosts = RunHosts()
+    token = _RUN_HOSTS.set(hosts)
+    try:
+        yield hosts
+    finally:
+        _RUN_HOSTS.reset(token)
+        hosts.close()
 
 
 def _settings(
@@ -427,8 +612,9 @@ def network_world(
     hosts, plan = hosts_plan(n_peers)
     if plan is None:  # spawned hosts import the main script again
         _check_main_guard()
-    context = multiprocessing.get_context("spawn")
     authority = Authority(hosts)  # its keys stay in this process
+    shared = _RUN_HOSTS.get()
+    served = shared if shared is not None else RunHosts()  # this run's only cell
 
     def launch(host: int, ticket: Ticket) -> Any:
         # the launch bundle: no private key (each host makes its own), a one-time token
@@ -439,15 +625,8 @@ def network_world(
                           allowed=plan.allowed)  # fmt: skip
             if plan.data:
                 bundle.update(data=plan.data[host])
-            return _Command(host, plan.commands[host], pickle.dumps(bundle))
-        process = context.Process(
-            target=host_main,
-            kwargs=bundle,
-            name=f"host {host} (spawned from this Python process)",
-            daemon=True,
-        )
-        process.start()
-        return process
+        # without a run's hosts (simulate called alone) the host exits after this cell
+        return served.launch(host, (hosts, plan), bundle, last=shared is None)
 
     return NetworkWorld(
         config,
@@ -518,19 +697,27 @@ def host_main(
     address: str = "127.0.0.1",
     allowed: tuple[str, ...] = (),
     data: str | None = None,
+    kept: dict[tuple, Any] | None = None,
 ) -> None:
-    """Host process ``host`` of ``hosts``: its peers' statistics (from its own shard file
-    ``data``, else from the whole fold derived from the seed), enroll with ``ticket`` (a key
-    pair of its own, made here) and serve them on ``address`` until the coordinator at
-    ``coordinator`` ends the run (mutual TLS), accepting connections only from ``allowed``
-    (if any)."""
+    """Host process ``host`` of ``hosts``, one cell: its peers' statistics (from its own
+    shard file ``data``, else from the whole fold derived from the seed), enroll with
+    ``ticket`` (a key pair of its own, made here) and serve them on ``address`` until the
+    coordinator at ``coordinator`` ends the cell (mutual TLS), accepting connections only
+    from ``allowed`` (if any). ``kept``: the previous cell's statistics, reused if this cell
+    has the same training key (cleared and refilled otherwise)."""
     logging.basicConfig(level=logging.WARNING, format=f"host {host}: %(message)s")
     worker_signals()  # a Ctrl-C is the coordinator's to handle: it ends the run, and the hosts
     task = make_task(config)
     try:
-        peers, own, own_sizes, bounds = _own_statistics(
-            task, config, fold, repetition, host, hosts, data
-        )
+        key = (task.training_key(fold=fold, repetition=repetition), host, hosts, data)
+        if kept is None or key not in kept:
+            made = _own_statistics(task, config, fold, repetition, host, hosts, data)
+            if kept is not None:  # one training key at a time: a run's cells come by key
+                kept.clear()
+                kept[key] = made
+        else:
+            made = kept[key]
+        peers, own, own_sizes, bounds = made
         if config.privacy.min_shard_size is not None:  # its own peers', named by their ids
             sizes = np.full(config.partition.n_peers, config.privacy.min_shard_size)
             sizes[peers] = own_sizes
@@ -597,12 +784,51 @@ def _own_statistics(
     return peers, statistics[peers].copy(), sizes[peers].copy(), bounds
 
 
+def _host_loop(connection: Any) -> None:
+    """A spawned host (:class:`_Spawned`): serve the cells whose launch bundles arrive on
+    ``connection``, saying when each is over, until its other end closes (the run is over,
+    or the coordinator died)."""
+    _serve_cells(_received_bundles(connection), lambda: connection.send(None))
+
+
+def _received_bundles(connection: Any) -> Iterator[dict[str, Any]]:
+    """The bundles on ``connection`` until None or its end."""
+    while True:
+        try:
+            bundle = connection.recv()
+        except (EOFError, OSError):
+            return
+        if bundle is None:
+            return
+        yield bundle
+
+
+def _serve_cells(bundles: Iterator[dict[str, Any]], over: Callable[[], object]) -> None:
+    """Serve each cell of ``bundles`` (:func:`host_main`), calling ``over()`` after each;
+    what a cell prepared is kept for the next cell of the same training key."""
+    kept: dict[tuple, Any] = {}
+    for bundle in bundles:
+        host_main(**bundle, kept=kept)
+        over()
+
+
 def host_from_stdin() -> None:
-    """A host started by a hosts file's command: its launch bundle (pickled by the
-    coordinator that started it, the only party that writes to this process's standard
-    input) names its run, fold, index, ticket (:class:`~p2pdp.net.host.Ticket`: no private
-    key) and addresses."""
-    host_main(**pickle.load(sys.stdin.buffer))
+    """A host started by a hosts file's command: its cells' launch bundles (each pickled by
+    the coordinator that started it, the only party that writes to this process's standard
+    input) name its run, fold, index, ticket (:class:`~p2pdp.net.host.Ticket`: no private
+    key) and addresses. It writes one byte on its standard output when a cell is over (what
+    it prints goes to its standard error), and exits at the end of its input."""
+    done = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def bundles() -> Iterator[dict[str, Any]]:
+        while True:
+            try:
+                yield pickle.load(sys.stdin.buffer)
+            except EOFError:
+                return
+
+    _serve_cells(bundles(), lambda: done.write(b"."))
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ from p2pdp.experiments.network import (
     coordinator_scores,
     hosts_flag,
     network_hosts,
+    run_hosts,
 )
 from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
 from p2pdp.experiments.scenario import Scenario
@@ -282,8 +283,9 @@ def run_experiment(
     runtime : "simulation" or "network"
         ``network``: every cell runs its peers as OS processes over TCP on this machine
         (:mod:`p2pdp.net`), one cell at a time (its host processes use the cores, as many
-        as ``P2PDP_NETWORK_HOSTS`` says: :func:`p2pdp.experiments.network.hosts_plan`); not
-        with ``jobs`` or ``scheduler``.
+        as ``P2PDP_NETWORK_HOSTS`` says: :func:`p2pdp.experiments.network.hosts_plan`),
+        started once for the run and serving every cell (:func:`~p2pdp.experiments.
+        network.run_hosts`); not with ``jobs`` or ``scheduler``.
 
     Raises
     ------
@@ -318,7 +320,7 @@ def run_experiment(
             backend += f" ({split} of {len(cells)} cells split in blocks over the workers)"
         if runtime == "network":
             hosts = network_hosts(scenario.config.partition.n_peers)
-            backend = f"network runtime: {hosts} host processes per cell, over TCP"
+            backend = f"network runtime: {hosts} host processes per run, over TCP"
         with ResultsStore.open(
             out,
             scenario,
@@ -346,7 +348,7 @@ def run_experiment(
                 reports = _ClusterReports(client)
                 outcomes, running_cells = _run_dask(pending, client, reports.topic), reports.running
             elif runtime == "network":  # one cell at a time: its host processes use the cores
-                outcomes = _run_in_process(training_groups(pending), runtime=runtime)
+                outcomes = _run_network(training_groups(pending))
             elif workers > 1 and len(pending) > 1:
                 outcomes = _WorkerPool(pending, min(workers, len(pending)))
                 running_cells = outcomes.running
@@ -393,6 +395,14 @@ def _run_in_process(
 ) -> Generator[CellRecord, None, None]:
     for task in tasks:
         yield from iter_task(task, training_workers=training_workers, runtime=runtime)
+
+
+def _run_network(tasks: Sequence[Task]) -> Generator[CellRecord, None, None]:
+    """The network runtime's cells, one at a time, served by host processes started once
+    for all of them (:func:`p2pdp.experiments.network.run_hosts`) and stopped when the
+    cells are done, the generator is closed or an exception (an interrupt) passes."""
+    with run_hosts():
+        yield from _run_in_process(tasks, runtime="network")
 
 
 _RECORDS: Any = None  # in a worker process: the queue its records go to

@@ -263,11 +263,13 @@ class NetworkWorld:
         ``"protocol"``: the stream of groups and curators (the simulator's).
     launch : callable
         ``launch(host_index, ticket) -> process`` starts host ``host_index`` (of ``hosts``)
-        with its :class:`~p2pdp.net.host.Ticket`: it enrolls, connects to the coordinator
-        with its new certificate and says where its peers listen; the process needs
-        ``join``, ``is_alive`` and ``kill``, and may have a ``name`` (``host N (its
-        command)``, for error messages) and an ``exitcode`` (None while it runs, ``-signal``
-        if killed).
+        with its :class:`~p2pdp.net.host.Ticket`, or hands this run to a host process that
+        serves several (``p2pdp.experiments.network.RunHosts``; then ``process`` is this
+        run's view of it, alive until the host says the run is over): it enrolls, connects
+        to the coordinator with its new certificate and says where its peers listen; the
+        process needs ``join``, ``is_alive`` and ``kill``, and may have a ``name`` (``host N
+        (its command)``, for error messages) and an ``exitcode`` (None while it runs,
+        ``-signal`` if killed).
     authority : Authority
         The run's CA (:mod:`p2pdp.net.tls`), held here only: it signs each host's certificate
         once, and every other connection is mutual TLS (a host may speak only for itself).
