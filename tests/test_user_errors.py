@@ -38,6 +38,7 @@ from p2pdp.experiments.results import read_manifest, read_results
 from p2pdp.experiments.runner import make_cells
 from p2pdp.experiments.scenario import parse_scenario
 from p2pdp.privacy.audit import AuditResult
+from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import load_fold
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -431,3 +432,34 @@ def test_scheduler_watch_turns_cancelled_futures_into_one_error():
             raise FutureCancelledError("key", "gone")
     with pytest.raises(ValueError, match="a bug"), scheduler_watch(Client()):
         raise ValueError("a bug")  # anything else passes unchanged
+
+
+# --- re-probe (w5-review) -----------------------------------------------------------------------
+def test_a_near_binary_label_is_shown_as_it_is(folder, capsys):
+    """A label of 1.0000001 was reported as "label 1 is not 0 or 1", which contradicts itself."""
+    lines = (folder / "rows.csv").read_text().splitlines()
+    lines[4] = lines[4].rsplit(",", 1)[0] + ",1.0000001"
+    (folder / "rows.csv").write_text("\n".join(lines) + "\n")
+    line = error_line(capsys, ["run", "csv.toml", "--out", "out"])
+    assert line == "p2pdp: error: rows.csv, line 5: label 1.0000001 is not 0 or 1 (or -1 or +1)"
+
+
+def test_observers_that_are_not_a_tuple_or_never_called_are_refused():
+    """simulate(observers=3) raised a bare TypeError; observers given to an iterative protocol
+    were accepted and never called."""
+    config = ScenarioConfig(
+        data=DataConfig(dataset="synthetic", synthetic_rows=200, synthetic_features=4),
+        partition=PartitionConfig(n_peers=8),
+        groups=GroupsConfig(group_size=2),
+        evaluation=EvaluationConfig(cv_folds=2),
+    )
+    with pytest.raises(ConfigError, match="observers must be a tuple of WorldObserver"):
+        p2pdp.simulate(config, fold=0, observers=3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="observers must be a tuple of WorldObserver"):
+        p2pdp.simulate(config, fold=0, observers=WorldObserver())  # type: ignore[arg-type]
+    iterative = dataclasses.replace(
+        config, partition=PartitionConfig(n_peers=10), groups=GroupsConfig()
+    )
+    settings = {"protocol": {"name": "dpsgd", "rounds": 2}, "privacy": {"mechanism": "none"}}
+    with pytest.raises(ConfigError, match="protocol.name = 'dpsgd' is iterative and would never"):
+        p2pdp.simulate(iterative, fold=0, observers=(WorldObserver(),), **settings)
