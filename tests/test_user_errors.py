@@ -463,3 +463,17 @@ def test_observers_that_are_not_a_tuple_or_never_called_are_refused():
     settings = {"protocol": {"name": "dpsgd", "rounds": 2}, "privacy": {"mechanism": "none"}}
     with pytest.raises(ConfigError, match="protocol.name = 'dpsgd' is iterative and would never"):
         p2pdp.simulate(iterative, fold=0, observers=(WorldObserver(),), **settings)
+
+
+def test_report_of_a_run_stopped_before_its_first_cell_says_how_to_finish(folder, capsys):
+    """A run stopped (Ctrl-C) before any cell finished leaves a manifest and no results: the
+    report said "run `p2pdp run` with --out out first", as if nothing had been started."""
+    assert main(["run", "synthetic.toml", "--out", "out", "--set", "evaluation.folds=[0]"]) == 0
+    (folder / "out" / "results.csv").unlink()
+    capsys.readouterr()
+    line = error_line(capsys, ["report", "out"])
+    assert "out holds no finished cell yet" in line
+    assert (
+        "finish with: p2pdp run synthetic.toml --out out --set 'evaluation.folds=[0]' --resume"
+        in line
+    )
