@@ -477,3 +477,11 @@ def test_report_of_a_run_stopped_before_its_first_cell_says_how_to_finish(folder
         "finish with: p2pdp run synthetic.toml --out out --set 'evaluation.folds=[0]' --resume"
         in line
     )
+
+
+def test_a_network_only_setting_on_the_simulator_names_the_runtime_option(folder, capsys):
+    """network.seeded_noise on the simulator was refused as "read only with runtime = 'network'
+    ... select a component that reads it": no scenario setting is called runtime."""
+    argv = ["run", "synthetic.toml", "--out", "o", "--set", "network.seeded_noise=true"]
+    line = error_line(capsys, argv)
+    assert "read only with runtime = 'network' (chosen by `p2pdp run --runtime`" in line
