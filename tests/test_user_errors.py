@@ -485,3 +485,10 @@ def test_a_network_only_setting_on_the_simulator_names_the_runtime_option(folder
     argv = ["run", "synthetic.toml", "--out", "o", "--set", "network.seeded_noise=true"]
     line = error_line(capsys, argv)
     assert "read only with runtime = 'network' (chosen by `p2pdp run --runtime`" in line
+
+
+def test_an_unset_given_twice_says_so(folder, capsys):
+    """The second of two --unset of one key said the file does not set it, which it does."""
+    argv = ["run", "csv.toml", "--out", "o", "--unset", "partition.n_peers"]
+    line = error_line(capsys, [*argv, "--unset", "partition.n_peers"])
+    assert line == "p2pdp: error: --unset partition.n_peers is given twice; drop one"

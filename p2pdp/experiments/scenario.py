@@ -437,6 +437,8 @@ def parse_scenario(
     for name in unset:
         where = f"--unset {name}"
         key = _unset_key(name, where)
+        if key in origin:  # dropped by an earlier --unset: the file does set it
+            raise ConfigError(f"{where} is given twice; drop one")
         if key not in settings and not any(key in axis.keys for axis in axes):
             raise ConfigError(
                 f"{where}: {source} does not set {key}, so it already has its default "
