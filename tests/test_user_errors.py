@@ -492,3 +492,13 @@ def test_an_unset_given_twice_says_so(folder, capsys):
     argv = ["run", "csv.toml", "--out", "o", "--unset", "partition.n_peers"]
     line = error_line(capsys, [*argv, "--unset", "partition.n_peers"])
     assert line == "p2pdp: error: --unset partition.n_peers is given twice; drop one"
+
+
+def test_the_default_overlay_degree_too_large_for_few_peers_says_what_to_set(folder, capsys):
+    """An iterative run on 10 peers failed on gossip.degree, a setting the user never gave
+    (its default 10), without saying it is the default or what to set."""
+    argv = ["run", "csv.toml", "--out", "o", "--set", "protocol.name=dpsgd"]
+    argv += ["--set", "privacy.mechanism=gaussian", "--set", "privacy.delta=1e-5"]
+    argv += ["--unset", "groups.group_size", "--set", "protocol.rounds=2"]
+    line = error_line(capsys, argv)
+    assert line.endswith("got 10 (its default is 10); set gossip.degree = 9 or lower"), line

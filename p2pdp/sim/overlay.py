@@ -64,6 +64,14 @@ class Overlay:
         return np.diff(self.indptr)
 
 
+def _lower_degree(n_peers: int) -> str:
+    """What to do about a gossip.degree too large for ``n_peers`` (the default 10 is, for
+    10 peers or fewer, though the user set no degree)."""
+    if n_peers < 2:
+        return "; one peer has no neighbours: use two peers or more"
+    return f" (its default is 10); set gossip.degree = {n_peers - 1} or lower"
+
+
 def _networkx_graph(config: GossipConfig, n_peers: int, seed: int) -> nx.Graph[int]:
     kind = config.overlay
     if kind == "random-regular":
@@ -71,6 +79,7 @@ def _networkx_graph(config: GossipConfig, n_peers: int, seed: int) -> nx.Graph[i
             raise ConfigError(
                 f"gossip.degree must be < partition.n_peers ({n_peers}) and make "
                 f"degree * n_peers even for a random-regular overlay, got {config.degree}"
+                + _lower_degree(n_peers)
             )
         return nx.random_regular_graph(config.degree, n_peers, seed=seed)
     if kind == "erdos-renyi":
@@ -82,7 +91,7 @@ def _networkx_graph(config: GossipConfig, n_peers: int, seed: int) -> nx.Graph[i
         if config.degree >= n_peers:
             raise ConfigError(
                 f"gossip.degree must be < partition.n_peers ({n_peers}) for a "
-                f"watts-strogatz overlay, got {config.degree}"
+                f"watts-strogatz overlay, got {config.degree}" + _lower_degree(n_peers)
             )
         return nx.watts_strogatz_graph(n_peers, config.degree, config.rewiring, seed=seed)
     if config.attachment >= n_peers:  # barabasi-albert
