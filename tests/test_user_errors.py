@@ -502,3 +502,10 @@ def test_the_default_overlay_degree_too_large_for_few_peers_says_what_to_set(fol
     argv += ["--unset", "groups.group_size", "--set", "protocol.rounds=2"]
     line = error_line(capsys, argv)
     assert line.endswith("got 10 (its default is 10); set gossip.degree = 9 or lower"), line
+
+
+@pytest.mark.parametrize("command", [["datasets", "list"], ["components", "mechanism"]])
+def test_an_extra_argument_points_to_the_sub_command_help(command, capsys):
+    """`p2pdp datasets list extra` pointed to `p2pdp --help`, which does not list its options."""
+    line = error_line(capsys, [*command, "extra"])
+    assert line == f"p2pdp: error: unrecognized arguments: extra (see `p2pdp {command[0]} --help`)"

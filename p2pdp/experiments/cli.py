@@ -558,6 +558,7 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}  # the top parser's sub-commands
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
@@ -578,7 +579,7 @@ def _integer(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="p2pdp",
         description="Simulator for peer-to-peer federated learning with differential privacy.",
@@ -588,13 +589,16 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     for add in (_add_datasets, _add_audit, _add_run, _add_split, _add_report, _add_components):
         add(subparsers)
+    parser.commands = dict(subparsers.choices)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the sub-command's error, pointing to its own --help
+            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         return int(args.func(args) or 0)
     except P2PDPError as exc:
         print(f"p2pdp: error: {exc}", file=sys.stderr)
