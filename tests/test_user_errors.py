@@ -165,7 +165,7 @@ def test_a_test_split_inside_an_npz_file_under_cross_validation_is_refused(tmp_p
         (["audit", "--samples", "3"], "--samples must be an integer >= 8, got 3"),
         (["audit", "--samples", "many"], "argument --samples: invalid int value: 'many'"),
         (["audit", "--mechanism", "dpsgd"], "--mechanism must be one of vector-laplace"),
-        (["audit", "--bogus"], "unrecognized arguments: --bogus (see `p2pdp --help`)"),
+        (["audit", "--bogus"], "unrecognized arguments: --bogus (see `p2pdp audit --help`)"),
         (["run"], "required: scenario (see `p2pdp run --help`)"),
         (["nosuch"], "invalid choice: 'nosuch'"),
         (["run", "synthetic.toml", "--jobs", "two"], "argument --jobs: invalid int value"),
