@@ -509,3 +509,9 @@ def test_an_extra_argument_points_to_the_sub_command_help(command, capsys):
     """`p2pdp datasets list extra` pointed to `p2pdp --help`, which does not list its options."""
     line = error_line(capsys, [*command, "extra"])
     assert line == f"p2pdp: error: unrecognized arguments: extra (see `p2pdp {command[0]} --help`)"
+
+
+def test_a_wrong_type_for_a_setting_of_fixed_choices_lists_them(folder, capsys):
+    """`--set data.bounds=[0,1]` said only "must be a string", not which strings."""
+    line = error_line(capsys, ["run", "csv.toml", "--out", "o", "--set", "data.bounds=[0,1]"])
+    assert "data.bounds must be a string (one of data, manifest), got [0, 1]" in line

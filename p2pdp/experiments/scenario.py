@@ -50,6 +50,7 @@ from p2pdp.config import (
     unread_settings,
 )
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.validation import OneOf
 from p2pdp.experiments.disclosure import LAMBDA_SWEPT
 
 if sys.version_info >= (3, 11):
@@ -732,7 +733,20 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
             return value
     elif isinstance(value, hint):
         return value
-    raise ConfigError(f"{where}: {key} must be {_describe(hint)}, got {value!r}")
+    raise ConfigError(f"{where}: {key} must be {_describe(hint)}{_options(key)}, got {value!r}")
+
+
+def _options(key: str) -> str:
+    """`` (one of data, manifest)`` for a setting that takes one of fixed strings, else ``""``:
+    a value of the wrong type is told the values it could take."""
+    section, dot, name = field_key(key).partition(".")
+    if not dot or section not in SECTIONS:
+        return ""
+    found = [f for f in dataclasses.fields(SECTIONS[section]) if f.name == name]
+    constraint = found[0].metadata.get("constraint") if found else None
+    if isinstance(constraint, OneOf):
+        return f" (one of {', '.join(constraint.options)})"
+    return ""
 
 
 def _describe(hint: Any) -> str:
