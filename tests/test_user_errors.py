@@ -515,3 +515,10 @@ def test_a_wrong_type_for_a_setting_of_fixed_choices_lists_them(folder, capsys):
     """`--set data.bounds=[0,1]` said only "must be a string", not which strings."""
     line = error_line(capsys, ["run", "csv.toml", "--out", "o", "--set", "data.bounds=[0,1]"])
     assert "data.bounds must be a string (one of data, manifest), got [0, 1]" in line
+
+
+def test_force_and_resume_together_are_refused(folder, capsys):
+    """--force discarded the folder's cells and --resume, which keeps them, was ignored."""
+    line = error_line(capsys, ["run", "csv.toml", "--out", "o", "--force", "--resume"])
+    assert "argument --resume: not allowed with argument --force" in line
+    assert line.endswith("(see `p2pdp run --help`)")

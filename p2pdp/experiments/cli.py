@@ -256,12 +256,11 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         "to start them (e.g. over ssh; see the network guide); default: this machine, one "
         "per core (P2PDP_NETWORK_HOSTS)",
     )
-    parser.add_argument(
+    keep = parser.add_mutually_exclusive_group()  # --force would silently win over --resume
+    keep.add_argument(
         "--resume", action="store_true", help="finish an interrupted run of the same scenario"
     )
-    parser.add_argument(
-        "--force", action="store_true", help="discard results already in the folder"
-    )
+    keep.add_argument("--force", action="store_true", help="discard results already in the folder")
     parser.set_defaults(func=_cmd_run)
 
 
