@@ -522,3 +522,9 @@ def test_force_and_resume_together_are_refused(folder, capsys):
     line = error_line(capsys, ["run", "csv.toml", "--out", "o", "--force", "--resume"])
     assert "argument --resume: not allowed with argument --force" in line
     assert line.endswith("(see `p2pdp run --help`)")
+
+
+def test_an_empty_sweep_override_is_refused(folder, capsys):
+    """`--set sweep={}` was accepted and changed nothing: the file's axes stayed."""
+    line = error_line(capsys, ["run", "synthetic.toml", "--out", "o", "--set", "sweep={}"])
+    assert "--set sweep={}: an empty sweep changes nothing (the file's axes stay)" in line

@@ -625,6 +625,11 @@ def _read_document(document: Mapping[str, Any], where: str) -> tuple[dict[str, A
         elif key == "sweep":
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: sweep must be a table ([sweep]), got {value!r}")
+            if not value and where.startswith("--set "):  # merged into the file's: no change
+                raise ConfigError(
+                    f"{where}: an empty sweep changes nothing (the file's axes stay); to stop "
+                    "sweeping a key, --set it to one value or --unset it"
+                )
             axes.extend(_read_axis(name, values, where) for name, values in value.items())
         else:
             raise _unknown(where, key, value, [*_TOP_LEVEL, *SECTIONS, "sweep"])
