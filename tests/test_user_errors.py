@@ -511,6 +511,19 @@ def test_an_extra_argument_points_to_the_sub_command_help(command, capsys):
     assert line == f"p2pdp: error: unrecognized arguments: extra (see `p2pdp {command[0]} --help`)"
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["datasets", "--bogus"], "unrecognized arguments: --bogus"),
+        (["datasets"], "give an ACTION: list, info or fetch"),
+    ],
+)
+def test_datasets_names_an_unknown_option_before_a_missing_action(argv, message, capsys):
+    """`p2pdp datasets --bogus` said "the following arguments are required: ACTION"."""
+    line = error_line(capsys, argv)
+    assert line == f"p2pdp: error: {message} (see `p2pdp datasets --help`)"
+
+
 def test_a_wrong_type_for_a_setting_of_fixed_choices_lists_them(folder, capsys):
     """`--set data.bounds=[0,1]` said only "must be a string", not which strings."""
     line = error_line(capsys, ["run", "csv.toml", "--out", "o", "--set", "data.bounds=[0,1]"])

@@ -28,7 +28,10 @@ def _add_datasets(subparsers: argparse._SubParsersAction) -> None:
         description="Data files are searched in --path, $P2PDP_DATA_HOME, then the user cache "
         "($XDG_CACHE_HOME/p2pdp or ~/.cache/p2pdp), where `fetch` downloads them.",
     )
-    actions = parser.add_subparsers(dest="datasets_action", metavar="ACTION", required=True)
+    # ACTION is checked by the command, not by argparse: argparse reports a missing required
+    # argument before an unknown option (`p2pdp datasets --bogus` said "ACTION is required")
+    actions = parser.add_subparsers(dest="datasets_action", metavar="ACTION")
+    parser.set_defaults(func=lambda args: parser.error("give an ACTION: list, info or fetch"))
     actions.add_parser("list", help="the data sets and their shapes").set_defaults(
         func=_cmd_datasets_list
     )
