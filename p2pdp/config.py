@@ -1276,8 +1276,8 @@ def check_reads(config: ScenarioConfig, runtime: str = "simulation") -> dict[str
 
 def _here(setting: str, config: ScenarioConfig, read: dict[str, str]) -> str:
     """What ``config`` has for ``setting``, or which components would read it, for messages."""
-    if setting == "runtime":
-        return ""
+    if setting == "runtime":  # not a setting of the file: say where it is chosen
+        return " (chosen by `p2pdp run --runtime`, not by the scenario)"
     if setting in read:
         return f" (here {setting_value(config, setting)!r})"
     readers = readers_of(setting)

@@ -38,6 +38,7 @@ from p2pdp.experiments.results import read_manifest, read_results
 from p2pdp.experiments.runner import make_cells
 from p2pdp.experiments.scenario import parse_scenario
 from p2pdp.privacy.audit import AuditResult
+from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import load_fold
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +165,7 @@ def test_a_test_split_inside_an_npz_file_under_cross_validation_is_refused(tmp_p
         (["audit", "--samples", "3"], "--samples must be an integer >= 8, got 3"),
         (["audit", "--samples", "many"], "argument --samples: invalid int value: 'many'"),
         (["audit", "--mechanism", "dpsgd"], "--mechanism must be one of vector-laplace"),
-        (["audit", "--bogus"], "unrecognized arguments: --bogus (see `p2pdp --help`)"),
+        (["audit", "--bogus"], "unrecognized arguments: --bogus (see `p2pdp audit --help`)"),
         (["run"], "required: scenario (see `p2pdp run --help`)"),
         (["nosuch"], "invalid choice: 'nosuch'"),
         (["run", "synthetic.toml", "--jobs", "two"], "argument --jobs: invalid int value"),
@@ -431,3 +432,112 @@ def test_scheduler_watch_turns_cancelled_futures_into_one_error():
             raise FutureCancelledError("key", "gone")
     with pytest.raises(ValueError, match="a bug"), scheduler_watch(Client()):
         raise ValueError("a bug")  # anything else passes unchanged
+
+
+# --- re-probe (w5-review) -----------------------------------------------------------------------
+def test_a_near_binary_label_is_shown_as_it_is(folder, capsys):
+    """A label of 1.0000001 was reported as "label 1 is not 0 or 1", which contradicts itself."""
+    lines = (folder / "rows.csv").read_text().splitlines()
+    lines[4] = lines[4].rsplit(",", 1)[0] + ",1.0000001"
+    (folder / "rows.csv").write_text("\n".join(lines) + "\n")
+    line = error_line(capsys, ["run", "csv.toml", "--out", "out"])
+    assert line == "p2pdp: error: rows.csv, line 5: label 1.0000001 is not 0 or 1 (or -1 or +1)"
+
+
+def test_observers_that_are_not_a_tuple_or_never_called_are_refused():
+    """simulate(observers=3) raised a bare TypeError; observers given to an iterative protocol
+    were accepted and never called."""
+    config = ScenarioConfig(
+        data=DataConfig(dataset="synthetic", synthetic_rows=200, synthetic_features=4),
+        partition=PartitionConfig(n_peers=8),
+        groups=GroupsConfig(group_size=2),
+        evaluation=EvaluationConfig(cv_folds=2),
+    )
+    with pytest.raises(ConfigError, match="observers must be a tuple of WorldObserver"):
+        p2pdp.simulate(config, fold=0, observers=3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="observers must be a tuple of WorldObserver"):
+        p2pdp.simulate(config, fold=0, observers=WorldObserver())  # type: ignore[arg-type]
+    iterative = dataclasses.replace(
+        config, partition=PartitionConfig(n_peers=10), groups=GroupsConfig()
+    )
+    settings = {"protocol": {"name": "dpsgd", "rounds": 2}, "privacy": {"mechanism": "none"}}
+    with pytest.raises(ConfigError, match="protocol.name = 'dpsgd' is iterative and would never"):
+        p2pdp.simulate(iterative, fold=0, observers=(WorldObserver(),), **settings)
+
+
+def test_report_of_a_run_stopped_before_its_first_cell_says_how_to_finish(folder, capsys):
+    """A run stopped (Ctrl-C) before any cell finished leaves a manifest and no results: the
+    report said "run `p2pdp run` with --out out first", as if nothing had been started."""
+    assert main(["run", "synthetic.toml", "--out", "out", "--set", "evaluation.folds=[0]"]) == 0
+    (folder / "out" / "results.csv").unlink()
+    capsys.readouterr()
+    line = error_line(capsys, ["report", "out"])
+    assert "out holds no finished cell yet" in line
+    assert (
+        "finish with: p2pdp run synthetic.toml --out out --set 'evaluation.folds=[0]' --resume"
+        in line
+    )
+
+
+def test_a_network_only_setting_on_the_simulator_names_the_runtime_option(folder, capsys):
+    """network.seeded_noise on the simulator was refused as "read only with runtime = 'network'
+    ... select a component that reads it": no scenario setting is called runtime."""
+    argv = ["run", "synthetic.toml", "--out", "o", "--set", "network.seeded_noise=true"]
+    line = error_line(capsys, argv)
+    assert "read only with runtime = 'network' (chosen by `p2pdp run --runtime`" in line
+
+
+def test_an_unset_given_twice_says_so(folder, capsys):
+    """The second of two --unset of one key said the file does not set it, which it does."""
+    argv = ["run", "csv.toml", "--out", "o", "--unset", "partition.n_peers"]
+    line = error_line(capsys, [*argv, "--unset", "partition.n_peers"])
+    assert line == "p2pdp: error: --unset partition.n_peers is given twice; drop one"
+
+
+def test_the_default_overlay_degree_too_large_for_few_peers_says_what_to_set(folder, capsys):
+    """An iterative run on 10 peers failed on gossip.degree, a setting the user never gave
+    (its default 10), without saying it is the default or what to set."""
+    argv = ["run", "csv.toml", "--out", "o", "--set", "protocol.name=dpsgd"]
+    argv += ["--set", "privacy.mechanism=gaussian", "--set", "privacy.delta=1e-5"]
+    argv += ["--unset", "groups.group_size", "--set", "protocol.rounds=2"]
+    line = error_line(capsys, argv)
+    assert line.endswith("got 10 (its default is 10); set gossip.degree = 9 or lower"), line
+
+
+@pytest.mark.parametrize("command", [["datasets", "list"], ["components", "mechanism"]])
+def test_an_extra_argument_points_to_the_sub_command_help(command, capsys):
+    """`p2pdp datasets list extra` pointed to `p2pdp --help`, which does not list its options."""
+    line = error_line(capsys, [*command, "extra"])
+    assert line == f"p2pdp: error: unrecognized arguments: extra (see `p2pdp {command[0]} --help`)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["datasets", "--bogus"], "unrecognized arguments: --bogus"),
+        (["datasets"], "give an ACTION: list, info or fetch"),
+    ],
+)
+def test_datasets_names_an_unknown_option_before_a_missing_action(argv, message, capsys):
+    """`p2pdp datasets --bogus` said "the following arguments are required: ACTION"."""
+    line = error_line(capsys, argv)
+    assert line == f"p2pdp: error: {message} (see `p2pdp datasets --help`)"
+
+
+def test_a_wrong_type_for_a_setting_of_fixed_choices_lists_them(folder, capsys):
+    """`--set data.bounds=[0,1]` said only "must be a string", not which strings."""
+    line = error_line(capsys, ["run", "csv.toml", "--out", "o", "--set", "data.bounds=[0,1]"])
+    assert "data.bounds must be a string (one of data, manifest), got [0, 1]" in line
+
+
+def test_force_and_resume_together_are_refused(folder, capsys):
+    """--force discarded the folder's cells and --resume, which keeps them, was ignored."""
+    line = error_line(capsys, ["run", "csv.toml", "--out", "o", "--force", "--resume"])
+    assert "argument --resume: not allowed with argument --force" in line
+    assert line.endswith("(see `p2pdp run --help`)")
+
+
+def test_an_empty_sweep_override_is_refused(folder, capsys):
+    """`--set sweep={}` was accepted and changed nothing: the file's axes stayed."""
+    line = error_line(capsys, ["run", "synthetic.toml", "--out", "o", "--set", "sweep={}"])
+    assert "--set sweep={}: an empty sweep changes nothing (the file's axes stay)" in line

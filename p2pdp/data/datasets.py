@@ -1405,7 +1405,8 @@ def _file_labels(labels: np.ndarray, rows: list[tuple[int, str]], path: Path) ->
     known = np.isin(labels, (-1.0, 0.0, 1.0))
     if not known.all():
         row = int(np.argmin(known))
-        raise _line_error(path, rows[row][0], f"label {labels[row]:g} is not 0 or 1 (or -1 or +1)")
+        label = np.format_float_positional(labels[row], trim="-")  # 1.0000001, not 1
+        raise _line_error(path, rows[row][0], f"label {label} is not 0 or 1 (or -1 or +1)")
     if {-1.0, 0.0} <= set(np.unique(labels).tolist()):
         raise DataError(f"{path}: labels mix -1 and 0; use 0/1 or -1/+1")
     return labels

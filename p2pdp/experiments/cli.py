@@ -28,7 +28,10 @@ def _add_datasets(subparsers: argparse._SubParsersAction) -> None:
         description="Data files are searched in --path, $P2PDP_DATA_HOME, then the user cache "
         "($XDG_CACHE_HOME/p2pdp or ~/.cache/p2pdp), where `fetch` downloads them.",
     )
-    actions = parser.add_subparsers(dest="datasets_action", metavar="ACTION", required=True)
+    # ACTION is checked by the command, not by argparse: argparse reports a missing required
+    # argument before an unknown option (`p2pdp datasets --bogus` said "ACTION is required")
+    actions = parser.add_subparsers(dest="datasets_action", metavar="ACTION")
+    parser.set_defaults(func=lambda args: parser.error("give an ACTION: list, info or fetch"))
     actions.add_parser("list", help="the data sets and their shapes").set_defaults(
         func=_cmd_datasets_list
     )
@@ -257,12 +260,11 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         "to start them (e.g. over ssh; see the network guide); default: this machine, one "
         "per core (P2PDP_NETWORK_HOSTS)",
     )
-    parser.add_argument(
+    keep = parser.add_mutually_exclusive_group()  # --force would silently win over --resume
+    keep.add_argument(
         "--resume", action="store_true", help="finish an interrupted run of the same scenario"
     )
-    parser.add_argument(
-        "--force", action="store_true", help="discard results already in the folder"
-    )
+    keep.add_argument("--force", action="store_true", help="discard results already in the folder")
     parser.set_defaults(func=_cmd_run)
 
 
@@ -557,6 +559,7 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}  # the top parser's sub-commands
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
@@ -577,7 +580,7 @@ def _integer(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="p2pdp",
         description="Simulator for peer-to-peer federated learning with differential privacy.",
@@ -587,13 +590,16 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     for add in (_add_datasets, _add_audit, _add_run, _add_split, _add_report, _add_components):
         add(subparsers)
+    parser.commands = dict(subparsers.choices)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the sub-command's error, pointing to its own --help
+            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         return int(args.func(args) or 0)
     except P2PDPError as exc:
         print(f"p2pdp: error: {exc}", file=sys.stderr)

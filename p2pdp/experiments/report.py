@@ -171,6 +171,11 @@ def write_report(directory: str | Path) -> Path:
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"{directory} is a file, not a results folder")
+    if not (directory / RESULTS_FILE).exists() and (directory / MANIFEST_FILE).exists():
+        raise ConfigError(  # a run stopped (Ctrl-C, kill) before its first cell finished
+            f"{directory} holds no finished cell yet (the run was stopped before its first); "
+            f"finish with: {resume_command(directory, read_manifest(directory))}"
+        )
     if not (directory / RESULTS_FILE).exists():
         raise ConfigError(
             f"{directory / RESULTS_FILE} not found: run `p2pdp run` with --out {directory} first"

@@ -50,6 +50,7 @@ from p2pdp.config import (
     unread_settings,
 )
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.validation import OneOf
 from p2pdp.experiments.disclosure import LAMBDA_SWEPT
 
 if sys.version_info >= (3, 11):
@@ -437,6 +438,8 @@ def parse_scenario(
     for name in unset:
         where = f"--unset {name}"
         key = _unset_key(name, where)
+        if key in origin:  # dropped by an earlier --unset: the file does set it
+            raise ConfigError(f"{where} is given twice; drop one")
         if key not in settings and not any(key in axis.keys for axis in axes):
             raise ConfigError(
                 f"{where}: {source} does not set {key}, so it already has its default "
@@ -622,6 +625,11 @@ def _read_document(document: Mapping[str, Any], where: str) -> tuple[dict[str, A
         elif key == "sweep":
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: sweep must be a table ([sweep]), got {value!r}")
+            if not value and where.startswith("--set "):  # merged into the file's: no change
+                raise ConfigError(
+                    f"{where}: an empty sweep changes nothing (the file's axes stay); to stop "
+                    "sweeping a key, --set it to one value or --unset it"
+                )
             axes.extend(_read_axis(name, values, where) for name, values in value.items())
         else:
             raise _unknown(where, key, value, [*_TOP_LEVEL, *SECTIONS, "sweep"])
@@ -730,7 +738,20 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
             return value
     elif isinstance(value, hint):
         return value
-    raise ConfigError(f"{where}: {key} must be {_describe(hint)}, got {value!r}")
+    raise ConfigError(f"{where}: {key} must be {_describe(hint)}{_options(key)}, got {value!r}")
+
+
+def _options(key: str) -> str:
+    """`` (one of data, manifest)`` for a setting that takes one of fixed strings, else ``""``:
+    a value of the wrong type is told the values it could take."""
+    section, dot, name = field_key(key).partition(".")
+    if not dot or section not in SECTIONS:
+        return ""
+    found = [f for f in dataclasses.fields(SECTIONS[section]) if f.name == name]
+    constraint = found[0].metadata.get("constraint") if found else None
+    if isinstance(constraint, OneOf):
+        return f" (one of {', '.join(constraint.options)})"
+    return ""
 
 
 def _describe(hint: Any) -> str:

@@ -375,6 +375,16 @@ def simulate(
         )
     IntAtLeast(0).check("fold", fold)
     IntAtLeast(0).check("repetition", repetition)
+    if isinstance(observers, WorldObserver) or not isinstance(observers, Sequence):
+        raise ConfigError(
+            f"observers must be a tuple of WorldObserver (p2pdp.sim.world), got {observers!r}; "
+            "pass observers=(mine,) for one"
+        )
+    if observers and config.protocol.iterative:
+        raise ConfigError(
+            f"observers watch the one-shot protocol's groups and releases; protocol.name = "
+            f"{config.protocol.name!r} is iterative and would never call them: drop observers="
+        )
     if config.evaluation.split == "cv" and fold >= config.evaluation.cv_folds:
         raise ConfigError(f"fold must be in [0, {config.evaluation.cv_folds}), got {fold}")
     if config.evaluation.split == "fixed" and fold != 0:

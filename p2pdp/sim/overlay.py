@@ -133,6 +133,14 @@ def _suitable(peers: list[int], edges: NDArray[np.int64], n_peers: int) -> bool:
     return False
 
 
+def _lower_degree(n_peers: int) -> str:
+    """What to do about a gossip.degree too large for ``n_peers`` (the default 10 is, for
+    10 peers or fewer, though the user set no degree)."""
+    if n_peers < 2:
+        return "; one peer has no neighbours: use two peers or more"
+    return f" (its default is 10); set gossip.degree = {n_peers - 1} or lower"
+
+
 def _edges(config: GossipConfig, n_peers: int, seed: int) -> NDArray[np.int64]:
     """The overlay's edges, (E, 2) int64 (each undirected edge once)."""
     kind = config.overlay
@@ -141,6 +149,7 @@ def _edges(config: GossipConfig, n_peers: int, seed: int) -> NDArray[np.int64]:
             raise ConfigError(
                 f"gossip.degree must be < partition.n_peers ({n_peers}) and make "
                 f"degree * n_peers even for a random-regular overlay, got {config.degree}"
+                + _lower_degree(n_peers)
             )
         return random_regular_edges(config.degree, n_peers, seed)
     if kind == "erdos-renyi":
@@ -152,7 +161,7 @@ def _edges(config: GossipConfig, n_peers: int, seed: int) -> NDArray[np.int64]:
         if config.degree >= n_peers:
             raise ConfigError(
                 f"gossip.degree must be < partition.n_peers ({n_peers}) for a "
-                f"watts-strogatz overlay, got {config.degree}"
+                f"watts-strogatz overlay, got {config.degree}" + _lower_degree(n_peers)
             )
         graph = nx.watts_strogatz_graph(n_peers, config.degree, config.rewiring, seed=seed)
     else:  # barabasi-albert
