@@ -61,9 +61,10 @@ from p2pdp.experiments.iterative_audit import (
     AUDIT_FEATURES,
     AUDIT_GUESS_FRACTION,
     AUDIT_RECORDS,
+    _one_run_result,
     _problem,
 )
-from p2pdp.privacy.audit import AuditResult, one_run_epsilon_lower_bound, one_run_guesses
+from p2pdp.privacy.audit import AuditResult
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.protocols import correlated_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
@@ -310,28 +311,21 @@ def audit_correlated(
         # what the adversary knows removed, then the constant shift's test statistic
         scores.append(weights @ (observed - model.R[:, model.known] @ values[model.known]))
     states, score = np.concatenate(labels), np.concatenate(scores)
-    k = max(1, int(AUDIT_GUESS_FRACTION * states.size))
-    plus, minus = one_run_guesses(score, guesses_per_side=k)
-    correct = int((states[plus] > 0).sum() + (states[minus] < 0).sum())
-    eps_lb = one_run_epsilon_lower_bound(
-        canaries=states.size, guesses=2 * k, correct=correct, delta=delta, confidence=confidence
-    )
     guarantee = float(
         correlated_dp.epsilon_of_kappa(
             np.array([model.kappa]), sensitivity_over_clip=2.0, delta=delta
         )[0]
     )
-    return AuditResult(
-        mechanism=name,
-        epsilon=claimed,
+    return _one_run_result(
+        name,
+        states,
+        score,
+        guesses_per_side=max(1, int(AUDIT_GUESS_FRACTION * states.size)),
+        claimed=claimed,
         delta=delta,
-        eps_lb=eps_lb,
-        passed=eps_lb <= claimed,
+        confidence=confidence,
         expected_pass=name not in CORRELATED_EXPECTED_TO_FAIL,
         guarantee_epsilon=guarantee,
-        method="one-run",
-        canaries=int(states.size),
-        confidence=confidence,
     )
 
 

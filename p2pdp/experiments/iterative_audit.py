@@ -409,32 +409,94 @@ def audit_iterative(
     states, score = np.concatenate(labels), np.concatenate(scores)
     fraction = AUDIT_GUESS_FRACTION_GDP if gaussian else AUDIT_GUESS_FRACTION
     k = min(states.size // 2, max(AUDIT_MIN_GUESSES, int(fraction * states.size)))
-    plus, minus = one_run_guesses(score, guesses_per_side=k)
+    return _one_run_result(
+        name,
+        states,
+        score,
+        guesses_per_side=k,
+        claimed=float(privacy.epsilon(np.array([steps]))[0]),
+        delta=config.privacy.delta,
+        confidence=confidence,
+        expected_pass=name not in ITERATIVE_EXPECTED_TO_FAIL,
+        guarantee_epsilon=_real_guarantee(privacy, control, steps),
+        claimed_mu=(
+            math.sqrt(steps) / event.noise_multiplier if isinstance(event, GaussianEvent) else None
+        ),
+    )
+
+
+def _one_run_result(
+    name: str,
+    states: np.ndarray,
+    scores: np.ndarray,
+    *,
+    guesses_per_side: int,
+    claimed: float,
+    delta: float,
+    confidence: float,
+    expected_pass: bool,
+    guarantee_epsilon: float,
+    claimed_mu: float | None = None,
+) -> AuditResult:
+    """The audit row of pooled canaries: their guesses, the one-run bound and the verdict.
+
+    Shared by :func:`audit_iterative` and
+    :func:`~p2pdp.experiments.correlated_audit.audit_correlated`.
+
+    Parameters
+    ----------
+    name : str
+        The row's mechanism.
+    states, scores : (m,) arrays
+        The canaries' states (-1.0 / +1.0) and the adversary's scores, over all runs.
+    guesses_per_side : int
+        ``k``: the ``k`` highest scores are guessed +1, the ``k`` lowest -1
+        (:func:`~p2pdp.privacy.audit.one_run_guesses`).
+    claimed, delta : float
+        The claimed epsilon, at ``delta``.
+    confidence : float
+        The bound's confidence.
+    expected_pass : bool
+        False for a negative control.
+    guarantee_epsilon : float
+        What the run really guarantees.
+    claimed_mu : float or None
+        The claimed ``mu`` of a mu-GDP claim: audited by the f-DP bound
+        (:func:`~p2pdp.privacy.audit.one_run_gdp_lower_bound`), ``eps_lb`` its ``mu``'s
+        epsilon at ``delta``, passed when that ``mu`` is at most ``claimed_mu``. None: by
+        :func:`~p2pdp.privacy.audit.one_run_epsilon_lower_bound`, passed when ``eps_lb <=
+        claimed``.
+
+    Returns
+    -------
+    AuditResult
+        The row, ``canaries`` the size of ``states``.
+    """
+    plus, minus = one_run_guesses(scores, guesses_per_side=guesses_per_side)
     correct = int((states[plus] > 0).sum() + (states[minus] < 0).sum())
-    delta = config.privacy.delta
-    claimed = float(privacy.epsilon(np.array([steps]))[0])
-    if isinstance(event, GaussianEvent):
-        mu = one_run_gdp_lower_bound(
-            canaries=states.size, guesses=2 * k, correct=correct, confidence=confidence
-        )
-        eps_lb = float(gdp_epsilon(mu, delta)) if mu > 0 else 0.0
-        passed = mu <= math.sqrt(steps) / event.noise_multiplier
-    else:
+    canaries, guesses = states.size, 2 * guesses_per_side
+    if claimed_mu is None:
         eps_lb = one_run_epsilon_lower_bound(
-            canaries=states.size, guesses=2 * k, correct=correct, delta=delta,
+            canaries=canaries, guesses=guesses, correct=correct, delta=delta,
             confidence=confidence,
         )  # fmt: skip
         passed = eps_lb <= claimed
+    else:
+        mu = one_run_gdp_lower_bound(
+            canaries=canaries, guesses=guesses, correct=correct, confidence=confidence
+        )
+        eps_lb = float(gdp_epsilon(mu, delta)) if mu > 0 else 0.0
+        passed = mu <= claimed_mu
     return AuditResult(
         mechanism=name,
         epsilon=claimed,
         delta=delta,
         eps_lb=eps_lb,
         passed=passed,
-        expected_pass=name not in ITERATIVE_EXPECTED_TO_FAIL,
-        guarantee_epsilon=_real_guarantee(privacy, control, steps),
-        method="one-run f-DP (GDP)" if gaussian else "one-run",
-        canaries=int(states.size),
+        expected_pass=expected_pass,
+        guarantee_epsilon=guarantee_epsilon,
+        method="one-run" if claimed_mu is None else "one-run f-DP (GDP)",
+        canaries=int(canaries),
         confidence=confidence,
     )
 
