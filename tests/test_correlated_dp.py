@@ -644,3 +644,25 @@ def test_the_rows_scaled_unit_views_equal_the_views_computed_at_the_runs_noise()
         assert row[f"correlated_dp_{threat}_epsilon"] == pytest.approx(expected, rel=1e-6)
     other = correlated_dp.unit_worst_kappas(trace, mixing, scales=scales, decay=0.99, ratio=1.0)
     assert other["eavesdropper"] > direct["eavesdropper"] * 1.7**2 * (1 + 1e-3)
+
+
+def test_a_threat_model_run_computes_its_views_once(monkeypatch) -> None:
+    """The row's columns find the calibration's views at z = 1 again (one computation per
+    cell, ~37 s at P = 100): keyed by the configured ratio, not by z_p / z recomputed from the
+    drawn z_p, which here differs from 3.0 in its last bit."""
+    base = _config(
+        noise_multiplier=None, pairwise_noise_multiplier=3.0, threat_model="eavesdropper"
+    )
+    config = dataclasses.replace(base, privacy=dataclasses.replace(base.privacy, epsilon=2.0))
+    monkeypatch.setattr(correlated_dp, "_UNIT_KAPPAS", {})
+    built = []
+    build = correlated_dp.CorrelatedRun.build.__func__
+
+    def counted(cls, *args, **kwargs):
+        built.append(kwargs.get("pair_noise_multiplier"))
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(correlated_dp.CorrelatedRun, "build", classmethod(counted))
+    row = simulate(config).row()
+    assert row["pairwise_noise_multiplier_used"] / row["noise_multiplier_used"] != 3.0
+    assert built == [3.0]

@@ -773,6 +773,11 @@ def simulate_iterative(
                 pair_noise_multiplier=pair_noise,
                 delta=config.privacy.delta,
                 churn=config.gossip.churn,
+                ratio=(  # the calibration's own, so its views are found, not recomputed
+                    None
+                    if config.protocol.threat_model == "local"
+                    else config.protocol.pairwise_noise_multiplier
+                ),
             )
         )
     if trace is not None and protocol.network_dp:  # the view of every peer as it happened

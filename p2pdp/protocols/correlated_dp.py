@@ -549,6 +549,7 @@ def report(
     pair_noise_multiplier: float,
     delta: float,
     churn: bool = False,
+    ratio: float | None = None,
 ) -> dict[str, float | str]:
     """A D-PSGD run's per-threat-model columns (at the rows' ``privacy.delta``).
 
@@ -558,7 +559,10 @@ def report(
     noiseless steps, Poisson sampling, churn (as :func:`network_dp.not_computed
     <p2pdp.protocols.network_dp.not_computed>`) or views over
     :data:`MAX_VIEW_ENTRIES` entries. ``scales``, ``decay``: see
-    :meth:`CorrelatedRun.build`."""
+    :meth:`CorrelatedRun.build`. ``ratio``: ``z_p / z`` as a threat-model calibration was
+    given it (its views at ``z = 1`` are then found again, not recomputed: ``z_p / z``
+    recomputed from ``z_p`` may differ from it in the last bit); default
+    ``pair_noise_multiplier / z``."""
     reason = not_computed(mechanism, churn=churn)
     entries = view_size(trace, mixing)
     if not reason and entries > MAX_VIEW_ENTRIES:
@@ -574,9 +578,9 @@ def report(
             "correlated_dp_note": reason,
         }
     z = mechanism.noise_multiplier
-    unit = unit_worst_kappas(
-        trace, mixing, scales=scales, decay=decay, ratio=pair_noise_multiplier / z
-    )
+    if ratio is None:
+        ratio = pair_noise_multiplier / z
+    unit = unit_worst_kappas(trace, mixing, scales=scales, decay=decay, ratio=ratio)
     scale = {"sensitivity_over_clip": mechanism.sensitivity / mechanism.clip_norm, "delta": delta}
     worst = {
         threat: float(epsilon_of_kappa(np.array([kappa / z**2]), **scale)[0])
