@@ -161,7 +161,7 @@ class _AuditedSGD(DecentralizedSGD):
     @functools.cached_property
     def peer_streams(self) -> list[PeerStreams]:
         streams = DecentralizedSGD.peer_streams.func(self)  # type: ignore[attr-defined]
-        return [dataclasses.replace(s, noise=_Recorder(s.noise)) for s in streams]
+        return [s.replaced(noise=_Recorder(s.noise)) for s in streams]
 
     def pair_terms(self, peers: np.ndarray, dim: int) -> np.ndarray | float:
         stepping = np.zeros(self.problem.n_peers, dtype=bool)

@@ -220,13 +220,51 @@ class LocalProblem:
 # --------------------------------------------------------------------------------- streams
 
 
-@dataclass(frozen=True, slots=True)
 class PeerStreams:
-    """One peer's generators: its step noise, its record sampling, its gossip targets."""
+    """One peer's generators: its step noise, its record sampling, its gossip targets.
 
-    noise: np.random.Generator
-    sampling: np.random.Generator
-    gossip: np.random.Generator
+    Each is the one given, or else created from ``seeds`` on first use
+    (:meth:`StreamSeeds.generator`, ~20 us; a family the run has no root for raises
+    ``KeyError`` only if it is used).
+    """
+
+    __slots__ = ("_given", "_peer", "_seeds")
+
+    def __init__(
+        self,
+        seeds: StreamSeeds | None = None,
+        peer: int = 0,
+        **given: np.random.Generator,
+    ) -> None:
+        unknown = set(given) - set(PEER_STREAMS)
+        if unknown:
+            raise TypeError(f"unknown streams {sorted(unknown)}; a peer has {PEER_STREAMS}")
+        self._seeds, self._peer, self._given = seeds, int(peer), dict(given)
+
+    def _get(self, family: str) -> np.random.Generator:
+        if family not in self._given:
+            if self._seeds is None:
+                raise KeyError(f"no {family!r} stream given")
+            self._given[family] = self._seeds.generator(family, self._peer)
+        return self._given[family]
+
+    @property
+    def noise(self) -> np.random.Generator:
+        return self._get("noise")
+
+    @property
+    def sampling(self) -> np.random.Generator:
+        return self._get("sampling")
+
+    @property
+    def gossip(self) -> np.random.Generator:
+        return self._get("gossip")
+
+    def replaced(self, **given: np.random.Generator) -> PeerStreams:
+        """The same streams with ``given`` ones replaced (audits record draws this way)."""
+        streams = PeerStreams(self._seeds, self._peer)
+        streams._given = {**self._given, **given}
+        return streams
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,8 +306,8 @@ class StreamSeeds:
         )
 
     def peer(self, peer: int) -> PeerStreams:
-        """Peer ``peer``'s generators (created lazily by the caller: cheap, ~20 us each)."""
-        return PeerStreams(**{name: self.generator(name, peer) for name in PEER_STREAMS})
+        """Peer ``peer``'s generators (each created on first use)."""
+        return PeerStreams(self, peer)
 
 
 def _os_entropy() -> tuple[int, ...]:
