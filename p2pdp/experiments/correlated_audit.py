@@ -124,11 +124,10 @@ class _Recorder:
         self.rng, self.reuse = rng, reuse
         self.draws: list[np.ndarray] = []
 
-    def normal(self, loc: float, scale: float, size: tuple[int, ...]) -> np.ndarray:
-        self.draws.append(self.rng.normal(loc, scale, size=size))
-        return self.draws[-1]
-
-    def standard_normal(self, size: int) -> np.ndarray:
+    def standard_normal(self, size: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        if out is not None:  # a step's own noise, drawn in place (never reused)
+            self.draws.append(self.rng.standard_normal(out=out).copy())
+            return out
         if not (self.reuse and self.draws):
             self.draws.append(self.rng.standard_normal(size))
         return self.draws[-1]
@@ -371,14 +370,13 @@ def noise_values(
     ``coordinates``, from the run's recorded draws (in the column order of
     :meth:`CorrelatedRun.build`; reused pairs: the independent noises, then one column per
     edge)."""
-    mechanism = protocol.privacy.mechanism
     own = [s.noise.draws for s in protocol.peer_streams]  # type: ignore[attr-defined]
     streams: list[_Recorder] = protocol._pair_streams  # type: ignore[assignment]
     taken = [0] * len(streams)
     values = []
     for step, active in enumerate(protocol.active):  # every peer steps every round
-        drawn = np.stack([draws[step] for draws in own])
-        values.append(drawn[:, coordinates] / (mechanism.noise_multiplier * mechanism.clip_norm))
+        drawn = np.stack([draws[step] for draws in own])  # standard normals
+        values.append(drawn[:, coordinates])
         if control == "reused-pairs":
             continue
         for e in active.tolist():

@@ -195,11 +195,27 @@ class ClippedGaussianSum:
         with np.errstate(divide="ignore"):
             return np.minimum(1.0, self.clip_norm / norms)
 
-    def noise(self, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-        """``N(0, (z C)^2)`` noise of ``shape`` (zeros, drawing nothing, when ``z = 0``)."""
+    def noise(
+        self,
+        shape: tuple[int, ...],
+        rng: np.random.Generator | Sequence[np.random.Generator],
+    ) -> np.ndarray:
+        """``N(0, (z C)^2)`` noise of ``shape`` (zeros, drawing nothing, when ``z = 0``).
+
+        ``rng``: one generator, or one per row of a (k, d) ``shape`` (each peer's own
+        stream: row ``j`` is ``rng[j]``'s next ``d`` standard normals times ``z C``, the
+        numbers ``rng[j].normal(0, z C, d)`` gives, drawn at a lower cost per row).
+        """
         if not self.private:
             return np.zeros(shape)
-        return rng.normal(0.0, self.noise_multiplier * self.clip_norm, size=shape)
+        scale = self.noise_multiplier * self.clip_norm
+        if isinstance(rng, np.random.Generator):
+            return rng.normal(0.0, scale, size=shape)
+        out = np.empty(shape)
+        for row, generator in zip(out, rng, strict=True):
+            generator.standard_normal(out=row)
+        out *= scale
+        return out
 
 
 def calibrated_noise_multiplier(

@@ -429,10 +429,7 @@ class IterativeProtocol:
             self.models, peers, mechanism, [s.sampling for s in chosen]
         )
         dim = sums.shape[1]
-        if mechanism.private:
-            noise = np.stack([mechanism.noise((dim,), s.noise) for s in chosen])
-        else:
-            noise = np.zeros_like(sums)
+        noise = mechanism.noise(sums.shape, [s.noise for s in chosen] if mechanism.private else [])
         self.models[peers] = private_step(
             self.models[peers],
             sums,

@@ -536,7 +536,7 @@ class IterativePeer:
         mechanism = self.privacy.mechanism
         models = self.model[None, :]
         sums = self.problem.clipped_sums(models, _ONE, mechanism, self.streams.sampling)
-        noise = mechanism.noise((1, self.dim), self.streams.noise)
+        noise = mechanism.noise((1, self.dim), [self.streams.noise] if mechanism.private else [])
         pair: np.ndarray | float = 0.0
         if self.pairs:
             terms = np.zeros(self.dim)
