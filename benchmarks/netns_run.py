@@ -66,6 +66,8 @@ SUBNET = "198.18.0"
 COORDINATOR_ADDRESS = f"{SUBNET}.1"
 #: Packets the relay holds at once, in bytes (beyond it a packet is dropped, counted).
 MAX_IN_FLIGHT = 64 << 20
+#: Hosts of one testbed (one /24: the coordinator and the hosts).
+MAX_HOSTS = 250
 _TUNSETIFF, _IFF_TUN, _IFF_NO_PI = 0x400454CA, 0x0001, 0x1000
 _MTU = 65535
 #: The simulator's network model: the relay's settings (``seeded_noise`` is the runtime's).
@@ -152,6 +154,8 @@ class Relay:
         The stream of delays and losses (drawn ``batch`` packets at a time).
     max_in_flight : int
         Bytes held at once; a packet beyond it is dropped (``counts.overflow``).
+    batch : int
+        Packets whose delays one draw makes.
     """
 
     routes: dict[bytes, int]
@@ -162,6 +166,13 @@ class Relay:
     counts: RelayCounts = field(default_factory=RelayCounts)
     _in_flight: int = field(default=0, init=False, repr=False)  # bytes
     _delays: list[float] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("max_in_flight", "batch"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ValueError(
+                    f"Relay.{name} must be an integer >= 1, got {getattr(self, name)!r}"
+                )
 
     def _delay(self, size: int) -> float:
         # Sizes only matter for a finite bandwidth: draw latencies and losses in batches and
@@ -258,8 +269,8 @@ class Testbed:
     """
 
     def __init__(self, n_hosts: int, network: NetworkConfig, *, rng: np.random.Generator) -> None:
-        if n_hosts < 1 or n_hosts > 250:
-            raise ValueError(f"n_hosts = {n_hosts}: a testbed has 1 to 250 hosts")
+        if not 1 <= n_hosts <= MAX_HOSTS:
+            raise ValueError(f"n_hosts = {n_hosts}: a testbed has 1 to {MAX_HOSTS} hosts")
         token = secrets.token_hex(3)
         self.prefix = f"p2pdp-{token}"
         self.coordinator = f"{self.prefix}-c"
@@ -408,6 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (why := netns_available()) is not None:
         parser.error(why)
+    if not 1 <= args.hosts <= MAX_HOSTS:
+        parser.error(f"--hosts = {args.hosts}: a testbed has 1 to {MAX_HOSTS} hosts")
     network = _network_config(args.scenario, args.set)
     model = [f"network.{name}" for name in _MODEL_SETTINGS]
     sets = [s for s in args.set if s.split("=", 1)[0].strip() not in model]

@@ -131,6 +131,8 @@ def test_the_relay_drops_beyond_its_bound_and_counts_it():
         a.close()
         b.close()
     assert (relay.counts.forwarded, relay.counts.overflow) == (10, 20)
+    with pytest.raises(ValueError, match="max_in_flight must be an integer >= 1, got 0"):
+        netns_run.Relay({}, relay.model, np.random.default_rng(0), max_in_flight=0)
 
 
 def _namespaces() -> set[str]:
