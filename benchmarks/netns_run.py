@@ -240,6 +240,12 @@ def netns_available() -> str | None:
         return "no `ip` command (iproute2)"
     if not os.access("/dev/net/tun", os.R_OK | os.W_OK):
         return "no /dev/net/tun"
+    probe = f"p2pdp-probe-{secrets.token_hex(3)}"  # root without the capability: a container
+    try:
+        _ip("netns", "add", probe)
+    except RuntimeError as error:
+        return str(error)
+    _ip("netns", "del", probe)
     return None
 
 
