@@ -478,10 +478,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _print(table: list[dict[str, object]]) -> None:
     for line in table:
         print(", ".join(f"{k}={v}" for k, v in line.items()))
-    if "sim_mean_error" in table[0]:
-        diff = [float(t["net_mean_error"]) - float(t["sim_mean_error"]) for t in table]  # type: ignore[arg-type]
-        print(f"mean over {len(diff)} cells of network - simulator mean_error: "
-              f"{np.mean(diff):+.4f} (max |diff| {np.max(np.abs(diff)):.4f})")  # fmt: skip
+    pairs = [(str(t["net_mean_error"]), str(t.get("sim_mean_error", ""))) for t in table]
+    diff = [float(net) - float(sim) for net, sim in pairs if net and sim]  # "": not scored
+    if diff:
+        print(
+            f"mean over {len(diff)} cells of network - simulator mean_error: "
+            f"{np.mean(diff):+.4f} (max |diff| {np.max(np.abs(diff)):.4f})"
+        )
 
 
 if __name__ == "__main__":
