@@ -1,5 +1,6 @@
-"""benchmarks/netns_run.py: the relay's delay and loss model, and a network run across
-Linux network namespaces (those are slow and need root, ``ip netns`` and /dev/net/tun)."""
+"""benchmarks/netns_run.py: the relay's delay and loss model (everywhere), and Linux network
+namespaces joined by the relay (root, ``ip netns`` and /dev/net/tun, else skipped with the
+reason): two fast tests, and a network run beside the simulator (slow)."""
 
 from __future__ import annotations
 
