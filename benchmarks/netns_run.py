@@ -397,9 +397,15 @@ def _key(row: dict[str, str]) -> tuple[str, ...]:
     return row["point"], row["fold"], row["repetition"]
 
 
-def _run(argv: list[str], *, log: Path) -> None:
+def _run(argv: list[str], *, log: Path, timeout: float) -> None:
     with log.open("w") as out:
-        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(
+                f"netns_run: {' '.join(argv[:8])} ... ran past --timeout = "
+                f"{timeout:g} s (stopped; its log: {log})"
+            ) from None
     if done.returncode:
         tail = log.read_text(errors="replace").strip().splitlines()[-5:]
         raise SystemExit(f"netns_run: {' '.join(argv[:8])} ... failed:\n" + "\n".join(tail))
@@ -426,6 +432,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="one run per seed: the scenario's seed and the relay's stream",
     )
     parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="seconds one run (network or simulator) may take before it is stopped (3600)",
+    )
+    parser.add_argument(
         "--compare",
         action="store_true",
         help="also run the simulator with the same settings, rows side by side",
@@ -433,6 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (why := netns_available()) is not None:
         parser.error(why)
+    if not args.timeout > 0:
+        parser.error(f"--timeout = {args.timeout}: a number of seconds > 0")
     if not 1 <= args.hosts <= MAX_HOSTS:
         parser.error(f"--hosts = {args.hosts}: a testbed has 1 to {MAX_HOSTS} hosts")
     network = _network_config(args.scenario, args.set)
@@ -451,13 +465,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             hosts = bed.hosts_file(out / "hosts.toml")
             run = [*cli, "--runtime", "network", "--hosts", str(hosts), "--out", str(out / "net")]
             run += [f"--set={s}" for s in [*sets, *reset, f"seed={seed}"]]
-            _run(bed.command(bed.coordinator, run), log=out / "net.log")
+            _run(bed.command(bed.coordinator, run), log=out / "net.log", timeout=args.timeout)
             relay = bed.relay.counts.row()
         sim: dict[tuple[str, ...], dict[str, str]] = {}
         if args.compare:
             run = [*cli, "--out", str(out / "sim")]
             run += [f"--set={s}" for s in [*args.set, "network.seeded_noise=false", f"seed={seed}"]]
-            _run(run, log=out / "sim.log")
+            _run(run, log=out / "sim.log", timeout=args.timeout)
             sim = {_key(row): row for row in _rows(out / "sim")}
         for row in _rows(out / "net"):
             line: dict[str, object] = {"seed": seed, "point": row["point"], "fold": row["fold"]}

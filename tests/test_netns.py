@@ -201,12 +201,7 @@ def test_a_testbed_is_removed_even_when_its_user_fails():
     assert stray.wait(5) == -9  # what was left running inside is ended
 
 
-@pytest.mark.slow  # about 40 s
-@needs_netns
-def test_a_network_run_across_namespaces_with_delay_and_loss_completes_beside_the_simulator(
-    tmp_path,
-):
-    """The script on a tiny synthetic scenario, 3 hosts, 20 ms +/- 4 ms and 5% packet loss."""
+def _tiny_scenario(tmp_path: Path) -> Path:
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(
         'name = "tiny"\nseed = 11\n[data]\ndataset = "synthetic"\nsynthetic_rows = 360\n'
@@ -214,14 +209,39 @@ def test_a_network_run_across_namespaces_with_delay_and_loss_completes_beside_th
         "[privacy]\nepsilon = 1.0\nepsilon_per_aggregation = 0.25\n"
         '[evaluation]\nsplit = "fixed"\n'
     )
+    return scenario
+
+
+def _script(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, str(BENCHMARKS / "netns_run.py"), *args],
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+
+
+@needs_netns
+def test_a_run_past_its_timeout_is_stopped_in_one_line_and_leaves_no_namespace(tmp_path):
+    done = _script(str(_tiny_scenario(tmp_path)), "--out", str(tmp_path / "out"),
+                   "--timeout", "0.5")  # fmt: skip
+    assert done.returncode == 1
+    assert "ran past --timeout = 0.5 s (stopped; its log: " in done.stderr
+    assert "Traceback" not in done.stderr
+    hosts = (tmp_path / "out" / "seed-0" / "hosts.toml").read_text()
+    used = {word.strip('",') for word in hosts.split() if word.startswith('"p2pdp-')}
+    assert len(used) == 3 and not used & _namespaces()
+
+
+@pytest.mark.slow  # about 40 s
+@needs_netns
+def test_a_network_run_across_namespaces_with_delay_and_loss_completes_beside_the_simulator(
+    tmp_path,
+):
+    """The script on a tiny synthetic scenario, 3 hosts, 20 ms +/- 4 ms and 5% packet loss."""
     out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "netns_run.py"), str(scenario), "--hosts", "3",
-         "--out", str(out), "--compare", "--seeds", "5", "--set", "network.latency=lognormal",
-         "--set", "network.latency_mean=0.02", "--set", "network.latency_sigma=0.198",
-         "--set", "network.loss=0.05"],
-        capture_output=True, text=True, timeout=600, env=env,
+    done = _script(
+        str(_tiny_scenario(tmp_path)), "--hosts", "3", "--out", str(out), "--compare",
+        "--seeds", "5", "--set", "network.latency=lognormal", "--set",
+        "network.latency_mean=0.02", "--set", "network.latency_sigma=0.198", "--set",
+        "network.loss=0.05",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout
     (row,) = csv.DictReader((out / "comparison.csv").open())
