@@ -72,7 +72,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
@@ -464,6 +463,8 @@ def filtered_kappa(
     # row t b + j: the unrevealed shift of target j's t-th term (D transposed, so that the
     # terms taken so far are the first rows)
     D = np.zeros((T * b, n))
+    spare = np.zeros_like(D)  # the product's output (the rows before ``live`` are dead)
+    update = np.eye(n)
     J = np.zeros((b, T, T))
     taken = np.zeros(b, dtype=np.int64)
     blind = np.zeros(b, dtype=bool)
@@ -497,7 +498,6 @@ def filtered_kappa(
             taken[position[mine]] += 1
             continue
         delivered, late = event
-        used = int(taken.max(initial=0))
         if observers is None:
             seen = everyone
         else:
@@ -520,18 +520,19 @@ def filtered_kappa(
             J[:, live:used, live:used] += H @ H.transpose(0, 2, 1)
             if seen.size == n:  # the whole state seen: nothing left unrevealed, exactly
                 Sigma[:] = 0.0
-                D[live * b : used * b] = 0.0
                 live = used
             else:
                 gain = Sigma[:, seen] @ (U / values)  # Sigma_{:O} U diag(1 / values)
-                D[live * b : used * b] -= inside @ gain.T
+                update[:, seen] -= gain @ U.T  # I - K C
                 Sigma -= gain @ (U.T @ Sigma[seen, :])
                 Sigma = (Sigma + Sigma.T) / 2
         W = mixing.average(np.eye(n), delivered)
         Sigma = W @ Sigma @ W.T
-        if used > live:
-            # D W^T as (W D^T)^T with W sparse (~P^2 / degree cheaper than dense)
-            D[live * b : used * b] = (sp.csr_array(W) @ D[live * b : used * b].T).T
+        if used > live:  # D <- W (I - K C) D, one product (D is stored transposed)
+            rows = slice(live * b, used * b)
+            np.matmul(D[rows], (W @ update).T, out=spare[rows])
+            D, spare = spare, D
+        update = np.eye(n)
     out = np.zeros(b)
     inflate = 1.0 + margin + 1e-12
     for steps_u in np.unique(counts).tolist():
