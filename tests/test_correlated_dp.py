@@ -268,8 +268,9 @@ def test_the_filter_equals_the_dense_views_and_never_falls_below_the_brute_force
 ) -> None:
     """:func:`filtered_kappa` (the Kalman filter) against today's exact solver
     (:meth:`CorrelatedRun.kappa`) for the eavesdropper, every curious peer and three
-    coalitions (with late and lost messages), over 1, 2 and 4 rounds, unequal shards and a
-    decay; and never below the brute force where its sign enumeration is exact (2 rounds)."""
+    coalitions (with late and lost messages), over 1, 2 and 4 rounds (two curious peers at 4),
+    unequal shards and a decay; and never below the brute force where its sign enumeration is
+    exact (2 rounds)."""
     graph = GRAPHS[name]
     z, zp = NOISES[noise]
     P = graph.number_of_nodes()
@@ -278,7 +279,8 @@ def test_the_filter_equals_the_dense_views_and_never_falls_below_the_brute_force
     lost = generator(5, "lost", name).choice(3, size=(2, E), p=[0.6, 0.2, 0.2])
     coalitions = ([0, 1], [1, 3, 5], list(graph.neighbors(2)))
     for rounds in (1, 2, 4):
-        for observers in [None, *([v] for v in range(P)), *coalitions]:
+        curious = [[v] for v in range(P)] if rounds < 4 else [[0], [P - 1]]
+        for observers in [None, *curious, *coalitions]:
             fast, dense, _ = _filtered(
                 graph, rounds, observers, z=z, zp=zp, scales=scales, decay=0.98
             )
