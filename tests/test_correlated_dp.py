@@ -709,6 +709,21 @@ def test_a_threat_model_is_refused_where_the_calibration_cannot_hold() -> None:
         simulate(late)
 
 
+def test_a_calibration_beyond_the_filters_cost_limit_is_refused(monkeypatch) -> None:
+    """The refusal names the cost (the P + 1 views' multiply-adds) and the limit; just
+    within it the calibration runs."""
+    mixing = _mixing(GRAPHS["ring-8"])
+    cost = correlated_dp.report_cost(correlated_dp.loss_free_trace(mixing, 3), mixing)
+    settings = {"rounds": 3, "scales": np.full(8, 0.5), "decay": 1.0, "ratio": 3.0,
+                "threat": "curious_peer", "epsilon": 1.0, "delta": 1e-5,
+                "sensitivity_over_clip": 2.0}  # fmt: skip
+    monkeypatch.setattr(correlated_dp, "MAX_FILTER_COST", cost - 1)
+    with pytest.raises(ConfigError, match=r"multiply-adds, more than .*lower protocol.rounds"):
+        correlated_dp.threat_calibration(mixing, **settings)
+    monkeypatch.setattr(correlated_dp, "MAX_FILTER_COST", cost)
+    assert correlated_dp.threat_calibration(mixing, **settings) > 0
+
+
 def test_the_rows_scaled_unit_views_equal_the_views_computed_at_the_runs_noise() -> None:
     """``kappa(z, r z) = kappa(1, r) / z^2``: the report (unit views, cached per run) gives the
     epsilons of the views built at the run's own z, and another ratio is not served from the

@@ -446,6 +446,8 @@ def filtered_kappa(
     -------
     (b,) array: each target's ``kappa`` (an upper bound as :meth:`CorrelatedRun.kappa`'s,
     with the same local-DP cap ``T_u / z^2``; ``inf`` when a shift is seen noiselessly).
+    ``J`` is inflated by a rounding margin, ``100 cond(S) P eps`` summed over the
+    innovations, before the semidefinite bound.
     """
     n = mixing.n_peers
     targets = np.asarray(targets, dtype=np.int64).ravel()
