@@ -26,7 +26,7 @@ from p2pdp.experiments.scenario import scenario_from_mapping
 from p2pdp.experiments.simulation import simulate
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.gdp import gdp_epsilon
-from p2pdp.protocols import correlated_dp
+from p2pdp.protocols import correlated_dp, network_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
 from p2pdp.protocols.iterative import DecentralizedSGD, LocalProblem, step_privacy
 from p2pdp.protocols.mixing import Mixing
@@ -309,6 +309,24 @@ def test_the_filter_sees_a_shift_without_noise_as_the_dense_views_do() -> None:
         _same(fast, dense)
     assert np.isinf(_filtered(graph, 3, None, z=0.0, zp=2.0, scales=np.full(14, 0.5),
                               decay=0.99)[0]).all()  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["ring-8", "erdos-renyi-9"])
+def test_without_pair_noise_the_filter_is_network_dps_pairwise_view(name) -> None:
+    """z_p = 0: every curious peer's filtered kappa is network DP's (independent noise, the
+    same views), a computation of its own in :mod:`p2pdp.protocols.network_dp`."""
+    mixing = _mixing(GRAPHS[name])
+    P = mixing.n_peers
+    trace = _trace(mixing, 3)
+    scales = 0.5 + 0.1 * generator(7, "scales", name).random(P)
+    pairwise, _ = network_dp.view_coefficients(trace, mixing, scales=scales, decay=0.99)
+    for v in range(P):
+        targets = np.array([u for u in range(P) if u != v])
+        fast = correlated_dp.filtered_kappa(
+            trace, mixing, scales=scales, decay=0.99, noise_multiplier=1.0,
+            pair_noise_multiplier=0.0, observers=[v], targets=targets,
+        )  # fmt: skip
+        np.testing.assert_allclose(fast, pairwise[targets, v], rtol=1e-7, atol=1e-14)
 
 
 @pytest.mark.slow
