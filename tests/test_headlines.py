@@ -71,6 +71,12 @@ def error_at(**where: object) -> Callable[[Rows], float]:
     return lambda rows: mean(rows, "mean_error", **where)
 
 
+def curious_at(epsilon: float, column: str = "mean_error") -> Callable[[Rows], float]:
+    """``column`` of the D-PSGD rows calibrated against a curious neighbour (correlated_noise)."""
+    where = {"protocol__threat_model": "curious-peer", "privacy__epsilon": epsilon}
+    return lambda rows: mean(rows, column, **where)
+
+
 Headline = tuple[str, Callable[[Rows], float], str]  # (what, compute, as the README writes it)
 IID, SKEW_1, SKEW_01 = "IID shards", "Dirichlet label skew α = 1", "Dirichlet label skew α = 0.1"
 E10 = {"privacy__epsilon": 10.0}
@@ -299,9 +305,21 @@ HEADLINES: dict[str, list[Headline]] = {
     # No numbers in its table row (see the README's prevalence section): a full run must
     # complete every cell.
     "pooled_testing": [],
-    # Not in the README's table yet: only one fold was run where it was written (its numbers
-    # are in the protocols guide); a full run must complete every cell.
-    "correlated_noise": [],
+    "correlated_noise": [
+        ("correlated D-PSGD, epsilon 1", curious_at(1.0), "0.279"),
+        (
+            "D-PSGD, local DP, epsilon 1",
+            error_at(protocol__threat_model="local", privacy__epsilon=1.0),
+            "0.282",
+        ),
+        ("one-shot, epsilon 1", error_at(protocol__name="one-shot", privacy__epsilon=1.0), "0.129"),
+        ("central DP, epsilon 1", curious_at(1.0, "central_dp_error"), "0.127"),
+        ("local-only", lambda rows: mean(rows, "local_only_error"), "0.129"),
+        ("correlated D-PSGD, epsilon 10", curious_at(10.0), "0.129"),
+        ("central DP, epsilon 10", curious_at(10.0, "central_dp_error"), "0.121"),
+        ("correlated D-PSGD, epsilon 2", curious_at(2.0), "0.201"),
+        ("central DP, epsilon 2", curious_at(2.0, "central_dp_error"), "0.124"),
+    ],
     "iterative_vs_one_shot": [
         ("muffliato, epsilon 10, alpha 1", tuned("muffliato", 10.0, SKEW_1), "0.177"),
         ("dpsgd, epsilon 10, alpha 1", tuned("dpsgd", 10.0, SKEW_1), "0.182"),

@@ -41,6 +41,13 @@ has not seen, the value is exact for the model, not a proven bound on the run.
 ``M = G^T (A A^T)^+ G`` is bounded from above by
 :func:`~p2pdp.protocols.network_dp.worst_case_shifts`; ``mu = (Delta / C) sqrt(kappa)``.
 
+**Two computations of M.** :class:`CorrelatedRun` builds the dense views (rows seen x noises:
+``rounds^2 P^2`` entries per view, the reference, small runs); :func:`filtered_kappa` runs
+the same model as a state space (state: the peers' models) through a Kalman filter and sums
+``M`` over the innovations (``O(P^2)`` memory per target step instead of the views): what
+the rows and the threat-model calibration use (:func:`filtered_worst_kappas`). The two are
+equal within 1e-7 relative on the tested graphs (their rounding margins differ).
+
 ``eavesdropper``
     sees every message sent (every peer's model at every exchange, delivered or not) and
     knows no noise and no secret.
@@ -79,12 +86,6 @@ from p2pdp.privacy.gdp import gdp_epsilon, gdp_mu
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace, not_computed, worst_case_shifts
 
-#: Most entries (messages seen x noises, summed over the eavesdropper's and every peer's view,
-#: :func:`view_size`) of an exact computation. Measured (2 shared cores): 100 peers, degree
-#: 10, 20 rounds are 2.64e8 entries: ~1 s to build, 37 s for the eavesdropper's view, 1.15 s
-#: per curious peer's, 0.9 GB peak; the largest single view (the eavesdropper's) has 2.4e7.
-MAX_VIEW_ENTRIES = 300_000_000
-
 __all__ = [
     "CorrelatedRun",
     "calibrated_noise_multiplier",
@@ -92,11 +93,14 @@ __all__ = [
     "eavesdropper_one_round",
     "edge_pairs",
     "epsilon_of_kappa",
+    "filter_cost",
+    "filtered_kappa",
+    "filtered_worst_kappas",
     "loss_free_trace",
     "report",
+    "report_cost",
     "threat_calibration",
     "unit_worst_kappas",
-    "view_size",
     "worst_coalition_kappa",
     "worst_kappas",
 ]
@@ -127,27 +131,6 @@ def eavesdropper_one_round(laplacian: np.ndarray, z: float, z_pair: float) -> np
     """
     P = len(laplacian)
     return np.diagonal(np.linalg.inv(z**2 * np.eye(P) + z_pair**2 * laplacian)).copy()
-
-
-def view_size(trace: ViewTrace, mixing: Mixing) -> int:
-    """Entries of the views :func:`report` builds: the eavesdropper's and every peer's rows
-    (messages seen) x the run's noises (the size
-    :data:`MAX_VIEW_ENTRIES` limits, counted without building)."""
-    senders = np.unique(mixing.indices).size
-    sent = 0
-    for event in trace.events:
-        if isinstance(event, tuple):
-            seen = event[0] | event[1]
-            # distinct (sender, receiver) pairs: an overlay has one edge per ordered pair
-            sent += senders + int(seen.sum())
-    pairs = edge_pairs(mixing)
-    noises = 0
-    for event in trace.events:
-        if isinstance(event, np.ndarray):
-            stepped = np.zeros(mixing.n_peers, dtype=bool)
-            stepped[event] = True
-            noises += event.size + int((stepped[pairs[:, 0]] & stepped[pairs[:, 1]]).sum())
-    return sent * noises
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -375,6 +358,206 @@ def _view_kappa(
     return out
 
 
+def filter_cost(trace: ViewTrace, n_peers: int) -> int:
+    """Multiply-adds of one view's :func:`filtered_kappa` with every other peer a target, at
+    most (counted without running it): per exchange, ``P`` rows x ``P`` targets x the steps
+    taken so far, times the ``~3 P`` of an update (the mixing, the gain, the information).
+    :data:`MAX_FILTER_COST` bounds the sum over the views a report computes."""
+    steps = taken = 0
+    for event in trace.events:
+        if isinstance(event, np.ndarray):
+            steps += 1
+        else:
+            taken += steps
+    return 3 * n_peers**3 * max(taken, 1)
+
+
+#: Most multiply-adds (:func:`report_cost`: the eavesdropper's and every curious peer's
+#: view) of a report. Measured (P = 100, degree 10, one BLAS thread, 2 cores shared by a
+#: load of ~10): 20 rounds (6.4e10) 13 to 19 s, 50 rounds (3.9e11) 122 to 127 s.
+MAX_FILTER_COST = 2 * 10**12
+
+
+def filtered_kappa(
+    trace: ViewTrace,
+    mixing: Mixing,
+    *,
+    scales: np.ndarray,
+    decay: float,
+    noise_multiplier: float,
+    pair_noise_multiplier: float,
+    observers: Iterable[int] | None,
+    targets: np.ndarray,
+) -> np.ndarray:
+    """:meth:`CorrelatedRun.kappa` without the dense views: a Kalman filter over the run.
+
+    **The model** (per coordinate, in units of ``C``). The state is the peers' models
+    ``x`` (P,), zero (known) at the start. A step of the peers ``S`` maps
+    ``x_i <- decay x_i - s_i (g_i + z n_i) - sum_{e ∋ i} sign_ie s_e z_p p_e`` for ``i`` in
+    ``S`` (``s_i = eta / m_i``, ``s_e`` the larger of its ends', edges with both ends in
+    ``S``); an exchange first shows the adversary the rows ``O`` of ``x`` (the messages it
+    reads), then maps ``x <- W_k x`` (``W_k`` the weights of the delivered messages). The
+    noises it knows (its own, its edges' pair secrets) are known inputs: they move the
+    conditional mean by known amounts and leave every covariance unchanged, so they are
+    dropped; the others add ``Q = z^2 sum_i s_i^2 e_i e_i^T + z_p^2 sum_e s_e^2 b_e b_e^T``
+    (``b_e = e_a - e_b``: a Laplacian) per step. Shifting ``u``'s ``t``-th gradient term by
+    ``c_t`` adds ``-s_u c_t e_u`` at that step: the state's mean moves by ``H c``.
+
+    **The filter.** Given the views so far, ``x`` is Gaussian with covariance ``Sigma`` (the
+    same under both hypotheses) and a mean that the two hypotheses move apart by ``D c``
+    (``D = H - Hhat``: the part of the shift the past views have not revealed). An exchange's
+    innovation ``y - O xhat`` is then independent of the past, with covariance
+    ``S = Sigma_OO`` and the means ``D_O c`` apart, so the log-likelihood ratio of the whole
+    view is the sum over exchanges (the chain rule of the Gaussian density) and
+    ``mu^2 / (Delta / C)^2 = c^T J c``, ``J = sum_k D_O^T S^+ D_O`` (``S^+`` the
+    pseudo-inverse; a ``D_O c`` outside the range of ``S`` is a shift seen without noise:
+    ``inf``). The update is Gaussian conditioning: ``K = Sigma_{:O} S^+``,
+    ``Sigma <- Sigma - K Sigma_{O:}``, ``D <- D - K D_O``. ``J`` equals
+    ``G^T (A A^T)^+ G`` of the dense view (block LDL of ``A A^T`` in time order) and
+    ``kappa`` is, as there, :func:`~p2pdp.protocols.network_dp.worst_case_shifts` of it.
+    A message whose sender is an observer is a known function of what the observers
+    received and know (its model averages messages they read; its noises are theirs): it
+    adds nothing and is not read (its innovation would be zero, and its numerical residue
+    would not be).
+
+    Cost: ``O(P^2)`` per step and ``O(P^2 (|O| + T b))`` per exchange for ``b`` targets that
+    have taken ``T`` steps, against the dense view's ``(messages seen) x (noises)`` entries
+    and their decomposition. Same assumption as :class:`CorrelatedRun` (fixed gradients).
+
+    Parameters
+    ----------
+    trace : ViewTrace
+        The run's steps and exchanges.
+    mixing : Mixing
+        The overlay's weights.
+    scales : (P,) array
+        ``eta / m_i``.
+    decay : float
+        ``1 - eta lam``.
+    noise_multiplier, pair_noise_multiplier : float
+        ``z`` and ``z_p``.
+    observers : iterable of int or None
+        The coalition (one peer: a curious peer); None: the eavesdropper (every message,
+        no secret).
+    targets : (b,) int array
+        Peers outside ``observers``.
+
+    Returns
+    -------
+    (b,) array: each target's ``kappa`` (an upper bound as :meth:`CorrelatedRun.kappa`'s,
+    with the same local-DP cap ``T_u / z^2``; ``inf`` when a shift is seen noiselessly).
+    ``J`` is inflated by a rounding margin, ``100 cond(S) P eps`` summed over the
+    innovations, before the semidefinite bound.
+    """
+    n = mixing.n_peers
+    targets = np.asarray(targets, dtype=np.int64).ravel()
+    z, z_pair = float(noise_multiplier), float(pair_noise_multiplier)
+    members = np.zeros(n, dtype=bool)
+    if observers is not None:
+        members[list(observers)] = True
+    if members[targets].any():
+        raise ValueError("a target is an observer")
+    pairs = edge_pairs(mixing)
+    pair_scale = np.maximum(scales[pairs[:, 0]], scales[pairs[:, 1]])
+    unknown_pair = ~(members[pairs[:, 0]] | members[pairs[:, 1]])
+    steps = np.zeros(n, dtype=np.int64)
+    for event in trace.events:
+        if isinstance(event, np.ndarray):
+            steps[event] += 1
+    counts = steps[targets]
+    T = int(counts.max(initial=0))
+    b = targets.size
+    position = np.full(n, -1, dtype=np.int64)
+    position[targets] = np.arange(b)
+    Sigma = np.zeros((n, n))
+    # row t b + j: the unrevealed shift of target j's t-th term (D transposed, so that the
+    # terms taken so far are the first rows)
+    D = np.zeros((T * b, n))
+    spare = np.zeros_like(D)  # the product's output (the rows before ``live`` are dead)
+    update = np.eye(n)
+    J = np.zeros((b, T, T))
+    taken = np.zeros(b, dtype=np.int64)
+    blind = np.zeros(b, dtype=bool)
+    senders, receivers = mixing.indices, mixing.receivers
+    everyone = np.unique(senders)
+    tiny = np.finfo(float).eps
+    margin = 0.0  # rounding margin: 100 cond(S) P eps summed over the innovations
+    live = 0  # the terms before ``live`` are revealed (zero rows of D, nothing more to add)
+    for event in trace.events:
+        used = int(taken.max(initial=0))
+        if isinstance(event, np.ndarray):
+            peers = event
+            keep = np.ones(n)
+            keep[peers] = decay
+            Sigma *= keep[:, None] * keep[None, :]
+            D[live * b : used * b] *= keep
+            own = peers[~members[peers]]
+            Sigma[own, own] += (z * scales[own]) ** 2
+            stepped = np.zeros(n, dtype=bool)
+            stepped[peers] = True
+            active = np.flatnonzero(stepped[pairs[:, 0]] & stepped[pairs[:, 1]] & unknown_pair)
+            if z_pair > 0 and active.size:
+                a, c = pairs[active, 0], pairs[active, 1]
+                weight = (z_pair * pair_scale[active]) ** 2
+                np.add.at(Sigma, (a, a), weight)
+                np.add.at(Sigma, (c, c), weight)
+                np.add.at(Sigma, (a, c), -weight)
+                np.add.at(Sigma, (c, a), -weight)
+            mine = peers[position[peers] >= 0]
+            D[taken[position[mine]] * b + position[mine], mine] = -scales[mine]
+            taken[position[mine]] += 1
+            continue
+        delivered, late = event
+        if observers is None:
+            seen = everyone
+        else:
+            seen = np.unique(senders[(delivered | late) & members[receivers]])
+            seen = seen[~members[seen]]
+        if seen.size and used > live:
+            S = Sigma[np.ix_(seen, seen)]
+            values, U = np.linalg.eigh((S + S.T) / 2)
+            top = max(float(values[-1]), 0.0)
+            rank = values > top * seen.size * tiny * 10
+            U, values = U[:, rank], values[rank]
+            margin += 100.0 * (top / values[0]) * n * tiny
+            shift = D[live * b : used * b, seen]  # (terms b, r)
+            inside = shift @ U
+            if not rank.all():
+                outside = np.abs(shift - inside @ U.T).reshape(used - live, b, -1)
+                scale = max(float(np.abs(shift).max(initial=0.0)), 1e-300)
+                blind |= outside.max(axis=(0, 2), initial=0.0) > 1e-9 * scale
+            H = (inside / np.sqrt(values)).reshape(used - live, b, -1).transpose(1, 0, 2)
+            J[:, live:used, live:used] += H @ H.transpose(0, 2, 1)
+            if seen.size == n:  # the whole state seen: nothing left unrevealed, exactly
+                Sigma[:] = 0.0
+                live = used
+            else:
+                gain = Sigma[:, seen] @ (U / values)  # Sigma_{:O} U diag(1 / values)
+                update[:, seen] -= gain @ U.T  # I - K C
+                Sigma -= gain @ (U.T @ Sigma[seen, :])
+                Sigma = (Sigma + Sigma.T) / 2
+        W = mixing.average(np.eye(n), delivered)
+        Sigma = W @ Sigma @ W.T
+        if used > live:  # D <- W (I - K C) D, one product (D is stored transposed)
+            rows = slice(live * b, used * b)
+            np.matmul(D[rows], (W @ update).T, out=spare[rows])
+            D, spare = spare, D
+        update = np.eye(n)
+    out = np.zeros(b)
+    inflate = 1.0 + margin + 1e-12
+    for steps_u in np.unique(counts).tolist():
+        if steps_u == 0:
+            continue
+        which = np.flatnonzero(counts == steps_u)
+        M = J[which, :steps_u, :steps_u]
+        upper, _ = worst_case_shifts(inflate * (M + M.transpose(0, 2, 1)) / 2)
+        out[which] = upper
+    out[blind] = np.inf
+    if z > 0:
+        out = np.minimum(out, counts / z**2)
+    return out
+
+
 def coalition_kappa(run: CorrelatedRun, coalition: Iterable[int]) -> np.ndarray:
     """``kappa`` of every peer outside ``coalition`` against the pooled view of its members
     (their received messages, noises and edges' secrets); NaN for the members. (P,)."""
@@ -460,6 +643,37 @@ def worst_kappas(run: CorrelatedRun) -> dict[str, float]:
     return {"eavesdropper": float(np.max(eavesdropper)), "curious_peer": float(np.nanmax(curious))}
 
 
+def filtered_worst_kappas(
+    trace: ViewTrace,
+    mixing: Mixing,
+    *,
+    scales: np.ndarray,
+    decay: float,
+    noise_multiplier: float,
+    pair_noise_multiplier: float,
+) -> dict[str, float]:
+    """:func:`worst_kappas` of the run of ``trace``, each view by :func:`filtered_kappa`
+    (the eavesdropper's, then every curious peer's with every other peer a target)."""
+    n = mixing.n_peers
+    everyone = np.arange(n)
+
+    def worst(observers: list[int] | None, targets: np.ndarray) -> float:
+        kappa = filtered_kappa(
+            trace, mixing, scales=scales, decay=decay, noise_multiplier=noise_multiplier,
+            pair_noise_multiplier=pair_noise_multiplier, observers=observers, targets=targets,
+        )  # fmt: skip
+        return float(np.max(kappa, initial=-np.inf))
+
+    curious = max(worst([v], everyone[everyone != v]) for v in range(n))
+    return {"eavesdropper": worst(None, everyone), "curious_peer": curious}
+
+
+def report_cost(trace: ViewTrace, mixing: Mixing) -> int:
+    """:func:`filter_cost` of the ``P + 1`` views a report computes (what
+    :data:`MAX_FILTER_COST` limits)."""
+    return (mixing.n_peers + 1) * filter_cost(trace, mixing.n_peers)
+
+
 #: Unit ``kappa`` of the views already computed in this process (:func:`unit_worst_kappas`).
 _UNIT_KAPPAS: dict[bytes, dict[str, float]] = {}
 
@@ -467,7 +681,7 @@ _UNIT_KAPPAS: dict[bytes, dict[str, float]] = {}
 def unit_worst_kappas(
     trace: ViewTrace, mixing: Mixing, *, scales: np.ndarray, decay: float, ratio: float
 ) -> dict[str, float]:
-    """:func:`worst_kappas` of the run of ``trace`` at ``z = 1``, ``z_p = ratio``.
+    """:func:`filtered_worst_kappas` of the run of ``trace`` at ``z = 1``, ``z_p = ratio``.
 
     At a fixed ``z_p / z`` every noise column scales with ``z`` and nothing else does, so
     ``kappa(z, ratio z) = kappa(1, ratio) / z^2`` (also for the SDP bound and the local-DP
@@ -484,11 +698,10 @@ def unit_worst_kappas(
         digest.update(b"#")
     key = digest.digest()
     if key not in _UNIT_KAPPAS:
-        unit = CorrelatedRun.build(
+        _UNIT_KAPPAS[key] = filtered_worst_kappas(
             trace, mixing, scales=scales, decay=decay, noise_multiplier=1.0,
             pair_noise_multiplier=ratio,
         )  # fmt: skip
-        _UNIT_KAPPAS[key] = worst_kappas(unit)
     return dict(_UNIT_KAPPAS[key])
 
 
@@ -520,16 +733,17 @@ def threat_calibration(
     ``"curious_peer"``, the worst target and curious peer) on a loss-free run
     (:func:`loss_free_trace`) of ``rounds`` rounds, at ``z_p = ratio z``.
 
-    One view computation at ``z = 1`` (:func:`worst_kappas`), then
-    :func:`calibrated_noise_multiplier`. Raises ConfigError when the views exceed
-    :data:`MAX_VIEW_ENTRIES`. ``scales``, ``decay``: see :meth:`CorrelatedRun.build`."""
+    One view computation at ``z = 1`` (:func:`filtered_worst_kappas`), then
+    :func:`calibrated_noise_multiplier`. Raises ConfigError when the views cost more than
+    :data:`MAX_FILTER_COST` (:func:`report_cost`). ``scales``, ``decay``: see
+    :meth:`CorrelatedRun.build`."""
     trace = loss_free_trace(mixing, rounds)
-    entries = view_size(trace, mixing)
-    if entries > MAX_VIEW_ENTRIES:
+    cost = report_cost(trace, mixing)
+    if cost > MAX_FILTER_COST:
         raise ConfigError(
             f"protocol.threat_model: the views of {rounds} rounds on {mixing.n_peers} peers "
-            f"have {entries:,} entries, more than the {MAX_VIEW_ENTRIES:,} of an exact "
-            "computation; lower protocol.rounds or the overlay's degree"
+            f"cost {cost:.2g} multiply-adds, more than the {MAX_FILTER_COST:.2g} of an exact "
+            "computation; lower protocol.rounds"
         )
     return calibrated_noise_multiplier(
         unit_worst_kappas(trace, mixing, scales=scales, decay=decay, ratio=ratio)[threat],
@@ -557,18 +771,18 @@ def report(
     eavesdropper; ``correlated_dp_curious_peer_epsilon``: the worst ordered pair ``(u, v)``,
     ``v`` curious; ``correlated_dp_note``: "" when computed, else why not (the epsilons NaN):
     noiseless steps, Poisson sampling, churn (as :func:`network_dp.not_computed
-    <p2pdp.protocols.network_dp.not_computed>`) or views over
-    :data:`MAX_VIEW_ENTRIES` entries. ``scales``, ``decay``: see
+    <p2pdp.protocols.network_dp.not_computed>`) or views costing more than
+    :data:`MAX_FILTER_COST` (:func:`report_cost`). ``scales``, ``decay``: see
     :meth:`CorrelatedRun.build`. ``ratio``: ``z_p / z`` as a threat-model calibration was
     given it (its views at ``z = 1`` are then found again, not recomputed: ``z_p / z``
     recomputed from ``z_p`` may differ from it in the last bit); default
     ``pair_noise_multiplier / z``."""
     reason = not_computed(mechanism, churn=churn)
-    entries = view_size(trace, mixing)
-    if not reason and entries > MAX_VIEW_ENTRIES:
+    cost = report_cost(trace, mixing)
+    if not reason and cost > MAX_FILTER_COST:
         reason = (
-            f"not computed: the views have {entries:,} entries (messages seen x noises of the "
-            f"run), more than the {MAX_VIEW_ENTRIES:,} of an exact computation"
+            f"not computed: the views cost {cost:.2g} multiply-adds, more than the "
+            f"{MAX_FILTER_COST:.2g} of an exact computation"
         )
     if reason:
         nan = float("nan")
