@@ -249,32 +249,150 @@ def test_a_muffliato_run_reports_the_exact_value_of_its_recorded_exchanges() -> 
 
 def test_network_dp_is_empty_with_the_reason_where_not_computed(monkeypatch) -> None:
     base = _config(name="muffliato", gossip_steps=2, rounds=2)
-    cases = {
-        "protocol.sampling = 'poisson'": dataclasses.replace(
-            base,
-            protocol=dataclasses.replace(base.protocol, sampling="poisson"),
-            privacy=dataclasses.replace(base.privacy, min_shard_size=5),
-        ),
-        "gossip.churn = true": dataclasses.replace(
-            base, gossip=dataclasses.replace(base.gossip, churn=True)
-        ),
-        "privacy.mechanism = 'none'": dataclasses.replace(
-            base, privacy=PrivacyConfig(mechanism="none", epsilon=2.0)
-        ),
-    }
-    for reason, config in cases.items():
-        row = simulate(config).row()
-        assert reason in row["network_dp_note"]
-        assert math.isnan(row["network_dp_epsilon_mean"]) and math.isnan(
-            row["network_dp_epsilon_max"]
-        )
+    none = dataclasses.replace(base, privacy=PrivacyConfig(mechanism="none", epsilon=2.0))
+    row = simulate(none).row()
+    assert "privacy.mechanism = 'none'" in row["network_dp_note"]
+    assert math.isnan(row["network_dp_epsilon_mean"]) and math.isnan(row["network_dp_epsilon_max"])
+    assert row["network_dp_method"] == ""
     monkeypatch.setattr(network_dp, "MAX_VIEW_ENTRIES", 100)
     result = simulate(base)
     assert "more than the 100 of an exact computation" in result.row()["network_dp_note"]
     assert math.isnan(result.row()["network_dp_epsilon_max"]) and result.network_dp == []
+    assert result.row()["wall_network_dp_s"] >= 0.0
     gossip_learning = simulate(_config(name="gossip-learning", gossip_steps=1)).row()
     assert "'gossip-learning' is not a synchronous" in gossip_learning["network_dp_note"]
     assert math.isnan(gossip_learning["network_dp_epsilon_max"])
+    assert gossip_learning["network_dp_method"] == ""
+
+
+def _brute_trace_Ms(trace, mixing, v, *, scales, decay) -> dict[int, np.ndarray]:
+    """``M`` of every ``u != v`` for ``v``'s view of a recorded run, built densely from the
+    trace's events (each exchange's matrix ``I + O - diag(O 1)``, ``O`` the delivered
+    off-diagonal weights), independently of :func:`network_dp.view_coefficients`."""
+    W = mixing.matrix().toarray()
+    P = len(W)
+    steps = [e for e in trace.events if isinstance(e, np.ndarray)]
+    owner = np.concatenate(steps)
+    state, rows, column = np.zeros((P, owner.size)), [], 0
+    for event in trace.events:
+        if isinstance(event, np.ndarray):
+            for i in event.tolist():
+                state[i] *= decay
+                state[i, column] = -scales[i]
+                column += 1
+            continue
+        delivered, late = event
+        for e in np.flatnonzero(delivered | late):
+            if mixing.receivers[e] == v:
+                rows.append(state[mixing.indices[e]].copy())
+        off = np.zeros((P, P))
+        off[mixing.receivers[delivered], mixing.indices[delivered]] = W[
+            mixing.receivers[delivered], mixing.indices[delivered]
+        ]
+        state = (np.eye(P) + off - np.diag(off.sum(axis=1))) @ state
+    A = np.array(rows)[:, owner != v]
+    kept = owner[owner != v]
+    precision = np.linalg.pinv(A @ A.T, rcond=1e-13, hermitian=True)
+    return {u: A[:, kept == u].T @ precision @ A[:, kept == u] for u in range(P) if u != v}
+
+
+def _recorded(monkeypatch) -> list[network_dp.ViewTrace]:
+    """The traces the runs after this call pass to :func:`network_dp.report`."""
+    traces: list[network_dp.ViewTrace] = []
+    report = network_dp.report
+
+    def recording(trace, *args, **kwargs):
+        traces.append(trace)
+        return report(trace, *args, **kwargs)
+
+    monkeypatch.setattr(network_dp, "report", recording)
+    return traces
+
+
+def test_a_churned_lossy_run_reports_the_exact_network_dp_of_its_realised_exchanges(
+    monkeypatch,
+) -> None:
+    """Churn and message loss: the columns are those of the run as recorded (peers offline at
+    a step did not step, lost messages are in no view), equal to an independent dense brute
+    force over the recorded events; the run did lose messages and skip steps."""
+    from p2pdp.sim.overlay import build_overlay
+
+    config = _config(name="muffliato", gossip_steps=2, rounds=3, noise_multiplier=6.0,
+                     step_size=0.5)  # fmt: skip
+    config = dataclasses.replace(
+        config,
+        gossip=dataclasses.replace(
+            config.gossip, churn=True, session_median=2.0, downtime_median=2.0
+        ),
+        network=dataclasses.replace(config.network, loss=0.2),
+    )
+    traces = _recorded(monkeypatch)
+    result = simulate(config)
+    row = result.row()
+    (trace,) = traces
+    assert row["network_dp_note"] == "" and row["network_dp_method"] == "exact"
+    assert result.aggregations_per_peer.min() < 3  # some peer was offline at a step
+    exchanges = [e for e in trace.events if isinstance(e, tuple)]
+    assert sum(int((~(d | late)).sum()) for d, late in exchanges) > 0  # messages lost
+    overlay = build_overlay(config.gossip, 20, rng=generator(config.seed, "overlay", 0, 0))
+    mixing = Mixing.metropolis_hastings(overlay.indptr, overlay.indices)
+    scales, ratio = 0.5 / result.shard_sizes.astype(float), 2.0 / 6.0
+    epsilon = np.full((20, 20), np.nan)
+    for v in range(20):
+        Ms = _brute_trace_Ms(trace, mixing, v, scales=scales, decay=1 - 0.5 * 0.01)
+        for u, M in Ms.items():  # T <= 3: the signs are a lower value, the SDP's is exact
+            (upper,), (lower,) = network_dp.worst_case_shifts(M[None])
+            assert upper == pytest.approx(lower, abs=1e-9) and upper >= _sign_max(M) - 1e-9
+            mu = ratio * math.sqrt(max(upper, 0.0))
+            epsilon[u, v] = (
+                0.0 if mu < 1e-12 else optimize.brentq(
+                    lambda e, m=mu: _gdp_delta(e, m) - 1e-5, 0, 50, xtol=1e-13)
+            )  # fmt: skip
+    assert row["network_dp_epsilon_mean"] == pytest.approx(np.nanmean(epsilon), rel=1e-6)
+    assert row["network_dp_epsilon_max"] == pytest.approx(np.nanmax(epsilon), rel=1e-6)
+
+
+def test_poisson_rows_bound_every_sampling_outcome_of_the_differing_record(monkeypatch) -> None:
+    """Poisson sampling (add/remove, Delta = C): given a sampling outcome the view is
+    Gaussian, the differing record shifting only the steps whose batch drew it. For every
+    outcome of u's 2 steps (drawn at none, the first, the second, both) the exact epsilon of
+    that outcome (brute force, signs exact for T <= 2) is at most the reported pair's, and
+    the outcome 'drawn at both' attains it: the column is the max over outcomes."""
+    from p2pdp.sim.overlay import build_overlay
+
+    config = ScenarioConfig(
+        data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
+        partition={"n_peers": 20},
+        training={"lam": 0.01},
+        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5, "min_shard_size": 5},
+        gossip={"degree": 4},
+        evaluation={"cv_folds": 2},
+        protocol={"name": "muffliato", "rounds": 2, "gossip_steps": 2, "noise_multiplier": 3.0,
+                  "step_size": 0.5, "sampling": "poisson", "sampling_rate": 0.5},
+    )  # fmt: skip
+    traces = _recorded(monkeypatch)
+    result = simulate(config)
+    row = result.row()
+    assert row["neighbouring_relation"] == "add-remove"
+    assert row["network_dp_note"] == "" and np.isfinite(row["network_dp_epsilon_max"])
+    (trace,) = traces
+    overlay = build_overlay(config.gossip, 20, rng=generator(config.seed, "overlay", 0, 0))
+    mixing = Mixing.metropolis_hastings(overlay.indptr, overlay.indices)
+    scales = np.full(20, 0.5 / (0.5 * 5))  # eta / (q min_shard_size): the public divisor
+    ratio = 1.0 / 3.0  # Delta / sigma = C / (z C)
+    worst = np.zeros((20, 20))
+    for v in range(20):
+        Ms = _brute_trace_Ms(trace, mixing, v, scales=scales, decay=1 - 0.5 * 0.01)
+        for u, M in Ms.items():
+            for drawn in ([], [0], [1], [0, 1]):  # the outcome: steps whose batch drew it
+                kappa = _sign_max(M[np.ix_(drawn, drawn)]) if drawn else 0.0
+                worst[u, v] = max(worst[u, v], kappa)
+                assert kappa <= worst[u, v] + 1e-12
+    mu = ratio * np.sqrt(worst[~np.eye(20, dtype=bool)])
+    epsilon = [optimize.brentq(lambda e, m=m: _gdp_delta(e, m) - 1e-5, 0, 50, xtol=1e-13)
+               for m in mu if m > 1e-12]  # fmt: skip
+    assert row["network_dp_epsilon_max"] == pytest.approx(max(epsilon), rel=1e-6)
+    assert row["network_dp_epsilon_mean"] == pytest.approx(sum(epsilon) / (20 * 19), rel=1e-6)
 
 
 def _brute_epsilon(W, steps, gossip, *, ratio, **kwargs) -> np.ndarray:

@@ -41,9 +41,27 @@ Roth & Su), the conversion of the ``gdp`` accountant.
 **Which runs.** Those of ``dpsgd`` (one exchange per round) and ``muffliato`` (``K``); the
 rows of other protocols say why not (:func:`not_modelled`).
 
-**Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps;
-Poisson sampling (the view is then a mixture of Gaussians); churn; runs whose views exceed
-:data:`MAX_VIEW_ENTRIES`. **Assumption.** Like the paper, the model takes the gradient terms
+**Poisson sampling** (relation add/remove: ``u``'s neighbour holds one more record, the step's
+sum moves by at most ``Delta = C``). The view is then a mixture, over the sampling outcomes, of
+Gaussian views. Condition on an outcome (which records every peer's batches drew, the same
+distribution under both neighbours for every record but the differing one, and whether that
+one was drawn at each of ``u``'s steps): the view is the Gaussian above, with shifts ``c_t`` of
+norm at most ``C`` where the record was drawn and 0 where not, so every outcome is covered by
+the same ``sup`` over ``||c_t|| <= C``. The hockey-stick divergence is jointly convex, so the
+mixtures' ``(epsilon, delta)`` is at most the worst outcome's: the columns bound the run for
+every sampling outcome, with no amplification by sampling claimed (the local DP accounting
+claims it; the network DP of a Poisson row can therefore exceed its local DP).
+
+**Churn and lost messages.** The trace records the run as it happened: the peers that stepped
+(an offline peer does not), the messages delivered and those read late (a late message to an
+offline receiver is counted as read: a superset of the view, so still an upper bound); a lost
+message, or one never sent by an offline peer, is in no view. The same computation applies.
+
+**Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps; runs
+whose views exceed :data:`MAX_VIEW_ENTRIES`. ``network_dp_method`` says ``exact`` when the
+semidefinite program's certificate met its feasible point (gap <= 1e-6: the value is exact to
+that precision), ``bound`` when it did not (the certified upper value is reported).
+**Assumption.** Like the paper, the model takes the gradient terms
 ``g`` as fixed functions of the data; in a real run they also depend on the models, hence on
 the noise (the local DP accounting needs no such assumption).
 """
@@ -276,7 +294,9 @@ def not_modelled(protocol: str) -> str:
 
 
 def not_computed(mechanism: ClippedGaussianSum, *, churn: bool) -> str:
-    """Why a run's network DP is not computed ("" when it is computable)."""
+    """Why a run's correlated-noise views (:mod:`p2pdp.protocols.correlated_dp`) are not
+    computed ("" when they are computable). The network DP of :func:`report` refuses only
+    noiseless steps: it covers Poisson sampling and churn (see the module docstring)."""
     if not mechanism.private:
         return "not computed: privacy.mechanism = 'none' (no noise, no guarantee)"
     if mechanism.sampling == "poisson":
@@ -297,23 +317,29 @@ def report(
     scales: np.ndarray,
     decay: float,
     delta: float,
-    churn: bool = False,
 ) -> tuple[dict[str, float | str], list[dict[str, float]]]:
     """A run's network DP columns and its per-distance rows.
 
     Columns ``network_dp_epsilon_mean`` / ``_max`` over ordered pairs ``u != v``,
-    ``_max_beyond_neighbours`` over pairs that are not overlay neighbours, and
-    ``network_dp_note``: "" when computed, else why not (the epsilon columns then NaN and no
-    per-distance rows). ``scales``, ``decay``: see :func:`view_coefficients`; ``delta``: the
-    rows' ``privacy.delta``.
+    ``_max_beyond_neighbours`` over pairs that are not overlay neighbours,
+    ``network_dp_method`` (``exact`` / ``bound``, see the module docstring; "" when not
+    computed) and ``network_dp_note``: "" when computed, else why not (the epsilon columns
+    then NaN and no per-distance rows). The epsilons are at ``delta`` (the rows'
+    ``privacy.delta``) for the mechanism's relation and sensitivity (``2 C`` replace-one;
+    ``C`` add/remove under Poisson sampling, for every sampling outcome). ``scales``,
+    ``decay``: see :func:`view_coefficients`; the trace: the run as it happened (churn, lost
+    and late messages included).
     """
     nan = float("nan")
     empty: dict[str, float | str] = {
         "network_dp_epsilon_mean": nan,
         "network_dp_epsilon_max": nan,
         "network_dp_epsilon_max_beyond_neighbours": nan,
+        "network_dp_method": "",
     }
-    reason = not_computed(mechanism, churn=churn)
+    reason = ""
+    if not mechanism.private:
+        reason = "not computed: privacy.mechanism = 'none' (no noise, no guarantee)"
     entries = trace.view_entries()
     if not reason and entries > MAX_VIEW_ENTRIES:
         reason = (
@@ -333,10 +359,12 @@ def report(
     neighbours = np.eye(n, dtype=bool)
     neighbours[mixing.receivers, mixing.indices] = True
     beyond = epsilon[~neighbours]
+    exact = gap <= 1e-6
     columns: dict[str, float | str] = {
         "network_dp_epsilon_mean": float(np.nanmean(epsilon)),
         "network_dp_epsilon_max": float(np.nanmax(epsilon)),
         "network_dp_epsilon_max_beyond_neighbours": float(beyond.max()) if beyond.size else 0.0,
-        "network_dp_note": "" if gap <= 1e-6 else f"upper bound: semidefinite gap {gap:.1e}",
+        "network_dp_method": "exact" if exact else "bound",
+        "network_dp_note": "" if exact else f"upper bound: semidefinite gap {gap:.1e}",
     }
     return columns, by_distance(mixing, epsilon)
