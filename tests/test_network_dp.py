@@ -553,4 +553,39 @@ def test_the_filtered_bound_is_never_below_the_exact_value(name) -> None:
             for column, value in loose.items():
                 assert value <= 1.5 * tight[column], (steps, gossip, column)
                 widest = max(widest, value / tight[column])
-    print(f"{name}: largest kappa excess {worst:.3g}, widest column ratio {widest:.3f}")
+    print(f"{name}: largest kappa excess {worst:.3g}, widest column ratio {widest:.3f} "
+          "(ring and 3-regular only)")  # fmt: skip
+
+
+def test_cells_differing_only_in_the_budget_share_their_coefficients(monkeypatch) -> None:
+    """kappa does not depend on the noise multiplier: a second report on the same events,
+    overlay, scales and decay finds the first's coefficients (one computation) and gives the
+    epsilons of its own noise; another decay, or other events, computes again."""
+    from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
+
+    mixing = _mixing(GRAPHS["ring-10"])
+    calls: list[int] = []
+    original = network_dp.view_coefficients
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(network_dp, "view_coefficients", counted)
+    monkeypatch.setattr(network_dp, "_FOUND", {})
+    scales = np.linspace(0.5, 1.5, 10)
+    rows = {}
+    for z in (3.0, 6.0):
+        mechanism = ClippedGaussianSum(clip_norm=1.0, noise_multiplier=z)
+        rows[z], _ = network_dp.report(
+            _trace(mixing, 3, 2), mixing, mechanism, scales=scales, decay=0.97, delta=1e-5
+        )
+    assert len(calls) == 1 and rows[3.0]["network_dp_epsilon_max"] > rows[6.0][
+        "network_dp_epsilon_max"]  # fmt: skip
+    kappa, _ = original(_trace(mixing, 3, 2), mixing, scales=scales, decay=0.97)
+    expected = network_dp.pairwise_epsilon(kappa, sensitivity_over_sigma=2 / 6.0, delta=1e-5)
+    assert rows[6.0]["network_dp_epsilon_mean"] == pytest.approx(np.nanmean(expected), rel=1e-12)
+    mechanism = ClippedGaussianSum(clip_norm=1.0, noise_multiplier=6.0)
+    for trace, decay in ((_trace(mixing, 3, 2), 0.9), (_trace(mixing, 3, 1), 0.97)):
+        network_dp.report(trace, mixing, mechanism, scales=scales, decay=decay, delta=1e-5)
+    assert len(calls) == 3
