@@ -359,6 +359,15 @@ def test_a_churned_lossy_run_reports_the_exact_network_dp_of_its_realised_exchan
             )  # fmt: skip
     assert row["network_dp_epsilon_mean"] == pytest.approx(np.nanmean(epsilon), rel=1e-6)
     assert row["network_dp_epsilon_max"] == pytest.approx(np.nanmax(epsilon), rel=1e-6)
+    # the filtered bound of the same recorded run (uneven steps, lost messages): never below
+    decay = 1 - 0.5 * 0.01
+    exact, _ = network_dp.view_coefficients(trace, mixing, scales=scales, decay=decay)
+    for window in (1, 2):  # noises retired at events where some peer did not step
+        bound = network_dp.filtered_coefficients(
+            trace, mixing, scales=scales, decay=decay, window=window
+        )
+        off = ~np.eye(20, dtype=bool)
+        assert (bound[off] >= exact[off] - 1e-12).all() and np.isnan(bound[~off]).all()
 
 
 def test_poisson_rows_bound_every_sampling_outcome_of_the_differing_record(monkeypatch) -> None:
@@ -589,3 +598,18 @@ def test_cells_differing_only_in_the_budget_share_their_coefficients(monkeypatch
     for trace, decay in ((_trace(mixing, 3, 2), 0.9), (_trace(mixing, 3, 1), 0.97)):
         network_dp.report(trace, mixing, mechanism, scales=scales, decay=decay, delta=1e-5)
     assert len(calls) == 3
+
+
+def test_the_comparison_says_when_its_network_dp_is_an_upper_bound() -> None:
+    from p2pdp.experiments.protocol_report import markdown, tuned_comparison
+
+    base = {"protocol.name": "muffliato", "privacy.epsilon": 1.0, "mean_error": 0.2,
+            "max_epsilon_spent": 1.0, "local_only_error": 0.3, "centralized_error": 0.1,
+            "network_dp_note": ""}  # fmt: skip
+    for method, shown in (("exact", "| 0.5 |"), ("bound", "| 0.5 (upper bound) |")):
+        rows = [
+            {**base, "fold": f, "network_dp_epsilon_mean": 0.5, "network_dp_method": method}
+            for f in (0, 1)
+        ]
+        keys, table = tuned_comparison(rows, ["privacy.epsilon"])
+        assert markdown(keys, table)[2].endswith(shown)
