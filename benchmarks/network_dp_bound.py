@@ -44,16 +44,6 @@ def _mixing(graph: nx.Graph) -> Mixing:
     return Mixing.metropolis_hastings(adjacency.indptr, adjacency.indices)
 
 
-def _trace(mixing: Mixing, steps: int, gossip: int) -> network_dp.ViewTrace:
-    trace = network_dp.ViewTrace()
-    every = np.ones(len(mixing.indices), dtype=bool)
-    for _ in range(steps):
-        trace.step(np.arange(mixing.n_peers))
-        for _ in range(gossip):
-            trace.exchange(every, ~every)
-    return trace
-
-
 def rows() -> list[dict[str, float | str]]:
     """One row per graph and (T, K): both computations' columns, ratios and seconds."""
     out: list[dict[str, float | str]] = []
@@ -63,7 +53,7 @@ def rows() -> list[dict[str, float | str]]:
         scales = np.linspace(0.5, 1.5, P)
         off = ~np.eye(P, dtype=bool)
         for steps, gossip in GRID:
-            trace = _trace(mixing, steps, gossip)
+            trace = network_dp.full_delivery_trace(mixing, steps, gossip)
             start = time.perf_counter()
             exact, _ = network_dp.view_coefficients(trace, mixing, scales=scales, decay=0.97)
             exact_s = time.perf_counter() - start

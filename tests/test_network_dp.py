@@ -25,13 +25,13 @@ from p2pdp.protocols import network_dp
 from p2pdp.protocols.mixing import Mixing
 
 
-def _config(**protocol) -> ScenarioConfig:
+def _config(*, privacy: dict | None = None, **protocol) -> ScenarioConfig:
     settings = {"name": "muffliato", "rounds": 2, "gossip_steps": 2, **protocol}
     return ScenarioConfig(
         data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
         partition={"n_peers": 20},
         training={"lam": 0.01},
-        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5},
+        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5, **(privacy or {})},
         gossip={"degree": 4},
         evaluation={"cv_folds": 2},
         protocol=settings,
@@ -55,15 +55,7 @@ GRAPHS = {
 def _trace(mixing: Mixing, steps: int, gossip: int, after: int = 0) -> network_dp.ViewTrace:
     """Every peer steps ``steps`` times, ``gossip`` exchanges after each, all delivered; then
     ``after`` more exchanges without steps (budget spent)."""
-    trace = network_dp.ViewTrace()
-    every = np.ones(len(mixing.indices), dtype=bool)
-    for _ in range(steps):
-        trace.step(np.arange(mixing.n_peers))
-        for _ in range(gossip):
-            trace.exchange(every, ~every)
-    for _ in range(after):
-        trace.exchange(every, ~every)
-    return trace
+    return network_dp.full_delivery_trace(mixing, steps, gossip, after=after)
 
 
 def _brute_view(W, steps, gossip, v, *, after=0, scales=None, decay=1.0, own=True):
@@ -378,16 +370,8 @@ def test_poisson_rows_bound_every_sampling_outcome_of_the_differing_record(monke
     the outcome 'drawn at both' attains it: the column is the max over outcomes."""
     from p2pdp.sim.overlay import build_overlay
 
-    config = ScenarioConfig(
-        data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
-        partition={"n_peers": 20},
-        training={"lam": 0.01},
-        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5, "min_shard_size": 5},
-        gossip={"degree": 4},
-        evaluation={"cv_folds": 2},
-        protocol={"name": "muffliato", "rounds": 2, "gossip_steps": 2, "noise_multiplier": 3.0,
-                  "step_size": 0.5, "sampling": "poisson", "sampling_rate": 0.5},
-    )  # fmt: skip
+    config = _config(name="muffliato", noise_multiplier=3.0, step_size=0.5, sampling="poisson",
+                     sampling_rate=0.5, privacy={"min_shard_size": 5})  # fmt: skip
     traces = _recorded(monkeypatch)
     result = simulate(config)
     row = result.row()

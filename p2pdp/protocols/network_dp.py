@@ -130,6 +130,21 @@ class ViewTrace:
         return received * noises
 
 
+def full_delivery_trace(mixing: Mixing, steps: int, exchanges: int, *, after: int = 0) -> ViewTrace:
+    """The trace of a run in which every peer steps ``steps`` times with ``exchanges``
+    exchanges after each, every message delivered on time, then ``after`` more exchanges
+    without steps (budgets spent)."""
+    trace = ViewTrace()
+    every = np.ones(len(mixing.indices), dtype=bool)
+    for _ in range(steps):
+        trace.step(np.arange(mixing.n_peers))
+        for _ in range(exchanges):
+            trace.exchange(every, ~every)
+    for _ in range(after):
+        trace.exchange(every, ~every)
+    return trace
+
+
 def worst_case_shifts(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``kappa = sup sum_{s,t} M_st a_s . a_t`` over vectors ``||a_t|| <= 1``, for a batch.
 
@@ -481,10 +496,11 @@ def _coefficients(
             digest.update(np.ascontiguousarray(part).tobytes() + b"|")
     for array in (mixing.indptr, mixing.indices, mixing.weights, np.asarray(scales, float)):
         digest.update(np.ascontiguousarray(array).tobytes() + b"|")
-    digest.update(np.float64(decay).tobytes())
+    dense = trace.view_entries() <= MAX_VIEW_ENTRIES
+    digest.update(np.float64(decay).tobytes() + (b"dense" if dense else b"filtered"))
     key = digest.digest()
     if key not in _FOUND:
-        if trace.view_entries() <= MAX_VIEW_ENTRIES:
+        if dense:
             kappa, gap = view_coefficients(trace, mixing, scales=scales, decay=decay)
             found = (kappa, gap, gap <= 1e-6)
         else:
