@@ -1,4 +1,4 @@
-"""Pairwise network DP of Muffliato (Cyffers, Even, Bellet & Massoulie 2022), exact over a view.
+"""Pairwise network DP of Muffliato (Cyffers et al. 2022): exact over a view, or a certified bound.
 
 **What it bounds, and against whom.** Local DP (the protocols' ``epsilon_spent``) bounds what
 *any* neighbour learns from a peer's messages. Pairwise network DP bounds what one peer ``v``
@@ -41,16 +41,17 @@ Roth & Su), the conversion of the ``gdp`` accountant.
 **Which runs.** Those of ``dpsgd`` (one exchange per round) and ``muffliato`` (``K``); the
 rows of other protocols say why not (:func:`not_modelled`).
 
-**Poisson sampling** (relation add/remove: ``u``'s neighbour holds one more record, the step's
-sum moves by at most ``Delta = C``). The view is then a mixture, over the sampling outcomes, of
-Gaussian views. Condition on an outcome (which records every peer's batches drew, the same
-distribution under both neighbours for every record but the differing one, and whether that
-one was drawn at each of ``u``'s steps): the view is the Gaussian above, with shifts ``c_t`` of
-norm at most ``C`` where the record was drawn and 0 where not, so every outcome is covered by
-the same ``sup`` over ``||c_t|| <= C``. The hockey-stick divergence is jointly convex, so the
-mixtures' ``(epsilon, delta)`` is at most the worst outcome's: the columns bound the run for
-every sampling outcome, with no amplification by sampling claimed (the local DP accounting
-claims it; the network DP of a Poisson row can therefore exceed its local DP).
+**Poisson sampling** (relation add/remove: the neighbouring shard of ``u`` has one more record,
+a step's sum moves by at most ``Delta = C``). The view is then a mixture, over the sampling
+outcomes, of Gaussian views. Condition on an outcome (which records every peer's batches
+drew, the same distribution under both neighbours for every record but the differing one,
+and whether that one was drawn at each of ``u``'s steps): the view is the Gaussian above, with
+shifts ``c_t`` of norm at most ``C`` where the record was drawn and 0 where not, so every
+outcome is covered by the same ``sup`` over ``||c_t|| <= C``. The hockey-stick divergence is
+jointly convex, so the mixtures' ``(epsilon, delta)`` is at most the worst outcome's: the
+columns bound the run for every sampling outcome, with no amplification by sampling claimed
+(the local DP accounting claims it; the network DP of a Poisson row can therefore exceed its
+local DP).
 
 **Churn and lost messages.** The trace records the run as it happened: the peers that stepped
 (an offline peer does not), the messages delivered and those read late (a late message to an
@@ -72,6 +73,7 @@ beyond both limits. ``network_dp_method`` says ``exact`` when the dense computat
 semidefinite certificate met its feasible point (gap <= 1e-6: the value is exact to that
 precision), ``bound`` when it did not (the certified upper value is reported) or when the
 filtered bound was used.
+
 **Assumption.** Like the paper, the model takes the gradient terms
 ``g`` as fixed functions of the data; in a real run they also depend on the models, hence on
 the noise (the local DP accounting needs no such assumption).
