@@ -538,7 +538,7 @@ def test_the_filtered_bound_is_never_below_the_exact_value(name) -> None:
         assert np.isnan(bound[~off]).all()
         assert (bound[off] >= exact[off] - 1e-12).all(), (steps, gossip)  # exact's rounding
         assert (bound[off] <= steps + 1e-9).all()
-        if steps <= network_dp.FILTER_WINDOW:  # no retired noise: only the certificate
+        if steps <= network_dp.filter_window(trace):  # nothing retired: only the certificate
             assert (bound[off] <= 1.02 * exact[off] + 1e-9).all(), (steps, gossip)
         worst = max(worst, float((bound[off] - exact[off]).max()))
         if name in ("ring-10", "3-regular-14"):

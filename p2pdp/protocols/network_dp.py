@@ -61,7 +61,7 @@ message, or one never sent by an offline peer, is in no view. The same computati
 **Large views: a certified upper bound.** Views above :data:`MAX_VIEW_ENTRIES` entries take
 :func:`filtered_coefficients`: a Kalman filter over the ``P`` models per view (its whitened
 innovations are an orthonormal basis of the view, so ``M`` is a sum of their responses),
-exact for the noises of the last :data:`FILTER_WINDOW` step events and, for older ones, the
+exact for the noises of the last :func:`filter_window` step events and, for older ones, the
 information they can still add bounded by what revealing the models at their retirement would
 give (a superset of the view: monotonicity); Minkowski's inequality then gives
 ``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. Cost: exchanges x
@@ -82,6 +82,7 @@ the noise (the local DP accounting needs no such assumption).
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -277,11 +278,25 @@ def view_coefficients(
     return kappa, gap
 
 
-#: Step events a noise stays tracked by :func:`filtered_coefficients` before its remaining
-#: influence is bounded (the bound's slack falls geometrically with it; the cost grows
-#: linearly). Its views are filtered in batches of at most this many floats of state
+#: Exchanges a noise stays tracked by :func:`filtered_coefficients` before its remaining
+#: influence is bounded (the bound's slack falls with it; the cost grows linearly): see
+#: :func:`filter_window`. Its views are filtered in batches of at most this many floats of state
 #: (``batch P (P + window P + T^2)``: 240 MB).
-FILTER_WINDOW = 5
+FILTER_EXCHANGES = 10
+
+
+def filter_window(trace: ViewTrace) -> int:
+    """The default window of :func:`filtered_coefficients`: enough step events to span
+    :data:`FILTER_EXCHANGES` exchanges (``ceil(10 / K)`` for ``K`` exchanges a step), from 2 to
+    6 (the cost grows with it). With several exchanges a step a noise gives nearly all its information within its
+    own round (on 100 peers of degree 10 with 5 exchanges a step, ~1e-5 of it after), with one
+    it keeps arriving for many."""
+    steps = sum(isinstance(e, np.ndarray) for e in trace.events)
+    exchanges = sum(isinstance(e, tuple) for e in trace.events)
+    per_step = exchanges / max(steps, 1)
+    return int(min(6, max(2, math.ceil(FILTER_EXCHANGES / max(per_step, 1e-9)))))
+
+
 _FILTER_FLOATS = 30_000_000
 
 
@@ -322,10 +337,10 @@ def filtered_coefficients(
       bound of the exact value of :func:`view_coefficients`.
 
     Parameters: as :func:`view_coefficients`, plus ``window`` (default
-    :data:`FILTER_WINDOW`). Returns the (P, P) upper bounds (the diagonal NaN), each raised
+    :func:`filter_window`). Returns the (P, P) upper bounds (the diagonal NaN), each raised
     by :func:`_margin` above the rounding of the arithmetic.
     """
-    window = FILTER_WINDOW if window is None else window
+    window = filter_window(trace) if window is None else window
     n, L = mixing.n_peers, window
     scales = np.asarray(scales, dtype=float)
     steps = [e for e in trace.events if isinstance(e, np.ndarray)]
@@ -445,7 +460,7 @@ def _margin(kappa: np.ndarray) -> np.ndarray:
 def filter_work(trace: ViewTrace, mixing: Mixing, window: int | None = None) -> int:
     """The size :data:`MAX_FILTER_WORK` limits: exchanges x views x peers x state columns
     (``peers (window + 2)``) of :func:`filtered_coefficients` (counted without running it)."""
-    window = FILTER_WINDOW if window is None else window
+    window = filter_window(trace) if window is None else window
     n = mixing.n_peers
     exchanges = sum(isinstance(e, tuple) for e in trace.events)
     return exchanges * n * n * n * (window + 2)
