@@ -288,9 +288,9 @@ FILTER_EXCHANGES = 10
 def filter_window(trace: ViewTrace) -> int:
     """The default window of :func:`filtered_coefficients`: enough step events to span
     :data:`FILTER_EXCHANGES` exchanges (``ceil(10 / K)`` for ``K`` exchanges a step), from 2 to
-    6 (the cost grows with it). With several exchanges a step a noise gives nearly all its information within its
-    own round (on 100 peers of degree 10 with 5 exchanges a step, ~1e-5 of it after), with one
-    it keeps arriving for many."""
+    6 (the cost grows with it). With several exchanges a step a noise gives nearly all its
+    information within its own round (on 100 peers of degree 10 with 5 exchanges a step,
+    ~1e-5 of it after); with one it keeps arriving for many."""
     steps = sum(isinstance(e, np.ndarray) for e in trace.events)
     exchanges = sum(isinstance(e, tuple) for e in trace.events)
     per_step = exchanges / max(steps, 1)
