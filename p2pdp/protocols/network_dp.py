@@ -97,9 +97,9 @@ from p2pdp.protocols.mixing import Mixing
 MAX_VIEW_ENTRIES = 10_000_000
 
 #: Largest :func:`filter_work` of the filtered bound (views larger than
-#: :data:`MAX_VIEW_ENTRIES` take it): 100 peers, degree 10 and 20 rounds of 5 exchanges are
-#: 5e8 (about 8 s of CPU on a shared 2-core machine); 100 rounds of 5 exchanges, 2.5e9, are
-#: left empty, as is any run of 1,000 peers (5e11 at 20 rounds of 5 exchanges).
+#: :data:`MAX_VIEW_ENTRIES` take it): 100 peers of degree 10 with 20 rounds of 5 exchanges are
+#: 4e8 (about 7 s of CPU on a shared 2-core machine), D-PSGD's 100 rounds 8e8; 100 rounds of 5
+#: exchanges, 2e9, are left empty, as is any run of 1,000 peers (4e11 at 20 rounds of 5).
 MAX_FILTER_WORK = 1_000_000_000
 
 #: Barrier rounds (each dividing the barrier weight by 10) and Newton steps per round of
