@@ -597,3 +597,15 @@ def test_the_comparison_says_when_its_network_dp_is_an_upper_bound() -> None:
         ]
         keys, table = tuned_comparison(rows, ["privacy.epsilon"])
         assert markdown(keys, table)[2].endswith(shown)
+
+
+def test_the_matrix_of_an_exchange_with_lost_messages_is_the_averaging() -> None:
+    """``Mixing.matrix(delivered)`` (the filtered bound's exchanges) is ``average``'s map."""
+    mixing = _mixing(GRAPHS["3-regular-14"])
+    rng = generator(0, "matrix")
+    delivered = rng.random(len(mixing.indices)) < 0.6
+    X = rng.normal(size=(14, 5))
+    np.testing.assert_allclose(
+        mixing.matrix(delivered) @ X, mixing.average(X, delivered), rtol=1e-12, atol=1e-12
+    )
+    assert not np.allclose(mixing.matrix(delivered).toarray(), mixing.matrix().toarray())

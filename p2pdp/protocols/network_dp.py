@@ -86,6 +86,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 from scipy.sparse.csgraph import shortest_path
 
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
@@ -365,6 +366,7 @@ def filtered_coefficients(
         remainder = np.zeros((B, n, T))
         taken = np.zeros(n, dtype=np.int64)
         slot = 0
+        matrices: dict[bytes, sp.csr_array] = {}  # the last exchange's W_delta
         for event in trace.events:
             if isinstance(event, np.ndarray):
                 peers = event
@@ -422,10 +424,14 @@ def filtered_coefficients(
                         M_act[:, both, step_of[a, both], step_of[c, both]] += pairs[:, both, a, c]
                 E -= (gain @ Z).reshape(B, n, L, n).transpose(1, 0, 2, 3)
                 cov -= (gain @ gain.transpose(0, 2, 1)).transpose(1, 0, 2)
-            cov = mixing.average(cov.reshape(n, B * n), delivered).reshape(n, B, n)
+            key = delivered.tobytes()
+            if key not in matrices:  # few patterns: every message delivered, mostly
+                matrices = {key: mixing.matrix(delivered)}
+            W = matrices[key]
+            cov = (W @ cov.reshape(n, B * n)).reshape(n, B, n)
             cov = cov.transpose(2, 1, 0).copy()  # each view's transpose: W Sigma W^T
-            cov = mixing.average(cov.reshape(n, B * n), delivered).reshape(n, B, n)
-            E = mixing.average(E.reshape(n, B * L * n), delivered).reshape(n, B, L, n)
+            cov = (W @ cov.reshape(n, B * n)).reshape(n, B, n)
+            E = (W @ E.reshape(n, B * L * n)).reshape(n, B, L, n)
         for b, v in enumerate(views.tolist()):
             for T_u in np.unique(counts).tolist():
                 same = np.flatnonzero((counts == T_u) & (u_all != v))
