@@ -523,17 +523,21 @@ def _coefficients(
     dense = trace.view_entries() <= MAX_VIEW_ENTRIES
     digest.update(np.float64(decay).tobytes() + (b"dense" if dense else b"filtered"))
     key = digest.digest()
-    if key not in _FOUND:
+    found = _FOUND.get(key)
+    if found is None:
         if dense:
             kappa, gap = view_coefficients(trace, mixing, scales=scales, decay=decay)
             found = (kappa, gap, gap <= 1e-6)
         else:
             kappa = filtered_coefficients(trace, mixing, scales=scales, decay=decay)
             found = (kappa, 0.0, False)
-        while len(_FOUND) >= 4:
-            _FOUND.pop(next(iter(_FOUND)))
+        try:  # threads of one worker may run cells at once: evicting is best effort
+            while len(_FOUND) >= 4:
+                _FOUND.pop(next(iter(_FOUND)), None)
+        except (RuntimeError, StopIteration):
+            pass
         _FOUND[key] = found
-    kappa, gap, exact = _FOUND[key]
+    kappa, gap, exact = found
     return kappa.copy(), gap, exact
 
 
