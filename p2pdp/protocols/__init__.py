@@ -76,6 +76,8 @@ class OneShot:
 
 #: Columns every results row has (NaN where they do not apply, e.g. one-shot runs):
 #: what an iterative run did and what it guarantees beyond ``epsilon_spent`` (local DP);
+#: ``network_dp_method`` says how they were computed (``exact``: the semidefinite program's
+#: certificate met its feasible point; ``bound``: its certified upper value; "" when empty),
 #: ``network_dp_note`` says why an iterative run's network DP columns are empty, and
 #: ``correlated_dp_note`` why a ``dpsgd`` run with pair noise has no per-threat-model epsilons;
 #: ``central_dp_error`` / ``central_dp_epsilon``: the trusted-curator DP-SGD reference on the
@@ -91,6 +93,7 @@ ITERATIVE_COLUMNS: dict[str, float | str] = {
     "network_dp_epsilon_mean": math.nan,
     "network_dp_epsilon_max": math.nan,
     "network_dp_epsilon_max_beyond_neighbours": math.nan,
+    "network_dp_method": "",
     "network_dp_note": "",
     "correlated_dp_eavesdropper_epsilon": math.nan,
     "correlated_dp_curious_peer_epsilon": math.nan,
