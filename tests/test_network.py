@@ -68,6 +68,7 @@ from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import NoiseStream, Releaser
 from p2pdp.protocols.groups import Group
+from p2pdp.protocols.oneshot import Curator
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks import make_task, prepared, release_path, sensitivity_of, task_statistics
 
@@ -1121,6 +1122,19 @@ def test_a_curator_never_releases_a_group_past_its_expiry():
     assert host.counters.refused["submit"] == 2
     host.handle(0, _submit(sender=2))
     assert host.counters.refused["submit"] == 3
+
+
+def test_the_host_releases_only_what_the_curators_machine_decides(monkeypatch):
+    """The host's curator, every submission in: released and reported when its machine
+    (p2pdp.protocols.oneshot.Curator) says so; nothing released or reported when it does not."""
+    for collect, reported in ((Curator.collect, ["done"]), (lambda *_, **__: [], [])):
+        monkeypatch.setattr(Curator, "collect", collect)
+        reports = []
+        host = _host(reports)
+        host.handle(0, ASSIGN_0)
+        host.handle(0, _submit(sender=1))
+        host.handle(0, _submit(sender=2))
+        assert [r["kind"] for r in reports if isinstance(r, dict)] == reported
 
 
 # -- keys stay where they are made ---------------------------------------------------------------
