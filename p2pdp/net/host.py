@@ -1,8 +1,10 @@
 """Peers as real network endpoints: one OS process hosts several peers, each on its own socket.
 
-A :class:`PeerHost` runs the member and curator sides of the one-shot protocol
-(:class:`p2pdp.protocols.groups.Group`, the state machine the SimPy world drives) over TCP on
-this machine: every peer listens on its own port, every message is a msgpack frame
+A :class:`PeerHost` runs the member and curator sides of the one-shot protocol (the machines
+:class:`~p2pdp.protocols.oneshot.Member` and :class:`~p2pdp.protocols.oneshot.Curator`, which
+the SimPy world drives too: they decide what a peer accepts and when a curator releases; the
+host moves frames, keeps their payloads and carries the decisions out) over TCP on this
+machine: every peer listens on its own port, every message is a msgpack frame
 (:mod:`p2pdp.net.wire`) written to the receiver's socket, and every wait has a timeout. The
 coordinator (:mod:`p2pdp.net.coordinator`) assigns groups; the host only ever reads its own
 peers' statistics, and a curator only what its members send it.

@@ -1,9 +1,11 @@
 """The SimPy world: peers, a central group sampler, curators, a completion monitor.
 
-The world drives the transport-free state machine of one aggregation
-(:class:`p2pdp.protocols.groups.Group`): it delivers each message that machine sends through
-the simulated transport, and once a group is ready it checks and charges the budgets,
-releases and publishes. Protocol of one aggregation (the seed's Algorithms 1 and 2, with
+The world drives the one-shot parties' transport-free machines (:mod:`p2pdp.protocols.oneshot`:
+every peer's member and curator side; the central sampler's through
+:class:`~p2pdp.sim.central.CentralSampler`): it delivers each message they send through the
+simulated transport and each timer on the SimPy clock, and carries out their decisions with
+what it owns (:meth:`World.carry_out`: the ledger charges, the releaser releases, the
+transport publishes). Protocol of one aggregation (the seed's Algorithms 1 and 2, with
 DESIGN.md's fixes):
 
 1. The group sampler (:mod:`p2pdp.sim.sampler`; by default the seed's GroupAgent,
