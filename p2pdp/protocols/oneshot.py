@@ -332,13 +332,13 @@ class Curator:
         """``group``'s collection timer ran out: abort it unless it ended first."""
         return [] if group.ended else [self._end(group, COLLECT_TIMEOUT)]
 
-    def wave(self, members: Sequence[int]) -> tuple[Charge, Release, Publish]:
-        """A wave of groups whose curators all hold every contribution at one instant (the
-        batched driver, :mod:`p2pdp.sim.waves`: no group can end otherwise there), decided at
-        once: charge every member of ``members`` (the wave's, flat, group after group), then
-        release and publish each group, in the order they were drawn (``Release`` and
-        ``Publish`` name no group: the driver's wave)."""
-        return Charge(members), _WAVE_RELEASE, Publish(_WAVE, self.everyone)
+    def wave(self, members: list[int]) -> Charge:
+        """A wave of groups whose curators all hold every contribution at one instant, online
+        (the batched driver, :mod:`p2pdp.sim.waves`: no group can end otherwise there),
+        decided at once: charge every member of ``members`` (the wave's, flat, group after
+        group) before any of its noise is drawn; then each group is released and published
+        (to :attr:`everyone` or its members) in the order the groups were drawn."""
+        return Charge(members)
 
     def _end(self, group: Group, reason: str) -> Abort:
         self._forget(group)
@@ -349,11 +349,6 @@ class Curator:
         self.groups.pop(group.group_id, None)
         if self._current.get(group.curator) == group.group_id:
             del self._current[group.curator]
-
-
-#: The group a wave's Release and Publish name: every group of the driver's wave.
-_WAVE = Group(-1, np.empty(0, dtype=np.int64), -1)
-_WAVE_RELEASE = Release(_WAVE)
 
 
 # -- the central sampler ------------------------------------------------------------------------
@@ -446,9 +441,9 @@ class Sampler:
         if not self.stop_reason:
             self.pool.add(members[solvent].tolist())
 
-    def wave_finished(self, groups: int, solvent: list[int]) -> None:
-        """A wave of ``groups`` groups started by the batched driver was published; ``solvent``
-        are their members still solvent, in draw order (back to the pool)."""
+    def wave_finished(self, solvent: list[int]) -> None:
+        """A wave of groups the batched driver started (:meth:`wave_size`) was published;
+        ``solvent`` are their members still solvent, in draw order (back to the pool)."""
         self.failed = 0
         self.pool.add(solvent)
 

@@ -273,7 +273,7 @@ def run_waves(world: BatchedWorld) -> None:
                 now = now + submit_delay  # ... and the curators every SUBMIT
             env._now = now
             flat = [member for members in drawn for member in members]
-            charge, _, _ = curator.wave(flat)  # charged before the noise is drawn
+            charge = curator.wave(flat)  # charged before the noise is drawn
             solvent = spend(cast("list[int]", charge.members))  # may afford another, in order
             members_.extend(flat)
             if per_event:
@@ -284,7 +284,7 @@ def run_waves(world: BatchedWorld) -> None:
             pending.waves.append(k)
             pending.times.append(float(now))
             monitor.aggregations += k
-            machine.wave_finished(k, solvent)
+            machine.wave_finished(solvent)
             if len(curators_) >= _CHUNK:
                 pending.publish(world)
 
