@@ -6,16 +6,8 @@ it started finished) and answers with what that party does: messages to send
 decisions (:class:`Start`, :class:`Collect`, :class:`Charge`, :class:`Release`,
 :class:`Publish`, :class:`Abort`, :class:`Stop`). It never touches a socket, a SimPy event, the
 budget ledger, the noise or another party's state: a driver delivers messages and time to it
-and carries out its effects with what the driver owns, in the order given::
-
-                 machines (this module, transport-free)
-       Member ------------- Curator ------------- Sampler (central)
-          |                    |                      |
-          +--------------------+----------------------+
-          |                    |                      |
-    sim.world.World      sim.waves (batched:    net.host.PeerHost (member, curator)
-    (SimPy, reference)   a wave of groups at    net.coordinator.NetworkWorld (sampler,
-                         once: Curator.wave)    ledger)
+and carries out its effects with what the driver owns, in the order given (the guide's layout
+page draws which driver drives which machine).
 
 The decisions live here once:
 
@@ -28,9 +20,10 @@ The decisions live here once:
   :meth:`Member.share`, :meth:`Member.publication`): an assignment from the sampler, in
   group order, to a member; a submission or partial sum from another member of a group the
   curator collects, once, claiming at least the public minimum of records, before the
-  curator's timer ran out; a share from another member of the member's current group, once;
-  a group publication from the group's curator, once. Anything else raises :class:`Refused`
-  (a driver counts it, or, in simulation where every party is honest, never sees it);
+  curator's timer ran out; a share from another member of its group, once, never one of an
+  older group than the member's latest; a group publication from the group's curator, once.
+  Anything else raises :class:`Refused` (a driver counts it, or, in simulation where every
+  party is honest, never sees it);
 - **who may join a group, when a group starts and when the run stops** (:class:`Sampler`):
   groups of ``g`` idle solvent peers while fewer than ``max_concurrent_groups`` are in flight,
   the members that can afford one more aggregation back to the pool once their group
