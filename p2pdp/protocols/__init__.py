@@ -2,11 +2,12 @@
 
 ``one-shot`` (:class:`OneShot`, the default) is the source document's protocol: every peer
 trains once, groups release noisy averages of fixed models, and no peer updates its model from
-what it received. One aggregation is the transport-free state machine of
-:mod:`p2pdp.protocols.groups`; the SimPy world of :mod:`p2pdp.sim.world` drives it (and the
-network runtime of :mod:`p2pdp.net` too). Gossip group formation (``groups.sampler =
-"gossip"``) is another, :mod:`p2pdp.protocols.gossip`, driven in simulation by
-:mod:`p2pdp.sim.gossip.formation`. The iterative protocols of
+what it received. Its parties (member, curator, central sampler) are the transport-free
+machines of :mod:`p2pdp.protocols.oneshot`, one aggregation's messages those of
+:mod:`p2pdp.protocols.groups`; the SimPy world of :mod:`p2pdp.sim.world`, the batched drivers
+of :mod:`p2pdp.sim.waves` and the network runtime of :mod:`p2pdp.net` drive them. Gossip
+group formation (``groups.sampler = "gossip"``) is another, :mod:`p2pdp.protocols.gossip`,
+driven in simulation by :mod:`p2pdp.sim.gossip.formation`. The iterative protocols of
 :mod:`p2pdp.protocols.iterative` keep a model per peer and update it from what arrives:
 
 ``dpsgd``
