@@ -20,7 +20,7 @@ from p2pdp.experiments.scenario import parse_scenario
 from p2pdp.experiments.simulation import simulate
 from p2pdp.learning.evaluation import linear_error
 from p2pdp.learning.models import STREAM_MIN_ROWS
-from p2pdp.tasks import pipeline
+from p2pdp.tasks import pipeline, streamed
 from p2pdp.tasks.streamed import stream_gap
 
 ROWS, TEST_ROWS, PEERS, FEATURES = 200_003, 2_000, 15_000, 5
@@ -81,17 +81,23 @@ def errors_of(models: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.rint(linear_error(models, X, y) * len(y)).astype(np.int64)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_the_training_in_blocks_is_the_in_memory_one(in_memory, workers, monkeypatch) -> None:
+@pytest.mark.parametrize(("workers", "kept"), [(1, None), (2, None), (2, 2)])
+def test_the_training_in_blocks_is_the_in_memory_one(in_memory, workers, kept, monkeypatch) -> None:
     """Every local model (straddling shards included), gradient norm, shard size, the
     centralised model and the test rows are the in-memory training's (the same blocks, the
-    same per-shard solves, the reference's block sums added in block order): the models'
-    test errors are the same integers; and no training row is drawn in one piece."""
+    same per-shard solves, the reference's block sums added in block order), whether its
+    later passes read kept blocks (all of them by default here, the first 2 of 4 with
+    ``kept = 2``) or draw them again: the models' test errors are the same integers; and no
+    training row is drawn in one piece."""
 
     def whole(*args, **kwargs):
         raise AssertionError("the training rows were drawn in one piece")
 
     monkeypatch.setattr(datasets, "make_synthetic", whole)
+    if kept is not None:
+        monkeypatch.setattr(
+            streamed, "KEPT_ROWS_BYTES", kept * 8 * (FEATURES + 2) * SYNTHETIC_BLOCK_ROWS
+        )
     with local_workers(workers):
         trained = pipeline.prepare_peers(config(), fold=0)
     assert trained.fold.X_train.shape[0] == 0 and trained.shards == ()
@@ -164,3 +170,28 @@ def test_a_vote_on_the_own_rows_reads_them_loaded_again(in_memory) -> None:
     streamed = simulate(cell, trained=pipeline.prepare_peers(cell, fold=0))
     whole = simulate(cell, trained=in_memory)
     assert streamed.evaluation.summary() == whole.evaluation.summary()
+
+
+@pytest.mark.parametrize("kept", [None, 2])
+def test_the_reference_draws_again_only_the_blocks_not_kept(kept, monkeypatch) -> None:
+    """The bounds' pass draws the block with test rows whole and the fits' pass the 4
+    training blocks; the reference's later passes (at least 2: the Newton step's point and
+    the last one) draw no block when every one is kept, and only the 2 not kept otherwise."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return synthetic_block_logged(*args, **kwargs)
+
+    monkeypatch.setattr(streamed, "synthetic_block_logged", counted)
+    if kept is not None:
+        monkeypatch.setattr(
+            streamed, "KEPT_ROWS_BYTES", kept * 8 * (FEATURES + 2) * SYNTHETIC_BLOCK_ROWS
+        )
+    pipeline.prepare_peers(config(), fold=0)
+    assert calls[:5] == [3, 0, 1, 2, 3]
+    again = calls[5:]
+    if kept is None:
+        assert again == []
+    else:
+        assert len(again) >= 4 and again == [2, 3] * (len(again) // 2)

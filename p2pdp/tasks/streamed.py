@@ -18,8 +18,9 @@ rows only block by block can draw each block when it needs it and drop it after:
    same pass gives the centralised reference's first Newton pass (at ``w = 0``).
 3. **centralised reference**: the streamed Newton of :mod:`p2pdp.learning.models`
    (:func:`~p2pdp.learning.models.newton_from_block_sums`), each further pass over the rows
-   drawing and transforming every block again, its gradient and Hessian sums computed
-   together (a Newton step's second pass at the same point is then free).
+   drawing and transforming every block again but the first ones, which the fits' pass kept
+   (up to :data:`KEPT_ROWS_BYTES`, freed with the training), its gradient and Hessian sums
+   computed together (a Newton step's second pass at the same point is then free).
 
 Blocks are shared out to the local worker processes (:func:`p2pdp.core.parallel.local_workers`).
 Every number is the in-memory training's (:func:`p2pdp.tasks.pipeline.train_peers`): the same
@@ -30,8 +31,9 @@ arrays; what reads them (a vote on the peers' own rows, posterior sampling, the 
 reference, an iterative protocol) loads them again (:meth:`TrainedPeers.training_rows
 <p2pdp.tasks.pipeline.TrainedPeers.training_rows>`).
 
-Memory: the local models (P, d) and, per worker, a block and its temporaries (about 0.2 GB),
-instead of every row (20 rows of 58 features a peer: 9.3 GB at a million peers).
+Memory: the local models (P, d), the kept rows (at most :data:`KEPT_ROWS_BYTES`) and, per
+worker, a block and its temporaries (about 0.2 GB), instead of every row (20 rows of 58
+features a peer: 9.3 GB at a million peers).
 """
 
 from __future__ import annotations
@@ -156,15 +158,31 @@ _Fitted = tuple[
 ]
 
 
+#: Rows the reference's later passes may keep instead of drawing again: the first blocks'
+#: transformed rows, up to this many bytes (2 GiB: every row up to about 4.6 million rows,
+#: 230,000 peers of 20 rows, and a fifth of a million peers' rows), held only while the
+#: training runs (the simulation and the evaluation, which hold the local models, the
+#: releases and the published models, need more than that at a million peers).
+KEPT_ROWS_BYTES = 2 * 2**30
+
+#: The kept rows (k B, d_out) and labels (k B,) float64 of the first k blocks.
+_Kept = tuple[np.ndarray, np.ndarray]
+
+
 def _fit_block(
-    shared: tuple[_Stream, FittedPreprocessor, np.ndarray, float, tuple[np.ndarray, np.ndarray]],
+    shared: tuple[
+        _Stream, FittedPreprocessor, np.ndarray, float, tuple[np.ndarray, np.ndarray], _Kept
+    ],
     block: int,
 ) -> _Fitted:
-    """Draw and transform block ``block``, solve the shards inside it into the shared
-    ``(weights, grad_norms)``, and return what straddles its ends and the reference's sums
-    at ``w = 0`` (:data:`_Fitted`)."""
-    stream, fitted, starts, lam, (weights, norms) = shared
+    """Draw and transform block ``block`` (kept in ``kept`` if it has room), solve the shards
+    inside it into the shared ``(weights, grad_norms)``, and return what straddles its ends
+    and the reference's sums at ``w = 0`` (:data:`_Fitted`)."""
+    stream, fitted, starts, lam, (weights, norms), kept = shared
     X, y = _training_block(stream, fitted, block)
+    rows = slice(block * SYNTHETIC_BLOCK_ROWS, block * SYNTHETIC_BLOCK_ROWS + len(y))
+    if rows.stop <= len(kept[1]):
+        kept[0][rows], kept[1][rows] = X, y
     begin = block * SYNTHETIC_BLOCK_ROWS
     end = begin + len(y)
     first = int(np.searchsorted(starts, begin, side="left"))  # first shard starting here
@@ -189,13 +207,17 @@ def _fit_block(
 
 
 def _reference_block(
-    shared: tuple[_Stream, FittedPreprocessor], item: tuple[int, np.ndarray]
+    shared: tuple[_Stream, FittedPreprocessor, _Kept], item: tuple[int, np.ndarray]
 ) -> tuple[BlockSums, np.ndarray]:
-    """Block ``item[0]`` drawn and transformed again: its loss and gradient sums and its
-    Hessian sum at the model ``item[1]`` (d_out,)."""
-    stream, fitted = shared
+    """Block ``item[0]`` (kept, or drawn and transformed again): its loss and gradient sums
+    and its Hessian sum at the model ``item[1]`` (d_out,)."""
+    stream, fitted, kept = shared
     block, w = item
-    X, y = _training_block(stream, fitted, block)
+    rows = slice(block * SYNTHETIC_BLOCK_ROWS, (block + 1) * SYNTHETIC_BLOCK_ROWS)
+    if rows.start < len(kept[1]):
+        X, y = kept[0][rows], kept[1][rows]
+    else:
+        X, y = _training_block(stream, fitted, block)
     return block_sums(X, y, w), block_hessian(X, w)
 
 
@@ -219,7 +241,7 @@ class _ReferencePasses:
         key = np.asarray(w, dtype=np.float64).tobytes()
         if key not in self._known:
             self.passes += 1
-            set_phase(f"training: centralised reference, pass {self.passes + 1} over the rows")
+            set_phase(f"training: centralised reference, pass {self.passes + 2} over the rows")
             sums = self._pieces([(block, w) for block in self._blocks])
             self._known = {key: ([s[0] for s in sums], [s[1] for s in sums])}
         return self._known[key][1 if hessian else 0]
@@ -291,9 +313,15 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
     empty = shared_empty if many else np.empty
     weights, norms = empty((n_peers, d_out)), empty((n_peers,))
     lam = config.training.lam
+    kept_blocks = KEPT_ROWS_BYTES // (8 * (d_out + 1) * SYNTHETIC_BLOCK_ROWS)
+    kept_rows = min(n, kept_blocks * SYNTHETIC_BLOCK_ROWS)  # whole blocks
+    kept = (empty((kept_rows, d_out)), empty((kept_rows,)))
     with one_blas_thread():
         parts = forked_map(
-            _fit_block, (stream, fitted, starts, lam, (weights, norms)), training, workers=workers
+            _fit_block,
+            (stream, fitted, starts, lam, (weights, norms), kept),
+            training,
+            workers=workers,
         )
     iterations = _fit_straddling(parts, starts, lam, weights, norms)
     models = LocalModels(
@@ -307,7 +335,7 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
 
     zero = ([part[3] for part in parts], [part[4] for part in parts])
     del parts
-    with forked_pool(_reference_block, (stream, fitted), workers=workers) as pieces:
+    with forked_pool(_reference_block, (stream, fitted, kept), workers=workers) as pieces:
         passes = _ReferencePasses(pieces, training, zero)
         centralized, _, _ = newton_from_block_sums(
             passes, n, d_out, lam, LogisticModel.gradient_tolerance, MAX_NEWTON_STEPS, 0
