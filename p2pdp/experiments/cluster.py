@@ -57,7 +57,6 @@ from threadpoolctl import threadpool_limits
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ClusterLostError, ConfigError, P2PDPError
 from p2pdp.core.parallel import RemotePieces
-from p2pdp.core.rng import generator
 from p2pdp.data.datasets import SYNTHETIC_BLOCK_ROWS, synthetic_block
 from p2pdp.data.partition import contiguous_starts
 from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
@@ -71,7 +70,7 @@ from p2pdp.learning.models import (
     sums_of_block,
 )
 from p2pdp.tasks.pipeline import FoldData, TrainedPeers, training_key
-from p2pdp.tasks.streamed import stream_gap
+from p2pdp.tasks.streamed import block_stream, stream_gap
 
 #: A block on a worker: its training rows ``X`` (m, d), labels ``y`` (m,) int8, and its test
 #: rows and labels (rows of the stream past ``data.synthetic_rows``; often none).
@@ -131,17 +130,8 @@ def prepare_on_cluster(
     gap = plan_gap(config)
     if gap is not None:
         raise ConfigError(f"this run cannot be split over the cluster: {gap}")
-    data, partition = config.data, config.partition
-    n, d = data.synthetic_rows, data.synthetic_features
-    n_total = n + data.synthetic_test_rows
-    needed = partition.n_peers * partition.min_shard_size
-    if n < needed:  # as load_peer_fold says it
-        raise ConfigError(
-            f"data set 'synthetic': fold {fold} has {n} training rows, fewer than "
-            f"partition.n_peers ({partition.n_peers}) x partition.min_shard_size "
-            f"({partition.min_shard_size}) = {needed}"
-        )
-    seed_seq = generator(config.seed, "synthetic").bit_generator.seed_seq
+    seed_seq, n_total, d, n = block_stream(config, fold=fold)
+    data = config.data
     blocks = range(math.ceil(n_total / SYNTHETIC_BLOCK_ROWS))
     training = range(math.ceil(n / SYNTHETIC_BLOCK_ROWS))
     drawn = [

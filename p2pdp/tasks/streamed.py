@@ -71,7 +71,7 @@ from p2pdp.learning.models import (
     one_blas_thread,
 )
 
-__all__ = ["BlockTraining", "stream_gap", "train_in_blocks"]
+__all__ = ["BlockTraining", "block_stream", "stream_gap", "train_in_blocks"]
 
 
 def stream_gap(config: ScenarioConfig, *, plan: str = "the plan in blocks") -> str | None:
@@ -123,6 +123,25 @@ def stream_gap(config: ScenarioConfig, *, plan: str = "the plan in blocks") -> s
 #: What a block's tasks read: the data stream's seed sequence, the rows in all (training and
 #: test), the raw features, the training rows.
 _Stream = tuple[np.random.SeedSequence, int, int, int]
+
+
+def block_stream(config: ScenarioConfig, *, fold: int) -> _Stream:
+    """``(seed sequence, rows in all, raw features, training rows)`` of ``config``'s synthetic
+    rows, which its blocks are drawn from (:func:`~p2pdp.data.datasets.synthetic_block`);
+    ConfigError, naming fold ``fold`` as :func:`p2pdp.tasks.pipeline.load_peer_fold` does, if
+    the training rows are fewer than ``partition.n_peers * partition.min_shard_size``."""
+    data, partition = config.data, config.partition
+    n = data.synthetic_rows
+    needed = partition.n_peers * partition.min_shard_size
+    if n < needed:
+        raise ConfigError(
+            f"data set 'synthetic': fold {fold} has {n} training rows, fewer than "
+            f"partition.n_peers ({partition.n_peers}) x partition.min_shard_size "
+            f"({partition.min_shard_size}) = {needed}"
+        )
+    seed_seq = generator(config.seed, "synthetic").bit_generator.seed_seq
+    assert isinstance(seed_seq, np.random.SeedSequence)  # default_rng's
+    return seed_seq, n + data.synthetic_test_rows, data.synthetic_features, n
 
 
 def _bounds_and_tests(
@@ -277,19 +296,9 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
     gap = stream_gap(config)
     if gap is not None:
         raise ConfigError(f"this training cannot be drawn in blocks: {gap}")
+    stream = block_stream(config, fold=fold)
+    _, n_total, _, n = stream
     data, partition = config.data, config.partition
-    n, d = data.synthetic_rows, data.synthetic_features
-    n_total = n + data.synthetic_test_rows
-    needed = partition.n_peers * partition.min_shard_size
-    if n < needed:  # as load_peer_fold says it
-        raise ConfigError(
-            f"data set 'synthetic': fold {fold} has {n} training rows, fewer than "
-            f"partition.n_peers ({partition.n_peers}) x partition.min_shard_size "
-            f"({partition.min_shard_size}) = {needed}"
-        )
-    seed_seq = generator(config.seed, "synthetic").bit_generator.seed_seq
-    assert isinstance(seed_seq, np.random.SeedSequence)
-    stream: _Stream = (seed_seq, n_total, d, n)
     blocks = range(math.ceil(n_total / SYNTHETIC_BLOCK_ROWS))
     training = list(range(math.ceil(n / SYNTHETIC_BLOCK_ROWS)))
     workers = current_workers()
