@@ -697,10 +697,8 @@ def simulate_iterative(
     start = time.perf_counter()
     set_phase("training")
     trained = _trained(task, trained, fold=fold, repetition=repetition)
-    data = trained.fold
-    problem = LocalProblem.from_shards(
-        data.X_train, data.y_train, trained.shards, config.training.lam
-    )
+    data, shards = trained.training_rows()  # loaded again if drawn in blocks
+    problem = LocalProblem.from_shards(data.X_train, data.y_train, shards, config.training.lam)
     check_min_shard_size(problem.sizes, config.privacy.min_shard_size)
     settings = config.protocol
     if settings.sampling == "fixed" and settings.batch_size > problem.sizes.min():
