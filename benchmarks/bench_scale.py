@@ -7,10 +7,13 @@
 
 Each configuration is the synthetic workload of ``bench_simulation.py`` (20 training rows per
 peer, d = 58 with the bias, g = 10, epsilon = 1, epsilon_A = 0.1, full publication, one fold),
-run in a fresh process so its peak resident memory is its own. Prints one line per run and the
+run in a fresh process so its peak resident memory is its own. Prints one line per run (with
+the memory budget of each phase: the peak by the end of training, of the simulation and of
+the run, and the largest worker's) and the
 fitted growth exponent of each phase's wall time in P (least squares on log-log; 1 is linear).
-With ``--out``, writes ``<out>.csv`` and ``<out>.png``: wall time per phase and peak memory
-against P on log-log axes, one line per sampler and phase, the exponents in the legend.
+With ``--out``, writes ``<out>.csv`` and ``<out>.png``: wall time per phase and peak memory by
+the end of each phase against P on log-log axes, one line per sampler and phase, the
+exponents in the legend.
 
 A P whose peak memory, extrapolated from the two largest runs, would exceed ``--memory-limit``
 (default: 90% of this machine's RAM) is skipped with a message instead of being killed by the
@@ -35,6 +38,14 @@ import numpy as np
 from bench_simulation import growth_exponent, run_isolated
 
 PHASES = ("training_s", "simulation_s", "evaluation_s", "wall_s")
+#: The memory budget of each phase (the process's peak by its end) and its line's colour.
+MEMORY = {"peak_mb_after_training": "tab:blue", "peak_mb_after_simulation": "tab:orange",
+          "peak_mb": "black"}  # fmt: skip
+MEMORY_PHASES = {
+    "peak_mb_after_training": "training",
+    "peak_mb_after_simulation": "simulation",
+    "peak_mb": "the run",
+}
 
 
 def machine_memory_mb() -> float:
@@ -95,16 +106,17 @@ def write_figure(rows: list[dict], path: Path) -> None:
                 color=colours[phase],
                 label=f"{name}: {phase[:-2]} (P^{exponent:.2f})",
             )
-        memory = [r["peak_mb"] / 1024 for r in runs]
-        exponent = growth_exponent(peers, memory) if len(runs) > 1 else float("nan")
-        memory_axis.plot(
-            peers,
-            memory,
-            styles.get(sampler, ":"),
-            marker=marker,
-            color="black",
-            label=f"{name}: peak memory (P^{exponent:.2f})",
-        )
+        for column, colour in MEMORY.items():
+            memory = [r[column] / 1024 for r in runs]
+            exponent = growth_exponent(peers, memory) if len(runs) > 1 else float("nan")
+            memory_axis.plot(
+                peers,
+                memory,
+                styles.get(sampler, ":"),
+                marker=marker,
+                color=colour,
+                label=f"{name}: peak by the end of {MEMORY_PHASES[column]} (P^{exponent:.2f})",
+            )
     time_axis.set(xscale="log", yscale="log", xlabel="peers P", ylabel="wall time (s)")
     memory_axis.set(xscale="log", yscale="log", xlabel="peers P", ylabel="peak memory (GiB)")
     for axis in (time_axis, memory_axis):
@@ -133,8 +145,10 @@ def scale_run(sampler: str, peers: int, workers: int, done: list[dict], limit: f
     print(
         f"{sampler:>7} P={peers:>8} workers {workers}: training {row['training_s']:7.2f} s  "
         f"simulation {row['simulation_s']:7.2f} s  evaluation {row['evaluation_s']:6.2f} s  "
-        f"total {row['wall_s']:7.2f} s  peak {row['peak_mb'] / 1024:5.2f} GiB  "
-        f"aggregations {row['aggregations']}",
+        f"total {row['wall_s']:7.2f} s  peak {row['peak_mb'] / 1024:5.2f} GiB (by the end of "
+        f"training {row['peak_mb_after_training'] / 1024:5.2f}, simulation "
+        f"{row['peak_mb_after_simulation'] / 1024:5.2f}; largest worker "
+        f"{row['peak_worker_mb'] / 1024:5.2f})  aggregations {row['aggregations']}",
         flush=True,
     )
 

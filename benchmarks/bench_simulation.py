@@ -3,6 +3,9 @@
 Each configuration runs in a fresh child process so its peak resident memory (ru_maxrss) is
 its own. Phases: training (load, split, preprocess, partition, fit every local model and the
 centralized reference), simulation (SimPy world), evaluation (ensembles on the test rows).
+Each phase's memory is the process's peak by the end of it (``peak_mb_after_training``,
+``peak_mb_after_simulation``, ``peak_mb``: the peak can only rise, so a phase that needs
+more than the ones before it raises it); ``peak_worker_mb`` is the largest worker process's.
 
 Usage::
 
@@ -10,8 +13,10 @@ Usage::
     python benchmarks/bench_simulation.py --dataset synthetic --peers 100000 --json
 
 Default table: Spambase (P = 100, g = 10, epsilon = 1, epsilon_A = 0.1, full publication, one
-fold), then synthetic data (d = 58 with the bias, 20 rows per peer) for P = 1,000, 10,000 and
-100,000, and the fitted growth exponent of wall time in P (least squares on log-log).
+fold), then synthetic data (d = 58 with the bias, 20 rows per peer, each peer holding
+consecutive rows: ``partition.scheme = "contiguous"``, as ``peer_count_1m``) for P = 1,000,
+10,000 and 100,000, and the fitted growth exponent of wall time in P (least squares on
+log-log).
 
 ``--protocol NAME`` (repeatable) runs the same world with each protocol (iterative ones: 50
 rounds, Gaussian steps calibrated to epsilon = 1, delta = 1e-5, random-regular overlay of
@@ -61,6 +66,7 @@ def run_one(
         ScenarioConfig,
     )
     from p2pdp.core.parallel import local_workers
+    from p2pdp.experiments import simulation
     from p2pdp.experiments.simulation import simulate
     from p2pdp.tasks.pipeline import prepare_peers
 
@@ -79,7 +85,11 @@ def run_one(
     config = ScenarioConfig(
         seed=2026,
         data=data,
-        partition=PartitionConfig(n_peers=peers),
+        # synthetic rows are iid draws: shards of consecutive rows are iid too, and let the
+        # training draw, fit and drop the rows block by block (p2pdp.tasks.streamed)
+        partition=PartitionConfig(
+            n_peers=peers, scheme="contiguous" if dataset == "synthetic" else "iid"
+        ),
         privacy=PrivacyConfig(
             epsilon=1.0,
             epsilon_per_aggregation=0.1,
@@ -90,6 +100,14 @@ def run_one(
         evaluation=evaluation,
         protocol={"name": protocol, **({"rounds": 50, "eval_every": 10} if iterative else {})},
     )
+    peaks = {}  # peak memory (MiB) by the start of each phase simulate() names
+    named = simulation.set_phase
+
+    def phase(name: str, counter: Any = None) -> None:
+        peaks.setdefault(name, _peak_mb())
+        named(name, counter)
+
+    simulation.set_phase = phase
     with local_workers(workers):  # local processes for training and evaluation
         start = time.perf_counter()
         trained = prepare_peers(config, fold=0)
@@ -114,7 +132,9 @@ def run_one(
         "wall_s": sum(wall.values()),
         "sim_time_s": result.sim_time,
         "messages": result.messages_sent,
+        # the memory budget of each phase: the peak by its end (ru_maxrss never falls)
         "peak_mb_after_training": peak_training,
+        "peak_mb_after_simulation": peaks.get("evaluation", float("nan")),
         "peak_mb": _peak_mb(),
         "peak_worker_mb": _peak_mb(resource.RUSAGE_CHILDREN),
     }

@@ -25,6 +25,12 @@ def test_the_scale_benchmark_writes_its_table_and_figure_and_skips_what_would_no
     runs = [(int(row["peers"]), int(row["workers"])) for row in rows]
     assert runs == [(40, 1), (80, 1), (40, 2), (80, 2)]
     assert all(int(row["aggregations"]) > 0 and float(row["peak_mb"]) > 0 for row in rows)
+    for row in rows:  # each phase's memory budget: the peak by its end, which never falls
+        budget = [
+            float(row[f"peak_mb{phase}"]) for phase in ("_after_training", "_after_simulation", "")
+        ]
+        assert 0 < budget[0] <= budget[1] <= budget[2], budget
+    assert "(by the end of training " in done.stdout
     assert "P= 1000000: skipped, predicted peak" in done.stdout  # not killed half-way
     assert "growth exponent of wall time in P (2 workers)" in done.stdout
     for peers in (40, 80):  # each phase's t1 / (w tw), printed, from the rows written

@@ -122,7 +122,7 @@ def test_the_cluster_trains_the_local_models_bit_for_bit(address):
     its gradient norm and shard size, the centralised model (the streamed Newton's block
     sums added in block order) and the test rows, exactly; and no training row."""
     config = parse_scenario(LARGE).config
-    local = pipeline.prepare_peers(config, fold=0)
+    local = pipeline.train_in_memory(config, fold=0)  # every row in memory
     with Client(address) as client:
         split = plan.prepare_on_cluster(client, config, fold=0, repetition=0)
     assert split.key == local.key

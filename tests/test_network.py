@@ -68,6 +68,7 @@ from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import NoiseStream, Releaser
 from p2pdp.protocols.groups import Group
+from p2pdp.protocols.oneshot import Curator
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks import make_task, prepared, release_path, sensitivity_of, task_statistics
 
@@ -897,7 +898,7 @@ def test_malformed_vectors_are_refused(value):
 
 
 # -- a host refuses what breaks the protocol, and keeps serving -------------------------------
-def _host(reports, *, mechanism="vector-laplace", seeded_noise=False):
+def _host(reports, *, mechanism="vector-laplace", seeded_noise=False, **settings):
     mechanism = make_mechanism(mechanism, epsilon=1.0)
     releaser = Releaser(
         mechanism,
@@ -914,7 +915,8 @@ def _host(reports, *, mechanism="vector-laplace", seeded_noise=False):
         releaser=releaser,
         sensitivity=lambda sizes: 2.0 / min(sizes),
         settings=HostSettings(
-            n_peers=3, hosts=1, full_publication=False, seeded_noise=seeded_noise
+            **{"n_peers": 3, "hosts": 1, "full_publication": False, **settings},
+            seeded_noise=seeded_noise,
         ),
         report=reports.append,
     )
@@ -1032,8 +1034,7 @@ def test_an_honest_publication_refused_after_a_forged_copy_is_counted_in_the_sta
     honest one, refused as a second copy. Once the FINISH says group 0 was released by
     peer 0, the final report counts one "pre-empted" (a lost message); a second copy of a
     group never released counts nothing."""
-    host = _host([])
-    host.settings = dataclasses.replace(host.settings, full_publication=full)
+    host = _host([], full_publication=full)
     host.handle(1, ASSIGN_0)
     host.handle(1, _full_publication(0, 0))  # the forged copy
     host.handle(1, _full_publication(0, 0))  # the honest one
@@ -1052,8 +1053,7 @@ def test_made_up_full_publications_do_not_end_a_hosts_final_wait(caplog):
     coordinator says were released, from their curators: made-up groups, and a real group
     from another sender, leave it waiting (it used to count them all and stop early)."""
     reports = []
-    host = _host(reports)
-    host.settings = dataclasses.replace(host.settings, full_publication=True)
+    host = _host(reports, full_publication=True)
     for group in (5, 6, 7):  # sender 2 "publishes" groups that were never released
         host.handle(0, _full_publication(2, group))
         host.handle(1, _full_publication(2, group))
@@ -1079,8 +1079,7 @@ def test_a_sender_cannot_publish_more_groups_than_a_peer_can_curate():
     (a curator is a member: its budget bounds its releases), so made-up groups cannot grow
     its memory; more are refused and counted."""
     reports = []
-    host = _host(reports)
-    host.settings = dataclasses.replace(host.settings, full_publication=True, releases_per_peer=2)
+    host = _host(reports, full_publication=True, releases_per_peer=2)
     for group in (1, 2, 3, 4):
         host.handle(0, _full_publication(2, group))
     host.handle(1, _full_publication(2, 2))  # a group already kept, to another peer: fine
@@ -1123,6 +1122,19 @@ def test_a_curator_never_releases_a_group_past_its_expiry():
     assert host.counters.refused["submit"] == 2
     host.handle(0, _submit(sender=2))
     assert host.counters.refused["submit"] == 3
+
+
+def test_the_host_releases_only_what_the_curators_machine_decides(monkeypatch):
+    """The host's curator, every submission in: released and reported when its machine
+    (p2pdp.protocols.oneshot.Curator) says so; nothing released or reported when it does not."""
+    for collect, reported in ((Curator.collect, ["done"]), (lambda *_, **__: [], [])):
+        monkeypatch.setattr(Curator, "collect", collect)
+        reports = []
+        host = _host(reports)
+        host.handle(0, ASSIGN_0)
+        host.handle(0, _submit(sender=1))
+        host.handle(0, _submit(sender=2))
+        assert [r["kind"] for r in reports if isinstance(r, dict)] == reported
 
 
 # -- keys stay where they are made ---------------------------------------------------------------
@@ -1314,8 +1326,7 @@ def test_mutual_tls_refuses_strangers_impostors_and_replays():
 
 def test_a_claim_below_the_public_minimum_shard_size_is_refused():
     reports = []
-    host = _host(reports)
-    host.settings = HostSettings(n_peers=3, hosts=1, full_publication=False, min_shard_size=6)
+    host = _host(reports, min_shard_size=6)
     host.handle(0, ASSIGN_0)
     host.handle(0, _submit(size=5))
     assert host.counters.refused["submit"] == 1

@@ -25,13 +25,13 @@ from p2pdp.protocols import network_dp
 from p2pdp.protocols.mixing import Mixing
 
 
-def _config(**protocol) -> ScenarioConfig:
+def _config(*, privacy: dict | None = None, **protocol) -> ScenarioConfig:
     settings = {"name": "muffliato", "rounds": 2, "gossip_steps": 2, **protocol}
     return ScenarioConfig(
         data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
         partition={"n_peers": 20},
         training={"lam": 0.01},
-        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5},
+        privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5, **(privacy or {})},
         gossip={"degree": 4},
         evaluation={"cv_folds": 2},
         protocol=settings,
@@ -55,15 +55,7 @@ GRAPHS = {
 def _trace(mixing: Mixing, steps: int, gossip: int, after: int = 0) -> network_dp.ViewTrace:
     """Every peer steps ``steps`` times, ``gossip`` exchanges after each, all delivered; then
     ``after`` more exchanges without steps (budget spent)."""
-    trace = network_dp.ViewTrace()
-    every = np.ones(len(mixing.indices), dtype=bool)
-    for _ in range(steps):
-        trace.step(np.arange(mixing.n_peers))
-        for _ in range(gossip):
-            trace.exchange(every, ~every)
-    for _ in range(after):
-        trace.exchange(every, ~every)
-    return trace
+    return network_dp.full_delivery_trace(mixing, steps, gossip, after=after)
 
 
 def _brute_view(W, steps, gossip, v, *, after=0, scales=None, decay=1.0, own=True):
@@ -249,32 +241,160 @@ def test_a_muffliato_run_reports_the_exact_value_of_its_recorded_exchanges() -> 
 
 def test_network_dp_is_empty_with_the_reason_where_not_computed(monkeypatch) -> None:
     base = _config(name="muffliato", gossip_steps=2, rounds=2)
-    cases = {
-        "protocol.sampling = 'poisson'": dataclasses.replace(
-            base,
-            protocol=dataclasses.replace(base.protocol, sampling="poisson"),
-            privacy=dataclasses.replace(base.privacy, min_shard_size=5),
-        ),
-        "gossip.churn = true": dataclasses.replace(
-            base, gossip=dataclasses.replace(base.gossip, churn=True)
-        ),
-        "privacy.mechanism = 'none'": dataclasses.replace(
-            base, privacy=PrivacyConfig(mechanism="none", epsilon=2.0)
-        ),
-    }
-    for reason, config in cases.items():
-        row = simulate(config).row()
-        assert reason in row["network_dp_note"]
-        assert math.isnan(row["network_dp_epsilon_mean"]) and math.isnan(
-            row["network_dp_epsilon_max"]
-        )
+    none = dataclasses.replace(base, privacy=PrivacyConfig(mechanism="none", epsilon=2.0))
+    row = simulate(none).row()
+    assert "privacy.mechanism = 'none'" in row["network_dp_note"]
+    assert math.isnan(row["network_dp_epsilon_mean"]) and math.isnan(row["network_dp_epsilon_max"])
+    assert row["network_dp_method"] == ""
+    exact = simulate(base).row()
+    assert exact["network_dp_method"] == "exact" and exact["wall_network_dp_s"] >= 0.0
     monkeypatch.setattr(network_dp, "MAX_VIEW_ENTRIES", 100)
+    bound = simulate(base).row()  # beyond the exact computation: the filtered bound
+    assert bound["network_dp_method"] == "bound" and bound["network_dp_note"] == ""
+    for column in ("mean", "max", "max_beyond_neighbours"):
+        name = f"network_dp_epsilon_{column}"
+        assert exact[name] - 1e-12 <= bound[name] <= 1.5 * exact[name] + 1e-12, column
+    monkeypatch.setattr(network_dp, "MAX_FILTER_WORK", 100)
     result = simulate(base)
     assert "more than the 100 of an exact computation" in result.row()["network_dp_note"]
+    assert "more than its 100" in result.row()["network_dp_note"]
     assert math.isnan(result.row()["network_dp_epsilon_max"]) and result.network_dp == []
+    assert result.row()["network_dp_method"] == ""
     gossip_learning = simulate(_config(name="gossip-learning", gossip_steps=1)).row()
     assert "'gossip-learning' is not a synchronous" in gossip_learning["network_dp_note"]
     assert math.isnan(gossip_learning["network_dp_epsilon_max"])
+    assert gossip_learning["network_dp_method"] == ""
+
+
+def _brute_trace_Ms(trace, mixing, v, *, scales, decay) -> dict[int, np.ndarray]:
+    """``M`` of every ``u != v`` for ``v``'s view of a recorded run, built densely from the
+    trace's events (each exchange's matrix ``I + O - diag(O 1)``, ``O`` the delivered
+    off-diagonal weights), independently of :func:`network_dp.view_coefficients`."""
+    W = mixing.matrix().toarray()
+    P = len(W)
+    steps = [e for e in trace.events if isinstance(e, np.ndarray)]
+    owner = np.concatenate(steps)
+    state, rows, column = np.zeros((P, owner.size)), [], 0
+    for event in trace.events:
+        if isinstance(event, np.ndarray):
+            for i in event.tolist():
+                state[i] *= decay
+                state[i, column] = -scales[i]
+                column += 1
+            continue
+        delivered, late = event
+        for e in np.flatnonzero(delivered | late):
+            if mixing.receivers[e] == v:
+                rows.append(state[mixing.indices[e]].copy())
+        off = np.zeros((P, P))
+        off[mixing.receivers[delivered], mixing.indices[delivered]] = W[
+            mixing.receivers[delivered], mixing.indices[delivered]
+        ]
+        state = (np.eye(P) + off - np.diag(off.sum(axis=1))) @ state
+    A = np.array(rows)[:, owner != v]
+    kept = owner[owner != v]
+    precision = np.linalg.pinv(A @ A.T, rcond=1e-13, hermitian=True)
+    return {u: A[:, kept == u].T @ precision @ A[:, kept == u] for u in range(P) if u != v}
+
+
+def _recorded(monkeypatch) -> list[network_dp.ViewTrace]:
+    """The traces the runs after this call pass to :func:`network_dp.report`."""
+    traces: list[network_dp.ViewTrace] = []
+    report = network_dp.report
+
+    def recording(trace, *args, **kwargs):
+        traces.append(trace)
+        return report(trace, *args, **kwargs)
+
+    monkeypatch.setattr(network_dp, "report", recording)
+    return traces
+
+
+def test_a_churned_lossy_run_reports_the_exact_network_dp_of_its_realised_exchanges(
+    monkeypatch,
+) -> None:
+    """Churn and message loss: the columns are those of the run as recorded (peers offline at
+    a step did not step, lost messages are in no view), equal to an independent dense brute
+    force over the recorded events; the run did lose messages and skip steps."""
+    from p2pdp.sim.overlay import build_overlay
+
+    config = _config(name="muffliato", gossip_steps=2, rounds=3, noise_multiplier=6.0,
+                     step_size=0.5)  # fmt: skip
+    config = dataclasses.replace(
+        config,
+        gossip=dataclasses.replace(
+            config.gossip, churn=True, session_median=2.0, downtime_median=2.0
+        ),
+        network=dataclasses.replace(config.network, loss=0.2),
+    )
+    traces = _recorded(monkeypatch)
+    result = simulate(config)
+    row = result.row()
+    (trace,) = traces
+    assert row["network_dp_note"] == "" and row["network_dp_method"] == "exact"
+    assert result.aggregations_per_peer.min() < 3  # some peer was offline at a step
+    exchanges = [e for e in trace.events if isinstance(e, tuple)]
+    assert sum(int((~(d | late)).sum()) for d, late in exchanges) > 0  # messages lost
+    overlay = build_overlay(config.gossip, 20, rng=generator(config.seed, "overlay", 0, 0))
+    mixing = Mixing.metropolis_hastings(overlay.indptr, overlay.indices)
+    scales, ratio = 0.5 / result.shard_sizes.astype(float), 2.0 / 6.0
+    epsilon = np.full((20, 20), np.nan)
+    for v in range(20):
+        Ms = _brute_trace_Ms(trace, mixing, v, scales=scales, decay=1 - 0.5 * 0.01)
+        for u, M in Ms.items():  # T <= 3: the signs are a lower value, the SDP's is exact
+            (upper,), (lower,) = network_dp.worst_case_shifts(M[None])
+            assert upper == pytest.approx(lower, abs=1e-9) and upper >= _sign_max(M) - 1e-9
+            mu = ratio * math.sqrt(max(upper, 0.0))
+            epsilon[u, v] = (
+                0.0 if mu < 1e-12 else optimize.brentq(
+                    lambda e, m=mu: _gdp_delta(e, m) - 1e-5, 0, 50, xtol=1e-13)
+            )  # fmt: skip
+    assert row["network_dp_epsilon_mean"] == pytest.approx(np.nanmean(epsilon), rel=1e-6)
+    assert row["network_dp_epsilon_max"] == pytest.approx(np.nanmax(epsilon), rel=1e-6)
+    # the filtered bound of the same recorded run (uneven steps, lost messages): never below
+    decay = 1 - 0.5 * 0.01
+    exact, _ = network_dp.view_coefficients(trace, mixing, scales=scales, decay=decay)
+    for window in (1, 2):  # noises retired at events where some peer did not step
+        bound = network_dp.filtered_coefficients(
+            trace, mixing, scales=scales, decay=decay, window=window
+        )
+        off = ~np.eye(20, dtype=bool)
+        assert (bound[off] >= exact[off] - 1e-12).all() and np.isnan(bound[~off]).all()
+
+
+def test_poisson_rows_bound_every_sampling_outcome_of_the_differing_record(monkeypatch) -> None:
+    """Poisson sampling (add/remove, Delta = C): given a sampling outcome the view is
+    Gaussian, the differing record shifting only the steps whose batch drew it. For every
+    outcome of u's 2 steps (drawn at none, the first, the second, both) the exact epsilon of
+    that outcome (brute force, signs exact for T <= 2) is at most the reported pair's, and
+    the outcome 'drawn at both' attains it: the column is the max over outcomes."""
+    from p2pdp.sim.overlay import build_overlay
+
+    config = _config(name="muffliato", noise_multiplier=3.0, step_size=0.5, sampling="poisson",
+                     sampling_rate=0.5, privacy={"min_shard_size": 5})  # fmt: skip
+    traces = _recorded(monkeypatch)
+    result = simulate(config)
+    row = result.row()
+    assert row["neighbouring_relation"] == "add-remove"
+    assert row["network_dp_note"] == "" and np.isfinite(row["network_dp_epsilon_max"])
+    (trace,) = traces
+    overlay = build_overlay(config.gossip, 20, rng=generator(config.seed, "overlay", 0, 0))
+    mixing = Mixing.metropolis_hastings(overlay.indptr, overlay.indices)
+    scales = np.full(20, 0.5 / (0.5 * 5))  # eta / (q min_shard_size): the public divisor
+    ratio = 1.0 / 3.0  # Delta / sigma = C / (z C)
+    worst = np.zeros((20, 20))
+    for v in range(20):
+        Ms = _brute_trace_Ms(trace, mixing, v, scales=scales, decay=1 - 0.5 * 0.01)
+        for u, M in Ms.items():
+            for drawn in ([], [0], [1], [0, 1]):  # the outcome: steps whose batch drew it
+                kappa = _sign_max(M[np.ix_(drawn, drawn)]) if drawn else 0.0
+                worst[u, v] = max(worst[u, v], kappa)
+                assert kappa <= worst[u, v] + 1e-12
+    mu = ratio * np.sqrt(worst[~np.eye(20, dtype=bool)])
+    epsilon = [optimize.brentq(lambda e, m=m: _gdp_delta(e, m) - 1e-5, 0, 50, xtol=1e-13)
+               for m in mu if m > 1e-12]  # fmt: skip
+    assert row["network_dp_epsilon_max"] == pytest.approx(max(epsilon), rel=1e-6)
+    assert row["network_dp_epsilon_mean"] == pytest.approx(sum(epsilon) / (20 * 19), rel=1e-6)
 
 
 def _brute_epsilon(W, steps, gossip, *, ratio, **kwargs) -> np.ndarray:
@@ -376,3 +496,116 @@ def test_a_runs_network_dp_table_has_one_row_per_hop_distance_of_its_overlay() -
     rows = result.network_dp_rows()
     assert {row["distance"]: row["pairs"] for row in rows} == counts
     assert all(row["fold"] == 0 for row in rows)
+
+
+BOUND_GRAPHS = {
+    "ring-10": nx.cycle_graph(10),
+    "star-9": nx.star_graph(8),
+    "3-regular-14": nx.random_regular_graph(3, 14, seed=1),
+    "erdos-renyi-12": nx.erdos_renyi_graph(12, 0.3, seed=2),
+}
+#: (steps, exchanges per step): up to the window (the bound is exact) and beyond it.
+BOUND_GRID = [(2, 2), (3, 3), (4, 1), (6, 2), (8, 1)]
+
+
+def _columns(kappa: np.ndarray, mixing: Mixing) -> dict[str, float]:
+    """The reported epsilon columns of a kappa matrix (Delta / sigma = 0.5, delta = 1e-5)."""
+    epsilon = network_dp.pairwise_epsilon(kappa, sensitivity_over_sigma=0.5, delta=1e-5)
+    neighbours = mixing.matrix().toarray() > 0
+    return {
+        "mean": float(np.nanmean(epsilon)),
+        "max": float(np.nanmax(epsilon)),
+        "max_beyond_neighbours": float(epsilon[~neighbours].max()),
+    }
+
+
+@pytest.mark.parametrize("name", list(BOUND_GRAPHS))
+def test_the_filtered_bound_is_never_below_the_exact_value(name) -> None:
+    """Every pair of every (steps, exchanges) of the grid, unequal step scales, a decay: the
+    filtered bound is >= the exact coefficient (never below; within the certificate's 2%
+    when the run has no more steps than the window) and at most T_u; on the ring and the
+    3-regular graph the reported columns (mean, max, max beyond neighbours of epsilon) are
+    within 1.5x of the exact ones."""
+    mixing = _mixing(BOUND_GRAPHS[name])
+    P = mixing.n_peers
+    scales = np.linspace(0.5, 1.5, P)
+    worst, widest = 0.0, 1.0
+    for steps, gossip in BOUND_GRID:
+        trace = _trace(mixing, steps, gossip)
+        exact, _ = network_dp.view_coefficients(trace, mixing, scales=scales, decay=0.97)
+        bound = network_dp.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
+        off = ~np.eye(P, dtype=bool)
+        assert np.isnan(bound[~off]).all()
+        assert (bound[off] >= exact[off] - 1e-12).all(), (steps, gossip)  # exact's rounding
+        assert (bound[off] <= steps + 1e-9).all()
+        if steps <= network_dp.filter_window(trace):  # nothing retired: only the certificate
+            assert (bound[off] <= 1.02 * exact[off] + 1e-9).all(), (steps, gossip)
+        worst = max(worst, float((bound[off] - exact[off]).max()))
+        if name in ("ring-10", "3-regular-14"):
+            tight, loose = _columns(exact, mixing), _columns(bound, mixing)
+            for column, value in loose.items():
+                assert value <= 1.5 * tight[column], (steps, gossip, column)
+                widest = max(widest, value / tight[column])
+    print(f"{name}: largest kappa excess {worst:.3g}, widest column ratio {widest:.3f} "
+          "(ring and 3-regular only)")  # fmt: skip
+
+
+def test_cells_differing_only_in_the_budget_share_their_coefficients(monkeypatch) -> None:
+    """kappa does not depend on the noise multiplier: a second report on the same events,
+    overlay, scales and decay finds the first's coefficients (one computation) and gives the
+    epsilons of its own noise; another decay, or other events, computes again."""
+    from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
+
+    mixing = _mixing(GRAPHS["ring-10"])
+    calls: list[int] = []
+    original = network_dp.view_coefficients
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(network_dp, "view_coefficients", counted)
+    monkeypatch.setattr(network_dp, "_FOUND", {})
+    scales = np.linspace(0.5, 1.5, 10)
+    rows = {}
+    for z in (3.0, 6.0):
+        mechanism = ClippedGaussianSum(clip_norm=1.0, noise_multiplier=z)
+        rows[z], _ = network_dp.report(
+            _trace(mixing, 3, 2), mixing, mechanism, scales=scales, decay=0.97, delta=1e-5
+        )
+    assert len(calls) == 1 and rows[3.0]["network_dp_epsilon_max"] > rows[6.0][
+        "network_dp_epsilon_max"]  # fmt: skip
+    kappa, _ = original(_trace(mixing, 3, 2), mixing, scales=scales, decay=0.97)
+    expected = network_dp.pairwise_epsilon(kappa, sensitivity_over_sigma=2 / 6.0, delta=1e-5)
+    assert rows[6.0]["network_dp_epsilon_mean"] == pytest.approx(np.nanmean(expected), rel=1e-12)
+    mechanism = ClippedGaussianSum(clip_norm=1.0, noise_multiplier=6.0)
+    for trace, decay in ((_trace(mixing, 3, 2), 0.9), (_trace(mixing, 3, 1), 0.97)):
+        network_dp.report(trace, mixing, mechanism, scales=scales, decay=decay, delta=1e-5)
+    assert len(calls) == 3
+
+
+def test_the_comparison_says_when_its_network_dp_is_an_upper_bound() -> None:
+    from p2pdp.experiments.protocol_report import markdown, tuned_comparison
+
+    base = {"protocol.name": "muffliato", "privacy.epsilon": 1.0, "mean_error": 0.2,
+            "max_epsilon_spent": 1.0, "local_only_error": 0.3, "centralized_error": 0.1,
+            "network_dp_note": ""}  # fmt: skip
+    for method, shown in (("exact", "| 0.5 |"), ("bound", "| 0.5 (upper bound) |")):
+        rows = [
+            {**base, "fold": f, "network_dp_epsilon_mean": 0.5, "network_dp_method": method}
+            for f in (0, 1)
+        ]
+        keys, table = tuned_comparison(rows, ["privacy.epsilon"])
+        assert markdown(keys, table)[2].endswith(shown)
+
+
+def test_the_matrix_of_an_exchange_with_lost_messages_is_the_averaging() -> None:
+    """``Mixing.matrix(delivered)`` (the filtered bound's exchanges) is ``average``'s map."""
+    mixing = _mixing(GRAPHS["3-regular-14"])
+    rng = generator(0, "matrix")
+    delivered = rng.random(len(mixing.indices)) < 0.6
+    X = rng.normal(size=(14, 5))
+    np.testing.assert_allclose(
+        mixing.matrix(delivered) @ X, mixing.average(X, delivered), rtol=1e-12, atol=1e-12
+    )
+    assert not np.allclose(mixing.matrix(delivered).toarray(), mixing.matrix().toarray())

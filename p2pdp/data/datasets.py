@@ -39,6 +39,7 @@ import http.client
 import importlib.util
 import inspect
 import io
+import math
 import os
 import re
 import sys
@@ -91,6 +92,8 @@ __all__ = [
     "spambase",
     "synthetic",
     "synthetic_block",
+    "synthetic_block_bounds",
+    "synthetic_block_logged",
     "synthetic_seed",
 ]
 
@@ -1215,17 +1218,59 @@ def synthetic_block(
     with ``mu`` = :data:`LOG1P_LOGNORMAL_MEAN` and ``w`` drawn from child 0 (N(0, 16 / d) per
     coordinate).
     """
-    start = block * SYNTHETIC_BLOCK_ROWS
-    rows = min(SYNTHETIC_BLOCK_ROWS, n_total - start)
+    X, _, y = synthetic_block_logged(seed_seq, block, n_total=n_total, n_features=n_features)
+    return X, y
+
+
+def _block_rows(block: int, n_total: int) -> int:
+    """Rows of block ``block`` of ``n_total`` rows; ValueError outside them."""
+    rows = min(SYNTHETIC_BLOCK_ROWS, n_total - block * SYNTHETIC_BLOCK_ROWS)
     if block < 0 or rows <= 0:
         raise ValueError(f"block {block} is outside the {n_total} rows")
+    return rows
+
+
+def synthetic_block_logged(
+    seed_seq: np.random.SeedSequence, block: int, *, n_total: int, n_features: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`synthetic_block`'s ``X`` (m, n_features) and ``y`` (m,), with ``log1p(X)``
+    (m, n_features) between them: the labels' logits read it, and so can the default
+    transform's first step (``sign(x) log1p(|x|)`` is ``log1p(x)`` for these positive rows,
+    bit for bit), instead of computing it again."""
+    rows = _block_rows(block, n_total)
     w_rng = np.random.default_rng(synthetic_seed(seed_seq, 0))
     w = w_rng.normal(size=n_features) * (4.0 / np.sqrt(n_features))
     rng = np.random.default_rng(synthetic_seed(seed_seq, 1 + block))
     X = rng.lognormal(mean=0.0, sigma=1.0, size=(rows, n_features))
-    logits = (np.log1p(X) - LOG1P_LOGNORMAL_MEAN) @ w
+    logged = np.log1p(X)
+    logits = (logged - LOG1P_LOGNORMAL_MEAN) @ w
     y = np.where(rng.random(rows) < 1.0 / (1.0 + np.exp(-logits)), 1, -1).astype(np.int8)
-    return X, y
+    return X, logged, y
+
+
+def synthetic_block_bounds(
+    seed_seq: np.random.SeedSequence, block: int, *, n_total: int, n_features: int, n_rows: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-feature minimum and maximum, (n_features,) each, of the rows of block ``block`` of
+    :func:`synthetic_block` before row ``n_rows`` (the training rows), or None if it has none.
+
+    Exactly the extremes of its ``X``, at about half the cost: ``X = exp(z)`` elementwise for
+    the block's standard normal draws ``z`` (numpy's lognormal is the C library's ``exp`` of
+    ``0 + 1 z``, drawn in the same order), and ``exp`` is monotone, so the extremes are
+    ``exp`` (the same C library function, through :func:`math.exp`) of the extremes of ``z``,
+    which are drawn without the ``exp`` of every entry.
+    """
+    rows = _block_rows(block, n_total)
+    cut = min(rows, n_rows - block * SYNTHETIC_BLOCK_ROWS)
+    if cut <= 0:
+        return None
+    rng = np.random.default_rng(synthetic_seed(seed_seq, 1 + block))
+    z = rng.standard_normal(size=(rows, n_features))[:cut]
+    exp = np.frompyfunc(math.exp, 1, 1)
+    return (
+        exp(z.min(axis=0)).astype(np.float64),
+        exp(z.max(axis=0)).astype(np.float64),
+    )
 
 
 def _draw_block(shared: tuple[np.ndarray, np.ndarray, np.random.SeedSequence], block: int) -> None:

@@ -347,8 +347,27 @@ class FittedPreprocessor:
         _check_finite(block, "X")
         out[rows] = self._transform_rows(block)
 
-    def _transform_rows(self, Z: NDArray[np.float64]) -> NDArray[np.float64]:
-        if "log1p" in self.steps:
+    def transform_logged(self, logged: NDArray[np.float64]) -> NDArray[np.float64]:
+        """:meth:`transform` of non-negative rows ``X`` (n, d), given ``log1p(X)`` (n, d)
+        instead of ``X``: the ``log1p`` step (``sign(x) log1p(|x|)``, which is ``log1p(x)``
+        bit for bit for ``x >= 0``) is not computed again. In this process, in one piece
+        (a block of rows). Returns (n, n_features_out) float64, the rows :meth:`transform`
+        gives for ``X``. ConfigError without a ``log1p`` step, or for a non-finite entry."""
+        if "log1p" not in self.steps:
+            raise ConfigError(f"transform_logged needs the 'log1p' step, got {self.steps}")
+        Z = _as_matrix(logged, "logged")
+        if Z.shape[1] != self.n_features_in:
+            raise ConfigError(
+                f"logged must have {self.n_features_in} columns like the training rows, "
+                f"got {Z.shape[1]}"
+            )
+        _check_finite(Z, "logged")
+        return self._transform_rows(Z, logged=True)
+
+    def _transform_rows(
+        self, Z: NDArray[np.float64], *, logged: bool = False
+    ) -> NDArray[np.float64]:
+        if "log1p" in self.steps and not logged:
             Z = _signed_log1p(Z)
         if self.low is not None and self.high is not None:  # the minmax step (__post_init__)
             span = self.high - self.low

@@ -57,14 +57,12 @@ from threadpoolctl import threadpool_limits
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ClusterLostError, ConfigError, P2PDPError
 from p2pdp.core.parallel import RemotePieces
-from p2pdp.core.rng import generator
 from p2pdp.data.datasets import SYNTHETIC_BLOCK_ROWS, synthetic_block
 from p2pdp.data.partition import contiguous_starts
 from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
 from p2pdp.learning.evaluation import make_ensemble_rule
 from p2pdp.learning.models import (
     MAX_NEWTON_STEPS,
-    STREAM_MIN_ROWS,
     BlockSums,
     LocalModels,
     LogisticModel,
@@ -72,6 +70,7 @@ from p2pdp.learning.models import (
     sums_of_block,
 )
 from p2pdp.tasks.pipeline import FoldData, TrainedPeers, training_key
+from p2pdp.tasks.streamed import block_stream, stream_gap
 
 #: A block on a worker: its training rows ``X`` (m, d), labels ``y`` (m,) int8, and its test
 #: rows and labels (rows of the stream past ``data.synthetic_rows``; often none).
@@ -80,24 +79,12 @@ _Block = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 def plan_gap(config: ScenarioConfig) -> str | None:
     """Why the cluster plan does not cover ``config``'s cells (``"setting = value ..."``), or
-    None when it does. An uncovered cell runs whole on one worker, as before the plan."""
-    data, evaluation = config.data, config.evaluation
+    None when it does. An uncovered cell runs whole on one worker, as before the plan. The
+    training's settings are those of a local training in blocks
+    (:func:`p2pdp.tasks.streamed.stream_gap`); the rest keep the cell off the training rows."""
+    evaluation = config.evaluation
     settings: list[tuple[str, Any, bool, str]] = [
-        ("data.dataset", data.dataset, data.dataset == "synthetic", "'synthetic'"),
-        ("evaluation.split", evaluation.split, evaluation.split == "fixed", "'fixed'"),
-        (
-            "partition.scheme",
-            config.partition.scheme,
-            config.partition.scheme == "contiguous",
-            "'contiguous'",
-        ),
         ("task.name", config.task.name, config.task.name == "logistic", "'logistic'"),
-        (
-            "training.model",
-            config.training.model,
-            config.training.model == "logistic",
-            "'logistic'",
-        ),
         ("protocol.name", config.protocol.name, config.protocol.name == "one-shot", "'one-shot'"),
         (
             "privacy.mechanism",
@@ -117,26 +104,10 @@ def plan_gap(config: ScenarioConfig) -> str | None:
             not evaluation.best_lambda_reference,
             "false (it refits on every training row)",
         ),
-        (
-            "data.transform",
-            data.transform,
-            "standardize" not in data.transform,
-            "no 'standardize' (its mean and variance are sums, not exact in any order)",
-        ),
-        ("data.bounds", data.bounds, data.bounds == "data", "'data'"),
-        (
-            "data.synthetic_rows",
-            data.synthetic_rows,
-            data.synthetic_rows >= STREAM_MIN_ROWS,
-            f">= {STREAM_MIN_ROWS} (smaller runs fit one worker)",
-        ),
-        (
-            "partition.n_peers",
-            config.partition.n_peers,
-            -(-data.synthetic_rows // config.partition.n_peers) <= SYNTHETIC_BLOCK_ROWS,
-            f"shards of at most {SYNTHETIC_BLOCK_ROWS} rows (a shard spans at most two blocks)",
-        ),
     ]
+    gap = stream_gap(config, plan="the cluster plan")
+    if gap is not None:
+        return gap
     for name, value, covered, wanted in settings:
         if not covered:
             return f"{name} = {value!r} (the cluster plan needs {wanted})"
@@ -159,17 +130,8 @@ def prepare_on_cluster(
     gap = plan_gap(config)
     if gap is not None:
         raise ConfigError(f"this run cannot be split over the cluster: {gap}")
-    data, partition = config.data, config.partition
-    n, d = data.synthetic_rows, data.synthetic_features
-    n_total = n + data.synthetic_test_rows
-    needed = partition.n_peers * partition.min_shard_size
-    if n < needed:  # as load_peer_fold says it
-        raise ConfigError(
-            f"data set 'synthetic': fold {fold} has {n} training rows, fewer than "
-            f"partition.n_peers ({partition.n_peers}) x partition.min_shard_size "
-            f"({partition.min_shard_size}) = {needed}"
-        )
-    seed_seq = generator(config.seed, "synthetic").bit_generator.seed_seq
+    seed_seq, n_total, d, n = block_stream(config, fold=fold)
+    data = config.data
     blocks = range(math.ceil(n_total / SYNTHETIC_BLOCK_ROWS))
     training = range(math.ceil(n / SYNTHETIC_BLOCK_ROWS))
     drawn = [

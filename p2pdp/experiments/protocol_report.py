@@ -66,7 +66,9 @@ def tuned_comparison(
     text), ``local_only_error``, ``centralized_error``, ``central_dp_error`` (the trusted
     curator's DP-SGD at the same budget, NaN for one-shot cells), ``epsilon_spent`` (largest
     local DP epsilon of a peer), ``network_dp_epsilon_mean`` (NaN unless computed for every
-    cell) and ``network_dp_notes`` (the cells' distinct reasons for not computing it).
+    cell), ``network_dp_notes`` (the cells' distinct reasons for not computing it) and
+    ``network_dp_bound`` (whether some cell's value is a certified upper bound rather than
+    exact: ``network_dp_method``).
     """
     tuned = [k for k in swept if k in TUNED_KEYS]
     keys = ["protocol.name", *(k for k in swept if k not in TUNED_KEYS and k != "protocol.name")]
@@ -110,6 +112,7 @@ def tuned_comparison(
                 "network_dp_notes": sorted(
                     {str(c["network_dp_note"]) for c in cells if c.get("network_dp_note")}
                 ),
+                "network_dp_bound": any(c.get("network_dp_method") == "bound" for c in cells),
                 "partition": _partition_label(cells[0]),
                 "_chosen": dict(zip(tuned, chosen, strict=True)),
             }
@@ -309,7 +312,8 @@ def markdown(keys: Sequence[str], table: Sequence[dict[str, Any]]) -> list[str]:
                     f"{row['epsilon_spent']:.3g}",
                     "-"
                     if math.isnan(row["network_dp_epsilon_mean"])
-                    else f"{row['network_dp_epsilon_mean']:.3g}",
+                    else f"{row['network_dp_epsilon_mean']:.3g}"
+                    + (" (upper bound)" if row.get("network_dp_bound") else ""),
                 ]
             )
             + " |"

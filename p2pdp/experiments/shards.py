@@ -42,13 +42,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.results import make_folder
 from p2pdp.net.host import hosts_of
 from p2pdp.tasks import check_own_rows, make_task
-from p2pdp.tasks.pipeline import (
-    fold_name,
-    load_peer_fold,
-    partition_stream,
-    peer_shards,
-    shard_key,
-)
+from p2pdp.tasks.pipeline import fold_name, load_training_rows, shard_key
 
 __all__ = ["SHARD_FORMAT", "SHARD_VERSION", "PeerRows", "read_host_shards", "write_host_shards"]
 
@@ -107,13 +101,7 @@ def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) ->
     arrays: list[dict[str, Any]] = [{} for _ in range(hosts)]
     for repetition in range(config.repetitions):
         for fold in folds:
-            data = load_peer_fold(config, fold=fold, repetition=repetition)
-            shards = peer_shards(
-                data,
-                config.partition,
-                rng=partition_stream(config, fold=fold, repetition=repetition),
-                fold_name=fold_name(fold, repetition),
-            )
+            data, shards = load_training_rows(config, fold=fold, repetition=repetition)
             for host in range(hosts):
                 peers = np.flatnonzero(owner == host)
                 rows = np.concatenate([shards[peer] for peer in peers])

@@ -46,6 +46,9 @@ from p2pdp.tasks import (
     task_statistics,
 )
 
+#: The phases of every row's ``wall_<phase>_s`` columns, in order (NaN where a run has none).
+WALL_PHASES = ("training", "simulation", "evaluation", "network_dp")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
@@ -54,7 +57,10 @@ class RunResult:
     ``evaluation`` is the task's scores (for the logistic task:
     :class:`~p2pdp.tasks.logistic.task.LogisticEvaluation`, errors as fractions of misclassified
     test rows). Times are seconds (``sim_time`` simulated, until the last group finished;
-    ``wall_times`` real per phase: training, simulation, evaluation).
+    ``wall_times`` real per phase: training, simulation, evaluation, and for an iterative run
+    ``network_dp``, the views of its network DP and correlated-noise columns; the row's
+    ``wall_<phase>_s`` columns are those of :data:`WALL_PHASES` in order, NaN where a run has
+    no such phase).
 
     Privacy, per peer: ``epsilon_spent`` is what the budget ledger charged under the
     configured accountant (the nominal schedule); ``guaranteed_epsilon`` is what the
@@ -159,7 +165,9 @@ class RunResult:
             neighbouring_relation=self.neighbouring_relation,
         )
         row.update(self.protocol_columns)
-        row.update({f"wall_{phase}_s": seconds for phase, seconds in self.wall_times.items()})
+        walls = dict.fromkeys(WALL_PHASES, math.nan)  # every row the same columns, in order
+        walls.update(self.wall_times)
+        row.update({f"wall_{phase}_s": seconds for phase, seconds in walls.items()})
         return row
 
     def round_rows(self) -> list[dict[str, Any]]:
@@ -712,10 +720,8 @@ def simulate_iterative(
     start = time.perf_counter()
     set_phase("training")
     trained = _trained(task, trained, fold=fold, repetition=repetition)
-    data = trained.fold
-    problem = LocalProblem.from_shards(
-        data.X_train, data.y_train, trained.shards, config.training.lam
-    )
+    data, shards = trained.training_rows()  # loaded again if drawn in blocks
+    problem = LocalProblem.from_shards(data.X_train, data.y_train, shards, config.training.lam)
     check_min_shard_size(problem.sizes, config.privacy.min_shard_size)
     settings = config.protocol
     if settings.sampling == "fixed" and settings.batch_size > problem.sizes.min():
@@ -781,6 +787,10 @@ def simulate_iterative(
             central_dp_error=float(linear_error(central[None, :], data.X_test, data.y_test)[0]),
             central_dp_epsilon=central_epsilon,
         )
+    wall["evaluation"] = time.perf_counter() - start
+
+    start = time.perf_counter()  # the views of the run: network DP and correlated noise
+    set_phase("network DP")
     distances: list[dict[str, Any]] = []
     step_size = config.protocol.step_size
     if pair_noise > 0:  # every threat model's view of the run as it happened
@@ -821,12 +831,11 @@ def simulate_iterative(
             scales=step_size / mechanism.denominators(problem.sizes),
             decay=1.0 - step_size * problem.lam,
             delta=config.privacy.delta,
-            churn=config.gossip.churn,
         )
         columns.update(summary)
     else:
         columns["network_dp_note"] = network_dp.not_modelled(config.protocol.name)
-    wall["evaluation"] = time.perf_counter() - start
+    wall["network_dp"] = time.perf_counter() - start
 
     transport = run.transport
     spent = privacy.epsilon(steps)

@@ -11,9 +11,9 @@ certificate); sign each host's certificate signing request once, for the host in
 was made for (:meth:`~p2pdp.net.tls.Authority.enroll`; a wrong or spent token, a request for
 another identity and any other frame on the enrollment listener are refused and counted
 ``enroll``, and that listener closes once every host enrolled); learn every peer's port, send
-everyone the directory; then, one group at a time (the seed's sequential GroupAgent), draw the
-group from the pool of idle solvent peers with the simulator's
-:class:`~p2pdp.protocols.groups.GroupPool` and the same protocol stream, send each member an
+everyone the directory; then, one group at a time (the seed's sequential GroupAgent), start the
+groups the central sampler's machine decides on (:class:`~p2pdp.protocols.oneshot.Sampler`,
+the simulator's, on the same protocol stream: the same groups), send each member an
 ``ASSIGN`` frame, and wait for the curator's ``DONE`` report. A reported release charges every
 member (the ledger is the coordinator's: membership is public) and its solvent members return
 to the pool. At the end every host reports what it sent and received (``STATS``).
@@ -82,14 +82,8 @@ from p2pdp.net.tls import Authority, host_name, identity, listen, resolve
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
-from p2pdp.protocols.groups import (
-    ASSIGN,
-    SAMPLER,
-    Group,
-    GroupPool,
-    failed_in_a_row,
-    too_few_solvent,
-)
+from p2pdp.protocols.groups import ASSIGN, SAMPLER, Group
+from p2pdp.protocols.oneshot import COLLECT_TIMEOUT, Sampler, Stop
 
 __all__ = ["NetworkWorld", "check_supported"]
 
@@ -321,7 +315,15 @@ class NetworkWorld:
         self.observers = tuple(observers)
         self.exact = exact
         self.bind = bind
-        self.pool = GroupPool(Uniforms(rngs["protocol"]))
+        groups = config.groups
+        # the central sampler's machine (p2pdp.protocols.oneshot), as the simulator's
+        self.sampler = Sampler(
+            Uniforms(rngs["protocol"]),
+            group_size=groups.group_size,
+            max_concurrent=groups.max_concurrent_groups,
+            max_failed=groups.max_failed_attempts,
+        )
+        self._next_group = 0
         self.env = _Clock()
         self.monitor = _Monitor()
         self.transport = _Counters(
@@ -702,7 +704,7 @@ class NetworkWorld:
         log.warning("network runtime: host %d lost (%s); its peers leave the run", host, why)
         self.lost_hosts.add(host)
         peers = np.flatnonzero(self.host_of == host)
-        self.pool.remove(set(peers.tolist()))
+        self.sampler.remove(set(peers.tolist()))
         for group_id, group in self._in_flight.items():
             future = self._done[group_id]
             if not future.done() and np.isin(group.members, peers).any():
@@ -760,67 +762,68 @@ class NetworkWorld:
 
     # -- the sampler -------------------------------------------------------------------------
     async def _groups(self) -> None:
-        """The seed's GroupAgent, one group at a time (as CentralSampler with one group in
-        flight; the same draws in the same order)."""
+        """Drive the central sampler's machine (:class:`p2pdp.protocols.oneshot.Sampler`, the
+        simulator's too: the same draws in the same order): start each group it decides on,
+        one at a time, and tell it how the group ended and which members may join another."""
+        machine = self.sampler
+        machine.start(list(range(self.n_peers)) if self.ledger.max_aggregations else [], 0)
+        while True:
+            for effect in machine.fill():
+                if isinstance(effect, Stop):  # no group in flight, none to come
+                    self.monitor.stop_reason = effect.reason
+                    return
+                await self._aggregate(effect.members, effect.curator)
+
+    async def _aggregate(self, members: np.ndarray, curator: int) -> None:
+        """One group: assign it, wait for its curator's ``DONE`` (or abort it: collect timeout
+        with slack, a member unreachable or its host lost), then tell the sampler's machine."""
         config = self.config
-        g = config.groups.group_size
-        max_failed = config.groups.max_failed_attempts
-        full = config.publication.mode == "full"
-        if self.ledger.max_aggregations:
-            self.pool.add(list(range(self.n_peers)))
-        failed = 0
-        next_group = 0
-        loop = asyncio.get_running_loop()
+        group = Group(self._next_group, members, curator, started=self.env.now)
+        self._next_group += 1
+        for observer in self.observers:
+            observer.group_started(self, group)
+        future = self._done[group.group_id] = asyncio.get_running_loop().create_future()
+        self._in_flight[group.group_id] = group
         collect = config.groups.collect_timeout
-        while len(self.pool) >= g and failed < max_failed:
-            members, curator = self.pool.draw(g)
-            group = Group(next_group, members, curator, started=self.env.now)
-            next_group += 1
+        assign = {
+            "kind": ASSIGN,
+            "sender": SAMPLER,
+            "group": group.group_id,
+            "members": members.tolist(),
+            "curator": curator,
+            # the curator's draw of the noise stream: the group's own, never reused (with
+            # no abort, the release's index, as in the simulator)
+            "release": group.group_id,
+            "timeout": collect,  # the curator's own timer: it never releases after it
+        }
+        reason = ""
+        try:
+            for member in members.tolist():
+                await self._send(member, assign)
+                self.transport.control_messages += 1
+            report = await asyncio.wait_for(future, collect + self.settings.timeout)
+            reason = "a member's host was lost" if report is None else ""
+        except TimeoutError:
+            reason = COLLECT_TIMEOUT
+            self._hold(group)
+        except OSError as error:  # a member's socket is unreachable
+            reason = f"a member is unreachable ({error})"
+            self._hold(group)
+        finally:
+            del self._done[group.group_id], self._in_flight[group.group_id]
+        if reason:
+            self.monitor.aborted += 1
             for observer in self.observers:
-                observer.group_started(self, group)
-            future = self._done[group.group_id] = loop.create_future()
-            self._in_flight[group.group_id] = group
-            assign = {
-                "kind": ASSIGN,
-                "sender": SAMPLER,
-                "group": group.group_id,
-                "members": members.tolist(),
-                "curator": curator,
-                # the curator's draw of the noise stream: the group's own, never reused (with
-                # no abort, the release's index, as in the simulator)
-                "release": group.group_id,
-                "timeout": collect,  # the curator's own timer: it never releases after it
-            }
-            reason = ""
-            try:
-                for member in members.tolist():
-                    await self._send(member, assign)
-                    self.transport.control_messages += 1
-                report = await asyncio.wait_for(future, collect + self.settings.timeout)
-                reason = "a member's host was lost" if report is None else ""
-            except TimeoutError:
-                reason = "collect timeout"
-                self._hold(group)
-            except OSError as error:  # a member's socket is unreachable
-                reason = f"a member is unreachable ({error})"
-                self._hold(group)
-            finally:
-                del self._done[group.group_id], self._in_flight[group.group_id]
-            if reason:
-                failed += 1
-                self.monitor.aborted += 1
-                for observer in self.observers:
-                    observer.aborted(self, group, reason)
-            else:
-                failed = 0
-                self._released(group, report, full=full)
-            # back to the pool: whoever can afford one more aggregation beyond those held back
-            held = self.ledger.aggregations(members) + self._held[members]
-            back = members[held < self.ledger.max_aggregations]
-            self.pool.add([p for p in back.tolist() if self.host_of[p] not in self.lost_hosts])
-        self.monitor.stop_reason = (
-            failed_in_a_row(max_failed) if failed >= max_failed else too_few_solvent(g)
+                observer.aborted(self, group, reason)
+        else:
+            self._released(group, report, full=config.publication.mode == "full")
+        # who may join another group: those that can afford one more aggregation beyond the
+        # charges held back, whose host is still there
+        held = self.ledger.aggregations(members) + self._held[members]
+        solvent = (held < self.ledger.max_aggregations) & ~np.isin(
+            self.host_of[members], list(self.lost_hosts)
         )
+        self.sampler.finished(members, published=not reason, solvent=solvent)
 
     def _released(self, group: Group, report: dict[str, Any], *, full: bool) -> None:
         """The curator released: charge the members, keep the release and its record."""

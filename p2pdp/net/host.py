@@ -1,8 +1,10 @@
 """Peers as real network endpoints: one OS process hosts several peers, each on its own socket.
 
-A :class:`PeerHost` runs the member and curator sides of the one-shot protocol
-(:class:`p2pdp.protocols.groups.Group`, the state machine the SimPy world drives) over TCP on
-this machine: every peer listens on its own port, every message is a msgpack frame
+A :class:`PeerHost` runs the member and curator sides of the one-shot protocol (the machines
+:class:`~p2pdp.protocols.oneshot.Member` and :class:`~p2pdp.protocols.oneshot.Curator`, which
+the SimPy world drives too: they decide what a peer accepts and when a curator releases; the
+host moves frames, keeps their payloads and carries the decisions out) over TCP on this
+machine: every peer listens on its own port, every message is a msgpack frame
 (:mod:`p2pdp.net.wire`) written to the receiver's socket, and every wait has a timeout. The
 coordinator (:mod:`p2pdp.net.coordinator`) assigns groups; the host only ever reads its own
 peers' statistics, and a curator only what its members send it.
@@ -68,7 +70,7 @@ from p2pdp.net.wire import (
     read_frame,
     unpack_vector,
 )
-from p2pdp.privacy.release import Releaser
+from p2pdp.privacy.release import Releaser, ReleaseRecord
 from p2pdp.privacy.secure_aggregation import FixedPoint, share
 from p2pdp.protocols.groups import (
     ASSIGN,
@@ -81,6 +83,16 @@ from p2pdp.protocols.groups import (
     Group,
     Send,
     model_bytes,
+)
+from p2pdp.protocols.oneshot import (
+    Abort,
+    Collect,
+    Curator,
+    Member,
+    Publish,
+    Refused,
+    Release,
+    Timer,
 )
 
 __all__ = [
@@ -226,11 +238,10 @@ class _Counters:
 @dataclass(eq=False)
 class _Member:
     """Secure aggregation, one member's side of its current group: the sum of the shares it
-    holds (its own first) and who sent them."""
+    holds (its own first; who sent them is its member machine's)."""
 
     group: Group
     partial: np.ndarray  # (d,) uint64
-    senders: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -301,10 +312,16 @@ class PeerHost:
         self.credential = credential
         self._server_tls = credential.context(server=True) if credential else None
         self._client_tls = credential.context(server=False) if credential else None
-        self.last_group: dict[int, int] = {}  # peer -> the last group it was assigned
         self.row = {peer: i for i, peer in enumerate(self.peers)}
         self.statistics = statistics
         self.sizes = [int(s) for s in sizes]
+        # the parties' machines (p2pdp.protocols.oneshot): this host's members and curators
+        # decide what they accept and do; the host moves frames and keeps their payloads
+        self.member = Member(dict(zip(self.peers, self.sizes, strict=True)),
+                             everyone=settings.full_publication)  # fmt: skip
+        self.curator = Curator(
+            everyone=settings.full_publication, min_shard_size=settings.min_shard_size
+        )
         self.releaser = releaser
         self.sensitivity = sensitivity
         self.settings = settings
@@ -327,9 +344,6 @@ class PeerHost:
         self.early: dict[int, dict[int, tuple[int, dict[str, tuple[dict[str, Any], Any]]]]]
         self.early = {}
         self.early_held: Counter[int] = Counter()  # sender's host -> messages kept early
-        # what a peer may be published (``group`` publication): group -> its curator, from
-        # the receiver's own assignments
-        self.expected: dict[int, dict[int, int]] = defaultdict(dict)
         # full publication: (group, sender) -> how many of this host's peers it reached, and
         # sender -> its groups among them (at most releases_per_peer); which pairs were real
         # releases comes with the coordinator's FINISH (``count_released``)
@@ -348,7 +362,7 @@ class PeerHost:
         self.frame_bytes = frame_bytes(self.dim, settings.n_peers)
         self.codec = FixedPoint()
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
-        self.deadline: dict[int, float] = {}  # group -> when its curator stops (monotonic s)
+        self.deadline: dict[int, float] = {}  # group -> when its curator's timer runs out
         self.noise_position = 0  # draws of the run's noise stream consumed or skipped here
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._used: dict[int, float] = {}  # receiver -> when its connection was last used
@@ -356,6 +370,11 @@ class PeerHost:
         self._connecting: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._sending: asyncio.Future | None = None
         self._more = asyncio.Event()  # set when the outbox has something to write
+
+    @property
+    def last_group(self) -> dict[int, int]:
+        """peer -> the last group it was assigned (its member machine's)."""
+        return self.member.last_group
 
     # -- sockets -----------------------------------------------------------------------------
     async def listen(self, address: str = "127.0.0.1") -> dict[int, int]:
@@ -592,15 +611,12 @@ class PeerHost:
             if self.released is not None and key in self.released:
                 self.released_received += 1
         else:
-            expected = self.expected[peer]
-            if expected.get(group) != sender:
+            try:
+                self.member.publication(peer, group, sender)
+            except Refused:
                 if (peer, group) in self.delivered:
                     self._turned_away(key)
-                raise ProtocolError(
-                    f"a publication of group {group} from {sender}, not its curator for {peer} "
-                    "(or a second one)"
-                )
-            del expected[group]
+                raise
             self.delivered.add((peer, group))
             self.receipts.append((peer, group))
         self.counters.publications_received += 1
@@ -638,10 +654,8 @@ class PeerHost:
         member for a share, its curator for a submission or a partial sum."""
         group_id = integer(message["group"], "group")
         if kind == SHARE:
-            member = self.members.get(peer)
-            return member is not None and member.group.group_id == group_id
-        entry = self.groups.get(group_id)
-        return entry is not None and entry[0].curator == peer
+            return self.member.sharing(peer) == group_id
+        return self.curator.collecting(peer, group_id)
 
     def _keep_early(self, peer: int, message: dict[str, Any], who: str | None) -> None:
         """A message for a group ``peer`` is not (yet) assigned to: the coordinator's
@@ -717,23 +731,16 @@ class PeerHost:
         )
 
     def _on_assign(self, peer: int, message: dict[str, Any]) -> None:
-        if _sender(message) != SAMPLER:
-            raise ProtocolError("an assignment must come from the coordinator")
         group = self._group(message)
-        if peer not in group.members.tolist():
-            raise ProtocolError(f"assigned to group {group.group_id} without being a member")
-        if group.group_id <= self.last_group.get(peer, -1):  # groups are numbered in order
-            raise ProtocolError(f"assignment to group {group.group_id} replayed or out of order")
-        self.last_group[peer] = group.group_id
-        if peer != group.curator and not self.settings.full_publication:
-            self.expected[peer][group.group_id] = group.curator  # the release it may receive
-        for older in [g for g, (held, _) in self.groups.items() if held.curator == peer]:
-            self._expire(older)  # it curates one group at a time: the older one is over
+        timeout = _seconds(message["timeout"])
+        release = integer(message["release"], "release") if peer == group.curator else 0
+        self.member.assign(peer, group, _sender(message))  # Refused unless it may
         if peer == group.curator:  # the group as the coordinator formed it, nobody else
             self.groups[group.group_id] = (group, {})
-            self.release_index[group.group_id] = integer(message["release"], "release")
-            # the curator's own timer, on its own clock (no clock shared with anyone)
-            self.deadline[group.group_id] = time.monotonic() + _seconds(message["timeout"])
+            self.release_index[group.group_id] = release
+        # its older group as curator is over; the curator's own timer, on its own clock (no
+        # clock shared with anyone)
+        self.carry_out(self.curator.joined(peer, group, timeout))
         if self.releaser.secure:
             self._share(peer, group)
         else:
@@ -741,7 +748,7 @@ class PeerHost:
         self._replay_early(peer, group.group_id)
 
     def _submit(self, peer: int, group: Group) -> None:
-        step = group.contribute(peer, self.sizes[self.row[peer]])
+        step = self.member.contribute(peer, group)
         for send in step.sends:  # a member's statistic and size, to the curator
             self.send(
                 send,
@@ -752,14 +759,34 @@ class PeerHost:
                 statistic=pack_vector(self.statistics[self.row[peer]]),
             )
         if step.ready:
-            self._release(group)
+            self._collect(group)
 
     def _on_submit(self, peer: int, message: dict[str, Any]) -> None:
-        group, received = self._collecting(peer, message)
-        sender = _sender(message)
-        received[sender] = unpack_vector(message["statistic"], shape=(self.dim,))
-        if group.on_submit(sender, integer(message["size"], "size")):
-            self._release(group)
+        statistic = unpack_vector(message["statistic"], shape=(self.dim,))
+        self._contribution(message, statistic)
+
+    def carry_out(self, effects: list[Any]) -> None:
+        """Carry out a machine's effects (:mod:`p2pdp.protocols.oneshot`), in order: a timer
+        is a deadline on this host's clock (delivered before anything else of its group,
+        :meth:`_due`), an abort drops what the curator holds of the group (the coordinator
+        aborts it on its own timer), a collection releases (:meth:`_collect`)."""
+        for effect in effects:
+            if type(effect) is Timer:
+                self.deadline[effect.group.group_id] = time.monotonic() + effect.after
+            elif type(effect) is Abort:
+                self._expire(effect.group.group_id)
+            elif type(effect) is Collect:
+                self._collect(effect.group)
+            else:
+                raise TypeError(f"a host carries out no {effect!r} here")
+
+    def _due(self, group_id: int) -> bool:
+        """Deliver the curator's timer of ``group_id`` if it ran out (its group is then
+        aborted, :meth:`Curator.timer <p2pdp.protocols.oneshot.Curator.timer>`): True if so."""
+        if time.monotonic() < self.deadline.get(group_id, math.inf):
+            return False
+        self.carry_out(self.curator.timer(self.groups[group_id][0]))
+        return True
 
     # -- secure aggregation (p2pdp.privacy.secure_aggregation, for real) ----------------------
     def _share(self, peer: int, group: Group) -> None:
@@ -783,8 +810,7 @@ class PeerHost:
             )
         shares = share(self.codec.encode(contribution), n_members, rng=None)
         self.members[peer] = _Member(group, shares[-1].copy())  # its own share: the remainder
-        size = self.sizes[self.row[peer]]
-        step = group.contribute(peer, size)
+        step = self.member.contribute(peer, group)
         for send, row in zip(step.sends, shares[:-1], strict=True):
             self.send(
                 send,
@@ -794,7 +820,7 @@ class PeerHost:
                 share=pack_vector(row, ring=True),
             )
         if step.ready:  # a group of one: its share is its partial sum
-            self._release_secure(group)
+            self._collect(group)
 
     def _on_share(self, peer: int, message: dict[str, Any]) -> None:
         """A share for ``peer``'s current group: add it; with one from every other member,
@@ -803,14 +829,9 @@ class PeerHost:
         vector = unpack_vector(message["share"], shape=(self.dim,), ring=True)
         member = self.members[peer]
         group = member.group
-        if sender == peer or sender not in group.members.tolist():
-            raise ProtocolError(f"share from {sender}, not a member of group {group.group_id}")
-        if sender in member.senders:
-            raise ProtocolError(f"a second share from {sender} (replayed)")
-        member.senders.add(sender)
+        step = self.member.share(peer, group, sender)  # Refused unless it may
         member.partial += vector  # mod 2^64
         size = self.sizes[self.row[peer]]
-        step = group.on_share(peer, size)
         for send in step.sends:
             self.send(
                 send,
@@ -821,45 +842,49 @@ class PeerHost:
                 partial=pack_vector(member.partial, ring=True),
             )
         if step.ready:
-            self._release_secure(group)
+            self._collect(group)
 
     def _on_partial(self, peer: int, message: dict[str, Any]) -> None:
-        group, received = self._collecting(peer, message)
-        sender = _sender(message)
-        received[sender] = unpack_vector(message["partial"], shape=(self.dim,), ring=True)
-        if group.on_partial(sender, integer(message["size"], "size")):
-            self._release_secure(group)
+        partial = unpack_vector(message["partial"], shape=(self.dim,), ring=True)
+        self._contribution(message, partial)
 
-    def _collecting(
-        self, peer: int, message: dict[str, Any]
-    ) -> tuple[Group, dict[int, np.ndarray]]:
-        """The curator ``peer``'s group of a submission or partial sum (as its own assignment
-        gave it), and what it received so far; ProtocolError if the message has no place
-        there (from outside the group, a second one, a shard size below the public minimum,
-        after the deadline)."""
-        group, received = self.groups[integer(message["group"], "group")]  # _assigned checked it is
-        sender = _sender(message)
-        if sender not in group.members.tolist() or sender == peer:
-            raise ProtocolError(f"{message['kind']} from {sender} to {peer} outside its group")
-        if sender in received:
-            raise ProtocolError(f"a second {message['kind']} from {sender} (replayed)")
+    def _contribution(self, message: dict[str, Any], vector: np.ndarray) -> None:
+        """A submission or partial sum (``vector``, parsed) for a group a curator of this
+        host collects (:meth:`_assigned` checked it): once its timer is delivered if it ran
+        out, the curator's machine accepts it or refuses it (:meth:`Curator.receive
+        <p2pdp.protocols.oneshot.Curator.receive>`: from outside the group, a second one, a
+        shard size below the public minimum, after the timer); the host keeps the vector."""
+        group_id, sender = integer(message["group"], "group"), _sender(message)
         size = integer(message["size"], "size")
-        if size < self.settings.min_shard_size:
-            raise ProtocolError(
-                f"shard size {size} below the public minimum {self.settings.min_shard_size}"
-            )
-        if time.monotonic() >= self.deadline.get(group.group_id, math.inf):
-            self._expire(group.group_id)
-            raise ProtocolError(
-                f"{message['kind']} from {sender} after group {group.group_id} expired"
-            )
-        return group, received
+        self._due(group_id)
+        effects = self.curator.receive(message["kind"], group_id, sender, size)
+        self.groups[group_id][1][sender] = vector
+        self.carry_out(effects)
 
-    def _release_secure(self, group: Group) -> None:
+    def _collect(self, group: Group) -> None:
+        """The curator holds every contribution: past its timer the group is dropped (counted
+        ``expired``: the coordinator has aborted it); else its machine's decisions, in order:
+        the charge (carried to the coordinator, which owns the ledger, by the ``DONE``
+        report of :meth:`_publish`), the release, the publication."""
+        if self._due(group.group_id):
+            self.counters.refused["expired"] += 1
+            log.warning(
+                "curator %d: group %d expired before it completed", group.curator, group.group_id
+            )
+            return
+        released = record = None
+        for effect in self.curator.collect(group):
+            if type(effect) is Release:
+                release = self._release_secure if self.releaser.secure else self._release
+                released, record = release(group)
+            elif type(effect) is Publish:
+                assert released is not None and record is not None  # released first
+                self._publish(group, released, record)
+            # Charge: the coordinator charges what the DONE report names (it owns the ledger)
+
+    def _release_secure(self, group: Group) -> tuple[np.ndarray, ReleaseRecord]:
         """The curator holds every partial sum (its own is its member side's): their sum mod
         2^64 decodes to the noisy aggregate, the only thing it learns."""
-        if self._expired(group):
-            return
         _, received = self.groups.pop(group.group_id)
         # its own partial sum: its member side is still this group's (a new assignment of the
         # curator expires the group first)
@@ -868,7 +893,7 @@ class PeerHost:
         released = self.codec.decode(total)
         sensitivity = self.sensitivity(group.sizes)
         record = self.releaser.record(group.members.size, group.sizes, sensitivity, math.nan)
-        self._publish(group, released, record)
+        return released, record
 
     def _expire(self, group_id: int) -> None:
         """The group's collection deadline passed: the coordinator aborts it, so its curator
@@ -877,23 +902,10 @@ class PeerHost:
         self.release_index.pop(group_id, None)
         self.deadline.pop(group_id, None)
 
-    def _expired(self, group: Group) -> bool:
-        """Past the group's deadline (the coordinator has aborted it): drop it, never release."""
-        if time.monotonic() < self.deadline[group.group_id]:
-            return False
-        self._expire(group.group_id)
-        self.counters.refused["expired"] += 1
-        log.warning(
-            "curator %d: group %d expired before it completed", group.curator, group.group_id
-        )
-        return True
-
-    def _release(self, group: Group) -> None:
+    def _release(self, group: Group) -> tuple[np.ndarray, ReleaseRecord]:
         """The curator holds every statistic: its own first, then the others' in member
         order; the noisy release, its noise from the CSPRNG (or, seeded, from the run's
         noise stream at its group's index)."""
-        if self._expired(group):
-            return
         _, received = self.groups.pop(group.group_id)
         curator = group.curator
         received[curator] = self.statistics[self.row[curator]]
@@ -916,7 +928,7 @@ class PeerHost:
         )
         if rng is not None:  # the noise stays here: not even its norm is reported
             record = record._replace(noise_norm=math.nan)
-        self._publish(group, released, record)
+        return released, record
 
     def _publish(self, group: Group, released: np.ndarray, record: Any) -> None:
         """Send the release to the members (``group``) or every other peer (``full``), then

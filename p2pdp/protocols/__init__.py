@@ -2,11 +2,12 @@
 
 ``one-shot`` (:class:`OneShot`, the default) is the source document's protocol: every peer
 trains once, groups release noisy averages of fixed models, and no peer updates its model from
-what it received. One aggregation is the transport-free state machine of
-:mod:`p2pdp.protocols.groups`; the SimPy world of :mod:`p2pdp.sim.world` drives it (and the
-network runtime of :mod:`p2pdp.net` too). Gossip group formation (``groups.sampler =
-"gossip"``) is another, :mod:`p2pdp.protocols.gossip`, driven in simulation by
-:mod:`p2pdp.sim.gossip.formation`. The iterative protocols of
+what it received. Its parties (member, curator, central sampler) are the transport-free
+machines of :mod:`p2pdp.protocols.oneshot`, one aggregation's messages those of
+:mod:`p2pdp.protocols.groups`; the SimPy world of :mod:`p2pdp.sim.world`, the batched drivers
+of :mod:`p2pdp.sim.waves` and the network runtime of :mod:`p2pdp.net` drive them. Gossip
+group formation (``groups.sampler = "gossip"``) is another, :mod:`p2pdp.protocols.gossip`,
+driven in simulation by :mod:`p2pdp.sim.gossip.formation`. The iterative protocols of
 :mod:`p2pdp.protocols.iterative` keep a model per peer and update it from what arrives:
 
 ``dpsgd``
@@ -78,6 +79,8 @@ class OneShot:
 
 #: Columns every results row has (NaN where they do not apply, e.g. one-shot runs):
 #: what an iterative run did and what it guarantees beyond ``epsilon_spent`` (local DP);
+#: ``network_dp_method`` says how they were computed (``exact``: the semidefinite program's
+#: certificate met its feasible point; ``bound``: its certified upper value; "" when empty),
 #: ``network_dp_note`` says why an iterative run's network DP columns are empty, and
 #: ``correlated_dp_note`` why a ``dpsgd`` run with pair noise has no per-threat-model epsilons;
 #: ``central_dp_error`` / ``central_dp_epsilon``: the trusted-curator DP-SGD reference on the
@@ -93,6 +96,7 @@ ITERATIVE_COLUMNS: dict[str, float | str] = {
     "network_dp_epsilon_mean": math.nan,
     "network_dp_epsilon_max": math.nan,
     "network_dp_epsilon_max_beyond_neighbours": math.nan,
+    "network_dp_method": "",
     "network_dp_note": "",
     "correlated_dp_eavesdropper_epsilon": math.nan,
     "correlated_dp_curious_peer_epsilon": math.nan,

@@ -5,10 +5,11 @@ The seed's Algorithms 1 and 2 at the level of messages, with DESIGN.md's fixes. 
 method handles one event of one party (a member learnt its group, a message reached the
 curator or a member) and returns a :class:`Step`: the messages that party sends now, in
 sending order, and whether the curator now holds everything it needs to release. Nothing here
-touches SimPy, the transport, the budget ledger or the noise: a driver moves the messages and,
-once the group is ``ready``, checks and charges the budgets, releases and publishes
-(:class:`p2pdp.sim.world.World` in simulation). Who is online, timeouts and lost messages
-are the driver's too: a party that is offline handles nothing.
+touches SimPy, the transport, the budget ledger or the noise. The parties' machines of
+:mod:`p2pdp.protocols.oneshot` (member, curator, central sampler) use it and decide the rest:
+what each party accepts, when a group is charged, released, published or aborted, when the
+run stops; the drivers (the SimPy world, the batched waves, the network host and
+coordinator) move the messages and carry those decisions out.
 
 Messages (``kind``: from -> to, what it carries on the wire):
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -129,9 +130,8 @@ class Group:
         order, once every partial sum arrived), and their shard sizes (public inside the
         group: the sensitivity depends on them).
     ended : bool
-        Set by the driver when the group was collected or timed out (the other is ignored).
-    handle : object
-        The driver's own bookkeeping for this group (the SimPy event of its completion).
+        Set by the curator's machine (:class:`~p2pdp.protocols.oneshot.Curator`) when the
+        group was collected or aborted (anything later is ignored).
     """
 
     group_id: int
@@ -144,7 +144,6 @@ class Group:
     shares_received: dict[int, int] = field(default_factory=dict)
     partial_sizes: dict[int, int] = field(default_factory=dict)  # secure: curator's view
     ended: bool = False
-    handle: Any = None
 
     def assignments(self) -> list[Send]:
         """The central sampler tells every member its group (one ``ASSIGN`` each)."""

@@ -60,9 +60,11 @@ class Mixing:
         """(E,) the peer each edge's message goes to (its row)."""
         return np.repeat(np.arange(self.n_peers), np.diff(self.indptr))
 
-    def matrix(self) -> sp.csr_array:
-        """``W`` as a sparse (P, P) array, diagonal included."""
-        off = self._off(None)
+    def matrix(self, delivered: np.ndarray | None = None) -> sp.csr_array:
+        """``W`` as a sparse (P, P) array, diagonal included; with ``delivered`` (E,) bool,
+        the matrix of :meth:`average` for those messages (a lost one's weight stays on the
+        receiver's diagonal)."""
+        off = self._off(delivered)
         diagonal = 1.0 - np.asarray(off.sum(axis=1)).ravel()
         return sp.csr_array(off + sp.diags_array(diagonal))
 

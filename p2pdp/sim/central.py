@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from p2pdp.core.rng import Uniforms
-from p2pdp.protocols.groups import GroupPool, failed_in_a_row, too_few_solvent
+from p2pdp.protocols.oneshot import Sampler, Start
 
 if TYPE_CHECKING:
     import simpy
 
-    from p2pdp.protocols.groups import Group
+    from p2pdp.protocols.groups import Group, GroupPool
     from p2pdp.sim.sampler import SamplerWorld
 
 __all__ = ["CentralSampler"]
@@ -30,7 +30,9 @@ __all__ = ["CentralSampler"]
 class CentralSampler:
     """The seed's GroupAgent: uniform random disjoint groups from the idle, solvent peers.
 
-    A :class:`~p2pdp.sim.sampler.GroupSampler`.
+    A :class:`~p2pdp.sim.sampler.GroupSampler` that drives the central sampler's machine
+    (:class:`p2pdp.protocols.oneshot.Sampler`, the network coordinator's too): it tells the
+    machine what happened and when, and starts the groups it decides on.
 
     Parameters
     ----------
@@ -44,12 +46,11 @@ class CentralSampler:
     ----------
     done : simpy.Event
         Succeeds with ``stop_reason`` when the run is over.
+    machine : Sampler
+        The decisions: who is idle and solvent, when a group starts, when the run stops.
     pool : GroupPool
-        Idle peers that can afford one more aggregation, and the uniform draws of groups
-        and curators (:class:`p2pdp.protocols.groups.GroupPool`, shared with the network
-        runtime).
-    in_flight : int
-        Groups started and not yet finished.
+        The machine's idle peers that can afford one more aggregation, and the uniform draws
+        of groups and curators (:class:`p2pdp.protocols.groups.GroupPool`).
     faults : bool
         False: this sampler takes no peer offline (the world may then skip the curators'
         collection timeouts when no message can be lost either).
@@ -61,25 +62,33 @@ class CentralSampler:
     faults = False
 
     def __init__(self, world: SamplerWorld, *, rng: np.random.Generator) -> None:
+        groups = world.config.groups
         self.world = world
         self.rng = rng
-        self.pool = GroupPool(Uniforms(rng))  # idle peers that can afford one more
-        self.in_flight = 0
-        self.not_ready = 0
-        self.failed_in_a_row = 0
-        self.stop_reason = ""
+        self.machine = Sampler(
+            Uniforms(rng),
+            group_size=groups.group_size,
+            max_concurrent=groups.max_concurrent_groups,
+            max_failed=groups.max_failed_attempts,
+        )
         self._wake: simpy.Event | None = None
         self.done = world.env.event()
 
+    @property
+    def pool(self) -> GroupPool:
+        return self.machine.pool
+
+    @property
+    def stop_reason(self) -> str:
+        return self.machine.stop_reason
+
     def start(self, ready: list[int], n_not_ready: int) -> None:
         """Begin with the peers ``ready`` at time 0; ``n_not_ready`` are still training."""
-        self.pool.add(ready)
-        self.not_ready = n_not_ready
+        self.machine.start(ready, n_not_ready)
         self.world.env.process(self.run())
 
     def peer_ready(self, peer: int) -> None:
-        self.not_ready -= 1
-        self.pool.add([peer])
+        self.machine.peer_ready(peer)
         self._notify()
 
     def _notify(self) -> None:
@@ -87,32 +96,20 @@ class CentralSampler:
             self._wake.succeed()
 
     def run(self):
+        """Wake, ask the machine what to do, do it; until it says stop."""
         world = self.world
-        g = world.config.groups.group_size
-        limit = world.config.groups.max_concurrent_groups
-        max_failed = world.config.groups.max_failed_attempts
         while True:
-            while (
-                self.in_flight < limit and len(self.pool) >= g and self.failed_in_a_row < max_failed
-            ):
-                members, curator = self.pool.draw(g)
-                self.in_flight += 1
-                world.start_group(members, curator)
-            if self.failed_in_a_row >= max_failed:
-                self.stop_reason = failed_in_a_row(max_failed)
-            elif self.in_flight == 0 and self.not_ready == 0 and len(self.pool) < g:
-                self.stop_reason = too_few_solvent(g)
-            if self.stop_reason and self.in_flight == 0:
-                self.done.succeed(self.stop_reason)
-                return
+            for effect in self.machine.fill():
+                if type(effect) is Start:
+                    world.start_group(effect.members, effect.curator)
+                else:
+                    self.done.succeed(effect.reason)
+                    return
             self._wake = world.env.event()
             yield self._wake
 
     def group_finished(self, group: Group, *, published: bool) -> None:
-        """Return the members that can still afford an aggregation to the idle pool."""
-        self.in_flight -= 1
-        self.failed_in_a_row = 0 if published else self.failed_in_a_row + 1
-        if not self.stop_reason:
-            solvent = self.world.ledger.can_afford(group.members)
-            self.pool.add(group.members[solvent].tolist())
+        """Tell the machine (and which members can afford another aggregation), and wake."""
+        solvent = self.world.ledger.can_afford(group.members)
+        self.machine.finished(group.members, published=published, solvent=solvent)
         self._notify()

@@ -76,7 +76,8 @@ import numpy as np
 from p2pdp.core.parallel import current_workers, forked_worker, shared_empty
 from p2pdp.privacy.accounting import DrawnCharges
 from p2pdp.privacy.release import LINEAR_AGGREGATES
-from p2pdp.protocols.groups import HEADER_BYTES, Group, too_few_solvent
+from p2pdp.protocols.groups import HEADER_BYTES, Group
+from p2pdp.protocols.oneshot import Charge, Curator
 from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.sampler import SamplerWorld
 from p2pdp.sim.transport import Environment
@@ -136,6 +137,7 @@ class BatchedWorld(SamplerWorld, Protocol):
     """
 
     sampler: GroupSampler
+    curator: Curator
     releaser: Releaser
     sensitivity: Callable[[list[int]], float]
     statistics: np.ndarray
@@ -212,7 +214,8 @@ def run_waves(world: BatchedWorld) -> None:
     env, releaser = world.env, world.releaser
     sampler, monitor, observers = world.sampler, world.monitor, world.observers
     assert isinstance(sampler, CentralSampler)  # batched_obstacle says so
-    pool = sampler.pool
+    machine, curator = sampler.machine, world.curator  # the decisions (protocols.oneshot)
+    pool = machine.pool
     g = config.groups.group_size
     limit = config.groups.max_concurrent_groups
     latency, bandwidth = config.network.latency_mean, config.network.bandwidth
@@ -250,7 +253,7 @@ def run_waves(world: BatchedWorld) -> None:
             if len(curators_) >= _CHUNK:
                 pending.publish(world)
         while not in_turn:
-            k = min(limit, len(pool) // g)
+            k = machine.wave_size()  # the groups the sampler starts now
             if k == 0:
                 break
             env._now = now  # what observers read as world.env.now (simpy keeps it there)
@@ -269,10 +272,10 @@ def run_waves(world: BatchedWorld) -> None:
             if g > 1:
                 now = now + submit_delay  # ... and the curators every SUBMIT
             env._now = now
-            solvent: list[int] = []  # who can afford another aggregation, in member order
-            for members in drawn:
-                solvent.extend(spend(members))  # charged before the noise is drawn
-                members_.extend(members)
+            flat = [member for members in drawn for member in members]
+            charge = curator.wave(flat)  # charged before the noise is drawn
+            solvent = spend(cast("list[int]", charge.members))  # may afford another, in order
+            members_.extend(flat)
             if per_event:
                 for group, members in zip(wave, drawn, strict=True):
                     charges.write(members)
@@ -281,13 +284,13 @@ def run_waves(world: BatchedWorld) -> None:
             pending.waves.append(k)
             pending.times.append(float(now))
             monitor.aggregations += k
-            pool.add(solvent)
+            machine.wave_finished(solvent)
             if len(curators_) >= _CHUNK:
                 pending.publish(world)
 
         charges.write()
-        sampler.stop_reason = monitor.stop_reason = too_few_solvent(g)
-        sampler.done.succeed(sampler.stop_reason)  # as the sampler would (nothing waits on it)
+        monitor.stop_reason = machine.stop().reason
+        sampler.done.succeed(monitor.stop_reason)  # as the sampler would (nothing waits on it)
         monitor.end_time = now
         if curators_:
             pending.publish(world)
@@ -376,7 +379,7 @@ class GroupBatches:
         assert isinstance(world.env, Environment)  # a constant latency (batched_obstacle)
         self.env = world.env  # it counts the events it schedules
         self.group_size = g = config.groups.group_size
-        self.full = config.publication.mode == "full"
+        self.full = world.curator.everyone
         network = config.network
         # Transport.delay of one model-sized message (SUBMIT, PUBLISH)
         self.delay = float(network.latency_mean) + world.model_bytes / network.bandwidth
@@ -421,7 +424,7 @@ class GroupBatches:
     def _collect(self, batch: _Batch) -> None:
         """Every curator of ``batch`` collects, in order (:meth:`World.collected`)."""
         world, full = self.world, self.full
-        ledger, releaser = world.ledger, world.releaser
+        ledger, releaser, collect = world.ledger, world.releaser, world.curator.collect
         sizes, scales, observers = self._sizes, self._scales, world.observers
         draw, record = releaser.noise.draw, releaser.record
         g = self.group_size
@@ -434,8 +437,10 @@ class GroupBatches:
             curator, members = group.curator, group.members.tolist()
             order = [curator, *(m for m in members if m != curator)]
             group.submitted, group.sizes = order, [sizes[m] for m in order]
-            group.ended = True
-            ledger.spend(group.members)  # charged before the noise is drawn
+            # the curator's decision (every member online here: charge, release, publish)
+            charge = collect(group)[0]
+            assert isinstance(charge, Charge)
+            ledger.spend(charge.members)  # charged before the noise is drawn
             key = tuple(group.sizes)  # a pure function of the sizes: computed once per sizes
             scale = scales.get(key)
             if scale is None:
@@ -582,7 +587,7 @@ class _Pending:
         receipts are its curators' (in draw order) then its other members' (group by group,
         in member order), as in the SimPy world.
         """
-        full = world.config.publication.mode == "full"
+        full = world.curator.everyone
         releases, n = self.releases, len(self.curators)
         members = np.array(self.members, dtype=np.int64).reshape(n, -1)  # (n, g)
         curators = np.array(self.curators, dtype=np.int64)

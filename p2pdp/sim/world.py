@@ -1,9 +1,11 @@
 """The SimPy world: peers, a central group sampler, curators, a completion monitor.
 
-The world drives the transport-free state machine of one aggregation
-(:class:`p2pdp.protocols.groups.Group`): it delivers each message that machine sends through
-the simulated transport, and once a group is ready it checks and charges the budgets,
-releases and publishes. Protocol of one aggregation (the seed's Algorithms 1 and 2, with
+The world drives the one-shot parties' transport-free machines (:mod:`p2pdp.protocols.oneshot`:
+every peer's member and curator side; the central sampler's through
+:class:`~p2pdp.sim.central.CentralSampler`): it delivers each message they send through the
+simulated transport and each timer on the SimPy clock, and carries out their decisions with
+what it owns (:meth:`World.carry_out`: the ledger charges, the releaser releases, the
+transport publishes). Protocol of one aggregation (the seed's Algorithms 1 and 2, with
 DESIGN.md's fixes):
 
 1. The group sampler (:mod:`p2pdp.sim.sampler`; by default the seed's GroupAgent,
@@ -36,6 +38,7 @@ message and every peer going offline or online, without reading the world's inte
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -52,13 +55,21 @@ from p2pdp.protocols.groups import (
     ASSIGN,
     CARRIES_MODEL,
     HEADER_BYTES,
-    PARTIAL,
     PUBLISH,
     SHARE,
-    SUBMIT,
     Group,
     Step,
     model_bytes,
+)
+from p2pdp.protocols.oneshot import (
+    Abort,
+    Charge,
+    Collect,
+    Curator,
+    Member,
+    Publish,
+    Release,
+    Timer,
 )
 from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.sampler import GroupSampler
@@ -173,21 +184,19 @@ class Peer:
         if not world.online[self.peer_id]:  # arrived while this peer was offline
             world.transport.lose(message.sender)
         elif kind == PUBLISH:
+            world.member.publication(self.peer_id, group.group_id, message.sender)
             world.receipts.append((self.peer_id, message.payload))
         elif kind == ASSIGN:
             world.submit(self.peer_id, group)
         elif group.ended:  # the group already timed out: the curator dropped it
             return
-        elif kind == SUBMIT:
-            sender = message.sender
-            if group.on_submit(sender, int(world.shard_sizes[sender])):
-                group.handle.succeed()
         elif kind == SHARE:
-            world.step(group, group.on_share(self.peer_id, int(world.shard_sizes[self.peer_id])))
-        elif kind == PARTIAL:
+            world.step(group, world.member.share(self.peer_id, group, message.sender))
+        else:  # SUBMIT, PARTIAL: the curator's
             sender = message.sender
-            if group.on_partial(sender, int(world.shard_sizes[sender])):
-                group.handle.succeed()
+            world.carry_out(
+                world.curator.receive(kind, group.group_id, sender, int(world.shard_sizes[sender]))
+            )
 
 
 class CompletionMonitor:
@@ -301,6 +310,10 @@ class World:
         self._check_groups = not is_builtin(self.sampler)
         self.monitor = CompletionMonitor(self)
         self.groups: dict[int, Group] = {}
+        # the parties' machines (p2pdp.protocols.oneshot): the world runs every peer
+        full = config.publication.mode == "full"
+        self.member = Member(self.shard_sizes.tolist(), everyone=full)
+        self.curator = Curator(everyone=full)
         self.published: list[np.ndarray] = []
         self.releases: list[ReleaseRecord] = []
         self.shared: list[bool] = []
@@ -353,7 +366,6 @@ class World:
             curator,
             secure=self.config.privacy.secure_aggregation,
             started=self.env.now,
-            handle=self.env.event(),  # succeeds when the curator holds every contribution
         )
         self._next_group += 1
         self.groups[group.group_id] = group
@@ -364,12 +376,10 @@ class World:
         else:
             for member in members.tolist():
                 self.submit(member, group)
-        # The curator reacts to two events, whichever comes first: every statistic arrived, or
-        # the collection timed out. (Callbacks, not a process: no event to start or resume it.)
-        group.handle.callbacks.append(lambda _: self.collected(group))
-        if not self._reliable:  # else every group completes: no timeout event to wait for
-            timeout = self.env.timeout(self.config.groups.collect_timeout)
-            timeout.callbacks.append(lambda _: self.timed_out(group))
+        # The curator collects it (the simulator's peers are in one group at a time: only
+        # the curator's part does anything); its timer, unless every group completes.
+        timeout = None if self._reliable else self.config.groups.collect_timeout
+        self.carry_out(self.curator.joined(curator, group, timeout))
         return group
 
     def _checked_group(self, members: np.ndarray, curator: int) -> np.ndarray:
@@ -396,16 +406,19 @@ class World:
         return array
 
     def submit(self, member: int, group: Group) -> None:
-        """``member`` contributes to ``group``: its statistic to the curator, or (secure
+        """``member`` joins ``group`` and contributes: its statistic to the curator, or (secure
         aggregation) one additive share of its noisy, fixed-point encoded contribution to
         every other member (:mod:`p2pdp.privacy.secure_aggregation`). An offline (crashed)
-        member sends nothing."""
+        member sends nothing. (A late ``ASSIGN`` of a group already over is answered, as the
+        simulator's trusted sampler sent it: :meth:`~p2pdp.protocols.oneshot.Member.join`,
+        not :meth:`~p2pdp.protocols.oneshot.Member.assign`.)"""
         if self.online[member]:
-            self.step(group, group.contribute(member, int(self.shard_sizes[member])))
+            self.member.join(member, group)
+            self.step(group, self.member.contribute(member, group))
 
     def step(self, group: Group, step: Step) -> None:
-        """Carry out what the group's state machine decided: send its messages in order
-        through the transport, then, if the curator holds every contribution, complete."""
+        """Send the messages a party's machine decided, in order, through the transport; if
+        the curator now holds every contribution, it collects (next event at this instant)."""
         send, peers = self.transport.send, self.peers
         message = None  # one Message per run of (kind, sender): receivers never change it
         for kind, sender, receiver in step.sends:
@@ -414,7 +427,42 @@ class World:
                 n_bytes = self.model_bytes if kind in CARRIES_MODEL else HEADER_BYTES
             send(sender, peers[receiver].receive, message, n_bytes, coalesce=True)
         if step.ready:
-            group.handle.succeed()
+            self.carry_out((Collect(group),))
+
+    def carry_out(self, effects: Sequence[object]) -> None:
+        """Carry out a machine's effects (:mod:`p2pdp.protocols.oneshot`), in order, with what
+        the world owns: its clock (timers, collections: SimPy events), the budget ledger
+        (charges), the release path (releases) and the transport (publications)."""
+        released = None
+        for effect in effects:
+            if isinstance(effect, Collect):
+                event = self.env.timeout(0)  # where SimPy would have collected it
+                event.callbacks.append(functools.partial(self._collected, effect.group))
+            elif isinstance(effect, Timer):
+                event = self.env.timeout(effect.after)
+                event.callbacks.append(functools.partial(self._timed_out, effect.group))
+            elif isinstance(effect, Charge):
+                # all or nothing: a member that cannot afford it stops the run, no noise drawn
+                self.ledger.spend(effect.members)
+            elif isinstance(effect, Release):
+                released = self._release(effect.group)
+            elif isinstance(effect, Publish):
+                assert released is not None  # a Release comes first
+                self.publish(effect.group, released)
+                self.finish_group(effect.group, published=True)
+            elif isinstance(effect, Abort):
+                self.abort(effect.group, effect.reason)
+            else:
+                raise TypeError(f"the world carries out no {effect!r}")
+
+    def _release(self, group: Group) -> np.ndarray:
+        """Release ``group`` (charged already): the noisy aggregate, logged and observed."""
+        released, record = self.release(group)
+        self.releases.append(record)
+        self.release_members.append(group.members.copy())
+        for observer in self.observers:
+            observer.released(self, group, record)
+        return released
 
     def release(self, group: Group) -> tuple[np.ndarray, ReleaseRecord]:
         """The group's noisy aggregate through the one release path."""
@@ -459,30 +507,20 @@ class World:
             )
 
     def collected(self, group: Group) -> None:
-        """The seed's Algorithm 1 at the curator, once every member's statistic arrived."""
-        if group.ended:  # timed out first
-            return
-        group.ended = True
-        if not self.online[group.curator]:  # the curator crashed: nothing released
-            self.abort(group, "curator offline")
-            return
-        # Charge first: spend refuses a member that cannot afford it (all or nothing), so no
-        # noise is drawn for a group with a broke member; the release happens next.
-        self.ledger.spend(group.members)
-        released, record = self.release(group)
-        self.releases.append(record)
-        self.release_members.append(group.members.copy())
-        for observer in self.observers:
-            observer.released(self, group, record)
-        self.publish(group, released)
-        self.finish_group(group, published=True)
+        """The seed's Algorithm 1 at the curator, once every member's statistic arrived
+        (:meth:`Curator.collect <p2pdp.protocols.oneshot.Curator.collect>` decides)."""
+        self.carry_out(self.curator.collect(group, online=bool(self.online[group.curator])))
 
     def timed_out(self, group: Group) -> None:
-        """``collect_timeout`` passed: abort the group unless it was collected (a message was
-        lost, or a member crashed)."""
-        if not group.ended:
-            group.ended = True
-            self.abort(group, "collect timeout")
+        """``collect_timeout`` passed (:meth:`Curator.timer
+        <p2pdp.protocols.oneshot.Curator.timer>`: aborted unless it was collected)."""
+        self.carry_out(self.curator.timer(group))
+
+    def _collected(self, group: Group, _: object) -> None:
+        self.collected(group)
+
+    def _timed_out(self, group: Group, _: object) -> None:
+        self.timed_out(group)
 
     def abort(self, group: Group, reason: str) -> None:
         """End ``group`` without a release: nothing released, nobody charged."""

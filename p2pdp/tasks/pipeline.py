@@ -13,7 +13,8 @@ models (common random numbers).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +41,7 @@ from p2pdp.learning.models import (
     LogisticModel,
     make_model,
 )
+from p2pdp.tasks.streamed import stream_gap, train_in_blocks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +83,22 @@ class TrainedPeers:
     #: Lazily computed, per-training-key extras a task shares between the runs of this fold
     #: (e.g. the logistic task's k-fold refits of the own models); not part of equality.
     cache: dict = field(default_factory=dict, compare=False, repr=False)
+    #: ``source() -> (fold, shards)``: the training rows and shards, loaded again, when
+    #: ``fold`` holds none (a training drawn in blocks, :mod:`p2pdp.tasks.streamed`); None
+    #: when ``fold`` and ``shards`` hold them. Read through :meth:`training_rows`.
+    source: Callable[[], tuple[FoldData, tuple[np.ndarray, ...]]] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+    def training_rows(self) -> tuple[FoldData, tuple[np.ndarray, ...]]:
+        """The fold with its training rows, and the peers' shards (index arrays into its
+        ``X_train``): ``(fold, shards)`` as held, or loaded again by ``source`` (kept in
+        :attr:`cache` for the next reader) when the training was drawn in blocks."""
+        if self.source is None:
+            return self.fold, self.shards
+        if "training_rows" not in self.cache:
+            self.cache["training_rows"] = self.source()
+        return self.cache["training_rows"]
 
     def centralized_soon(self) -> None:
         """The centralised model is read soon (:attr:`centralized`): if it is still being
@@ -433,7 +451,35 @@ def partition_stream(config: ScenarioConfig, *, fold: int, repetition: int) -> n
 
 def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> TrainedPeers:
     """Load fold ``fold`` of ``config``'s data (:func:`load_peer_fold`) and train every
-    peer's local model."""
+    peer's local model.
+
+    A large synthetic training with contiguous shards
+    (:func:`p2pdp.tasks.streamed.stream_gap`) is drawn, fitted and dropped block by block
+    instead (:func:`p2pdp.tasks.streamed.prepare_streamed`): the same models, centralised
+    model and test rows, its training rows loaded again only if something reads them
+    (:meth:`TrainedPeers.training_rows`)."""
+    if stream_gap(config) is not None:
+        return train_in_memory(config, fold=fold, repetition=repetition)
+    trained = train_in_blocks(config, fold=fold)
+    return TrainedPeers(
+        fold=FoldData(
+            X_train=np.empty((0, trained.X_test.shape[1])),  # drawn again when read
+            y_train=np.empty(0, dtype=np.int8),
+            X_test=trained.X_test,
+            y_test=trained.y_test,
+            data_dependent_bounds=trained.data_dependent_bounds,
+        ),
+        shards=(),
+        models=trained.models,
+        reference=trained.centralized,
+        key=training_key(config, fold=fold, repetition=repetition),
+        source=functools.partial(load_training_rows, config, fold=fold, repetition=repetition),
+    )
+
+
+def train_in_memory(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> TrainedPeers:
+    """:func:`prepare_peers` with every training row in memory (:func:`load_peer_fold`, then
+    :func:`train_peers`), whatever the settings."""
     return train_peers(
         load_peer_fold(config, fold=fold, repetition=repetition),
         config.partition,
@@ -443,3 +489,19 @@ def prepare_peers(config: ScenarioConfig, *, fold: int, repetition: int = 0) -> 
         key=training_key(config, fold=fold, repetition=repetition),
         fold_name=fold_name(fold, repetition),
     )
+
+
+def load_training_rows(
+    config: ScenarioConfig, *, fold: int, repetition: int = 0
+) -> tuple[FoldData, tuple[np.ndarray, ...]]:
+    """Fold ``fold``'s training rows and the peers' shards (:func:`load_peer_fold`,
+    :func:`peer_shards`): what a training drawn in blocks loads again for a reader of its
+    rows (:attr:`TrainedPeers.source`)."""
+    data = load_peer_fold(config, fold=fold, repetition=repetition)
+    shards = peer_shards(
+        data,
+        config.partition,
+        rng=partition_stream(config, fold=fold, repetition=repetition),
+        fold_name=fold_name(fold, repetition),
+    )
+    return data, tuple(shards)

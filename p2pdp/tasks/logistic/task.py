@@ -115,9 +115,10 @@ def posterior_statistics(
     epsilon-DP per release for exact sampling; approximate for the finite chains.
     """
     fold, repetition = (prepared.key[1], prepared.key[2]) if prepared.key else (0, 0)
-    X, y = prepared.fold.X_train, prepared.fold.y_train
-    Xs = [X[shard] for shard in prepared.shards]
-    ys = [y[shard] for shard in prepared.shards]
+    rows, shards = prepared.training_rows()
+    X, y = rows.X_train, rows.y_train
+    Xs = [X[shard] for shard in shards]
+    ys = [y[shard] for shard in shards]
     models, rhat, ess, steps = [], [], [], []
     for r in range(releases):
         samples = private_logistic_peers(
@@ -395,10 +396,11 @@ class LogisticEnsembles:
         Reads only each peer's own rows; the refits never leave the peer (not released).
         """
         if "peer_data" not in prepared.cache:
+            rows, own = prepared.training_rows()
             shards = OwnShards(
-                X=prepared.fold.X_train,
-                y=prepared.fold.y_train,
-                shards=prepared.shards,
+                X=rows.X_train,
+                y=rows.y_train,
+                shards=own,
                 lam=self.config.training.lam,
             )
             cv = cross_validate_own_models(shards, rng=self._stream(prepared, "own-cv"))
@@ -411,9 +413,10 @@ class LogisticEnsembles:
         Non-private reference for the experimenter: reads every training row, never released.
         """
         if "best_lambda" not in prepared.cache:
+            rows, _ = prepared.training_rows()
             prepared.cache["best_lambda"] = centralised_best_lambda(
-                prepared.fold.X_train,
-                prepared.fold.y_train,
+                rows.X_train,
+                rows.y_train,
                 cv_folds=BEST_LAMBDA_CV_FOLDS,
                 rng=self._stream(prepared, "best-lambda"),
             )

@@ -1,0 +1,388 @@
+"""A large synthetic run's training in blocks, its rows never all in memory (issue 43).
+
+The synthetic rows are a pure function of the scenario's seed and the block number
+(:func:`p2pdp.data.datasets.synthetic_block`, blocks of
+:data:`~p2pdp.data.datasets.SYNTHETIC_BLOCK_ROWS` rows), so a run whose training reads its
+rows only block by block can draw each block when it needs it and drop it after:
+
+1. **bounds**: every training block's per-feature minimum and maximum
+   (:func:`~p2pdp.data.datasets.synthetic_block_bounds`: exact, from the block's normal draws
+   without the ``exp`` of each entry), reduced to the min-max bounds (exact in any order); the
+   test rows (the last ``data.synthetic_test_rows`` of the stream) are kept, transformed.
+2. **local models**: each block drawn again and transformed (its ``log1p`` reused from the
+   labels' logits, :meth:`~p2pdp.data.preprocess.FittedPreprocessor.transform_logged`); the
+   ``partition.scheme = "contiguous"`` shards are ranges of rows, so the block's task solves
+   the exact models of the shards inside it and writes them into shared memory
+   (:func:`~p2pdp.core.parallel.shared_empty`), and gives back the rows of the shard that
+   straddles each of its ends (fewer than a shard), which are solved here at the end. The
+   same pass gives the centralised reference's first Newton pass (at ``w = 0``).
+3. **centralised reference**: the streamed Newton of :mod:`p2pdp.learning.models`
+   (:func:`~p2pdp.learning.models.newton_from_block_sums`), each further pass over the rows
+   drawing and transforming every block again but the first ones, which the fits' pass kept
+   (up to :data:`KEPT_ROWS_BYTES`, freed with the training), its gradient and Hessian sums
+   computed together (a Newton step's second pass at the same point is then free).
+
+Blocks are shared out to the local worker processes (:func:`p2pdp.core.parallel.local_workers`).
+Every number is the in-memory training's (:func:`p2pdp.tasks.pipeline.train_peers`): the same
+blocks, a peer's model depending on its shard only, the Newton's block sums added in block
+order (``tests/test_streamed.py`` compares the models, the centralised model and the test rows
+exactly). The :class:`~p2pdp.tasks.pipeline.TrainedPeers` holds no training rows and no shard
+arrays; what reads them (a vote on the peers' own rows, posterior sampling, the best-lambda
+reference, an iterative protocol) loads them again (:meth:`TrainedPeers.training_rows
+<p2pdp.tasks.pipeline.TrainedPeers.training_rows>`).
+
+Memory: the local models (P, d), the kept rows (at most :data:`KEPT_ROWS_BYTES`) and, per
+worker, a block and its temporaries (about 0.2 GB), instead of every row (20 rows of 58
+features a peer: 9.3 GB at a million peers).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from p2pdp.config import ScenarioConfig
+from p2pdp.core.boundary import check_numbers
+from p2pdp.core.errors import ConfigError
+from p2pdp.core.parallel import current_workers, forked_map, forked_pool, shared_empty
+from p2pdp.core.progress import set_phase
+from p2pdp.core.rng import generator
+from p2pdp.data.datasets import (
+    SYNTHETIC_BLOCK_ROWS,
+    synthetic_block_bounds,
+    synthetic_block_logged,
+)
+from p2pdp.data.partition import contiguous_starts
+from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
+from p2pdp.learning.models import (
+    MAX_NEWTON_STEPS,
+    STREAM_MIN_ROWS,
+    BlockSums,
+    LocalModels,
+    LogisticModel,
+    block_hessian,
+    block_sums,
+    newton_from_block_sums,
+    one_blas_thread,
+)
+
+__all__ = ["BlockTraining", "block_stream", "stream_gap", "train_in_blocks"]
+
+
+def stream_gap(config: ScenarioConfig, *, plan: str = "the plan in blocks") -> str | None:
+    """Why ``config``'s training is not drawn in blocks (``"setting = value (PLAN needs
+    ...)"``), or None when it is (:func:`train_in_blocks`). Only settings of the training
+    key: cells that share a training share this answer."""
+    data, evaluation = config.data, config.evaluation
+    settings: list[tuple[str, Any, bool, str]] = [
+        ("data.dataset", data.dataset, data.dataset == "synthetic", "'synthetic'"),
+        ("evaluation.split", evaluation.split, evaluation.split == "fixed", "'fixed'"),
+        (
+            "partition.scheme",
+            config.partition.scheme,
+            config.partition.scheme == "contiguous",
+            "'contiguous'",
+        ),
+        (
+            "training.model",
+            config.training.model,
+            config.training.model == "logistic",
+            "'logistic'",
+        ),
+        (
+            "data.transform",
+            data.transform,
+            "standardize" not in data.transform,
+            "no 'standardize' (its mean and variance are sums, not exact in any order)",
+        ),
+        ("data.bounds", data.bounds, data.bounds == "data", "'data'"),
+        (
+            "data.synthetic_rows",
+            data.synthetic_rows,
+            data.synthetic_rows >= STREAM_MIN_ROWS,
+            f">= {STREAM_MIN_ROWS} (smaller runs fit in memory)",
+        ),
+        (
+            "partition.n_peers",
+            config.partition.n_peers,
+            -(-data.synthetic_rows // config.partition.n_peers) <= SYNTHETIC_BLOCK_ROWS,
+            f"shards of at most {SYNTHETIC_BLOCK_ROWS} rows (a shard spans at most two blocks)",
+        ),
+    ]
+    for name, value, covered, wanted in settings:
+        if not covered:
+            return f"{name} = {value!r} ({plan} needs {wanted})"
+    return None
+
+
+#: What a block's tasks read: the data stream's seed sequence, the rows in all (training and
+#: test), the raw features, the training rows.
+_Stream = tuple[np.random.SeedSequence, int, int, int]
+
+
+def block_stream(config: ScenarioConfig, *, fold: int) -> _Stream:
+    """``(seed sequence, rows in all, raw features, training rows)`` of ``config``'s synthetic
+    rows, which its blocks are drawn from (:func:`~p2pdp.data.datasets.synthetic_block`);
+    ConfigError, naming fold ``fold`` as :func:`p2pdp.tasks.pipeline.load_peer_fold` does, if
+    the training rows are fewer than ``partition.n_peers * partition.min_shard_size``."""
+    data, partition = config.data, config.partition
+    n = data.synthetic_rows
+    needed = partition.n_peers * partition.min_shard_size
+    if n < needed:
+        raise ConfigError(
+            f"data set 'synthetic': fold {fold} has {n} training rows, fewer than "
+            f"partition.n_peers ({partition.n_peers}) x partition.min_shard_size "
+            f"({partition.min_shard_size}) = {needed}"
+        )
+    seed_seq = generator(config.seed, "synthetic").bit_generator.seed_seq
+    assert isinstance(seed_seq, np.random.SeedSequence)  # default_rng's
+    return seed_seq, n + data.synthetic_test_rows, data.synthetic_features, n
+
+
+def _bounds_and_tests(
+    stream: _Stream, block: int
+) -> tuple[tuple[np.ndarray, np.ndarray] | None, np.ndarray, np.ndarray]:
+    """Block ``block``'s training rows' per-feature (min, max) (None without any), and its
+    raw test rows (k, d) and labels (k,) (none in most blocks)."""
+    seed_seq, n_total, d, n_rows = stream
+    bounds = synthetic_block_bounds(seed_seq, block, n_total=n_total, n_features=d, n_rows=n_rows)
+    cut = n_rows - block * SYNTHETIC_BLOCK_ROWS
+    if cut >= min(SYNTHETIC_BLOCK_ROWS, n_total - block * SYNTHETIC_BLOCK_ROWS):
+        return bounds, np.empty((0, d)), np.empty(0, dtype=np.int8)
+    X, _, y = synthetic_block_logged(seed_seq, block, n_total=n_total, n_features=d)
+    cut = max(cut, 0)
+    return bounds, X[cut:], y[cut:]
+
+
+def _training_block(
+    stream: _Stream, fitted: FittedPreprocessor, block: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Block ``block``'s transformed training rows (m, d_out) and their labels (m,) float64."""
+    seed_seq, n_total, d, n_rows = stream
+    _, logged, y = synthetic_block_logged(seed_seq, block, n_total=n_total, n_features=d)
+    cut = min(len(y), n_rows - block * SYNTHETIC_BLOCK_ROWS)
+    return fitted.transform_logged(logged[:cut]), y[:cut].astype(np.float64)
+
+
+#: A block's share of the fits: (Newton steps, head rows (X, y) of the shard it continues,
+#: tail rows (X, y) of the shard it starts and does not end, the reference's loss and
+#: gradient sums at w = 0, its Hessian sum there).
+_Fitted = tuple[
+    int, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], BlockSums, np.ndarray
+]
+
+
+#: Rows the reference's later passes may keep instead of drawing again: the first blocks'
+#: transformed rows, up to this many bytes (2 GiB: every row up to about 4.6 million rows,
+#: 230,000 peers of 20 rows, and a fifth of a million peers' rows), held only while the
+#: training runs (the simulation and the evaluation, which hold the local models, the
+#: releases and the published models, need more than that at a million peers).
+KEPT_ROWS_BYTES = 2 * 2**30
+
+#: The kept rows (k B, d_out) and labels (k B,) float64 of the first k blocks.
+_Kept = tuple[np.ndarray, np.ndarray]
+
+
+def _fit_block(
+    shared: tuple[
+        _Stream, FittedPreprocessor, np.ndarray, float, tuple[np.ndarray, np.ndarray], _Kept
+    ],
+    block: int,
+) -> _Fitted:
+    """Draw and transform block ``block`` (kept in ``kept`` if it has room), solve the shards
+    inside it into the shared ``(weights, grad_norms)``, and return what straddles its ends
+    and the reference's sums at ``w = 0`` (:data:`_Fitted`)."""
+    stream, fitted, starts, lam, (weights, norms), kept = shared
+    X, y = _training_block(stream, fitted, block)
+    rows = slice(block * SYNTHETIC_BLOCK_ROWS, block * SYNTHETIC_BLOCK_ROWS + len(y))
+    if rows.stop <= len(kept[1]):
+        kept[0][rows], kept[1][rows] = X, y
+    begin = block * SYNTHETIC_BLOCK_ROWS
+    end = begin + len(y)
+    first = int(np.searchsorted(starts, begin, side="left"))  # first shard starting here
+    last = int(np.searchsorted(starts, end, side="right")) - 1  # shards ending by `end`
+    head = int(starts[first]) - begin if first < len(starts) else len(y)
+    tail = int(starts[last]) - begin  # the rows of a shard starting here, ending past it
+    steps = 0
+    if last > first:
+        bounds = (starts[first : last + 1] - begin).tolist()
+        shards = [np.arange(a, b, dtype=np.int64) for a, b in itertools.pairwise(bounds)]
+        models = LogisticModel().fit(X, y, shards, lam)
+        weights[first:last], norms[first:last] = models.weights, models.grad_norms
+        steps = models.iterations
+    zero = np.zeros(X.shape[1])
+    return (
+        steps,
+        (X[:head].copy(), y[:head].copy()),
+        (X[tail:].copy(), y[tail:].copy()),
+        block_sums(X, y, zero),
+        block_hessian(X, zero),
+    )
+
+
+def _reference_block(
+    shared: tuple[_Stream, FittedPreprocessor, _Kept], item: tuple[int, np.ndarray]
+) -> tuple[BlockSums, np.ndarray]:
+    """Block ``item[0]`` (kept, or drawn and transformed again): its loss and gradient sums
+    and its Hessian sum at the model ``item[1]`` (d_out,)."""
+    stream, fitted, kept = shared
+    block, w = item
+    rows = slice(block * SYNTHETIC_BLOCK_ROWS, (block + 1) * SYNTHETIC_BLOCK_ROWS)
+    if rows.start < len(kept[1]):
+        X, y = kept[0][rows], kept[1][rows]
+    else:
+        X, y = _training_block(stream, fitted, block)
+    return block_sums(X, y, w), block_hessian(X, w)
+
+
+class _ReferencePasses:
+    """``block_sums(w, hessian)`` of :func:`~p2pdp.learning.models.newton_from_block_sums`
+    over blocks drawn again: one pass gives a point's loss, gradient and Hessian sums, kept
+    for the Newton step's next call at the same point (at ``w = 0`` from the fits' pass)."""
+
+    def __init__(
+        self,
+        pieces: Any,
+        blocks: Sequence[int],
+        zero: tuple[list[BlockSums], list[np.ndarray]],
+    ) -> None:
+        self._pieces, self._blocks = pieces, blocks
+        self._known: dict[bytes, tuple[list[BlockSums], list[np.ndarray]]] = {}
+        self._known[np.zeros(len(zero[1][0])).tobytes()] = zero
+        self.passes = 0
+
+    def __call__(self, w: np.ndarray, hessian: bool) -> Sequence[BlockSums]:
+        key = np.asarray(w, dtype=np.float64).tobytes()
+        if key not in self._known:
+            self.passes += 1
+            set_phase(f"training: centralised reference, pass {self.passes + 2} over the rows")
+            sums = self._pieces([(block, w) for block in self._blocks])
+            self._known = {key: ([s[0] for s in sums], [s[1] for s in sums])}
+        return self._known[key][1 if hessian else 0]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockTraining:
+    """What a training drawn in blocks (:func:`train_in_blocks`) gives: every peer's exact
+    local model, the centralised model (d_out,), the transformed test rows ``X_test``
+    (n_test, d_out) and labels ``y_test`` (n_test,) int8 in {-1, +1}, and whether the
+    transform's bounds came from the training rows (always: min-max bounds, ``data.bounds
+    = "data"``)."""
+
+    models: LocalModels
+    centralized: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    data_dependent_bounds: bool
+
+
+def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
+    """The training of :func:`p2pdp.tasks.pipeline.train_in_memory` for ``config`` (which
+    :func:`stream_gap` must cover), with the rows drawn block by block and dropped (see the
+    module docstring): the same local models, centralised model and test rows. ``fold``
+    only names the fold in messages (a fixed split has one).
+
+    Raises
+    ------
+    ConfigError
+        :func:`stream_gap` does not cover ``config`` (naming the setting), or the training
+        rows are fewer than ``partition.n_peers * partition.min_shard_size``.
+    """
+    gap = stream_gap(config)
+    if gap is not None:
+        raise ConfigError(f"this training cannot be drawn in blocks: {gap}")
+    stream = block_stream(config, fold=fold)
+    _, n_total, _, n = stream
+    data, partition = config.data, config.partition
+    blocks = range(math.ceil(n_total / SYNTHETIC_BLOCK_ROWS))
+    training = list(range(math.ceil(n / SYNTHETIC_BLOCK_ROWS)))
+    workers = current_workers()
+
+    set_phase("training: bounds of the rows, pass 1 over the rows")
+    with one_blas_thread():
+        drawn = forked_map(_bounds_and_tests, stream, list(blocks), workers=workers)
+    low = np.minimum.reduce([b[0][0] for b in drawn if b[0] is not None])
+    high = np.maximum.reduce([b[0][1] for b in drawn if b[0] is not None])
+    # the fit on the two rows (low, high) gives the bounds of all the rows: min and max are
+    # exact in any order (the plan has no standardize step, whose sums are not)
+    fitted = Preprocessor(steps=tuple(data.transform)).fit(np.vstack([low, high]))
+    X_test = fitted.transform(np.concatenate([b[1] for b in drawn]))
+    y_test = np.concatenate([b[2] for b in drawn])
+    del drawn
+
+    set_phase("training: local models, pass 2 over the rows")
+    n_peers, d_out = partition.n_peers, fitted.n_features_out
+    starts = contiguous_starts(n, n_peers)
+    many = workers > 1 and len(training) > 1
+    empty = shared_empty if many else np.empty
+    weights, norms = empty((n_peers, d_out)), empty((n_peers,))
+    lam = config.training.lam
+    kept_blocks = KEPT_ROWS_BYTES // (8 * (d_out + 1) * SYNTHETIC_BLOCK_ROWS)
+    kept_rows = min(n, kept_blocks * SYNTHETIC_BLOCK_ROWS)  # whole blocks
+    kept = (empty((kept_rows, d_out)), empty((kept_rows,)))
+    with one_blas_thread():
+        parts = forked_map(
+            _fit_block,
+            (stream, fitted, starts, lam, (weights, norms), kept),
+            training,
+            workers=workers,
+        )
+    iterations = _fit_straddling(parts, starts, lam, weights, norms)
+    models = LocalModels(
+        weights=weights,
+        grad_norms=norms,
+        iterations=iterations,
+        shard_sizes=np.diff(starts),
+    )
+    shape = (n_peers, d_out)
+    check_numbers(models.weights, "model", LogisticModel(), "fit (weights)", shape=shape)
+
+    zero = ([part[3] for part in parts], [part[4] for part in parts])
+    del parts
+    with forked_pool(_reference_block, (stream, fitted, kept), workers=workers) as pieces:
+        passes = _ReferencePasses(pieces, training, zero)
+        centralized, _, _ = newton_from_block_sums(
+            passes, n, d_out, lam, LogisticModel.gradient_tolerance, MAX_NEWTON_STEPS, 0
+        )
+    return BlockTraining(
+        models=models,
+        centralized=centralized,
+        X_test=X_test,
+        y_test=y_test,
+        data_dependent_bounds=fitted.data_dependent,
+    )
+
+
+def _fit_straddling(
+    parts: Sequence[_Fitted],
+    starts: np.ndarray,
+    lam: float,
+    weights: np.ndarray,
+    norms: np.ndarray,
+) -> int:
+    """Solve the shards that straddle two blocks (the tail of one block's rows and the head
+    of the next's) into ``weights`` and ``norms``; the most Newton steps of any shard."""
+    X, y, shards, peers = [], [], [], []
+    offset = 0
+    for block, part in enumerate(parts[:-1]):
+        tail, head = part[2], parts[block + 1][1]
+        if len(tail[1]) == 0:
+            continue
+        rows = len(tail[1]) + len(head[1])
+        X += [tail[0], head[0]]
+        y += [tail[1], head[1]]
+        shards.append(np.arange(offset, offset + rows, dtype=np.int64))
+        first = (block + 1) * SYNTHETIC_BLOCK_ROWS - len(tail[1])
+        peers.append(int(np.searchsorted(starts, first)))
+        offset += rows
+    steps = max(part[0] for part in parts)
+    if shards:
+        models = LogisticModel().fit(np.concatenate(X), np.concatenate(y), shards, lam)
+        weights[peers], norms[peers] = models.weights, models.grad_norms
+        steps = max(steps, models.iterations)
+    return steps

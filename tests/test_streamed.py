@@ -1,0 +1,197 @@
+"""A large synthetic training drawn, fitted and dropped block by block (issue 43): the
+in-memory training's models, centralised model and test rows, without its rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from p2pdp.core.parallel import local_workers
+from p2pdp.data import datasets
+from p2pdp.data.datasets import (
+    SYNTHETIC_BLOCK_ROWS,
+    synthetic_block,
+    synthetic_block_bounds,
+    synthetic_block_logged,
+)
+from p2pdp.data.partition import contiguous_starts
+from p2pdp.data.preprocess import Preprocessor
+from p2pdp.experiments.scenario import parse_scenario
+from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.evaluation import linear_error
+from p2pdp.learning.models import STREAM_MIN_ROWS
+from p2pdp.tasks import pipeline, streamed
+from p2pdp.tasks.streamed import stream_gap
+
+ROWS, TEST_ROWS, PEERS, FEATURES = 200_003, 2_000, 15_000, 5
+
+#: 4 blocks of training rows (the last one short, with the test rows after it), shards of 13
+#: or 14 rows, so a shard straddles every inner block boundary.
+SCENARIO = f"""
+name = "in_blocks"
+seed = 5
+
+[data]
+dataset = "synthetic"
+synthetic_rows = {ROWS}
+synthetic_test_rows = {TEST_ROWS}
+synthetic_features = {FEATURES}
+
+[partition]
+n_peers = {PEERS}
+scheme = "contiguous"
+
+[groups]
+group_size = 10
+
+[publication]
+mode = "full"
+
+[evaluation]
+split = "fixed"
+"""
+
+
+def config(*overrides: str):
+    return parse_scenario(SCENARIO, overrides=list(overrides)).config
+
+
+@pytest.fixture(scope="module")
+def in_memory():
+    return pipeline.train_in_memory(config(), fold=0)
+
+
+def test_the_scenario_straddles_blocks() -> None:
+    starts = contiguous_starts(ROWS, PEERS)
+    crossing = (starts[:-1] // SYNTHETIC_BLOCK_ROWS) != ((starts[1:] - 1) // SYNTHETIC_BLOCK_ROWS)
+    assert crossing.sum() == ROWS // SYNTHETIC_BLOCK_ROWS  # every inner boundary
+    assert ROWS >= STREAM_MIN_ROWS and stream_gap(config()) is None
+
+
+def test_other_trainings_stay_in_memory_and_say_why() -> None:
+    assert stream_gap(config("partition.scheme=iid")) == (
+        "partition.scheme = 'iid' (the plan in blocks needs 'contiguous')"
+    )
+    assert "data.synthetic_rows = 1000" in stream_gap(config("data.synthetic_rows=1000"))
+    assert "evaluation.split = 'cv'" in stream_gap(config("evaluation.split=cv"))
+
+
+def errors_of(models: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Misclassified test rows of each model: integers, compared exactly."""
+    return np.rint(linear_error(models, X, y) * len(y)).astype(np.int64)
+
+
+@pytest.mark.parametrize(("workers", "kept"), [(1, None), (2, None), (2, 2)])
+def test_the_training_in_blocks_is_the_in_memory_one(in_memory, workers, kept, monkeypatch) -> None:
+    """Every local model (straddling shards included), gradient norm, shard size, the
+    centralised model and the test rows are the in-memory training's (the same blocks, the
+    same per-shard solves, the reference's block sums added in block order), whether its
+    later passes read kept blocks (all of them by default here, the first 2 of 4 with
+    ``kept = 2``) or draw them again: the models' test errors are the same integers; and no
+    training row is drawn in one piece."""
+
+    def whole(*args, **kwargs):
+        raise AssertionError("the training rows were drawn in one piece")
+
+    monkeypatch.setattr(datasets, "make_synthetic", whole)
+    if kept is not None:
+        monkeypatch.setattr(
+            streamed, "KEPT_ROWS_BYTES", kept * 8 * (FEATURES + 2) * SYNTHETIC_BLOCK_ROWS
+        )
+    with local_workers(workers):
+        trained = pipeline.prepare_peers(config(), fold=0)
+    assert trained.fold.X_train.shape[0] == 0 and trained.shards == ()
+    assert trained.key == in_memory.key
+    np.testing.assert_array_equal(trained.models.shard_sizes, in_memory.models.shard_sizes)
+    assert trained.models.iterations == in_memory.models.iterations
+    np.testing.assert_allclose(trained.models.weights, in_memory.models.weights, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(trained.models.grad_norms, in_memory.models.grad_norms, atol=1e-15)
+    np.testing.assert_allclose(trained.centralized, in_memory.centralized, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(trained.fold.y_test, in_memory.fold.y_test)
+    np.testing.assert_allclose(trained.fold.X_test, in_memory.fold.X_test, rtol=0, atol=1e-15)
+    X, y = in_memory.fold.X_test, in_memory.fold.y_test
+    for mine, theirs in (
+        (trained.models.weights, in_memory.models.weights),
+        (trained.centralized[None, :], in_memory.centralized[None, :]),
+    ):
+        np.testing.assert_array_equal(errors_of(mine, X, y), errors_of(theirs, X, y))
+    assert trained.fold.data_dependent_bounds and in_memory.fold.data_dependent_bounds
+
+
+def test_a_reader_of_the_rows_gets_them_loaded_again(in_memory) -> None:
+    trained = pipeline.prepare_peers(config(), fold=0)
+    fold, shards = trained.training_rows()
+    assert trained.training_rows()[0] is fold  # loaded once
+    assert len(shards) == PEERS
+    for mine, theirs in zip(shards, in_memory.shards, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    np.testing.assert_array_equal(fold.y_train, in_memory.fold.y_train)
+    np.testing.assert_allclose(fold.X_train, in_memory.fold.X_train, rtol=0, atol=1e-15)
+    assert in_memory.training_rows() == (in_memory.fold, in_memory.shards)
+
+
+@pytest.mark.parametrize("block", [0, 3, 4])
+def test_the_bounds_of_a_block_are_those_of_its_rows(block) -> None:
+    """min and max are exact, and the C library's exp is the one numpy's lognormal calls:
+    the extremes drawn without the exp of every entry are the rows' own."""
+    seed_seq = np.random.SeedSequence(7)
+    n_total = 4 * SYNTHETIC_BLOCK_ROWS + 10
+    n_rows = 3 * SYNTHETIC_BLOCK_ROWS + 5  # block 3: 5 training rows; block 4: none
+    X, _ = synthetic_block(seed_seq, block, n_total=n_total, n_features=FEATURES)
+    bounds = synthetic_block_bounds(
+        seed_seq, block, n_total=n_total, n_features=FEATURES, n_rows=n_rows
+    )
+    training = X[: max(0, n_rows - block * SYNTHETIC_BLOCK_ROWS)]
+    if len(training) == 0:
+        assert bounds is None
+        return
+    assert bounds is not None
+    np.testing.assert_array_equal(bounds[0], training.min(axis=0))  # not computed by SIMD
+    np.testing.assert_array_equal(bounds[1], training.max(axis=0))
+
+
+def test_a_block_logged_is_transformed_as_the_raw_block() -> None:
+    seed_seq = np.random.SeedSequence(8)
+    X, logged, y = synthetic_block_logged(seed_seq, 1, n_total=70_000, n_features=FEATURES)
+    again, labels = synthetic_block(seed_seq, 1, n_total=70_000, n_features=FEATURES)
+    np.testing.assert_array_equal(labels, y)
+    np.testing.assert_allclose(logged, np.log1p(again), rtol=1e-15)
+    fitted = Preprocessor().fit(X)
+    np.testing.assert_allclose(fitted.transform_logged(logged), fitted.transform(X), atol=1e-15)
+    with pytest.raises(Exception, match="log1p"):
+        Preprocessor(steps=("minmax", "bias")).fit(X).transform_logged(logged)
+
+
+@pytest.mark.slow
+def test_a_vote_on_the_own_rows_reads_them_loaded_again(in_memory) -> None:
+    """A local-validated vote (the peers' own rows and k-fold refits) after a training in
+    blocks gives the in-memory training's row."""
+    cell = config("evaluation.vote=local-validated")
+    streamed = simulate(cell, trained=pipeline.prepare_peers(cell, fold=0))
+    whole = simulate(cell, trained=in_memory)
+    assert streamed.evaluation.summary() == whole.evaluation.summary()
+
+
+@pytest.mark.parametrize("kept", [None, 2])
+def test_the_reference_draws_again_only_the_blocks_not_kept(kept, monkeypatch) -> None:
+    """The bounds' pass draws the block with test rows whole and the fits' pass the 4
+    training blocks; the reference's later passes (at least 2: the Newton step's point and
+    the last one) draw no block when every one is kept, and only the 2 not kept otherwise."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return synthetic_block_logged(*args, **kwargs)
+
+    monkeypatch.setattr(streamed, "synthetic_block_logged", counted)
+    if kept is not None:
+        monkeypatch.setattr(
+            streamed, "KEPT_ROWS_BYTES", kept * 8 * (FEATURES + 2) * SYNTHETIC_BLOCK_ROWS
+        )
+    pipeline.prepare_peers(config(), fold=0)
+    assert calls[:5] == [3, 0, 1, 2, 3]
+    again = calls[5:]
+    if kept is None:
+        assert again == []
+    else:
+        assert len(again) >= 4 and again == [2, 3] * (len(again) // 2)
