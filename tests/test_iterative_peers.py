@@ -23,6 +23,7 @@ from p2pdp.experiments.simulation import simulate
 from p2pdp.protocols.iterative import DecentralizedSGD, GossipLearning, Muffliato, step_privacy
 from p2pdp.protocols.iterative_peer import (
     Averaged,
+    Deadline,
     Late,
     Received,
     RoundEnd,
@@ -30,7 +31,6 @@ from p2pdp.protocols.iterative_peer import (
     Stepped,
     StreamSeeds,
     SynchronousPeer,
-    Timer,
 )
 from p2pdp.protocols.network_dp import ViewTrace
 from p2pdp.sim.iterative import run_iterative
@@ -200,8 +200,8 @@ def test_a_round_steps_sends_to_every_neighbour_and_sets_the_deadline() -> None:
     assert sorted(s.to for s in sends) == sorted(neighbours.tolist())
     assert all((s.round, s.exchange) == (1, 0) for s in sends)
     np.testing.assert_array_equal(sends[0].model, machine.model)
-    assert effects[-1] == Timer(10.5, 1, 0)  # round_period 1 s over 2 exchanges
-    assert [type(e) for e in machine.on_deadline(10.5)][-1] is Timer  # exchange 1 follows
+    assert effects[-1] == Deadline(10.5, 1, 0)  # round_period 1 s over 2 exchanges
+    assert [type(e) for e in machine.on_deadline(10.5)][-1] is Deadline  # exchange 1 follows
     assert isinstance(machine.on_deadline(11.0)[-1], RoundEnd)
 
 

@@ -39,7 +39,7 @@ Everything besides ``problem`` is public (the overlay, the step denominators, th
 * ``on_round(now, round)`` (rounds ``1 .. protocol.rounds``, each at its start, only while
   the peer is online): its private step if its budget affords one (effect :class:`Stepped`),
   then exchange 0's sends (one :class:`Send` of its model to each neighbour) and a
-  :class:`Timer` at ``now + round_period / K`` (the exchange's deadline).
+  :class:`Deadline` at ``now + round_period / K`` (the exchange's deadline).
 * ``on_message(now, sender, round, exchange, model)``: buffered (no effect) only if
   ``sender`` is a neighbour, ``(round, exchange)`` is the current exchange and still open,
   the sender has not already sent for it and ``model`` is a finite ``(d,)`` array. A message
@@ -49,7 +49,7 @@ Everything besides ``problem`` is public (the overlay, the step denominators, th
 * ``on_deadline(now)``: the peer averages its model with what arrived, by its own
   Metropolis-Hastings row ``x_i + sum_{j arrived} W_ij (x_j - x_i)`` (the weight of a missing
   neighbour stays on its own model; effect :class:`Averaged`), then sends exchange ``k + 1``
-  with a new :class:`Timer`, or, after exchange ``K - 1``, returns :class:`RoundEnd`.
+  with a new timer, or, after exchange ``K - 1``, returns :class:`RoundEnd`.
 
 A peer offline for a round (churn, a dead host) gets none of these; its next ``on_round``
 starts afresh.
@@ -96,7 +96,7 @@ from p2pdp.protocols.network_dp import ViewTrace
 
 __all__ = [
     "Averaged",
-    "Effect",
+    "Deadline",
     "GossipPeer",
     "IterativeLedger",
     "IterativePeer",
@@ -110,7 +110,6 @@ __all__ = [
     "Stepped",
     "StreamSeeds",
     "SynchronousPeer",
-    "Timer",
     "make_peer",
     "private_step",
 ]
@@ -371,7 +370,7 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
-class Timer:
+class Deadline:
     """Call ``on_deadline`` at time ``at`` (the deadline of ``(round, exchange)``)."""
 
     at: float
@@ -427,7 +426,11 @@ class RoundEnd:
     round: int
 
 
-Effect = Send | Timer | Stepped | Averaged | Late | Received | RoundEnd
+Effect = Send | Deadline | Stepped | Averaged | Late | Received | RoundEnd
+
+#: The first name of :class:`Deadline`, kept for drivers written against it (not documented
+#: under this name: :mod:`p2pdp.protocols.oneshot` has a ``Timer`` of its own).
+Timer = Deadline
 
 
 # --------------------------------------------------------------------------------- machines
@@ -624,7 +627,7 @@ class SynchronousPeer(IterativePeer):
         if stepped is not None:
             effects.append(stepped)
         effects += self._send_all(round_, 0)
-        effects.append(Timer(now + self.period, round_, 0))
+        effects.append(Deadline(now + self.period, round_, 0))
         return effects
 
     def on_message(
@@ -668,7 +671,7 @@ class SynchronousPeer(IterativePeer):
         self.exchange += 1
         if self.exchange < self.exchanges:
             effects += self._send_all(self.round, self.exchange)
-            effects.append(Timer(now + self.period, self.round, self.exchange))
+            effects.append(Deadline(now + self.period, self.round, self.exchange))
         else:
             effects.append(RoundEnd(self.peer, self.round))
         return effects

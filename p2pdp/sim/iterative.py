@@ -59,13 +59,13 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import IterativeProtocol
 from p2pdp.protocols.iterative_peer import (
+    Deadline,
     GossipPeer,
     IterativeLedger,
     IterativePeer,
     RoundEnd,
     Send,
     SynchronousPeer,
-    Timer,
 )
 from p2pdp.protocols.network_dp import ViewTrace
 from p2pdp.sim.transport import Transport
@@ -282,7 +282,7 @@ def run_iterative(
             for effect in produced:
                 if isinstance(effect, Send):
                     sends.append((peer, effect))
-                elif isinstance(effect, Timer):
+                elif isinstance(effect, Deadline):
                     timers.setdefault(effect.at, []).append(peer)
                 elif isinstance(effect, RoundEnd):
                     ended = True
