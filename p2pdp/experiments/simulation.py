@@ -361,6 +361,12 @@ def simulate(
         up to the timing columns (``sim_time`` is then wall seconds). With a hosts file's
         ``score = false`` this process opens no data (``trained`` is not used) and the
         scores are empty (:data:`UNSCORED`).
+    driver : "auto", "reference" or "batched"
+        How the simulator runs the protocol (the rows are the same): ``"auto"`` the fast
+        path where it applies; ``"reference"`` the per-message SimPy world (one-shot) or one
+        transport-free machine per peer (iterative protocols, :mod:`p2pdp.sim.iterative`);
+        ``"batched"`` the arrays (:mod:`p2pdp.sim.waves` for one-shot, refused where they do
+        not apply; the iterative protocols' default). Refused on the network runtime.
     **settings
         Settings applied over ``config``, as ``p2pdp run --set`` would: a section as a dict
         of its settings (``privacy={"epsilon": 1.0}``) or a top-level setting (``seed=3``).
@@ -371,10 +377,10 @@ def simulate(
         config = with_settings(config, settings, "simulate()")
     OneOf(RUNTIMES).check("runtime", runtime)
     OneOf(DRIVERS).check("driver", driver)
-    if driver != "auto" and (runtime == "network" or config.protocol.iterative):
+    if driver != "auto" and runtime == "network":
         raise ConfigError(
-            f"driver = {driver!r} chooses how the simulator runs the one-shot protocol; this "
-            + ("run is on the network runtime" if runtime == "network" else "protocol is iterative")
+            f"driver = {driver!r} chooses how the simulator runs a protocol; this run is on "
+            "the network runtime"
         )
     if config.network.seeded_noise and runtime != "network":
         raise ConfigError(
@@ -405,7 +411,14 @@ def simulate(
         tracemalloc.start()
     task = make_task(config)
     if config.protocol.iterative:
-        result = simulate_iterative(config, task, fold=fold, repetition=repetition, trained=trained)
+        result = simulate_iterative(
+            config,
+            task,
+            fold=fold,
+            repetition=repetition,
+            trained=trained,
+            driver="reference" if driver == "reference" else "batched",
+        )
         if track_memory:
             peak = tracemalloc.get_traced_memory()[1] / 2**20
             tracemalloc.stop()
@@ -651,16 +664,26 @@ def _aggregations_done(world: World) -> Callable[[], str]:
 
 
 def simulate_iterative(
-    config: ScenarioConfig, task: Any, *, fold: int, repetition: int, trained: Any = None
+    config: ScenarioConfig,
+    task: Any,
+    *,
+    fold: int,
+    repetition: int,
+    trained: Any = None,
+    driver: str = "batched",
 ) -> RunResult:
     """One fold of an iterative protocol (``protocol.name`` not ``one-shot``): see
-    :func:`simulate` for the arguments, :mod:`p2pdp.protocols` for the protocols.
+    :func:`simulate` for the arguments, :mod:`p2pdp.protocols` for the protocols, and
+    :mod:`p2pdp.sim.iterative` for ``driver`` (``"batched"`` arrays or the per-peer
+    ``"reference"`` machines: the same rows).
 
     Streams (by name, from the seed, fold and repetition): ``overlay`` (the graph, shared by
     cells that differ only in the protocol's settings), ``network`` (delays, losses, phases),
     ``noise`` (the steps' Gaussian noise), ``sampling`` (records per step), ``gossip``
-    (gossip learning's targets), ``churn`` (sessions and downtimes, with ``gossip.churn``),
-    ``pairs`` (D-PSGD's pair secrets, one SeedSequence spawned per edge from it),
+    (gossip learning's targets): each the root of one stream per peer
+    (:class:`~p2pdp.protocols.iterative_peer.StreamSeeds`); ``churn`` (sessions and
+    downtimes, with ``gossip.churn``), ``pairs`` (D-PSGD's pair secrets, one stream per
+    edge),
     ``central`` (the trusted-curator reference's sampling and noise).
     """
     from p2pdp.core.components import resolve
@@ -735,13 +758,14 @@ def simulate_iterative(
         churn_rng=rngs["churn"],
         on_round=functools.partial(operator.setitem, rounds_done, 0),
         trace=trace,
+        driver=driver,
     )
     wall["simulation"] = time.perf_counter() - start
 
     start = time.perf_counter()
     set_phase("evaluation")
-    evaluation = task.evaluate_models(trained, protocol.models)
-    steps = protocol.steps
+    evaluation = task.evaluate_models(trained, run.models)
+    steps = run.steps
     mechanism = privacy.mechanism
     columns = dict(ITERATIVE_COLUMNS)
     columns.update(
@@ -750,7 +774,7 @@ def simulate_iterative(
         noise_multiplier_used=mechanism.noise_multiplier,
         pairwise_noise_multiplier_used=pair_noise,
         spectral_gap=mixing.spectral_gap(),
-        consensus_distance=consensus_distance(protocol.models),
+        consensus_distance=consensus_distance(run.models),
     )
     if mechanism.private:  # where a trusted curator would be, at the same budget
         central, central_epsilon = central_dp_reference(
@@ -830,7 +854,7 @@ def simulate_iterative(
         sim_time=run.end_time,
         messages_sent=int(transport.messages_sent.sum()),
         bytes_sent=int(transport.bytes_sent.sum()),
-        messages_lost=transport.messages_lost + transport.messages_late,
+        messages_lost=run.messages_lost,
         stop_reason="rounds",
         data_dependent_bounds=bool(data.data_dependent_bounds),
         guarantee_per_aggregation=(float(one_step), privacy.delta_total),

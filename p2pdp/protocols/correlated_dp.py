@@ -67,7 +67,10 @@ network's sum (a utility cost: noise of size ``z_p`` left in the models); the ac
 is unaffected, since it computes every view from the run's actual exchanges
 (:class:`~p2pdp.protocols.network_dp.ViewTrace`). A peer that takes no step in a round (budget
 spent) adds no pair term that round, nor do its neighbours on its edges: in a synchronous run
-with a public budget every peer knows who steps.
+with a public budget every peer knows who steps. Under churn a peer cannot know whether a
+neighbour is online, so each end that steps adds its term (the edge's stream gives round
+``r`` its ``r``-th draw, :class:`~p2pdp.protocols.iterative_peer.PairStream`) and a term
+whose other end is offline stays uncancelled; the views are not computed under churn.
 """
 
 from __future__ import annotations
