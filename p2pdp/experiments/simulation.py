@@ -397,7 +397,9 @@ def simulate(
         tracemalloc.start()
     task = make_task(config)
     if config.protocol.iterative:
-        result = simulate_iterative(config, task, fold=fold, repetition=repetition, trained=trained)
+        result = simulate_iterative(
+            config, task, fold=fold, repetition=repetition, trained=trained, runtime=runtime
+        )
         if track_memory:
             peak = tracemalloc.get_traced_memory()[1] / 2**20
             tracemalloc.stop()
@@ -634,10 +636,18 @@ def _aggregations_done(world: World) -> Callable[[], str]:
 
 
 def simulate_iterative(
-    config: ScenarioConfig, task: Any, *, fold: int, repetition: int, trained: Any = None
+    config: ScenarioConfig,
+    task: Any,
+    *,
+    fold: int,
+    repetition: int,
+    trained: Any = None,
+    runtime: str = "simulation",
 ) -> RunResult:
     """One fold of an iterative protocol (``protocol.name`` not ``one-shot``): see
-    :func:`simulate` for the arguments, :mod:`p2pdp.protocols` for the protocols.
+    :func:`simulate` for the arguments, :mod:`p2pdp.protocols` for the protocols. On the
+    network runtime the rounds run between host processes
+    (:func:`p2pdp.experiments.iterative_network.run_on_network`), everything else as here.
 
     Streams (by name, from the seed, fold and repetition): ``overlay`` (the graph, shared by
     cells that differ only in the protocol's settings), ``network`` (delays, losses, phases),
@@ -712,15 +722,34 @@ def simulate_iterative(
     protocol = cls(config.protocol, problem, mixing, privacy, rngs=rngs)
     pair_noise = protocol.pair_noise_multiplier
     trace = network_dp.ViewTrace() if protocol.network_dp or pair_noise > 0 else None
-    run = run_iterative(
-        config,
-        protocol,
-        errors=lambda models: linear_error(models, data.X_test, data.y_test),
-        rng=rngs["network"],
-        churn_rng=rngs["churn"],
-        on_round=functools.partial(operator.setitem, rounds_done, 0),
-        trace=trace,
-    )
+    network: Any = None
+    run: Any
+    if runtime == "network":
+        from p2pdp.experiments.iterative_network import run_on_network
+        from p2pdp.experiments.network import network_session
+
+        set_phase("network run")
+        run = network = run_on_network(
+            config,
+            mixing,
+            privacy,
+            problem.sizes,
+            session=network_session(config, fold=fold, repetition=repetition),
+            dim=problem.X.shape[1],
+            errors=lambda models: linear_error(models, data.X_test, data.y_test),
+        )
+        protocol.models, protocol.steps = network.models, network.steps
+        trace = network.trace if trace is not None else None
+    else:
+        run = run_iterative(
+            config,
+            protocol,
+            errors=lambda models: linear_error(models, data.X_test, data.y_test),
+            rng=rngs["network"],
+            churn_rng=rngs["churn"],
+            on_round=functools.partial(operator.setitem, rounds_done, 0),
+            trace=trace,
+        )
     wall["simulation"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -788,7 +817,7 @@ def simulate_iterative(
             scales=step_size / mechanism.denominators(problem.sizes),
             decay=1.0 - step_size * problem.lam,
             delta=config.privacy.delta,
-            churn=config.gossip.churn,
+            churn=config.gossip.churn or bool(network and network.hosts_lost),
         )
         columns.update(summary)
     else:
@@ -823,6 +852,16 @@ def simulate_iterative(
         protocol_columns=columns,
         rounds=run.rounds,
         network_dp=distances,
+        runtime=runtime,
+        **(
+            {}
+            if network is None
+            else {
+                "wire": network.wire,
+                "hosts_lost": network.hosts_lost,
+                "messages_refused": network.transport.messages_refused,
+            }
+        ),
     )
 
 

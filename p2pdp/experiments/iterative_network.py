@@ -1,0 +1,296 @@
+"""The iterative protocols (D-PSGD, Muffliato) on the network runtime: the experiment's side.
+
+:func:`run_on_network` is what :func:`~p2pdp.experiments.simulation.simulate_iterative` calls
+instead of the SimPy driver with ``runtime = "network"``: it starts the cell's hosts
+(given by :func:`~p2pdp.experiments.network.network_session`: the run's host processes,
+each cell a session of its own) and coordinates them (:class:`~p2pdp.net.iterative_coordinator.
+IterativeNetworkWorld`). Each host process runs :func:`iterative_host_main`: its own peers'
+rows (from its shard file, ``p2pdp split``, or derived from the seed as the simulator does:
+the simulation shortcut), the overlay (public, from the seed), one machine per peer
+(:class:`~p2pdp.net.iterative_host.SyncPeer`), served by
+:func:`~p2pdp.net.iterative_host.serve_iterative`.
+
+``protocol.round_period`` is wall seconds on the network (a simulated second is a wall
+second, as ``groups.collect_timeout`` is on the one-shot runtime): a round's exchanges end
+at wall-clock deadlines, and a model that misses one is late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from p2pdp.config import ScenarioConfig
+from p2pdp.core.errors import ConfigError, P2PDPError
+from p2pdp.core.rng import generator, os_generator
+from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
+from p2pdp.net.iterative_coordinator import IterativeNetworkWorld, IterativeTransport
+from p2pdp.net.iterative_host import IterativeSettings, SeededDraws, SyncPeer, serve_iterative
+from p2pdp.net.wire import ProtocolError, integer
+from p2pdp.protocols.iterative import IterativeProtocol, LocalProblem, StepPrivacy, step_privacy
+from p2pdp.protocols.mixing import Mixing
+from p2pdp.protocols.network_dp import ViewTrace
+from p2pdp.sim.iterative import consensus_distance
+
+__all__ = [
+    "NetworkIterativeRun",
+    "iterative_host_main",
+    "run_on_network",
+]
+
+#: Seconds any wait for a frame's body, a connection or a host's report may take.
+TIMEOUT = 10.0
+
+
+def _mixing(config: ScenarioConfig, fold: int, repetition: int) -> Mixing:
+    """The cell's overlay weights, from the seed (public: every party builds the same)."""
+    from p2pdp.sim.overlay import build_overlay
+
+    n_peers = config.partition.n_peers
+    overlay = build_overlay(
+        config.gossip, n_peers, rng=generator(config.seed, "overlay", fold, repetition)
+    )
+    return Mixing.metropolis_hastings(overlay.indptr, overlay.indices)
+
+
+def _settings(config: ScenarioConfig, hosts: int, allowed: tuple[str, ...], dim: int) -> Any:
+    """(IterativeSettings, HostSettings) of a cell: the rounds' timing, and the session's."""
+    protocol = config.protocol
+    exchanges = protocol.gossip_steps if protocol.name == "muffliato" else 1
+    run = protocol.rounds * protocol.round_period
+    iterative = IterativeSettings(
+        n_peers=config.partition.n_peers,
+        hosts=hosts,
+        rounds=protocol.rounds,
+        exchanges=exchanges,
+        period=protocol.round_period,
+        dim=dim,
+        timeout=TIMEOUT,
+        idle_timeout=run + 6 * TIMEOUT,  # the control connection is silent at most a run
+        allowed=allowed,
+    )
+    session = HostSettings(
+        n_peers=config.partition.n_peers,
+        hosts=hosts,
+        full_publication=False,
+        timeout=TIMEOUT,
+        idle_timeout=run + 6 * TIMEOUT,
+        seeded_noise=config.network.seeded_noise,
+        allowed=allowed,
+    )
+    return iterative, session
+
+
+@dataclass
+class NetworkIterativeRun:
+    """What a network run leaves (as :class:`~p2pdp.sim.iterative.IterativeRun`, and the
+    peers' state the simulator keeps in the protocol object)."""
+
+    transport: IterativeTransport
+    rounds: list[dict[str, Any]]
+    end_time: float
+    models: np.ndarray
+    steps: np.ndarray
+    trace: ViewTrace
+    wire: list[dict[str, Any]]
+    hosts_lost: int
+
+
+def run_on_network(
+    config: ScenarioConfig,
+    mixing: Mixing,
+    privacy: StepPrivacy,
+    sizes: np.ndarray,
+    *,
+    session: dict[str, Any],
+    dim: int,
+    errors: Any,
+) -> NetworkIterativeRun:
+    """Run one cell of an iterative protocol between host processes.
+
+    Parameters
+    ----------
+    config : ScenarioConfig
+    mixing : Mixing
+        The cell's overlay weights (the hosts build the same from the seed).
+    privacy : StepPrivacy
+        The step's mechanism and accountant (the ``epsilon_spent`` of the rounds table).
+    sizes : (P,) int array
+        Every peer's shard size: sent to the hosts only with ``network.seeded_noise`` (where
+        each peer's records sit in the simulator's sampling draw; NOT private, as the mode).
+    session : dict
+        The cell's hosts (:func:`~p2pdp.experiments.network.network_session`).
+    dim : int
+        A model's length d.
+    errors : callable
+        (P, d) models -> (P,) test errors (the experimenter's measurement).
+    """
+    session = dict(session)
+    allowed = session.pop("allowed")
+    iterative, host_settings = _settings(config, session["hosts"], allowed, dim)
+    settings = config.protocol
+
+    def record(round_: int, now: float, world: IterativeNetworkWorld) -> dict[str, Any]:
+        models = world.models
+        if not np.isfinite(models).all():
+            raise ConfigError(
+                f"protocol.step_size = {settings.step_size!r}: the {settings.name} models "
+                f"diverged by round {round_} (values no longer finite); lower the step size"
+            )
+        evaluated = round_ % settings.eval_every == 0 or round_ == settings.rounds
+        peer_errors = errors(models) if evaluated else None
+        sent, missed = world.counts(round_)
+        return {
+            "round": round_,
+            "time": now,
+            "mean_error": float(peer_errors.mean()) if peer_errors is not None else np.nan,
+            "worst_error": float(peer_errors.max()) if peer_errors is not None else np.nan,
+            "consensus_distance": consensus_distance(models),
+            "bytes_sent": sent * (64 + 8 * iterative.dim),
+            "messages_lost": missed,
+            "mean_steps": float(world.steps.mean()),
+            "epsilon_spent": float(privacy.epsilon(world.steps).max()),
+        }
+
+    world = IterativeNetworkWorld(
+        config,
+        mixing=mixing,
+        iterative=iterative,
+        record=record,
+        start={"sizes": np.asarray(sizes).tolist()} if config.network.seeded_noise else {},
+        settings=host_settings,
+        **session,
+    )
+    world.run()
+    return NetworkIterativeRun(
+        transport=world.transport_counts,
+        rounds=world.rounds,
+        end_time=world.end_time,
+        models=world.models,
+        steps=world.steps,
+        trace=world.trace(),
+        wire=world.wire_rows(),
+        hosts_lost=len(world.lost_hosts),
+    )
+
+
+def _own_rows(
+    config: ScenarioConfig, fold: int, repetition: int, host: int, hosts: int, data: str | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...], np.ndarray | None]:
+    """Host ``host``'s peers (m,), their training rows X (n, d) and labels y (n,), one index
+    array into them per peer, and every peer's shard size (None when the host reads only its
+    own shard file: it knows only its own)."""
+    from p2pdp.experiments.shards import read_host_shards
+    from p2pdp.tasks import make_task, prepared
+
+    if data is not None:
+        rows = read_host_shards(
+            data, config, host=host, hosts=hosts, fold=fold, repetition=repetition
+        )
+        return rows.peers, rows.X, rows.y, rows.shards, None
+    trained = prepared(make_task(config), fold=fold, repetition=repetition)
+    peers = np.flatnonzero(hosts_of(config.partition.n_peers, hosts) == host)
+    shards = tuple(trained.shards[int(p)] for p in peers)
+    sizes = np.array([len(shard) for shard in trained.shards], dtype=np.int64)
+    return peers, trained.fold.X_train, trained.fold.y_train, shards, sizes
+
+
+def _machines(
+    config: ScenarioConfig,
+    peers: np.ndarray,
+    X: np.ndarray,
+    y: np.ndarray,
+    shards: tuple[np.ndarray, ...],
+    mixing: Mixing,
+    privacy: StepPrivacy,
+    exchanges: int,
+) -> dict[int, SyncPeer]:
+    """One machine per peer of this host, each over its own shard, with its own noise and
+    sampling generators from the operating system's CSPRNG (seeded draws replace them at
+    the start, :class:`SeededDraws`)."""
+    from p2pdp.core import components
+
+    cls = components.resolve("protocol", config.protocol.name, key="protocol.name")
+    alone = Mixing(indptr=np.zeros(2, np.int64), indices=np.zeros(0, np.int64), weights=np.zeros(0))
+    machines = {}
+    for peer, shard in zip(peers.tolist(), shards, strict=True):
+        problem = LocalProblem.from_shards(X, y, (shard,), config.training.lam)
+        step: IterativeProtocol = cls(
+            config.protocol,
+            problem,
+            alone,
+            privacy,
+            rngs={"noise": os_generator(), "sampling": os_generator()},
+        )
+        edges = np.arange(mixing.indptr[peer], mixing.indptr[peer + 1])
+        machines[peer] = SyncPeer(
+            peer=peer,
+            step=step,
+            neighbours=mixing.indices[edges],
+            weights=mixing.weights[edges],
+            edges=edges,
+            exchanges=exchanges,
+        )
+    return machines
+
+
+def iterative_host_main(
+    config: ScenarioConfig,
+    fold: int,
+    repetition: int,
+    host: int,
+    hosts: int,
+    ticket: Ticket,
+    *,
+    coordinator: str = "127.0.0.1",
+    address: str = "127.0.0.1",
+    allowed: tuple[str, ...] = (),
+    data: str | None = None,
+) -> None:
+    """Host process ``host`` of ``hosts``, one iterative cell (see the module docstring);
+    a one-line error (exit status EXPLAINED) for what the host cannot do."""
+    try:
+        peers, X, y, shards, sizes = _own_rows(config, fold, repetition, host, hosts, data)
+        mixing = _mixing(config, fold, repetition)
+        privacy = step_privacy(config)
+        iterative, _ = _settings(config, hosts, allowed, X.shape[1])
+        machines = _machines(config, peers, X, y, shards, mixing, privacy, iterative.exchanges)
+    except P2PDPError as error:
+        print(f"p2pdp host {host}: {error}", file=sys.stderr)
+        sys.exit(EXPLAINED)
+
+    def on_start(message: dict[str, Any]) -> None:
+        """Seeded noise (parity, NOT private): every peer draws the simulator's rows."""
+        if not config.network.seeded_noise:
+            return
+        said = message.get("sizes")
+        if not isinstance(said, list) or len(said) != config.partition.n_peers:
+            raise ProtocolError("a seeded run's start must give every peer's shard size")
+        known = sizes if sizes is not None else np.array([integer(n, "size", 1) for n in said])
+        rngs = {
+            name: generator(config.seed, name, fold, repetition) for name in ("noise", "sampling")
+        }
+        draws = SeededDraws(rngs, known)
+        for machine in machines.values():
+            machine.draws = draws
+
+    try:
+        asyncio.run(
+            serve_iterative(
+                machines,
+                mixing,
+                iterative,
+                host_index=host,
+                ticket=ticket,
+                coordinator=coordinator,
+                address=address,
+                on_start=on_start,
+            )
+        )
+    except (HostError, P2PDPError, ProtocolError) as error:
+        print(f"p2pdp host {host}: {error}", file=sys.stderr)
+        sys.exit(EXPLAINED)
