@@ -263,9 +263,10 @@ def _iterative(name: str) -> ScenarioConfig:
     )
 
 
-@pytest.mark.parametrize("name", ["dpsgd", "muffliato", "gossip-learning"])
+@pytest.mark.parametrize("name", ["gossip-learning"])
 def test_an_iterative_protocol_is_refused_before_anything_runs(name, tmp_path):
-    """It used to run in the simulator while the manifest said "runtime": "network"."""
+    """It used to run in the simulator while the manifest said "runtime": "network" (D-PSGD
+    and Muffliato run on the network now: tests/test_network_iterative.py)."""
     simulate(_iterative(name))  # the simulator runs it
     message = f'protocol.name = "{name}" is not supported by the network runtime'
     with pytest.raises(ConfigError, match=message):

@@ -92,6 +92,11 @@ START, ROUND = "start", "round"
 LATE = "late"
 #: Rounds a late model may be behind the receiver's and still be counted as late once.
 LATE_ROUNDS = 2
+#: What a machine says of a model it keeps; of honest models it drops (a sender more than
+#: one exchange ahead, or one more than LATE_ROUNDS behind): counted under that reason, and
+#: lost (neither delivered nor late); anything else it says is a refusal outside the protocol.
+KEPT, AHEAD, TOO_LATE = "kept", "ahead", "too late"
+DROPPED = (AHEAD, TOO_LATE)
 
 
 @dataclass(frozen=True)
@@ -240,7 +245,9 @@ class SyncPeer:
     slot: int = -1
     open: bool = False
     inbox: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # slot -> models
-    late_seen: set[tuple[int, int]] = field(default_factory=set)  # (slot, sender)
+    #: (slot, sender) of the models of closed exchanges it read (averaged or late), for the
+    #: last LATE_ROUNDS rounds: a second copy is refused
+    seen: set[tuple[int, int]] = field(default_factory=set)
     _index: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -265,23 +272,25 @@ class SyncPeer:
         return stepped, self._sends()
 
     def on_message(self, sender: int, slot: int, model: np.ndarray) -> str:
-        """A neighbour's model for exchange ``slot``: ``"kept"`` (the open exchange or the
-        next, averaged at its deadline), :data:`LATE` (an exchange already over: read, not
-        averaged), or why it is refused."""
+        """A neighbour's model for exchange ``slot``: :data:`KEPT` (the open exchange or the
+        next, averaged at its deadline), :data:`LATE` (an exchange already over, once: read,
+        not averaged), :data:`AHEAD` or :data:`TOO_LATE` (dropped), or why it is refused."""
         if sender not in self._index:
             return f"sender {sender} is not a neighbour of peer {self.peer}"
         if slot < self.slot or (slot == self.slot and not self.open):
-            if slot <= self.slot - LATE_ROUNDS * self.exchanges or (slot, sender) in self.late_seen:
-                return f"a model from {sender} for exchange {slot}: late again, or too late"
-            self.late_seen.add((slot, sender))
+            if (slot, sender) in self.seen:
+                return f"a second model from {sender} for exchange {slot}"
+            if slot <= self.slot - LATE_ROUNDS * self.exchanges:
+                return TOO_LATE
+            self.seen.add((slot, sender))
             return LATE
         if slot > self.slot + 1:
-            return f"a model from {sender} for exchange {slot}, ahead of exchange {self.slot}"
+            return AHEAD
         kept = self.inbox.setdefault(slot, {})
         if sender in kept:
             return f"a second model from {sender} for exchange {slot}"
         kept[sender] = model
-        return "kept"
+        return KEPT
 
     def on_deadline(self) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
         """The open exchange is over: average what arrived in time (a missing neighbour's
@@ -299,7 +308,8 @@ class SyncPeer:
                 mixed += weight * arrived[j]
             self.step.models[0] = model + mixed - weights.sum() * model
         horizon = self.slot - LATE_ROUNDS * self.exchanges
-        self.late_seen = {key for key in self.late_seen if key[0] > horizon}
+        self.seen = {key for key in self.seen if key[0] > horizon}
+        self.seen.update((self.slot, sender) for sender in arrived)
         if (self.slot + 1) % self.exchanges == 0:  # the round's last: wait for the next round
             self.open = False
             return self.edges[delivered], []
@@ -367,6 +377,7 @@ class IterativeHost:
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._used: dict[int, float] = {}
         self._outbox: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
+        self._batch: dict[int, list[bytes]] = {}  # host -> frames of the exchange being sent
         self._sending: asyncio.Future | None = None
 
     # -- sockets -----------------------------------------------------------------------------
@@ -414,7 +425,8 @@ class IterativeHost:
             writer.close()
 
     def handle(self, message: dict[str, Any], who: str | None) -> None:
-        """One frame from the party authenticated as ``who`` (None: not checked)."""
+        """One frame from the party authenticated as ``who`` (its certificate's name; not
+        checked without a credential: tests of the protocol alone)."""
         settings = self.settings
         try:
             frame = parse_model(
@@ -424,43 +436,54 @@ class IterativeHost:
                 exchanges=settings.exchanges,
                 dim=settings.dim,
             )
-            if who is not None and who != host_name(int(self.host_of[frame.sender])):
+            owner = host_name(int(self.host_of[frame.sender]))
+            if self.credential is not None and who != owner:
                 raise ProtocolError(f"{who!r} sends as peer {frame.sender}")
-            machine = self.machines.get(frame.receiver)
-            if machine is None:
+            if frame.receiver not in self.machines:
                 raise ProtocolError(f"peer {frame.receiver} is not on this host")
         except ProtocolError as error:
             self.counters.refused[MODEL if message.get("kind") == MODEL else "unknown"] += 1
             log.warning("refused a frame: %s", error)
             return
-        slot = (frame.round - 1) * settings.exchanges + frame.exchange
-        outcome = machine.on_message(frame.sender, slot, frame.model)
+        self._deliver(frame)
+
+    def _deliver(self, frame: ModelFrame) -> None:
+        """``frame`` to its receiver's machine: kept, late (noted for the next report), or
+        dropped: counted ``model`` if outside the protocol (not a neighbour, a second copy,
+        late again), else under the honest reason (``ahead``, ``too late``)."""
+        exchanges = self.settings.exchanges
+        slot = (frame.round - 1) * exchanges + frame.exchange
+        outcome = self.machines[frame.receiver].on_message(frame.sender, slot, frame.model)
         if outcome == LATE:
             self.late.append([slot, self._edge[(frame.sender, frame.receiver)]])
-        elif outcome != "kept":
+        elif outcome in DROPPED:
+            self.counters.refused[outcome] += 1
+        elif outcome != KEPT:
             self.counters.refused[MODEL] += 1
             log.warning("refused a model: %s", outcome)
 
     def send(self, sender: int, sends: list[tuple[int, np.ndarray]], slot: int) -> None:
         """``sender``'s models of exchange ``slot``: counted now (as the simulator counts
         them: one message of ``64 + 8 d`` bytes each), its own host's delivered at once,
-        the others' written by the sender task."""
+        the others' batched per host until :meth:`flush`."""
         exchanges = self.settings.exchanges
         round_, exchange = slot // exchanges + 1, slot % exchanges
         self.counters.messages[sender] += len(sends)
         for receiver, model in sends:
             frame = ModelFrame(sender, receiver, round_, exchange, model)
             if receiver in self.machines:  # a peer of this host: no socket to cross
-                self.handle(
-                    {"kind": MODEL, "sender": sender, "receiver": receiver, "round": round_,
-                     "exchange": exchange, "model": pack_vector(model)},
-                    None,
-                )  # fmt: skip
+                self._deliver(frame)
                 continue
             encoded = model_frame(frame)
             self.counters.wire[MODEL] += 1
             self.counters.wire_bytes[MODEL] += len(encoded)
-            self._outbox.put_nowait((int(self.host_of[receiver]), encoded))
+            self._batch.setdefault(int(self.host_of[receiver]), []).append(encoded)
+
+    def flush(self) -> None:
+        """Hand the sender task what :meth:`send` batched: one write per host."""
+        for host, frames in self._batch.items():
+            self._outbox.put_nowait((host, b"".join(frames)))
+        self._batch = {}
 
     async def _writer(self, host: int) -> asyncio.StreamWriter:
         fresh(self._writers, self._used, host, self.settings.peer_idle)
@@ -525,6 +548,7 @@ class IterativeHost:
                     stepped.append(peer)
                 self.send(peer, sends, first)
                 sent[0] += len(sends)
+            self.flush()
             delivered: list[list[int]] = []
             for exchange in range(settings.exchanges):
                 slot = first + exchange
@@ -536,6 +560,7 @@ class IterativeHost:
                     if sends:
                         self.send(peer, sends, slot + 1)
                         sent[exchange + 1] += len(sends)
+                self.flush()
                 delivered.append(edges)
             late, self.late = self.late, []
             models = np.stack([self.machines[peer].model for peer in peers])
