@@ -225,3 +225,198 @@ def test_a_frame_from_a_host_that_does_not_run_its_sender_is_refused():
 def test_what_the_network_does_not_run_yet_is_refused_by_name(protocol, key):
     with pytest.raises(ConfigError, match=f"{key} = .* not supported by the network runtime"):
         simulate(_small(), runtime="network", protocol=protocol)
+
+
+# -- host processes (slow): whole runs against the simulator's -------------------------------
+
+#: Columns that measure time (or that the network runtime reads and the simulator does not).
+TIMING = {"sim_time", "time", "non_private_steps", "table_rows", "cell_id"}
+
+
+def _timing(key: str) -> bool:
+    return key in TIMING or key.startswith(("wall_", "network."))
+
+
+def _same(simulated: dict, network: dict, where: str) -> None:
+    """Every column of ``simulated`` equal in ``network`` but timing (floats to 1e-9)."""
+    for key in simulated.keys() - {k for k in simulated if _timing(k)}:
+        a, b = simulated[key], network[key]
+        try:
+            a, b = float(a), float(b)
+        except (TypeError, ValueError):
+            assert a == b, (where, key, a, b)
+            continue
+        assert b == pytest.approx(a, rel=1e-9, abs=1e-12, nan_ok=True), (where, key, a, b)
+
+
+def _spambase(name: str, *, seeded: bool = True, **protocol) -> ScenarioConfig:
+    return ScenarioConfig(
+        seed=21,
+        data=DataConfig(
+            dataset="spambase", transform=("log1p", "minmax", "bias", "project_unit_ball")
+        ),
+        partition=PartitionConfig(n_peers=30),
+        privacy=PrivacyConfig(epsilon=3.0, delta=1e-5, mechanism="gaussian"),
+        protocol=ProtocolConfig(
+            name=name, rounds=4, round_period=1.5, step_size=1.0, eval_every=2, **protocol
+        ),
+        network=NetworkConfig(seeded_noise=seeded),
+        evaluation=EvaluationConfig(cv_folds=5),
+    )
+
+
+def _unseeded(config: ScenarioConfig) -> ScenarioConfig:
+    import dataclasses
+
+    return dataclasses.replace(config, network=NetworkConfig())
+
+
+@pytest.mark.slow
+def test_the_cli_runs_iterative_non_private_on_the_network_as_the_simulator(
+    tmp_path, monkeypatch, real_data_home
+):
+    """Done-means (a): the shipped scenario (fewer rounds and folds) on 3 hosts, seeded:
+    results.csv and rounds.csv are the simulator's up to the timing columns."""
+    from p2pdp.experiments.cli import main as cli
+
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
+    fewer = ["--set", "protocol.rounds=3", "--set", "protocol.round_period=2.0", "--set",
+             "evaluation.cv_folds=2", "--set", "protocol.name=dpsgd", "--set",
+             "protocol.eval_every=2"]  # fmt: skip
+    sim, net = tmp_path / "sim", tmp_path / "net"
+    assert cli(["run", "iterative_non_private", "--out", str(sim), *fewer]) == 0
+    seeded = ["--runtime", "network", "--set", "network.seeded_noise=true"]
+    assert cli(["run", "iterative_non_private", "--out", str(net), *fewer, *seeded]) == 0
+    for table in ("results.csv", "rounds.csv", "peers.csv"):
+        a = list(csv.DictReader((sim / table).open()))
+        b = list(csv.DictReader((net / table).open()))
+        assert len(a) == len(b) > 0, table
+        for x, y in zip(a, b, strict=True):
+            _same(x, y, table)
+    wire = list(csv.DictReader((net / "wire.csv").open()))
+    late = [int(row["frames"]) for row in wire if row["kind"] == "late"]
+    assert late == [0] * 4  # every model in time: the simulator's loss-free run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dpsgd", "muffliato"])
+def test_a_private_spambase_run_on_three_hosts_is_the_simulators(name, monkeypatch, real_data_home):
+    """Done-means (b): 30 peers on 3 hosts, seeded noise: the row (privacy columns, network
+    DP included) and the rounds table are the simulator's up to timing."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
+    protocol = {"gossip_steps": 2} if name == "muffliato" else {}
+    config = _spambase(name, **protocol)
+    network = simulate(config, runtime="network")
+    simulated = simulate(_unseeded(config))
+    _same(simulated.row(), network.row(), "row")
+    assert len(simulated.round_rows()) == len(network.round_rows()) == 5
+    for x, y in zip(simulated.round_rows(), network.round_rows(), strict=True):
+        _same(x, y, "rounds")
+    assert network.row()["max_epsilon_spent"] > 0 and network.row()["messages_lost"] == 0
+    assert math.isfinite(network.row()["network_dp_epsilon_max"])
+    assert network.row()["network_dp_epsilon_max"] == pytest.approx(
+        simulated.row()["network_dp_epsilon_max"], rel=1e-9
+    )
+
+
+@pytest.mark.slow
+def test_two_default_runs_with_one_seed_draw_different_noise(monkeypatch, real_data_home):
+    """Done-means (b), default mode: each peer's noise from the OS CSPRNG, so the same
+    scenario twice gives different models (the seeded run gives the simulator's)."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
+    config = _unseeded(_spambase("dpsgd"))
+    first, second = (simulate(config, runtime="network") for _ in range(2))
+    a, b = first.row(), second.row()
+    assert a["consensus_distance"] != pytest.approx(b["consensus_distance"], rel=1e-6)
+    assert a["max_epsilon_spent"] == b["max_epsilon_spent"] > 0  # the same steps, charged alike
+    assert a["messages_sent"] == b["messages_sent"] and a["messages_lost"] == 0
+
+
+@pytest.mark.slow
+def test_per_host_shard_files_give_the_simulators_rounds(tmp_path, monkeypatch, real_data_home):
+    """p2pdp split for an iterative scenario: each host reads only its own file."""
+    from p2pdp.experiments.cli import main as cli
+
+    scenario = tmp_path / "dpsgd.toml"
+    scenario.write_text(
+        'name = "dpsgd-split"\nseed = 21\n[data]\ndataset = "spambase"\n'
+        'transform = ["log1p", "minmax", "bias", "project_unit_ball"]\n[partition]\nn_peers = 30\n'
+        '[privacy]\nepsilon = 3.0\ndelta = 1e-5\nmechanism = "gaussian"\n'
+        '[protocol]\nname = "muffliato"\ngossip_steps = 2\nrounds = 3\nround_period = 1.5\n'
+        "step_size = 1.0\n[evaluation]\ncv_folds = 5\n"
+    )
+    assert cli(["split", str(scenario), "--hosts", "3", "--out", str(tmp_path / "shards")]) == 0
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\n'
+        + "".join(
+            f'[[host]]\naddress = "127.0.0.1"\ndata = "{tmp_path}/shards/host-{h}.json"\n'
+            for h in range(3)
+        )
+    )
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    from p2pdp.experiments.scenario import load_scenario
+
+    config = load_scenario(scenario).points[0].config
+    seeded = simulate(config, runtime="network", network={"seeded_noise": True})
+    simulated = simulate(config)
+    _same(simulated.row(), seeded.row(), "row")
+    for x, y in zip(simulated.round_rows(), seeded.round_rows(), strict=True):
+        _same(x, y, "rounds")
+
+
+class _Killer(threading.Thread):
+    """Kills (SIGKILL) one spawned host process once the run is ``after`` seconds old."""
+
+    def __init__(self, after: float) -> None:
+        super().__init__(daemon=True)
+        self.after = after
+        self.killed: list[int] = []
+
+    def run(self) -> None:
+        import multiprocessing
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            hosts = multiprocessing.active_children()
+            if len(hosts) == 3:
+                break
+            time.sleep(0.1)
+        time.sleep(self.after)
+        victim = sorted(hosts, key=lambda p: p.name)[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        self.killed.append(victim.pid)
+
+
+@pytest.mark.slow
+def test_a_host_killed_mid_run_is_churn_and_the_others_keep_learning(
+    monkeypatch, capfd, real_data_home
+):
+    """Done-means (c): kill -9 of one of 3 hosts in the middle of a D-PSGD run: the run
+    completes, hosts_lost = 1, its peers stop stepping, the others step every round and
+    their models move on; no traceback, no hang."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
+    config = _unseeded(_spambase("dpsgd"))
+    killer = _Killer(after=12.0)  # the hosts' start (data, calibration) and a few rounds
+    killer.start()
+    started = time.monotonic()
+    more = {"rounds": 8, "round_period": 1.0, "eval_every": 1}
+    result = simulate(config, runtime="network", protocol=more)
+    assert time.monotonic() - started < 120
+    assert killer.killed
+    row = result.row()
+    assert row["hosts_lost"] == 1
+    steps = result.aggregations_per_peer
+    lost = np.arange(10, 20)  # host 1's peers
+    assert (steps[np.setdiff1d(np.arange(30), lost)] == 8).all()
+    assert (steps[lost] < 8).all()
+    rounds = result.round_rows()
+    after = [r for r in rounds if r["round"] > int(steps[lost].max())]
+    assert len(after) >= 2
+    # the survivors keep stepping: the mean steps rise by 20/30 a round after the loss
+    gains = np.diff([r["mean_steps"] for r in after])
+    np.testing.assert_allclose(gains, 20 / 30)
+    assert row["messages_lost"] > 0  # models to the lost host's peers
+    assert "network_dp_epsilon_max" in row  # computed or said why not
+    assert row["network_dp_note"].startswith("not computed: a host was lost")
+    assert "Traceback" not in capfd.readouterr().err

@@ -819,6 +819,10 @@ def simulate_iterative(
             delta=config.privacy.delta,
             churn=config.gossip.churn or bool(network and network.hosts_lost),
         )
+        if network is not None and network.hosts_lost and summary["network_dp_note"]:
+            summary["network_dp_note"] = (  # the churn was a host's loss, not gossip.churn
+                "not computed: a host was lost (views under churn are not implemented)"
+            )
         columns.update(summary)
     else:
         columns["network_dp_note"] = network_dp.not_modelled(config.protocol.name)
