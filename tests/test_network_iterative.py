@@ -11,7 +11,6 @@ import csv
 import math
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -29,6 +28,7 @@ from p2pdp.config import (
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.iterative_network import _machines
 from p2pdp.experiments.simulation import simulate
+from p2pdp.net.iterative_coordinator import IterativeNetworkWorld
 from p2pdp.net.iterative_host import (
     AHEAD,
     KEPT,
@@ -365,29 +365,6 @@ def test_per_host_shard_files_give_the_simulators_rounds(tmp_path, monkeypatch, 
         _same(x, y, "rounds")
 
 
-class _Killer(threading.Thread):
-    """Kills (SIGKILL) one spawned host process once the run is ``after`` seconds old."""
-
-    def __init__(self, after: float) -> None:
-        super().__init__(daemon=True)
-        self.after = after
-        self.killed: list[int] = []
-
-    def run(self) -> None:
-        import multiprocessing
-
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            hosts = multiprocessing.active_children()
-            if len(hosts) == 3:
-                break
-            time.sleep(0.1)
-        time.sleep(self.after)
-        victim = sorted(hosts, key=lambda p: p.name)[1]
-        os.kill(victim.pid, signal.SIGKILL)
-        self.killed.append(victim.pid)
-
-
 @pytest.mark.slow
 def test_a_host_killed_mid_run_is_churn_and_the_others_keep_learning(
     monkeypatch, capfd, real_data_home
@@ -397,13 +374,20 @@ def test_a_host_killed_mid_run_is_churn_and_the_others_keep_learning(
     their models move on; no traceback, no hang."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
     config = _unseeded(_spambase("dpsgd"))
-    killer = _Killer(after=12.0)  # the hosts' start (data, calibration) and a few rounds
-    killer.start()
+    killed = []
+    record = IterativeNetworkWorld._record
+
+    def kill_after_round_3(world, round_, now):
+        record(world, round_, now)
+        if round_ == 3:
+            os.kill(world.processes[1].pid, signal.SIGKILL)
+            killed.append(round_)
+
+    monkeypatch.setattr(IterativeNetworkWorld, "_record", kill_after_round_3)
     started = time.monotonic()
     more = {"rounds": 8, "round_period": 1.0, "eval_every": 1}
     result = simulate(config, runtime="network", protocol=more)
-    assert time.monotonic() - started < 120
-    assert killer.killed
+    assert time.monotonic() - started < 180 and killed
     row = result.row()
     assert row["hosts_lost"] == 1
     steps = result.aggregations_per_peer
