@@ -325,7 +325,13 @@ def test_late_messages_are_read_not_averaged_and_lost_ones_are_not_late(latency)
         config.protocol, problem, _overlay_mixing()[1], step_privacy(config), rngs=rngs
     )
     averaged: list[np.ndarray] = []
-    protocol.average = averaged.append  # type: ignore[method-assign]
+    original = protocol.average
+
+    def spy(delivered: np.ndarray, late: np.ndarray) -> None:
+        averaged.append(delivered.copy())
+        original(delivered, late)
+
+    protocol.average = spy  # type: ignore[method-assign]
     trace = ViewTrace()
     run = run_iterative(
         config, protocol, errors=lambda m: np.zeros(len(m)), rng=generator(4, "n"), trace=trace

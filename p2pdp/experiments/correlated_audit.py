@@ -69,6 +69,7 @@ from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.protocols import correlated_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
 from p2pdp.protocols.iterative import DecentralizedSGD, LocalProblem, StepPrivacy
+from p2pdp.protocols.iterative_peer import PeerStreams
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import worst_case_shifts
 
@@ -157,18 +158,23 @@ class _AuditedSGD(DecentralizedSGD):
             return std * _pair_weights(self.mixing, self.pairs)
         return std
 
+    @functools.cached_property
+    def peer_streams(self) -> list[PeerStreams]:
+        streams = DecentralizedSGD.peer_streams.func(self)  # type: ignore[attr-defined]
+        return [s.replaced(noise=_Recorder(s.noise)) for s in streams]
+
     def pair_terms(self, peers: np.ndarray, dim: int) -> np.ndarray | float:
         stepping = np.zeros(self.problem.n_peers, dtype=bool)
         stepping[peers] = True
         a, b = self.pairs[:, 0], self.pairs[:, 1]
-        self.active.append(np.flatnonzero(stepping[a] & stepping[b]))
+        self.active.append(np.flatnonzero(stepping[a] | stepping[b]))  # the edges drawn
         return super().pair_terms(peers, dim)
 
-    def average(self, delivered: np.ndarray) -> None:
+    def average(self, delivered: np.ndarray, late: np.ndarray | None = None) -> None:
         if not delivered.all():
             raise P2PDPError("the audit's transport is loss-free, yet a message was lost")
         self.sent.append(self.models.copy())
-        super().average(delivered)
+        super().average(delivered, late)
 
 
 def _pair_weights(mixing: Mixing, pairs: np.ndarray) -> np.ndarray:
@@ -366,14 +372,13 @@ def noise_values(
     :meth:`CorrelatedRun.build`; reused pairs: the independent noises, then one column per
     edge)."""
     mechanism = protocol.privacy.mechanism
-    own = protocol.rngs["noise"].draws  # type: ignore[attr-defined]
+    own = [s.noise.draws for s in protocol.peer_streams]  # type: ignore[attr-defined]
     streams: list[_Recorder] = protocol._pair_streams  # type: ignore[assignment]
     taken = [0] * len(streams)
     values = []
-    for step, active in enumerate(protocol.active):
-        values.append(
-            own[step][:, coordinates] / (mechanism.noise_multiplier * mechanism.clip_norm)
-        )
+    for step, active in enumerate(protocol.active):  # every peer steps every round
+        drawn = np.stack([draws[step] for draws in own])
+        values.append(drawn[:, coordinates] / (mechanism.noise_multiplier * mechanism.clip_norm))
         if control == "reused-pairs":
             continue
         for e in active.tolist():
@@ -421,7 +426,7 @@ def correlated_run(
             rng=streams["data"],
         )
     )  # fmt: skip
-    rngs: dict[str, Any] = {**streams, "noise": _Recorder(streams["noise"])}
+    rngs: dict[str, Any] = streams
     z = config.protocol.noise_multiplier or 0.0
     protocol = _AuditedSGD(
         config.protocol, problem, _ring(CORRELATED_PEERS), _privacy(z), rngs=rngs,

@@ -169,8 +169,10 @@ class _InvertedSampling(ClippedGaussianSum):
     """Negative control only: Poisson sampling that keeps each record with probability
     ``1 - sampling_rate`` (the accountant still charges ``sampling_rate``)."""
 
-    def select(self, indptr: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return rng.random(int(indptr[-1])) >= self.sampling_rate
+    def select(
+        self, indptr: np.ndarray, rng: np.random.Generator | Sequence[np.random.Generator]
+    ) -> np.ndarray:
+        return self.uniforms(indptr, rng) >= self.sampling_rate
 
 
 def _controlled(privacy: StepPrivacy, control: str | None) -> StepPrivacy:
@@ -253,11 +255,11 @@ class _Observed(IterativeProtocol):
             int(indptr[0]),
         )
 
-    def average(self, delivered: np.ndarray) -> None:
+    def average(self, delivered: np.ndarray, late: np.ndarray | None = None) -> None:
         if not delivered[list(self._edges)].all():
             raise P2PDPError("the audit's transport is loss-free, yet a message was lost")
         self.sent.append((self.models[0].copy(), self.models[1].copy()))
-        super().average(delivered)
+        super().average(delivered, late)
 
     def wake(self, peer: int) -> int | None:
         target = super().wake(peer)

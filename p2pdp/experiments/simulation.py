@@ -363,10 +363,10 @@ def simulate(
         config = with_settings(config, settings, "simulate()")
     OneOf(RUNTIMES).check("runtime", runtime)
     OneOf(DRIVERS).check("driver", driver)
-    if driver != "auto" and (runtime == "network" or config.protocol.iterative):
+    if driver != "auto" and runtime == "network":
         raise ConfigError(
-            f"driver = {driver!r} chooses how the simulator runs the one-shot protocol; this "
-            + ("run is on the network runtime" if runtime == "network" else "protocol is iterative")
+            f"driver = {driver!r} chooses how the simulator runs a protocol; this run is on "
+            "the network runtime"
         )
     if config.network.seeded_noise and runtime != "network":
         raise ConfigError(
@@ -398,7 +398,13 @@ def simulate(
     task = make_task(config)
     if config.protocol.iterative:
         result = simulate_iterative(
-            config, task, fold=fold, repetition=repetition, trained=trained, runtime=runtime
+            config,
+            task,
+            fold=fold,
+            repetition=repetition,
+            trained=trained,
+            driver="reference" if driver == "reference" else "batched",
+            runtime=runtime,
         )
         if track_memory:
             peak = tracemalloc.get_traced_memory()[1] / 2**20
@@ -642,18 +648,23 @@ def simulate_iterative(
     fold: int,
     repetition: int,
     trained: Any = None,
+    driver: str = "batched",
     runtime: str = "simulation",
 ) -> RunResult:
     """One fold of an iterative protocol (``protocol.name`` not ``one-shot``): see
-    :func:`simulate` for the arguments, :mod:`p2pdp.protocols` for the protocols. On the
-    network runtime the rounds run between host processes
-    (:func:`p2pdp.experiments.iterative_network.run_on_network`), everything else as here.
+    :func:`simulate` for the arguments, :mod:`p2pdp.protocols` for the protocols, and
+    :mod:`p2pdp.sim.iterative` for ``driver`` (``"batched"`` arrays or the per-peer
+    ``"reference"`` machines: the same rows). On the network runtime the rounds run between
+    host processes (:func:`p2pdp.experiments.iterative_network.run_on_network`), everything
+    else as here.
 
     Streams (by name, from the seed, fold and repetition): ``overlay`` (the graph, shared by
     cells that differ only in the protocol's settings), ``network`` (delays, losses, phases),
     ``noise`` (the steps' Gaussian noise), ``sampling`` (records per step), ``gossip``
-    (gossip learning's targets), ``churn`` (sessions and downtimes, with ``gossip.churn``),
-    ``pairs`` (D-PSGD's pair secrets, one SeedSequence spawned per edge from it),
+    (gossip learning's targets): each the root of one stream per peer
+    (:class:`~p2pdp.protocols.iterative_peer.StreamSeeds`); ``churn`` (sessions and
+    downtimes, with ``gossip.churn``), ``pairs`` (D-PSGD's pair secrets, one stream per
+    edge),
     ``central`` (the trusted-curator reference's sampling and noise).
     """
     from p2pdp.core.components import resolve
@@ -749,13 +760,14 @@ def simulate_iterative(
             churn_rng=rngs["churn"],
             on_round=functools.partial(operator.setitem, rounds_done, 0),
             trace=trace,
+            driver=driver,
         )
     wall["simulation"] = time.perf_counter() - start
 
     start = time.perf_counter()
     set_phase("evaluation")
-    evaluation = task.evaluate_models(trained, protocol.models)
-    steps = protocol.steps
+    evaluation = task.evaluate_models(trained, run.models)
+    steps = run.steps
     mechanism = privacy.mechanism
     columns = dict(ITERATIVE_COLUMNS)
     columns.update(
@@ -764,7 +776,7 @@ def simulate_iterative(
         noise_multiplier_used=mechanism.noise_multiplier,
         pairwise_noise_multiplier_used=pair_noise,
         spectral_gap=mixing.spectral_gap(),
-        consensus_distance=consensus_distance(protocol.models),
+        consensus_distance=consensus_distance(run.models),
     )
     if mechanism.private:  # where a trusted curator would be, at the same budget
         central, central_epsilon = central_dp_reference(
@@ -845,7 +857,7 @@ def simulate_iterative(
         sim_time=run.end_time,
         messages_sent=int(transport.messages_sent.sum()),
         bytes_sent=int(transport.bytes_sent.sum()),
-        messages_lost=transport.messages_lost + transport.messages_late,
+        messages_lost=run.messages_lost,
         stop_reason="rounds",
         data_dependent_bounds=bool(data.data_dependent_bounds),
         guarantee_per_aggregation=(float(one_step), privacy.delta_total),

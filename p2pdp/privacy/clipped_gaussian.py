@@ -37,6 +37,7 @@ replace-one: compare rows of the same ``neighbouring_relation`` only.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,16 +154,21 @@ class ClippedGaussianSum:
             return np.minimum(float(self.batch_size), sizes)
         return sizes
 
-    def select(self, indptr: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def select(
+        self, indptr: np.ndarray, rng: np.random.Generator | Sequence[np.random.Generator]
+    ) -> np.ndarray:
         """Which records a step uses: a (N,) bool mask over records stored peer by peer.
 
-        ``indptr`` (P + 1,): peer ``j`` holds records ``indptr[j]:indptr[j + 1]``. One draw of
-        ``N`` uniforms from ``rng`` for ``poisson`` and ``fixed``; none for ``full``.
+        ``indptr`` (P + 1,): peer ``j`` holds records ``indptr[j]:indptr[j + 1]``. For
+        ``poisson`` and ``fixed``, one uniform per record: ``N`` from ``rng``, or, given one
+        generator per peer (each peer's own sampling stream), peer ``j``'s from ``rng[j]``
+        (a peer's mask is then the same whichever other peers step with it); none for
+        ``full``.
         """
         n = int(indptr[-1])
         if self.sampling == "full":
             return np.ones(n, dtype=bool)
-        keys = rng.random(n)
+        keys = self.uniforms(indptr, rng)
         if self.sampling == "poisson":
             return keys < self.sampling_rate
         owner = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
@@ -171,6 +177,17 @@ class ClippedGaussianSum:
         mask = np.zeros(n, dtype=bool)
         mask[order[rank < self.batch_size]] = True
         return mask
+
+    @staticmethod
+    def uniforms(
+        indptr: np.ndarray, rng: np.random.Generator | Sequence[np.random.Generator]
+    ) -> np.ndarray:
+        """One uniform in [0, 1) per record, (N,): from ``rng``, or peer ``j``'s from
+        ``rng[j]`` (:meth:`select`)."""
+        if isinstance(rng, np.random.Generator):
+            return rng.random(int(indptr[-1]))
+        sizes = np.diff(indptr).tolist()
+        return np.concatenate([g.random(k) for g, k in zip(rng, sizes, strict=True)])
 
     def clip_factors(self, norms: np.ndarray) -> np.ndarray:
         """``min(1, C / norm)`` for each record's vector norm: multiply to clip."""

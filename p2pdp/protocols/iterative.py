@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.special import expit
 
 from p2pdp.config import MAX_EXCHANGES, ProtocolConfig, ScenarioConfig
 from p2pdp.core import components
@@ -37,90 +35,28 @@ from p2pdp.privacy.accounting import affordable, composed, make_accountant
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum, calibrated_noise_multiplier
 from p2pdp.privacy.events import PrivacyEvent
 from p2pdp.protocols.correlated_dp import edge_pairs
+from p2pdp.protocols.iterative_peer import (
+    IterativeLedger,
+    IterativePeer,
+    LocalProblem,
+    PeerStreams,
+    StreamSeeds,
+    make_peer,
+    private_step,
+)
 from p2pdp.protocols.mixing import Mixing
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LocalProblem:
-    """Every peer's shard, stored peer by peer, for L2-regularised logistic regression.
-
-    Attributes
-    ----------
-    X : (N, d) array
-        Training rows; peer ``j`` holds rows ``indptr[j]:indptr[j + 1]``.
-    y : (N,) array of -1.0 / +1.0
-    indptr : (P + 1,) int64 array
-    lam : float
-        The L2 regularisation ``lambda``.
-    """
-
-    X: np.ndarray
-    y: np.ndarray
-    indptr: np.ndarray
-    lam: float
-
-    @classmethod
-    def from_shards(
-        cls, X: np.ndarray, y: np.ndarray, shards: tuple[np.ndarray, ...], lam: float
-    ) -> LocalProblem:
-        """Rows of ``X``, ``y`` regrouped so that each shard's rows are contiguous."""
-        order = np.concatenate(shards)
-        sizes = np.array([len(shard) for shard in shards], dtype=np.int64)
-        indptr = np.concatenate([[0], np.cumsum(sizes)])
-        return cls(X=X[order], y=np.asarray(y, float)[order], indptr=indptr, lam=lam)
-
-    @property
-    def n_peers(self) -> int:
-        return len(self.indptr) - 1
-
-    @property
-    def sizes(self) -> np.ndarray:
-        """Shard sizes, (P,)."""
-        return np.diff(self.indptr)
-
-    def clipped_sums(
-        self,
-        models: np.ndarray,
-        peers: np.ndarray,
-        mechanism: ClippedGaussianSum,
-        rng: np.random.Generator,
-    ) -> np.ndarray:
-        """Each of ``peers``' sum of clipped per-record loss gradients at its model.
-
-        Parameters
-        ----------
-        models : (P, d) array
-        peers : (m,) int array, distinct, increasing
-        mechanism : ClippedGaussianSum
-            Clipping norm and the sampling of records (drawn from ``rng``).
-
-        Returns
-        -------
-        (m, d) array: ``sum_r clip(grad_r)`` over the sampled records of each peer; the
-        gradient of ``log(1 + exp(-y x.w))`` is ``-y sigmoid(-y x.w) x``.
-        """
-        if len(peers) == self.n_peers:
-            rows: slice | np.ndarray = slice(None)
-            indptr = self.indptr
-        elif len(peers) == 1:  # one peer (gossip learning): its rows are one slice
-            start, stop = self.indptr[peers[0]], self.indptr[peers[0] + 1]
-            rows, indptr = slice(start, stop), np.array([0, stop - start])
-        else:
-            sizes = self.sizes[peers]
-            indptr = np.concatenate([[0], np.cumsum(sizes)])
-            rows = np.repeat(self.indptr[peers] - indptr[:-1], sizes) + np.arange(indptr[-1])
-        X, y = self.X[rows], self.y[rows]
-        owner = np.repeat(np.arange(len(peers)), np.diff(indptr))
-        margins = y * np.einsum("ij,ij->i", X, models[peers][owner])
-        coefficients = -y * expit(-margins)
-        norms = np.abs(coefficients) * np.linalg.norm(X, axis=1)
-        coefficients *= mechanism.clip_factors(norms) * mechanism.select(indptr, rng)
-        if len(peers) == 1:
-            return (coefficients @ X)[None, :]
-        weights = sp.csr_array(
-            (coefficients, np.arange(len(coefficients)), indptr), shape=(len(peers), len(y))
-        )
-        return np.asarray(weights @ X)
+__all__ = [
+    "DecentralizedSGD",
+    "GossipLearning",
+    "IterativeProtocol",
+    "LocalProblem",
+    "Muffliato",
+    "StepPrivacy",
+    "central_dp_reference",
+    "step_privacy",
+    "threat_model_privacy",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -293,7 +229,8 @@ def central_dp_reference(
     """Central DP-SGD on the pooled training rows: where a trusted curator would be.
 
     A reference only: it needs a **trusted curator** holding every peer's rows. The curator
-    runs ``protocol.rounds`` private steps of :meth:`IterativeProtocol.step` (the same code)
+    runs ``protocol.rounds`` private steps of :meth:`IterativePeer.step
+    <p2pdp.protocols.iterative_peer.IterativePeer.step>` (a peer's own code)
     on one shard of all ``N`` rows, from zeros, at the peers' ``step_size``, lambda and clip
     norm, with ``privacy``'s mechanism: the same sampling and noise multiplier ``z``. Every
     record is in one shard of the run and in the pooled shard alike, so a record's privacy
@@ -332,16 +269,23 @@ def central_dp_reference(
         mechanism = dataclasses.replace(
             mechanism, min_shard_size=mechanism.min_shard_size * problem.n_peers
         )
-    curator = IterativeProtocol(
-        settings,
-        pooled,
-        Mixing(indptr=np.zeros(2, np.int64), indices=np.zeros(0, np.int64), weights=np.zeros(0)),
-        dataclasses.replace(privacy, mechanism=mechanism),
-        rngs={"sampling": rng, "noise": rng},
+    private = dataclasses.replace(privacy, mechanism=mechanism)
+    curator = make_peer(
+        "synchronous",
+        0,
+        settings=settings,
+        privacy=private,
+        problem=pooled,
+        mixing=Mixing(
+            indptr=np.zeros(2, np.int64), indices=np.zeros(0, np.int64), weights=np.zeros(0)
+        ),
+        denominators=mechanism.denominators(pooled.sizes),
+        seeds=StreamSeeds(entropy={}),
+        streams=PeerStreams(noise=rng, sampling=rng, gossip=rng),
     )
-    for _ in range(settings.rounds):
-        curator.step()
-    return curator.models[0], float(privacy.epsilon(curator.steps)[0])
+    for round_ in range(1, settings.rounds + 1):
+        curator.step(round_)
+    return curator.model, float(private.epsilon(np.array([curator.steps]))[0])
 
 
 class IterativeProtocol:
@@ -400,8 +344,13 @@ class IterativeProtocol:
         self.mixing = mixing
         self.privacy = privacy
         self.rngs = rngs
+        #: Every peer's streams derive from these (:mod:`p2pdp.protocols.iterative_peer`).
+        self.seeds = StreamSeeds.from_rngs(rngs)
         self.models = np.zeros((problem.n_peers, problem.X.shape[1]))
         self.steps = np.zeros(problem.n_peers, dtype=np.int64)
+        self.round = 0  # synchronous: the round of the last step()
+        self.exchange = 0  # synchronous: the next average()'s exchange in the round
+        self.ledger = IterativeLedger(mixing, exchanges=self.gossip_steps)
         self._denominators = privacy.mechanism.denominators(problem.sizes)
 
     @property
@@ -409,9 +358,37 @@ class IterativeProtocol:
         """Averagings per round (synchronous protocols)."""
         return 1
 
+    @functools.cached_property
+    def peer_streams(self) -> list[PeerStreams]:
+        """(P,) each peer's own generators, as its machine draws them (:meth:`peer`)."""
+        return [self.seeds.peer(peer) for peer in range(self.problem.n_peers)]
+
+    def peer(self, peer: int) -> IterativePeer:
+        """Peer ``peer``'s transport-free machine, drawing what this object draws for it
+        (:mod:`p2pdp.protocols.iterative_peer`): the per-peer drivers run these."""
+        return make_peer(
+            "synchronous" if self.synchronous else "gossip",
+            peer,
+            settings=self.settings,
+            privacy=self.privacy,
+            problem=self.problem.shard(peer),
+            mixing=self.mixing,
+            denominators=self._denominators,
+            seeds=self.seeds,
+            exchanges=self.gossip_steps,
+            pair_noise_multiplier=self.pair_noise_multiplier,
+        )
+
     def step(self, peers: np.ndarray | None = None) -> np.ndarray:
         """One private local step of each of ``peers`` (default: all) that can afford one;
-        returns the peers that stepped, (k,) int array."""
+        returns the peers that stepped, (k,) int array.
+
+        Each peer draws its sampling and noise from its own streams (:attr:`peer_streams`),
+        as its machine would. Synchronous protocols call it once a round (``round`` counts
+        the calls), and it records the steps in :attr:`ledger`.
+        """
+        if self.synchronous:
+            self.round, self.exchange = self.round + 1, 0
         if peers is None:
             peers = np.arange(self.problem.n_peers)
         if self.privacy.max_steps is not None:
@@ -419,13 +396,27 @@ class IterativeProtocol:
         if not len(peers):
             return peers
         mechanism = self.privacy.mechanism
-        sums = self.problem.clipped_sums(self.models, peers, mechanism, self.rngs["sampling"])
-        noisy = sums + mechanism.noise(sums.shape, self.rngs["noise"])
-        models = self.models[peers]
-        gradient = noisy / self._denominators[peers, None] + self.problem.lam * models
-        gradient += self.pair_terms(peers, sums.shape[1])
-        self.models[peers] = models - self.settings.step_size * gradient
+        streams = self.peer_streams
+        chosen = [streams[peer] for peer in peers.tolist()]
+        sums = self.problem.clipped_sums(
+            self.models, peers, mechanism, [s.sampling for s in chosen]
+        )
+        dim = sums.shape[1]
+        if mechanism.private:
+            noise = np.stack([mechanism.noise((dim,), s.noise) for s in chosen])
+        else:
+            noise = np.zeros_like(sums)
+        self.models[peers] = private_step(
+            self.models[peers],
+            sums,
+            noise,
+            self._denominators[peers],
+            lam=self.problem.lam,
+            step_size=self.settings.step_size,
+            pair_terms=self.pair_terms(peers, dim),
+        )
         self.steps[peers] += 1
+        self.ledger.stepped(self.round, peers)
         return peers
 
     @property
@@ -438,18 +429,29 @@ class IterativeProtocol:
         (correlated noise: :class:`DecentralizedSGD`)."""
         return 0.0
 
-    def average(self, delivered: np.ndarray) -> None:
-        """Merge the round's messages: ``delivered`` (E,) marks the edges whose model arrived."""
+    def average(self, delivered: np.ndarray, late: np.ndarray | None = None) -> None:
+        """Merge an exchange's messages: ``delivered`` (E,) marks the edges whose model
+        arrived in time, ``late`` (E,) those read after the deadline (recorded, not averaged)."""
+        exchange = self.exchange
+        self.exchange += 1
         self.models = self.mixing.average(self.models, delivered)
+        self.ledger.exchanged(
+            self.round,
+            exchange,
+            delivered,
+            np.zeros_like(delivered) if late is None else late,
+        )
 
     def wake(self, peer: int) -> int | None:
         """The neighbour ``peer`` sends its model to at a wake-up (asynchronous protocols):
-        uniform over its overlay neighbours; None for a peer without any."""
+        uniform over its overlay neighbours, from its own ``gossip`` stream; None for a peer
+        without any."""
         mixing = self.mixing
         start, stop = mixing.indptr[peer], mixing.indptr[peer + 1]
         if stop == start:
             return None
-        return int(mixing.indices[start + self.rngs["gossip"].integers(stop - start)])
+        draw = self.peer_streams[peer].gossip.integers(stop - start)
+        return int(mixing.indices[start + draw])
 
     def receive(self, peer: int, model: np.ndarray) -> None:
         """``peer`` received ``model`` (asynchronous protocols)."""
@@ -462,10 +464,11 @@ class DecentralizedSGD(IterativeProtocol):
     With ``protocol.pairwise_noise_multiplier = z_p > 0``, correlated noise (DECOR): every
     overlay edge ``e = (a, b)``, ``a < b``, has its own stream (a ``SeedSequence`` seeded from
     the run's ``pairs`` stream, spawned per edge: the pair's shared secret), and in a round
-    where both ends step it draws a fresh ``p_e ~ N(0, (z_p C)^2 I)`` that ``a`` adds to its
-    step's gradient as ``+p_e / m_e`` and ``b`` as ``-p_e / m_e`` (``m_e = min(m_a, m_b)``,
-    public step denominators). What this changes for privacy, per threat model, and what a
-    lost message does: :mod:`p2pdp.protocols.correlated_dp`.
+    where an end steps it draws a fresh ``p_e ~ N(0, (z_p C)^2 I)`` (the stream's ``r``-th draw
+    in round ``r``) that ``a`` adds to its step's gradient as ``+p_e / m_e`` and ``b`` as
+    ``-p_e / m_e``, ``m_e = min(m_a, m_b)`` (public step denominators). Each end adds it when
+    it steps: both do in every round of a run without churn. What this changes for privacy,
+    per threat model, and what a lost message does: :mod:`p2pdp.protocols.correlated_dp`.
     """
 
     name: ClassVar[str] = "dpsgd"
@@ -507,28 +510,46 @@ class DecentralizedSGD(IterativeProtocol):
 
     @functools.cached_property
     def _pair_streams(self) -> list[np.random.Generator]:
-        """One generator per pair: a SeedSequence seeded from the run's ``pairs`` stream,
-        spawned per edge (numpy >= 1.24)."""
-        if "pairs" not in self.rngs:
+        """One generator per pair, from the run's ``pairs`` stream: edge ``e``'s is
+        :meth:`StreamSeeds.generator("pairs", e) <p2pdp.protocols.iterative_peer.StreamSeeds>`,
+        the stream both of its ends' machines hold."""
+        if "pairs" not in self.seeds.entropy:
             raise ConfigError("protocol.pairwise_noise_multiplier needs a 'pairs' stream")
-        root = np.random.SeedSequence(self.rngs["pairs"].integers(0, 2**63, size=4).tolist())
-        return [np.random.default_rng(seed) for seed in root.spawn(len(self.pairs))]
+        return [self.seeds.generator("pairs", e) for e in range(len(self.pairs))]
+
+    @functools.cached_property
+    def _pair_drawn(self) -> np.ndarray:
+        """(U,) rounds drawn so far from each pair's stream."""
+        return np.zeros(len(self.pairs), dtype=np.int64)
 
     def pair_terms(self, peers: np.ndarray, dim: int) -> np.ndarray | float:
-        """(k, dim): the pair terms of ``peers`` this round, one fresh draw per edge whose
-        two ends both step (each end adds it with its sign; their sum over all peers is 0)."""
+        """(k, dim): the pair terms of ``peers`` this round.
+
+        Edge ``e``'s stream gives its ``r``-th draw to round ``r`` (rounds in which neither
+        end steps are discarded when an end next steps), and each end that steps adds it with
+        its sign (:class:`~p2pdp.protocols.iterative_peer.PairStream`, what each end's
+        machine does): where both ends step the two terms cancel in the sum of the models;
+        an end that steps alone (its neighbour offline, under churn) adds its term uncancelled.
+        """
         if self.pair_noise_multiplier == 0:
             return 0.0
         stepping = np.zeros(self.problem.n_peers, dtype=bool)
         stepping[peers] = True
         a, b = self.pairs[:, 0], self.pairs[:, 1]
-        active = np.flatnonzero(stepping[a] & stepping[b])
+        active = np.flatnonzero(stepping[a] | stepping[b])
         terms = np.zeros((self.problem.n_peers, dim))
         if active.size:
-            draws = np.stack([self._pair_streams[e].standard_normal(dim) for e in active])
-            draws *= self.pair_std[active, None]
-            np.add.at(terms, a[active], draws)
-            np.add.at(terms, b[active], -draws)
+            streams, drawn = self._pair_streams, self._pair_drawn
+            draws = []
+            for e in active.tolist():
+                for _ in range(self.round - 1 - int(drawn[e])):  # rounds nobody stepped
+                    streams[e].standard_normal(dim)
+                draws.append(streams[e].standard_normal(dim))
+            drawn[active] = self.round
+            values = np.stack(draws) * self.pair_std[active, None]
+            at_a, at_b = stepping[a[active]], stepping[b[active]]
+            np.add.at(terms, a[active][at_a], values[at_a])
+            np.add.at(terms, b[active][at_b], -values[at_b])
         return terms[peers]
 
 

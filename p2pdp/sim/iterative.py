@@ -1,7 +1,24 @@
-"""The SimPy driver of the iterative protocols (:mod:`p2pdp.protocols.iterative`).
+"""The SimPy drivers of the iterative protocols (:mod:`p2pdp.protocols.iterative`).
 
-The same clock, transport model (latency, bandwidth, loss) and overlay as the one-shot world;
-the protocol object holds the peers' models and budgets, this module moves their messages:
+The same clock, transport model (latency, bandwidth, loss) and overlay as the one-shot world.
+Two drivers run the same protocol, chosen by :func:`run_iterative`'s ``driver``:
+
+* ``"batched"`` (the default, the fast path): the protocol object holds every peer's model
+  and budget in arrays; one SimPy event per exchange.
+* ``"reference"``: every peer is its own transport-free machine
+  (:mod:`p2pdp.protocols.iterative_peer`, from :meth:`IterativeProtocol.peer
+  <p2pdp.protocols.iterative.IterativeProtocol.peer>`): each message is its own SimPy event
+  delivered to its receiver's ``on_message``, each deadline calls the machines'
+  ``on_deadline``. The network's random draws are made in the same order as the batched
+  driver's (an exchange's messages in the overlay's edge order), and each peer draws its
+  noise and sampling from its own streams in both, so the two give the same rows and rounds
+  table (to float rounding: the batched sums run in another order). One difference, under
+  churn only: a late message that reaches a peer offline at its arrival is lost here, and
+  read-late in the batched driver (which decides lateness when it is sent); both count it
+  in ``messages_lost`` (lost or late).
+
+Both drivers take a run's privacy from the protocol's records
+(:class:`~p2pdp.protocols.iterative_peer.IterativeLedger`), never on their own.
 
 * **Synchronous** (``dpsgd``, ``muffliato``): a round lasts ``protocol.round_period``
   simulated seconds, split into ``gossip_steps`` exchanges. In each exchange every peer sends
@@ -14,6 +31,8 @@ the protocol object holds the peers' models and budgets, this module moves their
   (a uniform random phase in the first period) and sends its model with
   :meth:`Transport.send <p2pdp.sim.transport.Transport.send>`, one event per message; the
   receiver merges and steps when it arrives. Messages still in flight at the end are dropped.
+  The reference driver runs the same events through the machines' ``on_wake`` and
+  ``on_message``.
 
 With ``gossip.churn`` peers alternate online sessions and offline downtimes as in gossip
 group formation (:class:`~p2pdp.sim.gossip.faults.Faults`, switches applied at each round's
@@ -21,15 +40,16 @@ start): an offline peer takes no step and sends nothing, and a message to an off
 lost. The crash probabilities of ``[gossip]`` belong to group formation and are not used here.
 
 After every round (and before the first) the driver records one row of the ``rounds`` table:
-consensus distance, bytes sent so far, steps, epsilon spent, and every ``eval_every`` rounds
-(and the last) the mean and worst peer test error (NaN on the other rows).
+consensus distance, bytes sent so far, messages lost or late so far (synchronous: messages
+sent minus those averaged), steps, epsilon spent, and every ``eval_every`` rounds (and the
+last) the mean and worst peer test error (NaN on the other rows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import simpy
@@ -38,8 +58,21 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import IterativeProtocol
+from p2pdp.protocols.iterative_peer import (
+    GossipPeer,
+    IterativeLedger,
+    IterativePeer,
+    RoundEnd,
+    Send,
+    SynchronousPeer,
+    Timer,
+)
 from p2pdp.protocols.network_dp import ViewTrace
 from p2pdp.sim.transport import Transport
+
+#: How :func:`run_iterative` drives the peers: ``"batched"`` (arrays, the default) or
+#: ``"reference"`` (one machine per peer, one event per message).
+ITERATIVE_DRIVERS = ("batched", "reference")
 
 
 def consensus_distance(models: np.ndarray) -> float:
@@ -64,11 +97,20 @@ def _no_crash() -> float:
 
 @dataclass(slots=True)
 class IterativeRun:
-    """What a driver leaves: the transport's counters and one record per round (0 included)."""
+    """What a driver leaves: the transport's counters, one record per round (0 included), the
+    peers' final models (P, d), and the records (:class:`IterativeLedger`: steps, averaged)."""
 
     transport: Transport
+    ledger: IterativeLedger
+    models: np.ndarray
     rounds: list[dict[str, Any]] = field(default_factory=list)
     end_time: float = 0.0
+    messages_lost: int = 0
+
+    @property
+    def steps(self) -> np.ndarray:
+        """(P,) private steps each peer took (its local DP: ``privacy.epsilon(steps)``)."""
+        return self.ledger.steps
 
 
 def run_iterative(
@@ -80,6 +122,7 @@ def run_iterative(
     churn_rng: np.random.Generator | None = None,
     on_round: Callable[[int], None] | None = None,
     trace: ViewTrace | None = None,
+    driver: str = "batched",
 ) -> IterativeRun:
     """Run ``protocol`` for ``protocol.rounds`` rounds in a SimPy world.
 
@@ -88,7 +131,8 @@ def run_iterative(
     config : ScenarioConfig
         ``[protocol]`` (rounds, period, eval_every) and ``[network]`` (the transport).
     protocol : IterativeProtocol
-        Its peers' state is updated in place.
+        Batched: its peers' state is updated in place. Reference: its :meth:`peer` machines
+        run, and ``protocol`` itself is not stepped.
     errors : callable
         (P, d) models -> (P,) test error of each peer's model (for the ``rounds`` table).
     rng : numpy.random.Generator
@@ -98,19 +142,39 @@ def run_iterative(
     on_round : callable, optional
         Called with each round's number once it is recorded (progress).
     trace : ViewTrace, optional
-        Receives, for a synchronous protocol, the peers of every step and the delivered and
-        late messages of every exchange (for :mod:`p2pdp.protocols.network_dp`).
+        Filled, for a synchronous protocol, from the records: the peers of every step and the
+        delivered and late messages of every exchange (for
+        :mod:`p2pdp.protocols.network_dp`).
+    driver : "batched" or "reference"
+        See the module docstring.
 
     Raises
     ------
     ConfigError
         Naming ``protocol.step_size`` when a model stops being finite (the steps diverge).
     """
+    if driver not in ITERATIVE_DRIVERS:
+        raise ConfigError(f"driver must be one of {ITERATIVE_DRIVERS}, got {driver!r}")
     settings = config.protocol
     env = simpy.Environment()
     n_peers = protocol.problem.n_peers
     transport = Transport(env, config.network, n_peers, rng=rng)
-    run = IterativeRun(transport=transport)
+    machines: list[IterativePeer] = []
+    if driver == "reference":
+        machines = [protocol.peer(peer) for peer in range(n_peers)]
+        ledger = IterativeLedger(
+            protocol.mixing, exchanges=protocol.gossip_steps, trace=trace is not None
+        )
+    else:
+        ledger = protocol.ledger
+        ledger.keep = trace is not None
+
+    def models() -> np.ndarray:
+        if machines:
+            return np.stack([machine.model for machine in machines])
+        return protocol.models
+
+    run = IterativeRun(transport=transport, ledger=ledger, models=models())
     state = _Online(env, n_peers)
     online = state.online
     faults = None
@@ -118,11 +182,17 @@ def run_iterative(
         from p2pdp.sim.gossip.faults import Faults
 
         faults = Faults(state, config.gossip, uniform=_no_crash, rng=churn_rng or rng)
-    n_bytes = model_bytes(protocol.models.shape[1])
+    n_bytes = model_bytes(protocol.problem.X.shape[1])
     epsilon = protocol.privacy.epsilon
 
+    def lost_so_far() -> int:
+        if protocol.synchronous:  # every message sent was averaged, lost or late
+            return int(transport.messages_sent.sum()) - ledger.averaged
+        return transport.messages_lost
+
     def record(round_: int) -> None:
-        if not np.isfinite(protocol.models).all():
+        current = models()
+        if not np.isfinite(current).all():
             raise ConfigError(
                 f"protocol.step_size = {settings.step_size!r}: the {protocol.name} models "
                 f"diverged by round {round_} (values no longer finite); lower the step size"
@@ -130,18 +200,18 @@ def run_iterative(
         if on_round is not None:
             on_round(round_)
         evaluated = round_ % settings.eval_every == 0 or round_ == settings.rounds
-        peer_errors = errors(protocol.models) if evaluated else None
+        peer_errors = errors(current) if evaluated else None
         run.rounds.append(
             {
                 "round": round_,
                 "time": float(env.now),
                 "mean_error": float(peer_errors.mean()) if peer_errors is not None else np.nan,
                 "worst_error": float(peer_errors.max()) if peer_errors is not None else np.nan,
-                "consensus_distance": consensus_distance(protocol.models),
+                "consensus_distance": consensus_distance(current),
                 "bytes_sent": int(transport.bytes_sent.sum()),
-                "messages_lost": transport.messages_lost + transport.messages_late,
-                "mean_steps": float(protocol.steps.mean()),
-                "epsilon_spent": float(epsilon(protocol.steps).max()),
+                "messages_lost": lost_so_far(),
+                "mean_steps": float(ledger.steps.mean()),
+                "epsilon_spent": float(epsilon(ledger.steps).max()),
             }
         )
 
@@ -168,33 +238,111 @@ def run_iterative(
         senders, receivers = protocol.mixing.indices, protocol.mixing.receivers
         for round_ in range(1, settings.rounds + 1):
             if faults is None:
-                stepped = protocol.step()
+                protocol.step()
             else:
                 faults.apply_churn()
-                stepped = protocol.step(np.flatnonzero(online))
-            if trace is not None:
-                trace.step(stepped)
+                protocol.step(np.flatnonzero(online))
             for _ in range(exchanges):
                 delivered, late = exchange(senders, receivers, period)
                 yield env.timeout(period)
-                protocol.average(delivered)
-                if trace is not None:
-                    trace.exchange(delivered, late)
+                protocol.average(delivered, late)
             record(round_)
+
+    def dispatch(sends: list[tuple[int, Send]]) -> None:
+        """Put an instant's messages on the wire, drawing their delays and losses in the
+        overlay's edge order (the batched driver's order)."""
+        if not sends:
+            return
+        sends.sort(key=lambda item: ledger.edge(item[1].to, item[0]))
+        senders = np.array([sender for sender, _ in sends], dtype=np.int64)
+        delays, lost = transport.transmit(senders, n_bytes)
+        for (sender, send), delay, dropped in zip(
+            sends, delays.tolist(), lost.tolist(), strict=True
+        ):
+            if not dropped:
+                event = env.timeout(delay, value=(sender, send))
+                event.callbacks.append(arrive)
+
+    def arrive(event: simpy.Event) -> None:
+        sender, send = cast(tuple[int, Send], event.value)
+        if not online[send.to]:  # the receiver is offline: lost
+            transport.lose(sender)
+            return
+        machine = _sync(machines[send.to])
+        ledger.take(machine.on_message(env.now, sender, send.round, send.exchange, send.model))
+
+    def handle(effects: list[tuple[int, list[Any]]]) -> bool:
+        """Record the machines' effects, send their messages, set their timers; whether a
+        round ended."""
+        sends: list[tuple[int, Send]] = []
+        timers: dict[float, list[int]] = {}
+        ended = False
+        for peer, produced in effects:
+            ledger.take(produced)
+            for effect in produced:
+                if isinstance(effect, Send):
+                    sends.append((peer, effect))
+                elif isinstance(effect, Timer):
+                    timers.setdefault(effect.at, []).append(peer)
+                elif isinstance(effect, RoundEnd):
+                    ended = True
+        dispatch(sends)
+        for at, peers in timers.items():  # after the messages: one arriving at a deadline
+            event = env.timeout(at - env.now, value=peers)  # is on time, as when batched
+            event.callbacks.append(deadline)
+        return ended
+
+    round_over: list[simpy.Event] = []
+
+    def deadline(event: simpy.Event) -> None:
+        peers = cast(list[int], event.value)
+        ended = handle([(peer, _sync(machines[peer]).on_deadline(env.now)) for peer in peers])
+        if ended:
+            round_over[0].succeed()
+
+    def per_peer() -> Generator[simpy.Event, Any, None]:
+        period = settings.round_period / protocol.gossip_steps
+        for round_ in range(1, settings.rounds + 1):
+            if faults is not None:
+                faults.apply_churn()
+            peers = np.flatnonzero(online).tolist()
+            round_over[:] = [env.event()]
+            handle([(peer, _sync(machines[peer]).on_round(env.now, round_)) for peer in peers])
+            if peers:
+                yield round_over[0]
+            else:  # nobody online: the round's exchanges pass all the same
+                for _ in range(protocol.gossip_steps):
+                    yield env.timeout(period)
+            record(round_)
+        run.end_time = float(env.now)  # late messages still in flight are read after this
 
     def wake_ups(peer: int, phase: float) -> Generator[simpy.Event, Any, None]:
         yield env.timeout(phase)
         while True:
-            target = protocol.wake(peer) if online[peer] else None
-            if target is not None:
-                message = (peer, target, protocol.models[peer].copy())
-                transport.send(peer, deliver, message, n_bytes)
+            if machines:
+                if online[peer]:
+                    for send in _gossip(machines[peer]).on_wake(env.now):
+                        assert isinstance(send, Send)  # its only effect
+                        transport.send(peer, deliver_machine, (peer, send), n_bytes)
+            else:
+                target = protocol.wake(peer) if online[peer] else None
+                if target is not None:
+                    message = (peer, target, protocol.models[peer].copy())
+                    transport.send(peer, deliver, message, n_bytes)
             yield env.timeout(settings.round_period)
 
     def deliver(message: tuple[int, int, np.ndarray]) -> None:
         sender, target, model = message
         if online[target]:
             protocol.receive(target, model)
+        else:
+            transport.lose(sender)
+
+    def deliver_machine(message: tuple[int, Send]) -> None:
+        sender, send = message
+        if online[send.to]:
+            machine = _gossip(machines[send.to])
+            ledger.take(machine.on_message(env.now, sender, send.round, send.exchange, send.model))
         else:
             transport.lose(sender)
 
@@ -209,13 +357,29 @@ def run_iterative(
     if faults is not None and not protocol.synchronous:
         faults.apply_churn()
     if protocol.synchronous:
-        env.process(synchronous())
+        env.process(per_peer() if machines else synchronous())
         env.run()
+        if not machines:
+            run.end_time = float(env.now)
     else:
         phases = rng.uniform(0.0, settings.round_period, size=protocol.problem.n_peers)
         for peer, phase in enumerate(phases.tolist()):
             env.process(wake_ups(peer, phase))
         env.process(clock())
         env.run(until=settings.rounds * settings.round_period + 1e-9)
-    run.end_time = float(env.now)
+        run.end_time = float(env.now)
+    run.models = models()
+    run.messages_lost = lost_so_far()
+    if trace is not None and protocol.synchronous:
+        trace.events.extend(ledger.trace(settings.rounds).events)
     return run
+
+
+def _sync(machine: IterativePeer) -> SynchronousPeer:
+    assert isinstance(machine, SynchronousPeer)
+    return machine
+
+
+def _gossip(machine: IterativePeer) -> GossipPeer:
+    assert isinstance(machine, GossipPeer)
+    return machine

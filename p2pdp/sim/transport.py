@@ -203,28 +203,39 @@ class Transport:
         arrivals.mark = env.scheduled
         self._open = arrivals
 
-    def exchange(
-        self, senders: np.ndarray, n_bytes: int, *, within: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Messages sent at the same instant, one from each of ``senders``: which arrive in time.
+    def transmit(self, senders: np.ndarray, n_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Messages sent at the same instant, one from each of ``senders``: their fates.
 
-        The vectorised form of :meth:`send` for a synchronous round (no event per message):
-        every message is counted as sent; it is lost with probability ``loss``, and it is
-        *late* (counted in ``messages_late``, not delivered) when its delay, latency plus
-        ``n_bytes / bandwidth``, exceeds ``within`` seconds. Returns two (len(senders),) bool
-        masks: the messages delivered in time, and the late ones (they reach their receiver,
-        which reads them but does not average them); a message in neither was lost.
+        The vectorised form of :meth:`send`: every message is counted as sent; it is lost
+        (counted, reported) with probability ``loss``. Returns two (len(senders),) arrays:
+        each message's delay (latency plus ``n_bytes / bandwidth``, seconds) and whether it
+        was lost. The latencies are drawn first, then the losses, in the order of ``senders``.
         """
         senders = np.asarray(senders, dtype=np.int64)
         n = senders.size
         counts = np.bincount(senders, minlength=self.messages_sent.size)
         self.messages_sent += counts
         self.bytes_sent += counts * n_bytes
-        on_time = self.latencies(n) + n_bytes / self.config.bandwidth <= within
+        delays = self.latencies(n) + n_bytes / self.config.bandwidth
         lost = np.zeros(n, dtype=bool)
         if self.config.loss > 0:
             lost = self.rng.random(n) < self.config.loss
             self.lose(senders[lost])
+        return delays, lost
+
+    def exchange(
+        self, senders: np.ndarray, n_bytes: int, *, within: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`transmit`, then which messages arrive in time.
+
+        For a synchronous round (no event per message): a message not lost is *late*
+        (counted in ``messages_late``, not delivered) when its delay exceeds ``within``
+        seconds. Returns two (len(senders),) bool masks: the messages delivered in time, and
+        the late ones (they reach their receiver, which reads them but does not average
+        them); a message in neither was lost.
+        """
+        delays, lost = self.transmit(senders, n_bytes)
+        on_time = delays <= within
         late = ~on_time & ~lost
         self.messages_late += int(late.sum())
         return on_time & ~lost, late
