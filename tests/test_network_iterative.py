@@ -29,17 +29,10 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.iterative_network import _machines
 from p2pdp.experiments.simulation import simulate
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld
-from p2pdp.net.iterative_host import (
-    AHEAD,
-    KEPT,
-    LATE,
-    TOO_LATE,
-    IterativeHost,
-    IterativeSettings,
-    SeededDraws,
-)
-from p2pdp.net.wire import MODEL, ModelFrame, ProtocolError, model_frame, pack_vector, parse_model
-from p2pdp.protocols.iterative import LocalProblem, Muffliato, step_privacy
+from p2pdp.net.iterative_host import AHEAD, IterativeHost, IterativeSettings
+from p2pdp.net.wire import MODEL, ModelFrame, ProtocolError, pack_vector, parse_model
+from p2pdp.protocols.iterative import DecentralizedSGD, Muffliato, step_privacy
+from p2pdp.protocols.iterative_peer import LocalProblem, StreamSeeds
 from p2pdp.protocols.mixing import Mixing
 
 # -- in this process: the machines, the frames, two hosts over loopback ------------------------
@@ -54,6 +47,7 @@ def _small(name: str = "dpsgd", *, rounds: int = 4, gossip_steps: int = 1) -> Sc
         protocol=ProtocolConfig(
             name=name,
             rounds=rounds,
+            round_period=0.2,
             gossip_steps=gossip_steps,
             sampling="fixed",
             batch_size=5,
@@ -77,30 +71,47 @@ def _population(config: ScenarioConfig, rows: int = 12, dim: int = 4):
     return X, y, shards
 
 
-def test_a_peer_keeps_each_neighbours_model_once_and_reads_late_ones_once():
+def _one_host(config, X, y, shards, mixing, peers=(0,), seeds=None):
+    machines, edges = _machines(
+        config, np.array(peers), X, y, tuple(shards[p] for p in peers), mixing,
+        step_privacy(config), seeds or StreamSeeds.fresh(),
+    )  # fmt: skip
+    settings = IterativeSettings(n_peers=6, hosts=2, rounds=config.protocol.rounds,
+                                 exchanges=1, period=0.2, dim=X.shape[1])  # fmt: skip
+    return IterativeHost(machines, edges, settings, report=lambda message: None)
+
+
+def _frame(sender, receiver, round_, exchange=0):
+    return ModelFrame(sender, receiver, round_, exchange, np.zeros(4))
+
+
+def test_a_host_holds_a_model_one_exchange_early_and_the_machine_judges_the_rest():
+    """A sender whose clock runs ahead: its model for the receiver's next exchange waits
+    for it (once per sender); one further ahead is dropped; once there, the machine keeps
+    it, refuses a second copy or a stranger's, and reads a late one once."""
     config = _small()
     X, y, shards = _population(config)
-    mixing = _ring(6)
-    (peer,) = _machines(
-        config, np.array([0]), X, y, shards[:1], mixing, step_privacy(config), 1
-    ).values()
-    model = np.zeros(4)
-    assert peer.on_message(3, 0, model) != KEPT  # 3 is not a neighbour of 0 on the ring
-    assert peer.on_message(1, 0, model) == KEPT  # before round 1: its first exchange
-    assert peer.on_message(1, 0, model) != KEPT  # a second copy
-    assert peer.on_message(1, 1, model) == AHEAD  # two exchanges ahead
-    peer.on_round(1)
-    assert peer.on_message(5, 1, model) == KEPT  # the next exchange: kept early
-    delivered, sends = peer.on_deadline()
-    assert delivered.tolist() == [0] and sends == []  # edge 0 carries 1's model to 0
-    assert peer.on_message(1, 0, model) != KEPT  # averaged already: a replay is refused
-    assert peer.on_message(5, 0, model) == LATE  # exchange 0 is over: read, not averaged
-    assert peer.on_message(5, 0, model) not in (KEPT, LATE)  # late once
-    for round_ in (2, 3):
-        peer.on_round(round_)
-        peer.on_deadline()
-    assert peer.on_message(1, 0, model) == TOO_LATE  # beyond the two rounds kept
-    assert len(peer.seen) <= 2 * 2 and len(peer.inbox) <= 2  # bounded
+    host = _one_host(config, X, y, shards, _ring(6))
+    peer = host.machines[0]
+    host._deliver(_frame(1, 0, 1))  # before round 1: the next exchange is round 1's
+    host._deliver(_frame(1, 0, 1))  # a second copy of it
+    host._deliver(_frame(5, 0, 2))  # two exchanges ahead
+    assert list(host.early[0]) == [1] and peer.refused["duplicate"] == 1
+    assert host.counters.refused[AHEAD] == 1
+    host._effects(0, peer.on_round(0.0, 1))
+    host._replay(0)  # round 1 is open: the kept model reaches the machine
+    assert host.early[0] == {} and 1 in peer._buffer
+    host._deliver(_frame(3, 0, 1))  # 3 is not a neighbour of 0 on the ring
+    assert peer.refused["not a neighbour"] == 1
+    host._deliver(_frame(5, 0, 2))  # round 2: the next exchange, kept early
+    host._effects(0, peer.on_deadline(0.2))
+    assert host._averaged == [[0]]  # edge 0 carries 1's model to 0: averaged
+    host._deliver(_frame(5, 0, 1))  # round 1 is over: read late, once
+    host._deliver(_frame(5, 0, 1))
+    assert host.late == [[0, 1]] and peer.refused["duplicate"] == 2
+    host._deliver(_frame(1, 0, 1))  # averaged already: a replay
+    assert peer.refused["duplicate"] == 3
+    assert sum(len(kept) for kept in host.early.values()) <= peer.neighbours.size
 
 
 @pytest.mark.parametrize(
@@ -125,26 +136,20 @@ def test_a_model_frame_out_of_range_is_refused_naming_its_field(field, value):
         parse_model(message, n_peers=6, rounds=4, exchanges=1, dim=4)
 
 
-def _hosts(config, X, y, shards, mixing, *, period, draws_seed=None):
+def _hosts(config, X, y, shards, mixing, *, seeds):
     privacy = step_privacy(config)
     exchanges = config.protocol.gossip_steps if config.protocol.name == "muffliato" else 1
     settings = IterativeSettings(
         n_peers=6, hosts=2, rounds=config.protocol.rounds, exchanges=exchanges,
-        period=period, dim=X.shape[1], timeout=5.0,
+        period=config.protocol.round_period, dim=X.shape[1], timeout=5.0,
     )  # fmt: skip
     reports: list[list[dict]] = [[], []]
     hosts = []
     for h, peers in enumerate((np.arange(3), np.arange(3, 6))):
-        machines = _machines(
-            config, peers, X, y, tuple(shards[p] for p in peers), mixing, privacy, exchanges
+        machines, edges = _machines(
+            config, peers, X, y, tuple(shards[p] for p in peers), mixing, privacy, seeds
         )
-        if draws_seed is not None:  # each host replays the same streams, as with seeded noise
-            rngs = {"noise": np.random.default_rng(draws_seed),
-                    "sampling": np.random.default_rng(draws_seed + 1)}  # fmt: skip
-            draws = SeededDraws(rngs, np.array([len(s) for s in shards]))
-            for machine in machines.values():
-                machine.draws = draws
-        hosts.append(IterativeHost(machines, mixing, settings, report=reports[h].append))
+        hosts.append(IterativeHost(machines, edges, settings, report=reports[h].append))
     return hosts, reports, privacy
 
 
@@ -160,28 +165,35 @@ async def _run(hosts):
             await host.close()
 
 
+def _rngs(seed):
+    names = ("noise", "sampling", "gossip", "pairs")
+    return {name: np.random.default_rng([seed, i]) for i, name in enumerate(names)}
+
+
 @pytest.mark.parametrize("name", ["dpsgd", "muffliato"])
 def test_two_hosts_over_loopback_take_the_simulators_steps_and_averagings(name):
     """The machines of two hosts, their frames over TCP, paced by the clock: the models of
-    the population-wide protocol with the same draws (every model arrives in time here)."""
+    the batched protocol with the same streams (every model arrives in time here)."""
     config = _small(name, gossip_steps=2)
     X, y, shards = _population(config)
     mixing = _ring(6)
-    hosts, reports, privacy = _hosts(config, X, y, shards, mixing, period=0.2, draws_seed=7)
+    seeds = StreamSeeds.from_rngs(_rngs(7))
+    hosts, reports, privacy = _hosts(config, X, y, shards, mixing, seeds=seeds)
     asyncio.run(_run(hosts))
-    cls = Muffliato if name == "muffliato" else type(hosts[0].machines[0].step)
+    cls = Muffliato if name == "muffliato" else DecentralizedSGD
     reference = cls(
         config.protocol,
         LocalProblem.from_shards(X, y, shards, config.training.lam),
         mixing,
         privacy,
-        rngs={"noise": np.random.default_rng(7), "sampling": np.random.default_rng(8)},
+        rngs=_rngs(7),
     )
     exchanges = 2 if name == "muffliato" else 1
     for _ in range(config.protocol.rounds):
         reference.step()
         for _ in range(exchanges):
-            reference.average(np.ones(len(mixing.indices), dtype=bool))
+            delivered = np.ones(len(mixing.indices), dtype=bool)
+            reference.average(delivered, ~delivered)
     got = np.stack([h.machines[p].model for h in hosts for p in sorted(h.machines)])
     np.testing.assert_allclose(got, reference.models, rtol=1e-12, atol=1e-14)
     assert not np.allclose(reference.models, 0.0)
@@ -200,8 +212,7 @@ def test_two_hosts_over_loopback_take_the_simulators_steps_and_averagings(name):
 def test_a_frame_from_a_host_that_does_not_run_its_sender_is_refused():
     config = _small()
     X, y, shards = _population(config)
-    hosts, _, _ = _hosts(config, X, y, shards, _ring(6), period=0.2)
-    host = hosts[0]
+    host = _one_host(config, X, y, shards, _ring(6), peers=(0, 1, 2))
     host.credential = object()  # as with TLS: the sender's certificate name is checked
     message = {
         "kind": MODEL, "sender": 5, "receiver": 0, "round": 1, "exchange": 0,
@@ -211,8 +222,7 @@ def test_a_frame_from_a_host_that_does_not_run_its_sender_is_refused():
     host.handle({**message, "receiver": 4}, "host-1")  # peer 4 is not on host 0
     assert host.counters.refused[MODEL] == 2
     host.handle(message, "host-1")
-    assert host.counters.refused[MODEL] == 2 and 5 in host.machines[0].inbox[0]
-    assert model_frame(ModelFrame(5, 0, 1, 0, np.zeros(4)))  # encodes
+    assert host.counters.refused[MODEL] == 2 and 5 in host.early[0]
 
 
 @pytest.mark.parametrize(

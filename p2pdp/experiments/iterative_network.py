@@ -26,12 +26,13 @@ import numpy as np
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, P2PDPError
-from p2pdp.core.rng import generator, os_generator
+from p2pdp.core.rng import generator
 from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld, IterativeTransport
-from p2pdp.net.iterative_host import IterativeSettings, SeededDraws, SyncPeer, serve_iterative
-from p2pdp.net.wire import ProtocolError, integer
-from p2pdp.protocols.iterative import IterativeProtocol, LocalProblem, StepPrivacy, step_privacy
+from p2pdp.net.iterative_host import IterativeSettings, serve_iterative
+from p2pdp.net.wire import ProtocolError
+from p2pdp.protocols.iterative import StepPrivacy, step_privacy
+from p2pdp.protocols.iterative_peer import LocalProblem, StreamSeeds, SynchronousPeer, make_peer
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
 from p2pdp.sim.iterative import consensus_distance
@@ -99,12 +100,16 @@ class NetworkIterativeRun:
     wire: list[dict[str, Any]]
     hosts_lost: int
 
+    @property
+    def messages_lost(self) -> int:
+        """Models not averaged: lost or late (the row's ``messages_lost``, as simulated)."""
+        return self.transport.messages_lost + self.transport.messages_late
+
 
 def run_on_network(
     config: ScenarioConfig,
     mixing: Mixing,
     privacy: StepPrivacy,
-    sizes: np.ndarray,
     *,
     session: dict[str, Any],
     dim: int,
@@ -119,9 +124,6 @@ def run_on_network(
         The cell's overlay weights (the hosts build the same from the seed).
     privacy : StepPrivacy
         The step's mechanism and accountant (the ``epsilon_spent`` of the rounds table).
-    sizes : (P,) int array
-        Every peer's shard size: sent to the hosts only with ``network.seeded_noise`` (where
-        each peer's records sit in the simulator's sampling draw; NOT private, as the mode).
     session : dict
         The cell's hosts (:func:`~p2pdp.experiments.network.network_session`).
     dim : int
@@ -143,7 +145,7 @@ def run_on_network(
             )
         evaluated = round_ % settings.eval_every == 0 or round_ == settings.rounds
         peer_errors = errors(models) if evaluated else None
-        sent, missed = world.counts(round_)
+        sent, missed = world.counts()
         return {
             "round": round_,
             "time": now,
@@ -152,8 +154,8 @@ def run_on_network(
             "consensus_distance": consensus_distance(models),
             "bytes_sent": sent * (64 + 8 * iterative.dim),
             "messages_lost": missed,
-            "mean_steps": float(world.steps.mean()),
-            "epsilon_spent": float(privacy.epsilon(world.steps).max()),
+            "mean_steps": float(world.records.steps.mean()),
+            "epsilon_spent": float(privacy.epsilon(world.records.steps).max()),
         }
 
     world = IterativeNetworkWorld(
@@ -161,7 +163,6 @@ def run_on_network(
         mixing=mixing,
         iterative=iterative,
         record=record,
-        start={"sizes": np.asarray(sizes).tolist()} if config.network.seeded_noise else {},
         settings=host_settings,
         **session,
     )
@@ -171,7 +172,7 @@ def run_on_network(
         rounds=world.rounds,
         end_time=world.end_time,
         models=world.models,
-        steps=world.steps,
+        steps=world.records.steps,
         trace=world.trace(),
         wire=world.wire_rows(),
         hosts_lost=len(world.lost_hosts),
@@ -180,10 +181,10 @@ def run_on_network(
 
 def _own_rows(
     config: ScenarioConfig, fold: int, repetition: int, host: int, hosts: int, data: str | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...], np.ndarray | None]:
-    """Host ``host``'s peers (m,), their training rows X (n, d) and labels y (n,), one index
-    array into them per peer, and every peer's shard size (None when the host reads only its
-    own shard file: it knows only its own)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    """Host ``host``'s peers (m,), their training rows X (n, d) and labels y (n,), and one
+    index array into them per peer: from its shard file ``data``, else from the whole fold
+    derived from the seed (the simulation shortcut)."""
     from p2pdp.experiments.shards import read_host_shards
     from p2pdp.tasks import make_task, prepared
 
@@ -191,12 +192,11 @@ def _own_rows(
         rows = read_host_shards(
             data, config, host=host, hosts=hosts, fold=fold, repetition=repetition
         )
-        return rows.peers, rows.X, rows.y, rows.shards, None
+        return rows.peers, rows.X, rows.y, rows.shards
     trained = prepared(make_task(config), fold=fold, repetition=repetition)
     peers = np.flatnonzero(hosts_of(config.partition.n_peers, hosts) == host)
     shards = tuple(trained.shards[int(p)] for p in peers)
-    sizes = np.array([len(shard) for shard in trained.shards], dtype=np.int64)
-    return peers, trained.fold.X_train, trained.fold.y_train, shards, sizes
+    return peers, trained.fold.X_train, trained.fold.y_train, shards
 
 
 def _machines(
@@ -207,35 +207,47 @@ def _machines(
     shards: tuple[np.ndarray, ...],
     mixing: Mixing,
     privacy: StepPrivacy,
-    exchanges: int,
-) -> dict[int, SyncPeer]:
-    """One machine per peer of this host, each over its own shard, with its own noise and
-    sampling generators from the operating system's CSPRNG (seeded draws replace them at
-    the start, :class:`SeededDraws`)."""
-    from p2pdp.core import components
-
-    cls = components.resolve("protocol", config.protocol.name, key="protocol.name")
-    alone = Mixing(indptr=np.zeros(2, np.int64), indices=np.zeros(0, np.int64), weights=np.zeros(0))
-    machines = {}
+    seeds: StreamSeeds,
+) -> tuple[dict[int, SynchronousPeer], dict[tuple[int, int], int]]:
+    """This host's machines, one per peer over its own shard with its own streams from
+    ``seeds`` (:func:`~p2pdp.protocols.iterative_peer.make_peer`), and the overlay edges
+    into them: ``(sender, receiver) -> edge``."""
+    protocol = config.protocol
+    exchanges = protocol.gossip_steps if protocol.name == "muffliato" else 1
+    # a peer's public step denominator: its own only (no pair noise: no other is read)
+    denominators = np.full(config.partition.n_peers, np.nan)
+    machines: dict[int, SynchronousPeer] = {}
+    edges: dict[tuple[int, int], int] = {}
     for peer, shard in zip(peers.tolist(), shards, strict=True):
         problem = LocalProblem.from_shards(X, y, (shard,), config.training.lam)
-        step: IterativeProtocol = cls(
-            config.protocol,
-            problem,
-            alone,
-            privacy,
-            rngs={"noise": os_generator(), "sampling": os_generator()},
-        )
-        edges = np.arange(mixing.indptr[peer], mixing.indptr[peer + 1])
-        machines[peer] = SyncPeer(
-            peer=peer,
-            step=step,
-            neighbours=mixing.indices[edges],
-            weights=mixing.weights[edges],
-            edges=edges,
+        denominators[peer] = privacy.mechanism.denominators(problem.sizes)[0]
+        machine = make_peer(
+            "synchronous",
+            peer,
+            settings=protocol,
+            privacy=privacy,
+            problem=problem,
+            mixing=mixing,
+            denominators=denominators,
+            seeds=seeds,
             exchanges=exchanges,
         )
-    return machines
+        assert isinstance(machine, SynchronousPeer)
+        machines[peer] = machine
+        for edge in range(int(mixing.indptr[peer]), int(mixing.indptr[peer + 1])):
+            edges[(int(mixing.indices[edge]), peer)] = edge
+    return machines, edges
+
+
+def seeds_of(config: ScenarioConfig, fold: int, repetition: int) -> StreamSeeds:
+    """The roots of a host's peers' streams: the run's seeded streams (as the simulator's,
+    ``network.seeded_noise``: NOT private) or the operating system's CSPRNG."""
+    if config.network.seeded_noise:
+        names = ("noise", "sampling", "gossip", "pairs")
+        return StreamSeeds.from_rngs(
+            {name: generator(config.seed, name, fold, repetition) for name in names}
+        )
+    return StreamSeeds.fresh()
 
 
 def iterative_host_main(
@@ -254,41 +266,26 @@ def iterative_host_main(
     """Host process ``host`` of ``hosts``, one iterative cell (see the module docstring);
     a one-line error (exit status EXPLAINED) for what the host cannot do."""
     try:
-        peers, X, y, shards, sizes = _own_rows(config, fold, repetition, host, hosts, data)
+        peers, X, y, shards = _own_rows(config, fold, repetition, host, hosts, data)
         mixing = _mixing(config, fold, repetition)
         privacy = step_privacy(config)
         iterative, _ = _settings(config, hosts, allowed, X.shape[1])
-        machines = _machines(config, peers, X, y, shards, mixing, privacy, iterative.exchanges)
+        machines, edges = _machines(
+            config, peers, X, y, shards, mixing, privacy, seeds_of(config, fold, repetition)
+        )
     except P2PDPError as error:
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
         sys.exit(EXPLAINED)
-
-    def on_start(message: dict[str, Any]) -> None:
-        """Seeded noise (parity, NOT private): every peer draws the simulator's rows."""
-        if not config.network.seeded_noise:
-            return
-        said = message.get("sizes")
-        if not isinstance(said, list) or len(said) != config.partition.n_peers:
-            raise ProtocolError("a seeded run's start must give every peer's shard size")
-        known = sizes if sizes is not None else np.array([integer(n, "size", 1) for n in said])
-        rngs = {
-            name: generator(config.seed, name, fold, repetition) for name in ("noise", "sampling")
-        }
-        draws = SeededDraws(rngs, known)
-        for machine in machines.values():
-            machine.draws = draws
-
     try:
         asyncio.run(
             serve_iterative(
                 machines,
-                mixing,
+                edges,
                 iterative,
                 host_index=host,
                 ticket=ticket,
                 coordinator=coordinator,
                 address=address,
-                on_start=on_start,
             )
         )
     except (HostError, P2PDPError, ProtocolError) as error:

@@ -744,12 +744,10 @@ def simulate_iterative(
             config,
             mixing,
             privacy,
-            problem.sizes,
             session=network_session(config, fold=fold, repetition=repetition),
             dim=problem.X.shape[1],
             errors=lambda models: linear_error(models, data.X_test, data.y_test),
         )
-        protocol.models, protocol.steps = network.models, network.steps
         trace = network.trace if trace is not None else None
     else:
         run = run_iterative(

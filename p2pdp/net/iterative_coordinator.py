@@ -39,6 +39,7 @@ from p2pdp.net.host import FINISH, STATS
 from p2pdp.net.iterative_host import LATE, ROUND, START, IterativeSettings
 from p2pdp.net.tls import host_name
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, unpack_vector
+from p2pdp.protocols.iterative_peer import IterativeLedger
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
 
@@ -54,6 +55,10 @@ log = logging.getLogger(__name__)
 
 #: The iterative protocols the network runtime runs.
 NETWORK_PROTOCOLS = ("dpsgd", "muffliato")
+#: Refusal reasons (the hosts' and their machines') of models outside the protocol: the row's
+#: ``messages_refused`` (a refused connection is not a message; honest drops, a model too far
+#: ahead or older than its receiver remembers, are lost messages).
+REFUSALS = ("model", "unknown", "duplicate", "not a neighbour", "no such exchange", "bad payload")
 #: Seconds between the coordinator's START and round 1: time for the frame to reach every
 #: host (their rounds then begin within its transit time of each other).
 START_DELAY = 0.5
@@ -118,13 +123,19 @@ class IterativeNetworkWorld(NetworkWorld):
     record : callable
         ``record(round, now, world) -> dict``: the ``rounds`` table's record after ``round``
         (0: before the first), ``now`` wall seconds since round 1 began, from the world's
-        :attr:`models`, :attr:`steps` and :meth:`counts` (the simulator's record, built by
+        :attr:`models`, :attr:`records` and :meth:`counts` (the simulator's record, built by
         the experiment).
-    start : dict
-        Extra fields of the ``START`` frame (seeded noise: every peer's shard size).
     **session
         The session's arguments, as :class:`~p2pdp.net.coordinator.NetworkWorld`'s
         (``launch``, ``hosts``, ``settings``, ``authority``, ``bind``).
+
+    Attributes
+    ----------
+    models : (P, d) array
+        Every peer's model as its host last reported it (for rounds recorded so far).
+    records : IterativeLedger
+        The run's steps, averaged and late messages and view trace, from the hosts'
+        reports of their machines' records (the simulator's ledger, filled the same way).
     """
 
     def __init__(
@@ -134,7 +145,6 @@ class IterativeNetworkWorld(NetworkWorld):
         mixing: Mixing,
         iterative: IterativeSettings,
         record: Callable[[int, float, IterativeNetworkWorld], dict[str, Any]],
-        start: dict[str, Any] | None = None,
         **session: Any,
     ) -> None:
         n_peers = iterative.n_peers
@@ -149,20 +159,17 @@ class IterativeNetworkWorld(NetworkWorld):
         self.mixing = mixing
         self.iterative = iterative
         self.record = record
-        self.start_fields = start or {}
         self.models = np.zeros((n_peers, iterative.dim))
-        self.steps = np.zeros(n_peers, dtype=np.int64)
-        slots, edges = iterative.slots, len(mixing.indices)
-        self.stepped = np.zeros((iterative.rounds, n_peers), dtype=bool)
-        self.delivered = np.zeros((slots, edges), dtype=bool)
-        self.late = np.zeros((slots, edges), dtype=bool)
-        self.sent = np.zeros(slots, dtype=np.int64)  # models sent per exchange
+        self.records = IterativeLedger(mixing, exchanges=iterative.exchanges, trace=True)
+        self.sent = 0  # models sent in the rounds recorded so far
         self.rounds: list[dict[str, Any]] = []
         self.end_time = 0.0
         self.transport_counts = IterativeTransport(
             messages_sent=np.zeros(n_peers, dtype=np.int64),
             bytes_sent=np.zeros(n_peers, dtype=np.int64),
         )
+        #: round -> host -> its checked report, until the round is recorded
+        self._pending: dict[int, dict[int, dict[str, Any]]] = {}
         self._reported = np.zeros(self.n_hosts, dtype=np.int64)  # per host: its last round
         self._progress = asyncio.Event()
         self._own = [np.flatnonzero(self.host_of == h) for h in range(self.n_hosts)]
@@ -202,10 +209,9 @@ class IterativeNetworkWorld(NetworkWorld):
             return host
         if kind == STATS:
             claimed = _count(message["host"], "host", self.n_hosts)
-            if who == host_name(claimed) and claimed not in self._stats:
-                late = self._late(claimed, message.get("late", []))
+            late = self._late(claimed, message.get("late", []))
             host = super()._on_control(message, who, writer, host)
-            self.late[late[:, 0], late[:, 1]] = True
+            self._read_late(late)
             return host
         return super()._on_control(message, who, writer, host)
 
@@ -248,30 +254,51 @@ class IterativeNetworkWorld(NetworkWorld):
             raise ProtocolError(f"host {host} reports {sent} models sent")
         late = self._late(host, message["late"])
         models = unpack_vector(message["models"], shape=(len(own), settings.dim))
-        # every field is good: count it
-        first = (round_ - 1) * settings.exchanges
-        self.stepped[round_ - 1, stepped] = True
-        self.steps[stepped] += 1
-        for exchange, ex in enumerate(edges):
-            self.delivered[first + exchange, ex] = True
-            self.sent[first + exchange] += sent[exchange]
-        self.late[late[:, 0], late[:, 1]] = True
-        self.models[own] = models
+        # every field is good: count it (the round's part when the round is recorded)
+        self._read_late(late)
+        self._pending.setdefault(round_, {})[host] = {
+            "stepped": stepped,
+            "delivered": edges,
+            "sent": sum(sent),
+            "models": models,
+        }
         self._reported[host] = round_
         self._progress.set()
+
+    def _read_late(self, late: np.ndarray) -> None:
+        """Late models ``(slot, edge)`` into the ledger (a model read late is in its
+        receiver's view: network DP counts it)."""
+        exchanges = self.iterative.exchanges
+        for slot, edge in late.tolist():
+            mask = np.zeros(len(self.mixing.indices), dtype=bool)
+            mask[edge] = True
+            self.records.exchanged(
+                slot // exchanges + 1, slot % exchanges, np.zeros_like(mask), mask
+            )
+
+    def _apply(self, round_: int) -> None:
+        """Round ``round_``'s reports into the ledger, the counts and the models."""
+        for host, report in self._pending.pop(round_, {}).items():
+            self.records.stepped(round_, report["stepped"])
+            for exchange, edges in enumerate(report["delivered"]):
+                delivered = np.zeros(len(self.mixing.indices), dtype=bool)
+                delivered[edges] = True
+                self.records.exchanged(round_, exchange, delivered, np.zeros_like(delivered))
+            self.sent += report["sent"]
+            self.models[self._own[host]] = report["models"]
 
     def _host_lost(self, host: int, why: str) -> None:
         super()._host_lost(host, why)
         self._progress.set()
 
     # -- the rounds --------------------------------------------------------------------------
-    def counts(self, round_: int) -> tuple[int, int]:
-        """Models sent, and not delivered in time (lost or late), in rounds 1 .. ``round_``."""
-        slots = round_ * self.iterative.exchanges
-        sent = int(self.sent[:slots].sum())
-        return sent, sent - int(self.delivered[:slots].sum())
+    def counts(self) -> tuple[int, int]:
+        """Models sent in the rounds recorded so far, and of them those not averaged (lost
+        or late), as the simulator's record counts them."""
+        return self.sent, self.sent - self.records.averaged
 
     def _record(self, round_: int, now: float) -> None:
+        self._apply(round_)
         self.rounds.append(self.record(round_, now, self))
 
     async def _groups(self) -> None:
@@ -279,7 +306,7 @@ class IterativeNetworkWorld(NetworkWorld):
         past a round's end and ``timeout`` is killed and lost)."""
         settings = self.iterative
         loop = asyncio.get_running_loop()
-        start = encode({"kind": START, "delay": START_DELAY, **self.start_fields})
+        start = encode({"kind": START, "delay": START_DELAY})
         for writer in self._hosts.values():
             writer.write(start)
             self.wire.add(START, len(start))
@@ -331,21 +358,18 @@ class IterativeNetworkWorld(NetworkWorld):
                 self.wire.bytes[kind] += int(n_bytes)
             for reason, count in stats["refused"].items():
                 self.wire.refused[reason] += int(count)
-        late = int(self.late.sum())
-        counts.messages_late = late
-        counts.messages_lost = int(self.sent.sum()) - int(self.delivered.sum()) - late
+        for round_ in sorted(self._pending):  # a lost host's last reports, if unrecorded
+            self._apply(round_)
+        counts.messages_late = self.records.late
+        counts.messages_lost = int(counts.messages_sent.sum()) - self.records.averaged
+        counts.messages_lost -= self.records.late
         counts.messages_refused = sum(
-            count for reason, count in self.wire.refused.items() if reason in ("model", "unknown")
+            count for reason, count in self.wire.refused.items() if reason in REFUSALS
         )
-        self.wire.frames[LATE] = late
+        self.wire.frames[LATE] = self.records.late
 
     def trace(self) -> ViewTrace:
         """The run as it happened, for the privacy columns: every round's steps, then each of
-        its exchanges' delivered and late models (as the simulator's driver records it)."""
-        trace = ViewTrace()
-        exchanges = self.iterative.exchanges
-        for round_ in range(self.iterative.rounds):
-            trace.step(np.flatnonzero(self.stepped[round_]))
-            for slot in range(round_ * exchanges, (round_ + 1) * exchanges):
-                trace.exchange(self.delivered[slot], self.late[slot] & ~self.delivered[slot])
-        return trace
+        its exchanges' averaged and late models (:meth:`IterativeLedger.trace
+        <p2pdp.protocols.iterative_peer.IterativeLedger.trace>`)."""
+        return self.records.trace(self.iterative.rounds)

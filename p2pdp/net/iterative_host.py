@@ -1,42 +1,49 @@
 """The iterative protocols (D-PSGD, Muffliato) on the real network: one host process's side.
 
-A host process runs some peers of the run. Each peer is a transport-free machine
-(:class:`SyncPeer`: its model, its steps, its noise and sampling streams, its inbox); this
-module only delivers it messages and time, over mutual TLS with the run's CA
-(:mod:`p2pdp.net.tls`), every message a :data:`~p2pdp.net.wire.MODEL` frame
-(:mod:`p2pdp.net.wire`).
+A host process runs some peers of the run. Each peer is its transport-free machine
+(:class:`~p2pdp.protocols.iterative_peer.SynchronousPeer`: its model, its steps, its own
+noise and sampling streams, its inbox, what it accepts); this module only delivers it
+messages and time, over mutual TLS with the run's CA (:mod:`p2pdp.net.tls`), every message
+a :data:`~p2pdp.net.wire.MODEL` frame (:mod:`p2pdp.net.wire`), and passes its effects on:
+its sends to the wire, its timers to the clock, its records (steps, averagings, late
+models) to the coordinator.
 
 Time. The coordinator's ``START`` says in how many seconds round 1 begins; the host counts
 them on its own monotonic clock from the frame's arrival (no clock is shared: hosts start
-within the frame's transit time of each other). Round ``r`` then lasts
-``protocol.round_period`` **wall seconds** from ``start + (r - 1) period``, split into
-``gossip_steps`` exchanges of ``period / gossip_steps`` seconds: at a round's start every
-peer takes its private step and sends its model to each overlay neighbour; at an exchange's
-deadline it averages what arrived in time (its own Metropolis-Hastings row; a neighbour's
-weight stays on its own model when that message did not come) and sends for the next
-exchange. A model that arrives after its exchange's deadline is **late**: read (counted,
-reported to the coordinator for the privacy ledger), never averaged, as in the simulator.
+within the frame's transit time of each other). Round ``r`` begins ``(r - 1) period``
+seconds after that (``period`` = ``protocol.round_period``, **wall seconds**): every
+machine gets ``on_round`` (its private step, its sends, a timer at the exchange's deadline,
+``period / gossip_steps`` later); at a timer, ``on_deadline`` (it averages what arrived in
+time by its own Metropolis-Hastings row, then sends the next exchange or ends the round).
+The ``now`` a machine is given is the scheduled time in seconds since the start, so its
+timers are the schedule's, whatever the event loop's lag. A model that arrives after its
+exchange's deadline is **late**: the machine reads it and does not average it (a ``Late``
+record, reported to the coordinator for the privacy ledger), as in the simulator.
 
-What a frame must be to be accepted (else refused, counted under ``model`` and dropped):
-from the host that runs its ``sender`` (its TLS certificate's name), to a peer of this host,
-from an overlay neighbour of that peer, for the exchange that peer is in or the next one
-(a sender whose clock runs a little ahead), once per sender and exchange; a frame for an
-exchange already over is late once, within the last two rounds, and refused after that. So
-what a peer buffers is bounded by its degree times two exchanges, what the host keeps of
-late frames by its edges times two rounds; a frame is at most ``8 d`` bytes and a little
-more (:func:`~p2pdp.net.wire.frame_bytes`); the listener holds at most two connections per
-host (:func:`p2pdp.net.tls.listen`).
+What a frame must be to reach a machine (else refused, counted under ``model``): from the
+host that runs its ``sender`` (its TLS certificate's name), to a peer of this host, well
+formed (:func:`~p2pdp.net.wire.parse_model`). The machine then refuses what its state does
+not allow (not a neighbour, a second copy, an exchange that does not exist; counted under
+its reason). A model for the exchange right after the receiver's (its sender's clock runs a
+little ahead) waits here until the receiver enters that exchange, at most one per sender
+and receiver (a second is refused as a duplicate); one further ahead is dropped
+(``ahead``: an honest sender far ahead, lost). So what the host holds is bounded by its
+peers' degrees; a frame is at most ``8 d`` bytes and a little more
+(:func:`~p2pdp.net.wire.frame_bytes`); the listener holds at most two connections per host
+(:func:`p2pdp.net.tls.listen`).
 
-Noise. By default each peer draws its step's noise and sampling from its own generator,
-freshly seeded from the operating system's CSPRNG (:func:`~p2pdp.core.rng.os_generator`),
-in this process: the noise never leaves it. With ``network.seeded_noise = true`` (parity
-tests, NOT private) every peer takes its row of the run's seeded ``noise`` and ``sampling``
-draws exactly as the simulator's population-wide step draws them (:class:`SeededDraws`), so
-the run's models equal the simulator's.
+Noise. By default every peer's streams derive from roots this host draws from the
+operating system's CSPRNG (:meth:`StreamSeeds.fresh
+<p2pdp.protocols.iterative_peer.StreamSeeds.fresh>`), in this process: nothing another
+party holds determines the noise, and it never leaves the process. With
+``network.seeded_noise = true`` (parity tests, NOT private) the roots come from the run's
+seeded streams (:meth:`StreamSeeds.from_rngs
+<p2pdp.protocols.iterative_peer.StreamSeeds.from_rngs>`), as in the simulator, so every
+peer draws the simulator's noise and the run's models are the simulator's.
 
 Reports. After each round the host sends the coordinator a ``ROUND`` report: which of its
 peers stepped, per exchange the overlay edges (:class:`~p2pdp.protocols.mixing.Mixing` CSR
-positions) into its peers whose model arrived in time, how many models its peers sent per
+positions) into its peers whose model was averaged, how many models its peers sent per
 exchange, the late arrivals since its last report, and its peers' models. The models are
 for the coordinator's test-error measurement, the simulator's omniscient measurement of
 the run, not a release of the protocol (as the one-shot runtime's scoring).
@@ -69,17 +76,23 @@ from p2pdp.net.wire import (
     read_frame,
 )
 from p2pdp.protocols.groups import model_bytes
-from p2pdp.protocols.iterative import IterativeProtocol
-from p2pdp.protocols.mixing import Mixing
+from p2pdp.protocols.iterative_peer import (
+    Averaged,
+    Effect,
+    Late,
+    Send,
+    Stepped,
+    SynchronousPeer,
+    Timer,
+)
 
 __all__ = [
+    "AHEAD",
     "LATE",
     "ROUND",
     "START",
     "IterativeHost",
     "IterativeSettings",
-    "SeededDraws",
-    "SyncPeer",
     "serve_iterative",
 ]
 
@@ -90,13 +103,8 @@ log = logging.getLogger(__name__)
 START, ROUND = "start", "round"
 #: The ``wire`` table's count of models that arrived past their exchange's deadline.
 LATE = "late"
-#: Rounds a late model may be behind the receiver's and still be counted as late once.
-LATE_ROUNDS = 2
-#: What a machine says of a model it keeps; of honest models it drops (a sender more than
-#: one exchange ahead, or one more than LATE_ROUNDS behind): counted under that reason, and
-#: lost (neither delivered nor late); anything else it says is a refusal outside the protocol.
-KEPT, AHEAD, TOO_LATE = "kept", "ahead", "too late"
-DROPPED = (AHEAD, TOO_LATE)
+#: A model more than one exchange ahead of its receiver: dropped here (lost).
+AHEAD = "ahead"
 
 
 @dataclass(frozen=True)
@@ -148,175 +156,6 @@ class IterativeSettings:
         return self.period + 2 * self.timeout
 
 
-class SeededDraws:
-    """The simulator's population-wide draws of one round, for parity (NOT private).
-
-    The simulator's synchronous step draws, for the ``k`` peers that step, one (k, d) block
-    of the run's ``noise`` stream and one mask over every record of the ``sampling`` stream
-    (:meth:`~p2pdp.protocols.iterative.IterativeProtocol.step`). A host replays both streams
-    (they are the scenario's, derived from its seed) and gives each of its peers its own row
-    and records: the draws a peer would see in the simulator. Every peer steps while its
-    budget lasts and every peer's budget is the same, so ``k`` is every peer or none.
-
-    Parameters
-    ----------
-    rngs : dict
-        ``noise``, ``sampling``: the run's streams (as the simulator's).
-    sizes : (P,) int array
-        Every peer's shard size (where each peer's records sit among all of them).
-    """
-
-    def __init__(self, rngs: dict[str, np.random.Generator], sizes: np.ndarray) -> None:
-        self.rngs = rngs
-        self.indptr = np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))])
-        self._round = 0
-        self._noise = np.zeros((0, 0))
-        self._keys = np.zeros(0)
-
-    def draw(self, round_: int, mechanism: Any, dim: int) -> None:
-        """Round ``round_``'s draws, once (rounds come in order)."""
-        if round_ == self._round:
-            return
-        self._round = round_
-        n_peers = len(self.indptr) - 1
-        if mechanism.sampling != "full":
-            self._keys = self.rngs["sampling"].random(int(self.indptr[-1]))
-        self._noise = mechanism.noise((n_peers, dim), self.rngs["noise"])
-
-    def of(self, peer: int) -> dict[str, Any]:
-        """``peer``'s share of this round's draws, as the streams its step reads."""
-        return {
-            "noise": _Replay(noise=self._noise[peer : peer + 1]),
-            "sampling": _Replay(keys=self._keys[self.indptr[peer] : self.indptr[peer + 1]]),
-        }
-
-
-class _Replay:
-    """Stands for a generator in one peer's step: returns the draws it was given."""
-
-    def __init__(self, *, noise: np.ndarray | None = None, keys: np.ndarray | None = None):
-        self._noise, self._keys = noise, keys
-
-    def normal(self, loc: float, scale: float, size: tuple[int, ...]) -> np.ndarray:
-        assert self._noise is not None and self._noise.shape == tuple(size)
-        return self._noise
-
-    def random(self, n: int) -> np.ndarray:
-        assert self._keys is not None and len(self._keys) == n
-        return self._keys
-
-
-@dataclass
-class SyncPeer:
-    """One peer of a synchronous iterative protocol (D-PSGD, Muffliato), transport-free.
-
-    It is given the round's start (:meth:`on_round`), messages (:meth:`on_message`) and its
-    exchanges' deadlines (:meth:`on_deadline`), and returns the models to send; it never
-    touches a socket or a clock. Its state: its model, its private steps, what arrived for
-    its current exchange and the next one.
-
-    Attributes
-    ----------
-    peer : int
-    step : IterativeProtocol
-        The peer's own protocol over its one shard (its model is ``step.models[0]``; its
-        noise and sampling streams ``step.rngs``).
-    neighbours : (k,) int array
-        Its overlay neighbours, in its Metropolis-Hastings row's order.
-    weights : (k,) float array
-        Its row's weights ``W[peer, neighbour]``.
-    edges : (k,) int array
-        The overlay edges (CSR positions of :class:`~p2pdp.protocols.mixing.Mixing`) that
-        carry each neighbour's model to it.
-    exchanges : int
-    draws : SeededDraws, optional
-        The simulator's draws (``network.seeded_noise``); None: its own streams.
-    """
-
-    peer: int
-    step: IterativeProtocol
-    neighbours: np.ndarray
-    weights: np.ndarray
-    edges: np.ndarray
-    exchanges: int
-    draws: SeededDraws | None = None
-    #: The exchange it is in or was last in (0-based over the run; -1 before round 1), and
-    #: whether that exchange is still open (its deadline has not passed).
-    slot: int = -1
-    open: bool = False
-    inbox: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # slot -> models
-    #: (slot, sender) of the models of closed exchanges it read (averaged or late), for the
-    #: last LATE_ROUNDS rounds: a second copy is refused
-    seen: set[tuple[int, int]] = field(default_factory=set)
-    _index: dict[int, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self._index = {int(j): i for i, j in enumerate(self.neighbours)}
-
-    @property
-    def model(self) -> np.ndarray:
-        """(d,) its current model."""
-        return self.step.models[0]
-
-    def _sends(self) -> list[tuple[int, np.ndarray]]:
-        return [(int(j), self.model.copy()) for j in self.neighbours]
-
-    def on_round(self, round_: int) -> tuple[bool, list[tuple[int, np.ndarray]]]:
-        """Round ``round_`` begins: the private step (while the budget lasts), then the model
-        to every neighbour for the round's first exchange. Returns (stepped, sends)."""
-        self.slot, self.open = (round_ - 1) * self.exchanges, True
-        if self.draws is not None:
-            self.draws.draw(round_, self.step.privacy.mechanism, self.model.shape[0])
-            self.step.rngs = self.draws.of(self.peer)
-        stepped = len(self.step.step()) > 0
-        return stepped, self._sends()
-
-    def on_message(self, sender: int, slot: int, model: np.ndarray) -> str:
-        """A neighbour's model for exchange ``slot``: :data:`KEPT` (the open exchange or the
-        next, averaged at its deadline), :data:`LATE` (an exchange already over, once: read,
-        not averaged), :data:`AHEAD` or :data:`TOO_LATE` (dropped), or why it is refused."""
-        if sender not in self._index:
-            return f"sender {sender} is not a neighbour of peer {self.peer}"
-        if slot < self.slot or (slot == self.slot and not self.open):
-            if (slot, sender) in self.seen:
-                return f"a second model from {sender} for exchange {slot}"
-            if slot <= self.slot - LATE_ROUNDS * self.exchanges:
-                return TOO_LATE
-            self.seen.add((slot, sender))
-            return LATE
-        if slot > self.slot + 1:
-            return AHEAD
-        kept = self.inbox.setdefault(slot, {})
-        if sender in kept:
-            return f"a second model from {sender} for exchange {slot}"
-        kept[sender] = model
-        return KEPT
-
-    def on_deadline(self) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
-        """The open exchange is over: average what arrived in time (a missing neighbour's
-        weight stays on this peer's model). Returns the edges delivered and the sends of the
-        round's next exchange (none after its last)."""
-        arrived = self.inbox.pop(self.slot, {})
-        delivered = np.array([int(j) in arrived for j in self.neighbours], dtype=bool)
-        model = self.model
-        if delivered.any():
-            weights = self.weights[delivered]
-            mixed = np.zeros_like(model)  # in the row's order, as the simulator's sparse product
-            for weight, j in zip(
-                weights.tolist(), self.neighbours[delivered].tolist(), strict=True
-            ):
-                mixed += weight * arrived[j]
-            self.step.models[0] = model + mixed - weights.sum() * model
-        horizon = self.slot - LATE_ROUNDS * self.exchanges
-        self.seen = {key for key in self.seen if key[0] > horizon}
-        self.seen.update((self.slot, sender) for sender in arrived)
-        if (self.slot + 1) % self.exchanges == 0:  # the round's last: wait for the next round
-            self.open = False
-            return self.edges[delivered], []
-        self.slot += 1
-        return self.edges[delivered], self._sends()
-
-
 @dataclass
 class _Counters:
     """What this host's peers sent (the simulator's counts, and on the wire) and refused."""
@@ -327,15 +166,25 @@ class _Counters:
     refused: Counter = field(default_factory=Counter)  # reason -> frames refused
 
 
+def _next_slot(machine: SynchronousPeer) -> int:
+    """The exchange (0-based over the run) after ``machine``'s open one, or the first of its
+    next round once its round ended (or before round 1)."""
+    if machine.exchange >= machine.exchanges:
+        return machine.round * machine.exchanges
+    return (machine.round - 1) * machine.exchanges + machine.exchange + 1
+
+
 class IterativeHost:
     """Several peers of one iterative run in this process, behind one TLS listener.
 
     Parameters
     ----------
     machines : dict
-        Peer id -> its :class:`SyncPeer`, the peers this host runs.
-    mixing : Mixing
-        The overlay's weights (public: every host builds them from the seed).
+        Peer id -> its :class:`~p2pdp.protocols.iterative_peer.SynchronousPeer`, the peers
+        this host runs.
+    edges : dict
+        ``(sender, receiver) -> edge``: the overlay's CSR position of every edge into this
+        host's peers (:class:`~p2pdp.protocols.mixing.Mixing`; public).
     settings : IterativeSettings
     report : callable
         ``report(message)`` sends a control frame to the coordinator.
@@ -346,15 +195,21 @@ class IterativeHost:
 
     def __init__(
         self,
-        machines: dict[int, SyncPeer],
-        mixing: Mixing,
+        machines: dict[int, SynchronousPeer],
+        edges: dict[tuple[int, int], int],
         settings: IterativeSettings,
         *,
         report: Callable[[dict[str, Any]], None],
         credential: Credential | None = None,
     ) -> None:
+        for machine in machines.values():  # its timers are the schedule's (see run)
+            if not np.isclose(machine.period * machine.exchanges, settings.period):
+                raise ValueError(
+                    f"peer {machine.peer}'s rounds last {machine.period * machine.exchanges} s, "
+                    f"the host's {settings.period} s"
+                )
         self.machines = machines
-        self.mixing = mixing
+        self.edge = edges
         self.settings = settings
         self.report = report
         self.credential = credential
@@ -365,20 +220,21 @@ class IterativeHost:
         self.model_bytes = model_bytes(settings.dim)
         self.frame_bytes = frame_bytes(settings.dim, 0)
         self.addresses: list[str] = []  # every host's address, from the directory
-        self.ports: list[int] = []  # every peer's port (one per host here), likewise
-        self.late: list[list[int]] = []  # [slot, edge] arrived late since the last report
-        self._edge: dict[tuple[int, int], int] = {}  # (sender, receiver) -> CSR position
-        for peer, machine in machines.items():
-            for sender, edge in zip(
-                machine.neighbours.tolist(), machine.edges.tolist(), strict=True
-            ):
-                self._edge[(sender, peer)] = edge
+        self.ports: list[int] = []  # every host's listener, likewise
+        self.late: list[list[int]] = []  # [slot, edge] read late since the last report
+        self.early: dict[int, dict[int, ModelFrame]] = {p: {} for p in machines}  # by sender
         self.server: asyncio.base_events.Server | None = None
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._used: dict[int, float] = {}
         self._outbox: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
         self._batch: dict[int, list[bytes]] = {}  # host -> frames of the exchange being sent
         self._sending: asyncio.Future | None = None
+        self.now = 0.0  # seconds since the start, as scheduled (what machines are given)
+        # what the current round's events said, for its report
+        self._stepped: list[int] = []
+        self._averaged: list[list[int]] = [[] for _ in range(settings.exchanges)]
+        self._sent = [0] * settings.exchanges
+        self._timers: set[float] = set()
 
     # -- sockets -----------------------------------------------------------------------------
     async def listen(self, address: str = "127.0.0.1") -> int:
@@ -448,39 +304,78 @@ class IterativeHost:
         self._deliver(frame)
 
     def _deliver(self, frame: ModelFrame) -> None:
-        """``frame`` to its receiver's machine: kept, late (noted for the next report), or
-        dropped: counted ``model`` if outside the protocol (not a neighbour, a second copy,
-        late again), else under the honest reason (``ahead``, ``too late``)."""
+        """``frame`` to its receiver's machine, or kept until the receiver enters the next
+        exchange (one per sender), or dropped (further ahead: ``ahead``)."""
+        machine = self.machines[frame.receiver]
         exchanges = self.settings.exchanges
         slot = (frame.round - 1) * exchanges + frame.exchange
-        outcome = self.machines[frame.receiver].on_message(frame.sender, slot, frame.model)
-        if outcome == LATE:
-            self.late.append([slot, self._edge[(frame.sender, frame.receiver)]])
-        elif outcome in DROPPED:
-            self.counters.refused[outcome] += 1
-        elif outcome != KEPT:
-            self.counters.refused[MODEL] += 1
-            log.warning("refused a model: %s", outcome)
+        following = _next_slot(machine)
+        if slot == following:
+            kept = self.early[frame.receiver]
+            if frame.sender in kept:
+                machine.refused["duplicate"] += 1
+            else:
+                kept[frame.sender] = frame
+            return
+        if slot > following:
+            self.counters.refused[AHEAD] += 1
+            return
+        self._effects(
+            frame.receiver,
+            machine.on_message(self.now, frame.sender, frame.round, frame.exchange, frame.model),
+        )
 
-    def send(self, sender: int, sends: list[tuple[int, np.ndarray]], slot: int) -> None:
-        """``sender``'s models of exchange ``slot``: counted now (as the simulator counts
-        them: one message of ``64 + 8 d`` bytes each), its own host's delivered at once,
-        the others' batched per host until :meth:`flush`."""
-        exchanges = self.settings.exchanges
-        round_, exchange = slot // exchanges + 1, slot % exchanges
-        self.counters.messages[sender] += len(sends)
-        for receiver, model in sends:
-            frame = ModelFrame(sender, receiver, round_, exchange, model)
-            if receiver in self.machines:  # a peer of this host: no socket to cross
-                self._deliver(frame)
-                continue
-            encoded = model_frame(frame)
-            self.counters.wire[MODEL] += 1
-            self.counters.wire_bytes[MODEL] += len(encoded)
-            self._batch.setdefault(int(self.host_of[receiver]), []).append(encoded)
+    def _replay(self, peer: int) -> None:
+        """The models kept for the exchange ``peer`` just entered, to its machine."""
+        machine = self.machines[peer]
+        kept = self.early[peer]
+        if not kept:
+            return
+        following = _next_slot(machine)
+        for sender, frame in list(kept.items()):
+            slot = (frame.round - 1) * self.settings.exchanges + frame.exchange
+            if slot < following:  # now current (or past): the machine judges it
+                del kept[sender]
+                self._effects(
+                    peer,
+                    machine.on_message(self.now, sender, frame.round, frame.exchange, frame.model),
+                )
+
+    def _effects(self, peer: int, effects: list[Effect]) -> None:
+        """Peer ``peer``'s machine's effects: sends to the wire, timers to the clock, records
+        to the round's report."""
+        for effect in effects:
+            if isinstance(effect, Send):
+                self._send(peer, effect)
+            elif isinstance(effect, Timer):
+                self._timers.add(effect.at)
+            elif isinstance(effect, Stepped):
+                self._stepped.append(effect.peer)
+            elif isinstance(effect, Averaged):
+                self._averaged[effect.exchange].extend(
+                    self.edge[(sender, effect.peer)] for sender in effect.senders
+                )
+            elif isinstance(effect, Late):
+                slot = (effect.round - 1) * self.settings.exchanges + effect.exchange
+                self.late.append([slot, self.edge[(effect.sender, effect.peer)]])
+
+    def _send(self, sender: int, send: Send) -> None:
+        """One model, counted now (as the simulator counts it: a message of ``64 + 8 d``
+        bytes), to its receiver's machine at once if it is on this host, else batched for
+        its host until :meth:`flush`."""
+        self.counters.messages[sender] += 1
+        self._sent[send.exchange] += 1
+        frame = ModelFrame(sender, send.to, send.round, send.exchange, send.model)
+        if send.to in self.machines:  # a peer of this host: no socket to cross
+            self._deliver(frame)
+            return
+        encoded = model_frame(frame)
+        self.counters.wire[MODEL] += 1
+        self.counters.wire_bytes[MODEL] += len(encoded)
+        self._batch.setdefault(int(self.host_of[send.to]), []).append(encoded)
 
     def flush(self) -> None:
-        """Hand the sender task what :meth:`send` batched: one write per host."""
+        """Hand the sender task what was batched: one write per host."""
         for host, frames in self._batch.items():
             self._outbox.put_nowait((host, b"".join(frames)))
         self._batch = {}
@@ -517,7 +412,7 @@ class IterativeHost:
             except (OSError, TimeoutError) as error:
                 self.counters.refused["unreachable"] += 1
                 self._writers.pop(host, None)
-                log.warning("a model to host %d not delivered: %s", host, error)
+                log.warning("models to host %d not delivered: %s", host, error)
 
     async def close(self) -> None:
         if self._sending is not None:
@@ -528,58 +423,57 @@ class IterativeHost:
             writer.close()
 
     # -- rounds ------------------------------------------------------------------------------
-    async def run(self, start: float) -> None:
-        """Every round, paced by the event loop's clock from ``start`` (its ``time()``):
-        steps and sends at a round's start, averaging at each exchange's deadline, a
-        ``ROUND`` report after the round."""
+    async def _until(self, start: float, at: float) -> None:
+        """Sleep until ``at`` seconds after ``start`` (the loop's clock); then it is ``at``."""
         loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, start + at - loop.time()))
+        self.now = at
+
+    async def run(self, start: float) -> None:
+        """Every round, paced by the event loop's clock from ``start`` (its ``time()``): the
+        machines' rounds and their timers; a ``ROUND`` report after each round."""
         settings = self.settings
         peers = sorted(self.machines)
         for round_ in range(1, settings.rounds + 1):
-            first = (round_ - 1) * settings.exchanges
-            await asyncio.sleep(
-                max(0.0, start + first * settings.period / settings.exchanges - loop.time())
-            )
-            stepped = []
-            sent = [0] * settings.exchanges
+            await self._until(start, (round_ - 1) * settings.period)
             for peer in peers:
-                did, sends = self.machines[peer].on_round(round_)
-                if did:
-                    stepped.append(peer)
-                self.send(peer, sends, first)
-                sent[0] += len(sends)
+                self._effects(peer, self.machines[peer].on_round(self.now, round_))
+                self._replay(peer)
             self.flush()
-            delivered: list[list[int]] = []
-            for exchange in range(settings.exchanges):
-                slot = first + exchange
-                await asyncio.sleep(max(0.0, start + settings.deadline(slot) - loop.time()))
-                edges: list[int] = []
+            while self._timers:
+                at = min(self._timers)
+                self._timers.discard(at)
+                await self._until(start, at)
                 for peer in peers:
-                    arrived, sends = self.machines[peer].on_deadline()
-                    edges.extend(arrived.tolist())
-                    if sends:
-                        self.send(peer, sends, slot + 1)
-                        sent[exchange + 1] += len(sends)
+                    machine = self.machines[peer]
+                    if machine.exchange < machine.exchanges:
+                        self._effects(peer, machine.on_deadline(self.now))
+                        self._replay(peer)
                 self.flush()
-                delivered.append(edges)
             late, self.late = self.late, []
-            models = np.stack([self.machines[peer].model for peer in peers])
             self.report(
                 {
                     "kind": ROUND,
                     "round": round_,
-                    "stepped": stepped,
-                    "delivered": delivered,
-                    "sent": sent,
+                    "stepped": self._stepped,
+                    "delivered": self._averaged,
+                    "sent": self._sent,
                     "late": late,
-                    "models": pack_vector(models),
+                    "models": pack_vector(np.stack([self.machines[p].model for p in peers])),
                 }
             )
+            self._stepped = []
+            self._averaged = [[] for _ in range(settings.exchanges)]
+            self._sent = [0] * settings.exchanges
 
     def stats(self, host_index: int) -> dict[str, Any]:
         """The final ``STATS`` report: models sent per peer (and their simulated bytes),
-        frames per kind, refusals, the late models not reported yet."""
+        frames per kind, refusals (the host's and its machines'), the late models not
+        reported yet."""
         counters = self.counters
+        refused = Counter(counters.refused)
+        for machine in self.machines.values():
+            refused.update(machine.refused)
         sent = np.flatnonzero(counters.messages)
         return {
             "kind": STATS,
@@ -589,7 +483,7 @@ class IterativeHost:
                 for p in sent
             ],
             "wire": {k: [counters.wire[k], counters.wire_bytes[k]] for k in counters.wire},
-            "refused": dict(counters.refused),
+            "refused": dict(refused),
             "receipts": b"",
             "late": self.late,
         }
@@ -604,22 +498,21 @@ def _failed(control: asyncio.StreamWriter, rounds: asyncio.Future) -> None:
 
 
 async def serve_iterative(
-    machines: dict[int, SyncPeer],
-    mixing: Mixing,
+    machines: dict[int, SynchronousPeer],
+    edges: dict[tuple[int, int], int],
     settings: IterativeSettings,
     *,
     host_index: int,
     ticket: Ticket,
     coordinator: str = "127.0.0.1",
     address: str = "127.0.0.1",
-    on_start: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Run host ``host_index`` of an iterative run until the coordinator ends it.
 
     Enrolls (:func:`~p2pdp.net.host.enroll`: a key pair of its own), opens its listener,
     says ``HELLO`` (every peer of it at the listener's port), waits for the ``DIRECTORY``
-    and the ``START`` (``on_start(message)`` sees it first: the seeded draws' shard sizes),
-    runs its rounds (:meth:`IterativeHost.run`), and on ``FINISH`` reports ``STATS``.
+    and the ``START``, runs its rounds (:meth:`IterativeHost.run`: ``machines`` and their
+    ``edges``, see :class:`IterativeHost`), and on ``FINISH`` reports ``STATS``.
     """
     credential = await enroll(host_index, ticket, coordinator, settings.timeout)
     writer: asyncio.StreamWriter | None = None
@@ -632,7 +525,7 @@ async def serve_iterative(
         assert writer is not None
         writer.write(frame)
 
-    host = IterativeHost(machines, mixing, settings, report=report, credential=credential)
+    host = IterativeHost(machines, edges, settings, report=report, credential=credential)
     rounds: asyncio.Future | None = None
     try:
         try:
@@ -677,8 +570,6 @@ async def serve_iterative(
                 delay = message["delay"]
                 if type(delay) not in (int, float) or not 0 <= delay <= settings.timeout:
                     raise ProtocolError(f"start delay {delay!r:.40}")
-                if on_start is not None:
-                    on_start(message)
                 rounds = asyncio.ensure_future(host.run(loop.time() + delay))
                 rounds.add_done_callback(functools.partial(_failed, control))
             elif kind == FINISH:
