@@ -31,6 +31,7 @@ from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld, IterativeTransport
 from p2pdp.net.iterative_host import IterativeSettings, serve_iterative
 from p2pdp.net.wire import ProtocolError
+from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import StepPrivacy, step_privacy
 from p2pdp.protocols.iterative_peer import LocalProblem, StreamSeeds, SynchronousPeer, make_peer
 from p2pdp.protocols.mixing import Mixing
@@ -145,14 +146,14 @@ def run_on_network(
             )
         evaluated = round_ % settings.eval_every == 0 or round_ == settings.rounds
         peer_errors = errors(models) if evaluated else None
-        sent, missed = world.counts()
+        sent, missed = world.counts(round_)
         return {
             "round": round_,
             "time": now,
             "mean_error": float(peer_errors.mean()) if peer_errors is not None else np.nan,
             "worst_error": float(peer_errors.max()) if peer_errors is not None else np.nan,
             "consensus_distance": consensus_distance(models),
-            "bytes_sent": sent * (64 + 8 * iterative.dim),
+            "bytes_sent": sent * model_bytes(iterative.dim),
             "messages_lost": missed,
             "mean_steps": float(world.records.steps.mean()),
             "epsilon_spent": float(privacy.epsilon(world.records.steps).max()),

@@ -39,6 +39,7 @@ from p2pdp.net.host import FINISH, STATS
 from p2pdp.net.iterative_host import LATE, ROUND, START, IterativeSettings
 from p2pdp.net.tls import host_name
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, unpack_vector
+from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative_peer import IterativeLedger
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
@@ -161,7 +162,9 @@ class IterativeNetworkWorld(NetworkWorld):
         self.record = record
         self.models = np.zeros((n_peers, iterative.dim))
         self.records = IterativeLedger(mixing, exchanges=iterative.exchanges, trace=True)
-        self.sent = 0  # models sent in the rounds recorded so far
+        self._reported_sent = np.zeros(n_peers, dtype=np.int64)  # by the rounds recorded
+        self._arrived = np.zeros((iterative.rounds, n_peers), dtype=np.int64)  # by sender
+        self._degree = np.diff(mixing.indptr)
         self.rounds: list[dict[str, Any]] = []
         self.end_time = 0.0
         self.transport_counts = IterativeTransport(
@@ -248,10 +251,9 @@ class IterativeNetworkWorld(NetworkWorld):
         for ex in edges:
             if not np.isin(ex, into).all() or len(set(ex.tolist())) != len(ex):
                 raise ProtocolError(f"host {host} reports deliveries to another host's peers")
-        sent = [_count(n, "sent", 2**31) for n in message["sent"]]
-        out_edges = int(np.isin(self.mixing.indices, own).sum())
-        if len(sent) != settings.exchanges or max(sent) > out_edges:
-            raise ProtocolError(f"host {host} reports {sent} models sent")
+        sent = np.array([_count(n, "sent", 2**31) for n in message["sent"]], dtype=np.int64)
+        if len(sent) != len(own) or (sent > self._degree[own] * settings.exchanges).any():
+            raise ProtocolError(f"host {host} reports {sent.tolist()[:8]} models sent")
         late = self._late(host, message["late"])
         models = unpack_vector(message["models"], shape=(len(own), settings.dim))
         # every field is good: count it (the round's part when the round is recorded)
@@ -259,7 +261,7 @@ class IterativeNetworkWorld(NetworkWorld):
         self._pending.setdefault(round_, {})[host] = {
             "stepped": stepped,
             "delivered": edges,
-            "sent": sum(sent),
+            "sent": sent,
             "models": models,
         }
         self._reported[host] = round_
@@ -272,9 +274,9 @@ class IterativeNetworkWorld(NetworkWorld):
         for slot, edge in late.tolist():
             mask = np.zeros(len(self.mixing.indices), dtype=bool)
             mask[edge] = True
-            self.records.exchanged(
-                slot // exchanges + 1, slot % exchanges, np.zeros_like(mask), mask
-            )
+            round_, exchange = slot // exchanges + 1, slot % exchanges
+            self.records.exchanged(round_, exchange, np.zeros_like(mask), mask)
+            self._arrived[round_ - 1, self.mixing.indices[edge]] += 1
 
     def _apply(self, round_: int) -> None:
         """Round ``round_``'s reports into the ledger, the counts and the models."""
@@ -284,7 +286,8 @@ class IterativeNetworkWorld(NetworkWorld):
                 delivered = np.zeros(len(self.mixing.indices), dtype=bool)
                 delivered[edges] = True
                 self.records.exchanged(round_, exchange, delivered, np.zeros_like(delivered))
-            self.sent += report["sent"]
+                np.add.at(self._arrived[round_ - 1], self.mixing.indices[edges], 1)
+            self._reported_sent[self._own[host]] += report["sent"]
             self.models[self._own[host]] = report["models"]
 
     def _host_lost(self, host: int, why: str) -> None:
@@ -292,10 +295,21 @@ class IterativeNetworkWorld(NetworkWorld):
         self._progress.set()
 
     # -- the rounds --------------------------------------------------------------------------
-    def counts(self) -> tuple[int, int]:
-        """Models sent in the rounds recorded so far, and of them those not averaged (lost
-        or late), as the simulator's record counts them."""
-        return self.sent, self.sent - self.records.averaged
+    def sent(self, through: int) -> np.ndarray:
+        """(P,) models each peer sent in rounds 1 .. ``through``: as its host reported them;
+        for a lost host's peers after its last report, those that arrived (averaged or
+        late: they were sent; what never arrived is lost with the host's counts)."""
+        sent = self._reported_sent.copy()
+        for host in self.lost_hosts:
+            own = self._own[host]
+            sent[own] += self._arrived[self._reported[host] : through, own].sum(axis=0)
+        return sent
+
+    def counts(self, round_: int) -> tuple[int, int]:
+        """Models sent in rounds 1 .. ``round_`` (recorded), and of them those not averaged
+        (lost or late), as the simulator's record counts them."""
+        sent = int(self.sent(round_).sum())
+        return sent, sent - self.records.averaged
 
     def _record(self, round_: int, now: float) -> None:
         self._apply(round_)
@@ -350,9 +364,6 @@ class IterativeNetworkWorld(NetworkWorld):
                 self.processes[host].kill()
         counts = self.transport_counts
         for stats in self._stats.values():
-            for peer, messages, n_bytes in stats["sent"]:
-                counts.messages_sent[int(peer)] += int(messages)
-                counts.bytes_sent[int(peer)] += int(n_bytes)
             for kind, (frames, n_bytes) in stats["wire"].items():
                 self.wire.frames[kind] += int(frames)
                 self.wire.bytes[kind] += int(n_bytes)
@@ -360,6 +371,8 @@ class IterativeNetworkWorld(NetworkWorld):
                 self.wire.refused[reason] += int(count)
         for round_ in sorted(self._pending):  # a lost host's last reports, if unrecorded
             self._apply(round_)
+        counts.messages_sent = self.sent(self.iterative.rounds)
+        counts.bytes_sent = counts.messages_sent * model_bytes(self.iterative.dim)
         counts.messages_late = self.records.late
         counts.messages_lost = int(counts.messages_sent.sum()) - self.records.averaged
         counts.messages_lost -= self.records.late

@@ -43,10 +43,10 @@ peer draws the simulator's noise and the run's models are the simulator's.
 
 Reports. After each round the host sends the coordinator a ``ROUND`` report: which of its
 peers stepped, per exchange the overlay edges (:class:`~p2pdp.protocols.mixing.Mixing` CSR
-positions) into its peers whose model was averaged, how many models its peers sent per
-exchange, the late arrivals since its last report, and its peers' models. The models are
-for the coordinator's test-error measurement, the simulator's omniscient measurement of
-the run, not a release of the protocol (as the one-shot runtime's scoring).
+positions) into its peers whose model was averaged, how many models each of its peers sent,
+the late arrivals since its last report, and its peers' models. The models are for the
+coordinator's test-error measurement, the simulator's omniscient measurement of the run,
+not a release of the protocol (as the one-shot runtime's scoring).
 """
 
 from __future__ import annotations
@@ -75,7 +75,6 @@ from p2pdp.net.wire import (
     parse_model,
     read_frame,
 )
-from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative_peer import (
     Averaged,
     Effect,
@@ -158,9 +157,8 @@ class IterativeSettings:
 
 @dataclass
 class _Counters:
-    """What this host's peers sent (the simulator's counts, and on the wire) and refused."""
+    """What this host sent on the wire, and refused."""
 
-    messages: np.ndarray  # (P,) models sent per peer
     wire: Counter = field(default_factory=Counter)  # kind -> frames sent
     wire_bytes: Counter = field(default_factory=Counter)  # kind -> bytes sent on the wire
     refused: Counter = field(default_factory=Counter)  # reason -> frames refused
@@ -216,8 +214,7 @@ class IterativeHost:
         self.host_of = hosts_of(settings.n_peers, settings.hosts)
         self._server_tls = credential.context(server=True) if credential else None
         self._client_tls = credential.context(server=False) if credential else None
-        self.counters = _Counters(messages=np.zeros(settings.n_peers, dtype=np.int64))
-        self.model_bytes = model_bytes(settings.dim)
+        self.counters = _Counters()
         self.frame_bytes = frame_bytes(settings.dim, 0)
         self.addresses: list[str] = []  # every host's address, from the directory
         self.ports: list[int] = []  # every host's listener, likewise
@@ -233,7 +230,7 @@ class IterativeHost:
         # what the current round's events said, for its report
         self._stepped: list[int] = []
         self._averaged: list[list[int]] = [[] for _ in range(settings.exchanges)]
-        self._sent = [0] * settings.exchanges
+        self._sent = {peer: 0 for peer in machines}  # models each sent this round
         self._timers: set[float] = set()
 
     # -- sockets -----------------------------------------------------------------------------
@@ -363,8 +360,7 @@ class IterativeHost:
         """One model, counted now (as the simulator counts it: a message of ``64 + 8 d``
         bytes), to its receiver's machine at once if it is on this host, else batched for
         its host until :meth:`flush`."""
-        self.counters.messages[sender] += 1
-        self._sent[send.exchange] += 1
+        self._sent[sender] += 1
         frame = ModelFrame(sender, send.to, send.round, send.exchange, send.model)
         if send.to in self.machines:  # a peer of this host: no socket to cross
             self._deliver(frame)
@@ -457,31 +453,27 @@ class IterativeHost:
                     "round": round_,
                     "stepped": self._stepped,
                     "delivered": self._averaged,
-                    "sent": self._sent,
+                    "sent": [self._sent[p] for p in peers],
                     "late": late,
                     "models": pack_vector(np.stack([self.machines[p].model for p in peers])),
                 }
             )
             self._stepped = []
             self._averaged = [[] for _ in range(settings.exchanges)]
-            self._sent = [0] * settings.exchanges
+            self._sent = dict.fromkeys(peers, 0)
 
     def stats(self, host_index: int) -> dict[str, Any]:
-        """The final ``STATS`` report: models sent per peer (and their simulated bytes),
-        frames per kind, refusals (the host's and its machines'), the late models not
-        reported yet."""
+        """The final ``STATS`` report: frames per kind, refusals (the host's and its
+        machines'), the late models not reported yet. (The models each peer sent are in the
+        rounds' reports.)"""
         counters = self.counters
         refused = Counter(counters.refused)
         for machine in self.machines.values():
             refused.update(machine.refused)
-        sent = np.flatnonzero(counters.messages)
         return {
             "kind": STATS,
             "host": host_index,
-            "sent": [
-                [int(p), int(counters.messages[p]), int(counters.messages[p]) * self.model_bytes]
-                for p in sent
-            ],
+            "sent": [],
             "wire": {k: [counters.wire[k], counters.wire_bytes[k]] for k in counters.wire},
             "refused": dict(refused),
             "receipts": b"",
