@@ -319,7 +319,7 @@ HEADLINES: dict[str, list[Headline]] = {
     ],
     "iterative_non_private": [
         ("dpsgd, IID", tuned("dpsgd", None, IID), "0.109"),
-        ("gossip learning, IID", tuned("gossip-learning", None, IID), "0.111"),
+        ("gossip learning, IID", tuned("gossip-learning", None, IID), "0.110"),
         ("dpsgd, alpha 0.1", tuned("dpsgd", None, SKEW_01), "0.165"),
         ("gossip learning, alpha 0.1", tuned("gossip-learning", None, SKEW_01), "0.302"),
     ],

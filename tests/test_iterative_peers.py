@@ -17,6 +17,7 @@ import pytest
 from test_protocols import _config, _overlay_mixing, _problem
 
 from p2pdp.config import ScenarioConfig
+from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.simulation import simulate
 from p2pdp.protocols.iterative import DecentralizedSGD, GossipLearning, Muffliato, step_privacy
@@ -268,3 +269,17 @@ def test_a_gossip_machine_merges_once_per_wake_up_then_steps() -> None:
     assert machine.on_message(0.8, int(neighbours[0]), 4, 0, received) == []  # type: ignore[attr-defined]
     assert machine.on_message(0.8, 3, 5, 0, received) == []  # type: ignore[attr-defined]
     assert dict(machine.refused) == {"duplicate": 1, "not a neighbour": 1}
+
+
+def test_a_protocol_that_changes_a_step_but_has_no_machine_is_refused_by_the_per_peer_driver():
+    class Louder(DecentralizedSGD):
+        def step(self, peers: np.ndarray | None = None) -> np.ndarray:
+            return super().step(peers)
+
+    config = _config()
+    problem = _problem(generator(6, "problem"), n_peers=30)
+    rngs = {name: generator(6, name) for name in ("noise", "sampling")}
+    protocol = Louder(config.protocol, problem, _overlay_mixing()[1], step_privacy(config),
+                      rngs=rngs)  # fmt: skip
+    with pytest.raises(ConfigError, match="overrides step but not peer"):
+        protocol.peer(0)

@@ -302,7 +302,7 @@ def test_an_unknown_driver_is_refused_by_name():
     ("settings", "runtime", "why"),
     [
         ({}, "network", "network runtime"),
-        ({"protocol": {"name": "dpsgd"}}, "simulation", "protocol is iterative"),
+        # (an iterative protocol takes driver = "reference": tests/test_iterative_peers.py)
     ],
 )
 def test_a_driver_is_refused_where_it_would_change_nothing(settings, runtime, why):

@@ -353,6 +353,12 @@ def simulate(
         up to the timing columns (``sim_time`` is then wall seconds). With a hosts file's
         ``score = false`` this process opens no data (``trained`` is not used) and the
         scores are empty (:data:`UNSCORED`).
+    driver : "auto", "reference" or "batched"
+        How the simulator runs the protocol (the rows are the same): ``"auto"`` the fast
+        path where it applies; ``"reference"`` the per-message SimPy world (one-shot) or one
+        transport-free machine per peer (iterative protocols, :mod:`p2pdp.sim.iterative`);
+        ``"batched"`` the arrays (:mod:`p2pdp.sim.waves` for one-shot, refused where they do
+        not apply; the iterative protocols' default). Refused on the network runtime.
     **settings
         Settings applied over ``config``, as ``p2pdp run --set`` would: a section as a dict
         of its settings (``privacy={"epsilon": 1.0}``) or a top-level setting (``seed=3``).

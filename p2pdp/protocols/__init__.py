@@ -26,8 +26,10 @@ network runtime of :mod:`p2pdp.net` too). Gossip group formation (``groups.sampl
     random neighbour; a peer merges (averages) each model it receives with its own, then takes
     a private step. Asynchronous: one SimPy event per message.
 
-A protocol object holds the peers' state (models, steps taken) and never touches SimPy or the
-transport: the driver (:mod:`p2pdp.sim.iterative`) calls it and moves its messages. Privacy
+A protocol object holds the peers' state (models, steps taken) as arrays and never touches
+SimPy or the transport: the driver (:mod:`p2pdp.sim.iterative`) calls it and moves its
+messages. One peer of it alone is a transport-free machine with its own random streams,
+:mod:`p2pdp.protocols.iterative_peer`, which the per-peer driver runs (the same rows). Privacy
 per step: :mod:`p2pdp.privacy.clipped_gaussian`.
 
 A protocol of your own: an import string ``"package.module:Class"`` for ``protocol.name``,

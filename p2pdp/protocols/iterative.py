@@ -291,15 +291,20 @@ def central_dp_reference(
 class IterativeProtocol:
     """Peers that keep a model and update it from their data and what they receive.
 
-    The driver (:mod:`p2pdp.sim.iterative`) calls, for a synchronous protocol
-    (``synchronous = True``), each round: :meth:`step` (every peer's private step), then
-    ``gossip_steps`` times: the transport decides which of the messages along the overlay's
-    edges arrive in time, and :meth:`average` merges them. For an asynchronous one, each
-    peer's wake-up: :meth:`wake` (who to send the model to) and, on arrival, :meth:`receive`.
-    A subclass sets ``name`` and ``synchronous`` (and adds ``"protocol.gossip_steps"`` to
-    ``reads`` if it averages more than once a round) and may override any of these.
+    Every peer at once, as arrays: the batched driver (:mod:`p2pdp.sim.iterative`) calls,
+    for a synchronous protocol (``synchronous = True``), each round: :meth:`step` (every
+    peer's private step), then ``gossip_steps`` times: the transport decides which of the
+    messages along the overlay's edges arrive in time, and :meth:`average` merges them. For an
+    asynchronous one, each peer's wake-up: :meth:`wake` (who to send the model to) and, on
+    arrival, :meth:`receive`. Each peer draws from its own streams (:attr:`peer_streams`),
+    as its machine (:meth:`peer`, :mod:`p2pdp.protocols.iterative_peer`) does under the
+    per-peer driver. A subclass sets ``name`` and ``synchronous`` (and adds
+    ``"protocol.gossip_steps"`` to ``reads`` if it averages more than once a round) and may
+    override any of these; one that changes what a peer does must also override :meth:`peer`
+    to run under the per-peer driver (:meth:`peer` refuses otherwise).
 
-    State: ``models`` (P, d), ``steps`` (P,) private steps taken.
+    State: ``models`` (P, d), ``steps`` (P,) private steps taken, ``ledger`` (the records the
+    run's privacy is computed from: :class:`~p2pdp.protocols.iterative_peer.IterativeLedger`).
     """
 
     name: ClassVar[str] = "iterative"
@@ -365,7 +370,29 @@ class IterativeProtocol:
 
     def peer(self, peer: int) -> IterativePeer:
         """Peer ``peer``'s transport-free machine, drawing what this object draws for it
-        (:mod:`p2pdp.protocols.iterative_peer`): the per-peer drivers run these."""
+        (:mod:`p2pdp.protocols.iterative_peer`): the per-peer drivers run these.
+
+        Raises
+        ------
+        ConfigError
+            For a subclass that overrides what a peer does (:meth:`step`, :meth:`average`,
+            :meth:`wake`, :meth:`receive`, :meth:`pair_terms`) but not this method: its
+            machine would run the built-in protocol's steps instead of its own.
+        """
+        builtin = next(c for c in type(self).__mro__ if c in _BUILTIN)
+        if type(self) is not builtin and type(self).peer is IterativeProtocol.peer:
+            changed = [
+                name
+                for name in ("step", "average", "wake", "receive", "pair_terms")
+                if getattr(type(self), name) is not getattr(builtin, name)
+            ]
+            if changed:
+                raise ConfigError(
+                    f"protocol.name = {self.name!r} overrides {', '.join(changed)} but not "
+                    "peer(): the per-peer driver (driver = 'reference') would run "
+                    f"{builtin.__name__}'s machine instead; override peer() or use the "
+                    "batched driver"
+                )
         return make_peer(
             "synchronous" if self.synchronous else "gossip",
             peer,
@@ -579,3 +606,7 @@ class GossipLearning(IterativeProtocol):
     def receive(self, peer: int, model: np.ndarray) -> None:
         self.models[peer] = (self.models[peer] + model) / 2.0
         self.step(np.array([peer]))
+
+
+#: The built-in protocols, whose machines :meth:`IterativeProtocol.peer` builds.
+_BUILTIN = (IterativeProtocol, DecentralizedSGD, Muffliato, GossipLearning)

@@ -17,7 +17,8 @@ numbers from the same :class:`StreamSeeds`, and the batched protocol draws each 
 peer's numbers from the same generators. :meth:`StreamSeeds.from_rngs` takes the run's named
 streams (the simulator: ``generator(seed, name, fold, repetition)`` for ``noise``,
 ``sampling``, ``gossip``, ``pairs``); :meth:`StreamSeeds.fresh` takes the operating system's
-CSPRNG (a network run without seeded noise).
+CSPRNG (a network run without seeded noise: one host's own peers; an edge's pair stream must
+then come from a secret its two ends share, which this module does not agree on).
 
 **Building a machine.** :func:`make_peer` (the simulator calls it through
 :meth:`IterativeProtocol.peer <p2pdp.protocols.iterative.IterativeProtocol.peer>`)::
@@ -61,6 +62,10 @@ starts afresh.
 * ``on_message(now, sender, round, exchange, model)``: accepted once per ``(sender, round)``
   from a neighbour: the model becomes the average of the two, then a private step while the
   budget lasts (effects :class:`Received`, then :class:`Stepped`); refused otherwise.
+
+**State a driver may read** (never write): ``model`` (d,), ``steps``, ``round``,
+``refused`` (a ``Counter`` of refused messages by reason). A :class:`Send`'s ``model`` is one
+copy shared by that instant's sends: receivers only read it (a network driver serialises it).
 
 **Records.** The driver passes every effect that is a record (:class:`Stepped`,
 :class:`Averaged`, :class:`Late`, :class:`Received`) to an :class:`IterativeLedger`, the one
