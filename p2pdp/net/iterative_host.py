@@ -164,14 +164,6 @@ class _Counters:
     refused: Counter = field(default_factory=Counter)  # reason -> frames refused
 
 
-def _next_slot(machine: SynchronousPeer) -> int:
-    """The exchange (0-based over the run) after ``machine``'s open one, or the first of its
-    next round once its round ended (or before round 1)."""
-    if machine.exchange >= machine.exchanges:
-        return machine.round * machine.exchanges
-    return (machine.round - 1) * machine.exchanges + machine.exchange + 1
-
-
 class IterativeHost:
     """Several peers of one iterative run in this process, behind one TLS listener.
 
@@ -200,12 +192,6 @@ class IterativeHost:
         report: Callable[[dict[str, Any]], None],
         credential: Credential | None = None,
     ) -> None:
-        for machine in machines.values():  # its timers are the schedule's (see run)
-            if not np.isclose(machine.period * machine.exchanges, settings.period):
-                raise ValueError(
-                    f"peer {machine.peer}'s rounds last {machine.period * machine.exchanges} s, "
-                    f"the host's {settings.period} s"
-                )
         self.machines = machines
         self.edge = edges
         self.settings = settings
@@ -227,6 +213,9 @@ class IterativeHost:
         self._batch: dict[int, list[bytes]] = {}  # host -> frames of the exchange being sent
         self._sending: asyncio.Future | None = None
         self.now = 0.0  # seconds since the start, as scheduled (what machines are given)
+        #: The exchange (0-based over the run) the machines are in or last closed (-1 before
+        #: round 1): every machine of the host keeps the same schedule.
+        self.slot = -1
         # what the current round's events said, for its report
         self._stepped: list[int] = []
         self._averaged: list[list[int]] = [[] for _ in range(settings.exchanges)]
@@ -306,7 +295,7 @@ class IterativeHost:
         machine = self.machines[frame.receiver]
         exchanges = self.settings.exchanges
         slot = (frame.round - 1) * exchanges + frame.exchange
-        following = _next_slot(machine)
+        following = self.slot + 1
         if slot == following:
             kept = self.early[frame.receiver]
             if frame.sender in kept:
@@ -328,10 +317,9 @@ class IterativeHost:
         kept = self.early[peer]
         if not kept:
             return
-        following = _next_slot(machine)
         for sender, frame in list(kept.items()):
             slot = (frame.round - 1) * self.settings.exchanges + frame.exchange
-            if slot < following:  # now current (or past): the machine judges it
+            if slot <= self.slot:  # now current (or past): the machine judges it
                 del kept[sender]
                 self._effects(
                     peer,
@@ -432,18 +420,21 @@ class IterativeHost:
         peers = sorted(self.machines)
         for round_ in range(1, settings.rounds + 1):
             await self._until(start, (round_ - 1) * settings.period)
-            for peer in peers:
+            for peer in peers:  # models to this host's peers wait until every one is there
                 self._effects(peer, self.machines[peer].on_round(self.now, round_))
+            self.slot = (round_ - 1) * settings.exchanges
+            for peer in peers:
                 self._replay(peer)
             self.flush()
-            while self._timers:
+            while self._timers:  # the exchanges' deadlines, as the machines set them
                 at = min(self._timers)
                 self._timers.discard(at)
                 await self._until(start, at)
                 for peer in peers:
-                    machine = self.machines[peer]
-                    if machine.exchange < machine.exchanges:
-                        self._effects(peer, machine.on_deadline(self.now))
+                    self._effects(peer, self.machines[peer].on_deadline(self.now))
+                if self._timers:  # the round's next exchange is open
+                    self.slot += 1
+                    for peer in peers:
                         self._replay(peer)
                 self.flush()
             late, self.late = self.late, []
