@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -29,11 +29,17 @@ from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.rng import generator
 from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld, IterativeTransport
-from p2pdp.net.iterative_host import IterativeSettings, serve_iterative
+from p2pdp.net.iterative_host import IterativeSettings, Machine, serve_iterative
 from p2pdp.net.wire import ProtocolError
 from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import StepPrivacy, step_privacy
-from p2pdp.protocols.iterative_peer import LocalProblem, StreamSeeds, SynchronousPeer, make_peer
+from p2pdp.protocols.iterative_peer import (
+    GossipPeer,
+    LocalProblem,
+    StreamSeeds,
+    SynchronousPeer,
+    make_peer,
+)
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
 from p2pdp.sim.iterative import consensus_distance
@@ -174,7 +180,7 @@ def run_on_network(
         end_time=world.end_time,
         models=world.models,
         steps=world.records.steps,
-        trace=world.trace(),
+        trace=world.trace() if not world.gossip else ViewTrace(),
         wire=world.wire_rows(),
         hosts_lost=len(world.lost_hosts),
     )
@@ -209,7 +215,7 @@ def _machines(
     mixing: Mixing,
     privacy: StepPrivacy,
     seeds: StreamSeeds,
-) -> tuple[dict[int, SynchronousPeer], dict[tuple[int, int], int]]:
+) -> tuple[dict[int, Machine], dict[tuple[int, int], int]]:
     """This host's machines, one per peer over its own shard with its own streams from
     ``seeds`` (:func:`~p2pdp.protocols.iterative_peer.make_peer`), and the overlay edges
     into them: ``(sender, receiver) -> edge``."""
@@ -217,13 +223,16 @@ def _machines(
     exchanges = protocol.gossip_steps if protocol.name == "muffliato" else 1
     # a peer's public step denominator: its own only (no pair noise: no other is read)
     denominators = np.full(config.partition.n_peers, np.nan)
-    machines: dict[int, SynchronousPeer] = {}
+    machines: dict[int, Machine] = {}
+    kind: Literal["synchronous", "gossip"] = (
+        "gossip" if protocol.name == "gossip-learning" else "synchronous"
+    )
     edges: dict[tuple[int, int], int] = {}
     for peer, shard in zip(peers.tolist(), shards, strict=True):
         problem = LocalProblem.from_shards(X, y, (shard,), config.training.lam)
         denominators[peer] = privacy.mechanism.denominators(problem.sizes)[0]
         machine = make_peer(
-            "synchronous",
+            kind,
             peer,
             settings=protocol,
             privacy=privacy,
@@ -233,11 +242,19 @@ def _machines(
             seeds=seeds,
             exchanges=exchanges,
         )
-        assert isinstance(machine, SynchronousPeer)
+        assert isinstance(machine, SynchronousPeer | GossipPeer)
         machines[peer] = machine
         for edge in range(int(mixing.indptr[peer]), int(mixing.indptr[peer + 1])):
             edges[(int(mixing.indices[edge]), peer)] = edge
     return machines, edges
+
+
+def phases_of(config: ScenarioConfig, fold: int, repetition: int) -> np.ndarray:
+    """(P,) gossip learning's wake-up phases in ``[0, round_period)``: the simulator's draw
+    from the run's ``network`` stream (a public schedule, not a secret)."""
+    rng = generator(config.seed, "network", fold, repetition)
+    n_peers = config.partition.n_peers
+    return rng.uniform(0.0, config.protocol.round_period, size=n_peers)
 
 
 def seeds_of(config: ScenarioConfig, fold: int, repetition: int) -> StreamSeeds:
@@ -277,6 +294,10 @@ def iterative_host_main(
     except P2PDPError as error:
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
         sys.exit(EXPLAINED)
+    phases = None
+    if config.protocol.name == "gossip-learning":  # the simulator's wake-up phases (public)
+        drawn = phases_of(config, fold, repetition)
+        phases = {int(peer): float(drawn[peer]) for peer in peers}
     try:
         asyncio.run(
             serve_iterative(
@@ -287,6 +308,7 @@ def iterative_host_main(
                 ticket=ticket,
                 coordinator=coordinator,
                 address=address,
+                phases=phases,
             )
         )
     except (HostError, P2PDPError, ProtocolError) as error:

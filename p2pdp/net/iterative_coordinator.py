@@ -36,11 +36,11 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.net.coordinator import NetworkWorld, _count
 from p2pdp.net.host import FINISH, STATS
-from p2pdp.net.iterative_host import LATE, ROUND, START, IterativeSettings
+from p2pdp.net.iterative_host import LATE, ROUND, START, UNREACHABLE, IterativeSettings
 from p2pdp.net.tls import host_name
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, unpack_vector
 from p2pdp.protocols.groups import model_bytes
-from p2pdp.protocols.iterative_peer import IterativeLedger
+from p2pdp.protocols.iterative_peer import IterativeLedger, Stepped
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
 
@@ -55,7 +55,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The iterative protocols the network runtime runs.
-NETWORK_PROTOCOLS = ("dpsgd", "muffliato")
+NETWORK_PROTOCOLS = ("dpsgd", "muffliato", "gossip-learning")
 #: Refusal reasons (the hosts' and their machines') of models outside the protocol: the row's
 #: ``messages_refused`` (a refused connection is not a message; honest drops, a model too far
 #: ahead or older than its receiver remembers, are lost messages).
@@ -74,8 +74,7 @@ def check_iterative(config: ScenarioConfig) -> None:
             settings.name not in NETWORK_PROTOCOLS,
             "protocol.name",
             settings.name,
-            f"{', '.join(map(repr, NETWORK_PROTOCOLS))} and 'one-shot' (gossip learning's "
-            "wake-ups are not paced over the network yet)",
+            f"{', '.join(map(repr, NETWORK_PROTOCOLS))} and 'one-shot'",
         ),
         (
             settings.private(config.privacy) and bool(settings.pairwise_noise_multiplier),
@@ -173,6 +172,8 @@ class IterativeNetworkWorld(NetworkWorld):
         )
         #: round -> host -> its checked report, until the round is recorded
         self._pending: dict[int, dict[int, dict[str, Any]]] = {}
+        self._lost = 0  # models the hosts could not deliver, in the rounds recorded
+        self.gossip = config.protocol.name == "gossip-learning"
         self._reported = np.zeros(self.n_hosts, dtype=np.int64)  # per host: its last round
         self._progress = asyncio.Event()
         self._own = [np.flatnonzero(self.host_of == h) for h in range(self.n_hosts)]
@@ -239,7 +240,8 @@ class IterativeNetworkWorld(NetworkWorld):
             raise ProtocolError(f"host {host} reports round {round_} after {self._reported[host]}")
         own = self._own[host]
         stepped = np.array([_count(p, "stepped", self.n_peers) for p in message["stepped"]], int)
-        if not np.isin(stepped, own).all() or len(set(stepped.tolist())) != len(stepped):
+        once = self.gossip or len(set(stepped.tolist())) == len(stepped)  # gossip: per merge
+        if not np.isin(stepped, own).all() or not once:
             raise ProtocolError(f"host {host} says another host's peers stepped")
         into = self._into[host]
         delivered = message["delivered"]
@@ -249,12 +251,14 @@ class IterativeNetworkWorld(NetworkWorld):
             np.array([_count(e, "edge", 2**31) for e in ex], dtype=np.int64) for ex in delivered
         ]
         for ex in edges:
-            if not np.isin(ex, into).all() or len(set(ex.tolist())) != len(ex):
+            once = self.gossip or len(set(ex.tolist())) == len(ex)  # gossip: per merge
+            if not np.isin(ex, into).all() or not once:
                 raise ProtocolError(f"host {host} reports deliveries to another host's peers")
         sent = np.array([_count(n, "sent", 2**31) for n in message["sent"]], dtype=np.int64)
         if len(sent) != len(own) or (sent > self._degree[own] * settings.exchanges).any():
             raise ProtocolError(f"host {host} reports {sent.tolist()[:8]} models sent")
         late = self._late(host, message["late"])
+        lost = _count(message["lost"], "lost", 2**31)
         models = unpack_vector(message["models"], shape=(len(own), settings.dim))
         # every field is good: count it (the round's part when the round is recorded)
         self._read_late(late)
@@ -262,6 +266,7 @@ class IterativeNetworkWorld(NetworkWorld):
             "stepped": stepped,
             "delivered": edges,
             "sent": sent,
+            "lost": lost,
             "models": models,
         }
         self._reported[host] = round_
@@ -281,6 +286,14 @@ class IterativeNetworkWorld(NetworkWorld):
     def _apply(self, round_: int) -> None:
         """Round ``round_``'s reports into the ledger, the counts and the models."""
         for host, report in self._pending.pop(round_, {}).items():
+            self._lost += report["lost"]
+            if self.gossip:  # a step per merge: a peer may step several times a round
+                self.records.take(Stepped(int(p), round_, 0) for p in report["stepped"])
+                (edges,) = report["delivered"]
+                np.add.at(self._arrived[round_ - 1], self.mixing.indices[edges], 1)
+                self._reported_sent[self._own[host]] += report["sent"]
+                self.models[self._own[host]] = report["models"]
+                continue
             self.records.stepped(round_, report["stepped"])
             for exchange, edges in enumerate(report["delivered"]):
                 delivered = np.zeros(len(self.mixing.indices), dtype=bool)
@@ -307,8 +320,11 @@ class IterativeNetworkWorld(NetworkWorld):
 
     def counts(self, round_: int) -> tuple[int, int]:
         """Models sent in rounds 1 .. ``round_`` (recorded), and of them those not averaged
-        (lost or late), as the simulator's record counts them."""
+        (lost or late), as the simulator's record counts them (gossip learning: those whose
+        receiver's host could not be reached; a model in flight at the end is not lost)."""
         sent = int(self.sent(round_).sum())
+        if self.gossip:
+            return sent, self._lost
         return sent, sent - self.records.averaged
 
     def _record(self, round_: int, now: float) -> None:
@@ -376,6 +392,8 @@ class IterativeNetworkWorld(NetworkWorld):
         counts.messages_late = self.records.late
         counts.messages_lost = int(counts.messages_sent.sum()) - self.records.averaged
         counts.messages_lost -= self.records.late
+        if self.gossip:  # merged on arrival: lost only if undeliverable
+            counts.messages_lost = self.wire.refused[UNREACHABLE]
         counts.messages_refused = sum(
             count for reason, count in self.wire.refused.items() if reason in REFUSALS
         )

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -78,7 +79,9 @@ from p2pdp.net.wire import (
 from p2pdp.protocols.iterative_peer import (
     Averaged,
     Effect,
+    GossipPeer,
     Late,
+    Received,
     Send,
     Stepped,
     SynchronousPeer,
@@ -97,6 +100,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: A peer's machine: the synchronous protocols' or gossip learning's.
+Machine = SynchronousPeer | GossipPeer
+
 #: Control kinds of an iterative run: the coordinator's start (round 1 begins ``delay``
 #: seconds after it arrives) and a host's report of one round.
 START, ROUND = "start", "round"
@@ -104,6 +110,9 @@ START, ROUND = "start", "round"
 LATE = "late"
 #: A model more than one exchange ahead of its receiver: dropped here (lost).
 AHEAD = "ahead"
+#: Models whose receiver's host could not be reached (lost); gossip learning's models that
+#: arrive after the run's end (in flight at the end: dropped, as the simulator drops them).
+UNREACHABLE, IN_FLIGHT = "unreachable", "in flight"
 
 
 @dataclass(frozen=True)
@@ -185,7 +194,7 @@ class IterativeHost:
 
     def __init__(
         self,
-        machines: dict[int, SynchronousPeer],
+        machines: dict[int, Machine],
         edges: dict[tuple[int, int], int],
         settings: IterativeSettings,
         *,
@@ -209,7 +218,7 @@ class IterativeHost:
         self.server: asyncio.base_events.Server | None = None
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._used: dict[int, float] = {}
-        self._outbox: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[tuple[int, bytes, int] | None] = asyncio.Queue()
         self._batch: dict[int, list[bytes]] = {}  # host -> frames of the exchange being sent
         self._sending: asyncio.Future | None = None
         self.now = 0.0  # seconds since the start, as scheduled (what machines are given)
@@ -221,6 +230,10 @@ class IterativeHost:
         self._averaged: list[list[int]] = [[] for _ in range(settings.exchanges)]
         self._sent = {peer: 0 for peer in machines}  # models each sent this round
         self._timers: set[float] = set()
+        self._lost = 0  # models not delivered since the last report
+        self.gossip = any(isinstance(m, GossipPeer) for m in machines.values())
+        self._start: float | None = None  # gossip learning: the loop's time of the start
+        self._over = False  # gossip learning: the run's last round ended
 
     # -- sockets -----------------------------------------------------------------------------
     async def listen(self, address: str = "127.0.0.1") -> int:
@@ -293,6 +306,16 @@ class IterativeHost:
         """``frame`` to its receiver's machine, or kept until the receiver enters the next
         exchange (one per sender), or dropped (further ahead: ``ahead``)."""
         machine = self.machines[frame.receiver]
+        if isinstance(machine, GossipPeer):  # merged on arrival, at the time it arrives
+            if self._over or self._start is None:
+                self.counters.refused[IN_FLIGHT] += 1
+                return
+            now = asyncio.get_running_loop().time() - self._start
+            self._effects(
+                frame.receiver,
+                machine.on_message(now, frame.sender, frame.round, frame.exchange, frame.model),
+            )
+            return
         exchanges = self.settings.exchanges
         slot = (frame.round - 1) * exchanges + frame.exchange
         following = self.slot + 1
@@ -311,12 +334,17 @@ class IterativeHost:
             machine.on_message(self.now, frame.sender, frame.round, frame.exchange, frame.model),
         )
 
+    def _synchronous(self, peer: int) -> SynchronousPeer:
+        machine = self.machines[peer]
+        assert isinstance(machine, SynchronousPeer)
+        return machine
+
     def _replay(self, peer: int) -> None:
         """The models kept for the exchange ``peer`` just entered, to its machine."""
-        machine = self.machines[peer]
         kept = self.early[peer]
         if not kept:
             return
+        machine = self._synchronous(peer)
         for sender, frame in list(kept.items()):
             slot = (frame.round - 1) * self.settings.exchanges + frame.exchange
             if slot <= self.slot:  # now current (or past): the machine judges it
@@ -336,6 +364,8 @@ class IterativeHost:
                 self._timers.add(effect.at)
             elif isinstance(effect, Stepped):
                 self._stepped.append(effect.peer)
+            elif isinstance(effect, Received):
+                self._averaged[0].append(self.edge[(effect.sender, effect.peer)])
             elif isinstance(effect, Averaged):
                 self._averaged[effect.exchange].extend(
                     self.edge[(sender, effect.peer)] for sender in effect.senders
@@ -361,7 +391,7 @@ class IterativeHost:
     def flush(self) -> None:
         """Hand the sender task what was batched: one write per host."""
         for host, frames in self._batch.items():
-            self._outbox.put_nowait((host, b"".join(frames)))
+            self._outbox.put_nowait((host, b"".join(frames), len(frames)))
         self._batch = {}
 
     async def _writer(self, host: int) -> asyncio.StreamWriter:
@@ -386,7 +416,7 @@ class IterativeHost:
             item = await self._outbox.get()
             if item is None:
                 return
-            host, frame = item
+            host, frame, n_frames = item
             try:
                 writer = await self._writer(host)
                 if writer.is_closing():
@@ -394,7 +424,8 @@ class IterativeHost:
                 writer.write(frame)
                 await asyncio.wait_for(writer.drain(), self.settings.timeout)
             except (OSError, TimeoutError) as error:
-                self.counters.refused["unreachable"] += 1
+                self.counters.refused[UNREACHABLE] += n_frames
+                self._lost += n_frames
                 self._writers.pop(host, None)
                 log.warning("models to host %d not delivered: %s", host, error)
 
@@ -421,7 +452,7 @@ class IterativeHost:
         for round_ in range(1, settings.rounds + 1):
             await self._until(start, (round_ - 1) * settings.period)
             for peer in peers:  # models to this host's peers wait until every one is there
-                self._effects(peer, self.machines[peer].on_round(self.now, round_))
+                self._effects(peer, self._synchronous(peer).on_round(self.now, round_))
             self.slot = (round_ - 1) * settings.exchanges
             for peer in peers:
                 self._replay(peer)
@@ -431,27 +462,63 @@ class IterativeHost:
                 self._timers.discard(at)
                 await self._until(start, at)
                 for peer in peers:
-                    self._effects(peer, self.machines[peer].on_deadline(self.now))
+                    self._effects(peer, self._synchronous(peer).on_deadline(self.now))
                 if self._timers:  # the round's next exchange is open
                     self.slot += 1
                     for peer in peers:
                         self._replay(peer)
                 self.flush()
-            late, self.late = self.late, []
-            self.report(
-                {
-                    "kind": ROUND,
-                    "round": round_,
-                    "stepped": self._stepped,
-                    "delivered": self._averaged,
-                    "sent": [self._sent[p] for p in peers],
-                    "late": late,
-                    "models": pack_vector(np.stack([self.machines[p].model for p in peers])),
-                }
-            )
-            self._stepped = []
-            self._averaged = [[] for _ in range(settings.exchanges)]
-            self._sent = dict.fromkeys(peers, 0)
+            self._report(round_)
+
+    def _report(self, round_: int) -> None:
+        """The ``ROUND`` report of ``round_``: what the machines' records said since the
+        last one, and their models."""
+        peers = sorted(self.machines)
+        late, self.late = self.late, []
+        self.report(
+            {
+                "kind": ROUND,
+                "round": round_,
+                "stepped": self._stepped,
+                "delivered": self._averaged,
+                "sent": [self._sent[p] for p in peers],
+                "late": late,
+                "lost": self._lost,
+                "models": pack_vector(np.stack([self.machines[p].model for p in peers])),
+            }
+        )
+        self._stepped = []
+        self._averaged = [[] for _ in range(self.settings.exchanges)]
+        self._sent = dict.fromkeys(peers, 0)
+        self._lost = 0
+
+    async def run_gossip(self, start: float, phases: dict[int, float]) -> None:
+        """Gossip learning, paced by the loop's clock from ``start``: each peer wakes every
+        ``period`` seconds from its ``phase`` (:meth:`GossipPeer.on_wake
+        <p2pdp.protocols.iterative_peer.GossipPeer.on_wake>`: its model to a neighbour);
+        models are merged as they arrive (:meth:`_deliver`); a ``ROUND`` report at every
+        round's end (the models as they are then), until the last."""
+        settings = self.settings
+        self._start = start
+        wakes = sorted((phase, peer) for peer, phase in phases.items())
+        heapq.heapify(wakes)
+        end = settings.rounds * settings.period
+        boundary = 1
+        while boundary <= settings.rounds:
+            if wakes and wakes[0][0] < boundary * settings.period:
+                at, peer = heapq.heappop(wakes)
+                await self._until(start, at)
+                machine = self.machines[peer]
+                assert isinstance(machine, GossipPeer)
+                self._effects(peer, machine.on_wake(at))
+                self.flush()
+                if at + settings.period < end:
+                    heapq.heappush(wakes, (at + settings.period, peer))
+                continue
+            await self._until(start, boundary * settings.period)
+            self._report(boundary)
+            boundary += 1
+        self._over = True
 
     def stats(self, host_index: int) -> dict[str, Any]:
         """The final ``STATS`` report: frames per kind, refusals (the host's and its
@@ -481,7 +548,7 @@ def _failed(control: asyncio.StreamWriter, rounds: asyncio.Future) -> None:
 
 
 async def serve_iterative(
-    machines: dict[int, SynchronousPeer],
+    machines: dict[int, Machine],
     edges: dict[tuple[int, int], int],
     settings: IterativeSettings,
     *,
@@ -489,13 +556,15 @@ async def serve_iterative(
     ticket: Ticket,
     coordinator: str = "127.0.0.1",
     address: str = "127.0.0.1",
+    phases: dict[int, float] | None = None,
 ) -> None:
     """Run host ``host_index`` of an iterative run until the coordinator ends it.
 
     Enrolls (:func:`~p2pdp.net.host.enroll`: a key pair of its own), opens its listener,
     says ``HELLO`` (every peer of it at the listener's port), waits for the ``DIRECTORY``
     and the ``START``, runs its rounds (:meth:`IterativeHost.run`: ``machines`` and their
-    ``edges``, see :class:`IterativeHost`), and on ``FINISH`` reports ``STATS``.
+    ``edges``, see :class:`IterativeHost`; gossip learning :meth:`IterativeHost.run_gossip`
+    with its peers' wake-up ``phases``), and on ``FINISH`` reports ``STATS``.
     """
     credential = await enroll(host_index, ticket, coordinator, settings.timeout)
     writer: asyncio.StreamWriter | None = None
@@ -553,7 +622,10 @@ async def serve_iterative(
                 delay = message["delay"]
                 if type(delay) not in (int, float) or not 0 <= delay <= settings.timeout:
                     raise ProtocolError(f"start delay {delay!r:.40}")
-                rounds = asyncio.ensure_future(host.run(loop.time() + delay))
+                began = loop.time() + delay
+                rounds = asyncio.ensure_future(
+                    host.run(began) if phases is None else host.run_gossip(began, phases)
+                )
                 rounds.add_done_callback(functools.partial(_failed, control))
             elif kind == FINISH:
                 if rounds is not None and not rounds.done():
