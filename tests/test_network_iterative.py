@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import math
 import os
 import signal
@@ -276,8 +277,6 @@ def _spambase(name: str, *, seeded: bool = True, **protocol) -> ScenarioConfig:
 
 
 def _unseeded(config: ScenarioConfig) -> ScenarioConfig:
-    import dataclasses
-
     return dataclasses.replace(config, network=NetworkConfig())
 
 
@@ -426,9 +425,12 @@ def test_gossip_learning_on_three_hosts_sends_and_charges_as_the_simulator(
     wake-ups, hence the models sent and their bytes; seeded noise); the steps and the error
     are close."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
-    config = _spambase("gossip-learning", rounds=6)
-    network = simulate(config, runtime="network", protocol={"rounds": 6, "round_period": 1.0})
-    simulated = simulate(_unseeded(config), protocol={"rounds": 6, "round_period": 1.0})
+    config = _spambase("gossip-learning")
+    config = dataclasses.replace(
+        config, protocol=dataclasses.replace(config.protocol, rounds=6, round_period=1.0)
+    )
+    network = simulate(config, runtime="network")
+    simulated = simulate(_unseeded(config))
     a, b = simulated.row(), network.row()
     assert b["hosts_lost"] == b["messages_lost"] == a["messages_lost"] == 0
     for key in ("messages_sent", "bytes_sent", "noise_multiplier_used", "affordable_aggregations"):
