@@ -226,6 +226,30 @@ def test_a_frame_from_a_host_that_does_not_run_its_sender_is_refused():
     assert host.counters.refused[MODEL] == 2 and 5 in host.early[0]
 
 
+def test_gossip_models_wait_for_the_simulators_delivery_time():
+    """A model is merged at its sender's wake-up + the hold; one that comes after that time
+    is merged at once and counted late; one more than a period ahead, or after the end, is
+    dropped."""
+    config = _small("gossip-learning")
+    X, y, shards = _population(config)
+    mixing = _ring(6)
+    machines, edges = _machines(
+        config, np.arange(3), X, y, shards[:3], mixing, step_privacy(config), StreamSeeds.fresh()
+    )
+    settings = IterativeSettings(n_peers=6, hosts=2, rounds=4, exchanges=1, period=0.2, dim=4)
+    host = IterativeHost(machines, edges, settings, report=lambda message: None)
+    host._start, host.phases, host.hold = 0.0, np.linspace(0.0, 0.15, 6), 0.05
+    host.now = 0.3
+    host._deliver(_frame(5, 0, 2))  # sent at 0.15 + 0.2, due at 0.4: held
+    host._deliver(_frame(1, 0, 1))  # sent at 0.03, due at 0.08: late, merged now
+    host._deliver(_frame(1, 2, 4))  # due at 0.03 + 0.6 + 0.05 > 0.3 + 0.2 + 0.05: ahead
+    assert [(round(t, 6), f.sender) for t, _, f in sorted(host._events)] == [(0.3, 1), (0.4, 5)]
+    assert host.late == [[0, edges[(1, 0)]]] and host.counters.refused[AHEAD] == 1
+    host._over = True
+    host._deliver(_frame(5, 0, 3))
+    assert host.counters.refused["in flight"] == 1 and len(host._events) == 2
+
+
 @pytest.mark.parametrize(
     ("protocol", "key"),
     [
@@ -284,14 +308,14 @@ def _unseeded(config: ScenarioConfig) -> ScenarioConfig:
 def test_the_cli_runs_iterative_non_private_on_the_network_as_the_simulator(
     tmp_path, monkeypatch, real_data_home
 ):
-    """Done-means (a): the shipped scenario (fewer rounds and folds) on 3 hosts, seeded:
-    results.csv and rounds.csv are the simulator's up to the timing columns."""
+    """Done-means (a): the shipped scenario (D-PSGD and gossip learning, both partitions;
+    fewer rounds and folds) on 3 hosts, seeded: results.csv, rounds.csv and peers.csv are
+    the simulator's up to the timing columns."""
     from p2pdp.experiments.cli import main as cli
 
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
     fewer = ["--set", "protocol.rounds=3", "--set", "protocol.round_period=2.0", "--set",
-             "evaluation.cv_folds=2", "--set", "protocol.name=dpsgd", "--set",
-             "protocol.eval_every=2"]  # fmt: skip
+             "evaluation.cv_folds=2", "--set", "protocol.eval_every=2"]  # fmt: skip
     sim, net = tmp_path / "sim", tmp_path / "net"
     assert cli(["run", "iterative_non_private", "--out", str(sim), *fewer]) == 0
     seeded = ["--runtime", "network", "--set", "network.seeded_noise=true"]
@@ -304,7 +328,7 @@ def test_the_cli_runs_iterative_non_private_on_the_network_as_the_simulator(
             _same(x, y, table)
     wire = list(csv.DictReader((net / "wire.csv").open()))
     late = [int(row["frames"]) for row in wire if row["kind"] == "late"]
-    assert late == [0] * 4  # every model in time: the simulator's loss-free run
+    assert late == [0] * 8  # every model in time: the simulator's loss-free run
 
 
 @pytest.mark.slow
@@ -416,14 +440,11 @@ def test_a_host_killed_mid_run_is_churn_and_the_others_keep_learning(
 
 
 @pytest.mark.slow
-def test_gossip_learning_on_three_hosts_sends_and_charges_as_the_simulator(
-    monkeypatch, real_data_home
-):
-    """Gossip learning merges a model when it arrives: on a real clock models arrive in
-    milliseconds, in the simulator 0.05 s after they are sent, so the merges interleave
-    differently and the models differ. What does not depend on arrival order is equal (the
-    wake-ups, hence the models sent and their bytes; seeded noise); the steps and the error
-    are close."""
+def test_gossip_learning_on_three_hosts_is_the_simulator(monkeypatch, real_data_home):
+    """Gossip learning merges a model when it arrives: the hosts hold each model until the
+    simulator would deliver it (its sender's wake-up + 0.05 s), so while the network is
+    faster than that, the merges come in the simulator's order: its rows and rounds table,
+    up to timing (seeded noise)."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
     config = _spambase("gossip-learning")
     config = dataclasses.replace(
@@ -431,17 +452,9 @@ def test_gossip_learning_on_three_hosts_sends_and_charges_as_the_simulator(
     )
     network = simulate(config, runtime="network")
     simulated = simulate(_unseeded(config))
-    a, b = simulated.row(), network.row()
-    assert b["hosts_lost"] == b["messages_lost"] == a["messages_lost"] == 0
-    for key in ("messages_sent", "bytes_sent", "noise_multiplier_used", "affordable_aggregations"):
-        assert b[key] == a[key], key
-    assert b["aggregations"] == pytest.approx(a["aggregations"], rel=0.1)
-    assert b["mean_error"] == pytest.approx(a["mean_error"], abs=0.1)
+    _same(simulated.row(), network.row(), "row")
+    assert len(simulated.round_rows()) == len(network.round_rows()) == 7
     for x, y in zip(simulated.round_rows(), network.round_rows(), strict=True):
-        assert y["bytes_sent"] == x["bytes_sent"]
-        assert abs(y["mean_steps"] - x["mean_steps"]) <= 1.0
-    # the privacy columns follow the steps each peer took, by the same accountant
-    steps = network.aggregations_per_peer
-    assert b["max_epsilon_spent"] == pytest.approx(
-        float(step_privacy(config).epsilon(steps).max()), rel=1e-12
-    )
+        _same(x, y, "rounds")
+    late = {row["kind"]: row["frames"] for row in network.wire}["late"]
+    assert late == 0 and network.row()["aggregations"] > 0

@@ -294,10 +294,9 @@ def iterative_host_main(
     except P2PDPError as error:
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
         sys.exit(EXPLAINED)
-    phases = None
-    if config.protocol.name == "gossip-learning":  # the simulator's wake-up phases (public)
-        drawn = phases_of(config, fold, repetition)
-        phases = {int(peer): float(drawn[peer]) for peer in peers}
+    # gossip learning: the simulator's wake-up phases (public) and its constant latency
+    gossip = config.protocol.name == "gossip-learning"
+    phases = phases_of(config, fold, repetition) if gossip else None
     try:
         asyncio.run(
             serve_iterative(
@@ -309,6 +308,7 @@ def iterative_host_main(
                 coordinator=coordinator,
                 address=address,
                 phases=phases,
+                hold=config.network.latency_mean,
             )
         )
     except (HostError, P2PDPError, ProtocolError) as error:

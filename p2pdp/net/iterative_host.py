@@ -232,7 +232,14 @@ class IterativeHost:
         self._timers: set[float] = set()
         self._lost = 0  # models not delivered since the last report
         self.gossip = any(isinstance(m, GossipPeer) for m in machines.values())
-        self._start: float | None = None  # gossip learning: the loop's time of the start
+        # gossip learning: the loop's time of the start, every peer's phase, the hold (s),
+        # the events to come (time, order, a peer's wake-up or a model), a model's arrival
+        self._start: float | None = None
+        self.phases: np.ndarray | None = None
+        self.hold = 0.0
+        self._events: list[tuple[float, int, Any]] = []
+        self._order = 0
+        self._arrival = asyncio.Event()
         self._over = False  # gossip learning: the run's last round ended
 
     # -- sockets -----------------------------------------------------------------------------
@@ -306,15 +313,8 @@ class IterativeHost:
         """``frame`` to its receiver's machine, or kept until the receiver enters the next
         exchange (one per sender), or dropped (further ahead: ``ahead``)."""
         machine = self.machines[frame.receiver]
-        if isinstance(machine, GossipPeer):  # merged on arrival, at the time it arrives
-            if self._over or self._start is None:
-                self.counters.refused[IN_FLIGHT] += 1
-                return
-            now = asyncio.get_running_loop().time() - self._start
-            self._effects(
-                frame.receiver,
-                machine.on_message(now, frame.sender, frame.round, frame.exchange, frame.model),
-            )
+        if isinstance(machine, GossipPeer):
+            self._hold(frame)
             return
         exchanges = self.settings.exchanges
         slot = (frame.round - 1) * exchanges + frame.exchange
@@ -492,32 +492,74 @@ class IterativeHost:
         self._sent = dict.fromkeys(peers, 0)
         self._lost = 0
 
-    async def run_gossip(self, start: float, phases: dict[int, float]) -> None:
-        """Gossip learning, paced by the loop's clock from ``start``: each peer wakes every
-        ``period`` seconds from its ``phase`` (:meth:`GossipPeer.on_wake
-        <p2pdp.protocols.iterative_peer.GossipPeer.on_wake>`: its model to a neighbour);
-        models are merged as they arrive (:meth:`_deliver`); a ``ROUND`` report at every
-        round's end (the models as they are then), until the last."""
+    def _hold(self, frame: ModelFrame) -> None:
+        """Gossip learning: ``frame`` waits until the time the simulator would deliver it,
+        its sender's wake-up plus ``hold`` seconds (the loop in :meth:`run_gossip` merges it
+        then); one that comes after that time is merged at once (counted late: the order of
+        merges may differ from the simulator's), one after the run's end is dropped (in
+        flight), one more than a period ahead is dropped (``ahead``)."""
+        if self._over or self._start is None or self.phases is None:
+            self.counters.refused[IN_FLIGHT] += 1
+            return
         settings = self.settings
-        self._start = start
-        wakes = sorted((phase, peer) for peer, phase in phases.items())
-        heapq.heapify(wakes)
+        sent = float(self.phases[frame.sender]) + (frame.round - 1) * settings.period
+        due = sent + self.hold
+        if due > self.now + settings.period + self.hold:
+            self.counters.refused[AHEAD] += 1
+            return
+        if due < self.now:
+            self.late.append([frame.round - 1, self.edge[(frame.sender, frame.receiver)]])
+            due = self.now
+        self._order += 1
+        heapq.heappush(self._events, (due, self._order, frame))
+        self._arrival.set()
+
+    async def run_gossip(self, start: float, phases: np.ndarray, hold: float) -> None:
+        """Gossip learning, paced by the loop's clock from ``start``: each peer of this host
+        wakes every ``period`` seconds from its phase (``phases`` (P,), every peer's: the
+        simulator's schedule) and sends its model to a neighbour (:meth:`GossipPeer.on_wake
+        <p2pdp.protocols.iterative_peer.GossipPeer.on_wake>`); a model is merged at its
+        sender's wake-up plus ``hold`` seconds (:meth:`_hold`: the simulator's constant
+        latency, so the merges come in the simulator's order while the network is faster
+        than that); a ``ROUND`` report at every round's end (the models as they are then)."""
+        settings = self.settings
+        loop = asyncio.get_running_loop()
+        self._start, self.phases, self.hold = start, phases, hold
         end = settings.rounds * settings.period
+        for peer in self.machines:
+            self._order += 1
+            heapq.heappush(self._events, (float(phases[peer]), self._order, peer))
         boundary = 1
         while boundary <= settings.rounds:
-            if wakes and wakes[0][0] < boundary * settings.period:
-                at, peer = heapq.heappop(wakes)
-                await self._until(start, at)
-                machine = self.machines[peer]
-                assert isinstance(machine, GossipPeer)
-                self._effects(peer, machine.on_wake(at))
-                self.flush()
-                if at + settings.period < end:
-                    heapq.heappush(wakes, (at + settings.period, peer))
+            at = boundary * settings.period
+            if self._events and self._events[0][0] < at:
+                at = self._events[0][0]
+            self._arrival.clear()
+            try:  # until then, or until a model arrives that may be due earlier
+                await asyncio.wait_for(self._arrival.wait(), max(0.0, start + at - loop.time()))
                 continue
-            await self._until(start, boundary * settings.period)
-            self._report(boundary)
-            boundary += 1
+            except TimeoutError:
+                pass
+            self.now = at
+            if not self._events or self._events[0][0] >= boundary * settings.period:
+                self._report(boundary)
+                boundary += 1
+                continue
+            _, _, event = heapq.heappop(self._events)
+            if isinstance(event, ModelFrame):
+                machine = self.machines[event.receiver]
+                self._effects(
+                    event.receiver,
+                    machine.on_message(at, event.sender, event.round, 0, event.model),
+                )
+            else:  # a wake-up
+                machine = self.machines[event]
+                assert isinstance(machine, GossipPeer)
+                self._effects(event, machine.on_wake(at))
+                if at + settings.period < end:
+                    self._order += 1
+                    heapq.heappush(self._events, (at + settings.period, self._order, event))
+            self.flush()
         self._over = True
 
     def stats(self, host_index: int) -> dict[str, Any]:
@@ -556,7 +598,8 @@ async def serve_iterative(
     ticket: Ticket,
     coordinator: str = "127.0.0.1",
     address: str = "127.0.0.1",
-    phases: dict[int, float] | None = None,
+    phases: np.ndarray | None = None,
+    hold: float = 0.0,
 ) -> None:
     """Run host ``host_index`` of an iterative run until the coordinator ends it.
 
@@ -564,7 +607,8 @@ async def serve_iterative(
     says ``HELLO`` (every peer of it at the listener's port), waits for the ``DIRECTORY``
     and the ``START``, runs its rounds (:meth:`IterativeHost.run`: ``machines`` and their
     ``edges``, see :class:`IterativeHost`; gossip learning :meth:`IterativeHost.run_gossip`
-    with its peers' wake-up ``phases``), and on ``FINISH`` reports ``STATS``.
+    with every peer's wake-up ``phases`` and the ``hold``), and on ``FINISH`` reports
+    ``STATS``.
     """
     credential = await enroll(host_index, ticket, coordinator, settings.timeout)
     writer: asyncio.StreamWriter | None = None
@@ -624,7 +668,7 @@ async def serve_iterative(
                     raise ProtocolError(f"start delay {delay!r:.40}")
                 began = loop.time() + delay
                 rounds = asyncio.ensure_future(
-                    host.run(began) if phases is None else host.run_gossip(began, phases)
+                    host.run(began) if phases is None else host.run_gossip(began, phases, hold)
                 )
                 rounds.add_done_callback(functools.partial(_failed, control))
             elif kind == FINISH:
