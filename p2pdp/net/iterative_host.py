@@ -106,7 +106,8 @@ Machine = SynchronousPeer | GossipPeer
 #: Control kinds of an iterative run: the coordinator's start (round 1 begins ``delay``
 #: seconds after it arrives) and a host's report of one round.
 START, ROUND = "start", "round"
-#: The ``wire`` table's count of models that arrived past their exchange's deadline.
+#: The ``wire`` table's count of models that arrived past their exchange's deadline (gossip
+#: learning: past the time the simulator would deliver them).
 LATE = "late"
 #: A model more than one exchange ahead of its receiver: dropped here (lost).
 AHEAD = "ahead"
@@ -149,14 +150,22 @@ class IterativeSettings:
     idle_timeout: float = 600.0
     allowed: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        counts = {"n_peers": self.n_peers, "rounds": self.rounds, "exchanges": self.exchanges,
+                  "dim": self.dim}  # fmt: skip
+        for name, value in counts.items():
+            if type(value) is not int or value < 1:
+                raise ValueError(f"IterativeSettings.{name} must be an integer >= 1, got {value!r}")
+        if not 1 <= self.hosts <= self.n_peers:
+            raise ValueError(f"IterativeSettings.hosts must be in [1, n_peers], got {self.hosts}")
+        for name, seconds in (("period", self.period), ("timeout", self.timeout)):
+            if not 0 < seconds < float("inf"):
+                raise ValueError(f"IterativeSettings.{name} must be > 0 seconds, got {seconds!r}")
+
     @property
     def slots(self) -> int:
         """Exchanges in the run."""
         return self.rounds * self.exchanges
-
-    def deadline(self, slot: int) -> float:
-        """Seconds from the start at which exchange ``slot`` (0-based, over the run) ends."""
-        return (slot + 1) * self.period / self.exchanges
 
     @property
     def peer_idle(self) -> float:
