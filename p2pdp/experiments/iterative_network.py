@@ -65,10 +65,18 @@ def _mixing(config: ScenarioConfig, fold: int, repetition: int) -> Mixing:
     return Mixing.metropolis_hastings(overlay.indptr, overlay.indices)
 
 
-def _settings(config: ScenarioConfig, hosts: int, allowed: tuple[str, ...], dim: int) -> Any:
+def _exchanges(config: ScenarioConfig) -> int:
+    """Averagings per round: Muffliato's ``protocol.gossip_steps``, else 1."""
+    protocol = config.protocol
+    return protocol.gossip_steps if protocol.name == "muffliato" else 1
+
+
+def _settings(
+    config: ScenarioConfig, hosts: int, allowed: tuple[str, ...], dim: int
+) -> tuple[IterativeSettings, HostSettings]:
     """(IterativeSettings, HostSettings) of a cell: the rounds' timing, and the session's."""
     protocol = config.protocol
-    exchanges = protocol.gossip_steps if protocol.name == "muffliato" else 1
+    exchanges = _exchanges(config)
     run = protocol.rounds * protocol.round_period
     iterative = IterativeSettings(
         n_peers=config.partition.n_peers,
@@ -220,7 +228,7 @@ def _machines(
     ``seeds`` (:func:`~p2pdp.protocols.iterative_peer.make_peer`), and the overlay edges
     into them: ``(sender, receiver) -> edge``."""
     protocol = config.protocol
-    exchanges = protocol.gossip_steps if protocol.name == "muffliato" else 1
+    exchanges = _exchanges(config)
     # a peer's public step denominator: its own only (no pair noise: no other is read)
     denominators = np.full(config.partition.n_peers, np.nan)
     machines: dict[int, Machine] = {}
