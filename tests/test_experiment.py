@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tempfile
 import time
 
@@ -482,3 +483,31 @@ def test_forked_workers_leave_signals_to_their_parent():
     finally:
         signal.signal(signal.SIGTERM, before)
     assert handlers == [(signal.SIG_IGN, signal.SIG_DFL)] * 2
+
+
+def test_a_gossip_run_whose_invitations_are_lost_says_its_failed_formation_attempts(monkeypatch):
+    """At network.loss = 0.5 gossip formation fails attempt after attempt for minutes; the
+    progress line said "0 aggregations, 0 aborted" and nothing else moved but the clock."""
+    from p2pdp.experiments import simulation
+
+    counters = {}
+
+    def remember(phase, counter=None):
+        counters[phase] = counter
+
+    monkeypatch.setattr(simulation, "set_phase", remember)
+    config = parse_scenario(
+        TINY[: TINY.index("[sweep]")],
+        overrides=[
+            "groups.sampler=gossip",
+            "gossip.degree=4",
+            "network.loss=0.5",
+            "groups.max_failed_attempts=2",
+        ],
+    ).config
+    simulation.simulate(config)
+    said = counters["simulation"]()
+    failed, started = map(
+        int, re.search(r"(\d+) of (\d+) formation attempts failed", said).groups()
+    )
+    assert 0 < failed <= started, said

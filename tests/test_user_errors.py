@@ -541,3 +541,25 @@ def test_an_empty_sweep_override_is_refused(folder, capsys):
     """`--set sweep={}` was accepted and changed nothing: the file's axes stayed."""
     line = error_line(capsys, ["run", "synthetic.toml", "--out", "o", "--set", "sweep={}"])
     assert "--set sweep={}: an empty sweep changes nothing (the file's axes stay)" in line
+
+
+@pytest.mark.parametrize("text", ["", "# a comment only\n\n"])
+def test_an_empty_scenario_file_is_refused(folder, capsys, text):
+    """An empty file (the wrong file, or one not saved yet) ran every default silently."""
+    (folder / "empty.toml").write_text(text)
+    line = error_line(capsys, ["run", "empty.toml", "--out", "o"])
+    assert "empty.toml: the scenario file sets nothing (it is empty or only comments)" in line
+    assert not (folder / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--set", 'sweep."privacy.epsilon"=[1, 2, 1]'],
+        ["--set", 'sweep."privacy.epsilon,groups.group_size"=[[1, 2], [1, 2]]'],
+    ],
+)
+def test_a_sweep_value_given_twice_is_refused(folder, capsys, argv):
+    """A value listed twice collapsed into one grid point: a cell the user counted never ran."""
+    line = error_line(capsys, ["run", "synthetic.toml", "--out", "o", *argv])
+    assert "lists " in line and " twice; each value is one grid point" in line

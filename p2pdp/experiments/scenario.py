@@ -365,6 +365,12 @@ def load_scenario(
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: cannot read scenario file: {exc}") from None
+    if not overrides and not unset and not parse_toml(text, str(file)):
+        raise ConfigError(
+            f"{file}: the scenario file sets nothing (it is empty or only comments), so every "
+            'setting would take its default; give it a table (e.g. [data] name = "spambase") '
+            "or run a shipped scenario (p2pdp run quickstart)"
+        )
     return parse_scenario(text, source=str(file), overrides=overrides, unset=unset)
 
 
@@ -654,12 +660,15 @@ def _read_axis(name: str, values: Any, where: str) -> Axis:
                 f"{where}: {path} must list [{', '.join(parts)}] tuples of {len(parts)} "
                 f"values, got {value!r}"
             )
-        rows.append(
-            tuple(
-                _coerce(v, hint, part, where)
-                for v, part, (_, hint) in zip(row, parts, resolved, strict=True)
-            )
+        point = tuple(
+            _coerce(v, hint, part, where)
+            for v, part, (_, hint) in zip(row, parts, resolved, strict=True)
         )
+        if point in rows:  # one grid point twice would run its cells twice under one name
+            raise ConfigError(
+                f"{where}: {path} lists {value!r} twice; each value is one grid point"
+            )
+        rows.append(point)
     return Axis(tuple(key for key, _ in resolved), tuple(rows))
 
 

@@ -632,16 +632,25 @@ def check_budget(config: ScenarioConfig) -> None:
 def _aggregations_done(world: World) -> Callable[[], str]:
     """The progress counter of a one-shot simulation: the aggregations ``world`` published so
     far (of at most every peer's affordable aggregations over the group size), the groups
-    aborted and the simulated time (which moves on when lost messages abort every group)."""
+    aborted and the simulated time (which moves on when lost messages abort every group);
+    with a sampler that forms groups by messages (gossip), its failed formation attempts too,
+    so a run whose invitations are lost says why no aggregation happens."""
     config = world.config
     most = config.partition.n_peers * int(world.ledger.max_aggregations)
     most //= config.groups.group_size
     monitor, env = world.monitor, world.env  # counted per group, wave or chunk of waves
+    sampler: Any = world.sampler  # a plug-in sampler may count formation attempts too
+    forms = hasattr(sampler, "attempts_started") and hasattr(sampler, "attempts_failed")
 
     def counter() -> str:
+        attempts = (
+            f"{sampler.attempts_failed} of {sampler.attempts_started} formation attempts failed, "
+            if forms
+            else ""
+        )
         return (
             f"{monitor.aggregations} of at most {most} aggregations, {monitor.aborted} "
-            f"aborted, simulated time {env.now:.0f} s"
+            f"aborted, {attempts}simulated time {env.now:.0f} s"
         )
 
     return counter
