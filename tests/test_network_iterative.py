@@ -460,3 +460,17 @@ def test_gossip_learning_on_three_hosts_is_the_simulator(monkeypatch, real_data_
         _same(x, y, "rounds")
     late = {row["kind"]: row["frames"] for row in network.wire}["late"]
     assert late == 0 and network.row()["aggregations"] > 0
+
+
+def test_an_iterative_run_needs_a_coordinator_that_scores(tmp_path, monkeypatch):
+    """Its rounds table measures every round's models on the test rows (score = false)."""
+    from p2pdp.experiments.network import check_network_settings
+
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(
+        'coordinator = "127.0.0.1"\nscore = false\n'
+        + '[[host]]\naddress = "127.0.0.1"\ndata = "/d/h.json"\n' * 2
+    )
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
+    with pytest.raises(ConfigError, match="protocol.name = 'dpsgd' cannot run with a coordinator"):
+        check_network_settings(_small())
