@@ -29,9 +29,12 @@ from p2pdp.config import (
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.iterative_network import _machines
 from p2pdp.experiments.simulation import simulate
+from p2pdp.net import iterative_host
+from p2pdp.net.host import hosts_of
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld
-from p2pdp.net.iterative_host import AHEAD, IterativeHost, IterativeSettings
-from p2pdp.net.wire import MODEL, ModelFrame, ProtocolError, pack_vector, parse_model
+from p2pdp.net.iterative_host import AHEAD, KEYED, IterativeHost, IterativeSettings
+from p2pdp.net.pair_keys import KEYS, PairKeys, keystream, pair_secret
+from p2pdp.net.wire import MODEL, ModelFrame, ProtocolError, encode, pack_vector, parse_model
 from p2pdp.protocols.iterative import DecentralizedSGD, Muffliato, step_privacy
 from p2pdp.protocols.iterative_peer import LocalProblem, StreamSeeds
 from p2pdp.protocols.mixing import Mixing
@@ -159,6 +162,10 @@ async def _run(hosts):
     ports = [await host.listen() for host in hosts]
     for host in hosts:
         host.ports, host.addresses = ports, ["127.0.0.1"] * len(hosts)
+    if hosts[0].pair_keys is not None:  # as after the directory: the keys, then the rounds
+        for host in hosts:
+            host.offer_keys()
+        await asyncio.wait_for(asyncio.gather(*(host.keyed.wait() for host in hosts)), 5.0)
     start = asyncio.get_running_loop().time() + 0.05
     try:
         await asyncio.gather(*(host.run(start) for host in hosts))
@@ -253,11 +260,14 @@ def test_gossip_models_wait_for_the_simulators_delivery_time():
 @pytest.mark.parametrize(
     ("protocol", "key"),
     [
-        ({"pairwise_noise_multiplier": 1.0}, "protocol.pairwise_noise_multiplier"),
+        (
+            {"pairwise_noise_multiplier": 1.0, "threat_model": "curious-peer"},
+            "protocol.threat_model",
+        ),
     ],
 )
 def test_what_the_network_does_not_run_yet_is_refused_by_name(protocol, key):
-    """Pair noise (and so a threat model's calibration) needs a secret two hosts share."""
+    """A threat model's calibration needs every peer's step denominator."""
     with pytest.raises(ConfigError, match=f"{key} = .* not supported by the network runtime"):
         simulate(_small(), runtime="network", protocol=protocol)
 
@@ -474,3 +484,207 @@ def test_an_iterative_run_needs_a_coordinator_that_scores(tmp_path, monkeypatch)
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
     with pytest.raises(ConfigError, match="protocol.name = 'dpsgd' cannot run with a coordinator"):
         check_network_settings(_small())
+
+
+# -- pair noise: keys agreed between hosts (in this process) ------------------------------------
+
+
+def _pair_keys(config, mixing, hosts=2, *, seeds=None, session=b"session"):
+    """Every host's PairKeys of a ring of 6 peers (denominators as a step's), offers swapped
+    as their KEYS frames would carry them."""
+    privacy = step_privacy(config)
+    host_of = hosts_of(6, hosts)
+    keys = [
+        PairKeys(
+            np.flatnonzero(host_of == h), mixing, host_of, session=session,
+            denominators={int(p): 5.0 + p for p in np.flatnonzero(host_of == h)},
+            pair_noise_multiplier=1.5, clip_norm=privacy.mechanism.clip_norm, seeds=seeds,
+        )
+        for h in range(hosts)
+    ]  # fmt: skip
+    for h, own in enumerate(keys):
+        for to, entries in own.offers().items():
+            keys[to].accept(h, entries)
+    assert all(k.ready for k in keys)
+    return keys
+
+
+def _round_terms(keys, round_, dim=4):
+    """(6, d) every peer's pair terms in ``round_``, as its machine adds them."""
+    terms = np.zeros((6, dim))
+    for k in keys:
+        for peer in k.own:
+            for stream in k.streams(peer):
+                terms[peer] += stream.sign * stream.draw(round_, dim)
+    return terms
+
+
+def test_pair_terms_from_keys_agreed_by_two_hosts_cancel_in_every_round():
+    """Done-means (b): each host derives its peers' pair secrets (X25519 + HKDF) and their
+    ChaCha20 draws; both ends of a pair draw the same term, with opposite signs, so the sum
+    over all peers is ~0 every round; a second agreement (fresh keys) draws other noise.
+    Mutation caught: the same sign at both ends (pair_ends' -1.0 made +1.0)."""
+    config = _small()
+    mixing = _ring(6)
+    keys = _pair_keys(config, mixing)
+    assert keys[0].secret(2, 3) == keys[1].secret(3, 2)  # across hosts: one secret
+    assert keys[0].secret(0, 1) == keys[0].secret(1, 0)  # on one host: derived alike
+    rounds = [_round_terms(keys, r) for r in (1, 2, 3)]
+    for terms in rounds:
+        assert np.abs(terms).max() > 1e-3  # each peer's own terms are not zero...
+        np.testing.assert_allclose(terms.sum(axis=0), 0.0, atol=1e-12)  # ...their sum is
+    assert not np.allclose(rounds[0], rounds[1])  # fresh every round
+    again = _round_terms(_pair_keys(config, mixing), 1)
+    assert not np.allclose(again, rounds[0])  # fresh keys: other noise, from one seed
+    # a pair's draw has unit variance before its scale (Box-Muller on the keystream)
+    draws = np.concatenate(
+        [keys[0].streams(0)[0].draw(r, 64) / keys[0].streams(0)[0].std for r in range(1, 40)]
+    )
+    assert abs(draws.mean()) < 0.1 and abs(draws.std() - 1.0) < 0.1
+
+
+def test_a_pair_secret_binds_the_pair_and_the_session():
+    """The same two key pairs under another pair of ids or another session give another
+    secret. Mutation caught: HKDF's info without the peer ids (or without the session)."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    mine, theirs = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+    public = theirs.public_key().public_bytes_raw()
+    secret = pair_secret(mine, public, session=b"s", a=1, b=2)
+    assert secret == pair_secret(mine, public, session=b"s", a=2, b=1)  # canonical order
+    other = mine.public_key().public_bytes_raw()
+    assert secret == pair_secret(theirs, other, session=b"s", a=1, b=2)  # both ends
+    assert secret != pair_secret(mine, public, session=b"s", a=1, b=3)
+    assert secret != pair_secret(mine, public, session=b"t", a=1, b=2)
+
+
+def test_a_forged_a_second_or_a_strangers_public_key_is_refused():
+    """Done-means (d): a key is accepted only from the host that runs its peer, only for a
+    neighbour of this host's peers, once; a bad frame keeps none of its entries. Mutations
+    caught: the sender-host check removed; a second key accepted (the once check removed)."""
+    config = _small()
+    mixing = _ring(6)
+    host_of = hosts_of(6, 3)  # peers 0 1 | 2 3 | 4 5
+    privacy = step_privacy(config)
+
+    def keys(h):
+        own = np.flatnonzero(host_of == h)
+        return PairKeys(
+            own, mixing, host_of, session=b"s", denominators=dict.fromkeys(own, 5.0),
+            pair_noise_multiplier=1.0, clip_norm=privacy.mechanism.clip_norm,
+        )  # fmt: skip
+
+    zero, one, two = keys(0), keys(1), keys(2)
+    key2 = one.offers()[0]  # peer 2's entry, for host 0 (2 neighbours 1)
+    assert [e[0] for e in key2] == [2]
+    with pytest.raises(ProtocolError, match="host 2 sends the key of peer 2"):
+        zero.accept(2, key2)  # forged: host 2 does not run peer 2
+    with pytest.raises(ProtocolError, match="neighbours no peer"):
+        zero.accept(1, [[3, one.public[3], 5.0]])  # 3 neighbours neither 0 nor 1
+    with pytest.raises(ProtocolError, match="second key"):
+        zero.accept(1, key2 + key2)
+    assert zero.received == {}  # nothing of a refused frame is kept
+    zero.accept(1, key2)
+    with pytest.raises(ProtocolError, match="second key of peer 2"):
+        zero.accept(1, [[2, two.public[4], 5.0]])  # a replacement key: refused
+    assert zero.received == {2: one.public[2]} and not zero.ready
+    with pytest.raises(ProtocolError, match="32 bytes"):
+        zero.accept(2, [[5, b"short", 5.0]])
+    # on a host: refused frames are counted, nothing reaches the machines
+    X, y, shards = _population(config)
+    host = _one_host(config, X, y, shards, mixing, peers=(0, 1))
+    host.pair_keys, host.credential = zero, object()
+    host.handle({"kind": KEYS, "host": 2, "keys": two.offers()[0]}, "host-1")  # who != host
+    host.handle({"kind": KEYS, "host": 1, "keys": key2}, "host-1")  # a second time
+    assert host.counters.refused[KEYS] == 2 and not host.keyed.is_set()
+
+
+def _captured(monkeypatch):
+    """Every frame the hosts encode (KEYS, models, control reports), as bytes."""
+    frames: list[bytes] = []
+
+    def record(function):
+        def wrapper(*args, **kwargs):
+            frames.append(function(*args, **kwargs))
+            return frames[-1]
+
+        return wrapper
+
+    monkeypatch.setattr(iterative_host, "encode", record(encode))
+    monkeypatch.setattr(iterative_host, "model_frame", record(iterative_host.model_frame))
+    return frames
+
+
+def _keyed_hosts(config, X, y, shards, mixing, *, seeds, seeded):
+    hosts, reports, privacy = _hosts(config, X, y, shards, mixing, seeds=seeds)
+    for host in hosts:
+        host.pair_keys = PairKeys(
+            sorted(host.machines), mixing, host.host_of, session=b"session",
+            denominators={p: float(m.denominator[0]) for p, m in host.machines.items()},
+            pair_noise_multiplier=config.protocol.pairwise_noise_multiplier,
+            clip_norm=privacy.mechanism.clip_norm, seeds=seeds if seeded else None,
+        )  # fmt: skip
+        host.frame_bytes = 64 * 6 + 1024
+    return hosts, reports, privacy
+
+
+def test_no_private_key_pair_secret_or_draw_is_in_any_frame(monkeypatch):
+    """Done-means (c): two hosts agree their keys and run 4 rounds over loopback with pair
+    noise (default mode); no frame a host encodes (its KEYS, its models, its reports to the
+    coordinator) holds a private key, a pair secret, a round's keystream or a pair's draw.
+    Mutation caught: the offers carrying the private key's bytes instead of the public's."""
+    config = dataclasses.replace(
+        _small(), protocol=dataclasses.replace(_small().protocol, pairwise_noise_multiplier=1.0)
+    )
+    X, y, shards = _population(config)
+    mixing = _ring(6)
+    frames = _captured(monkeypatch)
+    hosts, reports, _ = _keyed_hosts(
+        config, X, y, shards, mixing, seeds=StreamSeeds.fresh(), seeded=False
+    )
+    asyncio.run(_run(hosts))
+    frames += [encode(report) for host_reports in reports for report in host_reports]
+    kinds = [r["kind"] for host_reports in reports for r in host_reports]
+    assert kinds.count(KEYED) == 2 and kinds.count("round") == 8
+    assert sum(host.counters.wire[KEYS] for host in hosts) == 2  # one frame each way
+    assert sum(host.counters.wire[MODEL] for host in hosts) == 4 * 4
+    wire = b"".join(frames)
+    secrets = []
+    for host in hosts:
+        keys = host.pair_keys
+        assert keys is not None and keys.ready
+        secrets += [k.private_bytes_raw() for k in keys._private.values()]
+        for peer, machine in host.machines.items():
+            assert len(machine.pairs) == 2  # a ring: two pairs each
+            for stream in machine.pairs:
+                a, b = (int(v) for v in keys.edges[stream.edge])
+                secret = keys.secret(peer, b if a == peer else a)
+                secrets.append(secret)
+                for r in range(1, 5):
+                    secrets.append(keystream(secret, r, 32))
+                    secrets.append(stream.draw(r, 4).tobytes())
+    assert any(host.pair_keys.public[p] in wire for host in hosts for p in host.machines)
+    leaked = [s for s in secrets if s in wire]
+    assert not leaked
+
+
+def test_seeded_pair_noise_over_loopback_is_the_batched_protocols():
+    """Seeded mode (NOT private): after the key exchange (for the denominators), each pair's
+    terms come from the simulator's per-edge stream, so two hosts' models are the batched
+    D-PSGD's with pair noise. Mutation caught: the machines left without pair streams."""
+    protocol = dataclasses.replace(_small().protocol, pairwise_noise_multiplier=1.0)
+    config = dataclasses.replace(_small(), protocol=protocol)
+    X, y, shards = _population(config)
+    mixing = _ring(6)
+    seeds = StreamSeeds.from_rngs(_rngs(7))
+    hosts, _, privacy = _keyed_hosts(config, X, y, shards, mixing, seeds=seeds, seeded=True)
+    asyncio.run(_run(hosts))
+    problem = LocalProblem.from_shards(X, y, shards, config.training.lam)
+    reference = DecentralizedSGD(config.protocol, problem, mixing, privacy, rngs=_rngs(7))
+    assert reference.pair_noise_multiplier == 1.0
+    for _ in range(config.protocol.rounds):
+        reference.step()
+        delivered = np.ones(len(mixing.indices), dtype=bool)
+        reference.average(delivered, ~delivered)
+    got = np.stack([h.machines[p].model for h in hosts for p in sorted(h.machines)])
+    np.testing.assert_allclose(got, reference.models, rtol=1e-12, atol=1e-14)

@@ -30,9 +30,10 @@ from p2pdp.core.rng import generator
 from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld, IterativeTransport
 from p2pdp.net.iterative_host import IterativeSettings, Machine, serve_iterative
+from p2pdp.net.pair_keys import PairKeys, session_id
 from p2pdp.net.wire import ProtocolError
 from p2pdp.protocols.groups import model_bytes
-from p2pdp.protocols.iterative import StepPrivacy, step_privacy
+from p2pdp.protocols.iterative import StepPrivacy, applied_pair_noise, step_privacy
 from p2pdp.protocols.iterative_peer import (
     GossipPeer,
     LocalProblem,
@@ -71,8 +72,19 @@ def _exchanges(config: ScenarioConfig) -> int:
     return protocol.gossip_steps if protocol.name == "muffliato" else 1
 
 
+def pair_noise(config: ScenarioConfig, privacy: StepPrivacy) -> float:
+    """D-PSGD's ``z_p`` as applied (0: no pair noise, no key agreement)."""
+    if config.protocol.name != "dpsgd":
+        return 0.0
+    return applied_pair_noise(config.protocol, privacy.mechanism)
+
+
 def _settings(
-    config: ScenarioConfig, hosts: int, allowed: tuple[str, ...], dim: int
+    config: ScenarioConfig,
+    hosts: int,
+    allowed: tuple[str, ...],
+    dim: int,
+    privacy: StepPrivacy,
 ) -> tuple[IterativeSettings, HostSettings]:
     """(IterativeSettings, HostSettings) of a cell: the rounds' timing, and the session's."""
     protocol = config.protocol
@@ -88,6 +100,7 @@ def _settings(
         timeout=TIMEOUT,
         idle_timeout=run + 6 * TIMEOUT,  # the control connection is silent at most a run
         allowed=allowed,
+        pair_keys=pair_noise(config, privacy) > 0,
     )
     session = HostSettings(
         n_peers=config.partition.n_peers,
@@ -148,7 +161,7 @@ def run_on_network(
     """
     session = dict(session)
     allowed = session.pop("allowed")
-    iterative, host_settings = _settings(config, session["hosts"], allowed, dim)
+    iterative, host_settings = _settings(config, session["hosts"], allowed, dim, privacy)
     settings = config.protocol
 
     def record(round_: int, now: float, world: IterativeNetworkWorld) -> dict[str, Any]:
@@ -229,7 +242,7 @@ def _machines(
     into them: ``(sender, receiver) -> edge``."""
     protocol = config.protocol
     exchanges = _exchanges(config)
-    # a peer's public step denominator: its own only (no pair noise: no other is read)
+    # a peer's public step denominator: its own only (its neighbours' come with their keys)
     denominators = np.full(config.partition.n_peers, np.nan)
     machines: dict[int, Machine] = {}
     kind: Literal["synchronous", "gossip"] = (
@@ -295,10 +308,21 @@ def iterative_host_main(
         peers, X, y, shards = _own_rows(config, fold, repetition, host, hosts, data)
         mixing = _mixing(config, fold, repetition)
         privacy = step_privacy(config)
-        iterative, _ = _settings(config, hosts, allowed, X.shape[1])
-        machines, edges = _machines(
-            config, peers, X, y, shards, mixing, privacy, seeds_of(config, fold, repetition)
-        )
+        iterative, _ = _settings(config, hosts, allowed, X.shape[1], privacy)
+        seeds = seeds_of(config, fold, repetition)
+        machines, edges = _machines(config, peers, X, y, shards, mixing, privacy, seeds)
+        pair_keys = None
+        if iterative.pair_keys:  # each peer's X25519 key pair, made here, kept here
+            pair_keys = PairKeys(
+                machines,
+                mixing,
+                hosts_of(config.partition.n_peers, hosts),
+                session=session_id(ticket.authority),
+                denominators={p: float(m.denominator[0]) for p, m in machines.items()},
+                pair_noise_multiplier=pair_noise(config, privacy),
+                clip_norm=privacy.mechanism.clip_norm,
+                seeds=seeds if config.network.seeded_noise else None,
+            )
     except P2PDPError as error:
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
         sys.exit(EXPLAINED)
@@ -317,6 +341,7 @@ def iterative_host_main(
                 address=address,
                 phases=phases,
                 hold=config.network.latency_mean,
+                pair_keys=pair_keys,
             )
         )
     except (HostError, P2PDPError, ProtocolError) as error:

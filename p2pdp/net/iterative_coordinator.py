@@ -36,7 +36,7 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.net.coordinator import NetworkWorld, _count
 from p2pdp.net.host import FINISH, STATS
-from p2pdp.net.iterative_host import LATE, ROUND, START, UNREACHABLE, IterativeSettings
+from p2pdp.net.iterative_host import KEYED, LATE, ROUND, START, UNREACHABLE, IterativeSettings
 from p2pdp.net.tls import host_name
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, unpack_vector
 from p2pdp.protocols.groups import model_bytes
@@ -77,11 +77,11 @@ def check_iterative(config: ScenarioConfig) -> None:
             f"{', '.join(map(repr, NETWORK_PROTOCOLS))} and 'one-shot'",
         ),
         (
-            settings.private(config.privacy) and bool(settings.pairwise_noise_multiplier),
-            "protocol.pairwise_noise_multiplier",
-            settings.pairwise_noise_multiplier,
-            "0 (pairs of peers on two hosts share no secret over the wire yet; a threat "
-            "model's calibration needs it)",
+            settings.threat_model != "local",
+            "protocol.threat_model",
+            settings.threat_model,
+            "'local' (a threat model's calibration needs every peer's step denominator, "
+            "which a host does not hold; set protocol.pairwise_noise_multiplier instead)",
         ),
         (
             config.gossip.churn,
@@ -179,6 +179,8 @@ class IterativeNetworkWorld(NetworkWorld):
         self._own = [np.flatnonzero(self.host_of == h) for h in range(self.n_hosts)]
         receivers = mixing.receivers
         self._into = [np.flatnonzero(self.host_of[receivers] == h) for h in range(self.n_hosts)]
+        self._keyed: set[int] = set()  # hosts whose peers hold every pair secret
+        self._all_keyed = asyncio.Event()
 
     def _accounting(self, dim: int) -> None:
         self.dim = dim  # an iterative run books no releases: its budget is in the steps
@@ -205,6 +207,13 @@ class IterativeNetworkWorld(NetworkWorld):
         host: int | None,
     ) -> int | None:
         kind = message["kind"]
+        if kind == KEYED:
+            if host is None or not self.iterative.pair_keys or host in self._keyed:
+                raise ProtocolError(f"{who!r} says keyed out of turn")
+            self._keyed.add(host)
+            if len(self._keyed) == self.n_hosts:
+                self._all_keyed.set()
+            return host
         if kind == ROUND:
             claimed = _count(message["host"], "host", self.n_hosts)
             if who != host_name(claimed) or host != claimed:
@@ -336,6 +345,8 @@ class IterativeNetworkWorld(NetworkWorld):
         past a round's end and ``timeout`` is killed and lost)."""
         settings = self.iterative
         loop = asyncio.get_running_loop()
+        if settings.pair_keys:  # every pair's secret agreed before any step
+            await self._wait(self._all_keyed, 3 * self.settings.timeout, "every host's pair keys")
         start = encode({"kind": START, "delay": START_DELAY})
         for writer in self._hosts.values():
             writer.write(start)

@@ -41,6 +41,13 @@ seeded streams (:meth:`StreamSeeds.from_rngs
 <p2pdp.protocols.iterative_peer.StreamSeeds.from_rngs>`), as in the simulator, so every
 peer draws the simulator's noise and the run's models are the simulator's.
 
+Pair noise (D-PSGD, ``protocol.pairwise_noise_multiplier > 0``). After the directory, each
+host sends every host that runs a neighbour of its peers their X25519 public keys (a
+``KEYS`` frame; :mod:`p2pdp.net.pair_keys`), accepts each neighbour's key once, from the
+host that runs it, and, once it holds every one, derives each pair's secret, gives its
+machines their pair streams and says ``KEYED`` to the coordinator, which starts the rounds
+only when every host has. No private key, secret or draw leaves the process.
+
 Reports. After each round the host sends the coordinator a ``ROUND`` report: which of its
 peers stepped, per exchange the overlay edges (:class:`~p2pdp.protocols.mixing.Mixing` CSR
 positions) into its peers whose model was averaged, how many models each of its peers sent,
@@ -63,6 +70,7 @@ from typing import Any
 import numpy as np
 
 from p2pdp.net.host import FINISH, HELLO, STATS, HostError, Ticket, enroll, fresh, hosts_of
+from p2pdp.net.pair_keys import KEYS, PairKeys
 from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity, listen, resolve
 from p2pdp.net.wire import (
     MODEL,
@@ -90,6 +98,7 @@ from p2pdp.protocols.iterative_peer import (
 
 __all__ = [
     "AHEAD",
+    "KEYED",
     "LATE",
     "ROUND",
     "START",
@@ -106,6 +115,9 @@ Machine = SynchronousPeer | GossipPeer
 #: Control kinds of an iterative run: the coordinator's start (round 1 begins ``delay``
 #: seconds after it arrives) and a host's report of one round.
 START, ROUND = "start", "round"
+#: A host's word to the coordinator that every pair of its peers with a neighbour has its
+#: secret (correlated noise): the coordinator starts the rounds once every host said it.
+KEYED = "keyed"
 #: The ``wire`` table's count of models that arrived past their exchange's deadline (gossip
 #: learning: past the time the simulator would deliver them).
 LATE = "late"
@@ -138,6 +150,9 @@ class IterativeSettings:
         Seconds the control connection may stay silent (the run's longest pause).
     allowed : tuple of str
         If not empty, the only addresses the listener accepts (a hosts file's allowlist).
+    pair_keys : bool
+        D-PSGD with pair noise: the hosts agree their peers' pair secrets
+        (:mod:`p2pdp.net.pair_keys`) and say :data:`KEYED` before the rounds start.
     """
 
     n_peers: int
@@ -149,6 +164,7 @@ class IterativeSettings:
     timeout: float = 10.0
     idle_timeout: float = 600.0
     allowed: tuple[str, ...] = ()
+    pair_keys: bool = False
 
     def __post_init__(self) -> None:
         counts = {"n_peers": self.n_peers, "rounds": self.rounds, "exchanges": self.exchanges,
@@ -199,6 +215,9 @@ class IterativeHost:
     credential : Credential or None
         This host's TLS identity; None: plain TCP and no sender check (tests of the protocol
         alone).
+    pair_keys : PairKeys or None
+        Its peers' key pairs for the pair secrets (D-PSGD with pair noise): the machines get
+        their pair streams once every neighbour's public key is here (:meth:`offer_keys`).
     """
 
     def __init__(
@@ -209,8 +228,11 @@ class IterativeHost:
         *,
         report: Callable[[dict[str, Any]], None],
         credential: Credential | None = None,
+        pair_keys: PairKeys | None = None,
     ) -> None:
         self.machines = machines
+        self.pair_keys = pair_keys
+        self.keyed = asyncio.Event()  # every machine has its pair streams
         self.edge = edges
         self.settings = settings
         self.report = report
@@ -220,6 +242,8 @@ class IterativeHost:
         self._client_tls = credential.context(server=False) if credential else None
         self.counters = _Counters()
         self.frame_bytes = frame_bytes(settings.dim, 0)
+        if pair_keys is not None:  # a KEYS frame: up to every peer's 32-byte key and more
+            self.frame_bytes = max(self.frame_bytes, 64 * settings.n_peers + 1024)
         self.addresses: list[str] = []  # every host's address, from the directory
         self.ports: list[int] = []  # every host's listener, likewise
         self.late: list[list[int]] = []  # [slot, edge] read late since the last report
@@ -298,6 +322,9 @@ class IterativeHost:
     def handle(self, message: dict[str, Any], who: str | None) -> None:
         """One frame from the party authenticated as ``who`` (its certificate's name; not
         checked without a credential: tests of the protocol alone)."""
+        if message.get("kind") == KEYS:
+            self._keys(message, who)
+            return
         settings = self.settings
         try:
             frame = parse_model(
@@ -317,6 +344,48 @@ class IterativeHost:
             log.warning("refused a frame: %s", error)
             return
         self._deliver(frame)
+
+    # -- pair keys (correlated noise) --------------------------------------------------------
+    def offer_keys(self) -> None:
+        """Send each host that runs a neighbour of its peers their public keys (one
+        :data:`~p2pdp.net.pair_keys.KEYS` frame each: public values only); its machines get
+        their pair streams if nothing is awaited."""
+        assert self.pair_keys is not None
+        me = int(self.host_of[next(iter(self.machines))])
+        for host, entries in self.pair_keys.offers().items():
+            frame = encode({"kind": KEYS, "host": me, "keys": entries})
+            self.counters.wire[KEYS] += 1
+            self.counters.wire_bytes[KEYS] += len(frame)
+            self._outbox.put_nowait((host, frame, 1))
+        self._keyed_if_ready()
+
+    def _keys(self, message: dict[str, Any], who: str | None) -> None:
+        """A KEYS frame: its entries kept if the host authenticated as ``who`` runs their
+        peers, they neighbour this host's peers and come once (:meth:`PairKeys.accept
+        <p2pdp.net.pair_keys.PairKeys.accept>`); else refused, counted under ``keys``. Without
+        a credential (tests of the protocol alone) the frame's ``host`` is believed."""
+        try:
+            if self.pair_keys is None:
+                raise ProtocolError("keys in a run without pair noise")
+            sender = integer(message.get("host"), "keys host", 0, self.settings.hosts)
+            if self.credential is not None and who != host_name(sender):
+                raise ProtocolError(f"{who!r} sends keys as host {sender}")
+            self.pair_keys.accept(sender, message.get("keys"))
+        except ProtocolError as error:
+            self.counters.refused[KEYS] += 1
+            log.warning("refused a keys frame: %s", error)
+            return
+        self._keyed_if_ready()
+
+    def _keyed_if_ready(self) -> None:
+        """Once every neighbour's key is here: each machine's pair streams, and KEYED."""
+        keys = self.pair_keys
+        if keys is None or self.keyed.is_set() or not keys.ready:
+            return
+        for peer, machine in self.machines.items():
+            machine.pairs = list(keys.streams(peer))
+        self.keyed.set()
+        self.report({"kind": KEYED})
 
     def _deliver(self, frame: ModelFrame) -> None:
         """``frame`` to its receiver's machine, or kept until the receiver enters the next
@@ -458,6 +527,8 @@ class IterativeHost:
         machines' rounds and their timers; a ``ROUND`` report after each round."""
         settings = self.settings
         peers = sorted(self.machines)
+        if self.pair_keys is not None and not self.keyed.is_set():
+            raise ProtocolError("the rounds start before every pair secret is agreed")
         for round_ in range(1, settings.rounds + 1):
             await self._until(start, (round_ - 1) * settings.period)
             for peer in peers:  # models to this host's peers wait until every one is there
@@ -609,15 +680,17 @@ async def serve_iterative(
     address: str = "127.0.0.1",
     phases: np.ndarray | None = None,
     hold: float = 0.0,
+    pair_keys: PairKeys | None = None,
 ) -> None:
     """Run host ``host_index`` of an iterative run until the coordinator ends it.
 
     Enrolls (:func:`~p2pdp.net.host.enroll`: a key pair of its own), opens its listener,
     says ``HELLO`` (every peer of it at the listener's port), waits for the ``DIRECTORY``
-    and the ``START``, runs its rounds (:meth:`IterativeHost.run`: ``machines`` and their
-    ``edges``, see :class:`IterativeHost`; gossip learning :meth:`IterativeHost.run_gossip`
-    with every peer's wake-up ``phases`` and the ``hold``), and on ``FINISH`` reports
-    ``STATS``.
+    (then, with ``pair_keys``, offers its peers' public keys and says ``KEYED`` once it
+    holds every neighbour's) and the ``START``, runs its rounds (:meth:`IterativeHost.run`:
+    ``machines`` and their ``edges``, see :class:`IterativeHost`; gossip learning
+    :meth:`IterativeHost.run_gossip` with every peer's wake-up ``phases`` and the ``hold``),
+    and on ``FINISH`` reports ``STATS``.
     """
     credential = await enroll(host_index, ticket, coordinator, settings.timeout)
     writer: asyncio.StreamWriter | None = None
@@ -630,7 +703,9 @@ async def serve_iterative(
         assert writer is not None
         writer.write(frame)
 
-    host = IterativeHost(machines, edges, settings, report=report, credential=credential)
+    host = IterativeHost(
+        machines, edges, settings, report=report, credential=credential, pair_keys=pair_keys
+    )
     rounds: asyncio.Future | None = None
     try:
         try:
@@ -671,6 +746,8 @@ async def serve_iterative(
                 host.ports = [host.ports[int(np.flatnonzero(host.host_of == h)[0])]
                               for h in range(settings.hosts)]  # fmt: skip
                 host.addresses = [str(a) for a in message["addresses"]]
+                if pair_keys is not None:
+                    host.offer_keys()
             elif kind == START and rounds is None:
                 delay = message["delay"]
                 if type(delay) not in (int, float) or not 0 <= delay <= settings.timeout:
