@@ -344,12 +344,15 @@ def test_the_cli_runs_iterative_non_private_on_the_network_as_the_simulator(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dpsgd", "muffliato"])
+@pytest.mark.parametrize("name", ["dpsgd", "muffliato", "dpsgd-pairs"])
 def test_a_private_spambase_run_on_three_hosts_is_the_simulators(name, monkeypatch, real_data_home):
     """Done-means (b): 30 peers on 3 hosts, seeded noise: the row (privacy columns, network
-    DP included) and the rounds table are the simulator's up to timing."""
+    DP included; with pair noise, the threat models' epsilons too) and the rounds table are
+    the simulator's up to timing."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
-    protocol = {"gossip_steps": 2} if name == "muffliato" else {}
+    protocol: dict = {"gossip_steps": 2} if name == "muffliato" else {}
+    if name == "dpsgd-pairs":  # pair secrets agreed between the hosts, terms seeded
+        name, protocol = "dpsgd", {"pairwise_noise_multiplier": 2.0}
     config = _spambase(name, **protocol)
     network = simulate(config, runtime="network")
     simulated = simulate(_unseeded(config))
@@ -362,19 +365,25 @@ def test_a_private_spambase_run_on_three_hosts_is_the_simulators(name, monkeypat
     assert network.row()["network_dp_epsilon_max"] == pytest.approx(
         simulated.row()["network_dp_epsilon_max"], rel=1e-9
     )
+    if config.protocol.pairwise_noise_multiplier:
+        assert network.row()["pairwise_noise_multiplier_used"] == 2.0
+        eavesdropper = [k for k in network.row() if "eavesdropper" in k]
+        assert eavesdropper and all(math.isfinite(network.row()[k]) for k in eavesdropper)
 
 
 @pytest.mark.slow
 def test_two_default_runs_with_one_seed_draw_different_noise(monkeypatch, real_data_home):
-    """Done-means (b), default mode: each peer's noise from the OS CSPRNG, so the same
-    scenario twice gives different models (the seeded run gives the simulator's)."""
+    """Done-means (b), default mode: each peer's noise from the OS CSPRNG, its pair terms from
+    secrets its host agreed with the others (KEYS frames over TLS), so the same scenario
+    twice gives different models (the seeded run gives the simulator's)."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
-    config = _unseeded(_spambase("dpsgd"))
+    config = _unseeded(_spambase("dpsgd", pairwise_noise_multiplier=2.0))
     first, second = (simulate(config, runtime="network") for _ in range(2))
     a, b = first.row(), second.row()
     assert a["consensus_distance"] != pytest.approx(b["consensus_distance"], rel=1e-6)
     assert a["max_epsilon_spent"] == b["max_epsilon_spent"] > 0  # the same steps, charged alike
     assert a["messages_sent"] == b["messages_sent"] and a["messages_lost"] == 0
+    assert a["pairwise_noise_multiplier_used"] == 2.0
 
 
 @pytest.mark.slow
