@@ -599,6 +599,8 @@ def test_a_forged_a_second_or_a_strangers_public_key_is_refused():
     assert zero.received == {2: one.public[2]} and not zero.ready
     with pytest.raises(ProtocolError, match="32 bytes"):
         zero.accept(2, [[5, b"short", 5.0]])
+    with pytest.raises(ProtocolError, match="entries"):
+        zero.accept(2, None)
     # on a host: refused frames are counted, nothing reaches the machines
     X, y, shards = _population(config)
     host = _one_host(config, X, y, shards, mixing, peers=(0, 1))

@@ -213,7 +213,7 @@ class PairKeys:
         not a well-formed ``[peer, 32-byte key, denominator]`` of a peer that ``sender_host``
         runs, neighbours one of this host's peers and has no key here yet."""
         if not isinstance(entries, list) or len(entries) > len(self.wanted):
-            raise ProtocolError(f"a keys frame of {len(entries)!r:.12} entries")
+            raise ProtocolError(f"a keys frame's entries: {entries!r:.60}")
         kept: dict[int, tuple[bytes, float]] = {}
         for entry in entries:
             if not isinstance(entry, list) or len(entry) != 3:
