@@ -27,7 +27,7 @@ derive it the same way, without a frame.
 **Noise.** Round ``r``'s draw is ``ChaCha20(k_ab, nonce = r)``'s keystream (the 16-byte
 nonce of ``cryptography``: a 4-byte zero block counter, then ``r`` as 8 bytes little-endian
 and 4 zero bytes), read as ``2 ceil(d / 2)`` little-endian 64-bit words, whose top 53 bits
-give uniforms ``u = (w >> 11 + 1) / 2^53`` in ``(0, 1]``, paired by Box-Muller into
+give uniforms ``u = ((w >> 11) + 1) / 2^53`` in ``(0, 1]``, paired by Box-Muller into
 standard normals ``sqrt(-2 ln u1) (cos, sin)(2 pi u2)`` (the first ``d``). Every bit comes
 from the cipher (no non-cryptographic generator is seeded from the secret); the transform is
 exact up to the 53-bit grid, which truncates the normal at ``sqrt(2 * 53 ln 2) ~ 8.57``
