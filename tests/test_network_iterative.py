@@ -699,3 +699,35 @@ def test_seeded_pair_noise_over_loopback_is_the_batched_protocols():
         reference.average(delivered, ~delivered)
     got = np.stack([h.machines[p].model for h in hosts for p in sorted(h.machines)])
     np.testing.assert_allclose(got, reference.models, rtol=1e-12, atol=1e-14)
+
+
+def test_the_coordinator_starts_the_rounds_only_once_every_host_is_keyed():
+    """KEYED counts once per host, from its own control connection, in a run with pair noise
+    only; the event the rounds' START waits on is set once every host's is in. Mutation
+    caught: a second KEYED counted (the once check removed)."""
+    from p2pdp.net.host import HostSettings
+    from p2pdp.net.tls import Authority
+
+    config = _small()
+    settings = IterativeSettings(n_peers=6, hosts=2, rounds=4, exchanges=1, period=0.2, dim=4)
+
+    def world(pair_keys: bool) -> IterativeNetworkWorld:
+        return IterativeNetworkWorld(
+            config, mixing=_ring(6), iterative=dataclasses.replace(settings, pair_keys=pair_keys),
+            record=lambda *args: {}, launch=lambda *args: None, hosts=2,
+            settings=HostSettings(n_peers=6, hosts=2, full_publication=False),
+            authority=Authority(2),
+        )  # fmt: skip
+
+    keyed = {"kind": KEYED, "host": 0}
+    with pytest.raises(ProtocolError):
+        world(False)._on_control(keyed, "host-0", None, 0)  # no pair noise: nothing to key
+    run = world(True)
+    with pytest.raises(ProtocolError):
+        run._on_control(keyed, None, None, None)  # before its hello: no host
+    run._on_control(keyed, "host-0", None, 0)
+    with pytest.raises(ProtocolError):
+        run._on_control(keyed, "host-0", None, 0)  # a second time
+    assert not run._all_keyed.is_set()
+    run._on_control(keyed, "host-1", None, 1)
+    assert run._all_keyed.is_set()
