@@ -58,6 +58,7 @@ from p2pdp.core.parallel import worker_signals
 from p2pdp.experiments.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
 from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of, serve
+from p2pdp.net.iterative_coordinator import check_iterative
 from p2pdp.net.tls import Authority
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import Releaser
@@ -82,6 +83,7 @@ __all__ = [
     "hosts_flag",
     "hosts_plan",
     "network_hosts",
+    "network_session",
     "network_world",
     "read_hosts_file",
     "run_hosts",
@@ -551,6 +553,12 @@ def check_network_settings(config: ScenarioConfig) -> None:
     from p2pdp.tasks import check_own_rows
 
     _, plan = hosts_plan(config.partition.n_peers)
+    if plan is not None and not plan.score and config.protocol.iterative:
+        raise ConfigError(
+            f"protocol.name = {config.protocol.name!r} cannot run with a coordinator that holds "
+            "no data (a hosts file's score = false): its rounds table measures every round's "
+            "models on the test rows"
+        )
     if plan is not None and plan.data:  # each host prepares its peers from its own rows
         task = make_task(config)
         check_own_rows(task)
@@ -566,6 +574,9 @@ def check_network_settings(config: ScenarioConfig) -> None:
     refuse_unread(
         [key for key in unread_settings(config, read) if key.startswith("network.")], config, read
     )
+    if config.protocol.iterative:
+        check_iterative(config)
+        return
     check_supported(
         config,
         scale_family=bool(
@@ -609,10 +620,29 @@ def network_world(
         def exact(members: np.ndarray) -> np.ndarray:
             return made.exact(statistics[members])
 
-    hosts, plan = hosts_plan(n_peers)
+    session = network_session(config, fold=fold, repetition=repetition)
+    allowed = session.pop("allowed")
+    return NetworkWorld(
+        config,
+        n_peers=n_peers,
+        dim=None if statistics is None else statistics.shape[-1],
+        ledger=ledger,
+        rngs=rngs,
+        settings=_settings(config, None, session["hosts"], allowed),
+        observers=observers,
+        exact=exact,
+        **session,
+    )
+
+
+def network_session(config: ScenarioConfig, *, fold: int, repetition: int) -> dict[str, Any]:
+    """What a coordinator of one cell needs to start its hosts, whatever the protocol:
+    ``launch`` (host, ticket) -> process (the run's hosts, :class:`RunHosts`, or this cell's
+    own), ``hosts``, the cell's ``authority``, ``bind`` and the listeners' ``allowed``
+    addresses."""
+    hosts, plan = hosts_plan(config.partition.n_peers)
     if plan is None:  # spawned hosts import the main script again
         _check_main_guard()
-    authority = Authority(hosts)  # its keys stay in this process
     shared = _RUN_HOSTS.get()
     served = shared if shared is not None else RunHosts()  # this run's only cell
 
@@ -628,20 +658,13 @@ def network_world(
         # without a run's hosts (simulate called alone) the host exits after this cell
         return served.launch(host, (hosts, plan), bundle, last=shared is None)
 
-    return NetworkWorld(
-        config,
-        n_peers=n_peers,
-        dim=None if statistics is None else statistics.shape[-1],
-        ledger=ledger,
-        rngs=rngs,
-        launch=launch,
-        hosts=hosts,
-        settings=_settings(config, None, hosts, plan.allowed if plan else ()),
-        authority=authority,
-        observers=observers,
-        exact=exact,
-        bind=plan.bind if plan else "127.0.0.1",
-    )
+    return {
+        "launch": launch,
+        "hosts": hosts,
+        "authority": Authority(hosts),  # its keys stay in this process
+        "bind": plan.bind if plan else "127.0.0.1",
+        "allowed": plan.allowed if plan else (),
+    }
 
 
 def _is_main_test(test: ast.expr) -> bool:
@@ -707,6 +730,12 @@ def host_main(
     has the same training key (cleared and refilled otherwise)."""
     logging.basicConfig(level=logging.WARNING, format=f"host {host}: %(message)s")
     worker_signals()  # a Ctrl-C is the coordinator's to handle: it ends the run, and the hosts
+    if config.protocol.iterative:
+        from p2pdp.experiments.iterative_network import iterative_host_main
+
+        iterative_host_main(config, fold, repetition, host, hosts, ticket, coordinator=coordinator,
+                            address=address, allowed=allowed, data=data)  # fmt: skip
+        return
     task = make_task(config)
     try:
         key = (task.training_key(fold=fold, repetition=repetition), host, hosts, data)

@@ -41,6 +41,7 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.results import make_folder
 from p2pdp.net.host import hosts_of
+from p2pdp.net.iterative_coordinator import check_iterative
 from p2pdp.tasks import check_own_rows, make_task
 from p2pdp.tasks.pipeline import fold_name, load_training_rows, shard_key
 
@@ -85,11 +86,11 @@ def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) ->
                     f"{b!r}): their peers hold different rows; split each value separately"
                 )
     check_own_rows(make_task(config))  # rows cut by the shared pipeline: a task that reads them
-    if config.protocol.iterative:
-        raise ConfigError(
-            f"p2pdp split: protocol.name = {config.protocol.name!r} does not run on the "
-            "network runtime; only the one-shot protocol runs from per-host shard files"
-        )
+    if config.protocol.iterative:  # D-PSGD and Muffliato run from shard files too
+        try:
+            check_iterative(config)
+        except ConfigError as error:
+            raise ConfigError(f"p2pdp split: {error}") from None
     n_peers = config.partition.n_peers
     if not 1 <= hosts <= n_peers:
         raise ConfigError(

@@ -418,6 +418,7 @@ def simulate(
             repetition=repetition,
             trained=trained,
             driver="reference" if driver == "reference" else "batched",
+            runtime=runtime,
         )
         if track_memory:
             peak = tracemalloc.get_traced_memory()[1] / 2**20
@@ -671,11 +672,14 @@ def simulate_iterative(
     repetition: int,
     trained: Any = None,
     driver: str = "batched",
+    runtime: str = "simulation",
 ) -> RunResult:
     """One fold of an iterative protocol (``protocol.name`` not ``one-shot``): see
     :func:`simulate` for the arguments, :mod:`p2pdp.protocols` for the protocols, and
     :mod:`p2pdp.sim.iterative` for ``driver`` (``"batched"`` arrays or the per-peer
-    ``"reference"`` machines: the same rows).
+    ``"reference"`` machines: the same rows). On the network runtime the rounds run between
+    host processes (:func:`p2pdp.experiments.iterative_network.run_on_network`), everything
+    else as here.
 
     Streams (by name, from the seed, fold and repetition): ``overlay`` (the graph, shared by
     cells that differ only in the protocol's settings), ``network`` (delays, losses, phases),
@@ -750,16 +754,33 @@ def simulate_iterative(
     protocol = cls(config.protocol, problem, mixing, privacy, rngs=rngs)
     pair_noise = protocol.pair_noise_multiplier
     trace = network_dp.ViewTrace() if protocol.network_dp or pair_noise > 0 else None
-    run = run_iterative(
-        config,
-        protocol,
-        errors=lambda models: linear_error(models, data.X_test, data.y_test),
-        rng=rngs["network"],
-        churn_rng=rngs["churn"],
-        on_round=functools.partial(operator.setitem, rounds_done, 0),
-        trace=trace,
-        driver=driver,
-    )
+    network: Any = None
+    run: Any
+    if runtime == "network":
+        from p2pdp.experiments.iterative_network import run_on_network
+        from p2pdp.experiments.network import network_session
+
+        set_phase("network run")
+        run = network = run_on_network(
+            config,
+            mixing,
+            privacy,
+            session=network_session(config, fold=fold, repetition=repetition),
+            dim=problem.X.shape[1],
+            errors=lambda models: linear_error(models, data.X_test, data.y_test),
+        )
+        trace = network.trace if trace is not None else None
+    else:
+        run = run_iterative(
+            config,
+            protocol,
+            errors=lambda models: linear_error(models, data.X_test, data.y_test),
+            rng=rngs["network"],
+            churn_rng=rngs["churn"],
+            on_round=functools.partial(operator.setitem, rounds_done, 0),
+            trace=trace,
+            driver=driver,
+        )
     wall["simulation"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -815,7 +836,7 @@ def simulate_iterative(
                 decay=1.0 - step_size * problem.lam,
                 pair_noise_multiplier=pair_noise,
                 delta=config.privacy.delta,
-                churn=config.gossip.churn,
+                churn=config.gossip.churn or bool(network and network.hosts_lost),
                 ratio=(  # the calibration's own, so its views are found, not recomputed
                     None
                     if config.protocol.threat_model == "local"
@@ -823,7 +844,13 @@ def simulate_iterative(
                 ),
             )
         )
-    if trace is not None and protocol.network_dp:  # the view of every peer as it happened
+    host_lost = network is not None and network.hosts_lost > 0
+    if trace is not None and protocol.network_dp and host_lost:
+        columns["network_dp_note"] = (  # what its peers read in their last round is unknown
+            "not computed: a host was lost (what its peers received before it died is not "
+            "recorded, so their views cannot be bounded)"
+        )
+    elif trace is not None and protocol.network_dp:  # the view of every peer as it happened
         summary, distances = network_dp.report(
             trace,
             mixing,
@@ -865,6 +892,16 @@ def simulate_iterative(
         protocol_columns=columns,
         rounds=run.rounds,
         network_dp=distances,
+        runtime=runtime,
+        **(
+            {}
+            if network is None
+            else {
+                "wire": network.wire,
+                "hosts_lost": network.hosts_lost,
+                "messages_refused": network.transport.messages_refused,
+            }
+        ),
     )
 
 

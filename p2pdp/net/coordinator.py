@@ -107,14 +107,16 @@ def _count(value: Any, name: str, high: int = 2**63) -> int:
 
 
 def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: bool) -> None:
-    """ConfigError naming the first setting the network runtime does not run yet."""
+    """ConfigError naming the first setting the network runtime does not run yet, for the
+    one-shot protocol (an iterative one's: :func:`p2pdp.net.iterative_coordinator.
+    check_iterative`)."""
     groups = config.groups
     refusals = [
         (
             config.protocol.iterative,
             "protocol.name",
             config.protocol.name,
-            "'one-shot' (iterative protocols run only in simulation)",
+            "'one-shot' here (iterative protocols: p2pdp.net.iterative_coordinator)",
         ),
         (groups.sampler != "central", "groups.sampler", groups.sampler, "'central'"),
         (

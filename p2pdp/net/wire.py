@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -22,11 +23,15 @@ import numpy as np
 
 __all__ = [
     "MAX_FRAME_BYTES",
+    "MODEL",
+    "ModelFrame",
     "ProtocolError",
     "encode",
     "frame_bytes",
     "integer",
+    "model_frame",
     "pack_vector",
+    "parse_model",
     "read_frame",
     "unpack_vector",
 ]
@@ -129,3 +134,65 @@ def unpack_vector(
     if not np.all(np.isfinite(array)):
         raise ProtocolError("vector holds NaN or infinity")
     return array.astype(np.float64)
+
+
+#: A model from one peer to an overlay neighbour, for one exchange of one round of an
+#: iterative protocol (:mod:`p2pdp.net.iterative_host`).
+MODEL = "model"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFrame:
+    """A :data:`MODEL` frame, its fields checked (:func:`parse_model`).
+
+    Attributes
+    ----------
+    sender, receiver : int
+        Peer ids in ``[0, P)``.
+    round : int
+        The round it belongs to, in ``[1, rounds]``.
+    exchange : int
+        The averaging of that round, in ``[0, exchanges)``.
+    model : (d,) float64 array
+        The sender's model, finite.
+    """
+
+    sender: int
+    receiver: int
+    round: int
+    exchange: int
+    model: np.ndarray
+
+
+def model_frame(frame: ModelFrame) -> bytes:
+    """The encoded :data:`MODEL` frame of ``frame`` (``8 d`` bytes of model and ~60 more)."""
+    return encode(
+        {
+            "kind": MODEL,
+            "sender": frame.sender,
+            "receiver": frame.receiver,
+            "round": frame.round,
+            "exchange": frame.exchange,
+            "model": pack_vector(frame.model),
+        }
+    )
+
+
+def parse_model(
+    message: dict[str, Any], *, n_peers: int, rounds: int, exchanges: int, dim: int
+) -> ModelFrame:
+    """The fields of a :data:`MODEL` map, each checked (type, range, the model's shape and
+    finiteness); ProtocolError naming the first that is wrong. Whether its sender may send
+    it, for that round, to that receiver, once, is the receiving host's to check."""
+    if message.get("kind") != MODEL:
+        raise ProtocolError(f"not a model frame: {message.get('kind')!r:.40}")
+    try:
+        return ModelFrame(
+            sender=integer(message["sender"], "sender", 0, n_peers),
+            receiver=integer(message["receiver"], "receiver", 0, n_peers),
+            round=integer(message["round"], "round", 1, rounds + 1),
+            exchange=integer(message["exchange"], "exchange", 0, exchanges),
+            model=unpack_vector(message["model"], shape=(dim,)),
+        )
+    except KeyError as error:
+        raise ProtocolError(f"model frame without {error}") from None

@@ -53,6 +53,7 @@ __all__ = [
     "LocalProblem",
     "Muffliato",
     "StepPrivacy",
+    "applied_pair_noise",
     "central_dp_reference",
     "step_privacy",
     "threat_model_privacy",
@@ -288,6 +289,16 @@ def central_dp_reference(
     return curator.model, float(private.epsilon(np.array([curator.steps]))[0])
 
 
+def applied_pair_noise(settings: ProtocolConfig, mechanism: ClippedGaussianSum) -> float:
+    """D-PSGD's ``z_p`` as applied: 0 for steps without noise, else
+    ``protocol.pairwise_noise_multiplier``, times ``z`` under a threat model (the setting is
+    then the ratio ``z_p / z``)."""
+    if not mechanism.private:
+        return 0.0
+    ratio = float(settings.pairwise_noise_multiplier)
+    return ratio * mechanism.noise_multiplier if settings.threat_model != "local" else ratio
+
+
 class IterativeProtocol:
     """Peers that keep a model and update it from their data and what they receive.
 
@@ -511,14 +522,7 @@ class DecentralizedSGD(IterativeProtocol):
     def pair_noise_multiplier(self) -> float:
         """``z_p`` as applied (0 when there is no pair noise: unset, or steps without noise);
         with ``protocol.threat_model`` the setting is ``z_p / z``."""
-        if not self.privacy.mechanism.private:
-            return 0.0
-        if self.settings.threat_model != "local":
-            return (
-                float(self.settings.pairwise_noise_multiplier)
-                * self.privacy.mechanism.noise_multiplier
-            )
-        return float(self.settings.pairwise_noise_multiplier)
+        return applied_pair_noise(self.settings, self.privacy.mechanism)
 
     @functools.cached_property
     def pairs(self) -> np.ndarray:

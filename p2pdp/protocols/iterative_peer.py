@@ -17,8 +17,8 @@ numbers from the same :class:`StreamSeeds`, and the batched protocol draws each 
 peer's numbers from the same generators. :meth:`StreamSeeds.from_rngs` takes the run's named
 streams (the simulator: ``generator(seed, name, fold, repetition)`` for ``noise``,
 ``sampling``, ``gossip``, ``pairs``); :meth:`StreamSeeds.fresh` takes the operating system's
-CSPRNG (a network run without seeded noise: one host's own peers; an edge's pair stream must
-then come from a secret its two ends share, which this module does not agree on).
+CSPRNG (a network run without seeded noise: one host's own peers; an edge's pair stream then
+comes from a secret its two ends agree over the wire: :mod:`p2pdp.net.pair_keys`).
 
 **Building a machine.** :func:`make_peer` (the simulator calls it through
 :meth:`IterativeProtocol.peer <p2pdp.protocols.iterative.IterativeProtocol.peer>`)::
@@ -103,6 +103,7 @@ __all__ = [
     "Late",
     "LocalProblem",
     "PairStream",
+    "PairTerm",
     "PeerStreams",
     "Received",
     "RoundEnd",
@@ -111,6 +112,7 @@ __all__ = [
     "StreamSeeds",
     "SynchronousPeer",
     "make_peer",
+    "pair_ends",
     "private_step",
 ]
 
@@ -356,6 +358,16 @@ class PairStream:
         return self.rng.standard_normal(dim) * self.std
 
 
+class PairTerm(Protocol):
+    """What a machine reads of one of its pair streams (:class:`PairStream`, or one drawn
+    from a secret agreed over the wire: :class:`p2pdp.net.pair_keys.KeyedPairStream`)."""
+
+    @property
+    def sign(self) -> float: ...
+
+    def draw(self, round_: int, dim: int) -> np.ndarray: ...
+
+
 # --------------------------------------------------------------------------------- effects
 
 
@@ -496,8 +508,9 @@ class IterativePeer:
     denominator : float
         Its public step denominator ``m``.
     streams : PeerStreams
-    pairs : list of PairStream
-        Its edges' correlated noise (empty: none), in the order the terms are added.
+    pairs : list of PairTerm
+        Its edges' correlated noise (empty: none), in the order the terms are added
+        (:func:`pair_ends`).
     """
 
     def __init__(
@@ -511,7 +524,7 @@ class IterativePeer:
         weights: np.ndarray,
         denominator: float,
         streams: PeerStreams,
-        pairs: Sequence[PairStream] = (),
+        pairs: Sequence[PairTerm] = (),
     ) -> None:
         if problem.n_peers != 1:
             raise ValueError(f"a peer's problem holds one shard, got {problem.n_peers}")
@@ -719,6 +732,28 @@ class GossipPeer(IterativePeer):
         return effects
 
 
+def pair_ends(
+    peer: int, edges: np.ndarray, denominators: np.ndarray, scale: float
+) -> list[tuple[int, float, float]]:
+    """Peer ``peer``'s ends of the overlay's pairs: ``(edge, sign, std)`` in the order the
+    batched protocol adds them (as the smaller end, then as the other, each by edge index),
+    ``sign`` ``+1`` at the smaller end, ``std = scale / min(m_a, m_b)`` (``scale = z_p C``).
+
+    Parameters
+    ----------
+    edges : (U, 2) int array
+        :func:`~p2pdp.protocols.correlated_dp.edge_pairs` of the overlay.
+    denominators : (P,) array
+        Public step denominators (at least of ``peer`` and its neighbours).
+    """
+    ends = []
+    for column, sign in ((0, 1.0), (1, -1.0)):
+        for e in np.flatnonzero(edges[:, column] == peer).tolist():
+            m_e = min(denominators[edges[e, 0]], denominators[edges[e, 1]])
+            ends.append((int(e), sign, float(scale / m_e)))
+    return ends
+
+
 def make_peer(
     kind: Literal["synchronous", "gossip"],
     peer: int,
@@ -749,16 +784,11 @@ def make_peer(
         ``z_p`` as applied (0: no correlated noise).
     """
     start, stop = int(mixing.indptr[peer]), int(mixing.indptr[peer + 1])
-    pairs: list[PairStream] = []
+    pairs: list[PairTerm] = []
     if pair_noise_multiplier > 0:
-        clip = privacy.mechanism.clip_norm
-        edges = edge_pairs(mixing)
-        # the order the batched protocol adds them in: as the smaller end, then as the other
-        for column, sign in ((0, 1.0), (1, -1.0)):
-            for e in np.flatnonzero(edges[:, column] == peer).tolist():
-                m_e = min(denominators[edges[e, 0]], denominators[edges[e, 1]])
-                std = pair_noise_multiplier * clip / m_e
-                pairs.append(PairStream(e, sign, std, seeds.generator("pairs", e)))
+        scale = pair_noise_multiplier * privacy.mechanism.clip_norm
+        for e, sign, std in pair_ends(peer, edge_pairs(mixing), denominators, scale):
+            pairs.append(PairStream(e, sign, std, seeds.generator("pairs", e)))
     common = {
         "settings": settings,
         "privacy": privacy,
