@@ -1599,6 +1599,48 @@ def test_a_curators_noise_index_is_its_groups_so_no_two_releases_share_a_draw():
         np.testing.assert_allclose(noise, sensitivity * draw, rtol=1e-12)
 
 
+def test_a_seeded_curator_releases_each_groups_draw_whatever_the_order_of_releases():
+    """Groups in flight at once end in any order: this host's curators of groups 0 (peer 1)
+    and 2 (peer 0), group 2 complete first; seeded, each release has the draw of its own
+    group's index (the replica seeks backward), as releases in order would."""
+    reports = []
+    host = _host(reports, seeded_noise=True, max_concurrent=2, n_peers=6)
+    groups = {0: ([1, 4, 5], 1), 2: ([0, 2, 3], 0)}  # id: (members, curator)
+    for group, (members, curator) in groups.items():  # assigned in id order
+        assign = {**ASSIGN_0, "group": group, "release": group, "members": members,
+                  "curator": curator}  # fmt: skip
+        host.handle(curator, assign)
+    for group in (2, 0):  # group 2 completes first
+        members, curator = groups[group]
+        for sender in members[1:]:
+            host.handle(curator, {**_submit(sender=sender), "group": group,
+                                  "members": members, "curator": curator})  # fmt: skip
+    done = [r for r in reports if isinstance(r, dict)]
+    assert [r["group"] for r in done] == [2, 0]
+    twin = NoiseStream(host.releaser.mechanism, 2, rng=np.random.default_rng(0))  # the host's
+    draws = [twin.draw(1.0) for _ in range(3)]
+    own = {2: np.array([0.1, 0.2]), 0: np.array([0.3, 0.4])}  # the curators' statistics
+    for report in done:
+        group = report["group"]
+        exact = (own[group] + 2 * np.array([1.0, 2.0])) / 3
+        noise = unpack_vector(report["model"], shape=(2,)) - exact
+        sensitivity = report["record"]["sensitivity"]
+        np.testing.assert_allclose(noise, sensitivity * draws[group], rtol=1e-12)
+
+
+def test_a_host_keeps_early_messages_of_every_group_in_flight_and_no_more():
+    """A host's peers may hear from the members of every group in flight before their own
+    assignments: with ``max_concurrent`` c, c * g(g-1) messages kept early per sending
+    host (here 12: six peers of host 1 to each of peers 0 and 1), the next one refused."""
+    host = _host([], max_concurrent=2, n_peers=12, hosts=2)  # peers 6..11 are host 1's
+    for receiver in (0, 1):
+        for sender in range(6, 12):
+            host.handle(receiver, {**_submit(sender=sender), "group": 5})
+    assert host.early_held[1] == 2 * 3 * 2 and not host.counters.refused
+    host.handle(0, {**_submit(sender=6), "kind": "share", "group": 5})
+    assert host.early_held[1] == 12 and sum(host.counters.refused.values()) == 1
+
+
 def test_a_secure_curator_assigned_anew_drops_its_unfinished_group():
     """A curator is in one group at a time: a new assignment expires its unfinished group,
     so a partial sum arriving for it later completes nothing (a reviewer's probe: it was

@@ -120,12 +120,6 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
         ),
         (groups.sampler != "central", "groups.sampler", groups.sampler, "'central'"),
         (
-            groups.max_concurrent_groups != 1,
-            "groups.max_concurrent_groups",
-            groups.max_concurrent_groups,
-            "1 (one group at a time)",
-        ),
-        (
             config.training.seconds_per_row > 0,
             "training.seconds_per_row",
             config.training.seconds_per_row,
@@ -765,23 +759,41 @@ class NetworkWorld:
     # -- the sampler -------------------------------------------------------------------------
     async def _groups(self) -> None:
         """Drive the central sampler's machine (:class:`p2pdp.protocols.oneshot.Sampler`, the
-        simulator's too: the same draws in the same order): start each group it decides on,
-        one at a time, and tell it how the group ended and which members may join another."""
+        simulator's too: the same draws in the same order): start each group it decides on
+        (up to ``groups.max_concurrent_groups`` in flight), and tell it how each group ended
+        and which members may join another as soon as it ends, then ask it again.
+
+        With more than one group in flight, groups end in the order their curators report,
+        and the machine refills at each end: the simulator's constant latency ends a wave's
+        groups at one instant and refills once, so the groups drawn after the first wave
+        differ (docs/guide/network.md)."""
         machine = self.sampler
         machine.start(list(range(self.n_peers)) if self.ledger.max_aggregations else [], 0)
-        while True:
-            for effect in machine.fill():
-                if isinstance(effect, Stop):  # no group in flight, none to come
-                    self.monitor.stop_reason = effect.reason
-                    return
-                await self._aggregate(effect.members, effect.curator)
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                for effect in machine.fill():
+                    if isinstance(effect, Stop):  # no group in flight, none to come
+                        self.monitor.stop_reason = effect.reason
+                        return
+                    group = Group(self._next_group, effect.members, effect.curator,
+                                  started=self.env.now)  # fmt: skip
+                    self._next_group += 1
+                    running.add(asyncio.create_task(self._aggregate(group)))
+                if not running:  # the machine neither starts a group nor stops: a bug
+                    raise RuntimeError("the sampler started no group and did not stop")
+                ended, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in ended:
+                    task.result()  # a failure of the run's own, raised here
+        finally:
+            for task in running:
+                task.cancel()
 
-    async def _aggregate(self, members: np.ndarray, curator: int) -> None:
+    async def _aggregate(self, group: Group) -> None:
         """One group: assign it, wait for its curator's ``DONE`` (or abort it: collect timeout
         with slack, a member unreachable or its host lost), then tell the sampler's machine."""
         config = self.config
-        group = Group(self._next_group, members, curator, started=self.env.now)
-        self._next_group += 1
+        members, curator = group.members, group.curator
         for observer in self.observers:
             observer.group_started(self, group)
         future = self._done[group.group_id] = asyncio.get_running_loop().create_future()
