@@ -176,6 +176,67 @@ def test_network_runtime_releases_what_the_simulator_releases(mode, secure, monk
     assert frames["refused"] == 0 and frames["hosts lost"] == 0
 
 
+class _InFlight(_Releases):
+    """:class:`_Releases`, and the most groups in flight at once and the budget checked at
+    each release (no member beyond its aggregations)."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_flight = self.most = 0
+        self.world = None
+
+    def group_started(self, world, group):
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+
+    def released(self, world, group, record):
+        super().released(world, group, record)
+        self.in_flight -= 1
+        self.world = world
+        ledger = world.ledger
+        assert (ledger.aggregations(group.members) <= ledger.max_aggregations).all()
+
+
+@pytest.mark.parametrize("seeded", [pytest.param(False, marks=pytest.mark.slow), True])
+def test_groups_in_flight_at_once_run_on_the_network(seeded, monkeypatch):
+    """``groups.max_concurrent_groups = 5`` on 3 hosts: groups overlap, every peer is
+    charged once per release it is a member of and never beyond its budget. The first wave
+    is the simulator's (the same draws); later groups differ (the network refills at each
+    end, the simulator once per wave: docs/guide/network.md), but seeded, the noise of
+    group k is the simulator's draw k (per unit of sensitivity) whatever the order of
+    releases."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
+    config = _config("group", max_concurrent_groups=5)
+    config = dataclasses.replace(config, partition=PartitionConfig(n_peers=24))
+    seen = {runtime: _InFlight() for runtime in ("simulation", "network")}
+    results = {
+        runtime: simulate(
+            _seeded(config) if runtime == "network" and seeded else config,
+            runtime=runtime,
+            observers=(seen[runtime],),
+        )
+        for runtime in seen
+    }
+    network = seen["network"]
+    assert results["network"].aggregations == len(network.groups) > 5
+    assert network.most == 5 == seen["simulation"].most
+    members = np.concatenate([m for _, m, _, _ in network.groups])
+    charges = network.world.ledger.aggregations(np.arange(24))
+    np.testing.assert_array_equal(charges, np.bincount(members, minlength=24))
+    assert charges.max() <= network.world.ledger.max_aggregations
+    simulated = {g: (m, c, r) for g, m, c, r in seen["simulation"].groups}
+    for group, m, c, record in network.groups:
+        if group < 5:  # the first wave: the same draws of members and curators
+            assert (m, c) == simulated[group][:2]
+        if not seeded:
+            assert math.isnan(record.noise_norm) or record.noise_norm > 0
+        elif group in simulated:
+            other = simulated[group][2]
+            assert record.noise_norm / record.sensitivity == pytest.approx(
+                other.noise_norm / other.sensitivity, rel=1e-9
+            ), group
+
+
 def test_the_cli_runs_a_seeded_scenario_on_the_network_and_says_it_is_not_private(
     tmp_path, monkeypatch, capsys
 ):
@@ -235,7 +296,6 @@ def test_a_network_folder_missing_its_wire_table_is_rebuilt_by_the_command_the_r
     ("setting", "value"),
     [
         ("groups.sampler", "gossip"),
-        ("groups.max_concurrent_groups", 2),
         ("network.loss", 0.2),  # the simulator's transport model: not injected
         ("network.latency", "lognormal"),
         ("network.latency_mean", 0.5),
