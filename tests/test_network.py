@@ -200,11 +200,11 @@ class _InFlight(_Releases):
 @pytest.mark.parametrize("seeded", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_groups_in_flight_at_once_run_on_the_network(seeded, monkeypatch):
     """``groups.max_concurrent_groups = 5`` on 3 hosts: groups overlap, every peer is
-    charged once per release it is a member of and never beyond its budget. The first wave
-    is the simulator's (the same draws); later groups differ (the network refills at each
-    end, the simulator once per wave: docs/guide/network.md), but seeded, the noise of
-    group k is the simulator's draw k (per unit of sensitivity) whatever the order of
-    releases."""
+    charged once per release it is a member of and never beyond its budget. By default the
+    first wave is the simulator's (the same draws) and later groups differ (the network
+    refills at each end, the simulator once per wave); seeded, the coordinator refills once
+    per wave as the simulator does, so groups, releases and rows are the simulator's
+    (docs/guide/network.md)."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
     config = _config("group", max_concurrent_groups=5)
     config = dataclasses.replace(config, partition=PartitionConfig(n_peers=24))
@@ -224,17 +224,15 @@ def test_groups_in_flight_at_once_run_on_the_network(seeded, monkeypatch):
     charges = network.world.ledger.aggregations(np.arange(24))
     np.testing.assert_array_equal(charges, np.bincount(members, minlength=24))
     assert charges.max() <= network.world.ledger.max_aggregations
-    simulated = {g: (m, c, r) for g, m, c, r in seen["simulation"].groups}
-    for group, m, c, record in network.groups:
-        if group < 5:  # the first wave: the same draws of members and curators
-            assert (m, c) == simulated[group][:2]
-        if not seeded:
-            assert math.isnan(record.noise_norm) or record.noise_norm > 0
-        elif group in simulated:
-            other = simulated[group][2]
-            assert record.noise_norm / record.sensitivity == pytest.approx(
-                other.noise_norm / other.sensitivity, rel=1e-9
-            ), group
+    simulated = seen["simulation"].groups
+    if not seeded:
+        first = {g: (m, c) for g, m, c, _ in network.groups if g < 5}
+        assert first == {g: (m, c) for g, m, c, _ in simulated[:5]}
+        return
+    for (g1, m1, c1, r1), (g2, m2, c2, r2) in zip(simulated, network.groups, strict=True):
+        assert (g1, m1, c1) == (g2, m2, c2)
+        assert r2.noise_norm == pytest.approx(r1.noise_norm, rel=1e-9)
+    _same_rows(results["simulation"], results["network"])
 
 
 def test_the_cli_runs_a_seeded_scenario_on_the_network_and_says_it_is_not_private(

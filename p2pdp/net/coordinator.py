@@ -147,6 +147,10 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
             )
 
 
+def _group_id(outcome: tuple[Group, Any, str]) -> int:
+    return outcome[0].group_id
+
+
 def _name(host: int, process: Any) -> str:
     """``host N (its command)``: a started host as the launcher names it."""
     return str(getattr(process, "name", "") or f"host {host}")
@@ -764,12 +768,14 @@ class NetworkWorld:
         and which members may join another as soon as it ends, then ask it again.
 
         With more than one group in flight, groups end in the order their curators report,
-        and the machine refills at each end: the simulator's constant latency ends a wave's
-        groups at one instant and refills once, so the groups drawn after the first wave
-        differ (docs/guide/network.md)."""
+        and the machine refills at each end. The simulator's constant latency ends a wave's
+        groups at one instant and refills once, so with seeded noise (parity) the machine is
+        told of a wave's ends only once all of them came, in group order, as the simulator
+        tells it: the same groups, releases and rows (docs/guide/network.md)."""
         machine = self.sampler
         machine.start(list(range(self.n_peers)) if self.ledger.max_aggregations else [], 0)
-        running: set[asyncio.Task[None]] = set()
+        running: set[asyncio.Task[tuple[Group, dict[str, Any] | None, str]]] = set()
+        waves = self.settings.seeded_noise  # parity: refill once per wave, as the simulator
         try:
             while True:
                 for effect in machine.fill():
@@ -782,16 +788,19 @@ class NetworkWorld:
                     running.add(asyncio.create_task(self._aggregate(group)))
                 if not running:  # the machine neither starts a group nor stops: a bug
                     raise RuntimeError("the sampler started no group and did not stop")
-                ended, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in ended:
-                    task.result()  # a failure of the run's own, raised here
+                when = asyncio.ALL_COMPLETED if waves else asyncio.FIRST_COMPLETED
+                ended, running = await asyncio.wait(running, return_when=when)
+                # a failure of the run's own is raised here; ends at once in group order
+                for outcome in sorted((task.result() for task in ended), key=_group_id):
+                    self._conclude(*outcome)
         finally:
             for task in running:
                 task.cancel()
 
-    async def _aggregate(self, group: Group) -> None:
+    async def _aggregate(self, group: Group) -> tuple[Group, dict[str, Any] | None, str]:
         """One group: assign it, wait for its curator's ``DONE`` (or abort it: collect timeout
-        with slack, a member unreachable or its host lost), then tell the sampler's machine."""
+        with slack, a member unreachable or its host lost); the group, the report and why it
+        was aborted ("" if it was not), for :meth:`_conclude`."""
         config = self.config
         members, curator = group.members, group.curator
         for observer in self.observers:
@@ -810,7 +819,7 @@ class NetworkWorld:
             "release": group.group_id,
             "timeout": collect,  # the curator's own timer: it never releases after it
         }
-        reason = ""
+        reason, report = "", None
         try:
             for member in members.tolist():
                 await self._send(member, assign)
@@ -825,12 +834,19 @@ class NetworkWorld:
             self._hold(group)
         finally:
             del self._done[group.group_id], self._in_flight[group.group_id]
+        return group, report, reason
+
+    def _conclude(self, group: Group, report: dict[str, Any] | None, reason: str) -> None:
+        """Charge and keep ``group``'s release (or count its abort), then tell the sampler's
+        machine which of its members may join another group."""
+        members = group.members
         if reason:
             self.monitor.aborted += 1
             for observer in self.observers:
                 observer.aborted(self, group, reason)
         else:
-            self._released(group, report, full=config.publication.mode == "full")
+            assert report is not None
+            self._released(group, report, full=self.config.publication.mode == "full")
         # who may join another group: those that can afford one more aggregation beyond the
         # charges held back, whose host is still there
         held = self.ledger.aggregations(members) + self._held[members]
