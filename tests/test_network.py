@@ -197,8 +197,15 @@ class _InFlight(_Releases):
         assert (ledger.aggregations(group.members) <= ledger.max_aggregations).all()
 
 
-@pytest.mark.parametrize("seeded", [pytest.param(False, marks=pytest.mark.slow), True])
-def test_groups_in_flight_at_once_run_on_the_network(seeded, monkeypatch):
+@pytest.mark.parametrize(
+    ("seeded", "secure"),
+    [
+        pytest.param(False, False, marks=pytest.mark.slow),
+        (True, False),
+        pytest.param(True, True, marks=pytest.mark.slow),
+    ],
+)
+def test_groups_in_flight_at_once_run_on_the_network(seeded, secure, monkeypatch):
     """``groups.max_concurrent_groups = 5`` on 3 hosts: groups overlap, every peer is
     charged once per release it is a member of and never beyond its budget. By default the
     first wave is the simulator's (the same draws) and later groups differ (the network
@@ -206,8 +213,12 @@ def test_groups_in_flight_at_once_run_on_the_network(seeded, monkeypatch):
     per wave as the simulator does, so groups, releases and rows are the simulator's
     (docs/guide/network.md)."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
-    config = _config("group", max_concurrent_groups=5)
-    config = dataclasses.replace(config, partition=PartitionConfig(n_peers=24))
+    config = _config("group", secure=secure, max_concurrent_groups=5)
+    config = dataclasses.replace(
+        config,
+        partition=PartitionConfig(n_peers=24),  # 15 records each
+        privacy=dataclasses.replace(config.privacy, min_shard_size=10 if secure else None),
+    )
     seen = {runtime: _InFlight() for runtime in ("simulation", "network")}
     results = {
         runtime: simulate(
