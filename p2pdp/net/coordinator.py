@@ -11,9 +11,10 @@ certificate); sign each host's certificate signing request once, for the host in
 was made for (:meth:`~p2pdp.net.tls.Authority.enroll`; a wrong or spent token, a request for
 another identity and any other frame on the enrollment listener are refused and counted
 ``enroll``, and that listener closes once every host enrolled); learn every peer's port, send
-everyone the directory; then, up to ``groups.max_concurrent_groups`` at a time (one: the seed's
-sequential GroupAgent), start the groups the central sampler's machine decides on (:class:`~p2pdp.protocols.oneshot.Sampler`,
-the simulator's, on the same protocol stream: the same groups), send each member an
+everyone the directory; then, up to ``groups.max_concurrent_groups`` at a time (one: the
+seed's sequential GroupAgent), start the groups the central sampler's machine decides on
+(:class:`~p2pdp.protocols.oneshot.Sampler`, the simulator's, on the same protocol stream: the
+same groups), send each member an
 ``ASSIGN`` frame, and wait for the curator's ``DONE`` report. A reported release charges every
 member (the ledger is the coordinator's: membership is public) and its solvent members return
 to the pool. At the end every host reports what it sent and received (``STATS``).
