@@ -14,10 +14,10 @@ another identity and any other frame on the enrollment listener are refused and 
 everyone the directory; then, up to ``groups.max_concurrent_groups`` at a time (one: the
 seed's sequential GroupAgent), start the groups the central sampler's machine decides on
 (:class:`~p2pdp.protocols.oneshot.Sampler`, the simulator's, on the same protocol stream: the
-same groups), send each member an
-``ASSIGN`` frame, and wait for the curator's ``DONE`` report. A reported release charges every
-member (the ledger is the coordinator's: membership is public) and its solvent members return
-to the pool. At the end every host reports what it sent and received (``STATS``).
+same groups), send each member an ``ASSIGN`` frame, and wait for the curator's ``DONE``
+report. A reported release charges every member (the ledger is the coordinator's: membership
+is public) and its solvent members return to the pool. At the end every host reports what
+it sent and received (``STATS``).
 
 Faults. An assignment carries ``groups.collect_timeout``: the curator starts its own timer when
 the assignment reaches it (its own clock; no clock is shared) and never releases once that ran

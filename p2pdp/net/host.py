@@ -684,8 +684,8 @@ class PeerHost:
         if kind in held[1]:
             raise ProtocolError(f"a second {kind} from {sender} (replayed)")
         origin = int(self.host_of[sender])
-        g = self.settings.group_size  # every member of every group in flight, to each other
-        budget = self.settings.max_concurrent * g * (g - 1)
+        size = self.settings.group_size  # every member of every group in flight, to each other
+        budget = self.settings.max_concurrent * size * (size - 1)
         if self.early_held[origin] >= budget:  # its older groups first: an honest one moved on
             for other, senders in self.early.items():
                 for s, (g, _) in list(senders.items()):
