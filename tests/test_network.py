@@ -176,6 +176,76 @@ def test_network_runtime_releases_what_the_simulator_releases(mode, secure, monk
     assert frames["refused"] == 0 and frames["hosts lost"] == 0
 
 
+class _InFlight(_Releases):
+    """:class:`_Releases`, and the most groups in flight at once and the budget checked at
+    each release (no member beyond its aggregations)."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_flight = self.most = 0
+        self.world = None
+
+    def group_started(self, world, group):
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+
+    def released(self, world, group, record):
+        super().released(world, group, record)
+        self.in_flight -= 1
+        self.world = world
+        ledger = world.ledger
+        assert (ledger.aggregations(group.members) <= ledger.max_aggregations).all()
+
+
+@pytest.mark.parametrize(
+    ("seeded", "secure"),
+    [
+        pytest.param(False, False, marks=pytest.mark.slow),
+        (True, False),
+        pytest.param(True, True, marks=pytest.mark.slow),
+    ],
+)
+def test_groups_in_flight_at_once_run_on_the_network(seeded, secure, monkeypatch):
+    """``groups.max_concurrent_groups = 5`` on 3 hosts: groups overlap, every peer is
+    charged once per release it is a member of and never beyond its budget. By default the
+    first wave is the simulator's (the same draws) and later groups differ (the network
+    refills at each end, the simulator once per wave); seeded, the coordinator refills once
+    per wave as the simulator does, so groups, releases and rows are the simulator's
+    (docs/guide/network.md)."""
+    monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
+    config = _config("group", secure=secure, max_concurrent_groups=5)
+    config = dataclasses.replace(
+        config,
+        partition=PartitionConfig(n_peers=24),  # 15 records each
+        privacy=dataclasses.replace(config.privacy, min_shard_size=10 if secure else None),
+    )
+    seen = {runtime: _InFlight() for runtime in ("simulation", "network")}
+    results = {
+        runtime: simulate(
+            _seeded(config) if runtime == "network" and seeded else config,
+            runtime=runtime,
+            observers=(seen[runtime],),
+        )
+        for runtime in seen
+    }
+    network = seen["network"]
+    assert results["network"].aggregations == len(network.groups) > 5
+    assert network.most == 5 == seen["simulation"].most
+    members = np.concatenate([m for _, m, _, _ in network.groups])
+    charges = network.world.ledger.aggregations(np.arange(24))
+    np.testing.assert_array_equal(charges, np.bincount(members, minlength=24))
+    assert charges.max() <= network.world.ledger.max_aggregations
+    simulated = seen["simulation"].groups
+    if not seeded:
+        first = {g: (m, c) for g, m, c, _ in network.groups if g < 5}
+        assert first == {g: (m, c) for g, m, c, _ in simulated[:5]}
+        return
+    for (g1, m1, c1, r1), (g2, m2, c2, r2) in zip(simulated, network.groups, strict=True):
+        assert (g1, m1, c1) == (g2, m2, c2)
+        assert r2.noise_norm == pytest.approx(r1.noise_norm, rel=1e-9)
+    _same_rows(results["simulation"], results["network"])
+
+
 def test_the_cli_runs_a_seeded_scenario_on_the_network_and_says_it_is_not_private(
     tmp_path, monkeypatch, capsys
 ):
@@ -235,7 +305,6 @@ def test_a_network_folder_missing_its_wire_table_is_rebuilt_by_the_command_the_r
     ("setting", "value"),
     [
         ("groups.sampler", "gossip"),
-        ("groups.max_concurrent_groups", 2),
         ("network.loss", 0.2),  # the simulator's transport model: not injected
         ("network.latency", "lognormal"),
         ("network.latency_mean", 0.5),
@@ -1597,6 +1666,48 @@ def test_a_curators_noise_index_is_its_groups_so_no_two_releases_share_a_draw():
         sensitivity = report["record"]["sensitivity"]
         noise = unpack_vector(report["model"], shape=(2,)) - statistics.mean(axis=0)
         np.testing.assert_allclose(noise, sensitivity * draw, rtol=1e-12)
+
+
+def test_a_seeded_curator_releases_each_groups_draw_whatever_the_order_of_releases():
+    """Groups in flight at once end in any order: this host's curators of groups 0 (peer 1)
+    and 2 (peer 0), group 2 complete first; seeded, each release has the draw of its own
+    group's index (the replica seeks backward), as releases in order would."""
+    reports = []
+    host = _host(reports, seeded_noise=True, max_concurrent=2, n_peers=6)
+    groups = {0: ([1, 4, 5], 1), 2: ([0, 2, 3], 0)}  # id: (members, curator)
+    for group, (members, curator) in groups.items():  # assigned in id order
+        assign = {**ASSIGN_0, "group": group, "release": group, "members": members,
+                  "curator": curator}  # fmt: skip
+        host.handle(curator, assign)
+    for group in (2, 0):  # group 2 completes first
+        members, curator = groups[group]
+        for sender in members[1:]:
+            host.handle(curator, {**_submit(sender=sender), "group": group,
+                                  "members": members, "curator": curator})  # fmt: skip
+    done = [r for r in reports if isinstance(r, dict)]
+    assert [r["group"] for r in done] == [2, 0]
+    twin = NoiseStream(host.releaser.mechanism, 2, rng=np.random.default_rng(0))  # the host's
+    draws = [twin.draw(1.0) for _ in range(3)]
+    own = {2: np.array([0.1, 0.2]), 0: np.array([0.3, 0.4])}  # the curators' statistics
+    for report in done:
+        group = report["group"]
+        exact = (own[group] + 2 * np.array([1.0, 2.0])) / 3
+        noise = unpack_vector(report["model"], shape=(2,)) - exact
+        sensitivity = report["record"]["sensitivity"]
+        np.testing.assert_allclose(noise, sensitivity * draws[group], rtol=1e-12)
+
+
+def test_a_host_keeps_early_messages_of_every_group_in_flight_and_no_more():
+    """A host's peers may hear from the members of every group in flight before their own
+    assignments: with ``max_concurrent`` c, c * g(g-1) messages kept early per sending
+    host (here 12: six peers of host 1 to each of peers 0 and 1), the next one refused."""
+    host = _host([], max_concurrent=2, n_peers=12, hosts=2)  # peers 6..11 are host 1's
+    for receiver in (0, 1):
+        for sender in range(6, 12):
+            host.handle(receiver, {**_submit(sender=sender), "group": 5})
+    assert host.early_held[1] == 2 * 3 * 2 and not host.counters.refused
+    host.handle(0, {**_submit(sender=6), "kind": "share", "group": 5})
+    assert host.early_held[1] == 12 and sum(host.counters.refused.values()) == 1
 
 
 def test_a_secure_curator_assigned_anew_drops_its_unfinished_group():

@@ -540,6 +540,7 @@ def _settings(
         timeout=min(10.0, max(1.0, config.groups.collect_timeout)),
         seeded_noise=config.network.seeded_noise,
         group_size=config.groups.group_size,
+        max_concurrent=config.groups.max_concurrent_groups,
         allowed=allowed,
         **affords,
     )

@@ -11,12 +11,13 @@ certificate); sign each host's certificate signing request once, for the host in
 was made for (:meth:`~p2pdp.net.tls.Authority.enroll`; a wrong or spent token, a request for
 another identity and any other frame on the enrollment listener are refused and counted
 ``enroll``, and that listener closes once every host enrolled); learn every peer's port, send
-everyone the directory; then, one group at a time (the seed's sequential GroupAgent), start the
-groups the central sampler's machine decides on (:class:`~p2pdp.protocols.oneshot.Sampler`,
-the simulator's, on the same protocol stream: the same groups), send each member an
-``ASSIGN`` frame, and wait for the curator's ``DONE`` report. A reported release charges every
-member (the ledger is the coordinator's: membership is public) and its solvent members return
-to the pool. At the end every host reports what it sent and received (``STATS``).
+everyone the directory; then, up to ``groups.max_concurrent_groups`` at a time (one: the
+seed's sequential GroupAgent), start the groups the central sampler's machine decides on
+(:class:`~p2pdp.protocols.oneshot.Sampler`, the simulator's, on the same protocol stream: the
+same groups), send each member an ``ASSIGN`` frame, and wait for the curator's ``DONE``
+report. A reported release charges every member (the ledger is the coordinator's: membership
+is public) and its solvent members return to the pool. At the end every host reports what
+it sent and received (``STATS``).
 
 Faults. An assignment carries ``groups.collect_timeout``: the curator starts its own timer when
 the assignment reaches it (its own clock; no clock is shared) and never releases once that ran
@@ -120,12 +121,6 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
         ),
         (groups.sampler != "central", "groups.sampler", groups.sampler, "'central'"),
         (
-            groups.max_concurrent_groups != 1,
-            "groups.max_concurrent_groups",
-            groups.max_concurrent_groups,
-            "1 (one group at a time)",
-        ),
-        (
             config.training.seconds_per_row > 0,
             "training.seconds_per_row",
             config.training.seconds_per_row,
@@ -151,6 +146,10 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
                 f"{key} = {json.dumps(value)} is not supported by the network runtime yet; it "
                 f"runs {supported}"
             )
+
+
+def _group_id(outcome: tuple[Group, Any, str]) -> int:
+    return outcome[0].group_id
 
 
 def _name(host: int, process: Any) -> str:
@@ -765,23 +764,46 @@ class NetworkWorld:
     # -- the sampler -------------------------------------------------------------------------
     async def _groups(self) -> None:
         """Drive the central sampler's machine (:class:`p2pdp.protocols.oneshot.Sampler`, the
-        simulator's too: the same draws in the same order): start each group it decides on,
-        one at a time, and tell it how the group ended and which members may join another."""
+        simulator's too: the same draws in the same order): start each group it decides on
+        (up to ``groups.max_concurrent_groups`` in flight), and tell it how each group ended
+        and which members may join another as soon as it ends, then ask it again.
+
+        With more than one group in flight, groups end in the order their curators report,
+        and the machine refills at each end. The simulator's constant latency ends a wave's
+        groups at one instant and refills once, so with seeded noise (parity) the machine is
+        told of a wave's ends only once all of them came, in group order, as the simulator
+        tells it: the same groups, releases and rows (docs/guide/network.md)."""
         machine = self.sampler
         machine.start(list(range(self.n_peers)) if self.ledger.max_aggregations else [], 0)
-        while True:
-            for effect in machine.fill():
-                if isinstance(effect, Stop):  # no group in flight, none to come
-                    self.monitor.stop_reason = effect.reason
-                    return
-                await self._aggregate(effect.members, effect.curator)
+        running: set[asyncio.Task[tuple[Group, dict[str, Any] | None, str]]] = set()
+        waves = self.settings.seeded_noise  # parity: refill once per wave, as the simulator
+        try:
+            while True:
+                for effect in machine.fill():
+                    if isinstance(effect, Stop):  # no group in flight, none to come
+                        self.monitor.stop_reason = effect.reason
+                        return
+                    group = Group(self._next_group, effect.members, effect.curator,
+                                  started=self.env.now)  # fmt: skip
+                    self._next_group += 1
+                    running.add(asyncio.create_task(self._aggregate(group)))
+                if not running:  # the machine neither starts a group nor stops: a bug
+                    raise RuntimeError("the sampler started no group and did not stop")
+                when = asyncio.ALL_COMPLETED if waves else asyncio.FIRST_COMPLETED
+                ended, running = await asyncio.wait(running, return_when=when)
+                # a failure of the run's own is raised here; ends at once in group order
+                for outcome in sorted((task.result() for task in ended), key=_group_id):
+                    self._conclude(*outcome)
+        finally:
+            for task in running:
+                task.cancel()
 
-    async def _aggregate(self, members: np.ndarray, curator: int) -> None:
+    async def _aggregate(self, group: Group) -> tuple[Group, dict[str, Any] | None, str]:
         """One group: assign it, wait for its curator's ``DONE`` (or abort it: collect timeout
-        with slack, a member unreachable or its host lost), then tell the sampler's machine."""
+        with slack, a member unreachable or its host lost); the group, the report and why it
+        was aborted ("" if it was not), for :meth:`_conclude`."""
         config = self.config
-        group = Group(self._next_group, members, curator, started=self.env.now)
-        self._next_group += 1
+        members, curator = group.members, group.curator
         for observer in self.observers:
             observer.group_started(self, group)
         future = self._done[group.group_id] = asyncio.get_running_loop().create_future()
@@ -798,7 +820,7 @@ class NetworkWorld:
             "release": group.group_id,
             "timeout": collect,  # the curator's own timer: it never releases after it
         }
-        reason = ""
+        reason, report = "", None
         try:
             for member in members.tolist():
                 await self._send(member, assign)
@@ -813,12 +835,19 @@ class NetworkWorld:
             self._hold(group)
         finally:
             del self._done[group.group_id], self._in_flight[group.group_id]
+        return group, report, reason
+
+    def _conclude(self, group: Group, report: dict[str, Any] | None, reason: str) -> None:
+        """Charge and keep ``group``'s release (or count its abort), then tell the sampler's
+        machine which of its members may join another group."""
+        members = group.members
         if reason:
             self.monitor.aborted += 1
             for observer in self.observers:
                 observer.aborted(self, group, reason)
         else:
-            self._released(group, report, full=config.publication.mode == "full")
+            assert report is not None
+            self._released(group, report, full=self.config.publication.mode == "full")
         # who may join another group: those that can afford one more aggregation beyond the
         # charges held back, whose host is still there
         held = self.ledger.aggregations(members) + self._held[members]

@@ -158,6 +158,9 @@ class HostSettings:
     group_size : int
         ``groups.group_size``: bounds what a host keeps for groups it is not assigned yet
         (:meth:`PeerHost._keep_early`) and the handshakes a listener holds at once.
+    max_concurrent : int
+        ``groups.max_concurrent_groups``: the groups in flight at once, each of which may
+        send a host's peers messages before their assignment (:meth:`PeerHost._keep_early`).
     allowed : tuple of str
         If not empty, the only addresses every listener of the run accepts connections from
         (a hosts file's ``allowlist``: :func:`p2pdp.net.tls.listen`).
@@ -176,6 +179,7 @@ class HostSettings:
     idle_timeout: float = 600.0
     seeded_noise: bool = False
     group_size: int = 3
+    max_concurrent: int = 1
     allowed: tuple[str, ...] = ()
     releases_per_peer: int = 2**31 - 1
 
@@ -364,6 +368,7 @@ class PeerHost:
         self.release_index: dict[int, int] = {}  # group -> its noise index (curator)
         self.deadline: dict[int, float] = {}  # group -> when its curator's timer runs out
         self.noise_position = 0  # draws of the run's noise stream consumed or skipped here
+        self.noise_origin = releaser.noise.state()  # seeded: where a backward seek restarts
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._used: dict[int, float] = {}  # receiver -> when its connection was last used
         self._outbox: deque[tuple[int | None, Any]] = deque()  # (receiver, frame) or action
@@ -679,7 +684,8 @@ class PeerHost:
         if kind in held[1]:
             raise ProtocolError(f"a second {kind} from {sender} (replayed)")
         origin = int(self.host_of[sender])
-        budget = self.settings.group_size * (self.settings.group_size - 1)
+        size = self.settings.group_size  # every member of every group in flight, to each other
+        budget = self.settings.max_concurrent * size * (size - 1)
         if self.early_held[origin] >= budget:  # its older groups first: an honest one moved on
             for other, senders in self.early.items():
                 for s, (g, _) in list(senders.items()):
@@ -914,9 +920,7 @@ class PeerHost:
         sizes = [size_of[m] for m in order]
         rng = None  # seeded: the run's stream, at the draw of the group's index
         if self.settings.seeded_noise:
-            index = self.release_index[group.group_id]
-            self.releaser.noise.skip(index - self.noise_position)
-            self.noise_position = index + 1
+            self._seek_noise(self.release_index[group.group_id])
         else:
             rng = os_generator()
         released, record = self.releaser.release(
@@ -929,6 +933,17 @@ class PeerHost:
         if rng is not None:  # the noise stays here: not even its norm is reported
             record = record._replace(noise_norm=math.nan)
         return released, record
+
+    def _seek_noise(self, index: int) -> None:
+        """Seeded: move the replica of the run's noise stream to draw ``index`` (its group's),
+        backward too: with groups in flight at once, a later group may release first, and
+        each group's noise stays the draw of its index whatever the order of releases."""
+        noise = self.releaser.noise
+        if index < self.noise_position:  # restart from the stream's origin, then skip
+            noise.restore(self.noise_origin)
+            self.noise_position = 0
+        noise.skip(index - self.noise_position)
+        self.noise_position = index + 1
 
     def _publish(self, group: Group, released: np.ndarray, record: Any) -> None:
         """Send the release to the members (``group``) or every other peer (``full``), then
