@@ -1116,16 +1116,50 @@ def test_msgpack_is_the_encoding():
 
 def test_a_curator_never_releases_a_group_past_its_expiry():
     """The coordinator aborts a group once the curator's timer (started by its assignment)
-    ran out: the curator then refuses every submission, so it never releases that group."""
+    ran out: the curator then takes no submission, so it never releases that group. Its
+    members' first submissions are late (``expired``: lost); a second copy is refused."""
     reports = []
     host = _host(reports)
     host.handle(0, _submit(sender=2))  # kept until the assignment
     host.handle(0, _submit(sender=1, size=7))
     host.handle(0, {**ASSIGN_0, "timeout": 0.0})
     assert not [r for r in reports if isinstance(r, dict)]  # nothing released, no report
-    assert host.counters.refused["submit"] == 2
+    assert host.counters.refused == {"expired": 2}
     host.handle(0, _submit(sender=2))
-    assert host.counters.refused["submit"] == 3
+    assert host.counters.refused == {"expired": 2, "submit": 1}
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (_submit(sender=2), "expired"),  # honest, late: lost
+        (_submit(sender=1, size=7), "submit"),  # it came in time: a second copy
+        (_submit(sender=5), "submit"),  # not a member
+        (_submit(sender=2, size=0), "submit"),  # below the minimum
+        (_submit(sender=2, group=-1), "submit"),  # a group this curator never collected
+        (_submit(sender=2, statistic=pack_vector(np.ones(3))), "submit"),  # malformed
+    ],
+)
+def test_a_submission_after_its_curators_timer_is_lost_if_honest_else_refused(message, reason):
+    """Group 0's curator (peer 0) holds member 1's submission when its timer runs out
+    (the first frame after it delivers it); then one frame arrives: a member's first
+    submission is lost (``expired``, the row's ``messages_lost``), anything the curator
+    would have refused in time still is (the row's ``messages_refused``)."""
+    reports = []
+    host = _host(reports, collect_timeout=0.05)
+    host.handle(0, {**ASSIGN_0, "timeout": 0.05})
+    host.handle(0, _submit(sender=1, size=7))
+    time.sleep(0.1)
+    host.handle(0, message)
+    assert host.counters.refused == {reason: 1}
+    host.handle(0, message)  # and again: a second copy at best
+    assert host.counters.refused == ({reason: 1, "submit": 1} if reason != "submit" else
+                                     {"submit": 2})  # fmt: skip
+    assert not [r for r in reports if isinstance(r, dict)]  # never released
+    stats = host.stats(0)["refused"]  # as the coordinator sums them into the row
+    lost = sum(stats.get(r, 0) for r in coordinator.LOST)
+    refused = sum(stats.get(r, 0) for r in coordinator.REFUSED)
+    assert (lost, refused) == ((1, 1) if reason == "expired" else (0, 2))
 
 
 def test_the_host_releases_only_what_the_curators_machine_decides(monkeypatch):
@@ -1619,7 +1653,9 @@ def test_a_secure_curator_assigned_anew_drops_its_unfinished_group():
         host.handle(peer, {**_assign(), "group": 1})  # the coordinator moved on
     host.handle(*late[0])
     assert not [r for r in reports if r["group"] == 0]
-    assert host.counters.refused["partial"] == 1
+    assert host.counters.refused == {"expired": 1}  # member 1's partial sum, late: lost
+    host.handle(*late[0])
+    assert host.counters.refused == {"expired": 1, "partial": 1}  # a second copy
 
 
 # -- private as deployed: the noise comes from the OS, drawn where it is added ---------------

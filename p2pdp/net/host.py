@@ -88,6 +88,7 @@ from p2pdp.protocols.oneshot import (
     Abort,
     Collect,
     Curator,
+    Late,
     Member,
     Publish,
     Refused,
@@ -124,6 +125,10 @@ EXPLAINED = 3
 PRE_EMPTED = "pre-empted"
 #: Every kind a peer's socket reads (a refusal is counted under its kind, or "unknown").
 KINDS = (ASSIGN, SUBMIT, SHARE, PARTIAL, PUBLISH)
+#: A host's count of contributions that reached their curator past its group's timer (or
+#: once the group ended otherwise): honest messages lost, not refused (:class:`~p2pdp.
+#: protocols.oneshot.Late`), and of groups that completed only after it.
+EXPIRED = "expired"
 
 
 @dataclass(frozen=True)
@@ -574,6 +579,9 @@ class PeerHost:
                 self._on_publish(peer, message)
             else:
                 raise ProtocolError(f"unknown kind {kind!r}")
+        except Late as error:  # honest, but its group ended: lost, not refused
+            self.counters.refused[EXPIRED] += 1
+            log.info("peer %d: a late %r frame, lost: %s", peer, kind, error)
         except (KeyError, TypeError, ValueError, OverflowError, ProtocolError) as error:
             # counted by kind, or as "unknown": a sender cannot grow the counter's keys
             self.counters.refused[kind if kind in KINDS else "unknown"] += 1
@@ -651,11 +659,12 @@ class PeerHost:
 
     def _assigned(self, peer: int, kind: str, message: dict[str, Any]) -> bool:
         """Whether ``peer`` was assigned the group of ``message`` in the role it needs: a
-        member for a share, its curator for a submission or a partial sum."""
+        member for a share, its curator for a submission or a partial sum (also once that
+        group ended: its machine tells a late contribution from a refused one)."""
         group_id = integer(message["group"], "group")
         if kind == SHARE:
             return self.member.sharing(peer) == group_id
-        return self.curator.collecting(peer, group_id)
+        return self.curator.collecting(peer, group_id) or self.curator.collected(peer, group_id)
 
     def _keep_early(self, peer: int, message: dict[str, Any], who: str | None) -> None:
         """A message for a group ``peer`` is not (yet) assigned to: the coordinator's
@@ -853,7 +862,8 @@ class PeerHost:
         host collects (:meth:`_assigned` checked it): once its timer is delivered if it ran
         out, the curator's machine accepts it or refuses it (:meth:`Curator.receive
         <p2pdp.protocols.oneshot.Curator.receive>`: from outside the group, a second one, a
-        shard size below the public minimum, after the timer); the host keeps the vector."""
+        shard size below the public minimum; :class:`~p2pdp.protocols.oneshot.Late` if it
+        would have been accepted but its group ended); the host keeps the vector."""
         group_id, sender = integer(message["group"], "group"), _sender(message)
         size = integer(message["size"], "size")
         self._due(group_id)
@@ -867,7 +877,7 @@ class PeerHost:
         the charge (carried to the coordinator, which owns the ledger, by the ``DONE``
         report of :meth:`_publish`), the release, the publication."""
         if self._due(group.group_id):
-            self.counters.refused["expired"] += 1
+            self.counters.refused[EXPIRED] += 1
             log.warning(
                 "curator %d: group %d expired before it completed", group.curator, group.group_id
             )
