@@ -1444,7 +1444,7 @@ def test_a_host_keeps_sending_when_a_receiver_is_gone():
     assert host.counters.wire["publish"] == 4  # counted as sent, as the simulator counts them
 
 
-def test_a_peers_socket_closes_an_idle_connection_and_senders_connect_afresh():
+def test_a_peers_socket_closes_an_idle_connection_and_senders_connect_afresh(caplog):
     """A peer's socket keeps a connection that sends nothing for ``peer_idle`` seconds (a
     group's time and two timeouts; it was 600 s): peer 0's host sends a frame to peer 1, stays
     silent past that, and sends another: its receiver closed the first connection, and the
@@ -1475,10 +1475,57 @@ def test_a_peers_socket_closes_an_idle_connection_and_senders_connect_afresh():
         await receiver.close()
         return sender, receiver
 
-    sender, receiver = asyncio.run(go())
-    assert receiver.counters.refused["publish"] == 2  # both arrived
-    assert receiver.counters.refused["TimeoutError"] == 2  # each connection closed when idle
+    with caplog.at_level("INFO", logger="p2pdp.net.host"):
+        sender, receiver = asyncio.run(go())
+    assert receiver.counters.refused == {"publish": 2}  # both arrived; an idle close is no refusal
+    assert receiver.counters.idle_closed == 2  # each connection closed when idle
     assert sender.counters.refused["unreachable"] == 0
+    assert "refused a connection" not in caplog.text
+
+
+def test_a_connection_its_peer_closes_logs_nothing_and_a_refused_one_says_why(caplog):
+    """Host 0 sends peer 2 (on host 1, mutual TLS) a frame and closes its connection, as a
+    sender drops one it left unused: nothing is logged or refused but the frame (no such
+    group). A frame that stops half-way is refused, and its log line names why (a timeout
+    carries no message of its own: it used to log "refused a connection: ")."""
+    _, credentials = _credentials(2)
+    settings = HostSettings(n_peers=4, hosts=2, full_publication=False, timeout=0.2)
+
+    async def go():
+        receiver = PeerHost(np.array([2, 3]), np.zeros((2, 2)), np.array([5, 5]),
+                            releaser=_host([]).releaser, sensitivity=lambda sizes: 1.0,
+                            settings=settings, report=lambda message: None,
+                            credential=credentials["host-1"])  # fmt: skip
+        sender = _tls_host(credentials["host-0"], settings)
+        port = (await receiver.listen())[2]
+        await sender.listen()
+        sender.addresses, sender.ports = ["127.0.0.1"] * 2, [0, 0, port, 0]
+        sender.send_frame("publish", 0, [2], encode(_full_publication(0, 3)))
+        await sender.flush()
+        await sender.close()  # closes its connection to peer 2
+        await asyncio.sleep(0.3)
+        closed = dict(receiver.counters.refused), caplog.text
+        context = credentials["host-0"].context(server=False)
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=context, server_hostname="host-1"
+        )
+        writer.write(encode(_full_publication(0, 4))[:10])  # a frame that stops half-way
+        await asyncio.sleep(0.5)
+        writer.close()
+        await receiver.close()
+        return closed
+
+    with caplog.at_level("INFO", logger="p2pdp.net.host"):
+        (refused, logged) = asyncio.run(go())
+    assert refused == {"publish": 1} and "connection" not in logged
+    (line,) = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert line.split("refused a connection: ")[1].strip()  # a reason, never empty
+    assert "did not end within 0.2 s" in line
+
+
+def test_a_log_lines_reason_is_never_empty():
+    assert host_module._reason(TimeoutError()) == "TimeoutError"
+    assert host_module._reason(ConnectionResetError("reset by peer")) == "reset by peer"
 
 
 # -- secure aggregation between the peers of one host, frames routed by hand -----------------

@@ -62,6 +62,7 @@ from p2pdp.net.tls import (
     signing_request,
 )
 from p2pdp.net.wire import (
+    IdleTimeout,
     ProtocolError,
     encode,
     frame_bytes,
@@ -198,6 +199,12 @@ def _sender(message: dict[str, Any]) -> int:
     return integer(message["sender"], "sender", SAMPLER)
 
 
+def _reason(error: BaseException) -> str:
+    """What a log line says about ``error``: its message, else its class's name (a timeout
+    or a reset may carry no message, and a refusal always says why)."""
+    return str(error) or type(error).__name__
+
+
 def _seconds(value: Any) -> float:
     """An assignment's ``timeout``: a finite number of seconds >= 0 (not a bool or a str)."""
     if type(value) not in (int, float) or not 0 <= value < math.inf:
@@ -238,6 +245,7 @@ class _Counters:
     wire_bytes: Counter = field(default_factory=Counter)  # kind -> bytes sent on the wire
     publications_received: int = 0
     refused: Counter = field(default_factory=Counter)  # reason -> frames refused
+    idle_closed: int = 0  # connections closed after peer_idle silent seconds (not refused)
 
 
 @dataclass(eq=False)
@@ -412,8 +420,10 @@ class PeerHost:
     async def _serve(
         self, peer: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """Read frames addressed to ``peer`` until the connection closes; a bad frame is
-        logged and closes this connection only."""
+        """Read frames addressed to ``peer`` until the connection closes, or stays silent
+        :attr:`~HostSettings.peer_idle` seconds (closed, counted ``idle_closed`` and not
+        logged: its sender connects afresh); a frame that breaks the wire format is refused,
+        logged with its reason, and closes this connection only."""
         who = identity(writer)  # the certificate's name (TLS), else None
         try:
             while True:
@@ -426,9 +436,11 @@ class PeerHost:
                 if message is None:
                     return
                 self.handle(peer, message, who)
+        except IdleTimeout:  # its sender stopped using it: an ordinary close, not a refusal
+            self.counters.idle_closed += 1
         except (ProtocolError, TimeoutError, ConnectionError) as error:
             self.counters.refused[type(error).__name__] += 1
-            log.warning("peer %d: refused a connection: %s", peer, error)
+            log.warning("peer %d: refused a connection: %s", peer, _reason(error))
         except asyncio.CancelledError:  # the host is shutting down
             pass
         finally:
@@ -585,7 +597,7 @@ class PeerHost:
         except (KeyError, TypeError, ValueError, OverflowError, ProtocolError) as error:
             # counted by kind, or as "unknown": a sender cannot grow the counter's keys
             self.counters.refused[kind if kind in KINDS else "unknown"] += 1
-            log.warning("peer %d: refused a %r frame: %s", peer, kind[:32], error)
+            log.warning("peer %d: refused a %r frame: %s", peer, kind[:32], _reason(error))
 
     def _on_publish(self, peer: int, message: dict[str, Any]) -> None:
         """A release for ``peer``: from its group's curator, once per group and sender, with
