@@ -1705,6 +1705,26 @@ def test_a_secure_curator_assigned_anew_drops_its_unfinished_group():
     assert host.counters.refused == {"expired": 1, "partial": 1}  # a second copy
 
 
+def test_a_share_that_reaches_its_member_after_the_group_moved_on_is_lost_not_refused():
+    """Member 2's share to member 1 of group 0 is held back until the coordinator assigned
+    everyone group 1: it is late (``expired``, lost); a second copy is refused."""
+    reports = []
+    host, outbox = _secure_host(reports)
+    for peer in range(3):
+        host.handle(peer, _assign())
+    (held,) = [(r, m) for r, m in outbox if r == 1 and m["sender"] == 2 and m["kind"] == "share"]
+    outbox.remove(held)
+    _route(host, outbox)
+    assert not reports and sum(host.counters.refused.values()) == 0  # the curator waits
+    for peer in range(3):
+        host.handle(peer, {**_assign(), "group": 1})  # the coordinator moved on
+    outbox.clear()
+    host.handle(*held)
+    assert host.counters.refused == {"expired": 1} and not outbox  # no partial sum sent
+    host.handle(*held)
+    assert host.counters.refused == {"expired": 1, "share": 1}
+
+
 # -- private as deployed: the noise comes from the OS, drawn where it is added ---------------
 def test_a_curators_noise_comes_from_the_os_with_the_mechanisms_law():
     """By default a curator draws each release's noise from a generator freshly seeded from

@@ -241,6 +241,33 @@ def _sampler(peers=7, g=3, limit=2, max_failed=2, seed=0) -> Sampler:
     return sampler
 
 
+def test_a_share_of_a_group_its_receiver_left_is_late_only_if_it_would_have_been_taken(
+    monkeypatch,
+):
+    """Member 4 took 7's share of group 5, then joined group 8: 2's first share of group 5
+    is late; a second copy, 7's (it came in time), a non-member's and a share of a group
+    4 never took shares of are refused; a window of past groups is remembered."""
+    monkeypatch.setattr(oneshot, "ENDED_WINDOW", 2)
+    member = Member(SIZES, everyone=False)
+    group, newer = _group(5, secure=True), _group(8, members=(4, 9), curator=9, secure=True)
+    member.join(4, group)
+    member.share(4, group, 7)
+    member.join(4, newer)
+    assert member.share_group(4, 5) is group and member.share_group(4, 8) is newer
+    assert member.share_group(4, 3) is None
+    with pytest.raises(Late):
+        member.share(4, group, 2)
+    for sender, why in ((2, "a second share"), (7, "a second share"), (9, "not both members")):
+        with pytest.raises(Refused, match=why) as refused:
+            member.share(4, group, sender)
+        assert refused.type is Refused
+    with pytest.raises(Refused, match="after a later group"):
+        member.share(4, _group(3, secure=True), 2)
+    for group_id in (10, 11):  # two more groups: group 5 falls out of the window
+        member.join(4, _group(group_id, secure=True))
+    assert member.share_group(4, 5) is None and member.share_group(4, 8) is newer
+
+
 def test_the_sampler_starts_disjoint_groups_up_to_its_limit_and_the_pools_draws():
     sampler = _sampler()
     starts = sampler.fill()

@@ -674,8 +674,8 @@ class PeerHost:
         member for a share, its curator for a submission or a partial sum (also once that
         group ended: its machine tells a late contribution from a refused one)."""
         group_id = integer(message["group"], "group")
-        if kind == SHARE:
-            return self.member.sharing(peer) == group_id
+        if kind == SHARE:  # its group now, or one it took shares of before (late)
+            return self.member.share_group(peer, group_id) is not None
         return self.curator.collecting(peer, group_id) or self.curator.collected(peer, group_id)
 
     def _keep_early(self, peer: int, message: dict[str, Any], who: str | None) -> None:
@@ -845,12 +845,19 @@ class PeerHost:
 
     def _on_share(self, peer: int, message: dict[str, Any]) -> None:
         """A share for ``peer``'s current group: add it; with one from every other member,
-        send the partial sum (and the shard size) to the curator."""
+        send the partial sum (and the shard size) to the curator. (A share for a group it
+        took shares of before is late, or refused.)"""
         sender = _sender(message)
         vector = unpack_vector(message["share"], shape=(self.dim,), ring=True)
+        group_id = integer(message["group"], "group")
         member = self.members[peer]
         group = member.group
-        step = self.member.share(peer, group, sender)  # Refused unless it may
+        if group.group_id != group_id:  # one it took shares of before: late, or refused
+            past = self.member.share_group(peer, group_id)
+            if past is None:  # (_assigned checked it)
+                raise ProtocolError(f"a share of group {group_id}, which {peer} was not in")
+            group = past
+        step = self.member.share(peer, group, sender)  # Late or Refused unless it may
         member.partial += vector  # mod 2^64
         size = self.sizes[self.row[peer]]
         for send in step.sends:

@@ -189,7 +189,10 @@ class Member:
         self.everyone = everyone
         self.last_group: dict[int, int] = {}
         self.expected: dict[int, dict[int, int]] = {}
-        self._shares: dict[int, tuple[int, set[int]]] = {}  # peer -> (group, share senders)
+        self._shares: dict[int, tuple[Group, set[int]]] = {}  # peer -> (group, share senders)
+        # (peer, group) -> (group, share senders): the last ENDED_WINDOW groups whose shares
+        # a peer took before a later one, oldest first (a share for them is late)
+        self._shared: dict[tuple[int, int], tuple[Group, set[int]]] = {}
 
     def assign(self, peer: int, group: Group, sender: int = SAMPLER) -> None:
         """An ``ASSIGN`` of ``group`` reached ``peer`` from ``sender``: accepted from the
@@ -211,7 +214,18 @@ class Member:
         if peer != group.curator and not self.everyone:
             self.expected.setdefault(peer, {})[group.group_id] = group.curator
         if group.secure and self.sharing(peer) != group.group_id:
-            self._shares[peer] = (group.group_id, set())
+            self._take_shares(peer, group)
+
+    def _take_shares(self, peer: int, group: Group) -> tuple[Group, set[int]]:
+        """``peer`` takes ``group``'s shares from now on; the group whose it took before is
+        remembered (:data:`ENDED_WINDOW` of them in all, the oldest forgotten)."""
+        older = self._shares.get(peer)
+        if older is not None:
+            self._shared[peer, older[0].group_id] = older
+            if len(self._shared) > ENDED_WINDOW:
+                del self._shared[next(iter(self._shared))]
+        current = self._shares[peer] = (group, set())
+        return current
 
     def contribute(self, peer: int, group: Group) -> Step:
         """``peer`` contributes to the group it joined: its statistic to the curator, or one
@@ -222,7 +236,17 @@ class Member:
     def sharing(self, peer: int) -> int | None:
         """The group whose shares ``peer`` takes now (secure aggregation), or None."""
         current = self._shares.get(peer)
-        return None if current is None else current[0]
+        return None if current is None else current[0].group_id
+
+    def share_group(self, peer: int, group_id: int) -> Group | None:
+        """The group ``group_id`` if ``peer`` takes its shares now, or took them before a
+        later group's (among the last :data:`ENDED_WINDOW`: a share for it is judged by
+        :meth:`share`, :class:`Late` or :class:`Refused`); else None."""
+        current = self._shares.get(peer)
+        if current is not None and current[0].group_id == group_id:
+            return current[0]
+        past = self._shared.get((peer, group_id))
+        return None if past is None else past[0]
 
     def share(self, peer: int, group: Group, sender: int) -> Step:
         """A ``SHARE`` of ``group`` from ``sender`` reached ``peer``, a member: accepted from
@@ -230,19 +254,28 @@ class Member:
         from every other member, ``peer`` sends its partial sum to the curator
         (:meth:`Group.on_share`). A share may come before ``peer`` joined (a driver that
         delivers it then counts it then: the simulator; the network host keeps it until the
-        assignment, see :meth:`sharing`)."""
+        assignment, see :meth:`sharing`). A first share from another member of a group
+        ``peer`` took shares of before a later one's (:meth:`share_group`) raises
+        :class:`Late`: its sender's honest message came too late."""
         members = group.members.tolist()
         if sender == peer or sender not in members or peer not in members:
             raise Refused(f"share from {sender} to {peer}, not both members of {group.group_id}")
         current = self._shares.get(peer)
-        if current is None or current[0] != group.group_id:
-            if current is not None and current[0] > group.group_id:
-                raise Refused(f"a share of group {group.group_id} after a later group's")
-            current = self._shares[peer] = (group.group_id, set())
+        late = False
+        if current is None or current[0].group_id != group.group_id:
+            if current is not None and current[0].group_id > group.group_id:
+                current = self._shared.get((peer, group.group_id))
+                if current is None:
+                    raise Refused(f"a share of group {group.group_id} after a later group's")
+                late = True
+            else:
+                current = self._take_shares(peer, group)
         senders = current[1]
         if sender in senders:
             raise Refused(f"a second share from {sender} (replayed)")
         senders.add(sender)
+        if late:
+            raise Late(f"a share of group {group.group_id} from {sender} after a later group's")
         return group.on_share(peer, self.sizes[peer])
 
     def publication(self, peer: int, group_id: int, sender: int) -> None:
