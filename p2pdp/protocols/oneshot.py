@@ -84,10 +84,11 @@ COLLECT_TIMEOUT = "collect timeout"
 REASSIGNED = "its curator was assigned a newer group"
 
 
-#: How many ended groups (released or aborted) a :class:`Curator` remembers, to tell a late
-#: contribution (:class:`Late`) from one outside the protocol (:class:`Refused`): a fixed
-#: window of the most recent, so its memory does not grow with the run. Only assignments (the
-#: sampler's) create groups, so no sender can push an honest group out of it.
+#: How many ended groups (released or aborted) a :class:`Curator` remembers, and how many
+#: groups its peers took shares of before a later one a :class:`Member` remembers, to tell a
+#: late contribution (:class:`Late`) from one outside the protocol (:class:`Refused`): a
+#: fixed window of the most recent, so their memory does not grow with the run. Only
+#: assignments (the sampler's) make groups, so no sender can push an honest group out.
 ENDED_WINDOW = 1024
 
 
@@ -97,10 +98,12 @@ class Refused(ValueError):
 
 
 class Late(Refused):
-    """A contribution its curator would have accepted had it come in time: from another
-    member of a group that ended (its timer ran out, it was aborted or released), its first,
-    claiming at least the public minimum. A message lost in the protocol's sense (its
-    driver counts it with the lost ones), not one outside the protocol; still not accepted."""
+    """A contribution its receiver would have accepted had it come in time: a submission or
+    partial sum from another member of a group that ended at its curator (its timer ran
+    out, it was aborted or released), its first, claiming at least the public minimum; or a
+    share from another member of a group its receiver left for a later one, its first. A
+    message lost in the protocol's sense (its driver counts it with the lost ones), not one
+    outside the protocol; still not accepted."""
 
 
 # -- effects ------------------------------------------------------------------------------------
