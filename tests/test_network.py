@@ -1185,16 +1185,50 @@ def test_msgpack_is_the_encoding():
 
 def test_a_curator_never_releases_a_group_past_its_expiry():
     """The coordinator aborts a group once the curator's timer (started by its assignment)
-    ran out: the curator then refuses every submission, so it never releases that group."""
+    ran out: the curator then takes no submission, so it never releases that group. Its
+    members' first submissions are late (``expired``: lost); a second copy is refused."""
     reports = []
     host = _host(reports)
     host.handle(0, _submit(sender=2))  # kept until the assignment
     host.handle(0, _submit(sender=1, size=7))
     host.handle(0, {**ASSIGN_0, "timeout": 0.0})
     assert not [r for r in reports if isinstance(r, dict)]  # nothing released, no report
-    assert host.counters.refused["submit"] == 2
+    assert host.counters.refused == {"expired": 2}
     host.handle(0, _submit(sender=2))
-    assert host.counters.refused["submit"] == 3
+    assert host.counters.refused == {"expired": 2, "submit": 1}
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (_submit(sender=2), "expired"),  # honest, late: lost
+        (_submit(sender=1, size=7), "submit"),  # it came in time: a second copy
+        (_submit(sender=5), "submit"),  # not a member
+        (_submit(sender=2, size=0), "submit"),  # below the minimum
+        (_submit(sender=2, group=-1), "submit"),  # a group this curator never collected
+        (_submit(sender=2, statistic=pack_vector(np.ones(3))), "submit"),  # malformed
+    ],
+)
+def test_a_submission_after_its_curators_timer_is_lost_if_honest_else_refused(message, reason):
+    """Group 0's curator (peer 0) holds member 1's submission when its timer runs out
+    (the first frame after it delivers it); then one frame arrives: a member's first
+    submission is lost (``expired``, the row's ``messages_lost``), anything the curator
+    would have refused in time still is (the row's ``messages_refused``)."""
+    reports = []
+    host = _host(reports, collect_timeout=0.05)
+    host.handle(0, {**ASSIGN_0, "timeout": 0.05})
+    host.handle(0, _submit(sender=1, size=7))
+    time.sleep(0.1)
+    host.handle(0, message)
+    assert host.counters.refused == {reason: 1}
+    host.handle(0, message)  # and again: a second copy at best
+    assert host.counters.refused == ({reason: 1, "submit": 1} if reason != "submit" else
+                                     {"submit": 2})  # fmt: skip
+    assert not [r for r in reports if isinstance(r, dict)]  # never released
+    stats = host.stats(0)["refused"]  # as the coordinator sums them into the row
+    lost = sum(stats.get(r, 0) for r in coordinator.LOST)
+    refused = sum(stats.get(r, 0) for r in coordinator.REFUSED)
+    assert (lost, refused) == ((1, 1) if reason == "expired" else (0, 2))
 
 
 def test_the_host_releases_only_what_the_curators_machine_decides(monkeypatch):
@@ -1479,7 +1513,7 @@ def test_a_host_keeps_sending_when_a_receiver_is_gone():
     assert host.counters.wire["publish"] == 4  # counted as sent, as the simulator counts them
 
 
-def test_a_peers_socket_closes_an_idle_connection_and_senders_connect_afresh():
+def test_a_peers_socket_closes_an_idle_connection_and_senders_connect_afresh(caplog):
     """A peer's socket keeps a connection that sends nothing for ``peer_idle`` seconds (a
     group's time and two timeouts; it was 600 s): peer 0's host sends a frame to peer 1, stays
     silent past that, and sends another: its receiver closed the first connection, and the
@@ -1510,10 +1544,57 @@ def test_a_peers_socket_closes_an_idle_connection_and_senders_connect_afresh():
         await receiver.close()
         return sender, receiver
 
-    sender, receiver = asyncio.run(go())
-    assert receiver.counters.refused["publish"] == 2  # both arrived
-    assert receiver.counters.refused["TimeoutError"] == 2  # each connection closed when idle
+    with caplog.at_level("INFO", logger="p2pdp.net.host"):
+        sender, receiver = asyncio.run(go())
+    assert receiver.counters.refused == {"publish": 2}  # both arrived; an idle close is no refusal
+    assert receiver.counters.idle_closed == 2  # each connection closed when idle
     assert sender.counters.refused["unreachable"] == 0
+    assert "refused a connection" not in caplog.text
+
+
+def test_a_connection_its_peer_closes_logs_nothing_and_a_refused_one_says_why(caplog):
+    """Host 0 sends peer 2 (on host 1, mutual TLS) a frame and closes its connection, as a
+    sender drops one it left unused: nothing is logged or refused but the frame (no such
+    group). A frame that stops half-way is refused, and its log line names why (a timeout
+    carries no message of its own: it used to log "refused a connection: ")."""
+    _, credentials = _credentials(2)
+    settings = HostSettings(n_peers=4, hosts=2, full_publication=False, timeout=0.2)
+
+    async def go():
+        receiver = PeerHost(np.array([2, 3]), np.zeros((2, 2)), np.array([5, 5]),
+                            releaser=_host([]).releaser, sensitivity=lambda sizes: 1.0,
+                            settings=settings, report=lambda message: None,
+                            credential=credentials["host-1"])  # fmt: skip
+        sender = _tls_host(credentials["host-0"], settings)
+        port = (await receiver.listen())[2]
+        await sender.listen()
+        sender.addresses, sender.ports = ["127.0.0.1"] * 2, [0, 0, port, 0]
+        sender.send_frame("publish", 0, [2], encode(_full_publication(0, 3)))
+        await sender.flush()
+        await sender.close()  # closes its connection to peer 2
+        await asyncio.sleep(0.3)
+        closed = dict(receiver.counters.refused), caplog.text
+        context = credentials["host-0"].context(server=False)
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=context, server_hostname="host-1"
+        )
+        writer.write(encode(_full_publication(0, 4))[:10])  # a frame that stops half-way
+        await asyncio.sleep(0.5)
+        writer.close()
+        await receiver.close()
+        return closed
+
+    with caplog.at_level("INFO", logger="p2pdp.net.host"):
+        (refused, logged) = asyncio.run(go())
+    assert refused == {"publish": 1} and "connection" not in logged
+    (line,) = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert line.split("refused a connection: ")[1].strip()  # a reason, never empty
+    assert "did not end within 0.2 s" in line
+
+
+def test_a_log_lines_reason_is_never_empty():
+    assert host_module._reason(TimeoutError()) == "TimeoutError"
+    assert host_module._reason(ConnectionResetError("reset by peer")) == "reset by peer"
 
 
 # -- secure aggregation between the peers of one host, frames routed by hand -----------------
@@ -1730,7 +1811,29 @@ def test_a_secure_curator_assigned_anew_drops_its_unfinished_group():
         host.handle(peer, {**_assign(), "group": 1})  # the coordinator moved on
     host.handle(*late[0])
     assert not [r for r in reports if r["group"] == 0]
-    assert host.counters.refused["partial"] == 1
+    assert host.counters.refused == {"expired": 1}  # member 1's partial sum, late: lost
+    host.handle(*late[0])
+    assert host.counters.refused == {"expired": 1, "partial": 1}  # a second copy
+
+
+def test_a_share_that_reaches_its_member_after_the_group_moved_on_is_lost_not_refused():
+    """Member 2's share to member 1 of group 0 is held back until the coordinator assigned
+    everyone group 1: it is late (``expired``, lost); a second copy is refused."""
+    reports = []
+    host, outbox = _secure_host(reports)
+    for peer in range(3):
+        host.handle(peer, _assign())
+    (held,) = [(r, m) for r, m in outbox if r == 1 and m["sender"] == 2 and m["kind"] == "share"]
+    outbox.remove(held)
+    _route(host, outbox)
+    assert not reports and sum(host.counters.refused.values()) == 0  # the curator waits
+    for peer in range(3):
+        host.handle(peer, {**_assign(), "group": 1})  # the coordinator moved on
+    outbox.clear()
+    host.handle(*held)
+    assert host.counters.refused == {"expired": 1} and not outbox  # no partial sum sent
+    host.handle(*held)
+    assert host.counters.refused == {"expired": 1, "share": 1}
 
 
 # -- private as deployed: the noise comes from the OS, drawn where it is added ---------------

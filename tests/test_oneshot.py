@@ -21,6 +21,7 @@ from p2pdp.config import (
 )
 from p2pdp.core.rng import Uniforms
 from p2pdp.experiments.simulation import simulate
+from p2pdp.protocols import oneshot
 from p2pdp.protocols.groups import (
     PARTIAL,
     SUBMIT,
@@ -37,6 +38,7 @@ from p2pdp.protocols.oneshot import (
     Charge,
     Collect,
     Curator,
+    Late,
     Member,
     Publish,
     Refused,
@@ -89,10 +91,61 @@ def test_a_group_timed_out_or_with_its_curator_offline_is_aborted_and_nobody_cha
     curator.joined(9, offline, 5.0)
     assert curator.timer(late) == [Abort(late, COLLECT_TIMEOUT)]
     assert curator.collect(late) == []  # timed out first: never released
-    with pytest.raises(Refused, match="no curator here collects"):
+    with pytest.raises(Late, match="after the group ended"):  # a member's, in vain
         curator.receive(SUBMIT, 0, 4, 40)
+    assert late.submitted == []  # not accepted
     assert curator.collect(offline, online=False) == [Abort(offline, CURATOR_OFFLINE)]
     assert curator.timer(offline) == []
+
+
+@pytest.mark.parametrize(
+    ("sender", "size", "kind", "why"),
+    [
+        (9, 90, SUBMIT, "outside its group"),  # not a member
+        (7, 70, SUBMIT, "outside its group"),  # the curator itself
+        (4, 40, SUBMIT, "a second submit"),  # it came in time
+        (2, 20, SUBMIT, "a second submit"),  # it came late already
+        (3, 1, SUBMIT, "below the public minimum"),
+        (3, 30, "share", "receives no 'share'"),
+    ],
+)
+def test_a_contribution_after_its_group_ended_is_late_only_if_it_would_have_been_accepted(
+    sender, size, kind, why
+):
+    """Group 0 timed out holding 4's submission; 2's comes late (Late: a lost message);
+    anything the curator would have refused in time is still refused, and so is a group it
+    never collected."""
+    curator = Curator(everyone=False, min_shard_size=2)
+    group = _group(members=(4, 7, 2, 3))
+    curator.joined(7, group, 5.0)
+    curator.receive(SUBMIT, 0, 4, 40)
+    curator.timer(group)
+    assert curator.collected(7, 0) and not curator.collected(4, 0)
+    with pytest.raises(Late):
+        curator.receive(SUBMIT, 0, 2, 20)
+    with pytest.raises(Refused, match=why) as refused:
+        curator.receive(kind, 0, sender, size)
+    assert refused.type is Refused  # not Late
+    with pytest.raises(Refused, match="no curator here collects"):
+        curator.receive(SUBMIT, 5, 2, 20)  # never collected here
+
+
+def test_a_curator_remembers_a_fixed_window_of_ended_groups(monkeypatch):
+    """A contribution for a group ended longer ago than the window is refused: the memory
+    of ended groups does not grow with the run."""
+    monkeypatch.setattr(oneshot, "ENDED_WINDOW", 3)
+    curator = Curator(everyone=False)
+    for group_id in range(5):
+        group = _group(group_id)
+        curator.joined(7, group, 5.0)
+        curator.timer(group)
+    assert len(curator._ended) == 3 and [curator.collected(7, g) for g in range(5)] == [
+        False, False, True, True, True
+    ]  # fmt: skip
+    with pytest.raises(Refused, match="no curator here collects"):
+        curator.receive(SUBMIT, 1, 2, 20)
+    with pytest.raises(Late):
+        curator.receive(SUBMIT, 2, 2, 20)
 
 
 def test_a_curator_assigned_anew_aborts_its_older_group():
@@ -186,6 +239,33 @@ def _sampler(peers=7, g=3, limit=2, max_failed=2, seed=0) -> Sampler:
     )
     sampler.start(list(range(peers)), 0)
     return sampler
+
+
+def test_a_share_of_a_group_its_receiver_left_is_late_only_if_it_would_have_been_taken(
+    monkeypatch,
+):
+    """Member 4 took 7's share of group 5, then joined group 8: 2's first share of group 5
+    is late; a second copy, 7's (it came in time), a non-member's and a share of a group
+    4 never took shares of are refused; a window of past groups is remembered."""
+    monkeypatch.setattr(oneshot, "ENDED_WINDOW", 2)
+    member = Member(SIZES, everyone=False)
+    group, newer = _group(5, secure=True), _group(8, members=(4, 9), curator=9, secure=True)
+    member.join(4, group)
+    member.share(4, group, 7)
+    member.join(4, newer)
+    assert member.share_group(4, 5) is group and member.share_group(4, 8) is newer
+    assert member.share_group(4, 3) is None
+    with pytest.raises(Late):
+        member.share(4, group, 2)
+    for sender, why in ((2, "a second share"), (7, "a second share"), (9, "not both members")):
+        with pytest.raises(Refused, match=why) as refused:
+            member.share(4, group, sender)
+        assert refused.type is Refused
+    with pytest.raises(Refused, match="after a later group"):
+        member.share(4, _group(3, secure=True), 2)
+    for group_id in (10, 11):  # two more groups: group 5 falls out of the window
+        member.join(4, _group(group_id, secure=True))
+    assert member.share_group(4, 5) is None and member.share_group(4, 8) is newer
 
 
 def test_the_sampler_starts_disjoint_groups_up_to_its_limit_and_the_pools_draws():

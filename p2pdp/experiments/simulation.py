@@ -78,14 +78,16 @@ class RunResult:
     for Poisson sampling. Epsilons of rows with different relations are not comparable.
     ``releases`` has one row per release (:mod:`p2pdp.privacy.release` records, plus cell time).
     ``messages_lost``: messages the transport model lost (or, for iterative protocols, that
-    came late); on the network runtime, the run's frames that were undeliverable or past their
-    group's timer, as the parties that reported counted them (see
+    came late); on the network runtime, the run's frames that were undeliverable or late (a
+    member's first contribution reaching its curator after the group ended:
+    :class:`~p2pdp.protocols.oneshot.Late`), as the parties that reported counted them (see
     :mod:`p2pdp.net.coordinator`), and the publications of released groups refused because
     a forged copy came first, with ``hosts_lost`` the host
     processes lost during the run (their peers left it; 0 in simulation).
     ``messages_refused`` (network runtime; 0 in simulation): the messages the parties refused
-    as outside the protocol (replayed, forged, malformed, or from a party the protocol's
-    state does not entitle to send them), as every party that reported counted them.
+    as outside the protocol (replayed, forged, malformed, from a party the protocol's state
+    does not entitle to send them, or for a group unknown to the receiver), as every party
+    that reported counted them.
     ``score_note`` is empty for a scored run; a network run whose coordinator holds no data
     (a hosts file's ``score = false``) says there why its scores (the task's summary columns,
     the peers' scores and shard sizes, a release's ``noise_norm`` unless its curator reported

@@ -62,6 +62,7 @@ from p2pdp.net.tls import (
     signing_request,
 )
 from p2pdp.net.wire import (
+    IdleTimeout,
     ProtocolError,
     encode,
     frame_bytes,
@@ -88,6 +89,7 @@ from p2pdp.protocols.oneshot import (
     Abort,
     Collect,
     Curator,
+    Late,
     Member,
     Publish,
     Refused,
@@ -124,6 +126,10 @@ EXPLAINED = 3
 PRE_EMPTED = "pre-empted"
 #: Every kind a peer's socket reads (a refusal is counted under its kind, or "unknown").
 KINDS = (ASSIGN, SUBMIT, SHARE, PARTIAL, PUBLISH)
+#: A host's count of contributions that reached their curator past its group's timer (or
+#: once the group ended otherwise): honest messages lost, not refused (:class:`~p2pdp.
+#: protocols.oneshot.Late`), and of groups that completed only after it.
+EXPIRED = "expired"
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,12 @@ def _sender(message: dict[str, Any]) -> int:
     return integer(message["sender"], "sender", SAMPLER)
 
 
+def _reason(error: BaseException) -> str:
+    """What a log line says about ``error``: its message, else its class's name (a timeout
+    or a reset may carry no message, and a refusal always says why)."""
+    return str(error) or type(error).__name__
+
+
 def _seconds(value: Any) -> float:
     """An assignment's ``timeout``: a finite number of seconds >= 0 (not a bool or a str)."""
     if type(value) not in (int, float) or not 0 <= value < math.inf:
@@ -237,6 +249,7 @@ class _Counters:
     wire_bytes: Counter = field(default_factory=Counter)  # kind -> bytes sent on the wire
     publications_received: int = 0
     refused: Counter = field(default_factory=Counter)  # reason -> frames refused
+    idle_closed: int = 0  # connections closed after peer_idle silent seconds (not refused)
 
 
 @dataclass(eq=False)
@@ -412,8 +425,10 @@ class PeerHost:
     async def _serve(
         self, peer: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """Read frames addressed to ``peer`` until the connection closes; a bad frame is
-        logged and closes this connection only."""
+        """Read frames addressed to ``peer`` until the connection closes, or stays silent
+        :attr:`~HostSettings.peer_idle` seconds (closed, counted ``idle_closed`` and not
+        logged: its sender connects afresh); a frame that breaks the wire format is refused,
+        logged with its reason, and closes this connection only."""
         who = identity(writer)  # the certificate's name (TLS), else None
         try:
             while True:
@@ -426,9 +441,11 @@ class PeerHost:
                 if message is None:
                     return
                 self.handle(peer, message, who)
+        except IdleTimeout:  # its sender stopped using it: an ordinary close, not a refusal
+            self.counters.idle_closed += 1
         except (ProtocolError, TimeoutError, ConnectionError) as error:
             self.counters.refused[type(error).__name__] += 1
-            log.warning("peer %d: refused a connection: %s", peer, error)
+            log.warning("peer %d: refused a connection: %s", peer, _reason(error))
         except asyncio.CancelledError:  # the host is shutting down
             pass
         finally:
@@ -579,10 +596,13 @@ class PeerHost:
                 self._on_publish(peer, message)
             else:
                 raise ProtocolError(f"unknown kind {kind!r}")
+        except Late as error:  # honest, but its group ended: lost, not refused
+            self.counters.refused[EXPIRED] += 1
+            log.info("peer %d: a late %r frame, lost: %s", peer, kind, error)
         except (KeyError, TypeError, ValueError, OverflowError, ProtocolError) as error:
             # counted by kind, or as "unknown": a sender cannot grow the counter's keys
             self.counters.refused[kind if kind in KINDS else "unknown"] += 1
-            log.warning("peer %d: refused a %r frame: %s", peer, kind[:32], error)
+            log.warning("peer %d: refused a %r frame: %s", peer, kind[:32], _reason(error))
 
     def _on_publish(self, peer: int, message: dict[str, Any]) -> None:
         """A release for ``peer``: from its group's curator, once per group and sender, with
@@ -656,11 +676,12 @@ class PeerHost:
 
     def _assigned(self, peer: int, kind: str, message: dict[str, Any]) -> bool:
         """Whether ``peer`` was assigned the group of ``message`` in the role it needs: a
-        member for a share, its curator for a submission or a partial sum."""
+        member for a share, its curator for a submission or a partial sum (also once that
+        group ended: its machine tells a late contribution from a refused one)."""
         group_id = integer(message["group"], "group")
-        if kind == SHARE:
-            return self.member.sharing(peer) == group_id
-        return self.curator.collecting(peer, group_id)
+        if kind == SHARE:  # its group now, or one it took shares of before (late)
+            return self.member.share_group(peer, group_id) is not None
+        return self.curator.collecting(peer, group_id) or self.curator.collected(peer, group_id)
 
     def _keep_early(self, peer: int, message: dict[str, Any], who: str | None) -> None:
         """A message for a group ``peer`` is not (yet) assigned to: the coordinator's
@@ -830,12 +851,19 @@ class PeerHost:
 
     def _on_share(self, peer: int, message: dict[str, Any]) -> None:
         """A share for ``peer``'s current group: add it; with one from every other member,
-        send the partial sum (and the shard size) to the curator."""
+        send the partial sum (and the shard size) to the curator. (A share for a group it
+        took shares of before is late, or refused.)"""
         sender = _sender(message)
         vector = unpack_vector(message["share"], shape=(self.dim,), ring=True)
+        group_id = integer(message["group"], "group")
         member = self.members[peer]
         group = member.group
-        step = self.member.share(peer, group, sender)  # Refused unless it may
+        if group.group_id != group_id:  # one it took shares of before: late, or refused
+            past = self.member.share_group(peer, group_id)
+            if past is None:  # (_assigned checked it)
+                raise ProtocolError(f"a share of group {group_id}, which {peer} was not in")
+            group = past
+        step = self.member.share(peer, group, sender)  # Late or Refused unless it may
         member.partial += vector  # mod 2^64
         size = self.sizes[self.row[peer]]
         for send in step.sends:
@@ -859,7 +887,8 @@ class PeerHost:
         host collects (:meth:`_assigned` checked it): once its timer is delivered if it ran
         out, the curator's machine accepts it or refuses it (:meth:`Curator.receive
         <p2pdp.protocols.oneshot.Curator.receive>`: from outside the group, a second one, a
-        shard size below the public minimum, after the timer); the host keeps the vector."""
+        shard size below the public minimum; :class:`~p2pdp.protocols.oneshot.Late` if it
+        would have been accepted but its group ended); the host keeps the vector."""
         group_id, sender = integer(message["group"], "group"), _sender(message)
         size = integer(message["size"], "size")
         self._due(group_id)
@@ -873,7 +902,7 @@ class PeerHost:
         the charge (carried to the coordinator, which owns the ledger, by the ``DONE``
         report of :meth:`_publish`), the release, the publication."""
         if self._due(group.group_id):
-            self.counters.refused["expired"] += 1
+            self.counters.refused[EXPIRED] += 1
             log.warning(
                 "curator %d: group %d expired before it completed", group.curator, group.group_id
             )

@@ -24,6 +24,7 @@ import numpy as np
 __all__ = [
     "MAX_FRAME_BYTES",
     "MODEL",
+    "IdleTimeout",
     "ModelFrame",
     "ProtocolError",
     "encode",
@@ -51,6 +52,12 @@ def frame_bytes(dim: int, n_peers: int) -> int:
 
 class ProtocolError(Exception):
     """A frame that breaks the wire format (too long, not msgpack, no kind, bad vector)."""
+
+
+class IdleTimeout(TimeoutError):
+    """No frame began within a connection's idle time (:func:`read_frame`): its sender
+    stopped using it (a sender drops a connection it left unused, and connects afresh), so
+    closing it is an ordinary end, not a refusal."""
 
 
 def integer(value: Any, name: str, low: int = 0, high: int = 2**63) -> int:
@@ -81,19 +88,22 @@ async def read_frame(
 
     Raises
     ------
+    IdleTimeout
+        No frame began within ``idle`` seconds (a :class:`TimeoutError`).
     TimeoutError
-        No frame began within ``idle`` seconds, or one did not end within ``timeout``.
+        A frame began and did not end within ``timeout``.
     ProtocolError
         Oversize, truncated or malformed frame.
     """
+    wait = timeout if idle is None else idle
     try:
-        header = await asyncio.wait_for(
-            reader.readexactly(_LENGTH.size), timeout if idle is None else idle
-        )
+        header = await asyncio.wait_for(reader.readexactly(_LENGTH.size), wait)
     except asyncio.IncompleteReadError as error:
         if not error.partial:
             return None
         raise ProtocolError("connection closed inside a frame's length") from None
+    except TimeoutError:
+        raise IdleTimeout(f"no frame began within {wait:g} s") from None
     (length,) = _LENGTH.unpack(header)
     if length > max_bytes:
         raise ProtocolError(f"frame of {length} bytes exceeds the maximum of {max_bytes}")
@@ -101,6 +111,8 @@ async def read_frame(
         body = await asyncio.wait_for(reader.readexactly(length), timeout)
     except asyncio.IncompleteReadError:
         raise ProtocolError(f"connection closed inside a frame of {length} bytes") from None
+    except TimeoutError:
+        raise TimeoutError(f"a frame of {length} bytes did not end within {timeout:g} s") from None
     try:
         message = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except (ValueError, msgpack.exceptions.ExtraData, msgpack.exceptions.FormatError) as error:

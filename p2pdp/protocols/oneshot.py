@@ -23,7 +23,8 @@ The decisions live here once:
   curator's timer ran out; a share from another member of its group, once, never one of an
   older group than the member's latest; a group publication from the group's curator, once.
   Anything else raises :class:`Refused` (a driver counts it, or, in simulation where every
-  party is honest, never sees it);
+  party is honest, never sees it), or :class:`Late` for a contribution the curator would
+  have accepted had it come before its group ended (a message lost, not one refused);
 - **who may join a group, when a group starts and when the run stops** (:class:`Sampler`):
   groups of ``g`` idle solvent peers while fewer than ``max_concurrent_groups`` are in flight,
   the members that can afford one more aggregation back to the pool once their group
@@ -60,11 +61,13 @@ from p2pdp.protocols.groups import (
 __all__ = [
     "COLLECT_TIMEOUT",
     "CURATOR_OFFLINE",
+    "ENDED_WINDOW",
     "REASSIGNED",
     "Abort",
     "Charge",
     "Collect",
     "Curator",
+    "Late",
     "Member",
     "Publish",
     "Refused",
@@ -81,9 +84,26 @@ COLLECT_TIMEOUT = "collect timeout"
 REASSIGNED = "its curator was assigned a newer group"
 
 
+#: How many ended groups (released or aborted) a :class:`Curator` remembers, and how many
+#: groups its peers took shares of before a later one a :class:`Member` remembers, to tell a
+#: late contribution (:class:`Late`) from one outside the protocol (:class:`Refused`): a
+#: fixed window of the most recent, so their memory does not grow with the run. Only
+#: assignments (the sampler's) make groups, so no sender can push an honest group out.
+ENDED_WINDOW = 1024
+
+
 class Refused(ValueError):
     """A message the protocol's state does not let its receiver accept (from a party that
-    may not send it, for a group it is not in, a second time, after its timer)."""
+    may not send it, for a group it is not in, a second time)."""
+
+
+class Late(Refused):
+    """A contribution its receiver would have accepted had it come in time: a submission or
+    partial sum from another member of a group that ended at its curator (its timer ran
+    out, it was aborted or released), its first, claiming at least the public minimum; or a
+    share from another member of a group its receiver left for a later one, its first. A
+    message lost in the protocol's sense (its driver counts it with the lost ones), not one
+    outside the protocol; still not accepted."""
 
 
 # -- effects ------------------------------------------------------------------------------------
@@ -172,7 +192,10 @@ class Member:
         self.everyone = everyone
         self.last_group: dict[int, int] = {}
         self.expected: dict[int, dict[int, int]] = {}
-        self._shares: dict[int, tuple[int, set[int]]] = {}  # peer -> (group, share senders)
+        self._shares: dict[int, tuple[Group, set[int]]] = {}  # peer -> (group, share senders)
+        # (peer, group) -> (group, share senders): the last ENDED_WINDOW groups whose shares
+        # a peer took before a later one, oldest first (a share for them is late)
+        self._shared: dict[tuple[int, int], tuple[Group, set[int]]] = {}
 
     def assign(self, peer: int, group: Group, sender: int = SAMPLER) -> None:
         """An ``ASSIGN`` of ``group`` reached ``peer`` from ``sender``: accepted from the
@@ -194,7 +217,18 @@ class Member:
         if peer != group.curator and not self.everyone:
             self.expected.setdefault(peer, {})[group.group_id] = group.curator
         if group.secure and self.sharing(peer) != group.group_id:
-            self._shares[peer] = (group.group_id, set())
+            self._take_shares(peer, group)
+
+    def _take_shares(self, peer: int, group: Group) -> tuple[Group, set[int]]:
+        """``peer`` takes ``group``'s shares from now on; the group whose it took before is
+        remembered (:data:`ENDED_WINDOW` of them in all, the oldest forgotten)."""
+        older = self._shares.get(peer)
+        if older is not None:
+            self._shared[peer, older[0].group_id] = older
+            if len(self._shared) > ENDED_WINDOW:
+                del self._shared[next(iter(self._shared))]
+        current = self._shares[peer] = (group, set())
+        return current
 
     def contribute(self, peer: int, group: Group) -> Step:
         """``peer`` contributes to the group it joined: its statistic to the curator, or one
@@ -205,7 +239,17 @@ class Member:
     def sharing(self, peer: int) -> int | None:
         """The group whose shares ``peer`` takes now (secure aggregation), or None."""
         current = self._shares.get(peer)
-        return None if current is None else current[0]
+        return None if current is None else current[0].group_id
+
+    def share_group(self, peer: int, group_id: int) -> Group | None:
+        """The group ``group_id`` if ``peer`` takes its shares now, or took them before a
+        later group's (among the last :data:`ENDED_WINDOW`: a share for it is judged by
+        :meth:`share`, :class:`Late` or :class:`Refused`); else None."""
+        current = self._shares.get(peer)
+        if current is not None and current[0].group_id == group_id:
+            return current[0]
+        past = self._shared.get((peer, group_id))
+        return None if past is None else past[0]
 
     def share(self, peer: int, group: Group, sender: int) -> Step:
         """A ``SHARE`` of ``group`` from ``sender`` reached ``peer``, a member: accepted from
@@ -213,19 +257,28 @@ class Member:
         from every other member, ``peer`` sends its partial sum to the curator
         (:meth:`Group.on_share`). A share may come before ``peer`` joined (a driver that
         delivers it then counts it then: the simulator; the network host keeps it until the
-        assignment, see :meth:`sharing`)."""
+        assignment, see :meth:`sharing`). A first share from another member of a group
+        ``peer`` took shares of before a later one's (:meth:`share_group`) raises
+        :class:`Late`: its sender's honest message came too late."""
         members = group.members.tolist()
         if sender == peer or sender not in members or peer not in members:
             raise Refused(f"share from {sender} to {peer}, not both members of {group.group_id}")
         current = self._shares.get(peer)
-        if current is None or current[0] != group.group_id:
-            if current is not None and current[0] > group.group_id:
-                raise Refused(f"a share of group {group.group_id} after a later group's")
-            current = self._shares[peer] = (group.group_id, set())
+        late = False
+        if current is None or current[0].group_id != group.group_id:
+            if current is not None and current[0].group_id > group.group_id:
+                current = self._shared.get((peer, group.group_id))
+                if current is None:
+                    raise Refused(f"a share of group {group.group_id} after a later group's")
+                late = True
+            else:
+                current = self._take_shares(peer, group)
         senders = current[1]
         if sender in senders:
             raise Refused(f"a second share from {sender} (replayed)")
         senders.add(sender)
+        if late:
+            raise Late(f"a share of group {group.group_id} from {sender} after a later group's")
         return group.on_share(peer, self.sizes[peer])
 
     def publication(self, peer: int, group_id: int, sender: int) -> None:
@@ -263,6 +316,9 @@ class Curator:
         self.min_shard_size = min_shard_size
         self.groups: dict[int, Group] = {}
         self._current: dict[int, int] = {}  # curator -> the group it collects
+        # the last ENDED_WINDOW groups that ended here, oldest first -> senders of late
+        # contributions (so a second late copy is a replay)
+        self._ended: dict[int, tuple[Group, set[int]]] = {}
 
     def joined(self, peer: int, group: Group, timeout: float | None) -> list[Abort | Timer]:
         """A peer run here joined ``group``: a group it curates from before is over (a curator
@@ -286,26 +342,41 @@ class Curator:
         group = self.groups.get(group_id)
         return group is not None and group.curator == curator
 
+    def collected(self, curator: int, group_id: int) -> bool:
+        """Whether ``curator`` collected ``group_id`` until it ended (released or aborted),
+        among the last :data:`ENDED_WINDOW` groups ended here: a contribution for it is
+        judged by :meth:`receive` (:class:`Late` or :class:`Refused`)."""
+        ended = self._ended.get(group_id)
+        return ended is not None and ended[0].curator == curator
+
     def receive(self, kind: str, group_id: int, sender: int, size: int) -> list[Collect]:
         """A ``SUBMIT`` or ``PARTIAL`` (``kind``) of ``group_id`` from ``sender``, who claims
         ``size`` records, reached its curator: accepted from another member of a group the
         curator collects, once, with ``size`` at least the public minimum; ``[Collect]``
-        once the curator holds every contribution."""
+        once the curator holds every contribution. One that would have been accepted but
+        for its group having ended (among the last :data:`ENDED_WINDOW`) raises
+        :class:`Late`; anything else, :class:`Refused` (a group never collected here or
+        forgotten, a sender outside the group, a second copy, a size below the minimum)."""
+        if kind not in (SUBMIT, PARTIAL):
+            raise Refused(f"a curator receives no {kind!r}")
         group = self.groups.get(group_id)
+        late: set[int] | None = None
         if group is None:
-            raise Refused(f"{kind} of group {group_id}, which no curator here collects")
+            if group_id not in self._ended:
+                raise Refused(f"{kind} of group {group_id}, which no curator here collects")
+            group, late = self._ended[group_id]
         if sender == group.curator or sender not in group.members.tolist():
             raise Refused(f"{kind} from {sender} to {group.curator} outside its group")
-        if sender in (group.partial_sizes if kind == PARTIAL else group.submitted):
+        if sender in (group.partial_sizes if kind == PARTIAL else group.submitted) or (
+            late is not None and sender in late
+        ):
             raise Refused(f"a second {kind} from {sender} (replayed)")
         if size < self.min_shard_size:
             raise Refused(f"shard size {size} below the public minimum {self.min_shard_size}")
-        if kind == SUBMIT:
-            ready = group.on_submit(sender, size)
-        elif kind == PARTIAL:
-            ready = group.on_partial(sender, size)
-        else:
-            raise Refused(f"a curator receives no {kind!r}")
+        if late is not None:
+            late.add(sender)
+            raise Late(f"{kind} of group {group_id} from {sender} after the group ended")
+        ready = group.on_submit(sender, size) if kind == SUBMIT else group.on_partial(sender, size)
         return [Collect(group)] if ready else []
 
     def collect(
@@ -340,6 +411,9 @@ class Curator:
     def _forget(self, group: Group) -> None:
         group.ended = True
         self.groups.pop(group.group_id, None)
+        self._ended.setdefault(group.group_id, (group, set()))
+        if len(self._ended) > ENDED_WINDOW:  # the oldest ended group is forgotten
+            del self._ended[next(iter(self._ended))]
         if self._current.get(group.curator) == group.group_id:
             del self._current[group.curator]
 
