@@ -63,7 +63,14 @@ from p2pdp.net.tls import (
     new_key,
     signing_request,
 )
-from p2pdp.net.wire import ProtocolError, encode, pack_vector, read_frame, unpack_vector
+from p2pdp.net.wire import (
+    ProtocolError,
+    encode,
+    error_reason,
+    pack_vector,
+    read_frame,
+    unpack_vector,
+)
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import NoiseStream, Releaser
@@ -1593,8 +1600,8 @@ def test_a_connection_its_peer_closes_logs_nothing_and_a_refused_one_says_why(ca
 
 
 def test_a_log_lines_reason_is_never_empty():
-    assert host_module._reason(TimeoutError()) == "TimeoutError"
-    assert host_module._reason(ConnectionResetError("reset by peer")) == "reset by peer"
+    assert error_reason(TimeoutError()) == "TimeoutError"
+    assert error_reason(ConnectionResetError("reset by peer")) == "reset by peer"
 
 
 # -- secure aggregation between the peers of one host, frames routed by hand -----------------

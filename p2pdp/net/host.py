@@ -65,6 +65,7 @@ from p2pdp.net.wire import (
     IdleTimeout,
     ProtocolError,
     encode,
+    error_reason,
     frame_bytes,
     integer,
     pack_vector,
@@ -201,12 +202,6 @@ def _sender(message: dict[str, Any]) -> int:
     """A frame's ``sender``: a peer id, or SAMPLER (the coordinator); ProtocolError unless an
     int (see :func:`~p2pdp.net.wire.integer`)."""
     return integer(message["sender"], "sender", SAMPLER)
-
-
-def _reason(error: BaseException) -> str:
-    """What a log line says about ``error``: its message, else its class's name (a timeout
-    or a reset may carry no message, and a refusal always says why)."""
-    return str(error) or type(error).__name__
 
 
 def _seconds(value: Any) -> float:
@@ -445,7 +440,7 @@ class PeerHost:
             self.counters.idle_closed += 1
         except (ProtocolError, TimeoutError, ConnectionError) as error:
             self.counters.refused[type(error).__name__] += 1
-            log.warning("peer %d: refused a connection: %s", peer, _reason(error))
+            log.warning("peer %d: refused a connection: %s", peer, error_reason(error))
         except asyncio.CancelledError:  # the host is shutting down
             pass
         finally:
@@ -602,7 +597,7 @@ class PeerHost:
         except (KeyError, TypeError, ValueError, OverflowError, ProtocolError) as error:
             # counted by kind, or as "unknown": a sender cannot grow the counter's keys
             self.counters.refused[kind if kind in KINDS else "unknown"] += 1
-            log.warning("peer %d: refused a %r frame: %s", peer, kind[:32], _reason(error))
+            log.warning("peer %d: refused a %r frame: %s", peer, kind[:32], error_reason(error))
 
     def _on_publish(self, peer: int, message: dict[str, Any]) -> None:
         """A release for ``peer``: from its group's curator, once per group and sender, with

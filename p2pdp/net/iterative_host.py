@@ -69,14 +69,25 @@ from typing import Any
 
 import numpy as np
 
-from p2pdp.net.host import FINISH, HELLO, STATS, HostError, Ticket, enroll, fresh, hosts_of
+from p2pdp.net.host import (
+    FINISH,
+    HELLO,
+    STATS,
+    HostError,
+    Ticket,
+    enroll,
+    fresh,
+    hosts_of,
+)
 from p2pdp.net.pair_keys import KEYS, PairKeys
 from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity, listen, resolve
 from p2pdp.net.wire import (
     MODEL,
+    IdleTimeout,
     ModelFrame,
     ProtocolError,
     encode,
+    error_reason,
     frame_bytes,
     integer,
     model_frame,
@@ -196,6 +207,7 @@ class _Counters:
     wire: Counter = field(default_factory=Counter)  # kind -> frames sent
     wire_bytes: Counter = field(default_factory=Counter)  # kind -> bytes sent on the wire
     refused: Counter = field(default_factory=Counter)  # reason -> frames refused
+    idle_closed: int = 0  # connections closed after peer_idle silent seconds (not refused)
 
 
 class IterativeHost:
@@ -311,9 +323,11 @@ class IterativeHost:
                 if message is None:
                     return
                 self.handle(message, who)
+        except IdleTimeout:  # its sender stopped using it: an ordinary close, not a refusal
+            self.counters.idle_closed += 1
         except (ProtocolError, TimeoutError, ConnectionError) as error:
             self.counters.refused[type(error).__name__] += 1
-            log.warning("refused a connection: %s", error)
+            log.warning("refused a connection: %s", error_reason(error))
         except asyncio.CancelledError:
             pass
         finally:

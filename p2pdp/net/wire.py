@@ -28,6 +28,7 @@ __all__ = [
     "ModelFrame",
     "ProtocolError",
     "encode",
+    "error_reason",
     "frame_bytes",
     "integer",
     "model_frame",
@@ -208,3 +209,9 @@ def parse_model(
         )
     except KeyError as error:
         raise ProtocolError(f"model frame without {error}") from None
+
+
+def error_reason(error: BaseException) -> str:
+    """What a log line says about ``error``: its message, else its class's name (a timeout
+    or a reset may carry no message, and a refusal always says why)."""
+    return str(error) or type(error).__name__
