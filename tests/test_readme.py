@@ -161,6 +161,8 @@ def test_readme_run_commands_run_on_tiny_settings(real_data_home, tmp_path, caps
                 f'--set=sweep."{key}"=[{_toml(setting_value(point.config, key))}]'
                 for key in scenario.swept_keys()
             ),
+            # an iterative run on the network paces its rounds by the wall clock
+            *(["--set", "protocol.rounds=3"] if point.config.protocol.iterative else []),
         ]
         without_out = [a for a in argv[1:] if a != "--out" and a != args.out]
         assert main([*without_out, *tiny]) == 0, argv
