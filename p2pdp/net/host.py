@@ -426,21 +426,14 @@ class PeerHost:
         logged with its reason, and closes this connection only."""
         who = identity(writer)  # the certificate's name (TLS), else None
         try:
-            while True:
-                message = await read_frame(
-                    reader,
-                    timeout=self.settings.timeout,
-                    idle=self.settings.peer_idle,
-                    max_bytes=self.frame_bytes,
-                )
-                if message is None:
-                    return
-                self.handle(peer, message, who)
-        except IdleTimeout:  # its sender stopped using it: an ordinary close, not a refusal
-            self.counters.idle_closed += 1
-        except (ProtocolError, TimeoutError, ConnectionError) as error:
-            self.counters.refused[type(error).__name__] += 1
-            log.warning("peer %d: refused a connection: %s", peer, error_reason(error))
+            await serve_frames(
+                reader,
+                lambda message: self.handle(peer, message, who),
+                self.settings,
+                self.frame_bytes,
+                self.counters,
+                f"peer {peer}: ",
+            )
         except asyncio.CancelledError:  # the host is shutting down
             pass
         finally:
@@ -1000,6 +993,54 @@ class PeerHost:
         )
 
 
+async def serve_frames(
+    reader: asyncio.StreamReader,
+    handle: Callable[[dict[str, Any]], None],
+    settings: HostSettings | Any,
+    max_bytes: int,
+    counters: Any,
+    who: str = "",
+) -> None:
+    """Hand each frame of one connection to ``handle`` until it closes, or stays silent
+    ``settings.peer_idle`` seconds (``settings``: a host's, one-shot or iterative: its
+    ``timeout`` and ``peer_idle``) (``counters.idle_closed``; not logged: its sender connects
+    afresh); a frame that breaks the wire format is refused (``counters.refused`` by the
+    error's class), logged with its reason after ``who``, and closes this connection only."""
+    try:
+        while True:
+            message = await read_frame(
+                reader, timeout=settings.timeout, idle=settings.peer_idle, max_bytes=max_bytes
+            )
+            if message is None:
+                return
+            handle(message)
+    except IdleTimeout:  # its sender stopped using it: an ordinary close, not a refusal
+        counters.idle_closed += 1
+    except (ProtocolError, TimeoutError, ConnectionError) as error:
+        counters.refused[type(error).__name__] += 1
+        log.warning("%srefused a connection: %s", who, error_reason(error))
+
+
+async def connect_control(
+    coordinator: str, port: int, credential: Credential, timeout: float, hint: str = ""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A host's TLS control connection to the coordinator; HostError naming where it looked
+    (``hint``: what to check, appended) if it cannot be opened within ``timeout`` seconds."""
+    try:
+        return await asyncio.wait_for(
+            asyncio.open_connection(
+                coordinator,
+                port,
+                ssl=credential.context(server=False),
+                server_hostname=COORDINATOR,
+            ),
+            timeout,
+        )
+    except (OSError, TimeoutError) as error:
+        raise HostError(f"cannot reach the coordinator at {coordinator}:{port}: "
+                        f"{error or 'timed out'}{hint}") from None  # fmt: skip
+
+
 async def serve(
     peers: np.ndarray,
     statistics: np.ndarray,
@@ -1063,19 +1104,9 @@ async def serve(
             ports = await host.listen(address)
         except OSError as error:
             raise HostError(f"cannot listen on {address}: {error}") from None
-        try:
-            reader, control = await asyncio.wait_for(
-                asyncio.open_connection(
-                    coordinator,
-                    ticket.port,
-                    ssl=credential.context(server=False),
-                    server_hostname=COORDINATOR,
-                ),
-                settings.timeout,
-            )
-        except (OSError, TimeoutError) as error:
-            raise HostError(f"cannot reach the coordinator at {coordinator}:{ticket.port}: "
-                            f"{error or 'timed out'}{hint}") from None  # fmt: skip
+        reader, control = await connect_control(
+            coordinator, ticket.port, credential, settings.timeout, hint
+        )
         writer = control
         report(
             {

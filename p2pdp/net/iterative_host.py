@@ -75,19 +75,19 @@ from p2pdp.net.host import (
     STATS,
     HostError,
     Ticket,
+    connect_control,
     enroll,
     fresh,
     hosts_of,
+    serve_frames,
 )
 from p2pdp.net.pair_keys import KEYS, PairKeys
-from p2pdp.net.tls import COORDINATOR, Credential, host_name, identity, listen, resolve
+from p2pdp.net.tls import Credential, host_name, identity, listen, resolve
 from p2pdp.net.wire import (
     MODEL,
-    IdleTimeout,
     ModelFrame,
     ProtocolError,
     encode,
-    error_reason,
     frame_bytes,
     integer,
     model_frame,
@@ -313,21 +313,13 @@ class IterativeHost:
         closes this connection only."""
         who = identity(writer)
         try:
-            while True:
-                message = await read_frame(
-                    reader,
-                    timeout=self.settings.timeout,
-                    idle=self.settings.peer_idle,
-                    max_bytes=self.frame_bytes,
-                )
-                if message is None:
-                    return
-                self.handle(message, who)
-        except IdleTimeout:  # its sender stopped using it: an ordinary close, not a refusal
-            self.counters.idle_closed += 1
-        except (ProtocolError, TimeoutError, ConnectionError) as error:
-            self.counters.refused[type(error).__name__] += 1
-            log.warning("refused a connection: %s", error_reason(error))
+            await serve_frames(
+                reader,
+                lambda message: self.handle(message, who),
+                self.settings,
+                self.frame_bytes,
+                self.counters,
+            )
         except asyncio.CancelledError:
             pass
         finally:
@@ -726,19 +718,9 @@ async def serve_iterative(
             port = await host.listen(address)
         except OSError as error:
             raise HostError(f"cannot listen on {address}: {error}") from None
-        try:
-            reader, control = await asyncio.wait_for(
-                asyncio.open_connection(
-                    coordinator,
-                    ticket.port,
-                    ssl=credential.context(server=False),
-                    server_hostname=COORDINATOR,
-                ),
-                settings.timeout,
-            )
-        except (OSError, TimeoutError) as error:
-            raise HostError(f"cannot reach the coordinator at {coordinator}:{ticket.port}: "
-                            f"{error or 'timed out'}") from None  # fmt: skip
+        reader, control = await connect_control(
+            coordinator, ticket.port, credential, settings.timeout
+        )
         writer = control
         report(
             {
