@@ -50,16 +50,10 @@ def _peak_mb() -> float:
 
 def scenario(peers: int, formation: str = "auto"):
     """The benchmarked scenario at ``peers`` peers (``gossip.formation = formation``)."""
-    from p2pdp.config import (
-        DataConfig,
-        EvaluationConfig,
-        GossipConfig,
-        GroupsConfig,
-        NetworkConfig,
-        PartitionConfig,
-        PrivacyConfig,
-        ScenarioConfig,
-    )
+    from p2pdp.config import GossipConfig, GroupsConfig, NetworkConfig, ScenarioConfig
+    from p2pdp.data.settings import DataConfig, PartitionConfig
+    from p2pdp.learning.settings import EvaluationConfig
+    from p2pdp.privacy.settings import PrivacyConfig
 
     return ScenarioConfig(
         name=f"bench_gossip_{peers}",

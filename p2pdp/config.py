@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from p2pdp.core import components
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.reads import When, declared_reads, declares_reads
 from p2pdp.core.validation import (
     AllOf,
     Boolean,
     ComponentName,
+    Derived,
     FileName,
     IntAtLeast,
     Interval,
@@ -35,23 +36,22 @@ from p2pdp.core.validation import (
     Optional,
     Positive,
     Probability,
-    as_list,
     check,
     invalid,
     validate_fields,
 )
-from p2pdp.data.settings import FILE_LOADER_OPTIONS, DataConfig
-from p2pdp.data.settings import TRANSFORM_STEPS as TRANSFORM_STEPS  # the schema lists it
+from p2pdp.data.preprocess import NORM_STEPS, Preprocessor
+from p2pdp.data.settings import FILE_LOADER_OPTIONS, DataConfig, PartitionConfig
+from p2pdp.learning.settings import EvaluationConfig, TrainingConfig
+from p2pdp.privacy.gdp import MAX_MU
+from p2pdp.privacy.mechanisms import NoNoise
+from p2pdp.privacy.settings import PrivacyConfig
 
 # Settings that name a component (data.dataset, training.model, privacy.mechanism,
 # privacy.accountant, groups.sampler, evaluation.vote, task.name) take their options from the
 # registry (p2pdp.core.components): a registered name or an import string 'package.module:Name'.
-PARTITION_SCHEMES = ("iid", "label_skew", "quantity_skew", "contiguous", "column", "file")
-SENSITIVITY_MODES = ("group-mean", "pathak")
 LATENCY_MODELS = ("constant", "exponential", "lognormal")
 PUBLICATION_MODES = ("group", "full")
-SPLITS = ("cv", "fixed")
-DEFAULT_EPSILON_PER_AGGREGATION = 0.1
 OVERLAYS = ("random-regular", "erdos-renyi", "watts-strogatz", "barabasi-albert")
 #: How the gossip sampler advances group formation (:mod:`p2pdp.sim.gossip.rounds`).
 FORMATIONS = ("auto", "messages", "rounds")
@@ -149,312 +149,6 @@ OPTION_READS: dict[str, dict[Any, tuple[str, ...]]] = {
     "prevalence.response": {"keep": (), "two-coin": ("prevalence.theta2",)},
     "evaluation.split": {"cv": ("evaluation.cv_folds", "evaluation.folds"), "fixed": ()},
 }
-
-#: Most aggregations a peer's budget may be meant for (``epsilon / epsilon_per_aggregation``):
-#: far beyond any simulated run, and a guard against a typo such as ``epsilon = 1e308``.
-MAX_AGGREGATIONS_PER_PEER = 1e6
-
-
-class Derived(float):
-    """A float setting computed from other settings (e.g. ``privacy.delta_per_aggregation``).
-
-    It compares, prints and computes like the float it holds; its type only tells
-    ``__post_init__`` to compute it again when a copy changes the settings it depends on.
-    """
-
-    __slots__ = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PartitionConfig:
-    """How training rows are split into peer shards (:mod:`p2pdp.data.partition`).
-
-    ``scheme``: ``"iid"``, ``"label_skew"`` / ``"quantity_skew"`` (Dirichlet ``alpha``),
-    ``"contiguous"`` (consecutive rows in their order: iid only for exchangeable rows such as
-    ``synthetic``'s), or a partition the user gives, one peer id in ``0..n_peers-1`` per row
-    of the data set (the rows the folds are cut from; a fold's test rows are simply not used
-    for training):
-    ``"column"`` takes it from the data set (``data.peer_column``, or a loader's
-    ``RawData.peers``), ``"file"`` from the text file ``path`` (one id per line). Every peer
-    id must be used, and every peer must hold at least ``min_shard_size`` training rows in
-    every fold.
-    """
-
-    n_peers: int = field(default=100, metadata=check(IntAtLeast(1)))
-    scheme: str = field(default="iid", metadata=check(OneOf(PARTITION_SCHEMES)))
-    alpha: float = field(default=0.5, metadata=check(Positive()))
-    min_shard_size: int = field(default=1, metadata=check(IntAtLeast(1)))
-    path: str | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.path, os.PathLike):
-            object.__setattr__(self, "path", os.fspath(self.path))
-        validate_fields(self, "partition")
-        if self.path is not None and not (isinstance(self.path, str) and self.path):
-            raise invalid("partition.path", "a non-empty path string", self.path)
-        if self.scheme == "file" and self.path is None:
-            raise ConfigError(
-                "partition.path is required for partition.scheme = 'file': the file of "
-                "peer ids, one per row of the data set"
-            )
-        if self.scheme != "file" and self.path is not None:
-            raise ConfigError(
-                f"partition.path is read only by partition.scheme = 'file'; got "
-                f"partition.path = {self.path!r} with partition.scheme = {self.scheme!r}"
-            )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrainingConfig:
-    """Local training: L2 regularisation ``lam`` (TOML key, ``--set`` key and results column
-    ``training.lambda``), optional simulated time.
-
-    ``model`` is the local learner (a ``model`` component: ``"logistic"`` or an import
-    string). ``seconds_per_row`` > 0 makes a peer available only after
-    ``n_j * seconds_per_row`` seconds of simulated training time. ``lambda_source`` says
-    where ``lambda`` came from when it was chosen by looking at data (e.g. ``"chosen by the
-    lambda_grid sweep on Spambase (reads every peer's data and the test folds)"``); empty
-    means the user chose it without looking at the data. A non-empty value is listed as a
-    non-private step (:mod:`p2pdp.experiments.disclosure`).
-    """
-
-    lam: float = field(default=1e-2, metadata=check(Positive()))
-    model: str = field(default="logistic", metadata=check(ComponentName("model")))
-    seconds_per_row: float = field(default=0.0, metadata=check(NonNegative()))
-    lambda_source: str = ""
-
-    def __post_init__(self) -> None:
-        validate_fields(self, "training", {"lam": "lambda"})
-        if not isinstance(self.lambda_source, str) or ";" in self.lambda_source:
-            raise invalid(
-                "training.lambda_source",
-                "a string without ';' (results join non-private steps with '; ')",
-                self.lambda_source,
-            )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PrivacyConfig:
-    """Per-peer budget and the aggregation mechanism.
-
-    Each peer has ``epsilon`` (and ``delta`` for the Gaussian mechanism) in total; every
-    aggregation it joins costs ``epsilon_per_aggregation`` (``delta_per_aggregation``).
-    ``delta_per_aggregation = None`` (the default) derives it as
-    ``delta * epsilon_per_aggregation / epsilon``, so basic composition spends ``delta`` with the
-    budget's last aggregation. The derived value is stored in the field as a :class:`Derived`
-    float, which is derived again whenever ``epsilon``, ``epsilon_per_aggregation`` or
-    ``delta`` change (``dataclasses.replace``, a sweep); a value given explicitly is kept.
-    ``sensitivity = "group-mean"`` calibrates on 2/(K n_min lambda); ``"pathak"`` on the
-    seed's 2/(n_min lambda). ``secure_aggregation`` hides individual models from the curator.
-
-    ``noise_multiplier`` (Gaussian only) is the alternative to ``epsilon_per_aggregation``:
-    fix the noise ``sigma = z * Delta_2`` of every release and let the accountant say how many
-    aggregations the budget affords. Give at most one of the two (neither: ``epsilon_A =
-    0.1``); with ``z`` the per-release guarantee is ``epsilon_A = gdp_epsilon(1/z, delta_A)``,
-    the analytic Gaussian calibration of that ``z`` (:attr:`step_epsilon`).
-
-    ``accountant = "auto"`` (the default) is ``gdp`` (exact composition) for the Gaussian
-    mechanism and ``basic`` for every other (the iterative protocols: ``pld`` for Poisson
-    sampling, :meth:`ProtocolConfig.accountant`); ``pld`` composes privacy loss distributions
-    (dp-accounting) of any of them. Results rows record the resolved name
-    (:attr:`resolved_accountant`).
-    ``tau`` bounds each record's log-likelihood for ``mechanism = "posterior-sampling"`` (the
-    utility's sensitivity, :mod:`p2pdp.privacy.posterior_sampling.posterior`); other mechanisms
-    ignore it.
-
-    ``min_shard_size`` (default None) is a public lower bound on every peer's records: when
-    set, a group's sensitivity is computed from it (as if every member held that many) instead
-    of the members' claimed shard sizes, so no claim can shrink the noise; a peer with fewer
-    records is refused (the simulator: before the run; the network runtime: a submission
-    claiming fewer). Valid for tasks whose sensitivity does not grow with shard sizes (every
-    built-in one). None: the members' own sizes, taken on trust. The iterative protocols'
-    Poisson sampling needs it: its steps divide by ``sampling_rate * min_shard_size`` (under
-    add/remove the peer's own shard size is private).
-    """
-
-    epsilon: float = field(default=1.0, metadata=check(Positive()))
-    epsilon_per_aggregation: float | None = field(
-        default=None, metadata=check(Optional(Positive()))
-    )
-    delta: float = 0.0
-    delta_per_aggregation: float | None = None
-    mechanism: str = field(default="vector-laplace", metadata=check(ComponentName("mechanism")))
-    sensitivity: str = field(default="group-mean", metadata=check(OneOf(SENSITIVITY_MODES)))
-    accountant: str = field(
-        default="auto", metadata=check(ComponentName("accountant", extra=("auto",)))
-    )
-    secure_aggregation: bool = field(default=False, metadata=check(Boolean()))
-    noise_multiplier: float | None = field(default=None, metadata=check(Optional(Positive())))
-    min_shard_size: int | None = field(default=None, metadata=check(Optional(IntAtLeast(1))))
-
-    def resolve_mechanism_name(self) -> str:
-        """``"gaussian"`` when the mechanism's class is (a subclass of) the Gaussian mechanism."""
-        from p2pdp.privacy.mechanisms import Gaussian
-
-        cls = components.resolve("mechanism", self.mechanism, key="privacy.mechanism")
-        return "gaussian" if isinstance(cls, type) and issubclass(cls, Gaussian) else self.mechanism
-
-    @property
-    def resolved_accountant(self) -> str:
-        """``accountant`` with ``"auto"`` resolved (``gdp`` for gaussian, else ``basic``)."""
-        from p2pdp.privacy.accounting import resolve_accountant_name
-
-        return resolve_accountant_name(self.accountant, self.mechanism)
-
-    @property
-    def step_epsilon(self) -> float:
-        """Epsilon of one aggregation (``epsilon_per_aggregation``, resolved on construction)."""
-        return float(self.epsilon_per_aggregation)  # type: ignore[arg-type]  # never None here
-
-    tau: float = field(default=1.0, metadata=check(Positive()))
-
-    @property
-    def needs_records(self) -> bool:
-        """Whether the mechanism draws from a peer's records (``posterior-sampling``)."""
-        cls = components.resolve("mechanism", self.mechanism, key="privacy.mechanism")
-        return bool(getattr(cls, "needs_records", False))
-
-    @property
-    def approximate(self) -> bool:
-        """Whether the mechanism needs ``delta > 0`` (``gaussian``, or a plug-in that says so)."""
-        cls = components.resolve("mechanism", self.mechanism, key="privacy.mechanism")
-        return bool(getattr(cls, "approximate", False))
-
-    def _resolve_epsilon_per_aggregation(self) -> None:
-        """Store the epsilon of one release: given, implied by ``noise_multiplier``, or 0.1.
-
-        A resolved value is a :class:`Derived` float, so a copy with other settings resolves
-        it again; after construction the field is never None.
-        """
-        given = self.epsilon_per_aggregation
-        explicit = given is not None and not isinstance(given, Derived)
-        if self.noise_multiplier is None:
-            value = given if explicit else Derived(DEFAULT_EPSILON_PER_AGGREGATION)
-        else:
-            if explicit:
-                raise ConfigError(
-                    "set only one of privacy.epsilon_per_aggregation and "
-                    f"privacy.noise_multiplier; got {given!r} and {self.noise_multiplier!r}"
-                )
-            if self.resolve_mechanism_name() != "gaussian":
-                raise ConfigError(
-                    "privacy.noise_multiplier calibrates the one-shot protocol's Gaussian "
-                    f"releases and needs privacy.mechanism = 'gaussian'; got {self.mechanism!r} "
-                    "(set privacy.epsilon_per_aggregation instead)"
-                )
-            delta_step = self.delta_per_aggregation
-            if delta_step is None or isinstance(delta_step, Derived):
-                raise ConfigError(
-                    "privacy.delta_per_aggregation must be given with privacy.noise_multiplier "
-                    "(the delta at which one release's epsilon is stated); got None. "
-                    "privacy.noise_multiplier calibrates the one-shot protocol's releases; "
-                    "iterative protocols take protocol.noise_multiplier"
-                )
-            from p2pdp.privacy.gdp import MAX_MU, gdp_epsilon
-
-            if 1.0 / self.noise_multiplier > MAX_MU:
-                raise ConfigError(
-                    f"privacy.noise_multiplier must be >= {1 / MAX_MU:g} (below it one release's "
-                    f"epsilon exceeds 5e11: no privacy), got {self.noise_multiplier!r}; for a "
-                    "run without noise set privacy.mechanism = 'none'"
-                )
-            value = Derived(float(gdp_epsilon(1.0 / self.noise_multiplier, delta_step)))
-        object.__setattr__(self, "epsilon_per_aggregation", value)
-
-    @property
-    def per_aggregation_derived(self) -> bool:
-        """Whether the user gave neither ``epsilon_per_aggregation``, ``delta_per_aggregation``
-        nor ``noise_multiplier`` (both per-aggregation values are the derived defaults)."""
-        return (
-            self.noise_multiplier is None
-            and isinstance(self.epsilon_per_aggregation, Derived)
-            and isinstance(self.delta_per_aggregation, Derived)
-        )
-
-    def check_per_aggregation(self) -> None:
-        """ConfigError unless one aggregation's (epsilon, delta) fit the budget.
-
-        Checked on construction when a per-aggregation value was given, else by
-        :class:`ScenarioConfig` only when the protocol reads them (an iterative protocol
-        spends its budget by steps, not aggregations).
-        """
-        step = self.step_epsilon  # first: a derived delta_per_aggregation follows from it
-        if step > self.epsilon * (1 + 1e-12):
-            key = (
-                "privacy.epsilon_per_aggregation"
-                if self.noise_multiplier is None
-                else "the epsilon of one release at privacy.noise_multiplier"
-            )
-            raise ConfigError(f"{key} must be <= privacy.epsilon ({self.epsilon!r}), got {step!r}")
-        if self.approximate:
-            value = self.delta_per_aggregation
-            if not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
-                raise invalid(
-                    "privacy.delta_per_aggregation",
-                    f"in (0, 1) for the {self.mechanism} mechanism",
-                    value,
-                )
-            if value > self.delta:
-                raise ConfigError(
-                    "privacy.delta_per_aggregation must be <= privacy.delta "
-                    f"({self.delta!r}), got {value!r}"
-                )
-        if self.epsilon / step > MAX_AGGREGATIONS_PER_PEER:
-            raise ConfigError(
-                f"privacy.epsilon / privacy.epsilon_per_aggregation must be <= "
-                f"{MAX_AGGREGATIONS_PER_PEER:g} (aggregations per peer), got {self.epsilon!r} / "
-                f"{step!r} = {self.epsilon / step:g}"
-            )
-
-    def __post_init__(self) -> None:
-        validate_fields(self, "privacy")
-        self._resolve_epsilon_per_aggregation()
-        if self.delta_per_aggregation is None or isinstance(self.delta_per_aggregation, Derived):
-            delta = self.delta
-            ok = isinstance(delta, (int, float)) and not isinstance(delta, bool)
-            step = self.step_epsilon
-            derived = Derived(delta / (self.epsilon / step) if ok else 0.0)
-            object.__setattr__(self, "delta_per_aggregation", derived)
-        if self.approximate:
-            if not (isinstance(self.delta, (int, float)) and 0.0 < self.delta < 1.0):
-                raise invalid(
-                    "privacy.delta", f"in (0, 1) for the {self.mechanism} mechanism", self.delta
-                )
-        elif self.delta != 0 or self.delta_per_aggregation != 0:
-            raise ConfigError(
-                f"privacy.delta must be 0 for privacy.mechanism = {self.mechanism!r} (pure "
-                f"epsilon-DP: it uses no delta), got delta = {self.delta!r}, "
-                f"delta_per_aggregation = {self.delta_per_aggregation!r}; set them to 0, or use "
-                "an approximate mechanism such as 'gaussian'"
-            )
-        if self.accountant in ("rdp", "gdp") and not self.approximate:
-            raise ConfigError(
-                f"privacy.accountant = {self.accountant!r} needs privacy.mechanism = "
-                f"'gaussian'; got mechanism {self.mechanism!r}"
-            )
-        if not self.per_aggregation_derived:
-            self.check_per_aggregation()
-        if self.secure_aggregation and self.needs_records:
-            raise ConfigError(
-                f"privacy.secure_aggregation = true cannot be used with privacy.mechanism = "
-                f"{self.mechanism!r}: the mechanism samples from a peer's own records, which "
-                "no curator may see; set privacy.secure_aggregation = false (groups of one)"
-            )
-        if self.secure_aggregation and not getattr(
-            components.resolve("mechanism", self.mechanism, key="privacy.mechanism"),
-            "splittable",
-            False,
-        ):
-            splittable = [
-                name
-                for name in components.names("mechanism")
-                if getattr(components.resolve("mechanism", name), "splittable", False)
-            ]
-            raise ConfigError(
-                "privacy.secure_aggregation = true needs noise the members can split: "
-                f"privacy.mechanism must be one of {', '.join(splittable)}; "
-                f"got {self.mechanism!r}"
-            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -574,46 +268,6 @@ class PublicationConfig:
 
     def __post_init__(self) -> None:
         validate_fields(self, "publication")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EvaluationConfig:
-    """How runs are evaluated.
-
-    ``split = "cv"``: stratified ``cv_folds``-fold cross-validation; ``"fixed"``: the data
-    set's predefined train/test split (adult). ``folds`` limits which folds run (empty = all).
-    ``vote``: ensemble rule, ``"majority"`` of signs (ties broken by the summed margin, then
-    +1), ``"mean-margin"`` (sign of the mean margin, 0 -> +1), ``"majority-own"`` (ties to
-    the own model), ``"average"`` or ``"local-validated"`` (noise-aware, see
-    :mod:`p2pdp.learning.evaluation`). ``best_lambda_reference``: also report the non-private
-    centralised model at its own cross-validated lambda (``centralized_best_lambda_error``;
-    a few seconds per fold, computed once per training key).
-    """
-
-    vote: str = field(default="majority", metadata=check(ComponentName("ensemble")))
-    split: str = field(default="cv", metadata=check(OneOf(SPLITS)))
-    cv_folds: int = field(default=10, metadata=check(IntAtLeast(2)))
-    folds: tuple[int, ...] = ()
-    best_lambda_reference: bool = field(default=False, metadata=check(Boolean()))
-
-    def __post_init__(self) -> None:
-        validate_fields(self, "evaluation")
-        object.__setattr__(self, "folds", as_list("evaluation.folds", self.folds))
-        for fold in self.folds:
-            if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < self.cv_folds:
-                raise invalid("evaluation.folds", f"fold indices in [0, {self.cv_folds})", fold)
-        repeated = sorted({fold for fold in self.folds if self.folds.count(fold) > 1})
-        if repeated:
-            raise ConfigError(
-                f"evaluation.folds must not repeat a fold (each fold is one set of cells), "
-                f"got {list(self.folds)}: {repeated} more than once"
-            )
-
-    def fold_indices(self) -> tuple[int, ...]:
-        """Folds a run covers: ``(0,)`` for a fixed split, else ``folds`` or all."""
-        if self.split == "fixed":
-            return (0,)
-        return self.folds or tuple(range(self.cv_folds))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -767,8 +421,6 @@ class ProtocolConfig:
                 "private) set privacy.mechanism = 'none', the non-private setting of every "
                 "protocol"
             )
-        from p2pdp.privacy.gdp import MAX_MU
-
         if self.noise_multiplier is not None and 2.0 / self.noise_multiplier > MAX_MU:
             raise ConfigError(
                 f"protocol.noise_multiplier must be >= {2 / MAX_MU:g} (below it one step's "
@@ -1002,9 +654,6 @@ def _check_row_norm_bound(config: ScenarioConfig) -> None:
     (``privacy.mechanism = "none"``) has no sensitivity, and a task that reads no features
     (``reads_features = False``) has no rows to bound: they need no norm step.
     """
-    from p2pdp.data.preprocess import NORM_STEPS, Preprocessor
-    from p2pdp.privacy.mechanisms import NoNoise
-
     if Preprocessor(steps=config.data.transform).bounds_row_norms or config.protocol.iterative:
         return
     task = components.resolve("task", config.task.name, key="task.name")
@@ -1157,8 +806,6 @@ def settings_read(config: ScenarioConfig, runtime: str | None = "simulation") ->
     dict
         Public dotted key -> who reads it (``"protocol.name = 'dpsgd'"``, ``"the engine"``).
     """
-    from p2pdp.core.reads import When, declared_reads, declares_reads
-
     read: dict[str, str] = {}
     pending: list[tuple[str, str]] = [(key, "the engine") for key in ENGINE_READS]
     for name in RUNTIME_READERS if runtime is None else (runtime,):
@@ -1236,7 +883,6 @@ class _AnythingBut(str):
 def readers_of(key: str) -> dict[str, list[Any]]:
     """Which settings' values make the dotted setting ``key`` read: setting -> its values
     (built-in components, option values, ``"runtime"`` -> runtimes), for error messages."""
-    from p2pdp.core.reads import When, declared_reads
 
     def names(entries: Any) -> set[str]:
         keys = [k for e in entries for k in (e.keys if isinstance(e, When) else (e,))]

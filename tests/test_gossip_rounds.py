@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from scipy import stats
 from test_gossip import check_invariants, recording, scenario
 
-from p2pdp.config import GossipConfig, NetworkConfig, PartitionConfig
+from p2pdp.config import GossipConfig, NetworkConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.data.settings import PartitionConfig
 from p2pdp.experiments.simulation import simulate
 from p2pdp.protocols.gossip import IN_GROUP
 from p2pdp.sim import world as world_module

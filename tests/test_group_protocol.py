@@ -9,16 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import GroupsConfig, PublicationConfig, ScenarioConfig
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig
+from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.groups import (
     ASSIGN,
     PARTIAL,

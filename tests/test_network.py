@@ -33,17 +33,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from scipy import stats
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    ProtocolConfig,
-    PublicationConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import GroupsConfig, ProtocolConfig, PublicationConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments import network as network_module
 from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.disclosure import non_private_column
@@ -51,6 +43,7 @@ from p2pdp.experiments.network import read_hosts_file
 from p2pdp.experiments.runner import run_experiment
 from p2pdp.experiments.scenario import load_scenario
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.net import coordinator, tls
 from p2pdp.net import host as host_module
 from p2pdp.net.coordinator import NetworkWorld
@@ -74,6 +67,7 @@ from p2pdp.net.wire import (
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import NoiseStream, Releaser
+from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.groups import Group
 from p2pdp.protocols.oneshot import Curator
 from p2pdp.sim.world import WorldObserver
@@ -471,7 +465,8 @@ def test_a_runs_hosts_stop_when_an_interrupt_leaves_it(monkeypatch):
 ORPHANS = """
 import os, sys, time
 os.environ["P2PDP_NETWORK_HOSTS"] = sys.argv[1]
-from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
+from p2pdp.config import GroupsConfig, ScenarioConfig
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.network import run_hosts
 from p2pdp.experiments.simulation import simulate
 if __name__ == "__main__":
@@ -761,7 +756,8 @@ def test_hosts_that_said_why_they_stopped_fail_the_run_with_no_unrelated_advice(
 UNGUARDED = """
 import os
 os.environ["P2PDP_NETWORK_HOSTS"] = "2"
-from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
+from p2pdp.config import GroupsConfig, ScenarioConfig
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
 data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)
 config = ScenarioConfig(seed=1, data=data, partition=PartitionConfig(n_peers=6),
