@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from p2pdp.core import components
 from p2pdp.core.errors import ConfigError
@@ -67,7 +67,7 @@ MAX_EXCHANGES = 10_000_000
 
 
 #: Settings every run reads, whatever its components: the grid's seed, repetitions and split
-#: (its folds: :data:`OPTION_READS`), the workload and the number of peers
+#: (its folds: ``EvaluationConfig.option_reads``), the workload and the number of peers
 #: (:mod:`p2pdp.experiments.runner`).
 ENGINE_READS = (
     "name",
@@ -107,47 +107,6 @@ UNDECLARED_READS = {
 RUNTIME_READERS = {
     "simulation": "p2pdp.sim.transport:Transport",
     "network": "p2pdp.net.coordinator:NetworkWorld",
-}
-
-#: Settings an option-valued setting reads only for some of its values (while it is read
-#: itself): setting -> value -> settings. A value missing here (a plug-in's) reads them all.
-OPTION_READS: dict[str, dict[Any, tuple[str, ...]]] = {
-    "partition.scheme": {
-        "iid": (),
-        "label_skew": ("partition.alpha",),
-        "quantity_skew": ("partition.alpha",),
-        "contiguous": (),
-        "column": (),
-        "file": ("partition.path",),
-    },
-    "protocol.sampling": {
-        "full": (),
-        "poisson": ("protocol.sampling_rate", "privacy.min_shard_size"),
-        "fixed": ("protocol.batch_size",),
-    },
-    "gossip.overlay": {
-        "random-regular": ("gossip.degree",),
-        "erdos-renyi": ("gossip.degree", "gossip.edge_probability"),
-        "watts-strogatz": ("gossip.degree", "gossip.rewiring"),
-        "barabasi-albert": ("gossip.attachment",),
-    },
-    "gossip.churn": {
-        False: (),
-        True: (
-            "gossip.session_median",
-            "gossip.session_sigma",
-            "gossip.downtime_median",
-            "gossip.downtime_sigma",
-        ),
-    },
-    "network.latency": {
-        "constant": (),
-        "exponential": (),
-        "lognormal": ("network.latency_sigma",),
-    },
-    "prevalence.source": {"synthetic": ("prevalence.prevalence",), "dataset": ("data.*",)},
-    "prevalence.response": {"keep": (), "two-coin": ("prevalence.theta2",)},
-    "evaluation.split": {"cv": ("evaluation.cv_folds", "evaluation.folds"), "fixed": ()},
 }
 
 
@@ -195,6 +154,12 @@ class NetworkConfig:
     bandwidth: float = field(default=math.inf, metadata=check(Positive(allow_inf=True)))
     loss: float = field(default=0.0, metadata=check(Probability()))
     seeded_noise: bool = field(default=False, metadata=check(Boolean()))
+
+    #: Settings read only for some values of this table's options, while the option itself is
+    #: read (:func:`p2pdp.config.settings_read`).
+    option_reads: ClassVar[tuple[When, ...]] = (
+        When("network.latency", "lognormal", ("network.latency_sigma",)),
+    )
 
     def __post_init__(self) -> None:
         validate_fields(self, "network")
@@ -256,6 +221,25 @@ class GossipConfig:
         default=0.0, metadata=check(Probability(open_upper=False))
     )
 
+    #: Settings read only for some values of this table's options, while the option itself is
+    #: read (:func:`p2pdp.config.settings_read`).
+    option_reads: ClassVar[tuple[When, ...]] = (
+        When("gossip.overlay", "random-regular", ("gossip.degree",)),
+        When("gossip.overlay", "erdos-renyi", ("gossip.degree", "gossip.edge_probability")),
+        When("gossip.overlay", "watts-strogatz", ("gossip.degree", "gossip.rewiring")),
+        When("gossip.overlay", "barabasi-albert", ("gossip.attachment",)),
+        When(
+            "gossip.churn",
+            True,
+            (
+                "gossip.session_median",
+                "gossip.session_sigma",
+                "gossip.downtime_median",
+                "gossip.downtime_sigma",
+            ),
+        ),
+    )
+
     def __post_init__(self) -> None:
         validate_fields(self, "gossip")
 
@@ -314,6 +298,14 @@ class PrevalenceConfig:
     level: float = field(default=0.95, metadata=check(_OPEN_UNIT))
     response: str = field(default="keep", metadata=check(OneOf(RESPONSE_FORMS)))
     theta2: float = field(default=0.5, metadata=check(_OPEN_UNIT))
+
+    #: Settings read only for some values of this table's options, while the option itself is
+    #: read (:func:`p2pdp.config.settings_read`).
+    option_reads: ClassVar[tuple[When, ...]] = (
+        When("prevalence.source", "synthetic", ("prevalence.prevalence",)),
+        When("prevalence.source", "dataset", ("data.*",)),
+        When("prevalence.response", "two-coin", ("prevalence.theta2",)),
+    )
 
     def __post_init__(self) -> None:
         validate_fields(self, "prevalence")
@@ -397,6 +389,13 @@ class ProtocolConfig:
     threat_model: str = field(default="local", metadata=check(OneOf(THREAT_MODELS)))
     eval_every: int = field(default=1, metadata=check(IntAtLeast(1)))
 
+    #: Settings read only for some values of this table's options, while the option itself is
+    #: read (:func:`p2pdp.config.settings_read`).
+    option_reads: ClassVar[tuple[When, ...]] = (
+        When("protocol.sampling", "poisson", ("protocol.sampling_rate", "privacy.min_shard_size")),
+        When("protocol.sampling", "fixed", ("protocol.batch_size",)),
+    )
+
     def __post_init__(self) -> None:
         validate_fields(self, "protocol")
         if self.rounds > MAX_ROUNDS:
@@ -472,6 +471,26 @@ SECTIONS: dict[str, type] = {
     "pooling": PoolingConfig,
     "protocol": ProtocolConfig,
 }
+
+
+def option_reads(key: str) -> tuple[When, ...]:
+    """What the option ``key`` reads for some of its values: its table's ``option_reads``
+    entries on ``key`` (e.g. ``partition.scheme = 'file'`` reads ``partition.path``)."""
+    table = SECTIONS.get(key.partition(".")[0])
+    return tuple(entry for entry in getattr(table, "option_reads", ()) if entry.key == key)
+
+
+def _listed_option_reads() -> dict[str, dict[Any, tuple[str, ...]]]:
+    listed: dict[str, dict[Any, tuple[str, ...]]] = {}
+    for table in SECTIONS.values():
+        for entry in getattr(table, "option_reads", ()):
+            listed.setdefault(entry.key, {})[entry.value] = entry.keys
+    return listed
+
+
+#: The tables' ``option_reads`` as setting -> value -> settings, for listings (``p2pdp
+#: components``, the guide); each is declared on its table, next to the option's constraint.
+OPTION_READS = _listed_option_reads()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -798,8 +817,9 @@ def settings_read(config: ScenarioConfig, runtime: str | None = "simulation") ->
     Starts from :data:`ENGINE_READS` and the runtime's reads (``runtime = None``: every
     runtime's, for a scenario, which may run on either); a setting naming a component
     (:data:`COMPONENT_SETTINGS`) adds that component's declared ``reads``
-    (:mod:`p2pdp.core.reads`), an option (:data:`OPTION_READS`) the settings of its value. A
-    task that does not read ``protocol.name`` runs the one-shot protocol, whose reads are added.
+    (:mod:`p2pdp.core.reads`), an option (its table's ``option_reads``) the settings of its
+    value. A task that does not read ``protocol.name`` runs the one-shot protocol, whose reads
+    are added.
 
     Returns
     -------
@@ -833,9 +853,8 @@ def settings_read(config: ScenarioConfig, runtime: str | None = "simulation") ->
                     declares_reads(reader_object) or components.is_builtin(kind, value)
                 ):  # a plug-in that does not say: whatever a component of its kind is given
                     entries = tuple(f"{s}.*" for s in UNDECLARED_READS.get(kind, SECTIONS))
-            elif name in OPTION_READS:
-                options = OPTION_READS[name]
-                entries = options.get(value, tuple({k for ks in options.values() for k in ks}))
+            else:
+                entries = option_reads(name)
             for entry in entries:
                 if isinstance(entry, When):
                     if entry.holds(setting_value(config, entry.key)):
@@ -902,10 +921,10 @@ def readers_of(key: str) -> dict[str, list[Any]]:
                     value = _AnythingBut(entry.value) if entry.negate else entry.value
                     if value not in found.setdefault(entry.key, []):
                         found[entry.key].append(value)
-    for setting, options in OPTION_READS.items():
-        for value, keys in options.items():
-            if key in names(keys):
-                found.setdefault(setting, []).append(value)
+    for table in SECTIONS.values():
+        for entry in getattr(table, "option_reads", ()):
+            if key in names([entry]) and entry.value not in found.setdefault(entry.key, []):
+                found[entry.key].append(entry.value)
     for runtime, target in RUNTIME_READERS.items():
         if key in names(declared_reads(components.load(target, key="runtime"))):
             found.setdefault("runtime", []).append(runtime)

@@ -12,9 +12,11 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from p2pdp.core import components
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.reads import When
 from p2pdp.core.validation import (
     Boolean,
     ComponentName,
@@ -227,6 +229,14 @@ class PartitionConfig:
     alpha: float = field(default=0.5, metadata=check(Positive()))
     min_shard_size: int = field(default=1, metadata=check(IntAtLeast(1)))
     path: str | None = None
+
+    #: Settings read only for some values of this table's options, while the option itself is
+    #: read (:func:`p2pdp.config.settings_read`).
+    option_reads: ClassVar[tuple[When, ...]] = (
+        When("partition.scheme", "label_skew", ("partition.alpha",)),
+        When("partition.scheme", "quantity_skew", ("partition.alpha",)),
+        When("partition.scheme", "file", ("partition.path",)),
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):

@@ -10,8 +10,10 @@ and the engine) live with the code that reads them; :mod:`p2pdp.config` composes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.reads import When
 from p2pdp.core.validation import (
     Boolean,
     ComponentName,
@@ -76,6 +78,12 @@ class EvaluationConfig:
     cv_folds: int = field(default=10, metadata=check(IntAtLeast(2)))
     folds: tuple[int, ...] = ()
     best_lambda_reference: bool = field(default=False, metadata=check(Boolean()))
+
+    #: Settings read only for some values of this table's options, while the option itself is
+    #: read (:func:`p2pdp.config.settings_read`).
+    option_reads: ClassVar[tuple[When, ...]] = (
+        When("evaluation.split", "cv", ("evaluation.cv_folds", "evaluation.folds")),
+    )
 
     def __post_init__(self) -> None:
         validate_fields(self, "evaluation")
