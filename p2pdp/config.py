@@ -102,13 +102,6 @@ UNDECLARED_READS = {
     "ensemble": ("evaluation",),
 }
 
-#: What each runtime reads (its driver's ``reads``): the simulator's transport model reads
-#: ``[network]``; on the network runtime messages cross a real network.
-RUNTIME_READERS = {
-    "simulation": "p2pdp.sim.transport:Transport",
-    "network": "p2pdp.net.coordinator:NetworkWorld",
-}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GroupsConfig:
@@ -163,6 +156,18 @@ class NetworkConfig:
 
     def __post_init__(self) -> None:
         validate_fields(self, "network")
+
+
+#: What each runtime (``p2pdp run --runtime``) reads besides its components: the simulator's
+#: message model (:class:`p2pdp.sim.transport.Transport`) the transport settings (and
+#: ``network.latency_sigma`` for the lognormal model, :attr:`NetworkConfig.option_reads`); the
+#: network runtime (:class:`p2pdp.net.coordinator.NetworkWorld`), whose messages cross a real
+#: network, only where its noise comes from. Declared here as data, which each runtime takes as
+#: its ``reads``, so that checking a config loads no runtime.
+RUNTIME_READS: dict[str, tuple[str, ...]] = {
+    "simulation": ("network.latency", "network.latency_mean", "network.bandwidth", "network.loss"),
+    "network": ("network.seeded_noise",),
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -828,13 +833,8 @@ def settings_read(config: ScenarioConfig, runtime: str | None = "simulation") ->
     """
     read: dict[str, str] = {}
     pending: list[tuple[str, str]] = [(key, "the engine") for key in ENGINE_READS]
-    for name in RUNTIME_READERS if runtime is None else (runtime,):
-        runtime_reader = components.load(RUNTIME_READERS[name], key="runtime")
-        pending += [
-            (key, f"runtime {name!r}")
-            for key in declared_reads(runtime_reader)
-            if isinstance(key, str)  # a runtime declares plain keys
-        ]
+    for name in RUNTIME_READS if runtime is None else (runtime,):
+        pending += [(key, f"runtime {name!r}") for key in RUNTIME_READS[name]]
     implicit_protocol = False
     while pending:
         key, reader = pending.pop(0)
@@ -925,8 +925,8 @@ def readers_of(key: str) -> dict[str, list[Any]]:
         for entry in getattr(table, "option_reads", ()):
             if key in names([entry]) and entry.value not in found.setdefault(entry.key, []):
                 found[entry.key].append(entry.value)
-    for runtime, target in RUNTIME_READERS.items():
-        if key in names(declared_reads(components.load(target, key="runtime"))):
+    for runtime, keys in RUNTIME_READS.items():
+        if key in names(keys):
             found.setdefault("runtime", []).append(runtime)
     return found
 
