@@ -7,18 +7,12 @@ import math
 
 import pytest
 
-from p2pdp.config import (
-    GroupsConfig,
-    NetworkConfig,
-    PublicationConfig,
-    ScenarioConfig,
-    flat_settings,
-    with_value,
-)
+from p2pdp.config import NetworkConfig, ScenarioConfig, flat_settings, with_value
 from p2pdp.core.errors import ConfigError
 from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.learning.settings import EvaluationConfig, TrainingConfig
 from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from scipy import stats
 
-from p2pdp.config import GroupsConfig, ProtocolConfig, PublicationConfig, ScenarioConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments import network as network_module
@@ -70,6 +70,7 @@ from p2pdp.privacy.release import NoiseStream, Releaser
 from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.groups import Group
 from p2pdp.protocols.oneshot import Curator
+from p2pdp.protocols.settings import GroupsConfig, ProtocolConfig, PublicationConfig
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks import make_task, prepared, release_path, sensitivity_of, task_statistics
 
@@ -465,8 +466,9 @@ def test_a_runs_hosts_stop_when_an_interrupt_leaves_it(monkeypatch):
 ORPHANS = """
 import os, sys, time
 os.environ["P2PDP_NETWORK_HOSTS"] = sys.argv[1]
-from p2pdp.config import GroupsConfig, ScenarioConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.data.settings import DataConfig, PartitionConfig
+from p2pdp.protocols.settings import GroupsConfig
 from p2pdp.experiments.network import run_hosts
 from p2pdp.experiments.simulation import simulate
 if __name__ == "__main__":
@@ -756,8 +758,9 @@ def test_hosts_that_said_why_they_stopped_fail_the_run_with_no_unrelated_advice(
 UNGUARDED = """
 import os
 os.environ["P2PDP_NETWORK_HOSTS"] = "2"
-from p2pdp.config import GroupsConfig, ScenarioConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.data.settings import DataConfig, PartitionConfig
+from p2pdp.protocols.settings import GroupsConfig
 from p2pdp.experiments.simulation import simulate
 data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)
 config = ScenarioConfig(seed=1, data=data, partition=PartitionConfig(n_peers=6),

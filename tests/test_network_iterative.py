@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from p2pdp.config import NetworkConfig, ProtocolConfig, ScenarioConfig
+from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.iterative_network import _machines
@@ -33,6 +33,7 @@ from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.iterative import DecentralizedSGD, Muffliato, step_privacy
 from p2pdp.protocols.iterative_peer import LocalProblem, StreamSeeds
 from p2pdp.protocols.mixing import Mixing
+from p2pdp.protocols.settings import ProtocolConfig
 
 # -- in this process: the machines, the frames, two hosts over loopback ------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2pdp.config import GroupsConfig, PublicationConfig, ScenarioConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.rng import Uniforms
 from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
@@ -43,6 +43,7 @@ from p2pdp.protocols.oneshot import (
     Stop,
     Timer,
 )
+from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
 
 
 def _group(group_id=0, members=(4, 7, 2), curator=7, secure=False) -> Group:

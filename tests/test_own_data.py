@@ -22,7 +22,7 @@ import pytest
 from docs_pages import page
 from sklearn.datasets import dump_svmlight_file
 
-from p2pdp.config import GroupsConfig, ProtocolConfig, ScenarioConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.core import components
 from p2pdp.core.errors import ConfigError, DataError
 from p2pdp.core.rng import generator
@@ -35,6 +35,7 @@ from p2pdp.experiments.runner import run_experiment
 from p2pdp.experiments.scenario import load_scenario, parse_scenario
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig, ProtocolConfig
 from p2pdp.tasks.pipeline import load_fold, prepare_peers
 
 

@@ -17,7 +17,7 @@ import pytest
 from test_experiment import TINY
 
 import p2pdp
-from p2pdp.config import GroupsConfig, ScenarioConfig, check_reads
+from p2pdp.config import ScenarioConfig, check_reads
 from p2pdp.core.errors import ClusterLostError, ConfigError, DataError
 from p2pdp.core.rng import generator
 from p2pdp.data.datasets import load_data
@@ -33,6 +33,7 @@ from p2pdp.experiments.scenario import parse_scenario
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.privacy.audit import AuditResult
 from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import load_fold
 

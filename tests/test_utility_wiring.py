@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from p2pdp.config import GroupsConfig, PublicationConfig, ScenarioConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.data.settings import DataConfig, PartitionConfig
@@ -28,6 +28,7 @@ from p2pdp.learning.references import centralised_best_lambda
 from p2pdp.learning.settings import EvaluationConfig, TrainingConfig
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import prepare_peers
 
