@@ -245,24 +245,24 @@ SECTIONS: dict[str, type] = {
 }
 
 
+#: Every table's ``option_reads``: settings read only for some values of an option (while the
+#: option is read), each declared on its table next to the option's constraint.
+_OPTION_ENTRIES: tuple[When, ...] = tuple(
+    entry for table in SECTIONS.values() for entry in getattr(table, "option_reads", ())
+)
+
+
 def option_reads(key: str) -> tuple[When, ...]:
-    """What the option ``key`` reads for some of its values: its table's ``option_reads``
-    entries on ``key`` (e.g. ``partition.scheme = 'file'`` reads ``partition.path``)."""
-    table = SECTIONS.get(key.partition(".")[0])
-    return tuple(entry for entry in getattr(table, "option_reads", ()) if entry.key == key)
+    """What the option ``key`` reads for some of its values (e.g. ``partition.scheme = 'file'``
+    reads ``partition.path``): its table's ``option_reads`` entries on ``key``."""
+    return tuple(entry for entry in _OPTION_ENTRIES if entry.key == key)
 
 
-def _listed_option_reads() -> dict[str, dict[Any, tuple[str, ...]]]:
-    listed: dict[str, dict[Any, tuple[str, ...]]] = {}
-    for table in SECTIONS.values():
-        for entry in getattr(table, "option_reads", ()):
-            listed.setdefault(entry.key, {})[entry.value] = entry.keys
-    return listed
-
-
-#: The tables' ``option_reads`` as setting -> value -> settings, for listings (``p2pdp
-#: components``, the guide); each is declared on its table, next to the option's constraint.
-OPTION_READS = _listed_option_reads()
+#: The same as setting -> value -> settings, for listings (``p2pdp components``, the guide).
+OPTION_READS: dict[str, dict[Any, tuple[str, ...]]] = {
+    key: {entry.value: entry.keys for entry in option_reads(key)}
+    for key in dict.fromkeys(entry.key for entry in _OPTION_ENTRIES)
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -688,10 +688,9 @@ def readers_of(key: str) -> dict[str, list[Any]]:
                     value = _AnythingBut(entry.value) if entry.negate else entry.value
                     if value not in found.setdefault(entry.key, []):
                         found[entry.key].append(value)
-    for table in SECTIONS.values():
-        for entry in getattr(table, "option_reads", ()):
-            if key in names([entry]) and entry.value not in found.setdefault(entry.key, []):
-                found[entry.key].append(entry.value)
+    for entry in _OPTION_ENTRIES:
+        if key in names([entry]) and entry.value not in found.setdefault(entry.key, []):
+            found[entry.key].append(entry.value)
     for runtime, keys in RUNTIME_READS.items():
         if key in names(keys):
             found.setdefault("runtime", []).append(runtime)

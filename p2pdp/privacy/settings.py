@@ -58,9 +58,9 @@ class PrivacyConfig:
 
     ``accountant = "auto"`` (the default) is ``gdp`` (exact composition) for the Gaussian
     mechanism and ``basic`` for every other (the iterative protocols: ``pld`` for Poisson
-    sampling, :meth:`p2pdp.config.ProtocolConfig.accountant`); ``pld`` composes privacy loss
-    distributions (dp-accounting) of any of them. Results rows record the resolved name
-    (:attr:`resolved_accountant`).
+    sampling, :meth:`p2pdp.protocols.settings.ProtocolConfig.accountant`); ``pld`` composes
+    privacy loss distributions (dp-accounting) of any of them. Results rows record the resolved
+    name (:attr:`resolved_accountant`).
     ``tau`` bounds each record's log-likelihood for ``mechanism = "posterior-sampling"`` (the
     utility's sensitivity, :mod:`p2pdp.privacy.posterior_sampling.posterior`); other mechanisms
     ignore it.
