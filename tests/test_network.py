@@ -466,9 +466,7 @@ def test_a_runs_hosts_stop_when_an_interrupt_leaves_it(monkeypatch):
 ORPHANS = """
 import os, sys, time
 os.environ["P2PDP_NETWORK_HOSTS"] = sys.argv[1]
-from p2pdp.config import ScenarioConfig
-from p2pdp.data.settings import DataConfig, PartitionConfig
-from p2pdp.protocols.settings import GroupsConfig
+from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
 from p2pdp.experiments.network import run_hosts
 from p2pdp.experiments.simulation import simulate
 if __name__ == "__main__":
@@ -758,9 +756,7 @@ def test_hosts_that_said_why_they_stopped_fail_the_run_with_no_unrelated_advice(
 UNGUARDED = """
 import os
 os.environ["P2PDP_NETWORK_HOSTS"] = "2"
-from p2pdp.config import ScenarioConfig
-from p2pdp.data.settings import DataConfig, PartitionConfig
-from p2pdp.protocols.settings import GroupsConfig
+from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
 from p2pdp.experiments.simulation import simulate
 data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)
 config = ScenarioConfig(seed=1, data=data, partition=PartitionConfig(n_peers=6),
