@@ -357,11 +357,14 @@ def filtered_coefficients(
         views = np.arange(lo, min(n, lo + batch))
         B, rows_b = views.size, np.arange(views.size)
         others = np.array([np.delete(u_all, v) for v in views.tolist()])  # (B, n - 1)
-        # peer-major (the sparse exchanges act on axis 0): cov[:, b] is view b's covariance
-        # of the models given what it has read; E[:, b, l, i] the filter error's response to
-        # the noise of peer i held in slot l
-        cov = np.zeros((n, B, n))
-        E = np.zeros((n, B, L, n))
+        # view-major: cov[b] is view b's covariance of the models x(tau) right after the last
+        # step event given what it has read; E[b, :, l n + i] the filter error's response to
+        # the noise of peer i held in slot l. The exchanges since tau are carried as one matrix
+        # (x = carry x(tau)), applied at the next step event: an exchange's observation
+        # H x = (H carry) x(tau) is filtered in tau's coordinates (no noise enters between).
+        cov = np.zeros((B, n, n))
+        E = np.zeros((B, n, L * n))
+        carry: np.ndarray | None = None  # None: no exchange since tau (the identity)
         step_of = np.full((L, n), -1)  # which of i's steps slot l holds (-1: none)
         M_act = np.zeros((B, n, T, T))
         remainder = np.zeros((B, n, T))
@@ -370,14 +373,17 @@ def filtered_coefficients(
         matrices: dict[bytes, sp.csr_array] = {}  # the last exchange's W_delta
         for event in trace.events:
             if isinstance(event, np.ndarray):
+                if carry is not None:
+                    cov, E = _carried(carry, cov, E)
+                    carry = None
                 peers = event
-                cov[peers] *= decay
+                cov[:, peers, :] *= decay
                 cov[:, :, peers] *= decay
-                E[peers] *= decay
+                E[:, peers, :] *= decay
                 fresh = np.zeros((B, n))
                 fresh[:, peers] = scales[peers] ** 2
                 fresh[rows_b, views] = 0.0  # v knows its own noise
-                cov[u_all, :, u_all] += fresh.T
+                cov[:, u_all, u_all] += fresh
                 old = np.flatnonzero(step_of[slot] >= 0)  # retire the oldest slot's noises
                 if old.size:
                     bound = 1.0 - M_act[:, old, step_of[slot, old], step_of[slot, old]]
@@ -385,15 +391,15 @@ def filtered_coefficients(
                     if n > 1 and all(stepped[others[b]].all() for b in range(B)):
                         # Sigma on the peers but v: >= their fresh noise, well conditioned
                         inner = np.take_along_axis(
-                            cov[others, rows_b[:, None]], others[:, None, :], axis=2
+                            cov[rows_b[:, None], others], others[:, None, :], axis=2
                         )
-                        seen = E[others, rows_b[:, None], slot][:, :, old]  # (B, n - 1, k)
+                        seen = E[rows_b[:, None], others][:, :, slot * n + old]  # (B, n - 1, k)
                         solved = np.linalg.solve(inner, seen)
                         bound = np.minimum(bound, np.einsum("bik,bik->bk", seen, solved))
                     remainder[:, old, step_of[slot, old]] = np.maximum(bound, 0.0)
-                E[:, :, slot, :] = 0.0
-                E[peers, :, slot, peers] = -scales[peers][:, None]
-                E[:, rows_b, slot, views] = 0.0  # v's own noise is no unknown
+                E[:, :, slot * n : (slot + 1) * n] = 0.0
+                E[:, peers, slot * n + peers] = -scales[peers]
+                E[rows_b, :, slot * n + views] = 0.0  # v's own noise is no unknown
                 step_of[slot] = -1
                 step_of[slot, peers] = taken[peers]
                 taken[peers] += 1
@@ -408,14 +414,20 @@ def filtered_coefficients(
                 mask = np.zeros((B, d), dtype=bool)
                 for b, x in enumerate(lists):
                     index[b, : len(x)], mask[b, : len(x)] = x, True
-                HS = cov[index, rows_b[:, None]] * mask[:, :, None]  # (B, d, n)
-                S = np.take_along_axis(HS, index[:, None, :].repeat(d, axis=1), axis=2)
-                w, U = np.linalg.eigh(S * mask[:, None, :])
-                scale = np.maximum(cov[u_all, :, u_all].max(axis=0), 1e-300)
+                if carry is None:  # H x(tau): rows of Sigma and E
+                    HS = cov[rows_b[:, None], index] * mask[:, :, None]  # (B, d, n)
+                    S = np.take_along_axis(HS, index[:, None, :].repeat(d, axis=1), axis=2)
+                    HE = E[rows_b[:, None], index] * mask[:, :, None]  # (B, d, L n)
+                else:  # H carry x(tau)
+                    H = carry[index] * mask[:, :, None]  # (B, d, n)
+                    HS = H @ cov
+                    S = HS @ H.transpose(0, 2, 1)
+                    HE = H @ E
+                w, U = np.linalg.eigh(S * mask[:, None, :] * mask[:, :, None])
+                scale = np.maximum(np.diagonal(cov, axis1=1, axis2=2).max(axis=1), 1e-300)
                 keep = w > 1e-10 * scale[:, None]
                 white = U * np.where(keep, 1.0 / np.sqrt(np.where(keep, w, 1.0)), 0.0)[:, None]
-                gain = HS.transpose(0, 2, 1) @ white  # (B, n, d): Cov(error, z)
-                HE = E.reshape(n, B, L * n)[index, rows_b[:, None]] * mask[:, :, None]
+                gain = HS.transpose(0, 2, 1) @ white  # (B, n, d): Cov(x(tau) error, z)
                 Z = white.transpose(0, 2, 1) @ HE  # (B, d, L n): z's response to each noise
                 Z4 = Z.reshape(B, d, L, n)
                 pairs = np.einsum("brlu,brmu->bulm", Z4, Z4)  # (B, n, L, L)
@@ -423,16 +435,13 @@ def filtered_coefficients(
                     for c in range(L):
                         both = np.flatnonzero((step_of[a] >= 0) & (step_of[c] >= 0))
                         M_act[:, both, step_of[a, both], step_of[c, both]] += pairs[:, both, a, c]
-                E -= (gain @ Z).reshape(B, n, L, n).transpose(1, 0, 2, 3)
-                cov -= (gain @ gain.transpose(0, 2, 1)).transpose(1, 0, 2)
+                E -= gain @ Z
+                cov -= gain @ gain.transpose(0, 2, 1)
             key = delivered.tobytes()
             if key not in matrices:  # few patterns: every message delivered, mostly
                 matrices = {key: mixing.matrix(delivered)}
             W = matrices[key]
-            cov = (W @ cov.reshape(n, B * n)).reshape(n, B, n)
-            cov = cov.transpose(2, 1, 0).copy()  # each view's transpose: W Sigma W^T
-            cov = (W @ cov.reshape(n, B * n)).reshape(n, B, n)
-            E = (W @ E.reshape(n, B * L * n)).reshape(n, B, L, n)
+            carry = W.toarray() if carry is None else W @ carry
         for b, v in enumerate(views.tolist()):
             for T_u in np.unique(counts).tolist():
                 same = np.flatnonzero((counts == T_u) & (u_all != v))
@@ -456,6 +465,32 @@ def filtered_coefficients(
             kappa[us, v] = np.minimum(kappa[us, v], better)
             start += us.size
     return kappa
+
+
+#: Above this fraction of nonzero entries the exchanges carried to a step event are applied
+#: as a dense matrix (BLAS), below it as a sparse one (one exchange of a sparse overlay).
+_DENSE_CARRY = 0.1
+
+
+def _carried(carry: np.ndarray, cov: np.ndarray, E: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(carry Sigma carry^T, carry E)`` for every view of a batch: the filter's state moved
+    from the last step event to now through the exchanges since (``carry`` (P, P); ``cov``
+    (B, P, P), symmetric; ``E`` (B, P, C))."""
+    if np.count_nonzero(carry) > _DENSE_CARRY * carry.size:
+
+        def left(X: np.ndarray) -> np.ndarray:
+            return np.matmul(carry, X)
+
+    else:
+        sparse = sp.csr_array(carry)
+
+        def left(X: np.ndarray) -> np.ndarray:
+            B, P, C = X.shape
+            out = sparse @ X.transpose(1, 0, 2).reshape(P, B * C)
+            return np.ascontiguousarray(out.reshape(P, B, C).transpose(1, 0, 2))
+
+    cov = left(left(cov).transpose(0, 2, 1))  # carry (carry Sigma)^T = carry Sigma carry^T
+    return cov, left(E)
 
 
 def _margin(kappa: np.ndarray) -> np.ndarray:
