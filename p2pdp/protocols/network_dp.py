@@ -351,22 +351,31 @@ def filtered_coefficients(
     senders, receivers = mixing.indices, mixing.receivers
     kappa = np.full((n, n), np.nan)
     pending: dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = {}
-    batch = max(1, min(n, _FILTER_FLOATS // max(1, n * (n + L * n + T * T))))
+    batch = max(1, min(n, _FILTER_FLOATS // max(1, n * (n + 3 * L * n + T * (L + 1)))))
     u_all = np.arange(n)
     for lo in range(0, n, batch):
         views = np.arange(lo, min(n, lo + batch))
         B, rows_b = views.size, np.arange(views.size)
         others = np.array([np.delete(u_all, v) for v in views.tolist()])  # (B, n - 1)
         # view-major: cov[b] is view b's covariance of the models x(tau) right after the last
-        # step event given what it has read; E[b, :, l n + i] the filter error's response to
-        # the noise of peer i held in slot l. The exchanges since tau are carried as one matrix
+        # step event given what it has read. The exchanges since tau are carried as one matrix
         # (x = carry x(tau)), applied at the next step event: an exchange's observation
         # H x = (H carry) x(tau) is filtered in tau's coordinates (no noise enters between).
+        # The filter error's response to the noise of peer i held in slot l is
+        # E[b, :, l n + i] = prior[:, l n + i] - F[b] @ Z_kept[b][:, l n + i] (never formed):
+        # prior, the models' response before any reading (shared by the views); F, the
+        # covariance of the models with each kept innovation (its gain), Z_kept, the
+        # innovations' responses (kept while they respond to a noise of the window).
         cov = np.zeros((B, n, n))
-        E = np.zeros((B, n, L * n))
+        prior = np.zeros((n, L * n))
+        F = np.zeros((B, n, 0))
+        Z_kept = np.zeros((B, 0, L * n))
+        own = np.add.outer(np.arange(L) * n, views).T  # (B, L): v's own noises' columns
         carry: np.ndarray | None = None  # None: no exchange since tau (the identity)
         step_of = np.full((L, n), -1)  # which of i's steps slot l holds (-1: none)
-        M_act = np.zeros((B, n, T, T))
+        # M_act[b, u, s, k]: the entry (s, s + k) of u's M_act (two steps of u in the window
+        # at once are at most L - 1 apart: a band)
+        M_act = np.zeros((B, n, T, L))
         remainder = np.zeros((B, n, T))
         taken = np.zeros(n, dtype=np.int64)
         slot = 0
@@ -374,32 +383,36 @@ def filtered_coefficients(
         for event in trace.events:
             if isinstance(event, np.ndarray):
                 if carry is not None:
-                    cov, E = _carried(carry, cov, E)
+                    cov, F = _carried(carry, cov, F)
+                    prior = carry @ prior
                     carry = None
                 peers = event
                 cov[:, peers, :] *= decay
                 cov[:, :, peers] *= decay
-                E[:, peers, :] *= decay
+                F[:, peers, :] *= decay
+                prior[peers] *= decay
                 fresh = np.zeros((B, n))
                 fresh[:, peers] = scales[peers] ** 2
                 fresh[rows_b, views] = 0.0  # v knows its own noise
                 cov[:, u_all, u_all] += fresh
                 old = np.flatnonzero(step_of[slot] >= 0)  # retire the oldest slot's noises
                 if old.size:
-                    bound = 1.0 - M_act[:, old, step_of[slot, old], step_of[slot, old]]
+                    bound = 1.0 - M_act[:, old, step_of[slot, old], 0]
                     stepped = np.isin(u_all, peers)
                     if n > 1 and all(stepped[others[b]].all() for b in range(B)):
                         # Sigma on the peers but v: >= their fresh noise, well conditioned
                         inner = np.take_along_axis(
                             cov[rows_b[:, None], others], others[:, None, :], axis=2
                         )
-                        seen = E[rows_b[:, None], others][:, :, slot * n + old]  # (B, n - 1, k)
+                        seen = _errors(prior, F, Z_kept, own, slot * n + old, others)
                         solved = np.linalg.solve(inner, seen)
                         bound = np.minimum(bound, np.einsum("bik,bik->bk", seen, solved))
                     remainder[:, old, step_of[slot, old]] = np.maximum(bound, 0.0)
-                E[:, :, slot * n : (slot + 1) * n] = 0.0
-                E[:, peers, slot * n + peers] = -scales[peers]
-                E[rows_b, :, slot * n + views] = 0.0  # v's own noise is no unknown
+                prior[:, slot * n : (slot + 1) * n] = 0.0
+                prior[peers, slot * n + peers] = -scales[peers]
+                Z_kept[:, :, slot * n : (slot + 1) * n] = 0.0  # earlier readings: no response
+                responding = np.flatnonzero(np.abs(Z_kept).max(axis=(0, 2), initial=0.0) > 0)
+                F, Z_kept = F[:, :, responding], Z_kept[:, responding]
                 step_of[slot] = -1
                 step_of[slot, peers] = taken[peers]
                 taken[peers] += 1
@@ -414,15 +427,16 @@ def filtered_coefficients(
                 mask = np.zeros((B, d), dtype=bool)
                 for b, x in enumerate(lists):
                     index[b, : len(x)], mask[b, : len(x)] = x, True
-                if carry is None:  # H x(tau): rows of Sigma and E
+                if carry is None:  # H x(tau): rows of Sigma and of the error's response
                     HS = cov[rows_b[:, None], index] * mask[:, :, None]  # (B, d, n)
                     S = np.take_along_axis(HS, index[:, None, :].repeat(d, axis=1), axis=2)
-                    HE = E[rows_b[:, None], index] * mask[:, :, None]  # (B, d, L n)
+                    HE = _errors(prior, F, Z_kept, own, slice(None), index) * mask[:, :, None]
                 else:  # H carry x(tau)
                     H = carry[index] * mask[:, :, None]  # (B, d, n)
                     HS = H @ cov
                     S = HS @ H.transpose(0, 2, 1)
-                    HE = H @ E
+                    moved = (carry @ prior)[index] * mask[:, :, None]  # once for all views
+                    HE = _errors(moved, H @ F, Z_kept, own, slice(None), None)
                 w, U = np.linalg.eigh(S * mask[:, None, :] * mask[:, :, None])
                 scale = np.maximum(np.diagonal(cov, axis1=1, axis2=2).max(axis=1), 1e-300)
                 keep = w > 1e-10 * scale[:, None]
@@ -433,9 +447,11 @@ def filtered_coefficients(
                 pairs = np.einsum("brlu,brmu->bulm", Z4, Z4)  # (B, n, L, L)
                 for a in range(L):
                     for c in range(L):
-                        both = np.flatnonzero((step_of[a] >= 0) & (step_of[c] >= 0))
-                        M_act[:, both, step_of[a, both], step_of[c, both]] += pairs[:, both, a, c]
-                E -= gain @ Z
+                        apart = step_of[c] - step_of[a]
+                        both = np.flatnonzero((step_of[a] >= 0) & (step_of[c] >= 0) & (apart >= 0))
+                        M_act[:, both, step_of[a, both], apart[both]] += pairs[:, both, a, c]
+                F = np.concatenate([F, gain], axis=2)
+                Z_kept = np.concatenate([Z_kept, Z], axis=1)
                 cov -= gain @ gain.transpose(0, 2, 1)
             key = delivered.tobytes()
             if key not in matrices:  # few patterns: every message delivered, mostly
@@ -450,8 +466,7 @@ def filtered_coefficients(
                 if T_u == 0:
                     kappa[same, v] = 0.0
                     continue
-                M = M_act[b, same][:, :T_u, :T_u]
-                M = (M + M.transpose(0, 2, 1)) / 2.0
+                M = _banded(M_act[b, same][:, :T_u], T_u)
                 active, hard = _certificate(M)
                 tail = np.sqrt(remainder[b, same, :T_u]).sum(axis=1)
                 kappa[same, v] = np.minimum(_margin((np.sqrt(active) + tail) ** 2), T_u)
@@ -470,6 +485,28 @@ def filtered_coefficients(
 #: Above this fraction of nonzero entries the exchanges carried to a step event are applied
 #: as a dense matrix (BLAS), below it as a sparse one (one exchange of a sparse overlay).
 _DENSE_CARRY = 0.1
+
+
+def _errors(
+    prior: np.ndarray,
+    F: np.ndarray,
+    Z_kept: np.ndarray,
+    own: np.ndarray,
+    columns: np.ndarray | slice,
+    rows: np.ndarray | None,
+) -> np.ndarray:
+    """The filter error's response to the window's noises, ``prior - F Z_kept``, of a batch
+    of views: its ``rows`` (B, r) of each view (``None``: ``prior`` (B, r, L P) and ``F``
+    (B, r, m) are already those rows) and ``columns`` of the noises; a view's own noises
+    (``own`` (B, L), their columns) respond 0 (not unknown to it)."""
+    B = F.shape[0]
+    picked = np.zeros((B, prior.shape[-1]), dtype=bool)
+    picked[np.arange(B)[:, None], own] = True
+    if rows is not None:
+        prior, F = prior[rows], np.take_along_axis(F, rows[:, :, None], axis=1)
+    errors = prior[..., columns] - F @ Z_kept[..., columns]
+    unknown = ~picked[:, columns]
+    return errors * unknown[:, None, :]
 
 
 def _carried(carry: np.ndarray, cov: np.ndarray, E: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -491,6 +528,17 @@ def _carried(carry: np.ndarray, cov: np.ndarray, E: np.ndarray) -> tuple[np.ndar
 
     cov = left(left(cov).transpose(0, 2, 1))  # carry (carry Sigma)^T = carry Sigma carry^T
     return cov, left(E)
+
+
+def _banded(band: np.ndarray, T: int) -> np.ndarray:
+    """The symmetric (k, T, T) matrices whose entries ``(s, s + j)`` are ``band[:, s, j]``
+    (zero beyond the band)."""
+    M = np.zeros((band.shape[0], T, T))
+    s = np.arange(T)
+    for j in range(min(band.shape[-1], T)):
+        M[:, s[: T - j], s[j:]] = band[:, : T - j, j]
+        M[:, s[j:], s[: T - j]] = band[:, : T - j, j]
+    return M
 
 
 def _margin(kappa: np.ndarray) -> np.ndarray:
