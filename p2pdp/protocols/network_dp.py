@@ -64,9 +64,10 @@ innovations are an orthonormal basis of the view, so ``M`` is a sum of their res
 exact for the noises of the last :func:`filter_window` step events and, for older ones, the
 information they can still add bounded by what revealing the models at their retirement would
 give (a superset of the view: monotonicity); Minkowski's inequality then gives
-``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. Cost: exchanges x
-``P^3`` x (window + 2), limited by :data:`MAX_FILTER_WORK` (100 peers of degree 10, 100 rounds
-of 5 exchanges: yes; 1,000 peers: no).
+``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. Cost: about
+exchanges x ``P^3`` x (window + 2) (each view's ``P x P`` covariance, read by every exchange and
+moved at every step event), limited by :data:`MAX_FILTER_WORK` (100 peers of degree 10, 100
+rounds of 5 exchanges: yes; 1,000 peers: no).
 
 **Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps; runs
 beyond both limits. ``network_dp_method`` says ``exact`` when the dense computation's
@@ -337,6 +338,17 @@ def filtered_coefficients(
       by certificates (:func:`_certificate`).
       Also ``kappa <= T_u`` (``M <= I``). Every step only enlarges: the result is an upper
       bound of the exact value of :func:`view_coefficients`.
+
+    **How it is computed** (the same filter, in fewer operations). No noise enters between two
+    step events, so the models after the exchanges since the last one, at ``tau``, are
+    ``C x(tau)`` (``C`` the product of those exchanges' matrices, one for all views): reading
+    ``H x`` is reading ``(H C) x(tau)``, filtered in ``tau``'s coordinates, and ``Sigma`` and
+    the gains move to the present once, at the next step event (``C Sigma C^T``; dense or
+    sparse as ``C`` is). ``E`` is never formed: it is the window's noises' response before any
+    reading (shared by the views) minus ``sum_k g_k Z_k`` over the innovations since the
+    oldest noise of the window (``g_k``: the gain, the models' covariance with ``z_k``; an
+    innovation before a noise does not respond to it), and ``M_act`` is a band (two steps of
+    ``u`` in the window are under ``window`` apart).
 
     Parameters: as :func:`view_coefficients`, plus ``window`` (default
     :func:`filter_window`). Returns the (P, P) upper bounds (the diagonal NaN), each raised
