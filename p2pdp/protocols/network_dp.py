@@ -514,9 +514,10 @@ def _errors(
     B = F.shape[0]
     picked = np.zeros((B, prior.shape[-1]), dtype=bool)
     picked[np.arange(B)[:, None], own] = True
+    prior = prior[..., columns]
     if rows is not None:
         prior, F = prior[rows], np.take_along_axis(F, rows[:, :, None], axis=1)
-    errors = prior[..., columns] - F @ Z_kept[..., columns]
+    errors = prior - F @ Z_kept[..., columns]
     unknown = ~picked[:, columns]
     return errors * unknown[:, None, :]
 
