@@ -99,10 +99,10 @@ from p2pdp.protocols.mixing import Mixing
 MAX_VIEW_ENTRIES = 10_000_000
 
 #: Largest :func:`filter_work` of the filtered bound (views larger than
-#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine: 100 peers of degree 10 with
-#: 20 rounds of 5 exchanges are 4e8 (4 s of CPU), 100 rounds of 5 are 2e9 (21 s of CPU,
-#: 0.5 GB), D-PSGD's 100 rounds 8e8; any run of 1,000 peers is left empty (4e11 at 20 rounds
-#: of 5: about 1,000 times the 100 peers').
+#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 14-19, one BLAS
+#: thread): 100 peers of degree 10 with 20 rounds of 5 exchanges are 4e8 (3.4 s of CPU), 100
+#: rounds of 5 are 2e9 (17 s, 0.4 GB), D-PSGD's 100 rounds 8e8 (12 s); any run of 1,000
+#: peers is left empty (4e11 at 20 rounds of 5: about 1,000 times the 100 peers').
 MAX_FILTER_WORK = 2_500_000_000
 
 #: Barrier rounds (each dividing the barrier weight by 10) and Newton steps per round of
@@ -284,7 +284,7 @@ def view_coefficients(
 #: Exchanges a noise stays tracked by :func:`filtered_coefficients` before its remaining
 #: influence is bounded (the bound's slack falls with it; the cost grows linearly): see
 #: :func:`filter_window`. Its views are filtered in batches of at most this many floats of state
-#: (``batch P (P + window P + T^2)``: 240 MB).
+#: (``batch P (P + 3 window P + T (window + 1))``: 240 MB).
 FILTER_EXCHANGES = 10
 
 
@@ -522,10 +522,10 @@ def _errors(
     return errors * unknown[:, None, :]
 
 
-def _carried(carry: np.ndarray, cov: np.ndarray, E: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(carry Sigma carry^T, carry E)`` for every view of a batch: the filter's state moved
+def _carried(carry: np.ndarray, cov: np.ndarray, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(carry Sigma carry^T, carry F)`` for every view of a batch: the filter's state moved
     from the last step event to now through the exchanges since (``carry`` (P, P); ``cov``
-    (B, P, P), symmetric; ``E`` (B, P, C))."""
+    (B, P, P), symmetric; ``F`` (B, P, C), the gains)."""
     if np.count_nonzero(carry) > _DENSE_CARRY * carry.size:
 
         def left(X: np.ndarray) -> np.ndarray:
@@ -540,7 +540,7 @@ def _carried(carry: np.ndarray, cov: np.ndarray, E: np.ndarray) -> tuple[np.ndar
             return np.ascontiguousarray(out.reshape(P, B, C).transpose(1, 0, 2))
 
     cov = left(left(cov).transpose(0, 2, 1))  # carry (carry Sigma)^T = carry Sigma carry^T
-    return cov, left(E)
+    return cov, left(F)
 
 
 def _banded(band: np.ndarray, T: int) -> np.ndarray:
