@@ -64,9 +64,10 @@ innovations are an orthonormal basis of the view, so ``M`` is a sum of their res
 exact for the noises of the last :func:`filter_window` step events and, for older ones, the
 information they can still add bounded by what revealing the models at their retirement would
 give (a superset of the view: monotonicity); Minkowski's inequality then gives
-``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. Cost: exchanges x
-``P^3`` x (window + 2), limited by :data:`MAX_FILTER_WORK` (100 peers of degree 10, 100 rounds
-of 5 exchanges: yes; 1,000 peers: no).
+``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. Cost: about
+exchanges x ``P^3`` x (window + 2) (each view's ``P x P`` covariance, read by every exchange and
+moved at every step event), limited by :data:`MAX_FILTER_WORK` (100 peers of degree 10, 100
+rounds of 5 exchanges: yes; 1,000 peers: no).
 
 **Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps; runs
 beyond both limits. ``network_dp_method`` says ``exact`` when the dense computation's
@@ -98,10 +99,10 @@ from p2pdp.protocols.mixing import Mixing
 MAX_VIEW_ENTRIES = 10_000_000
 
 #: Largest :func:`filter_work` of the filtered bound (views larger than
-#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine: 100 peers of degree 10 with
-#: 20 rounds of 5 exchanges are 4e8 (4 s of CPU), 100 rounds of 5 are 2e9 (21 s of CPU,
-#: 0.5 GB), D-PSGD's 100 rounds 8e8; any run of 1,000 peers is left empty (4e11 at 20 rounds
-#: of 5: about 1,000 times the 100 peers').
+#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 14-19, one BLAS
+#: thread): 100 peers of degree 10 with 20 rounds of 5 exchanges are 4e8 (3.4 s of CPU), 100
+#: rounds of 5 are 2e9 (17 s, 0.4 GB), D-PSGD's 100 rounds 8e8 (12 s); any run of 1,000
+#: peers is left empty (4e11 at 20 rounds of 5: about 1,000 times the 100 peers').
 MAX_FILTER_WORK = 2_500_000_000
 
 #: Barrier rounds (each dividing the barrier weight by 10) and Newton steps per round of
@@ -283,7 +284,7 @@ def view_coefficients(
 #: Exchanges a noise stays tracked by :func:`filtered_coefficients` before its remaining
 #: influence is bounded (the bound's slack falls with it; the cost grows linearly): see
 #: :func:`filter_window`. Its views are filtered in batches of at most this many floats of state
-#: (``batch P (P + window P + T^2)``: 240 MB).
+#: (``batch P (P + 3 window P + T (window + 1))``: 240 MB).
 FILTER_EXCHANGES = 10
 
 
@@ -338,6 +339,17 @@ def filtered_coefficients(
       Also ``kappa <= T_u`` (``M <= I``). Every step only enlarges: the result is an upper
       bound of the exact value of :func:`view_coefficients`.
 
+    **How it is computed** (the same filter, in fewer operations). No noise enters between two
+    step events, so the models after the exchanges since the last one, at ``tau``, are
+    ``C x(tau)`` (``C`` the product of those exchanges' matrices, one for all views): reading
+    ``H x`` is reading ``(H C) x(tau)``, filtered in ``tau``'s coordinates, and ``Sigma`` and
+    the gains move to the present once, at the next step event (``C Sigma C^T``; dense or
+    sparse as ``C`` is). ``E`` is never formed: it is the window's noises' response before any
+    reading (shared by the views) minus ``sum_k g_k Z_k`` over the innovations since the
+    oldest noise of the window (``g_k``: the gain, the models' covariance with ``z_k``; an
+    innovation before a noise does not respond to it), and ``M_act`` is a band (two steps of
+    ``u`` in the window are under ``window`` apart).
+
     Parameters: as :func:`view_coefficients`, plus ``window`` (default
     :func:`filter_window`). Returns the (P, P) upper bounds (the diagonal NaN), each raised
     by :func:`_margin` above the rounding of the arithmetic.
@@ -351,49 +363,68 @@ def filtered_coefficients(
     senders, receivers = mixing.indices, mixing.receivers
     kappa = np.full((n, n), np.nan)
     pending: dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = {}
-    batch = max(1, min(n, _FILTER_FLOATS // max(1, n * (n + L * n + T * T))))
+    batch = max(1, min(n, _FILTER_FLOATS // max(1, n * (n + 3 * L * n + T * (L + 1)))))
     u_all = np.arange(n)
     for lo in range(0, n, batch):
         views = np.arange(lo, min(n, lo + batch))
         B, rows_b = views.size, np.arange(views.size)
         others = np.array([np.delete(u_all, v) for v in views.tolist()])  # (B, n - 1)
-        # peer-major (the sparse exchanges act on axis 0): cov[:, b] is view b's covariance
-        # of the models given what it has read; E[:, b, l, i] the filter error's response to
-        # the noise of peer i held in slot l
-        cov = np.zeros((n, B, n))
-        E = np.zeros((n, B, L, n))
+        # view-major: cov[b] is view b's covariance of the models x(tau) right after the last
+        # step event given what it has read. The exchanges since tau are carried as one matrix
+        # (x = carry x(tau)), applied at the next step event: an exchange's observation
+        # H x = (H carry) x(tau) is filtered in tau's coordinates (no noise enters between).
+        # The filter error's response to the noise of peer i held in slot l is
+        # E[b, :, l n + i] = prior[:, l n + i] - F[b] @ Z_kept[b][:, l n + i] (never formed):
+        # prior, the models' response before any reading (shared by the views); F, the
+        # covariance of the models with each kept innovation (its gain), Z_kept, the
+        # innovations' responses (kept while they respond to a noise of the window).
+        cov = np.zeros((B, n, n))
+        prior = np.zeros((n, L * n))
+        F = np.zeros((B, n, 0))
+        Z_kept = np.zeros((B, 0, L * n))
+        own = np.add.outer(np.arange(L) * n, views).T  # (B, L): v's own noises' columns
+        carry: np.ndarray | None = None  # None: no exchange since tau (the identity)
         step_of = np.full((L, n), -1)  # which of i's steps slot l holds (-1: none)
-        M_act = np.zeros((B, n, T, T))
+        # M_act[b, u, s, k]: the entry (s, s + k) of u's M_act (two steps of u in the window
+        # at once are at most L - 1 apart: a band)
+        M_act = np.zeros((B, n, T, L))
         remainder = np.zeros((B, n, T))
         taken = np.zeros(n, dtype=np.int64)
         slot = 0
         matrices: dict[bytes, sp.csr_array] = {}  # the last exchange's W_delta
         for event in trace.events:
             if isinstance(event, np.ndarray):
+                if carry is not None:
+                    cov, F = _carried(carry, cov, F)
+                    prior = carry @ prior
+                    carry = None
                 peers = event
-                cov[peers] *= decay
+                cov[:, peers, :] *= decay
                 cov[:, :, peers] *= decay
-                E[peers] *= decay
+                F[:, peers, :] *= decay
+                prior[peers] *= decay
                 fresh = np.zeros((B, n))
                 fresh[:, peers] = scales[peers] ** 2
                 fresh[rows_b, views] = 0.0  # v knows its own noise
-                cov[u_all, :, u_all] += fresh.T
+                cov[:, u_all, u_all] += fresh
                 old = np.flatnonzero(step_of[slot] >= 0)  # retire the oldest slot's noises
                 if old.size:
-                    bound = 1.0 - M_act[:, old, step_of[slot, old], step_of[slot, old]]
+                    bound = 1.0 - M_act[:, old, step_of[slot, old], 0]
                     stepped = np.isin(u_all, peers)
                     if n > 1 and all(stepped[others[b]].all() for b in range(B)):
                         # Sigma on the peers but v: >= their fresh noise, well conditioned
                         inner = np.take_along_axis(
-                            cov[others, rows_b[:, None]], others[:, None, :], axis=2
+                            cov[rows_b[:, None], others], others[:, None, :], axis=2
                         )
-                        seen = E[others, rows_b[:, None], slot][:, :, old]  # (B, n - 1, k)
+                        seen = _errors(prior, F, Z_kept, own, slot * n + old, others)
                         solved = np.linalg.solve(inner, seen)
                         bound = np.minimum(bound, np.einsum("bik,bik->bk", seen, solved))
                     remainder[:, old, step_of[slot, old]] = np.maximum(bound, 0.0)
-                E[:, :, slot, :] = 0.0
-                E[peers, :, slot, peers] = -scales[peers][:, None]
-                E[:, rows_b, slot, views] = 0.0  # v's own noise is no unknown
+                prior[:, slot * n : (slot + 1) * n] = 0.0
+                prior[peers, slot * n + peers] = -scales[peers]
+                Z_kept[:, :, slot * n : (slot + 1) * n] = 0.0  # earlier readings: no response
+                responding = np.flatnonzero(np.abs(Z_kept).max(axis=(0, 2), initial=0.0) > 0)
+                F, Z_kept = F[:, :, responding], Z_kept[:, responding]
                 step_of[slot] = -1
                 step_of[slot, peers] = taken[peers]
                 taken[peers] += 1
@@ -408,31 +439,37 @@ def filtered_coefficients(
                 mask = np.zeros((B, d), dtype=bool)
                 for b, x in enumerate(lists):
                     index[b, : len(x)], mask[b, : len(x)] = x, True
-                HS = cov[index, rows_b[:, None]] * mask[:, :, None]  # (B, d, n)
-                S = np.take_along_axis(HS, index[:, None, :].repeat(d, axis=1), axis=2)
-                w, U = np.linalg.eigh(S * mask[:, None, :])
-                scale = np.maximum(cov[u_all, :, u_all].max(axis=0), 1e-300)
+                if carry is None:  # H x(tau): rows of Sigma and of the error's response
+                    HS = cov[rows_b[:, None], index] * mask[:, :, None]  # (B, d, n)
+                    S = np.take_along_axis(HS, index[:, None, :].repeat(d, axis=1), axis=2)
+                    HE = _errors(prior, F, Z_kept, own, slice(None), index) * mask[:, :, None]
+                else:  # H carry x(tau)
+                    H = carry[index] * mask[:, :, None]  # (B, d, n)
+                    HS = H @ cov
+                    S = HS @ H.transpose(0, 2, 1)
+                    moved = (carry @ prior)[index] * mask[:, :, None]  # once for all views
+                    HE = _errors(moved, H @ F, Z_kept, own, slice(None), None)
+                w, U = np.linalg.eigh(S * mask[:, None, :] * mask[:, :, None])
+                scale = np.maximum(np.diagonal(cov, axis1=1, axis2=2).max(axis=1), 1e-300)
                 keep = w > 1e-10 * scale[:, None]
                 white = U * np.where(keep, 1.0 / np.sqrt(np.where(keep, w, 1.0)), 0.0)[:, None]
-                gain = HS.transpose(0, 2, 1) @ white  # (B, n, d): Cov(error, z)
-                HE = E.reshape(n, B, L * n)[index, rows_b[:, None]] * mask[:, :, None]
+                gain = HS.transpose(0, 2, 1) @ white  # (B, n, d): Cov(x(tau) error, z)
                 Z = white.transpose(0, 2, 1) @ HE  # (B, d, L n): z's response to each noise
                 Z4 = Z.reshape(B, d, L, n)
                 pairs = np.einsum("brlu,brmu->bulm", Z4, Z4)  # (B, n, L, L)
                 for a in range(L):
                     for c in range(L):
-                        both = np.flatnonzero((step_of[a] >= 0) & (step_of[c] >= 0))
-                        M_act[:, both, step_of[a, both], step_of[c, both]] += pairs[:, both, a, c]
-                E -= (gain @ Z).reshape(B, n, L, n).transpose(1, 0, 2, 3)
-                cov -= (gain @ gain.transpose(0, 2, 1)).transpose(1, 0, 2)
+                        apart = step_of[c] - step_of[a]
+                        both = np.flatnonzero((step_of[a] >= 0) & (step_of[c] >= 0) & (apart >= 0))
+                        M_act[:, both, step_of[a, both], apart[both]] += pairs[:, both, a, c]
+                F = np.concatenate([F, gain], axis=2)
+                Z_kept = np.concatenate([Z_kept, Z], axis=1)
+                cov -= gain @ gain.transpose(0, 2, 1)
             key = delivered.tobytes()
             if key not in matrices:  # few patterns: every message delivered, mostly
                 matrices = {key: mixing.matrix(delivered)}
             W = matrices[key]
-            cov = (W @ cov.reshape(n, B * n)).reshape(n, B, n)
-            cov = cov.transpose(2, 1, 0).copy()  # each view's transpose: W Sigma W^T
-            cov = (W @ cov.reshape(n, B * n)).reshape(n, B, n)
-            E = (W @ E.reshape(n, B * L * n)).reshape(n, B, L, n)
+            carry = W.toarray() if carry is None else W @ carry
         for b, v in enumerate(views.tolist()):
             for T_u in np.unique(counts).tolist():
                 same = np.flatnonzero((counts == T_u) & (u_all != v))
@@ -441,8 +478,7 @@ def filtered_coefficients(
                 if T_u == 0:
                     kappa[same, v] = 0.0
                     continue
-                M = M_act[b, same][:, :T_u, :T_u]
-                M = (M + M.transpose(0, 2, 1)) / 2.0
+                M = _banded(M_act[b, same][:, :T_u], T_u)
                 active, hard = _certificate(M)
                 tail = np.sqrt(remainder[b, same, :T_u]).sum(axis=1)
                 kappa[same, v] = np.minimum(_margin((np.sqrt(active) + tail) ** 2), T_u)
@@ -456,6 +492,66 @@ def filtered_coefficients(
             kappa[us, v] = np.minimum(kappa[us, v], better)
             start += us.size
     return kappa
+
+
+#: Above this fraction of nonzero entries the exchanges carried to a step event are applied
+#: as a dense matrix (BLAS), below it as a sparse one (one exchange of a sparse overlay).
+_DENSE_CARRY = 0.1
+
+
+def _errors(
+    prior: np.ndarray,
+    F: np.ndarray,
+    Z_kept: np.ndarray,
+    own: np.ndarray,
+    columns: np.ndarray | slice,
+    rows: np.ndarray | None,
+) -> np.ndarray:
+    """The filter error's response to the window's noises, ``prior - F Z_kept``, of a batch
+    of views: its ``rows`` (B, r) of each view (``None``: ``prior`` (B, r, L P) and ``F``
+    (B, r, m) are already those rows) and ``columns`` of the noises; a view's own noises
+    (``own`` (B, L), their columns) respond 0 (not unknown to it)."""
+    B = F.shape[0]
+    picked = np.zeros((B, prior.shape[-1]), dtype=bool)
+    picked[np.arange(B)[:, None], own] = True
+    prior = prior[..., columns]
+    if rows is not None:
+        prior, F = prior[rows], np.take_along_axis(F, rows[:, :, None], axis=1)
+    errors = prior - F @ Z_kept[..., columns]
+    unknown = ~picked[:, columns]
+    return errors * unknown[:, None, :]
+
+
+def _carried(carry: np.ndarray, cov: np.ndarray, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(carry Sigma carry^T, carry F)`` for every view of a batch: the filter's state moved
+    from the last step event to now through the exchanges since (``carry`` (P, P); ``cov``
+    (B, P, P), symmetric; ``F`` (B, P, C), the gains)."""
+    if np.count_nonzero(carry) > _DENSE_CARRY * carry.size:
+
+        def left(X: np.ndarray) -> np.ndarray:
+            return np.matmul(carry, X)
+
+    else:
+        sparse = sp.csr_array(carry)
+
+        def left(X: np.ndarray) -> np.ndarray:
+            B, P, C = X.shape
+            out = sparse @ X.transpose(1, 0, 2).reshape(P, B * C)
+            return np.ascontiguousarray(out.reshape(P, B, C).transpose(1, 0, 2))
+
+    cov = left(left(cov).transpose(0, 2, 1))  # carry (carry Sigma)^T = carry Sigma carry^T
+    return cov, left(F)
+
+
+def _banded(band: np.ndarray, T: int) -> np.ndarray:
+    """The symmetric (k, T, T) matrices whose entries ``(s, s + j)`` are ``band[:, s, j]``
+    (zero beyond the band)."""
+    M = np.zeros((band.shape[0], T, T))
+    s = np.arange(T)
+    for j in range(min(band.shape[-1], T)):
+        M[:, s[: T - j], s[j:]] = band[:, : T - j, j]
+        M[:, s[j:], s[: T - j]] = band[:, : T - j, j]
+    return M
 
 
 def _margin(kappa: np.ndarray) -> np.ndarray:
