@@ -796,15 +796,6 @@ class ProtocolConfig:
         return "pld" if self.sampling == "poisson" else "gdp"
 
 
-#: Deprecated (kept for importers of the 0.2 layout until 0.3): the task-specific tables and the
-#: built-in tasks that read them. What reads a setting is now declared by each component
-#: (:func:`settings_read`); nothing here reads this.
-TASK_SECTIONS: dict[str, tuple[str, ...]] = {
-    "prevalence": ("prevalence-counts", "randomized-response"),
-    "pooling": ("pooled-testing",),
-    "protocol": ("logistic",),
-}
-
 SECTIONS: dict[str, type] = {
     "task": TaskConfig,
     "data": DataConfig,

@@ -35,8 +35,6 @@ LAMBDA_SWEPT = (
     "training.lambda is swept by this scenario, and choosing lambda from its results reads "
     "every peer's data and the test folds"
 )
-#: Mechanisms that make the CLI print a warning before running.
-WARNED_MECHANISMS = ("seed-laplace", "none")
 
 
 def model_dimension(config: ScenarioConfig) -> int | None:
