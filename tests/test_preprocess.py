@@ -238,7 +238,7 @@ def test_transform_in_place_over_a_spare_column_equals_a_fresh_output():
     writes the output (bias column included) over them: same numbers, no second array."""
     from p2pdp.config import DataConfig, EvaluationConfig
     from p2pdp.core.rng import generator
-    from p2pdp.data.datasets import make_synthetic
+    from p2pdp.data.synthetic import make_synthetic
     from p2pdp.tasks.pipeline import load_fold
 
     data = DataConfig(dataset="synthetic", synthetic_rows=3000, synthetic_test_rows=700,

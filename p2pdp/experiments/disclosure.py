@@ -44,7 +44,7 @@ def model_dimension(config: ScenarioConfig) -> int | None:
         features = data.synthetic_features
     else:
         try:
-            from p2pdp.data.datasets import load_manifest
+            from p2pdp.data.manifests import load_manifest
 
             features = load_manifest(data.dataset).n_features
         except Exception:  # no manifest: the guarantee is stated with a symbolic d
