@@ -64,11 +64,12 @@ from p2pdp.experiments.iterative_audit import (
     _one_run_result,
     _problem,
 )
+from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.audit import AuditResult
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.protocols import correlated_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
-from p2pdp.protocols.iterative import DecentralizedSGD, LocalProblem, StepPrivacy
+from p2pdp.protocols.iterative import DecentralizedSGD, StepPrivacy
 from p2pdp.protocols.iterative_peer import PeerStreams
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import worst_case_shifts

@@ -64,6 +64,7 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import require_count
+from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.audit import (
     AuditResult,
     one_run_epsilon_lower_bound,
@@ -73,7 +74,7 @@ from p2pdp.privacy.audit import (
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.events import GaussianEvent
 from p2pdp.privacy.gdp import gdp_epsilon
-from p2pdp.protocols.iterative import IterativeProtocol, LocalProblem, StepPrivacy, step_privacy
+from p2pdp.protocols.iterative import IterativeProtocol, StepPrivacy, step_privacy
 from p2pdp.protocols.mixing import Mixing
 
 #: The audited protocols (full sampling, replace-one, the ``gdp`` accountant's mu-GDP claim).

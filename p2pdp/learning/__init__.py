@@ -1,3 +1,4 @@
 """Learning: local models (:mod:`.models`), ensemble rules (:mod:`.ensembles`), evaluation
-metrics (:mod:`.evaluation`) and the centralised reference (:mod:`.references`).
+metrics (:mod:`.evaluation`), the centralised reference (:mod:`.references`) and every peer's
+shard with its clipped logistic gradients for the iterative protocols (:mod:`.local_problem`).
 """
