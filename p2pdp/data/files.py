@@ -37,6 +37,7 @@ DOWNLOAD_TIMEOUT_SECONDS = 60.0
 
 
 def cache_dir() -> Path:
+    """The user cache: ``$XDG_CACHE_HOME/p2pdp`` or ``~/.cache/p2pdp`` (where downloads go)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "p2pdp"
 
 
@@ -129,6 +130,8 @@ def _locate_file(
 def locate(
     manifest: Manifest, path: str | os.PathLike[str] | None, *, download: bool
 ) -> list[Located]:
+    """Every file of ``manifest``: at ``path`` (a file or a directory), else in the search
+    order of the module docstring, else downloaded if ``download``; DataError if not found."""
     explicit = None if path is None else Path(path).expanduser()
     if explicit is not None and not explicit.exists():
         raise DataError(f"path {explicit} does not exist")

@@ -15,7 +15,13 @@ import numpy as np
 
 from p2pdp.core.errors import ConfigError, DataError
 from p2pdp.data.loaders import RawData
-from p2pdp.data.parsing import dense_line_problem, is_number, libsvm_line_problem, line_error
+from p2pdp.data.parsing import (
+    dense_line_problem,
+    dense_table,
+    is_number,
+    libsvm_line_problem,
+    line_error,
+)
 from p2pdp.data.settings import DataConfig
 
 __all__ = ["csv_file", "libsvm_file", "numpy_file"]
@@ -71,14 +77,7 @@ def _read_csv(path: Path, data: DataConfig) -> tuple[np.ndarray, np.ndarray, np.
         )
     label, peer = _label_and_peer_columns(data, names, n_columns, path)
     try:
-        table = np.loadtxt(
-            [line for _, line in rows],
-            delimiter=delimiter,
-            dtype=np.float64,
-            ndmin=2,
-            comments=None,
-            quotechar='"',
-        )
+        table = dense_table(rows, delimiter, quotechar='"')
     except (ValueError, OverflowError) as exc:
         for line_number, line in rows:
             problem = dense_line_problem(line, delimiter, n_columns - 1)

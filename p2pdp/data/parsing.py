@@ -16,12 +16,20 @@ import numpy as np
 from p2pdp.core.errors import DataError
 from p2pdp.data.manifests import DataFile, Manifest
 
-__all__ = ["dense_line_problem", "is_number", "libsvm_line_problem", "line_error", "parsed"]
+__all__ = [
+    "dense_line_problem",
+    "dense_table",
+    "is_number",
+    "libsvm_line_problem",
+    "line_error",
+    "parsed",
+]
 
 _DELIMITERS = {"csv": ",", "whitespace": None}
 
 
 def is_number(text: str) -> bool:
+    """Whether ``text`` parses as a float."""
     try:
         float(text)
     except ValueError:
@@ -34,6 +42,7 @@ def _width_problem(n_columns: int, n_features: int) -> str:
 
 
 def dense_line_problem(line: str, delimiter: str | None, n_features: int) -> str | None:
+    """What is wrong with one dense line of features and a label (None: nothing)."""
     cells = line.split(delimiter)
     if len(cells) != n_features + 1:
         return _width_problem(len(cells), n_features)
@@ -44,6 +53,7 @@ def dense_line_problem(line: str, delimiter: str | None, n_features: int) -> str
 
 
 def libsvm_line_problem(line: str, n_features: int) -> str | None:
+    """What is wrong with one LIBSVM line (1-based increasing indices; None: nothing)."""
     label, *pairs = line.split()
     if not is_number(label):
         return f"label {label!r} is not a number"
@@ -66,7 +76,19 @@ def libsvm_line_problem(line: str, n_features: int) -> str | None:
     return None
 
 
+def dense_table(
+    rows: list[tuple[int, str]], delimiter: str | None, quotechar: str | None = None
+) -> np.ndarray:
+    """(n, columns) float64 table of the numbered text lines ``rows``; raises ValueError or
+    OverflowError (as :func:`numpy.loadtxt`) on a bad line, which the caller then finds."""
+    lines = [line for _, line in rows]
+    return np.loadtxt(
+        lines, delimiter=delimiter, dtype=np.float64, ndmin=2, comments=None, quotechar=quotechar
+    )
+
+
 def line_error(path: Path, line_number: int, problem: str) -> DataError:
+    """The DataError of ``problem`` at 1-based ``line_number`` of ``path``."""
     return DataError(f"{path}, line {line_number}: {problem}")
 
 
@@ -84,13 +106,7 @@ def _parse_table(
             )
             return sparse.toarray(), labels
         delimiter = _DELIMITERS[manifest.format]
-        table = np.loadtxt(
-            [line for _, line in rows],
-            delimiter=delimiter,
-            dtype=np.float64,
-            ndmin=2,
-            comments=None,
-        )
+        table = dense_table(rows, delimiter)
     except (ValueError, OverflowError) as exc:
         for line_number, line in rows:
             problem = (
