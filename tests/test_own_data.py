@@ -508,6 +508,18 @@ def test_csv_options(tmp_path):
     np.testing.assert_array_equal(raw.X, X)
 
 
+def test_csv_cells_in_quotes_are_numbers(tmp_path):
+    """Spreadsheets quote cells (``"0.5"``): a quoted number is the number."""
+    X, y = toy(6, 2)
+    rows = [f'"{float(X[i, 0])!r}",{float(X[i, 1])!r},"{y[i]}"' for i in range(6)]
+    raw = load_data(
+        DataConfig(dataset="csv", path=str(write_lines(tmp_path / "q.csv", rows))),
+        rng=generator(0, "synthetic"),
+    )
+    np.testing.assert_array_equal(raw.X, X)
+    np.testing.assert_array_equal(raw.y, 2 * y - 1)
+
+
 @pytest.mark.parametrize(
     ("lines", "options", "message"),
     [
