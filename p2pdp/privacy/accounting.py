@@ -900,9 +900,10 @@ class BudgetLedger:
         """
         new = np.asarray(counts, dtype=np.int64)
         rows = slice(None) if ids is None else np.asarray(ids, dtype=np.int64)
-        if new.shape != self._counts[rows].shape:
-            raise ConfigError(f"counts must have shape {self._counts[rows].shape}, got {new.shape}")
-        if (new < self._counts[rows]).any() or (new > self.max_aggregations).any():
+        old = self._counts[rows]
+        if new.shape != old.shape:
+            raise ConfigError(f"counts must have shape {old.shape}, got {new.shape}")
+        if not ((old <= new) & (new <= self.max_aggregations)).all():
             raise ConfigError(
                 f"counts must not decrease nor exceed max_aggregations={self.max_aggregations}"
             )
