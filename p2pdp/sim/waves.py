@@ -201,8 +201,8 @@ def batched_obstacle(world: BatchedWorld) -> str:
 
 class DrawnCharges:
     """:meth:`BudgetLedger.spend` for a long run of small groups a driver draws from its pool
-    of solvent peers (:func:`run_waves`): the ledger's counts held as a
-    Python list, several times cheaper per member than the ledger's array.
+    of solvent peers (:func:`run_waves`): the ledger's counts held as a Python list, several
+    times cheaper per member than the ledger's array.
 
     The ids of a group are distinct ids in [0, P) by construction, so only the budget is
     checked (a broke member is refused, all or nothing, as by :meth:`BudgetLedger.spend`).
