@@ -5,6 +5,6 @@ preprocessing and partitions of rows over peers.
 :func:`~.loaders.load_data`, what a data set provides before it is loaded); the built-in
 loaders: :mod:`.benchmarks` (Spambase, Australian, Adult: their :mod:`.manifests`, the
 :mod:`.files` that hold them, their :mod:`.parsing`), :mod:`.synthetic` and :mod:`.own_files`
-(CSV, LIBSVM, NumPy). :mod:`.settings` the ``[data]`` table, :mod:`.preprocess` the
-transforms, :mod:`.partition` rows over peers.
+(CSV, LIBSVM, NumPy). :mod:`.settings` the ``[data]`` and ``[partition]`` tables,
+:mod:`.preprocess` the transforms, :mod:`.partition` rows over peers.
 """
