@@ -9,7 +9,7 @@ logistic regression model is computed three ways:
 
 Data: P <= 1,150 (so P = 100 and 1,000) use equal random shards of the 4,601 Spambase rows
 (min-max scaled, bias column appended, rows projected onto the unit ball: d = 58; loaded
-with ``p2pdp.data.datasets``, so set ``P2PDP_DATA_HOME``); larger P, any ``--rows-per-peer``, or
+with ``p2pdp.data.benchmarks``, so set ``P2PDP_DATA_HOME``); larger P, any ``--rows-per-peer``, or
 a missing data file, use synthetic rows of the same shape (sparse non-negative features,
 bias, unit ball, labels from a noisy linear model). When more than ``--max-reference-peers`` peers
 are asked for, ``per_peer`` and ``sklearn`` are timed on that many peers and scaled up
@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from p2pdp.core.errors import DataError
-from p2pdp.data.datasets import load_dataset
+from p2pdp.data.benchmarks import load_dataset
 from p2pdp.learning.models import LocalModels, fit_local_models, fit_local_models_sklearn
 
 DEFAULT_PEERS = (100, 1_000, 10_000)

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from p2pdp.core.rng import generator
-from p2pdp.data.datasets import load_dataset
+from p2pdp.data.benchmarks import load_dataset
 from p2pdp.data.partition import stratified_folds
 from p2pdp.data.preprocess import Preprocessor
 from p2pdp.experiments.scenario import load_scenario, with_values

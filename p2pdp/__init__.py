@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from p2pdp import _moved
-
 __version__ = "0.2.0"
 __all__ = ["__version__", "simulate"]
-
-_moved.install()  # the 0.1 module paths, with a DeprecationWarning, until 0.3
 
 
 def __getattr__(name: str) -> Any:

@@ -219,15 +219,6 @@ class PoolingConfig:
             )
 
 
-#: Deprecated (kept for importers of the 0.2 layout until 0.3): the task-specific tables and the
-#: built-in tasks that read them. What reads a setting is now declared by each component
-#: (:func:`settings_read`); nothing here reads this.
-TASK_SECTIONS: dict[str, tuple[str, ...]] = {
-    "prevalence": ("prevalence-counts", "randomized-response"),
-    "pooling": ("pooled-testing",),
-    "protocol": ("logistic",),
-}
-
 SECTIONS: dict[str, type] = {
     "task": TaskConfig,
     "data": DataConfig,
@@ -465,12 +456,12 @@ def _check_row_norm_bound(config: ScenarioConfig) -> None:
 def _check_data_provides(data: DataConfig, evaluation: EvaluationConfig) -> None:
     """Reject a fixed split or manifest bounds that the configured data set cannot provide.
 
-    Known without loading for the built-ins (:func:`p2pdp.data.datasets.provides`); an import
+    Known without loading for the built-ins (:func:`p2pdp.data.loaders.provides`); an import
     string is checked when it is loaded (:func:`p2pdp.tasks.pipeline.load_fold`).
     """
-    from p2pdp.data import datasets  # not at module level: datasets imports scikit-learn
+    from p2pdp.data import loaders  # imported when a data set is checked, not with config
 
-    provided = datasets.provides(data)
+    provided = loaders.provides(data)
     if evaluation.split == "fixed" and provided.test_split is False:
         if data.dataset in FILE_LOADER_OPTIONS:
             raise ConfigError(
@@ -479,7 +470,7 @@ def _check_data_provides(data: DataConfig, evaluation: EvaluationConfig) -> None
             )
         raise ConfigError(
             "evaluation.split = 'fixed' needs a data set with a predefined test split "
-            f"({', '.join(datasets.builtins_with('test_split'))}); "
+            f"({', '.join(loaders.builtins_with('test_split'))}); "
             f"got data.dataset = {data.dataset!r}"
         )
     if data.bounds == "manifest" and provided.feature_bounds is False:
@@ -487,9 +478,9 @@ def _check_data_provides(data: DataConfig, evaluation: EvaluationConfig) -> None
             raise ConfigError(
                 "data.bounds = 'manifest' needs data-independent bounds, which a "
                 f"{data.dataset} file does not carry (a loader of your own can return them, "
-                f"see p2pdp.data.datasets.RawData); got data.dataset = {data.dataset!r}"
+                f"see p2pdp.data.loaders.RawData); got data.dataset = {data.dataset!r}"
             )
-        having = datasets.builtins_with("feature_bounds")
+        having = loaders.builtins_with("feature_bounds")
         raise ConfigError(
             f"data.bounds = 'manifest' needs data-independent bounds, which only "
             f"{', '.join(having)} {'has' if len(having) == 1 else 'have'}; "

@@ -2,12 +2,11 @@
 
 What a folder holds, and the code that writes and repairs it, is
 :mod:`p2pdp.experiments.results`; this module re-exports the functions that read one, under the
-path users have written since p2pdp 0.1.
+path users have written since p2pdp 0.1 (the package's deliberate public API, not a shim).
 """
 
 from __future__ import annotations
 
-from p2pdp._moved import forwarding
 from p2pdp.experiments.results import (
     incomplete_cells,
     load,
@@ -17,7 +16,3 @@ from p2pdp.experiments.results import (
 )
 
 __all__ = ["incomplete_cells", "load", "read_manifest", "read_results", "read_roc"]
-
-
-# The rest of the 0.1 module (ResultsStore, write_figure, ...), with a DeprecationWarning.
-__getattr__ = forwarding(__name__)

@@ -20,12 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pdp.data.datasets import (
-    DATA_HOME_ENV,
-    available_datasets,
-    data_home_candidates,
-    load_manifest,
-)
+from p2pdp.data.files import DATA_HOME_ENV, data_home_candidates
+from p2pdp.data.manifests import available_datasets, load_manifest
 
 #: Skip reason of every integration test when the data sets are not on this machine.
 NO_DATA = (

@@ -16,13 +16,13 @@ from p2pdp.privacy import accounting
 from p2pdp.privacy.accounting import (
     BUDGET_TOLERANCE,
     BudgetLedger,
-    DrawnCharges,
     affordable_aggregations,
     budget_table,
     composed_epsilon,
     format_budget_table,
 )
 from p2pdp.privacy.mechanisms import analytic_gaussian_sigma
+from p2pdp.sim.waves import DrawnCharges
 
 
 def exact_gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
@@ -630,3 +630,18 @@ def test_a_runs_realised_poisson_sampling_rate_is_the_rate_the_accountant_charge
         kept, records = (sum(column) for column in zip(*draws, strict=True))
         spread = 5 * math.sqrt(accounted * (1 - accounted) / records)
         assert abs(kept / records - accounted) <= spread
+
+
+def test_counts_written_from_outside_the_ledger_never_understate_what_was_spent():
+    """A driver that charges outside the ledger (sim.waves.DrawnCharges) writes its counts
+    back: a count that drops or exceeds the budget is refused and nothing is written."""
+    ledger = BudgetLedger(4, epsilon_total=1.0, epsilon_per_aggregation=0.3)  # 3 aggregations
+    ledger.write_counts([1, 3], [0, 2])
+    np.testing.assert_array_equal(ledger.aggregations(), [1, 0, 3, 0])
+    for counts, ids in (([0, 3], [0, 2]), ([2, 4], [0, 1]), ([1, 0, 3], None)):
+        with pytest.raises(ConfigError, match="must not decrease nor exceed|shape"):
+            ledger.write_counts(counts, ids)
+        np.testing.assert_array_equal(ledger.aggregations(), [1, 0, 3, 0])
+    ledger.write_counts([1, 2, 3, 3])
+    np.testing.assert_array_equal(ledger.aggregations(), [1, 2, 3, 3])
+    np.testing.assert_array_equal(ledger.can_afford([0, 1, 2, 3]), [True, True, False, False])

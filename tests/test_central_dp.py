@@ -15,8 +15,9 @@ import pytest
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.gdp import gdp_epsilon
-from p2pdp.protocols.iterative import LocalProblem, central_dp_reference, step_privacy
+from p2pdp.protocols.iterative import central_dp_reference, step_privacy
 
 
 def _config(min_shard_size: int | None = None, **protocol) -> ScenarioConfig:

@@ -11,9 +11,9 @@ import pytest
 from dask.distributed import Client, LocalCluster
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.data import datasets
-from p2pdp.data.datasets import SYNTHETIC_BLOCK_ROWS
+from p2pdp.data import synthetic
 from p2pdp.data.partition import contiguous_starts, partition, partition_contiguous
+from p2pdp.data.synthetic import SYNTHETIC_BLOCK_ROWS
 from p2pdp.experiments import cluster as plan
 from p2pdp.experiments import runner
 from p2pdp.experiments.results import read_results
@@ -93,7 +93,7 @@ def test_a_run_split_over_the_cluster_gives_the_local_rows(tmp_path, address, mo
         raise AssertionError("the client drew or loaded training rows")
 
     monkeypatch.setattr(pipeline, "load_fold", no_rows_here)
-    monkeypatch.setattr(datasets, "make_synthetic", no_rows_here)
+    monkeypatch.setattr(synthetic, "make_synthetic", no_rows_here)
     monkeypatch.setattr(plan, "synthetic_block", no_rows_here)
     peaks, prepare = [], runner.prepare_on_cluster
 

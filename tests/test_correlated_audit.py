@@ -16,7 +16,7 @@ def _setup(name: str):
     """What :func:`ca.audit_correlated` builds before its runs, for ``name``."""
     threat, control = ca.parse_name(name)
     observers = ca.THREATS[threat]
-    mixing = ca._ring(ca.CORRELATED_PEERS)
+    mixing = ca.line_mixing(ca.CORRELATED_PEERS, ring=True)
     sizes = np.full(ca.CORRELATED_PEERS, ca.AUDIT_RECORDS + ca.AUDIT_CANARIES)
     unit = ca._linear_map(1.0, ca.CORRELATED_PAIR_RATIO, sizes, mixing)
     z = correlated_dp.calibrated_noise_multiplier(

@@ -24,11 +24,12 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.scenario import scenario_from_mapping
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols import correlated_dp, network_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
-from p2pdp.protocols.iterative import DecentralizedSGD, LocalProblem, step_privacy
+from p2pdp.protocols.iterative import DecentralizedSGD, step_privacy
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
 

@@ -1,4 +1,5 @@
-"""Tests of p2pdp.data.datasets and the ``p2pdp datasets`` command. No test uses the network."""
+"""Tests of the data sets (p2pdp.data: manifests, files, parsing, benchmarks, synthetic) and
+the ``p2pdp datasets`` command. No test uses the network."""
 
 from __future__ import annotations
 
@@ -15,18 +16,10 @@ import numpy as np
 import pytest
 
 from p2pdp.core.errors import ConfigError, DataError
-from p2pdp.data import datasets
-from p2pdp.data.datasets import (
-    DataFile,
-    Dataset,
-    Manifest,
-    available_datasets,
-    data_home_candidates,
-    dataset_info,
-    fetch_dataset,
-    load_dataset,
-    load_manifest,
-)
+from p2pdp.data import benchmarks, manifests, parsing, synthetic
+from p2pdp.data.benchmarks import Dataset, dataset_info, fetch_dataset, load_dataset
+from p2pdp.data.files import data_home_candidates
+from p2pdp.data.manifests import DataFile, Manifest, available_datasets, load_manifest
 from p2pdp.data.settings import DataConfig
 from p2pdp.experiments.cli import main
 
@@ -155,7 +148,7 @@ positives = 1
 def test_bad_manifest_raises_config_error(monkeypatch, tmp_path, old, new, message):
     assert old in VALID_TOY
     (tmp_path / "toy.toml").write_text(VALID_TOY.replace(old, new))
-    monkeypatch.setattr(datasets, "_manifest_dir", lambda: tmp_path)
+    monkeypatch.setattr(manifests, "_manifest_dir", lambda: tmp_path)
     with pytest.raises(ConfigError, match=None) as caught:
         load_manifest("toy")
     assert message in str(caught.value)
@@ -163,7 +156,7 @@ def test_bad_manifest_raises_config_error(monkeypatch, tmp_path, old, new, messa
 
 def test_valid_toy_manifest_expands_scalar_bounds(monkeypatch, tmp_path):
     (tmp_path / "toy.toml").write_text(VALID_TOY)
-    monkeypatch.setattr(datasets, "_manifest_dir", lambda: tmp_path)
+    monkeypatch.setattr(manifests, "_manifest_dir", lambda: tmp_path)
     assert load_manifest("toy").feature_bounds == ((0.0, 0.0), (1.0, 2.0))
 
 
@@ -499,13 +492,15 @@ def test_dataset_converts_and_validates():
 def test_built_in_loader_reads_data_path(tmp_path, real_data_home):
     copy = tmp_path / "my-spambase.csv"
     shutil.copy(real_data_home / "spambase.data", copy)
-    raw = datasets.spambase(DataConfig(dataset="spambase", path=str(copy)))
+    raw = benchmarks.spambase(DataConfig(dataset="spambase", path=str(copy)))
     expected = load_dataset("spambase", path=copy, download=False)
     assert raw.name == "spambase" and raw.X_test is None and raw.feature_bounds is None
     np.testing.assert_array_equal(raw.X, expected.X)
     np.testing.assert_array_equal(raw.y, expected.y)
     with pytest.raises(DataError, match="does-not-exist does not exist"):
-        datasets.australian(DataConfig(dataset="australian", path=str(tmp_path / "does-not-exist")))
+        benchmarks.australian(
+            DataConfig(dataset="australian", path=str(tmp_path / "does-not-exist"))
+        )
 
 
 # --- command line -----------------------------------------------------------------------------
@@ -570,20 +565,20 @@ def test_synthetic_blocks_come_from_spawned_seeds_and_are_pure_functions_of_thei
     spawned = generator(5, "synthetic").bit_generator.seed_seq.spawn(4)
     for child in range(4):  # the children SeedSequence.spawn gives, whatever came before
         np.testing.assert_array_equal(
-            datasets.synthetic_seed(seed_seq, child).generate_state(8),
+            synthetic.synthetic_seed(seed_seq, child).generate_state(8),
             spawned[child].generate_state(8),
         )
     expected, _ = integrate.quad(lambda z: np.logaddexp(0, z) * stats.norm.pdf(z), -40, 40)
-    assert datasets.LOG1P_LOGNORMAL_MEAN == pytest.approx(expected, rel=1e-12)
-    B = datasets.SYNTHETIC_BLOCK_ROWS
-    X, y, X_test, y_test = datasets.make_synthetic(B + 10, 30, 3, rng=generator(5, "synthetic"))
-    Xb, yb = datasets.synthetic_block(seed_seq, 1, n_total=B + 40, n_features=3)
+    assert synthetic.LOG1P_LOGNORMAL_MEAN == pytest.approx(expected, rel=1e-12)
+    B = synthetic.SYNTHETIC_BLOCK_ROWS
+    X, y, X_test, y_test = synthetic.make_synthetic(B + 10, 30, 3, rng=generator(5, "synthetic"))
+    Xb, yb = synthetic.synthetic_block(seed_seq, 1, n_total=B + 40, n_features=3)
     assert Xb.shape == (40, 3)  # the short last block: 10 training and 30 test rows
     np.testing.assert_allclose(np.vstack([X[B:], X_test]), Xb, rtol=1e-15)
     np.testing.assert_array_equal(np.concatenate([y[B:], y_test]), yb)
     assert 0.4 < (y == 1).mean() < 0.6  # logits centred by the log-features' expectation
     with pytest.raises(ValueError, match="block 2 is outside the"):
-        datasets.synthetic_block(seed_seq, 2, n_total=B + 40, n_features=3)
+        synthetic.synthetic_block(seed_seq, 2, n_total=B + 40, n_features=3)
 
 
 def test_synthetic_rows_and_their_transform_are_the_same_for_any_number_of_workers(monkeypatch):
@@ -594,7 +589,7 @@ def test_synthetic_rows_and_their_transform_are_the_same_for_any_number_of_worke
     from p2pdp.learning.settings import EvaluationConfig
     from p2pdp.tasks.pipeline import load_fold
 
-    monkeypatch.setattr(datasets, "SYNTHETIC_BLOCK_ROWS", 500)  # 5 blocks, a short last
+    monkeypatch.setattr(synthetic, "SYNTHETIC_BLOCK_ROWS", 500)  # 5 blocks, a short last
     monkeypatch.setattr(preprocess, "_ROW_BLOCK", 300)
     data = DataConfig(dataset="synthetic", synthetic_rows=1800, synthetic_test_rows=400,
                       synthetic_features=6)  # fmt: skip
@@ -621,9 +616,9 @@ def test_a_file_is_parsed_once_per_process_and_again_when_it_changes(
     """A sweep loads its data set for every fold: the same bytes are parsed once (the arrays
     shared, read-only); other bytes under the same name are parsed afresh."""
     parsed = []
-    parse = datasets._parse
-    monkeypatch.setattr(datasets, "_parse", lambda *a: parsed.append(a[1]) or parse(*a))
-    monkeypatch.setattr(datasets, "_PARSED", {})
+    parse = parsing._parse
+    monkeypatch.setattr(parsing, "_parse", lambda *a: parsed.append(a[1]) or parse(*a))
+    monkeypatch.setattr(parsing, "_PARSED", {})
     lines = australian_lines(real_data_home)
     path = write_lines(tmp_path / "australian.dat", lines)
     first = load_dataset("australian", path=tmp_path, download=False)

@@ -1,4 +1,4 @@
-"""The package's layout: layers checked by import-linter, old import paths, the plug-in group.
+"""The package's layout: layers checked by import-linter, the top level, the plug-in group.
 
 The contracts live in ``pyproject.toml`` (``[tool.importlinter]``) and ``.ci/run`` checks them
 with ``lint-imports``; here they are also shown to fail, naming the import, when a copy of the
@@ -7,17 +7,14 @@ package is given a forbidden import.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import grimp
 import pytest
 
-from p2pdp import _moved
 from p2pdp.core import components
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,57 +121,8 @@ def test_no_builtin_sampler_imports_the_world_that_builds_it_by_name():
 
 def test_the_top_level_holds_only_the_packages_and_the_entry_points():
     top = {p.name for p in (ROOT / "p2pdp").iterdir() if p.name != "__pycache__"}
-    entry_points = {"__init__.py", "_moved.py", "config.py", "results.py", "py.typed"}
+    entry_points = {"__init__.py", "config.py", "results.py", "py.typed"}
     assert top == entry_points | set(PACKAGES)
-    for old in _moved.MOVED:  # no module of the flat layout is left beside its new home
-        relative = Path(*old.split(".")).with_suffix(".py")
-        assert not (ROOT / relative).exists(), relative
-
-
-def test_every_old_import_string_of_a_builtin_still_works_with_a_warning():
-    """Scenario files of p2pdp 0.1 name built-ins by their old import strings."""
-    renamed = {new: old for old, new in _moved.MOVED.items()}
-    renamed.update({homes[0]: old for old, homes in _moved.FORWARDED.items()})
-    old_targets, kept = {}, set()
-    for component in components.listing():
-        module, name = component["target"].split(":")
-        if module in renamed:
-            old_targets[f"{renamed[module]}:{name}"] = (component["kind"], component["target"])
-        else:
-            kept.add(module)
-    # the samplers did not move; the protocols are new in 0.2
-    assert kept == {
-        "p2pdp.sim.central",
-        "p2pdp.sim.gossip",
-        "p2pdp.protocols",
-        "p2pdp.protocols.iterative",
-    }
-    script = textwrap.dedent(
-        f"""
-        import json, sys, warnings
-        from p2pdp.core import components
-        targets = {old_targets!r}
-        moved = {sorted(_moved.MOVED)!r}
-        report = {{}}
-        for old, (kind, new) in targets.items():
-            if old.split(":")[0] in moved:
-                sys.modules.pop(old.split(":")[0], None)  # it warns on its first import
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                obj = components.resolve(kind, old, key="key")
-            same = obj is components.resolve(kind, new, key="key")
-            report[old] = [same, [str(w.message) for w in caught
-                                  if issubclass(w.category, DeprecationWarning)]]
-        print(json.dumps(report))
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
-    )
-    report = json.loads(done.stdout)
-    for old, (same, warned) in report.items():
-        assert same, old
-        assert warned and "moved to" in warned[0] and "until 0.3" in warned[0], (old, warned)
 
 
 def test_an_installed_package_registers_a_component_through_the_entry_point_group(tmp_path):
@@ -194,24 +142,3 @@ def test_an_installed_package_registers_a_component_through_the_entry_point_grou
     )
     assert done.returncode == 0, done.stderr
     assert any(line.split()[:1] == ["my-noise"] for line in done.stdout.splitlines()), done.stdout
-
-
-def test_every_public_name_of_the_flat_layout_still_imports_from_its_old_path():
-    """Each of the 476 public names the 42 modules of p2pdp 0.1 defined (listed from that
-    revision in tests/data/flat_layout_names.json) is reachable at its old path until 0.3."""
-    names = json.loads((Path(__file__).parent / "data" / "flat_layout_names.json").read_text())
-    script = textwrap.dedent(
-        f"""
-        import importlib, json, warnings
-        warnings.simplefilter("ignore", DeprecationWarning)
-        missing = []
-        for module, names in {names!r}.items():
-            loaded = importlib.import_module(module)
-            missing += [f"{{module}}.{{name}}" for name in names if not hasattr(loaded, name)]
-        print(json.dumps(missing))
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert json.loads(done.stdout) == []

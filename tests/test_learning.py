@@ -9,6 +9,7 @@ from scipy.optimize import check_grad
 from scipy.special import expit
 
 from p2pdp.core.errors import ConfigError, P2PDPError
+from p2pdp.core.parallel import local_workers
 from p2pdp.learning import models as models_module
 from p2pdp.learning.models import (
     LocalModels,
@@ -19,7 +20,6 @@ from p2pdp.learning.models import (
     logistic_objective_gradient,
     newton_from_block_sums,
     sums_of_block,
-    training_workers,
 )
 
 TOL = 1e-9
@@ -184,7 +184,7 @@ def test_local_processes_give_bitwise_identical_models():
     X, y = spambase_like_rows(4000, 58, rng)
     shards = unequal_shards(X.shape[0], rng.integers(5, 80, size=60), rng)
     alone = fit_local_models(X, y, shards, 1e-3, chunk_size=7)  # many batches
-    with training_workers(3):
+    with local_workers(3):
         forked = fit_local_models(X, y, shards, 1e-3, chunk_size=7)
     np.testing.assert_array_equal(forked.weights, alone.weights)
     np.testing.assert_array_equal(forked.grad_norms, alone.grad_norms)

@@ -26,8 +26,8 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core import components
 from p2pdp.core.errors import ConfigError, DataError
 from p2pdp.core.rng import generator
-from p2pdp.data import datasets
-from p2pdp.data.datasets import RawData, as_raw_data, load_data, provides
+from p2pdp.data import loaders
+from p2pdp.data.loaders import RawData, as_raw_data, load_data, provides
 from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.results import read_results
@@ -161,7 +161,7 @@ def test_loader_forms_signatures_and_return_types(write_module, tmp_path):
         f"""
         import numpy as np
         import pandas as pd
-        from p2pdp.data.datasets import RawData
+        from p2pdp.data.loaders import RawData
 
         X, y = np.load({str(tmp_path / "X.npy")!r}), np.load({str(tmp_path / "y.npy")!r})
 
@@ -288,7 +288,7 @@ def mapping():
         (
             "triple",
             "the loader returned a tuple of 3 items; it must return (X, y), "
-            "(X, y, X_test, y_test) or a p2pdp.data.datasets.RawData",
+            "(X, y, X_test, y_test) or a p2pdp.data.loaders.RawData",
         ),
         ("mapping", "the loader returned a dict"),
     ],
@@ -341,7 +341,7 @@ def test_fixed_split_and_manifest_bounds_follow_what_the_loader_returns(write_mo
         "splits",
         """
         import numpy as np
-        from p2pdp.data.datasets import RawData
+        from p2pdp.data.loaders import RawData
         rng = np.random.default_rng(1)
         X, T = rng.random((40, 2)), rng.random((10, 2))
         y, u = np.arange(40) % 2, np.arange(10) % 2
@@ -421,10 +421,10 @@ def test_what_built_ins_declare_is_what_they_load(real_data_home, name):
 
 
 def test_what_files_and_import_strings_declare():
-    assert provides(DataConfig(dataset="csv", path="a")) == datasets.Provides(False, False)
+    assert provides(DataConfig(dataset="csv", path="a")) == loaders.Provides(False, False)
     assert provides(DataConfig(dataset="csv", path="a", test_path="b")).test_split is True
-    unknown = provides(DataConfig(dataset="p2pdp.data.datasets:spambase"))  # import strings: load
-    assert unknown == datasets.Provides(None, None)
+    unknown = provides(DataConfig(dataset="p2pdp.data.benchmarks:spambase"))  # import strings: load
+    assert unknown == loaders.Provides(None, None)
 
 
 # --- DataConfig fields ------------------------------------------------------------------------
@@ -502,6 +502,18 @@ def test_csv_options(tmp_path):
         rng=generator(0, "synthetic"),
     )
     np.testing.assert_array_equal(raw.X, X)
+
+
+def test_csv_cells_in_quotes_are_numbers(tmp_path):
+    """Spreadsheets quote cells (``"0.5"``): a quoted number is the number."""
+    X, y = toy(6, 2)
+    rows = [f'"{float(X[i, 0])!r}",{float(X[i, 1])!r},"{y[i]}"' for i in range(6)]
+    raw = load_data(
+        DataConfig(dataset="csv", path=str(write_lines(tmp_path / "q.csv", rows))),
+        rng=generator(0, "synthetic"),
+    )
+    np.testing.assert_array_equal(raw.X, X)
+    np.testing.assert_array_equal(raw.y, 2 * y - 1)
 
 
 @pytest.mark.parametrize(
@@ -777,7 +789,8 @@ def test_adult_folds_are_the_same_as_before(real_data_home, data, evaluation, di
 def test_every_registered_dataset_target_exists():
     for name in components.names("dataset"):
         loader = components.resolve("dataset", name)
-        assert callable(loader) and loader.__module__ == "p2pdp.data.datasets", name
+        homes = {"p2pdp.data.benchmarks", "p2pdp.data.synthetic", "p2pdp.data.own_files"}
+        assert callable(loader) and loader.__module__ in homes, name
 
 
 # --- the guide's example -------------------------------------------------------------------
@@ -915,7 +928,7 @@ def test_a_peer_file_and_a_loader_s_peers_give_the_same_shards_as_the_column(
         "peerdata",
         f"""
         import pandas as pd
-        from p2pdp.data.datasets import RawData
+        from p2pdp.data.loaders import RawData
 
         def load():
             t = pd.read_csv({str(path)!r})

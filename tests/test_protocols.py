@@ -23,15 +23,12 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.scenario import Scenario
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.accounting import RdpAccountant, subsampled_gaussian_rdp
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.events import SubsampledGaussianEvent
 from p2pdp.privacy.settings import PrivacyConfig
-from p2pdp.protocols.iterative import (
-    DecentralizedSGD,
-    LocalProblem,
-    step_privacy,
-)
+from p2pdp.protocols.iterative import DecentralizedSGD, step_privacy
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.sim.transport import Transport
 

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 from p2pdp.core.parallel import local_workers
-from p2pdp.data import datasets
-from p2pdp.data.datasets import (
+from p2pdp.data import synthetic
+from p2pdp.data.partition import contiguous_starts
+from p2pdp.data.preprocess import Preprocessor
+from p2pdp.data.synthetic import (
     SYNTHETIC_BLOCK_ROWS,
     synthetic_block,
     synthetic_block_bounds,
     synthetic_block_logged,
 )
-from p2pdp.data.partition import contiguous_starts
-from p2pdp.data.preprocess import Preprocessor
 from p2pdp.experiments.scenario import parse_scenario
 from p2pdp.experiments.simulation import simulate
 from p2pdp.learning.evaluation import linear_error
@@ -93,7 +93,7 @@ def test_the_training_in_blocks_is_the_in_memory_one(in_memory, workers, kept, m
     def whole(*args, **kwargs):
         raise AssertionError("the training rows were drawn in one piece")
 
-    monkeypatch.setattr(datasets, "make_synthetic", whole)
+    monkeypatch.setattr(synthetic, "make_synthetic", whole)
     if kept is not None:
         monkeypatch.setattr(
             streamed, "KEPT_ROWS_BYTES", kept * 8 * (FEATURES + 2) * SYNTHETIC_BLOCK_ROWS

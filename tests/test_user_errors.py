@@ -20,7 +20,7 @@ import p2pdp
 from p2pdp.config import ScenarioConfig, check_reads
 from p2pdp.core.errors import ClusterLostError, ConfigError, DataError
 from p2pdp.core.rng import generator
-from p2pdp.data.datasets import load_data
+from p2pdp.data.loaders import load_data
 from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments import results as results_module
 from p2pdp.experiments import runner as experiment
@@ -135,7 +135,7 @@ def test_synthetic_sizes_on_another_built_in_data_set_are_refused(folder, capsys
         DataConfig(dataset="spambase", **{key: 50})
     # the synthetic data set and a loader of your own may read them
     DataConfig(dataset="synthetic", **{key: 50})
-    DataConfig(dataset="p2pdp.data.datasets:synthetic", **{key: 50})
+    DataConfig(dataset="p2pdp.data.synthetic:synthetic", **{key: 50})
 
 
 def test_a_test_split_inside_an_npz_file_under_cross_validation_is_refused(tmp_path):

@@ -21,7 +21,7 @@ What each kind must provide is documented on its protocol:
 ==========  ====================================================  ======================
 kind        protocol                                              config key
 ==========  ====================================================  ======================
-dataset     :class:`p2pdp.data.datasets.DatasetLoader`            ``data.dataset``
+dataset     :class:`p2pdp.data.loaders.DatasetLoader`             ``data.dataset``
 model       :class:`p2pdp.learning.models.LocalModel`             ``training.model``
 mechanism   :class:`p2pdp.privacy.mechanisms.Mechanism`           ``privacy.mechanism``
 accountant  :class:`p2pdp.privacy.accounting.Accountant`          ``privacy.accountant``
@@ -78,41 +78,46 @@ class Component:
 _BUILTINS: tuple[Component, ...] = tuple(
     Component(kind, name, target, description)
     for kind, name, target, description in (
-        ("dataset", "spambase", "p2pdp.data.datasets:spambase", "UCI Spambase, 4,601 e-mails x 57"),
+        (
+            "dataset",
+            "spambase",
+            "p2pdp.data.benchmarks:spambase",
+            "UCI Spambase, 4,601 e-mails x 57",
+        ),
         (
             "dataset",
             "australian",
-            "p2pdp.data.datasets:australian",
+            "p2pdp.data.benchmarks:australian",
             "Statlog Australian credit, 690 x 14",
         ),
         (
             "dataset",
             "adult",
-            "p2pdp.data.datasets:adult",
+            "p2pdp.data.benchmarks:adult",
             "Adult as LIBSVM a9a/a9a.t, 32,561 + 16,281 x 123",
         ),
         (
             "dataset",
             "synthetic",
-            "p2pdp.data.datasets:synthetic",
+            "p2pdp.data.synthetic:synthetic",
             "logistic model with lognormal features, sized by data.synthetic_*",
         ),
         (
             "dataset",
             "csv",
-            "p2pdp.data.datasets:csv_file",
+            "p2pdp.data.own_files:csv_file",
             "your own CSV file at data.path (label last)",
         ),
         (
             "dataset",
             "libsvm",
-            "p2pdp.data.datasets:libsvm_file",
+            "p2pdp.data.own_files:libsvm_file",
             "your own LIBSVM file at data.path",
         ),
         (
             "dataset",
             "numpy",
-            "p2pdp.data.datasets:numpy_file",
+            "p2pdp.data.own_files:numpy_file",
             "your own .npz (arrays X, y) or .npy (label last) file at data.path",
         ),
         (

@@ -40,7 +40,7 @@ class DataConfig:
     ``dataset`` names a registered loader (``p2pdp components dataset``: ``spambase``,
     ``australian``, ``adult``, ``synthetic``, ``csv``, ``libsvm``, ``numpy``) or gives an
     import string ``"package.module:function"`` of your own loader (see
-    :class:`p2pdp.data.datasets.DatasetLoader`). ``path`` is where a built-in data set's files are
+    :class:`p2pdp.data.loaders.DatasetLoader`). ``path`` is where a built-in data set's files are
     searched first, the file ``csv``, ``libsvm`` and ``numpy`` read (required for them), and
     free for your own loader to read.
 

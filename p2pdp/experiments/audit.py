@@ -131,7 +131,7 @@ def _audit_clipped_gaussian(
     name: str, *, n_samples: int, rng: np.random.Generator, epsilon: float, delta: float, dim: int
 ) -> AuditResult:
     """One private step of the iterative protocols, end to end (:mod:`p2pdp.privacy.
-    clipped_gaussian` through :meth:`p2pdp.protocols.iterative.LocalProblem.clipped_sums`).
+    clipped_gaussian` through :meth:`p2pdp.learning.local_problem.LocalProblem.clipped_sums`).
 
     Two neighbouring shards (replace one record): the replaced record's label flips, so its
     logistic gradient at ``w = 0`` (norm 0.5) turns around. The step's noise is calibrated for
@@ -140,9 +140,9 @@ def _audit_clipped_gaussian(
     works. The negative control sums the same records unclipped (shift ``4 C``) under the same
     noise.
     """
+    from p2pdp.learning.local_problem import LocalProblem
     from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
     from p2pdp.privacy.gdp import gdp_mu
-    from p2pdp.protocols.iterative import LocalProblem
 
     z = 2.0 / gdp_mu(epsilon, delta)
     noise = ClippedGaussianSum(clip_norm=AUDIT_CLIP, noise_multiplier=z)

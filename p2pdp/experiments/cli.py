@@ -49,7 +49,7 @@ def _add_datasets(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_datasets_list(args: argparse.Namespace) -> int:
-    from p2pdp.data.datasets import available_datasets, load_manifest
+    from p2pdp.data.manifests import available_datasets, load_manifest
 
     print(f"{'name':<12} {'rows':<15} {'features':>8}  title")
     for name in available_datasets():
@@ -62,7 +62,7 @@ def _cmd_datasets_list(args: argparse.Namespace) -> int:
 def _cmd_datasets_info(args: argparse.Namespace) -> int:
     import json
 
-    from p2pdp.data.datasets import dataset_info
+    from p2pdp.data.benchmarks import dataset_info
 
     info = dataset_info(args.name, path=args.path)
     if args.json:
@@ -84,7 +84,8 @@ def _cmd_datasets_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_datasets_fetch(args: argparse.Namespace) -> int:
-    from p2pdp.data.datasets import available_datasets, fetch_dataset
+    from p2pdp.data.benchmarks import fetch_dataset
+    from p2pdp.data.manifests import available_datasets
 
     for name in available_datasets() if args.all else [args.name]:
         for path in fetch_dataset(name, force=args.force):

@@ -5,8 +5,8 @@ one future per training and one per cell (:mod:`p2pdp.experiments.runner`). A ce
 covers (:func:`plan_gap`) is split instead, so a single run of a million peers uses every
 worker of the cluster and no process holds all its training rows:
 
-1. **rows**: worker tasks draw the synthetic blocks (:func:`p2pdp.data.datasets.synthetic_block`,
-   blocks of :data:`~p2pdp.data.datasets.SYNTHETIC_BLOCK_ROWS` rows) from the run's seed
+1. **rows**: worker tasks draw the synthetic blocks (:func:`p2pdp.data.synthetic.synthetic_block`,
+   blocks of :data:`~p2pdp.data.synthetic.SYNTHETIC_BLOCK_ROWS` rows) from the run's seed
    sequence; a task carries the seed sequence and a block number, never rows, and its block
    stays in the worker's memory as a Dask future. Each returns its training rows' per-feature
    min and max; the client reduces them to the min-max bounds (exact in any order) and sends
@@ -57,9 +57,9 @@ from threadpoolctl import threadpool_limits
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ClusterLostError, ConfigError, P2PDPError
 from p2pdp.core.parallel import RemotePieces
-from p2pdp.data.datasets import SYNTHETIC_BLOCK_ROWS, synthetic_block
 from p2pdp.data.partition import contiguous_starts
 from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
+from p2pdp.data.synthetic import SYNTHETIC_BLOCK_ROWS, synthetic_block
 from p2pdp.learning.evaluation import make_ensemble_rule
 from p2pdp.learning.models import (
     MAX_NEWTON_STEPS,

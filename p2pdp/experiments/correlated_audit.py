@@ -61,14 +61,16 @@ from p2pdp.experiments.iterative_audit import (
     AUDIT_FEATURES,
     AUDIT_GUESS_FRACTION,
     AUDIT_RECORDS,
-    _one_run_result,
-    _problem,
+    audit_problem,
+    line_mixing,
+    one_run_result,
 )
+from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.audit import AuditResult
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.protocols import correlated_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
-from p2pdp.protocols.iterative import DecentralizedSGD, LocalProblem, StepPrivacy
+from p2pdp.protocols.iterative import DecentralizedSGD, StepPrivacy
 from p2pdp.protocols.iterative_peer import PeerStreams
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import worst_case_shifts
@@ -107,13 +109,6 @@ CORRELATED_SCENARIO: dict[str, Any] = {
         "pairwise_noise_multiplier": CORRELATED_PAIR_RATIO,
     },
 }
-
-
-def _ring(n_peers: int) -> Mixing:
-    """Metropolis-Hastings weights of the ring ``0 - 1 - ... - (n_peers - 1) - 0``."""
-    neighbours = [sorted({(i - 1) % n_peers, (i + 1) % n_peers}) for i in range(n_peers)]
-    indptr = np.concatenate([[0], np.cumsum([len(row) for row in neighbours])])
-    return Mixing.metropolis_hastings(indptr, np.concatenate(neighbours))
 
 
 class _Recorder:
@@ -283,7 +278,7 @@ def audit_correlated(
     runs = require_count("runs", runs)
     threat, control = parse_name(name)
     observers = THREATS[threat]
-    mixing = _ring(CORRELATED_PEERS)
+    mixing = line_mixing(CORRELATED_PEERS, ring=True)
     sizes = np.full(CORRELATED_PEERS, AUDIT_RECORDS + AUDIT_CANARIES)  # padded (_padded)
     delta = CORRELATED_SCENARIO["privacy"]["delta"]
     unit = _linear_map(1.0, CORRELATED_PAIR_RATIO, sizes, mixing)
@@ -321,7 +316,7 @@ def audit_correlated(
             np.array([model.kappa]), sensitivity_over_clip=2.0, delta=delta
         )[0]
     )
-    return _one_run_result(
+    return one_run_result(
         name,
         states,
         score,
@@ -419,7 +414,7 @@ def correlated_run(
         "canaries", "data", "network", "noise", "sampling", "gossip", "pairs")}  # fmt: skip
     labels = np.where(streams["canaries"].random(AUDIT_CANARIES) < 0.5, -1.0, 1.0)
     problem = _padded(
-        _problem(
+        audit_problem(
             labels, n_peers=CORRELATED_PEERS, canary_norm=1.0, lam=config.training.lam,
             rng=streams["data"],
         )
@@ -427,7 +422,7 @@ def correlated_run(
     rngs: dict[str, Any] = streams
     z = config.protocol.noise_multiplier or 0.0
     protocol = _AuditedSGD(
-        config.protocol, problem, _ring(CORRELATED_PEERS), _privacy(z), rngs=rngs,
+        config.protocol, problem, line_mixing(CORRELATED_PEERS, ring=True), _privacy(z), rngs=rngs,
         control=control,
     )  # fmt: skip
     run_iterative(config, protocol, errors=lambda m: np.zeros(len(m)), rng=streams["network"])

@@ -35,8 +35,6 @@ LAMBDA_SWEPT = (
     "training.lambda is swept by this scenario, and choosing lambda from its results reads "
     "every peer's data and the test folds"
 )
-#: Mechanisms that make the CLI print a warning before running.
-WARNED_MECHANISMS = ("seed-laplace", "none")
 
 
 def model_dimension(config: ScenarioConfig) -> int | None:
@@ -46,7 +44,7 @@ def model_dimension(config: ScenarioConfig) -> int | None:
         features = data.synthetic_features
     else:
         try:
-            from p2pdp.data.datasets import load_manifest
+            from p2pdp.data.manifests import load_manifest
 
             features = load_manifest(data.dataset).n_features
         except Exception:  # no manifest: the guarantee is stated with a symbolic d

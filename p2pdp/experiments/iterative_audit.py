@@ -64,6 +64,7 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import require_count
+from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.audit import (
     AuditResult,
     one_run_epsilon_lower_bound,
@@ -73,7 +74,7 @@ from p2pdp.privacy.audit import (
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.events import GaussianEvent
 from p2pdp.privacy.gdp import gdp_epsilon
-from p2pdp.protocols.iterative import IterativeProtocol, LocalProblem, StepPrivacy, step_privacy
+from p2pdp.protocols.iterative import IterativeProtocol, StepPrivacy, step_privacy
 from p2pdp.protocols.mixing import Mixing
 
 #: The audited protocols (full sampling, replace-one, the ``gdp`` accountant's mu-GDP claim).
@@ -202,14 +203,20 @@ def _real_guarantee(privacy: StepPrivacy, control: str | None, steps: int) -> fl
     return float(real.epsilon(np.array([steps]))[0])
 
 
-def _path_mixing(n_peers: int) -> Mixing:
-    """Metropolis-Hastings weights of the path ``0 - 1 - ... - (n_peers - 1)``."""
-    neighbours = [[j for j in (i - 1, i + 1) if 0 <= j < n_peers] for i in range(n_peers)]
+def line_mixing(n_peers: int, *, ring: bool = False) -> Mixing:
+    """Metropolis-Hastings weights of the path ``0 - 1 - ... - (n_peers - 1)`` (this audit's
+    overlay), closed into a ring ``... - (n_peers - 1) - 0`` if ``ring`` (the correlated-noise
+    audit's, :mod:`p2pdp.experiments.correlated_audit`)."""
+    ends = [(i - 1, i + 1) for i in range(n_peers)]
+    if ring:
+        neighbours = [sorted({j % n_peers for j in pair}) for pair in ends]
+    else:
+        neighbours = [[j for j in pair if 0 <= j < n_peers] for pair in ends]
     indptr = np.concatenate([[0], np.cumsum([len(row) for row in neighbours])])
     return Mixing.metropolis_hastings(indptr, np.concatenate(neighbours))
 
 
-def _problem(
+def audit_problem(
     labels: np.ndarray,
     *,
     n_peers: int,
@@ -353,7 +360,7 @@ def audited_run(
     if privacy.mechanism.sampling == "poisson":  # add/remove: +1 present, -1 absent (a 0 row)
         norm, canary_labels = np.where(labels > 0, norm, 0.0), np.ones_like(labels)
     n_peers = AUDIT_PEERS[config.protocol.name]
-    problem = _problem(
+    problem = audit_problem(
         canary_labels,
         n_peers=n_peers,
         canary_norm=norm,
@@ -365,7 +372,7 @@ def audited_run(
     protocol = observed(
         config.protocol,
         problem,
-        _path_mixing(n_peers),
+        line_mixing(n_peers),
         _controlled(privacy, control),
         rngs=streams,
     )
@@ -411,7 +418,7 @@ def audit_iterative(
     states, score = np.concatenate(labels), np.concatenate(scores)
     fraction = AUDIT_GUESS_FRACTION_GDP if gaussian else AUDIT_GUESS_FRACTION
     k = min(states.size // 2, max(AUDIT_MIN_GUESSES, int(fraction * states.size)))
-    return _one_run_result(
+    return one_run_result(
         name,
         states,
         score,
@@ -427,7 +434,7 @@ def audit_iterative(
     )
 
 
-def _one_run_result(
+def one_run_result(
     name: str,
     states: np.ndarray,
     scores: np.ndarray,

@@ -27,6 +27,7 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.rng import generator
+from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld, IterativeTransport
 from p2pdp.net.iterative_host import IterativeSettings, Machine, serve_iterative
@@ -34,13 +35,7 @@ from p2pdp.net.pair_keys import PairKeys, session_id
 from p2pdp.net.wire import ProtocolError
 from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import StepPrivacy, applied_pair_noise, step_privacy
-from p2pdp.protocols.iterative_peer import (
-    GossipPeer,
-    LocalProblem,
-    StreamSeeds,
-    SynchronousPeer,
-    make_peer,
-)
+from p2pdp.protocols.iterative_peer import GossipPeer, StreamSeeds, SynchronousPeer, make_peer
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
 from p2pdp.sim.iterative import consensus_distance

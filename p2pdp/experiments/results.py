@@ -869,13 +869,13 @@ def run_inputs(scenario: Scenario, *, read_data: bool = True) -> dict[str, Any]:
     """What a scenario's cells depend on besides its settings: p2pdp's version, the data.
 
     ``{"p2pdp": version, "data": {file: sha256}}`` over the data files of every grid point
-    (:func:`p2pdp.data.datasets.data_fingerprint`) and of every ``partition.path``. Recorded in
+    (:func:`p2pdp.data.loaders.data_fingerprint`) and of every ``partition.path``. Recorded in
     the manifest; ``--resume`` refuses a folder whose inputs differ, so it never merges results
     of two data sets or versions. ``read_data`` false: no file is opened and ``data`` is
     empty (a network run whose coordinator holds no data: it cannot tell whether the hosts'
     shard files changed; a resume of a folder whose cells fingerprinted their data is refused).
     """
-    from p2pdp.data.datasets import data_fingerprint, file_fingerprint
+    from p2pdp.data.loaders import data_fingerprint, file_fingerprint
 
     data: dict[str, str] = {}
     if not read_data:

@@ -49,7 +49,6 @@ import tempfile
 import threading
 import time
 import uuid
-import warnings
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -152,17 +151,6 @@ def training_groups(cells: Sequence[Cell]) -> list[Task]:
         key = make_task(cell.config).training_key(fold=cell.fold, repetition=cell.repetition)
         groups.setdefault(key, []).append(cell)
     return [tuple(group) for group in groups.values()]
-
-
-def plan_tasks(cells: Sequence[Cell], *, workers: int) -> list[Task]:
-    """Deprecated (until 0.3): :func:`training_groups`; ``workers`` is unused, the runner now
-    dispatches cells, not tasks."""
-    warnings.warn(
-        "p2pdp.experiments.runner.plan_tasks is deprecated: use training_groups",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return training_groups(cells)
 
 
 def chunks(group: Task, *, workers: int) -> list[Task]:

@@ -694,10 +694,10 @@ def simulate_iterative(
     """
     from p2pdp.core.components import resolve
     from p2pdp.learning.evaluation import linear_error
+    from p2pdp.learning.local_problem import LocalProblem
     from p2pdp.protocols import network_dp
     from p2pdp.protocols.iterative import (
         IterativeProtocol,
-        LocalProblem,
         central_dp_reference,
         step_privacy,
         threat_model_privacy,

@@ -258,9 +258,6 @@ class VotePredictors:
         return (votes + 0.5 * np.tanh(own)).T
 
 
-Predictors = LinearPredictors | VotePredictors
-
-
 # -- building blocks --------------------------------------------------------------------------
 def received_average(view: PublicView) -> tuple[np.ndarray, np.ndarray]:
     """Inverse-noise-variance weighted average of the models each peer received.

@@ -34,7 +34,6 @@ from p2pdp.core.parallel import (
     current_workers,
     forked_map,
     forked_pool,
-    local_workers,
     maps_here,
     one_blas_thread,
     shared_empty,
@@ -87,11 +86,6 @@ class LocalModels:
     grad_norms: NDArray[np.float64]
     iterations: int
     shard_sizes: NDArray[np.int64]
-
-
-#: :func:`fit_local_models`' local processes for a block of code (an alias kept for 0.2 callers
-#: of the training-only name): :func:`p2pdp.core.parallel.local_workers`.
-training_workers = local_workers
 
 
 def logistic_objective_gradient(

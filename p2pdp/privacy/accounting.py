@@ -864,11 +864,16 @@ class BudgetLedger:
 
     def check(self, peers: np.ndarray | Sequence[int]) -> None:
         """Raise BudgetExhaustedError naming the peers that cannot afford one more aggregation."""
-        self._refuse_broke(self._peer_ids(peers))
+        self.refuse_broke(self._peer_ids(peers))
 
-    def _refuse_broke(self, ids: np.ndarray, spent: np.ndarray | None = None) -> None:
+    def refuse_broke(self, ids: np.ndarray, spent: np.ndarray | None = None) -> None:
         """Raise BudgetExhaustedError naming the ``ids`` whose count (``spent``, default the
-        ledger's) leaves no aggregation."""
+        ledger's) leaves no aggregation.
+
+        ``ids`` is an int64 array of valid peer ids (not checked here: :meth:`check` checks
+        them); ``spent`` (same shape) the counts to judge them by, for a driver that keeps its
+        own counts until :meth:`write_counts`.
+        """
         spent = self._counts[ids] if spent is None else spent
         broke = ids[spent >= self.max_aggregations]
         if broke.size:
@@ -882,8 +887,27 @@ class BudgetLedger:
         ids = self._peer_ids(peers)
         if ids.size > 1 and _count_distinct(ids) != ids.size:
             raise ConfigError(f"peers must be distinct ids, got {peers!r}")
-        self._refuse_broke(ids)
+        self.refuse_broke(ids)
         self._counts[ids] += 1
+
+    def write_counts(self, counts: Sequence[int], ids: Sequence[int] | None = None) -> None:
+        """Set the aggregation counts of ``ids`` (every peer if None) to ``counts``.
+
+        For a driver that charges its peers outside the ledger, each charge checked with
+        :meth:`refuse_broke` (:class:`p2pdp.sim.waves.DrawnCharges`). A count never decreases
+        and never exceeds ``max_aggregations``: either would understate what was spent, so it
+        raises ConfigError and writes nothing.
+        """
+        new = np.asarray(counts, dtype=np.int64)
+        rows = slice(None) if ids is None else np.asarray(ids, dtype=np.int64)
+        old = self._counts[rows]
+        if new.shape != old.shape:
+            raise ConfigError(f"counts must have shape {old.shape}, got {new.shape}")
+        if not ((old <= new) & (new <= self.max_aggregations)).all():
+            raise ConfigError(
+                f"counts must not decrease nor exceed max_aggregations={self.max_aggregations}"
+            )
+        self._counts[rows] = new
 
     def spent_epsilon(self) -> np.ndarray:
         """Epsilon spent by each peer under the ledger's accountant, shape (P,)."""
@@ -899,47 +923,3 @@ class BudgetLedger:
     def active_mask(self) -> np.ndarray:
         """Bool mask of peers that can still afford one more aggregation, shape (P,)."""
         return self._counts < self.max_aggregations
-
-
-class DrawnCharges:
-    """:meth:`BudgetLedger.spend` for a long run of small groups a driver draws from its pool
-    of solvent peers (:func:`p2pdp.sim.waves.run_waves`): the ledger's counts held as a
-    Python list, several times cheaper per member than the ledger's array.
-
-    The ids of a group are distinct ids in [0, P) by construction, so only the budget is
-    checked (a broke member is refused, all or nothing, as by :meth:`BudgetLedger.spend`).
-    The ledger changes only on :meth:`write`: call it before anyone may read the ledger.
-
-    Parameters
-    ----------
-    ledger : BudgetLedger
-        Its counts as they stand now; nothing else may charge it until the last
-        :meth:`write`.
-    """
-
-    __slots__ = ("_ledger", "_most", "counts")
-
-    def __init__(self, ledger: BudgetLedger) -> None:
-        self._ledger = ledger
-        self._most = ledger.max_aggregations
-        self.counts: list[int] = ledger.aggregations().tolist()
-
-    def spend(self, ids: list[int]) -> list[int]:
-        """Charge ``ids`` one aggregation each; returns those that can afford another after
-        it (back to the pool), in the order of ``ids``."""
-        counts, most = self.counts, self._most
-        after = [counts[peer] + 1 for peer in ids]
-        if max(after) > most:
-            before = np.array(after, dtype=np.int64) - 1
-            self._ledger._refuse_broke(np.array(ids, dtype=np.int64), before)
-        for peer, count in zip(ids, after, strict=True):
-            counts[peer] = count
-        return [peer for peer, count in zip(ids, after, strict=True) if count < most]
-
-    def write(self, ids: list[int] | None = None) -> None:
-        """Bring the ledger up to date: the counts of ``ids``, or of every peer."""
-        counts = self.counts
-        if ids is None:
-            self._ledger._counts[:] = counts
-        else:
-            self._ledger._counts[ids] = [counts[peer] for peer in ids]

@@ -30,6 +30,7 @@ import numpy as np
 from p2pdp.core import components
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.reads import Read, When
+from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.accounting import affordable, composed, make_accountant
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum, calibrated_noise_multiplier
 from p2pdp.privacy.events import PrivacyEvent
@@ -37,7 +38,6 @@ from p2pdp.protocols.correlated_dp import edge_pairs
 from p2pdp.protocols.iterative_peer import (
     IterativeLedger,
     IterativePeer,
-    LocalProblem,
     PeerStreams,
     StreamSeeds,
     make_peer,
@@ -50,7 +50,6 @@ __all__ = [
     "DecentralizedSGD",
     "GossipLearning",
     "IterativeProtocol",
-    "LocalProblem",
     "Muffliato",
     "StepPrivacy",
     "applied_pair_noise",

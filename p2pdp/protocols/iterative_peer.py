@@ -85,9 +85,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.special import expit
 
+from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.protocols.correlated_dp import edge_pairs
 from p2pdp.protocols.mixing import Mixing
@@ -101,7 +100,6 @@ __all__ = [
     "IterativeLedger",
     "IterativePeer",
     "Late",
-    "LocalProblem",
     "PairStream",
     "PairTerm",
     "PeerStreams",
@@ -122,105 +120,6 @@ PEER_STREAMS = ("noise", "sampling", "gossip")
 #: How many past exchanges (synchronous) or wake-ups (gossip) per sender a peer remembers to
 #: refuse duplicates; an older message is refused as ``"stale"`` (bounds the memory).
 SEEN_WINDOW = 1024
-
-
-# --------------------------------------------------------------------------------- shards
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LocalProblem:
-    """Every peer's shard, stored peer by peer, for L2-regularised logistic regression.
-
-    Attributes
-    ----------
-    X : (N, d) array
-        Training rows; peer ``j`` holds rows ``indptr[j]:indptr[j + 1]``.
-    y : (N,) array of -1.0 / +1.0
-    indptr : (P + 1,) int64 array
-    lam : float
-        The L2 regularisation ``lambda``.
-    """
-
-    X: np.ndarray
-    y: np.ndarray
-    indptr: np.ndarray
-    lam: float
-
-    @classmethod
-    def from_shards(
-        cls, X: np.ndarray, y: np.ndarray, shards: tuple[np.ndarray, ...], lam: float
-    ) -> LocalProblem:
-        """Rows of ``X``, ``y`` regrouped so that each shard's rows are contiguous."""
-        order = np.concatenate(shards)
-        sizes = np.array([len(shard) for shard in shards], dtype=np.int64)
-        indptr = np.concatenate([[0], np.cumsum(sizes)])
-        return cls(X=X[order], y=np.asarray(y, float)[order], indptr=indptr, lam=lam)
-
-    @property
-    def n_peers(self) -> int:
-        return len(self.indptr) - 1
-
-    @property
-    def sizes(self) -> np.ndarray:
-        """Shard sizes, (P,)."""
-        return np.diff(self.indptr)
-
-    def shard(self, peer: int) -> LocalProblem:
-        """Peer ``peer``'s shard alone (views, no copy): what its machine holds."""
-        start, stop = int(self.indptr[peer]), int(self.indptr[peer + 1])
-        return LocalProblem(
-            X=self.X[start:stop],
-            y=self.y[start:stop],
-            indptr=np.array([0, stop - start], dtype=np.int64),
-            lam=self.lam,
-        )
-
-    def clipped_sums(
-        self,
-        models: np.ndarray,
-        peers: np.ndarray,
-        mechanism: ClippedGaussianSum,
-        rng: np.random.Generator | Sequence[np.random.Generator],
-    ) -> np.ndarray:
-        """Each of ``peers``' sum of clipped per-record loss gradients at its model.
-
-        Parameters
-        ----------
-        models : (P, d) array
-        peers : (m,) int array, distinct, increasing
-        mechanism : ClippedGaussianSum
-            Clipping norm and the sampling of records.
-        rng : numpy.random.Generator, or one per entry of ``peers``
-            The sampling's uniforms (:meth:`ClippedGaussianSum.select`): each peer's own
-            stream when given one per peer.
-
-        Returns
-        -------
-        (m, d) array: ``sum_r clip(grad_r)`` over the sampled records of each peer; the
-        gradient of ``log(1 + exp(-y x.w))`` is ``-y sigmoid(-y x.w) x``.
-        """
-        if len(peers) == self.n_peers:
-            rows: slice | np.ndarray = slice(None)
-            indptr = self.indptr
-        elif len(peers) == 1:  # one peer (gossip learning): its rows are one slice
-            start, stop = self.indptr[peers[0]], self.indptr[peers[0] + 1]
-            rows, indptr = slice(start, stop), np.array([0, stop - start])
-        else:
-            sizes = self.sizes[peers]
-            indptr = np.concatenate([[0], np.cumsum(sizes)])
-            rows = np.repeat(self.indptr[peers] - indptr[:-1], sizes) + np.arange(indptr[-1])
-        X, y = self.X[rows], self.y[rows]
-        owner = np.repeat(np.arange(len(peers)), np.diff(indptr))
-        margins = y * np.einsum("ij,ij->i", X, models[peers][owner])
-        coefficients = -y * expit(-margins)
-        norms = np.abs(coefficients) * np.linalg.norm(X, axis=1)
-        coefficients *= mechanism.clip_factors(norms) * mechanism.select(indptr, rng)
-        if len(peers) == 1:
-            return (coefficients @ X)[None, :]
-        weights = sp.csr_array(
-            (coefficients, np.arange(len(coefficients)), indptr), shape=(len(peers), len(y))
-        )
-        return np.asarray(weights @ X)
 
 
 # --------------------------------------------------------------------------------- streams

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from p2pdp.core.rng import Uniforms as Uniforms  # its home until 0.2
-
 if TYPE_CHECKING:
     import numpy as np
     import simpy

@@ -24,7 +24,7 @@ from p2pdp.core.boundary import calling, check_numbers, check_type
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import Background, current_workers, in_background
 from p2pdp.core.rng import generator
-from p2pdp.data.datasets import RawData, load_data
+from p2pdp.data.loaders import RawData, load_data
 from p2pdp.data.partition import (
     GIVEN_SCHEMES,
     check_assignment,
@@ -127,7 +127,7 @@ def load_fold(
 ) -> FoldData:
     """Load ``data.dataset``, take fold ``fold``'s train/test split and preprocess it.
 
-    The loader (:func:`p2pdp.data.datasets.load_data`) gets the stream ``("synthetic",)`` of
+    The loader (:func:`p2pdp.data.loaders.load_data`) gets the stream ``("synthetic",)`` of
     ``seed``. ``evaluation.split = "fixed"`` trains on the loader's ``X, y`` and tests on its
     test split; ``"cv"`` cuts stratified folds from ``X, y`` (pooled with the test split if the
     loader says so). The transform is fitted on the training rows only, then applied to the
@@ -142,7 +142,7 @@ def load_fold(
         of a class for ``evaluation.cv_folds``, or a peer column the data set lacks.
     DataError
         The loader's rows, or the given peer ids, are invalid (see
-        :class:`p2pdp.data.datasets.RawData`, :func:`p2pdp.data.partition.check_assignment`).
+        :class:`p2pdp.data.loaders.RawData`, :func:`p2pdp.data.partition.check_assignment`).
     """
     raw = load_data(data, rng=generator(seed, "synthetic"))
     X, y = raw.X, raw.y
@@ -211,7 +211,7 @@ def _spare_room(X: np.ndarray, columns: int) -> np.ndarray | None:
     """The rows of ``X``'s own array with ``columns`` columns, if ``X`` is their first columns.
 
     The synthetic loader leaves a spare column after its rows (see
-    :func:`p2pdp.data.datasets.make_synthetic`), so the transform can write its output (one
+    :func:`p2pdp.data.synthetic.make_synthetic`), so the transform can write its output (one
     column more: the bias) over the raw rows instead of into a second array. None otherwise
     (the transform then allocates its output). Only the loader's own arrays qualify, which
     nothing else holds once the fold is built.

@@ -1,12 +1,12 @@
 """A large synthetic run's training in blocks, its rows never all in memory (issue 43).
 
 The synthetic rows are a pure function of the scenario's seed and the block number
-(:func:`p2pdp.data.datasets.synthetic_block`, blocks of
-:data:`~p2pdp.data.datasets.SYNTHETIC_BLOCK_ROWS` rows), so a run whose training reads its
+(:func:`p2pdp.data.synthetic.synthetic_block`, blocks of
+:data:`~p2pdp.data.synthetic.SYNTHETIC_BLOCK_ROWS` rows), so a run whose training reads its
 rows only block by block can draw each block when it needs it and drop it after:
 
 1. **bounds**: every training block's per-feature minimum and maximum
-   (:func:`~p2pdp.data.datasets.synthetic_block_bounds`: exact, from the block's normal draws
+   (:func:`~p2pdp.data.synthetic.synthetic_block_bounds`: exact, from the block's normal draws
    without the ``exp`` of each entry), reduced to the min-max bounds (exact in any order); the
    test rows (the last ``data.synthetic_test_rows`` of the stream) are kept, transformed.
 2. **local models**: each block drawn again and transformed (its ``log1p`` reused from the
@@ -52,13 +52,13 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import current_workers, forked_map, forked_pool, shared_empty
 from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
-from p2pdp.data.datasets import (
+from p2pdp.data.partition import contiguous_starts
+from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
+from p2pdp.data.synthetic import (
     SYNTHETIC_BLOCK_ROWS,
     synthetic_block_bounds,
     synthetic_block_logged,
 )
-from p2pdp.data.partition import contiguous_starts
-from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
 from p2pdp.learning.models import (
     MAX_NEWTON_STEPS,
     STREAM_MIN_ROWS,
@@ -127,7 +127,7 @@ _Stream = tuple[np.random.SeedSequence, int, int, int]
 
 def block_stream(config: ScenarioConfig, *, fold: int) -> _Stream:
     """``(seed sequence, rows in all, raw features, training rows)`` of ``config``'s synthetic
-    rows, which its blocks are drawn from (:func:`~p2pdp.data.datasets.synthetic_block`);
+    rows, which its blocks are drawn from (:func:`~p2pdp.data.synthetic.synthetic_block`);
     ConfigError, naming fold ``fold`` as :func:`p2pdp.tasks.pipeline.load_peer_fold` does, if
     the training rows are fewer than ``partition.n_peers * partition.min_shard_size``."""
     data, partition = config.data, config.partition

@@ -53,7 +53,7 @@ class Faults:
         ``churn``, the session and downtime distributions, the crash probabilities.
     uniform : callable
         ``uniform()`` gives the next buffered uniform of the protocol stream
-        (:class:`~p2pdp.sim.sampler.Uniforms`), shared with the formation protocol.
+        (:class:`~p2pdp.core.rng.Uniforms`), shared with the formation protocol.
     rng : numpy.random.Generator
         The protocol stream: first switches, session lengths, downtimes.
 

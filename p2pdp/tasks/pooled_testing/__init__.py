@@ -5,7 +5,3 @@
 study's and the report's figures, :mod:`.audit` the exact audit. Settings: the ``[pooling]``
 table (:class:`p2pdp.config.PoolingConfig`).
 """
-
-from p2pdp._moved import forwarding
-
-__getattr__ = forwarding(__name__)

@@ -7,7 +7,3 @@ policies), :mod:`.task` the ``prevalence-counts`` and ``randomized-response`` ta
 randomized-response count. Settings: the ``[prevalence]`` table
 (:class:`p2pdp.config.PrevalenceConfig`).
 """
-
-from p2pdp._moved import forwarding
-
-__getattr__ = forwarding(__name__)

@@ -116,7 +116,7 @@ def binary_population(config: ScenarioConfig, *, fold: int, repetition: int) -> 
     if settings.source == "synthetic":
         records = rng.random((n_peers, m)) < settings.prevalence
         return Population(key=key, records=records, truth=settings.prevalence)
-    from p2pdp.data.datasets import load_data
+    from p2pdp.data.loaders import load_data
 
     raw = load_data(config.data, rng=generator(config.seed, "data"))
     labels = raw.y if raw.y_test is None else np.concatenate([raw.y, raw.y_test])
