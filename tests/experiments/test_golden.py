@@ -1,7 +1,7 @@
 """Shipped scenarios give the same result rows as before the engine was opened (issue 10).
 
-``tests/experiments/golden/`` holds each shipped scenario's file as it was and, for a few of its cells,
-the rows that version of p2pdp wrote (every column but the wall times). Rerunning those cells
+``tests/experiments/golden/`` holds each shipped scenario's file as it was and, for a few of its
+cells, the rows that version of p2pdp wrote (every column but the wall times). Rerunning those cells
 must reproduce every old column (new columns aside): text and integers exactly, other numbers to
 1e-9 relative, since sums and norms come out of numpy's SIMD kernels, whose last bit differs
 across CPUs (on the machine that wrote them they agree to the last digit). The default suite

@@ -49,7 +49,8 @@ def readme_commands() -> list[list[str]]:
 
 
 #: Files the README itself defines in code blocks whose first line names them (``# mine.toml``);
-#: the examples that use them are run by tests/project/test_readme_extending.py and test_own_data.py.
+#: the examples that use them are run by tests/project/test_readme_extending.py and
+#: tests/data/test_own_data.py.
 README_FILES = set(re.findall(r"```\w+\n# ([\w.]+\.(?:toml|py))\n", README))
 COMMANDS = readme_commands()
 P2PDP = [argv for argv in COMMANDS if argv[0] == "p2pdp"]

@@ -302,7 +302,7 @@ def test_an_unknown_driver_is_refused_by_name():
     ("settings", "runtime", "why"),
     [
         ({}, "network", "network runtime"),
-        # (an iterative protocol takes driver = "reference": tests/protocols/test_iterative_peers.py)
+        # (an iterative protocol takes driver = "reference": protocols/test_iterative_peers.py)
     ],
 )
 def test_a_driver_is_refused_where_it_would_change_nothing(settings, runtime, why):

@@ -1,4 +1,4 @@
-"""A user's own components, outside the p2pdp package: one per kind, used by tests/core/test_plugins.py.
+"""A user's own components, outside the p2pdp package: one per kind (tests/core/test_plugins.py).
 
 Each does something the tests can observe in the results of a scenario that names it by
 import string (``"user_components:Name"``).
