@@ -18,14 +18,8 @@ import pytest
 import scipy.sparse as sp
 
 from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
     GroupsConfig,
-    PartitionConfig,
     PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-    TrainingConfig,
 )
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
@@ -36,6 +30,7 @@ from p2pdp.learning.references import centralised_best_lambda
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import prepare_peers
+from tests.conftest import tiny_config
 
 LAM = 0.05
 
@@ -52,22 +47,20 @@ class Capture(WorldObserver):
 
 def _config(vote: str, mode: str = "full", mechanism: str = "gaussian", **evaluation):
     gaussian = mechanism == "gaussian"
-    return ScenarioConfig(
+    return tiny_config(
         seed=5,
-        data=DataConfig(
-            dataset="synthetic", synthetic_rows=700, synthetic_test_rows=300, synthetic_features=6
-        ),
-        partition=PartitionConfig(n_peers=30),
-        training=TrainingConfig(lam=LAM),
-        privacy=PrivacyConfig(
-            mechanism=mechanism,
-            epsilon=5.0,
-            epsilon_per_aggregation=1.0,
+        data={"synthetic_rows": 700, "synthetic_test_rows": 300, "synthetic_features": 6},
+        partition={"n_peers": 30},
+        training={"lam": LAM},
+        privacy={
+            "mechanism": mechanism,
+            "epsilon": 5.0,
+            "epsilon_per_aggregation": 1.0,
             **({"delta": 1e-5, "delta_per_aggregation": 1e-6} if gaussian else {}),
-        ),
-        groups=GroupsConfig(group_size=5),
-        publication=PublicationConfig(mode=mode),
-        evaluation=EvaluationConfig(cv_folds=5, folds=(0,), vote=vote, **evaluation),
+        },
+        groups={"group_size": 5},
+        publication={"mode": mode},
+        evaluation={"cv_folds": 5, "folds": (0,), "vote": vote, **evaluation},
     )
 
 

@@ -10,12 +10,6 @@ import numpy as np
 import pytest
 
 from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
     ScenarioConfig,
 )
 from p2pdp.net.coordinator import NetworkWorld
@@ -33,6 +27,7 @@ from p2pdp.net.wire import (
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import Releaser
+from tests.conftest import tiny_config
 
 TIMING = {"sim_time", "wall_training_s", "wall_simulation_s", "wall_evaluation_s"}
 
@@ -49,16 +44,14 @@ def _seeded(config: ScenarioConfig) -> ScenarioConfig:
 
 
 def _config(mode: str, *, secure: bool = False, **groups) -> ScenarioConfig:
-    return ScenarioConfig(
+    return tiny_config(
         seed=11,
-        data=DataConfig(dataset="synthetic", synthetic_rows=360, synthetic_test_rows=120),
-        partition=PartitionConfig(n_peers=12),
-        groups=GroupsConfig(group_size=3, **groups),
-        privacy=PrivacyConfig(
-            epsilon=1.0, epsilon_per_aggregation=0.25, **(SECURE if secure else {})
-        ),
-        publication=PublicationConfig(mode=mode),
-        evaluation=EvaluationConfig(split="fixed"),
+        data={"synthetic_rows": 360, "synthetic_test_rows": 120},
+        partition={"n_peers": 12},
+        groups={"group_size": 3, **groups},
+        privacy={"epsilon": 1.0, "epsilon_per_aggregation": 0.25, **(SECURE if secure else {})},
+        publication={"mode": mode},
+        evaluation={"split": "fixed"},
     )
 
 

@@ -38,25 +38,26 @@ from p2pdp.net.wire import MODEL, ModelFrame, ProtocolError, encode, pack_vector
 from p2pdp.protocols.iterative import DecentralizedSGD, Muffliato, step_privacy
 from p2pdp.protocols.iterative_peer import LocalProblem, StreamSeeds
 from p2pdp.protocols.mixing import Mixing
+from tests.conftest import tiny_config
 
 # -- in this process: the machines, the frames, two hosts over loopback ------------------------
 
 
 def _small(name: str = "dpsgd", *, rounds: int = 4, gossip_steps: int = 1) -> ScenarioConfig:
-    return ScenarioConfig(
+    return tiny_config(
         seed=5,
-        data=DataConfig(dataset="synthetic", synthetic_rows=240, synthetic_test_rows=60),
-        partition=PartitionConfig(n_peers=6),
-        privacy=PrivacyConfig(epsilon=2.0, delta=1e-5, mechanism="gaussian"),
-        protocol=ProtocolConfig(
-            name=name,
-            rounds=rounds,
-            round_period=0.2,
-            gossip_steps=gossip_steps,
-            sampling="fixed",
-            batch_size=5,
-        ),
-        evaluation=EvaluationConfig(split="fixed"),
+        data={"synthetic_rows": 240, "synthetic_test_rows": 60},
+        partition={"n_peers": 6},
+        privacy={"epsilon": 2.0, "delta": 1e-5, "mechanism": "gaussian"},
+        protocol={
+            "name": name,
+            "rounds": rounds,
+            "round_period": 0.2,
+            "gossip_steps": gossip_steps,
+            "sampling": "fixed",
+            "batch_size": 5,
+        },
+        evaluation={"split": "fixed"},
     )
 
 

@@ -15,15 +15,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    ScenarioConfig,
-    TrainingConfig,
-)
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.simulation import simulate
 from p2pdp.learning.models import GRADIENT_TOLERANCE
@@ -31,6 +22,7 @@ from p2pdp.privacy.accounting import affordable_aggregations
 from p2pdp.privacy.gdp import gdp_mu
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.sim.world import WorldObserver
+from tests.conftest import tiny_config
 
 LAM = 0.05
 GROUP = 4
@@ -52,26 +44,23 @@ class Capture(WorldObserver):
 
 def _config(mechanism: str, mode: str, secure: bool, accountant: str = "basic", **privacy):
     gaussian = mechanism == "gaussian"
-    return ScenarioConfig(
+    return tiny_config(
         seed=11,
-        data=DataConfig(
-            dataset="synthetic", synthetic_rows=900, synthetic_test_rows=100, synthetic_features=6
-        ),
-        partition=PartitionConfig(n_peers=40),
-        training=TrainingConfig(lam=LAM),
-        privacy=PrivacyConfig(
-            mechanism=mechanism,
-            sensitivity=mode,
-            secure_aggregation=secure,
-            accountant=accountant,
-            **(
-                {"epsilon": 2.0, "epsilon_per_aggregation": 0.1}
-                | ({"delta": 1e-5, "delta_per_aggregation": 1e-7} if gaussian else {})
-                | privacy
-            ),
-        ),
-        groups=GroupsConfig(group_size=GROUP),
-        evaluation=EvaluationConfig(cv_folds=5, folds=(0,)),
+        data={"synthetic_rows": 900, "synthetic_test_rows": 100, "synthetic_features": 6},
+        partition={"n_peers": 40},
+        training={"lam": LAM},
+        privacy={
+            "mechanism": mechanism,
+            "sensitivity": mode,
+            "secure_aggregation": secure,
+            "accountant": accountant,
+            "epsilon": 2.0,
+            "epsilon_per_aggregation": 0.1,
+            **({"delta": 1e-5, "delta_per_aggregation": 1e-7} if gaussian else {}),
+            **privacy,
+        },
+        groups={"group_size": GROUP},
+        evaluation={"cv_folds": 5, "folds": (0,)},
     )
 
 

@@ -17,12 +17,12 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.experiments.simulation import simulate
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols.iterative import LocalProblem, central_dp_reference, step_privacy
+from tests.conftest import tiny_config
 
 
 def _config(min_shard_size: int | None = None, **protocol) -> ScenarioConfig:
     settings = {"name": "dpsgd", "rounds": 4, "step_size": 0.7}
-    return ScenarioConfig(
-        data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
+    return tiny_config(
         partition={"n_peers": 14, "scheme": "quantity_skew"},
         training={"lam": 0.01},
         privacy={

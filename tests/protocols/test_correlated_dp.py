@@ -31,6 +31,7 @@ from p2pdp.protocols.correlated_dp import CorrelatedRun
 from p2pdp.protocols.iterative import DecentralizedSGD, LocalProblem, step_privacy
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
+from tests.conftest import tiny_config
 
 
 def _er() -> nx.Graph:
@@ -415,8 +416,7 @@ def test_correlated_noise_never_costs_more_than_local_dp() -> None:
 
 def _config(**protocol) -> ScenarioConfig:
     settings = {"name": "dpsgd", "rounds": 3, "noise_multiplier": 2.0, "step_size": 0.7}
-    return ScenarioConfig(
-        data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
+    return tiny_config(
         partition={"n_peers": 14, "scheme": "quantity_skew"},
         training={"lam": 0.01},
         privacy={"mechanism": "gaussian", "epsilon": 50.0, "delta": 1e-5},

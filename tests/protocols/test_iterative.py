@@ -33,15 +33,14 @@ from p2pdp.protocols.iterative import (
 )
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.sim.transport import Transport
+from tests.conftest import tiny_config
 
 
 def _config(privacy: dict | None = None, **protocol) -> ScenarioConfig:
     settings = {"name": "dpsgd", "rounds": 10, "eval_every": 5, **protocol}
     if protocol.get("sampling") == "poisson":
         privacy = {"min_shard_size": 5, **(privacy or {})}
-    return ScenarioConfig(
-        data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
-        partition={"n_peers": 20},
+    return tiny_config(
         training={"lam": 0.01},
         privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5, **(privacy or {})},
         gossip={"degree": 4},
@@ -404,7 +403,7 @@ def test_invalid_protocol_settings_are_refused() -> None:
         simulate(dataclasses.replace(config, training=sklearn))
 
 
-# --- network DP (exact values: tests/protocols/test_network_dp.py) -------------------------------------
+# --- network DP (exact values: tests/protocols/test_network_dp.py) --------------------------------
 def test_muffliato_reports_network_dp_no_larger_than_local_dp_and_grows_with_gossip() -> None:
     """Whatever the losses, each pair's network DP is at most local DP; the view of K = 3
     exchanges per step contains that of K = 1's first exchange, so it leaks at least as much

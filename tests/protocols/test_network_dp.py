@@ -23,13 +23,12 @@ from p2pdp.core.rng import generator
 from p2pdp.experiments.simulation import simulate
 from p2pdp.protocols import network_dp
 from p2pdp.protocols.mixing import Mixing
+from tests.conftest import tiny_config
 
 
 def _config(*, privacy: dict | None = None, **protocol) -> ScenarioConfig:
     settings = {"name": "muffliato", "rounds": 2, "gossip_steps": 2, **protocol}
-    return ScenarioConfig(
-        data={"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
-        partition={"n_peers": 20},
+    return tiny_config(
         training={"lam": 0.01},
         privacy={"mechanism": "gaussian", "epsilon": 2.0, "delta": 1e-5, **(privacy or {})},
         gossip={"degree": 4},

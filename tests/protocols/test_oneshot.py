@@ -11,12 +11,6 @@ import numpy as np
 import pytest
 
 from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
     ScenarioConfig,
 )
 from p2pdp.core.rng import Uniforms
@@ -48,6 +42,7 @@ from p2pdp.protocols.oneshot import (
     Stop,
     Timer,
 )
+from tests.conftest import tiny_config
 
 
 def _group(group_id=0, members=(4, 7, 2), curator=7, secure=False) -> Group:
@@ -308,16 +303,18 @@ def test_the_sampler_stops_when_too_few_peers_can_afford_another_aggregation():
 
 
 def _config(**privacy) -> ScenarioConfig:
-    return ScenarioConfig(
+    return tiny_config(
         seed=3,
-        data=DataConfig(dataset="synthetic", synthetic_rows=400, synthetic_test_rows=100),
-        partition=PartitionConfig(n_peers=20),
-        groups=GroupsConfig(group_size=4, max_failed_attempts=3),
-        privacy=PrivacyConfig(
-            epsilon=1.0, epsilon_per_aggregation=0.5, mechanism="coordinate-laplace", **privacy
-        ),
-        publication=PublicationConfig(mode="group"),
-        evaluation=EvaluationConfig(split="fixed"),
+        data={"synthetic_rows": 400, "synthetic_test_rows": 100},
+        groups={"group_size": 4, "max_failed_attempts": 3},
+        privacy={
+            "epsilon": 1.0,
+            "epsilon_per_aggregation": 0.5,
+            "mechanism": "coordinate-laplace",
+            **privacy,
+        },
+        publication={"mode": "group"},
+        evaluation={"split": "fixed"},
     )
 
 

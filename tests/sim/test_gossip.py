@@ -15,14 +15,8 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import connected_components
 
 from p2pdp.config import (
-    DataConfig,
     EvaluationConfig,
     GossipConfig,
-    GroupsConfig,
-    NetworkConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
     ScenarioConfig,
 )
 from p2pdp.core.errors import ConfigError
@@ -32,6 +26,7 @@ from p2pdp.sim.gossip import Newscast, bootstrap_views, merge_views
 from p2pdp.sim.gossip import views as views_module
 from p2pdp.sim.overlay import build_overlay
 from p2pdp.sim.transport import Transport
+from tests.conftest import tiny_config
 
 FAST = {"gossip_period": 1.0, "backoff": 2.0, "invite_timeout": 0.3, "lock_timeout": 2.0}
 
@@ -48,22 +43,20 @@ def scenario(
     **gossip,
 ) -> ScenarioConfig:
     """A small synthetic world with the gossip sampler and fast protocol timers."""
-    return ScenarioConfig(
+    return tiny_config(
         seed=seed,
-        data=DataConfig(
-            dataset="synthetic", synthetic_rows=max(200, 10 * n_peers), synthetic_test_rows=100
-        ),
-        partition=PartitionConfig(n_peers=n_peers),
-        privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=1.0 / ratio),
-        groups=GroupsConfig(
-            sampler="gossip",
-            group_size=group_size,
-            collect_timeout=1.0,
-            max_failed_attempts=max_failed,
-        ),
-        network=NetworkConfig(latency="exponential", loss=loss),
-        gossip=GossipConfig(**{**FAST, **gossip}),
-        publication=PublicationConfig(mode=mode),
+        data={"synthetic_rows": max(200, 10 * n_peers), "synthetic_test_rows": 100},
+        partition={"n_peers": n_peers},
+        privacy={"epsilon": 1.0, "epsilon_per_aggregation": 1.0 / ratio},
+        groups={
+            "sampler": "gossip",
+            "group_size": group_size,
+            "collect_timeout": 1.0,
+            "max_failed_attempts": max_failed,
+        },
+        network={"latency": "exponential", "loss": loss},
+        gossip={**FAST, **gossip},
+        publication={"mode": mode},
         evaluation=EvaluationConfig(split="fixed"),
     )
 

@@ -7,16 +7,7 @@ import numpy as np
 import pytest
 
 from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GossipConfig,
-    GroupsConfig,
-    NetworkConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
     ScenarioConfig,
-    TrainingConfig,
 )
 from p2pdp.core.rng import Uniforms
 from p2pdp.experiments.simulation import simulate
@@ -24,22 +15,23 @@ from p2pdp.sim import world as world_module
 from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.gossip import GossipSampler
 from p2pdp.sim.sampler import GroupSampler
+from tests.conftest import tiny_config
 
 
 def config(
     *, sampler="central", n_peers=12, group_size=4, ratio=3, seconds_per_row=0.0, loss=0.0, seed=3
 ) -> ScenarioConfig:
-    return ScenarioConfig(
+    return tiny_config(
         seed=seed,
-        data=DataConfig(dataset="synthetic", synthetic_rows=240, synthetic_test_rows=100),
-        partition=PartitionConfig(n_peers=n_peers),
-        training=TrainingConfig(seconds_per_row=seconds_per_row),
-        privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=1.0 / ratio),
-        groups=GroupsConfig(sampler=sampler, group_size=group_size, max_failed_attempts=5),
-        network=NetworkConfig(latency="exponential", loss=loss),
-        gossip=GossipConfig(gossip_period=1.0, backoff=2.0, invite_timeout=0.3, lock_timeout=2.0),
-        publication=PublicationConfig(mode="group"),
-        evaluation=EvaluationConfig(split="fixed"),
+        data={"synthetic_rows": 240, "synthetic_test_rows": 100},
+        partition={"n_peers": n_peers},
+        training={"seconds_per_row": seconds_per_row},
+        privacy={"epsilon": 1.0, "epsilon_per_aggregation": 1.0 / ratio},
+        groups={"sampler": sampler, "group_size": group_size, "max_failed_attempts": 5},
+        network={"latency": "exponential", "loss": loss},
+        gossip={"gossip_period": 1.0, "backoff": 2.0, "invite_timeout": 0.3, "lock_timeout": 2.0},
+        publication={"mode": "group"},
+        evaluation={"split": "fixed"},
     )
 
 

@@ -15,8 +15,6 @@ import pytest
 import simpy
 
 from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
     GossipConfig,
     GroupsConfig,
     NetworkConfig,
@@ -28,16 +26,17 @@ from p2pdp.config import (
 from p2pdp.experiments.simulation import simulate
 from p2pdp.sim import transport as transport_module
 from p2pdp.sim.central import CentralSampler
+from tests.conftest import tiny_config
 
 
 def config(**changes) -> ScenarioConfig:
-    base = ScenarioConfig(
+    base = tiny_config(
         seed=3,
-        data=DataConfig(dataset="synthetic", synthetic_rows=600, synthetic_test_rows=100),
-        partition=PartitionConfig(n_peers=30),
-        privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=0.2),
-        groups=GroupsConfig(group_size=5),
-        evaluation=EvaluationConfig(split="fixed"),
+        data={"synthetic_test_rows": 100},
+        partition={"n_peers": 30},
+        privacy={"epsilon": 1.0, "epsilon_per_aggregation": 0.2},
+        groups={"group_size": 5},
+        evaluation={"split": "fixed"},
     )
     return dataclasses.replace(base, **changes)
 
