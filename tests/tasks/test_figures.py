@@ -64,11 +64,10 @@ def captured(monkeypatch):
 
 
 def _report_of(case: str, tmp_path: Path) -> None:
-    from test_prevalence_tasks import CASES
-
     from p2pdp.experiments.report import write_report
     from p2pdp.experiments.runner import run_experiment
     from p2pdp.experiments.scenario import parse_scenario
+    from tests.tasks.test_prevalence_tasks import CASES
 
     text, settings, _ = CASES[case]
     run_experiment(parse_scenario(text, overrides=settings), tmp_path, jobs=1)
