@@ -1,6 +1,6 @@
 """Sphinx configuration of the p2pdp documentation: the user guide and the API reference.
 
-Build (warnings are errors, as ``tests/test_docs.py`` and CI do)::
+Build (warnings are errors, as ``tests/project/test_docs.py`` and CI do)::
 
     sphinx-build -W --keep-going -b html docs docs/_build
 

@@ -9,17 +9,21 @@ lacks files, the run stops with an error instead, since that is a broken setup, 
 without data. Every other test runs as on a machine without the data: the data homes are hidden
 and a download fails the test, so a test that needs the data but lacks the marker fails here
 too, not only on a user's machine.
+
+A test that needs a small scenario builds it with :func:`tiny_config`, stating only what it
+changes, so the tiny scenario is written once (and a change of the config's shape is made once).
 """
 
 from __future__ import annotations
 
 import os
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
+from p2pdp.config import ScenarioConfig
 from p2pdp.data.files import DATA_HOME_ENV, data_home_candidates
 from p2pdp.data.manifests import available_datasets, load_manifest
 
@@ -28,6 +32,29 @@ NO_DATA = (
     "real data sets not found: set P2PDP_DATA_HOME to a folder holding {files} "
     "(or run `p2pdp datasets fetch --all`) to run the integration tests"
 )
+
+
+#: The tiny scenario: synthetic rows (in memory, no data set needed), a few peers, every other
+#: setting ScenarioConfig's default. Runs in seconds.
+TINY_SCENARIO: dict[str, dict[str, object]] = {
+    "data": {"dataset": "synthetic", "synthetic_rows": 600, "synthetic_test_rows": 200},
+    "partition": {"n_peers": 20},
+}
+
+
+def tiny_config(**settings: object) -> ScenarioConfig:
+    """A small synthetic :class:`~p2pdp.config.ScenarioConfig`: ``TINY_SCENARIO`` and ``settings``.
+
+    A section given as a dict (``partition={"n_peers": 14}``) changes those keys of the tiny
+    scenario's section and keeps its others; anything else (``seed=3``, a section object such as
+    ``GroupsConfig(group_size=4)``) goes to ``ScenarioConfig`` as given, whose validation names a
+    bad key or value.
+    """
+    sections = {
+        name: {**TINY_SCENARIO.get(name, {}), **value} if isinstance(value, Mapping) else value
+        for name, value in settings.items()
+    }
+    return ScenarioConfig(**{**TINY_SCENARIO, **sections})
 
 
 def required_files() -> list[str]:

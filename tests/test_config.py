@@ -126,7 +126,7 @@ def test_configs_are_frozen_and_flatten():
 
 def readme_budget_table() -> list[tuple[float, float, float, float]]:
     """(epsilon, epsilon_A, delta, delta_A) rows of the documentation's budget table."""
-    from docs_pages import all_text
+    from tests.docs_pages import all_text
 
     text = all_text()
     table = text.split("| epsilon | epsilon_A | delta | delta_A |")[1].split("\n\n")[0]

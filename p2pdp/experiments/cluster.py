@@ -32,7 +32,7 @@ worker of the cluster and no process holds all its training rows:
 Every number is the local run's, bit for bit: the blocks are the ones the local run draws and
 streams, a peer's model depends on its shard only, and error counts are integers (the rows
 compared cell by cell, as text, and the trained models exactly, in
-``tests/test_cluster_run.py``). On the client, the trained object
+``tests/experiments/test_cluster_run.py``). On the client, the trained object
 (:class:`~p2pdp.tasks.pipeline.TrainedPeers`) holds no training rows: ``fold.X_train`` has
 none and ``shards`` is empty. What would read them is outside the plan (:func:`plan_gap`):
 posterior sampling, a vote on the peers' own rows (``local-validated``), the best-lambda

@@ -69,8 +69,8 @@ BUDGET_TABLE_ACCOUNTANTS: tuple[str, ...] = ("basic", "rdp", "gdp")
 
 #: Widest privacy-loss grid of the ``pld`` accountant (nats). Pessimistic rounding keeps the
 #: epsilon an upper bound, at most ``k`` grid widths above the optimistic estimate after ``k``
-#: releases (tests/test_accounting.py); a release whose privacy loss spans a narrow range gets
-#: a finer grid (:func:`pld_discretization`).
+#: releases (tests/privacy/test_accounting.py); a release whose privacy loss spans a narrow
+#: range gets a finer grid (:func:`pld_discretization`).
 PLD_DISCRETIZATION = 1e-3
 
 #: Grid points a release's privacy loss spans at least (:func:`pld_discretization`): at 1e-3 a

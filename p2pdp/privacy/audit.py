@@ -522,10 +522,11 @@ def one_run_gdp_lower_bound(
     noise (a 25% noise shortfall at epsilon = 2 is caught with 10^6 canaries, where the
     ``(epsilon, delta)`` bound stays below the claim). With probability ``>= confidence`` a
     run that is ``mu``-GDP towards each canary gives a bound ``<= mu``
-    (tests/test_iterative_audit.py checks it against simulated Gaussian guessers). Returns 0
-    when not even ``mu = 0`` is rejected; the bisection stops at relative precision 1e-6 on its
-    lower end, so the bound is never above the exact root. Use it only for a claim that is
-    ``mu``-GDP (the ``gdp`` accountant's); convert with :func:`p2pdp.privacy.gdp.gdp_epsilon`.
+    (tests/experiments/test_iterative_audit.py checks it against simulated Gaussian
+    guessers). Returns 0 when not even ``mu = 0`` is rejected; the bisection stops at relative
+    precision 1e-6 on its lower end, so the bound is never above the exact root. Use it only for
+    a claim that is ``mu``-GDP (the ``gdp`` accountant's); convert with
+    :func:`p2pdp.privacy.gdp.gdp_epsilon`.
     """
     m = require_count("canaries", canaries)
     k = require_count("guesses", guesses)

@@ -77,7 +77,7 @@ def random_regular_edges(degree: int, n_peers: int, seed: int) -> NDArray[np.int
     no remaining pair can be joined) with the same ``random.Random(seed)`` shuffles of the
     same lists, so the same edge set; each pass's pairing is done in numpy, and no graph is
     built (together most of networkx's time at P = 100,000). Rows ``(u, v)``, ``u < v``,
-    sorted. ``tests/test_overlay.py`` checks the edges against networkx's.
+    sorted. ``tests/sim/test_overlay.py`` checks the edges against networkx's.
     """
     if degree == 0:
         return np.zeros((0, 2), dtype=np.int64)

@@ -57,7 +57,7 @@ batch of groups started at one instant, the collections in the SimPy world's ord
 Every other configuration (message loss, random latencies, churn, gossip formation per
 message, a sampler of your own, simulated training time, secure aggregation, a mechanism
 that defines its own release or a per-release statistic, an aggregate other than mean or
-sum) runs on the per-message SimPy world, which stays the reference: ``tests/test_waves.py``
+sum) runs on the per-message SimPy world, which stays the reference: ``tests/sim/test_waves.py``
 runs both on worlds where both apply and compares every output.
 """
 

@@ -25,7 +25,7 @@ rows only block by block can draw each block when it needs it and drop it after:
 Blocks are shared out to the local worker processes (:func:`p2pdp.core.parallel.local_workers`).
 Every number is the in-memory training's (:func:`p2pdp.tasks.pipeline.train_peers`): the same
 blocks, a peer's model depending on its shard only, the Newton's block sums added in block
-order (``tests/test_streamed.py`` compares the models, the centralised model and the test rows
+order (``tests/tasks/test_streamed.py`` compares the models, the centralised model and the test rows
 exactly). The :class:`~p2pdp.tasks.pipeline.TrainedPeers` holds no training rows and no shard
 arrays; what reads them (a vote on the peers' own rows, posterior sampling, the best-lambda
 reference, an iterative protocol) loads them again (:meth:`TrainedPeers.training_rows

@@ -27,7 +27,7 @@ One tick (``gossip.gossip_period / TICKS_PER_PERIOD``, 0.1 s by default) is one 
 
 Messages are counted per sender in the world's transport (the reference's kinds and sizes) but
 take no simulated time: a round trip is one tick. How it compares with the reference (tests in
-``tests/test_gossip_rounds.py``):
+``tests/sim/test_gossip_rounds.py``):
 
 - It is a different random process, not the same one in other clothes: initiations are
   rounded to ticks, messages have no individual latencies (a tick stands for every round trip,

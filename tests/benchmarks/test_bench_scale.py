@@ -1,0 +1,43 @@
+"""benchmarks/bench_scale.py end to end on tiny P: its table, its figure, its memory guard."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def test_the_scale_benchmark_writes_its_table_and_figure_and_skips_what_would_not_fit(
+    tmp_path,
+):
+    out = tmp_path / "scale"
+    done = subprocess.run(
+        [sys.executable, "bench_scale.py", "--peers", "40", "80", "1000000",
+         "--samplers", "central", "--memory-limit", "4096", "--out", str(out),
+         "--workers", "1", "2"],
+        cwd=BENCHMARKS, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(out.with_suffix(".csv").open()))
+    runs = [(int(row["peers"]), int(row["workers"])) for row in rows]
+    assert runs == [(40, 1), (80, 1), (40, 2), (80, 2)]
+    assert all(int(row["aggregations"]) > 0 and float(row["peak_mb"]) > 0 for row in rows)
+    for row in rows:  # each phase's memory budget: the peak by its end, which never falls
+        budget = [
+            float(row[f"peak_mb{phase}"]) for phase in ("_after_training", "_after_simulation", "")
+        ]
+        assert 0 < budget[0] <= budget[1] <= budget[2], budget
+    assert "(by the end of training " in done.stdout
+    assert "P= 1000000: skipped, predicted peak" in done.stdout  # not killed half-way
+    assert "growth exponent of wall time in P (2 workers)" in done.stdout
+    for peers in (40, 80):  # each phase's t1 / (w tw), printed, from the rows written
+        one, two = (row for row in rows if int(row["peers"]) == peers)
+        expected = float(one["training_s"]) / (2 * float(two["training_s"]))
+        assert (
+            f"P={peers:>8}: parallel efficiency t1 / (w tw) of 2 workers against 1: "
+            f"training {expected:.2f}, simulation"
+        ) in done.stdout
+    assert out.with_suffix(".png").stat().st_size > 10_000
