@@ -145,12 +145,14 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
             config.gossip.churn,
             "false (a host that dies is the network's churn)",
         ),
-        (
-            groups.sampler == "gossip"
-            and (config.gossip.curator_crash_probability or config.gossip.member_crash_probability),
-            "gossip.curator_crash_probability",
-            (config.gossip.curator_crash_probability, config.gossip.member_crash_probability),
-            "no simulated crashes (kill a host instead)",
+        *(
+            (
+                groups.sampler == "gossip" and getattr(config.gossip, key) > 0,
+                f"gossip.{key}",
+                getattr(config.gossip, key),
+                "0 (no simulated crashes: kill a host instead)",
+            )
+            for key in ("curator_crash_probability", "member_crash_probability")
         ),
         (
             config.training.seconds_per_row > 0,
@@ -413,12 +415,14 @@ class NetworkWorld:
     @property
     def control_bytes(self) -> int:
         """The largest control frame a host sends: a release (one model, its group's member
-        list), or its final report (per peer its counts; receipts of 16 bytes, at most one
+        list), a formed group (per member a commitment, a signature, a nonce, a salt), or its
+        final report (per peer its counts; receipts of 16 bytes, at most one
         per aggregation a peer can afford); a hello while ``dim`` is unknown."""
         if self.dim is None:
             return self._HELLO_BYTES + 16 * self.n_peers
         return (
             frame_bytes(self.dim, self.n_peers)
+            + 160 * self.config.groups.group_size  # a formed group's evidence (gossip)
             + 40 * self.n_peers
             + 16 * self.n_peers * int(min(self.ledger.max_aggregations, 2**32))
             + 4096

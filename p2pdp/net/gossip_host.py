@@ -129,6 +129,9 @@ STEPS = (INVITE, ACCEPT, DECLINE, GROUP, REVEAL, START, ACK, RELEASE)
 TO_INITIATOR = frozenset((ACCEPT, DECLINE, REVEAL, ACK))
 #: Attempts remembered per own peer (its own as initiator, others' it was invited to).
 ATTEMPTS_PER_PEER = 8
+#: View requests a peer remembers until answered (one per gossip period: a reply slower than
+#: this many periods is lost, not refused).
+ASKED = 4
 #: Nonces are integers in [0, NONCE_HIGH) (the machine's draws); salts SALT_BYTES bytes.
 NONCE_HIGH, SALT_BYTES = 2**53, 16
 HASH_BYTES, SIGNATURE_BYTES, KEY_BYTES = 32, 64, 32
@@ -279,6 +282,15 @@ class GossipSetup:
     solvent: bool = True
 
     @property
+    def frame_bytes(self) -> int:
+        """The largest frame of formation or views (bytes): a ``group`` or ``start``
+        (per member an id, a commitment and a signature, or a nonce and a salt; ~10 bytes of
+        msgpack each), a view (per entry a peer and a stamp), and 1 KiB of fields."""
+        per_member = 9 + HASH_BYTES + SIGNATURE_BYTES + 10
+        per_entry = 9 + 9 + 4
+        return max(self.group_size * per_member, (self.params.view_size + 1) * per_entry) + 1024
+
+    @property
     def tick(self) -> float:
         """Seconds between two steps of the host's clock (the simulator's tick)."""
         return float(self.params.gossip_period) / TICKS_PER_PERIOD
@@ -402,7 +414,8 @@ class HostFormation:
             )
         )
         self._view_seq = 0
-        self._asked: dict[int, tuple[int, int]] = {}  # own peer -> (partner, seq) asked
+        # own peer -> {seq: partner} of its last ASKED view requests not answered yet
+        self._asked: dict[int, OrderedDict[int, int]] = {p: OrderedDict() for p in self.peers}
         self._last_seq: dict[tuple[int, int], int] = {}  # (sender, own peer) -> its last seq
         cap = ATTEMPTS_PER_PEER * max(1, len(self.peers))
         self._cap = cap
@@ -765,7 +778,10 @@ class HostFormation:
         partner = int(view[min(int(self.rng.random() * view.size), view.size - 1)])
         self._view_seq += 1
         stamp = self._descriptor(peer)
-        self._asked[peer] = (partner, self._view_seq)
+        asked = self._asked[peer]
+        asked[self._view_seq] = partner
+        if len(asked) > ASKED:  # an answer slower than ASKED periods is lost
+            asked.popitem(last=False)
         self.view_messages += 1
         self._send(VIEW, peer, partner, {"kind": VIEW, "sender": peer, "receiver": partner,
                                          "seq": self._view_seq, "view": self._entries(peer),
@@ -821,9 +837,9 @@ class HostFormation:
 
     def _on_view_reply(self, peer: int, message: dict[str, Any]) -> None:
         sender = integer(message["sender"], "sender", 0, self.n_peers)
-        asked = self._asked.get(peer)
-        if asked is None or asked != (sender, message["seq"]):
+        asked, seq = self._asked[peer], message["seq"]
+        if type(seq) is not int or asked.get(seq) != sender:
             raise ProtocolError(f"a view reply from {sender}, which was not asked")
         entries = self._parse_view(message, sender)
-        del self._asked[peer]
+        del asked[seq]
         self._merge(peer, entries)

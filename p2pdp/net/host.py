@@ -1142,6 +1142,7 @@ async def serve(
             report=report,
             key=signing,
         )
+        host.frame_bytes = max(host.frame_bytes, gossip.frame_bytes)
     try:
         try:  # its sockets first: the coordinator closes a control connection silent too long
             ports = await host.listen(address)
