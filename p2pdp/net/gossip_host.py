@@ -99,6 +99,7 @@ from p2pdp.protocols.gossip import (
     GossipFormation,
     StartTimer,
 )
+from p2pdp.protocols.oneshot import Late
 
 __all__ = [
     "ENDED",
@@ -129,8 +130,9 @@ STEPS = (INVITE, ACCEPT, DECLINE, GROUP, REVEAL, START, ACK, RELEASE)
 TO_INITIATOR = frozenset((ACCEPT, DECLINE, REVEAL, ACK))
 #: Attempts remembered per own peer (its own as initiator, others' it was invited to).
 ATTEMPTS_PER_PEER = 8
-#: View requests a peer remembers until answered (one per gossip period: a reply slower than
-#: this many periods is lost, not refused).
+#: View requests a peer remembers until answered (one per gossip period); a reply slower
+#: than this many periods is lost (late: :class:`~p2pdp.protocols.oneshot.Late`, counted
+#: ``expired`` by the host), not merged, for ASKED more requests; refused after that.
 ASKED = 4
 #: Nonces are integers in [0, NONCE_HIGH) (the machine's draws); salts SALT_BYTES bytes.
 NONCE_HIGH, SALT_BYTES = 2**53, 16
@@ -416,6 +418,7 @@ class HostFormation:
         self._view_seq = 0
         # own peer -> {seq: partner} of its last ASKED view requests not answered yet
         self._asked: dict[int, OrderedDict[int, int]] = {p: OrderedDict() for p in self.peers}
+        self._late: dict[int, OrderedDict[int, int]] = {p: OrderedDict() for p in self.peers}
         self._last_seq: dict[tuple[int, int], int] = {}  # (sender, own peer) -> its last seq
         cap = ATTEMPTS_PER_PEER * max(1, len(self.peers))
         self._cap = cap
@@ -778,10 +781,13 @@ class HostFormation:
         partner = int(view[min(int(self.rng.random() * view.size), view.size - 1)])
         self._view_seq += 1
         stamp = self._descriptor(peer)
-        asked = self._asked[peer]
+        asked, late = self._asked[peer], self._late[peer]
         asked[self._view_seq] = partner
-        if len(asked) > ASKED:  # an answer slower than ASKED periods is lost
-            asked.popitem(last=False)
+        if len(asked) > ASKED:  # an answer slower than ASKED periods comes late: lost
+            seq, forgotten = asked.popitem(last=False)
+            late[seq] = forgotten
+            if len(late) > ASKED:
+                late.popitem(last=False)
         self.view_messages += 1
         self._send(VIEW, peer, partner, {"kind": VIEW, "sender": peer, "receiver": partner,
                                          "seq": self._view_seq, "view": self._entries(peer),
@@ -838,6 +844,9 @@ class HostFormation:
     def _on_view_reply(self, peer: int, message: dict[str, Any]) -> None:
         sender = integer(message["sender"], "sender", 0, self.n_peers)
         asked, seq = self._asked[peer], message["seq"]
+        if type(seq) is int and self._late[peer].get(seq) == sender:
+            del self._late[peer][seq]
+            raise Late(f"a view reply from {sender} after {ASKED} more requests")
         if type(seq) is not int or asked.get(seq) != sender:
             raise ProtocolError(f"a view reply from {sender}, which was not asked")
         entries = self._parse_view(message, sender)

@@ -603,7 +603,7 @@ class PeerHost:
                 self._on_publish(peer, message)
             else:
                 raise ProtocolError(f"unknown kind {kind!r}")
-        except Late as error:  # honest, but its group ended: lost, not refused
+        except Late as error:  # honest, but too late (its group ended; a slow view reply)
             self.counters.refused[EXPIRED] += 1
             log.info("peer %d: a late %r frame, lost: %s", peer, kind, error)
         except (KeyError, TypeError, ValueError, OverflowError, ProtocolError) as error:
