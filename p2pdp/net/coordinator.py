@@ -401,7 +401,7 @@ class NetworkWorld:
         # formation (trying, attempts, ended frames carried out), ended frames sent per host
         self._signing: dict[int, bytes] = {}
         self._formed: list[tuple[np.ndarray, int]] = []
-        self._reported: set[tuple[int, int]] = set()
+        self._formed_attempts: set[tuple[int, int]] = set()
         self._status: dict[int, tuple[int, int, int]] = {}
         self._ended_sent = Counter[int]()
         self._attempts: dict[int, tuple[int, ...]] = {}  # host -> (started, failed)
@@ -502,7 +502,7 @@ class NetworkWorld:
                     "kind": DIRECTORY,
                     "ports": self.ports,
                     "addresses": self.addresses,
-                    "signing": [self._signing[h] for h in range(self.n_hosts)],
+                    "signing": [self._signing.get(h, b"") for h in range(self.n_hosts)],
                 }
             )
             for writer in self._hosts.values():
@@ -660,8 +660,9 @@ class NetworkWorld:
             dim, bounds = _count(message["dim"], "hello dim", 2**31), message["bounds"]
             if dim < 1 or not isinstance(bounds, bool):
                 raise ValueError(f"hello dim {dim} must be >= 1 and bounds a bool")
-            self._signing[claimed] = message["signing"]
-            public_key(message["signing"])  # ProtocolError unless a key
+            if self.config.groups.sampler == "gossip":  # its commitments' signing key
+                public_key(message["signing"])  # ProtocolError unless one
+                self._signing[claimed] = message["signing"]
             self._dims[claimed] = dim
             self.data_dependent_bounds |= bounds
             self._hosts[claimed] = writer
@@ -956,12 +957,12 @@ class NetworkWorld:
         if who != host_name(int(self.host_of[initiator])):
             raise ProtocolError(f"{who!r} reports a group of initiator {initiator}")
         attempt = (initiator, _count(message["attempt"], "formed attempt"))
-        if attempt in self._reported:
+        if attempt in self._formed_attempts:
             raise ProtocolError(f"attempt {attempt} reported formed twice")
         keys = [public_key(self._signing[h]) for h in range(self.n_hosts)]
         group_size = self.config.groups.group_size
         members, curator = elect(keys, self.host_of, self.n_peers, group_size, message)
-        self._reported.add(attempt)
+        self._formed_attempts.add(attempt)
         self._formed.append((members, curator))
         self._wake.set()
 
