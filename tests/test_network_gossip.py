@@ -353,3 +353,25 @@ def test_a_view_reply_slower_than_the_next_requests_is_lost_not_refused_and_take
                          "view": [[5, 2.0]]})  # fmt: skip
     # merged, freshest first: 5 (stamp 2.0), then the partner's own descriptor (1.0)
     assert formation.view(0).tolist()[:2] == [5, last["receiver"]] and len(before) == 5
+
+
+def test_a_hosts_formation_stream_is_fresh_by_default_and_the_seeds_when_seeded():
+    """Default mode: each host's formation draws (backoffs, nonces, partners) from the OS
+    CSPRNG, so two runs with one seed differ; seeded: per host, from the seed. The first
+    views are the simulator's bootstrap either way (public)."""
+    from p2pdp.experiments.network import _gossip_setup
+    from p2pdp.tasks import make_task, release_path
+
+    def setups(config):
+        made = []
+        for _ in range(2):  # two hosts' processes: each its own copy of the run's streams
+            _, releaser, rngs = release_path(config, make_task(config), 3, fold=0, repetition=0)
+            made.append(_gossip_setup(config, np.arange(4), releaser, rngs["protocol"], 1, 0, 0))
+        return made
+
+    draws = {}
+    for seeded in (False, True):
+        first, second = setups(_gossip(seeded_noise=seeded))
+        assert np.array_equal(first.ids, second.ids) and first.ids.shape == (4, 6)
+        draws[seeded] = [setup.rng.integers(2**62) for setup in (first, second)]
+    assert draws[False][0] != draws[False][1] and draws[True][0] == draws[True][1]
