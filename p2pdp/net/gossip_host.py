@@ -427,7 +427,6 @@ class HostFormation:
         self._wakes: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.ended = 0  # ``ended`` frames carried out (the coordinator's stop test reads it)
-        self.view_messages = 0
         self._last_status: tuple[int, int, int] | None = None
 
     # -- the machine's Views ---------------------------------------------------------------
@@ -788,7 +787,6 @@ class HostFormation:
             late[seq] = forgotten
             if len(late) > ASKED:
                 late.popitem(last=False)
-        self.view_messages += 1
         self._send(VIEW, peer, partner, {"kind": VIEW, "sender": peer, "receiver": partner,
                                          "seq": self._view_seq, "view": self._entries(peer),
                                          "stamp": stamp})  # fmt: skip
@@ -835,7 +833,6 @@ class HostFormation:
         entries = self._parse_view(message, sender)
         self._last_seq[(sender, peer)] = seq
         stamp = self._descriptor(peer)
-        self.view_messages += 1
         reply = {"kind": VIEW_REPLY, "sender": peer, "receiver": sender, "seq": seq,
                  "view": self._entries(peer), "stamp": stamp}  # fmt: skip
         self._send(VIEW_REPLY, peer, sender, reply)

@@ -1126,8 +1126,10 @@ async def serve(
         report=report,
         credential=credential,
     )
-    signing = Ed25519PrivateKey.generate()  # its commitments' signatures (gossip formation)
+    signing: dict[str, bytes] = {}  # gossip: the public half of its commitments' signing key
     if gossip is not None:
+        key = Ed25519PrivateKey.generate()
+        signing["signing"] = key.public_key().public_bytes_raw()
 
         def send_formation(kind: str, sender: int, receiver: int, message: dict) -> None:
             frame = encode(message)
@@ -1140,7 +1142,7 @@ async def serve(
             host_of=host.host_of,
             send=send_formation,
             report=report,
-            key=signing,
+            key=key,
         )
         host.frame_bytes = max(host.frame_bytes, gossip.frame_bytes)
     try:
@@ -1160,7 +1162,7 @@ async def serve(
                 "ports": [[p, q] for p, q in ports.items()],
                 "dim": int(statistics.shape[-1]),
                 "bounds": bool(data_dependent_bounds),
-                "signing": signing.public_key().public_bytes_raw(),
+                **signing,
             }
         )
         while True:
