@@ -10,6 +10,7 @@ and carries out what the machine decided. Another host's peers are never read: t
 arrays hold this host's peers' states only (the others' entries are never touched).
 
 Frames between peers (each on the receiver peer's socket, mutual TLS):
+
 ``formation``
     One formation message, its ``step`` one of the protocol's kinds (``invite``, ``accept``,
     ``decline``, ``group``, ``reveal``, ``start``, ``ack``, ``release``), naming its
@@ -326,7 +327,9 @@ class _Machine(GossipFormation):
 class _Record:
     """What this host knows of one attempt: the machine's :class:`Attempt` (a copy for an
     attempt another host's peer initiated), whom it invited (initiator) or which own peers
-    it invited (member), the group's commitments and nonces, the frames seen."""
+    it invited (member), the group's commitments, signatures and salts, the frames seen
+    (``(step, sender, receiver, copy)``: at most 8 steps x g members x the copy bound) and
+    sent per ``(step, sender, receiver)``."""
 
     attempt: Attempt
     invited: set[int] = field(default_factory=set)
@@ -334,7 +337,6 @@ class _Record:
     committed: dict[int, bytes] = field(default_factory=dict)
     signatures: dict[int, bytes] = field(default_factory=dict)
     salts: dict[int, bytes] = field(default_factory=dict)
-    nonces: dict[int, int] = field(default_factory=dict)
     seen: set[tuple[str, int, int, int]] = field(default_factory=set)
     sent: dict[tuple[str, int, int], int] = field(default_factory=dict)
 
@@ -360,8 +362,10 @@ class HostFormation:
     peers : list of int
         The peers this host runs.
     setup : GossipSetup
-    host, hosts : int
-        This host's index and the number of hosts; ``host_of`` (P,) int: every peer's host.
+    host : int
+        This host's index.
+    host_of : (P,) int array
+        Every peer's host.
     send : callable
         ``send(kind, sender, receiver, message)``: one frame to a peer (the host's outbox).
     report : callable
