@@ -375,3 +375,28 @@ def test_a_hosts_formation_stream_is_fresh_by_default_and_the_seeds_when_seeded(
         assert np.array_equal(first.ids, second.ids) and first.ids.shape == (4, 6)
         draws[seeded] = [setup.rng.integers(2**62) for setup in (first, second)]
     assert draws[False][0] != draws[False][1] and draws[True][0] == draws[True][1]
+
+
+def test_attempts_beyond_the_cap_forget_only_those_no_own_peer_is_tied_to():
+    """A re-sent invitation or a group message for an attempt an own peer is locked to
+    finds its record (its nonce) even after many other invitations came."""
+    formation = _Pair(seed=9).hosts[1]
+    sent = []
+    formation._send = lambda kind, sender, receiver, message: sent.append(_wire(message))
+    formation._cap = 3
+    for peer in (3, 4, 5):
+        formation.machine.become_free(peer)
+
+    def invite(initiator, attempt, receiver):
+        formation.handle(receiver, {"kind": FORMATION, "step": "invite", "sender": initiator,
+                                    "receiver": receiver, "initiator": initiator,
+                                    "attempt": attempt, "copy": 1})  # fmt: skip
+        return sent[-1]["step"]
+
+    assert invite(0, 0, 3) == "accept" and invite(1, 3, 4) == "accept"
+    assert invite(2, 6, 4) == "decline"  # 4 is locked to (1, 3)
+    assert invite(0, 9, 5) == "accept"  # over the cap: (2, 6) is forgotten, not (0, 0)
+    assert set(formation.invites) == {(0, 0), (1, 3), (0, 9)}
+    with pytest.raises(ProtocolError, match="still under way"):  # every one in use
+        invite(1, 12, 3)
+    assert set(formation.invites) == {(0, 0), (1, 3), (0, 9)}

@@ -656,9 +656,25 @@ class HostFormation:
         )
 
     def _remember(self, table: OrderedDict, key: Any, record: _Record) -> None:
+        """Keep ``record`` under ``key``; beyond the cap, forget the oldest record that no own
+        peer is tied to any more (its attempt over: a late answer to it is then refused);
+        ProtocolError (``record`` not kept) if every one is still in use."""
         table[key] = record
-        while len(table) > self._cap:  # the oldest first
-            table.popitem(last=False)
+        while len(table) > self._cap:
+            old = next((k for k, r in table.items() if k != key and not self._in_use(r)), None)
+            if old is None:
+                del table[key]
+                raise ProtocolError("every attempt this host remembers is still under way")
+            del table[old]
+
+    def _in_use(self, record: _Record) -> bool:
+        """An own peer is still tied to ``record``'s attempt (initiating it, or locked or
+        committed to it), or its initiator's coroutine still runs it."""
+        attempt, bound = record.attempt, self.machine.bound
+        tied = record.invited | ({attempt.initiator} & self.own)
+        return (attempt.initiator in self.own and attempt.active) or any(
+            bound[peer] == attempt.attempt_id for peer in tied & self.own
+        )
 
     # -- frames ----------------------------------------------------------------------------
     def handle(self, peer: int, message: dict[str, Any]) -> None:
