@@ -19,6 +19,13 @@ report. A reported release charges every member (the ledger is the coordinator's
 is public) and its solvent members return to the pool. At the end every host reports what
 it sent and received (``STATS``).
 
+With ``groups.sampler = "gossip"`` the hosts form the groups themselves
+(:mod:`p2pdp.net.gossip_host`): a host reports each group its peer formed (``formed``, with
+every member's signed commitment and nonce); the coordinator checks that evidence, elects the
+curator from the nonces, runs the group as above, tells the members' hosts when it ended
+(``ended``), and stops the run as the simulator's gossip observer does, from the ledger and
+each host's ``status`` (then ``halt``).
+
 Faults. An assignment carries ``groups.collect_timeout``: the curator starts its own timer when
 the assignment reaches it (its own clock; no clock is shared) and never releases once that ran
 out, and the coordinator aborts the group (nobody charged) ``timeout`` seconds of slack after
@@ -404,9 +411,7 @@ class NetworkWorld:
         self._formed_attempts: set[tuple[int, int]] = set()
         self._status: dict[int, tuple[int, int, int]] = {}
         self._ended_sent = Counter[int]()
-        self._attempts: dict[int, tuple[int, ...]] = {}  # host -> (started, failed)
         self._wake = asyncio.Event()
-        self.attempts_started = self.attempts_failed = 0
 
     #: The largest control frame before the statistics' length is known: a hello (its peers'
     #: ports, an address).
@@ -694,8 +699,6 @@ class NetworkWorld:
                 _count(message[k], f"status {k}") for k in ("trying", "attempts", "ended")
             )
             self._status[claimed] = (trying, attempts, ended)
-            counts = (_count(message[k], f"status {k}") for k in ("started", "failed"))
-            self._attempts[claimed] = tuple(counts)
             self._wake.set()
         elif kind == STATS:
             if claimed in self._stats:
@@ -1049,9 +1052,6 @@ class NetworkWorld:
         finally:
             for task in running:
                 task.cancel()
-            for started, failed in self._attempts.values():
-                self.attempts_started += started
-                self.attempts_failed += failed
 
     # -- the end -----------------------------------------------------------------------------
     async def _finish(self) -> None:

@@ -572,8 +572,6 @@ class HostFormation:
                     "trying": status[0],
                     "attempts": status[1],
                     "ended": status[2],
-                    "started": machine.attempts_started,
-                    "failed": machine.attempts_failed,
                 }
             )
 
