@@ -400,3 +400,43 @@ def test_attempts_beyond_the_cap_forget_only_those_no_own_peer_is_tied_to():
     with pytest.raises(ProtocolError, match="still under way"):  # every one in use
         invite(1, 12, 3)
     assert set(formation.invites) == {(0, 0), (1, 3), (0, 9)}
+
+
+def test_the_coordinator_stops_as_the_simulators_observer_only_once_every_host_caught_up():
+    """Stopped initiating: every live host says nobody initiates and nothing is under way,
+    AND has carried out every ``ended`` frame sent to it (one in transit may make its peers
+    try again); a lost host does not count; too few solvent peers and aborts in a row first."""
+    from p2pdp.net.coordinator import NetworkWorld
+    from p2pdp.privacy.accounting import BudgetLedger
+    from p2pdp.protocols.groups import failed_in_a_row, stopped_initiating, too_few_solvent
+
+    config = _gossip(n_peers=6)
+    world = NetworkWorld(
+        config,
+        n_peers=6,
+        dim=2,
+        ledger=BudgetLedger(6, epsilon_total=1.0, epsilon_per_aggregation=0.25),
+        rngs={"protocol": np.random.default_rng(0)},
+        launch=None,
+        hosts=2,
+        settings=HostSettings(n_peers=6, hosts=2, full_publication=False),
+        authority=Authority(2),
+    )
+    stop = world._gossip_stop
+    assert stop(0, 0) == ""  # no host said anything yet
+    world._status = {0: (0, 0, 0), 1: (1, 0, 0)}
+    assert stop(0, 0) == ""  # host 1 still has a peer initiating
+    world._status[1] = (0, 0, 0)
+    assert stop(0, 1) == ""  # a group in flight
+    world._ended_sent[1] = 1
+    assert stop(0, 0) == ""  # host 1 has not carried out its group's end yet
+    world._status[1] = (0, 0, 1)
+    assert stop(0, 0) == stopped_initiating(config.groups.max_failed_attempts)
+    world._status[0] = (2, 1, 0)
+    world.lost_hosts.add(0)  # its peers leave: 3 solvent peers remain, g = 3
+    assert stop(0, 0) == stopped_initiating(config.groups.max_failed_attempts)
+    max_failed = config.groups.max_failed_attempts
+    assert stop(max_failed, 0) == failed_in_a_row(max_failed)
+    for _ in range(4):  # peer 3 spends its budget (4 aggregations of 0.25)
+        world.ledger.spend(np.array([3]))
+    assert stop(0, 0) == too_few_solvent(3)
