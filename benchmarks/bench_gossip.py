@@ -50,16 +50,11 @@ def _peak_mb() -> float:
 
 def scenario(peers: int, formation: str = "auto"):
     """The benchmarked scenario at ``peers`` peers (``gossip.formation = formation``)."""
-    from p2pdp.config import (
-        DataConfig,
-        EvaluationConfig,
-        GossipConfig,
-        GroupsConfig,
-        NetworkConfig,
-        PartitionConfig,
-        PrivacyConfig,
-        ScenarioConfig,
-    )
+    from p2pdp.config import NetworkConfig, ScenarioConfig
+    from p2pdp.data.settings import DataConfig, PartitionConfig
+    from p2pdp.learning.settings import EvaluationConfig
+    from p2pdp.privacy.settings import PrivacyConfig
+    from p2pdp.protocols.settings import GossipConfig, GroupsConfig
 
     return ScenarioConfig(
         name=f"bench_gossip_{peers}",
@@ -141,7 +136,7 @@ def run_one(peers: int, formation: str = "auto") -> dict:
 
 def overlay_costs(peers: int) -> list[dict]:
     """Build every overlay kind at ``peers`` peers: time, peak traced memory, CSR size."""
-    from p2pdp.config import OVERLAYS, GossipConfig
+    from p2pdp.protocols.settings import OVERLAYS, GossipConfig
     from p2pdp.sim.overlay import build_overlay
 
     rows = []

@@ -56,18 +56,14 @@ def run_one(
     protocol: str = "one-shot",
 ) -> dict:
     """One configuration, in the current process."""
-    from p2pdp.config import (
-        DataConfig,
-        EvaluationConfig,
-        GroupsConfig,
-        PartitionConfig,
-        PrivacyConfig,
-        PublicationConfig,
-        ScenarioConfig,
-    )
+    from p2pdp.config import ScenarioConfig
     from p2pdp.core.parallel import local_workers
+    from p2pdp.data.settings import DataConfig, PartitionConfig
     from p2pdp.experiments import simulation
     from p2pdp.experiments.simulation import simulate
+    from p2pdp.learning.settings import EvaluationConfig
+    from p2pdp.privacy.settings import PrivacyConfig
+    from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
     from p2pdp.tasks.pipeline import prepare_peers
 
     if dataset == "synthetic":

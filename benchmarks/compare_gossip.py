@@ -37,17 +37,12 @@ from contextlib import contextmanager
 import numpy as np
 from scipy import stats
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    NetworkConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import NetworkConfig, ScenarioConfig
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
 from p2pdp.sim.world import World
 
 LOSSES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)

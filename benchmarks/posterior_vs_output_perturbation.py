@@ -22,8 +22,10 @@ import time
 
 import numpy as np
 
-from p2pdp.config import PartitionConfig, ScenarioConfig, TrainingConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.rng import generator
+from p2pdp.data.settings import PartitionConfig
+from p2pdp.learning.settings import TrainingConfig
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.posterior_sampling.posterior import (
     GUARANTEE_LABEL,

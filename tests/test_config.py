@@ -7,20 +7,12 @@ import math
 
 import pytest
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    NetworkConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-    TrainingConfig,
-    flat_settings,
-    with_value,
-)
+from p2pdp.config import NetworkConfig, ScenarioConfig, flat_settings, with_value
 from p2pdp.core.errors import ConfigError
+from p2pdp.data.settings import DataConfig, PartitionConfig
+from p2pdp.learning.settings import EvaluationConfig, TrainingConfig
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
 
 
 @pytest.mark.parametrize(
@@ -107,7 +99,8 @@ def test_every_field_constraint_is_declared_once_and_names_the_public_key():
     """Each validated field declares its constraint in its metadata; messages use public keys."""
     from dataclasses import fields
 
-    from p2pdp.config import SECTIONS, TrainingConfig
+    from p2pdp.config import SECTIONS
+    from p2pdp.learning.settings import TrainingConfig
 
     declared = {
         f"{section}.{f.name}"

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pdp.config import DataConfig
 from p2pdp.core.errors import ConfigError, DataError
 from p2pdp.data import datasets
 from p2pdp.data.datasets import (
@@ -28,6 +27,7 @@ from p2pdp.data.datasets import (
     load_dataset,
     load_manifest,
 )
+from p2pdp.data.settings import DataConfig
 from p2pdp.experiments.cli import main
 
 # Published in /work/shared/datasets/README.md: (rows, features, positives, test rows, test
@@ -589,9 +589,9 @@ def test_synthetic_blocks_come_from_spawned_seeds_and_are_pure_functions_of_thei
 def test_synthetic_rows_and_their_transform_are_the_same_for_any_number_of_workers(monkeypatch):
     """Blocks drawn and transformed in 2 forked workers (into shared memory) give the rows one
     process gives: labels and fold rows exactly, features to rounding."""
-    from p2pdp.config import EvaluationConfig
     from p2pdp.core.parallel import is_shared, local_workers
     from p2pdp.data import preprocess
+    from p2pdp.learning.settings import EvaluationConfig
     from p2pdp.tasks.pipeline import load_fold
 
     monkeypatch.setattr(datasets, "SYNTHETIC_BLOCK_ROWS", 500)  # 5 blocks, a short last

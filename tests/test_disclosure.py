@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from p2pdp.config import DataConfig, PrivacyConfig, ScenarioConfig, TrainingConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.data.settings import DataConfig
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.disclosure import (
     LAMBDA_SWEPT,
@@ -20,6 +21,8 @@ from p2pdp.experiments.report import write_report
 from p2pdp.experiments.results import read_results
 from p2pdp.experiments.runner import run_experiment
 from p2pdp.experiments.scenario import load_scenario, parse_scenario, shipped_scenarios_dir
+from p2pdp.learning.settings import TrainingConfig
+from p2pdp.privacy.settings import PrivacyConfig
 
 TINY = """
 name = "tiny"

@@ -14,18 +14,12 @@ import numpy as np
 import pytest
 import simpy
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GossipConfig,
-    GroupsConfig,
-    NetworkConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import NetworkConfig, ScenarioConfig
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GossipConfig, GroupsConfig, PublicationConfig
 from p2pdp.sim import transport as transport_module
 from p2pdp.sim.central import CentralSampler
 

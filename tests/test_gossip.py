@@ -14,19 +14,13 @@ from scipy import stats
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import connected_components
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GossipConfig,
-    GroupsConfig,
-    NetworkConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GossipConfig, GroupsConfig, PublicationConfig
 from p2pdp.sim import world as world_module
 from p2pdp.sim.gossip import Newscast, bootstrap_views, merge_views
 from p2pdp.sim.gossip import views as views_module

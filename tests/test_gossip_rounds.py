@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 from scipy import stats
 from test_gossip import check_invariants, recording, scenario
 
-from p2pdp.config import GossipConfig, NetworkConfig, PartitionConfig
+from p2pdp.config import NetworkConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.data.settings import PartitionConfig
 from p2pdp.experiments.simulation import simulate
 from p2pdp.protocols.gossip import IN_GROUP
+from p2pdp.protocols.settings import GossipConfig
 from p2pdp.sim import world as world_module
 from p2pdp.sim.gossip import Newscast, merge_views
 from p2pdp.sim.gossip import views as views_module

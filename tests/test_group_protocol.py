@@ -9,16 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import ScenarioConfig
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig
+from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.groups import (
     ASSIGN,
     PARTIAL,
@@ -29,6 +24,7 @@ from p2pdp.protocols.groups import (
     Group,
     Send,
 )
+from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
 
 
 def _group(secure: bool, members=(4, 7, 2), curator=7) -> Group:

@@ -197,7 +197,7 @@ def test_an_installed_package_registers_a_component_through_the_entry_point_grou
 
 
 def test_every_public_name_of_the_flat_layout_still_imports_from_its_old_path():
-    """Each of the 484 public names the 42 modules of p2pdp 0.1 defined (listed from that
+    """Each of the 476 public names the 42 modules of p2pdp 0.1 defined (listed from that
     revision in tests/data/flat_layout_names.json) is reachable at its old path until 0.3."""
     names = json.loads((Path(__file__).parent / "data" / "flat_layout_names.json").read_text())
     script = textwrap.dedent(

@@ -33,17 +33,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from scipy import stats
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    ProtocolConfig,
-    PublicationConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments import network as network_module
 from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.disclosure import non_private_column
@@ -51,6 +43,7 @@ from p2pdp.experiments.network import read_hosts_file
 from p2pdp.experiments.runner import run_experiment
 from p2pdp.experiments.scenario import load_scenario
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.net import coordinator, tls
 from p2pdp.net import host as host_module
 from p2pdp.net.coordinator import NetworkWorld
@@ -74,8 +67,10 @@ from p2pdp.net.wire import (
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import NoiseStream, Releaser
+from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.groups import Group
 from p2pdp.protocols.oneshot import Curator
+from p2pdp.protocols.settings import GroupsConfig, ProtocolConfig, PublicationConfig
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks import make_task, prepared, release_path, sensitivity_of, task_statistics
 

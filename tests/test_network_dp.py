@@ -18,9 +18,10 @@ import pytest
 import scipy.sparse as sp
 from scipy import optimize, stats
 
-from p2pdp.config import PrivacyConfig, ScenarioConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.rng import generator
 from p2pdp.experiments.simulation import simulate
+from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols import network_dp
 from p2pdp.protocols.mixing import Mixing
 

@@ -17,27 +17,23 @@ import time
 import numpy as np
 import pytest
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    NetworkConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    ProtocolConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.iterative_network import _machines
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.net import iterative_host
 from p2pdp.net.host import hosts_of
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld
 from p2pdp.net.iterative_host import AHEAD, KEYED, IterativeHost, IterativeSettings
 from p2pdp.net.pair_keys import KEYS, PairKeys, keystream, pair_secret
 from p2pdp.net.wire import MODEL, ModelFrame, ProtocolError, encode, pack_vector, parse_model
+from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.iterative import DecentralizedSGD, Muffliato, step_privacy
 from p2pdp.protocols.iterative_peer import LocalProblem, StreamSeeds
 from p2pdp.protocols.mixing import Mixing
+from p2pdp.protocols.settings import ProtocolConfig
 
 # -- in this process: the machines, the frames, two hosts over loopback ------------------------
 

@@ -10,17 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.rng import Uniforms
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig
+from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols import oneshot
 from p2pdp.protocols.groups import (
     PARTIAL,
@@ -48,6 +43,7 @@ from p2pdp.protocols.oneshot import (
     Stop,
     Timer,
 )
+from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
 
 
 def _group(group_id=0, members=(4, 7, 2), curator=7, secure=False) -> Group:

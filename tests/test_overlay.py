@@ -6,8 +6,8 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from p2pdp.config import GossipConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.protocols.settings import GossipConfig
 from p2pdp.sim.overlay import build_overlay, random_regular_edges
 
 

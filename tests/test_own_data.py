@@ -22,24 +22,20 @@ import pytest
 from docs_pages import page
 from sklearn.datasets import dump_svmlight_file
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    ProtocolConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import ScenarioConfig
 from p2pdp.core import components
 from p2pdp.core.errors import ConfigError, DataError
 from p2pdp.core.rng import generator
 from p2pdp.data import datasets
 from p2pdp.data.datasets import RawData, as_raw_data, load_data, provides
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.results import read_results
 from p2pdp.experiments.runner import run_experiment
 from p2pdp.experiments.scenario import load_scenario, parse_scenario
+from p2pdp.learning.settings import EvaluationConfig
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig, ProtocolConfig
 from p2pdp.tasks.pipeline import load_fold, prepare_peers
 
 

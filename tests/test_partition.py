@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pdp import config
 from p2pdp.core.errors import ConfigError, DataError
+from p2pdp.data import settings
 from p2pdp.data.partition import (
     DRAWN_SCHEMES,
     PARTITION_SCHEMES,
@@ -188,7 +188,7 @@ def test_labels_must_be_one_dimensional() -> None:
 
 
 def test_the_schema_offers_every_scheme_the_data_layer_implements() -> None:
-    assert config.PARTITION_SCHEMES == PARTITION_SCHEMES
+    assert settings.PARTITION_SCHEMES == PARTITION_SCHEMES
     with pytest.raises(ConfigError, match="'file' takes the peer of every row from the user"):
         partition(np.arange(10) % 2, 2, scheme="file", rng=np.random.default_rng(0))
 

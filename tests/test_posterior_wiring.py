@@ -17,7 +17,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from p2pdp.config import GroupsConfig, PrivacyConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.runner import make_cells, run_task
@@ -30,6 +29,8 @@ from p2pdp.privacy.posterior_sampling.posterior import (
     private_logistic_peers,
 )
 from p2pdp.privacy.release import Releaser
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig
 from p2pdp.sim.world import World, WorldObserver
 from p2pdp.tasks import make_task
 from p2pdp.tasks.logistic import task as logistic

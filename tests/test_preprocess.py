@@ -236,9 +236,10 @@ def test_rows_of_train_and_test_have_norm_at_most_one(
 def test_transform_in_place_over_a_spare_column_equals_a_fresh_output():
     """The synthetic loader's rows sit in an array with a spare column; the fold's transform
     writes the output (bias column included) over them: same numbers, no second array."""
-    from p2pdp.config import DataConfig, EvaluationConfig
     from p2pdp.core.rng import generator
     from p2pdp.data.datasets import make_synthetic
+    from p2pdp.data.settings import DataConfig
+    from p2pdp.learning.settings import EvaluationConfig
     from p2pdp.tasks.pipeline import load_fold
 
     data = DataConfig(dataset="synthetic", synthetic_rows=3000, synthetic_test_rows=700,

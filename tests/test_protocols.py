@@ -18,7 +18,7 @@ import pytest
 import scipy.sparse as sp
 from scipy import integrate, optimize, stats
 
-from p2pdp.config import PrivacyConfig, ScenarioConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.scenario import Scenario
@@ -26,6 +26,7 @@ from p2pdp.experiments.simulation import simulate
 from p2pdp.privacy.accounting import RdpAccountant, subsampled_gaussian_rdp
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.events import SubsampledGaussianEvent
+from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.iterative import (
     DecentralizedSGD,
     LocalProblem,

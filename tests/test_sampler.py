@@ -6,20 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GossipConfig,
-    GroupsConfig,
-    NetworkConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-    TrainingConfig,
-)
+from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.rng import Uniforms
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig, TrainingConfig
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GossipConfig, GroupsConfig, PublicationConfig
 from p2pdp.sim import world as world_module
 from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.gossip import GossipSampler

@@ -9,19 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    NetworkConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-    TrainingConfig,
-)
+from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig, TrainingConfig
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
 from p2pdp.sim import world as world_module
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import prepare_peers

@@ -17,18 +17,11 @@ import pytest
 from test_experiment import TINY
 
 import p2pdp
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    ScenarioConfig,
-    check_reads,
-)
+from p2pdp.config import ScenarioConfig, check_reads
 from p2pdp.core.errors import ClusterLostError, ConfigError, DataError
 from p2pdp.core.rng import generator
 from p2pdp.data.datasets import load_data
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments import results as results_module
 from p2pdp.experiments import runner as experiment
 from p2pdp.experiments.audit import AUDIT_SAMPLES, format_audit_table
@@ -37,7 +30,10 @@ from p2pdp.experiments.cluster import on_dask_worker, scheduler_watch
 from p2pdp.experiments.results import read_manifest, read_results
 from p2pdp.experiments.runner import make_cells
 from p2pdp.experiments.scenario import parse_scenario
+from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.privacy.audit import AuditResult
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import load_fold
 

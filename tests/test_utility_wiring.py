@@ -17,23 +17,18 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-    TrainingConfig,
-)
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
 from p2pdp.learning.ensembles import OwnShards, PublicView, apply_rule, cross_validate_own_models
 from p2pdp.learning.evaluation import LocalValidatedRule, build_ensembles, evaluate_ensembles
 from p2pdp.learning.references import centralised_best_lambda
+from p2pdp.learning.settings import EvaluationConfig, TrainingConfig
 from p2pdp.privacy.mechanisms import make_mechanism
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import prepare_peers
 

@@ -15,10 +15,13 @@ from test_gossip import FAST
 from test_prevalence_tasks import COUNTS, POOLED, _config, _rr
 from test_simulation import synthetic
 
-from p2pdp.config import GossipConfig, GroupsConfig, NetworkConfig, PrivacyConfig, TrainingConfig
+from p2pdp.config import NetworkConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import TrainingConfig
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GossipConfig, GroupsConfig
 from p2pdp.sim import waves
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks import make_task

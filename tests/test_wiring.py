@@ -15,21 +15,17 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GroupsConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    ScenarioConfig,
-    TrainingConfig,
-)
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
 from p2pdp.learning.models import GRADIENT_TOLERANCE
+from p2pdp.learning.settings import EvaluationConfig, TrainingConfig
 from p2pdp.privacy.accounting import affordable_aggregations
 from p2pdp.privacy.gdp import gdp_mu
 from p2pdp.privacy.mechanisms import make_mechanism
+from p2pdp.privacy.settings import PrivacyConfig
+from p2pdp.protocols.settings import GroupsConfig
 from p2pdp.sim.world import WorldObserver
 
 LAM = 0.05

@@ -246,3 +246,14 @@ def validate_fields(instance: Any, section: str, names: Mapping[str, str] | None
             name = (names or {}).get(item.name, item.name)
             key = f"{section}.{name}" if section else name
             constraint.check(key, getattr(instance, item.name))
+
+
+class Derived(float):
+    """A float setting computed from other settings (e.g. ``privacy.delta_per_aggregation``).
+
+    It compares, prints and computes like the float it holds; its type only tells
+    ``__post_init__`` to compute it again when a copy changes the settings it depends on, and
+    the refusal of unread settings to count it as a default (:func:`p2pdp.config.unread_settings`).
+    """
+
+    __slots__ = ()

@@ -1,8 +1,9 @@
-"""Settings of the data a scenario reads: the ``[data]`` table.
+"""Settings of the data a scenario reads: the ``[data]`` and ``[partition]`` tables.
 
-:class:`DataConfig` lives with the data layer (not in :mod:`p2pdp.config`) because the loaders
-read it; :mod:`p2pdp.config` composes it into a :class:`~p2pdp.config.ScenarioConfig` like every
-other section. Fields declare their constraints (:mod:`p2pdp.core.validation`).
+:class:`DataConfig` and :class:`PartitionConfig` live with the data layer (not in
+:mod:`p2pdp.config`) because the loaders and :mod:`p2pdp.data.partition` read them;
+:mod:`p2pdp.config` composes them into a :class:`~p2pdp.config.ScenarioConfig` like every other
+section. Fields declare their constraints (:mod:`p2pdp.core.validation`).
 """
 
 from __future__ import annotations
@@ -11,20 +12,24 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from p2pdp.core import components
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.reads import When
 from p2pdp.core.validation import (
     Boolean,
     ComponentName,
     IntAtLeast,
     OneOf,
     Optional,
+    Positive,
     as_list,
     check,
     invalid,
     validate_fields,
 )
+from p2pdp.data.partition import PARTITION_SCHEMES
 from p2pdp.data.preprocess import TRANSFORM_STEPS, Preprocessor
 
 
@@ -202,3 +207,50 @@ _FILE_OPTION_DEFAULTS = {
     for f in dataclasses.fields(DataConfig)
     if any(f.name in options for options in FILE_LOADER_OPTIONS.values())
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionConfig:
+    """How training rows are split into peer shards (:mod:`p2pdp.data.partition`).
+
+    ``scheme``: ``"iid"``, ``"label_skew"`` / ``"quantity_skew"`` (Dirichlet ``alpha``),
+    ``"contiguous"`` (consecutive rows in their order: iid only for exchangeable rows such as
+    ``synthetic``'s), or a partition the user gives, one peer id in ``0..n_peers-1`` per row
+    of the data set (the rows the folds are cut from; a fold's test rows are simply not used
+    for training):
+    ``"column"`` takes it from the data set (``data.peer_column``, or a loader's
+    ``RawData.peers``), ``"file"`` from the text file ``path`` (one id per line). Every peer
+    id must be used, and every peer must hold at least ``min_shard_size`` training rows in
+    every fold.
+    """
+
+    n_peers: int = field(default=100, metadata=check(IntAtLeast(1)))
+    scheme: str = field(default="iid", metadata=check(OneOf(PARTITION_SCHEMES)))
+    alpha: float = field(default=0.5, metadata=check(Positive()))
+    min_shard_size: int = field(default=1, metadata=check(IntAtLeast(1)))
+    path: str | None = None
+
+    #: Settings read only for some values of this table's options, while the option itself is
+    #: read (:func:`p2pdp.config.settings_read`).
+    option_reads: ClassVar[tuple[When, ...]] = (
+        When("partition.scheme", "label_skew", ("partition.alpha",)),
+        When("partition.scheme", "quantity_skew", ("partition.alpha",)),
+        When("partition.scheme", "file", ("partition.path",)),
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.path, os.PathLike):
+            object.__setattr__(self, "path", os.fspath(self.path))
+        validate_fields(self, "partition")
+        if self.path is not None and not (isinstance(self.path, str) and self.path):
+            raise invalid("partition.path", "a non-empty path string", self.path)
+        if self.scheme == "file" and self.path is None:
+            raise ConfigError(
+                "partition.path is required for partition.scheme = 'file': the file of "
+                "peer ids, one per row of the data set"
+            )
+        if self.scheme != "file" and self.path is not None:
+            raise ConfigError(
+                f"partition.path is read only by partition.scheme = 'file'; got "
+                f"partition.path = {self.path!r} with partition.scheme = {self.scheme!r}"
+            )

@@ -466,9 +466,9 @@ def _add_components(subparsers: argparse._SubParsersAction) -> None:
 def _cmd_components(args: argparse.Namespace) -> int:
     import json
 
-    from p2pdp.config import ENGINE_READS, OPTION_READS, RUNTIME_READERS
-    from p2pdp.core.components import format_listing, listing, load
-    from p2pdp.core.reads import declared_reads, describe
+    from p2pdp.config import ENGINE_READS, OPTION_READS, RUNTIME_READS
+    from p2pdp.core.components import format_listing, listing
+    from p2pdp.core.reads import describe
 
     rows = listing(args.kind)
     if args.json:
@@ -478,8 +478,8 @@ def _cmd_components(args: argparse.Namespace) -> int:
     if args.kind is None:  # the rest of the declaration: what is read besides components
         print("\nread by every run:", ", ".join(ENGINE_READS))
         print("read by the runtime:")
-        for runtime, target in RUNTIME_READERS.items():
-            print(f"  {runtime:<11} {describe(declared_reads(load(target, key='runtime')))}")
+        for runtime, keys in RUNTIME_READS.items():
+            print(f"  {runtime:<11} {describe(keys)}")
         print("read only for some values of a setting (while that setting is read):")
         for setting, options in OPTION_READS.items():
             for value, keys in options.items():

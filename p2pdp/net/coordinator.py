@@ -66,7 +66,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from p2pdp.config import ScenarioConfig
+from p2pdp.config import RUNTIME_READS, ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.core.rng import Uniforms
 from p2pdp.net.gossip_host import ENDED, FORMED, HALT, STATUS, elect, public_key
@@ -327,8 +327,9 @@ class NetworkWorld:
     """
 
     #: Messages cross a real network: no simulated ``[network]`` setting applies, only where
-    #: the noise comes from (:mod:`p2pdp.net.host`; :mod:`p2pdp.core.reads`).
-    reads: ClassVar[tuple[str, ...]] = ("network.seeded_noise",)
+    #: the noise comes from (:mod:`p2pdp.net.host`; :mod:`p2pdp.core.reads`): the network
+    #: runtime's entry of :data:`p2pdp.config.RUNTIME_READS`, where a config's check finds it.
+    reads: ClassVar[tuple[str, ...]] = RUNTIME_READS["network"]
 
     def __init__(
         self,

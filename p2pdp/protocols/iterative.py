@@ -27,7 +27,6 @@ from typing import ClassVar
 
 import numpy as np
 
-from p2pdp.config import MAX_EXCHANGES, ProtocolConfig, ScenarioConfig
 from p2pdp.core import components
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.reads import Read, When
@@ -45,6 +44,7 @@ from p2pdp.protocols.iterative_peer import (
     private_step,
 )
 from p2pdp.protocols.mixing import Mixing
+from p2pdp.protocols.settings import MAX_EXCHANGES, ProtocolConfig, RunSettings
 
 __all__ = [
     "DecentralizedSGD",
@@ -91,7 +91,7 @@ class StepPrivacy:
         return known[inverse].reshape(steps.shape)
 
 
-def step_privacy(config: ScenarioConfig) -> StepPrivacy:
+def step_privacy(config: RunSettings) -> StepPrivacy:
     """The step mechanism of ``config``: noise calibrated to the budget unless given.
 
     ``privacy.accountant = "auto"``: ``gdp`` (exact) for full and fixed sampling, ``pld`` for
@@ -163,7 +163,7 @@ def step_privacy(config: ScenarioConfig) -> StepPrivacy:
 
 
 def threat_model_privacy(
-    config: ScenarioConfig, privacy: StepPrivacy, mixing: Mixing, sizes: np.ndarray
+    config: RunSettings, privacy: StepPrivacy, mixing: Mixing, sizes: np.ndarray
 ) -> StepPrivacy:
     """``privacy`` with the noise multiplier calibrated to ``protocol.threat_model``.
 
@@ -178,7 +178,8 @@ def threat_model_privacy(
 
     Parameters
     ----------
-    config : ScenarioConfig
+    config : RunSettings
+        The run's :class:`~p2pdp.config.ScenarioConfig`.
     privacy : StepPrivacy
         The local-DP step (:func:`step_privacy`): its sampling and clipping are kept.
     mixing : Mixing

@@ -88,11 +88,11 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
 
-from p2pdp.config import ProtocolConfig
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.protocols.correlated_dp import edge_pairs
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
+from p2pdp.protocols.settings import ProtocolConfig
 
 __all__ = [
     "Averaged",

@@ -31,8 +31,8 @@ from numpy.typing import NDArray
 from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
-from p2pdp.config import GossipConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.protocols.settings import GossipConfig
 
 __all__ = ["Overlay", "build_overlay", "random_regular_edges"]
 

@@ -18,7 +18,7 @@ import simpy
 from simpy.core import NORMAL, EventPriority, SimTime
 from simpy.events import Event
 
-from p2pdp.config import NetworkConfig
+from p2pdp.config import RUNTIME_READS, NetworkConfig
 
 __all__ = ["Environment", "Transport"]
 
@@ -80,13 +80,9 @@ class Transport:
     """
 
     #: The settings the simulator's message model reads (:mod:`p2pdp.core.reads`;
-    #: ``network.latency`` adds ``latency_sigma`` for the lognormal model).
-    reads: ClassVar[tuple[str, ...]] = (
-        "network.latency",
-        "network.latency_mean",
-        "network.bandwidth",
-        "network.loss",
-    )
+    #: ``network.latency`` adds ``latency_sigma`` for the lognormal model): the simulation
+    #: runtime's entry of :data:`p2pdp.config.RUNTIME_READS`, where a config's check finds it.
+    reads: ClassVar[tuple[str, ...]] = RUNTIME_READS["simulation"]
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from p2pdp.config import DataConfig, EvaluationConfig, PartitionConfig, ScenarioConfig
+from p2pdp.config import ScenarioConfig
 from p2pdp.core.boundary import calling, check_numbers, check_type
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import Background, current_workers, in_background
@@ -34,6 +34,7 @@ from p2pdp.data.partition import (
     stratified_folds,
 )
 from p2pdp.data.preprocess import Preprocessor
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.learning.models import (
     STREAM_MIN_ROWS,
     LocalModel,
@@ -41,6 +42,7 @@ from p2pdp.learning.models import (
     LogisticModel,
     make_model,
 )
+from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.tasks.streamed import stream_gap, train_in_blocks
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:  # the world imports the gossip package lazily
-    from p2pdp.config import GossipConfig
+    from p2pdp.protocols.settings import GossipConfig
 
 __all__ = ["Faults", "OnlineState"]
 

@@ -46,7 +46,7 @@ from p2pdp.protocols.groups import HEADER_BYTES
 from p2pdp.sim.overlay import Overlay
 
 if TYPE_CHECKING:
-    from p2pdp.config import GossipConfig
+    from p2pdp.protocols.settings import GossipConfig
     from p2pdp.sim.sampler import SamplerWorld
 
 __all__ = [
