@@ -250,8 +250,8 @@ def _add_run(subparsers: argparse._SubParsersAction) -> None:
         choices=("simulation", "network"),
         default="simulation",
         help="simulation (SimPy, default) or network: the peers run as OS processes on this "
-        "machine (or where --hosts says) exchanging real messages over TCP (one-shot protocol, "
-        "central sampler)",
+        "machine (or where --hosts says) exchanging real messages over TCP (one-shot protocol "
+        "with the central or gossip sampler, and the iterative protocols)",
     )
     parser.add_argument(
         "--hosts",

@@ -55,8 +55,10 @@ import numpy as np
 from p2pdp.config import ScenarioConfig, refuse_unread, settings_read, unread_settings
 from p2pdp.core.errors import ConfigError, NetworkRunError, P2PDPError
 from p2pdp.core.parallel import worker_signals
+from p2pdp.core.rng import generator, os_generator
 from p2pdp.experiments.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
+from p2pdp.net.gossip_host import GossipSetup
 from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of, serve
 from p2pdp.net.iterative_coordinator import check_iterative
 from p2pdp.net.tls import Authority
@@ -755,7 +757,10 @@ def host_main(
     except P2PDPError as error:  # one line, not a traceback: it names what to fix
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
         sys.exit(EXPLAINED)
-    _, releaser, _ = release_path(config, task, own.shape[-1], fold=fold, repetition=repetition)
+    _, releaser, rngs = release_path(config, task, own.shape[-1], fold=fold, repetition=repetition)
+    gossip = None
+    if config.groups.sampler == "gossip":
+        gossip = _gossip_setup(config, peers, releaser, rngs["protocol"], host, fold, repetition)
     try:
         asyncio.run(
             serve(
@@ -770,11 +775,48 @@ def host_main(
                 coordinator=coordinator,
                 address=address,
                 data_dependent_bounds=bounds,
+                gossip=gossip,
             )
         )
     except (HostError, P2PDPError) as error:  # one line, not a traceback: it names what to fix
         print(f"p2pdp host {host}: {error}", file=sys.stderr)
         sys.exit(EXPLAINED)
+
+
+def _gossip_setup(
+    config: ScenarioConfig,
+    peers: np.ndarray,
+    releaser: Releaser,
+    protocol: np.random.Generator,
+    host: int,
+    fold: int,
+    repetition: int,
+) -> GossipSetup:
+    """What host ``host`` needs to run its ``peers``' gossip formation: their first views
+    (the simulator's bootstrap from the overlay, both drawn from the run's protocol stream as
+    the simulator draws them: public, every host derives the same), and the host's formation
+    stream: from the OS CSPRNG, or with ``network.seeded_noise`` from the seed (per host)."""
+    from p2pdp.sim.gossip.views import Newscast, merge_views
+    from p2pdp.sim.overlay import build_overlay
+
+    n_peers = config.partition.n_peers
+    views = Newscast(build_overlay(config.gossip, n_peers, rng=protocol),
+                     config.gossip.view_size, rng=protocol)  # fmt: skip
+    seeded = config.network.seeded_noise
+    ledger = budget_ledger(config, releaser, n_peers)
+    return GossipSetup(
+        params=config.gossip,
+        group_size=config.groups.group_size,
+        max_failed=config.groups.max_failed_attempts,
+        collect_timeout=config.groups.collect_timeout,
+        ids=views.ids[peers],
+        stamps=views.stamps[peers],
+        merge=merge_views,
+        rng=generator(config.seed, "gossip host", host, fold, repetition)
+        if seeded
+        else os_generator(),
+        solvent=bool(ledger.max_aggregations),
+    )
 
 
 def _own_statistics(

@@ -19,6 +19,13 @@ report. A reported release charges every member (the ledger is the coordinator's
 is public) and its solvent members return to the pool. At the end every host reports what
 it sent and received (``STATS``).
 
+With ``groups.sampler = "gossip"`` the hosts form the groups themselves
+(:mod:`p2pdp.net.gossip_host`): a host reports each group its peer formed (``formed``, with
+every member's signed commitment and nonce); the coordinator checks that evidence, elects the
+curator from the nonces, runs the group as above, tells the members' hosts when it ended
+(``ended``), and stops the run as the simulator's gossip observer does, from the ledger and
+each host's ``status`` (then ``halt``).
+
 Faults. An assignment carries ``groups.collect_timeout``: the curator starts its own timer when
 the assignment reaches it (its own clock; no clock is shared) and never releases once that ran
 out, and the coordinator aborts the group (nobody charged) ``timeout`` seconds of slack after
@@ -62,6 +69,7 @@ import numpy as np
 from p2pdp.config import RUNTIME_READS, ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.core.rng import Uniforms
+from p2pdp.net.gossip_host import ENDED, FORMED, HALT, STATUS, elect, public_key
 from p2pdp.net.host import (
     CERTIFICATE,
     DIRECTORY,
@@ -83,7 +91,14 @@ from p2pdp.net.tls import Authority, host_name, identity, listen, resolve
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
-from p2pdp.protocols.groups import ASSIGN, SAMPLER, Group
+from p2pdp.protocols.groups import (
+    ASSIGN,
+    SAMPLER,
+    Group,
+    failed_in_a_row,
+    stopped_initiating,
+    too_few_solvent,
+)
 from p2pdp.protocols.oneshot import COLLECT_TIMEOUT, Sampler, Stop
 
 __all__ = ["NetworkWorld", "check_supported"]
@@ -119,7 +134,33 @@ def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: 
             config.protocol.name,
             "'one-shot' here (iterative protocols: p2pdp.net.iterative_coordinator)",
         ),
-        (groups.sampler != "central", "groups.sampler", groups.sampler, "'central'"),
+        (
+            groups.sampler not in ("central", "gossip"),
+            "groups.sampler",
+            groups.sampler,
+            "'central' and 'gossip'",
+        ),
+        (
+            groups.sampler == "gossip" and config.gossip.formation == "rounds",
+            "gossip.formation",
+            config.gossip.formation,
+            "formation by messages ('messages', or 'auto', which means messages there)",
+        ),
+        (
+            groups.sampler == "gossip" and config.gossip.churn,
+            "gossip.churn",
+            config.gossip.churn,
+            "false (a host that dies is the network's churn)",
+        ),
+        *(
+            (
+                groups.sampler == "gossip" and getattr(config.gossip, key) > 0,
+                f"gossip.{key}",
+                getattr(config.gossip, key),
+                "0 (no simulated crashes: kill a host instead)",
+            )
+            for key in ("curator_crash_probability", "member_crash_probability")
+        ),
         (
             config.training.seconds_per_row > 0,
             "training.seconds_per_row",
@@ -178,7 +219,9 @@ LOST = ("unreachable", "expired", PRE_EMPTED)
 #: Refusal reasons that are messages refused as outside the protocol (replayed, forged,
 #: malformed, from a party the protocol's state does not entitle to send them), counted per
 #: kind (the row's ``messages_refused``); refused connections are not messages.
-REFUSED = (*KINDS, HELLO, DONE, STATS, ENROLL, "unknown")
+REFUSED = (*KINDS, HELLO, DONE, STATS, FORMED, STATUS, ENROLL, "unknown")
+#: Control frames a host sends (a refused one is counted under its kind).
+_CONTROL = (HELLO, DONE, STATS, FORMED, STATUS)
 
 
 @dataclass
@@ -361,6 +404,15 @@ class NetworkWorld:
         self._enrollment_tls = own.context(server=True, clients=False)
         self._enrollment: asyncio.Server | None = None
         self.lost_hosts: set[int] = set()
+        # gossip formation (groups.sampler = "gossip"): every host's signing key (its hello),
+        # the groups reported formed and not yet started, what each host last said of its
+        # formation (trying, attempts, ended frames carried out), ended frames sent per host
+        self._signing: dict[int, bytes] = {}
+        self._formed: list[tuple[np.ndarray, int]] = []
+        self._formed_attempts: set[tuple[int, int]] = set()
+        self._status: dict[int, tuple[int, int, int]] = {}
+        self._ended_sent = Counter[int]()
+        self._wake = asyncio.Event()
 
     #: The largest control frame before the statistics' length is known: a hello (its peers'
     #: ports, an address).
@@ -369,12 +421,14 @@ class NetworkWorld:
     @property
     def control_bytes(self) -> int:
         """The largest control frame a host sends: a release (one model, its group's member
-        list), or its final report (per peer its counts; receipts of 16 bytes, at most one
+        list), a formed group (per member a commitment, a signature, a nonce, a salt), or its
+        final report (per peer its counts; receipts of 16 bytes, at most one
         per aggregation a peer can afford); a hello while ``dim`` is unknown."""
         if self.dim is None:
             return self._HELLO_BYTES + 16 * self.n_peers
         return (
             frame_bytes(self.dim, self.n_peers)
+            + 160 * self.config.groups.group_size  # a formed group's evidence (gossip)
             + 40 * self.n_peers
             + 16 * self.n_peers * int(min(self.ledger.max_aggregations, 2**32))
             + 4096
@@ -450,13 +504,19 @@ class NetworkWorld:
             await self._wait(self._hello, STARTUP_TIMEOUT, "every host to start")
             self._agreed_dimension()
             directory = encode(
-                {"kind": DIRECTORY, "ports": self.ports, "addresses": self.addresses}
+                {
+                    "kind": DIRECTORY,
+                    "ports": self.ports,
+                    "addresses": self.addresses,
+                    "signing": [self._signing.get(h, b"") for h in range(self.n_hosts)],
+                }
             )
             for writer in self._hosts.values():
                 writer.write(directory)
                 self.wire.add(DIRECTORY, len(directory))
             self.env = _Clock()
-            await self._groups()
+            gossip = self.config.groups.sampler == "gossip"
+            await (self._gossip() if gossip else self._groups())
             self.monitor.end_time = self.env.now
             await self._finish()
             ended = True
@@ -571,7 +631,7 @@ class NetworkWorld:
                 try:
                     host = self._on_control(message, who, writer, host)
                 except (ProtocolError, KeyError, TypeError, ValueError, OverflowError) as error:
-                    self.wire.refused[kind if kind in (HELLO, DONE, STATS) else "unknown"] += 1
+                    self.wire.refused[kind if kind in _CONTROL else "unknown"] += 1
                     log.warning("coordinator: refused a %r frame: %s", kind[:32], error)
         except (ProtocolError, TimeoutError, ConnectionError) as error:
             self.wire.refused[type(error).__name__] += 1
@@ -593,7 +653,7 @@ class NetworkWorld:
         Every field is checked (type and range) before anything counts: a bad frame raises
         and changes nothing."""
         kind = message["kind"]
-        if kind in (HELLO, STATS):
+        if kind in (HELLO, STATS, STATUS):
             claimed = _count(message["host"], "host", self.n_hosts)
             if who != host_name(claimed) or (host is not None and host != claimed):
                 raise ProtocolError(f"{who!r} claims to be host {claimed}")
@@ -606,6 +666,9 @@ class NetworkWorld:
             dim, bounds = _count(message["dim"], "hello dim", 2**31), message["bounds"]
             if dim < 1 or not isinstance(bounds, bool):
                 raise ValueError(f"hello dim {dim} must be >= 1 and bounds a bool")
+            if self.config.groups.sampler == "gossip":  # its commitments' signing key
+                public_key(message["signing"])  # ProtocolError unless one
+                self._signing[claimed] = message["signing"]
             self._dims[claimed] = dim
             self.data_dependent_bounds |= bounds
             self._hosts[claimed] = writer
@@ -630,6 +693,14 @@ class NetworkWorld:
                 future.set_result(report)
             else:
                 self._late_release(report)
+        elif kind == FORMED:
+            self._on_formed(message, who)
+        elif kind == STATUS:
+            trying, attempts, ended = (
+                _count(message[k], f"status {k}") for k in ("trying", "attempts", "ended")
+            )
+            self._status[claimed] = (trying, attempts, ended)
+            self._wake.set()
         elif kind == STATS:
             if claimed in self._stats:
                 raise ProtocolError(f"a second final report from host {claimed}")
@@ -712,6 +783,7 @@ class NetworkWorld:
             if not future.done() and np.isin(group.members, peers).any():
                 self._hold(group)  # at once: its curator's report may be next in line
                 future.set_result(None)  # aborted: a member's host is gone
+        self._wake.set()  # the gossip observer counts without it
         self._check_all_stats()
 
     def _hold(self, group: Group) -> None:
@@ -794,7 +866,9 @@ class NetworkWorld:
                 ended, running = await asyncio.wait(running, return_when=when)
                 # a failure of the run's own is raised here; ends at once in group order
                 for outcome in sorted((task.result() for task in ended), key=_group_id):
-                    self._conclude(*outcome)
+                    solvent = self._conclude(*outcome)
+                    machine.finished(outcome[0].members, published=not outcome[2],
+                                     solvent=solvent)  # fmt: skip
         finally:
             for task in running:
                 task.cancel()
@@ -838,9 +912,9 @@ class NetworkWorld:
             del self._done[group.group_id], self._in_flight[group.group_id]
         return group, report, reason
 
-    def _conclude(self, group: Group, report: dict[str, Any] | None, reason: str) -> None:
-        """Charge and keep ``group``'s release (or count its abort), then tell the sampler's
-        machine which of its members may join another group."""
+    def _conclude(self, group: Group, report: dict[str, Any] | None, reason: str) -> np.ndarray:
+        """Charge and keep ``group``'s release (or count its abort); which of its members
+        may join another group, (g,) bool."""
         members = group.members
         if reason:
             self.monitor.aborted += 1
@@ -851,11 +925,15 @@ class NetworkWorld:
             self._released(group, report, full=self.config.publication.mode == "full")
         # who may join another group: those that can afford one more aggregation beyond the
         # charges held back, whose host is still there
-        held = self.ledger.aggregations(members) + self._held[members]
-        solvent = (held < self.ledger.max_aggregations) & ~np.isin(
-            self.host_of[members], list(self.lost_hosts)
+        return self._solvent(members)
+
+    def _solvent(self, peers: np.ndarray) -> np.ndarray:
+        """Which of ``peers`` can afford one more aggregation beyond the charges held back,
+        and are on a host still there."""
+        held = self.ledger.aggregations(peers) + self._held[peers]
+        return (held < self.ledger.max_aggregations) & ~np.isin(
+            self.host_of[peers], list(self.lost_hosts)
         )
-        self.sampler.finished(members, published=not reason, solvent=solvent)
 
     def _released(self, group: Group, report: dict[str, Any], *, full: bool) -> None:
         """The curator released: charge the members, keep the release and its record."""
@@ -873,6 +951,108 @@ class NetworkWorld:
         self.published.append(model)
         self.shared.append(full)  # every peer is online: a full publication reaches everyone
         self.monitor.aggregations += 1
+
+    # -- gossip formation (groups.sampler = "gossip") ---------------------------------------
+    def _on_formed(self, message: dict[str, Any], who: str | None) -> None:
+        """A host reports a group its initiator formed: from the initiator's host, once per
+        attempt, with every member's signed commitment and nonce (checked here: the curator
+        is elected here, from the nonces, never taken from the report)."""
+        initiator = _count(message["initiator"], "formed initiator", self.n_peers)
+        if who != host_name(int(self.host_of[initiator])):
+            raise ProtocolError(f"{who!r} reports a group of initiator {initiator}")
+        attempt = (initiator, _count(message["attempt"], "formed attempt"))
+        if attempt in self._formed_attempts:
+            raise ProtocolError(f"attempt {attempt} reported formed twice")
+        keys = [public_key(self._signing[h]) for h in range(self.n_hosts)]
+        group_size = self.config.groups.group_size
+        members, curator = elect(keys, self.host_of, self.n_peers, group_size, message)
+        self._formed_attempts.add(attempt)
+        self._formed.append((members, curator))
+        self._wake.set()
+
+    def _end(self, members: np.ndarray, *, published: bool, solvent: np.ndarray) -> None:
+        """Tell each (remaining) host of ``members`` that their group ended, and which of
+        them can afford another aggregation."""
+        for host in np.unique(self.host_of[members]).tolist():
+            if host in self.lost_hosts or host not in self._hosts:
+                continue
+            own = self.host_of[members] == host
+            frame = encode(
+                {
+                    "kind": ENDED,
+                    "members": members[own].tolist(),
+                    "published": published,
+                    "solvent": solvent[own].tolist(),
+                }
+            )
+            self._hosts[host].write(frame)
+            self.wire.add(ENDED, len(frame))
+            self._ended_sent[host] += 1
+
+    def _gossip_stop(self, aborted_in_a_row: int, in_flight: int) -> str:
+        """The simulator's observer (:class:`p2pdp.sim.gossip.sampler.GossipSampler`), from
+        the ledger and the hosts' reports: why the run stops, or "" if it goes on."""
+        groups = self.config.groups
+        if int(np.count_nonzero(self._solvent(np.arange(self.n_peers)))) < groups.group_size:
+            return too_few_solvent(groups.group_size)
+        if aborted_in_a_row >= groups.max_failed_attempts:
+            return failed_in_a_row(groups.max_failed_attempts)
+        live = set(range(self.n_hosts)) - self.lost_hosts
+        idle = all(  # each host: nobody initiating, nothing under way, every end carried out
+            host in self._status and self._status[host] == (0, 0, self._ended_sent[host])
+            for host in live
+        )
+        return stopped_initiating(groups.max_failed_attempts) if idle and not in_flight else ""
+
+    async def _gossip(self) -> None:
+        """Gossip formation: the hosts form the groups (:mod:`p2pdp.net.gossip_host`); each
+        group reported formed is assigned and run as a central one (:meth:`_aggregate`), at
+        once, unless one of its members is still in another group here or its host is lost
+        (then its members' hosts are told it ended unpublished); each end is told to the
+        members' hosts (``ended``). The run stops as the simulator's observer stops it
+        (:meth:`_gossip_stop`): the hosts are told (``halt``), the groups in flight end."""
+        running: set[asyncio.Task[tuple[Group, dict[str, Any] | None, str]]] = set()
+        busy: set[int] = set()
+        aborted_in_a_row, reason = 0, ""
+        try:
+            while True:
+                formed, self._formed = self._formed, []
+                for members, curator in formed:
+                    peers = members.tolist()
+                    if reason or busy.intersection(peers) or not self._solvent(members).all():
+                        if not reason:
+                            self._end(members, published=False, solvent=self._solvent(members))
+                        continue
+                    group = Group(self._next_group, members, curator, started=self.env.now)
+                    self._next_group += 1
+                    busy.update(peers)
+                    running.add(asyncio.create_task(self._aggregate(group)))
+                ended = {task for task in running if task.done()}
+                running -= ended
+                for outcome in sorted((task.result() for task in ended), key=_group_id):
+                    group, aborted = outcome[0], bool(outcome[2])
+                    solvent = self._conclude(*outcome)
+                    aborted_in_a_row = aborted_in_a_row + 1 if aborted else 0
+                    busy.difference_update(group.members.tolist())
+                    self._end(group.members, published=not aborted, solvent=solvent)
+                if not reason:
+                    reason = self._gossip_stop(aborted_in_a_row, len(running))
+                    if reason:  # no peer initiates any more; the groups in flight end
+                        halt = encode({"kind": HALT})
+                        for host, writer in self._hosts.items():
+                            if host not in self.lost_hosts:
+                                writer.write(halt)
+                                self.wire.add(HALT, len(halt))
+                if reason and not running:
+                    self.monitor.stop_reason = reason
+                    return
+                self._wake.clear()
+                woken = asyncio.create_task(self._wake.wait())
+                await asyncio.wait({*running, woken}, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+        finally:
+            for task in running:
+                task.cancel()
 
     # -- the end -----------------------------------------------------------------------------
     async def _finish(self) -> None:

@@ -48,8 +48,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from p2pdp.core.rng import os_generator
+from p2pdp.net.gossip_host import (
+    ENDED,
+    HALT,
+    PEER_KINDS,
+    GossipSetup,
+    HostFormation,
+    public_key,
+)
 from p2pdp.net.tls import (
     COORDINATOR,
     Credential,
@@ -126,7 +135,7 @@ EXPLAINED = 3
 #: the group's id came first): honest messages not delivered (:meth:`PeerHost.pre_empted`).
 PRE_EMPTED = "pre-empted"
 #: Every kind a peer's socket reads (a refusal is counted under its kind, or "unknown").
-KINDS = (ASSIGN, SUBMIT, SHARE, PARTIAL, PUBLISH)
+KINDS = (ASSIGN, SUBMIT, SHARE, PARTIAL, PUBLISH, *PEER_KINDS)
 #: A host's count of contributions that reached their curator past its group's timer (or
 #: once the group ended otherwise): honest messages lost, not refused (:class:`~p2pdp.
 #: protocols.oneshot.Late`), and of groups that completed only after it.
@@ -383,6 +392,7 @@ class PeerHost:
         self._connecting: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._sending: asyncio.Future | None = None
         self._more = asyncio.Event()  # set when the outbox has something to write
+        self.formation: HostFormation | None = None  # gossip group formation, if the run's
 
     @property
     def last_group(self) -> dict[int, int]:
@@ -463,12 +473,17 @@ class PeerHost:
         frame = encode({"kind": send.kind, "sender": send.sender, "group": group, **fields})
         self.send_frame(send.kind, send.sender, [send.receiver], frame)
 
-    def send_frame(self, kind: str, sender: int, receivers: list[int], frame: bytes) -> None:
-        """The same encoded message from ``sender`` to each of ``receivers``."""
+    def send_frame(
+        self, kind: str, sender: int, receivers: list[int], frame: bytes, size: int | None = None
+    ) -> None:
+        """The same encoded message from ``sender`` to each of ``receivers``; ``size``: its
+        bytes as the simulator counts them (default: a model's, a header for an assignment)."""
         counters = self.counters
         n = len(receivers)
+        if size is None:
+            size = self.model_bytes if kind != ASSIGN else HEADER_BYTES
         counters.messages[sender] += n
-        counters.bytes[sender] += n * (self.model_bytes if kind != ASSIGN else HEADER_BYTES)
+        counters.bytes[sender] += n * size
         counters.wire[kind] += n
         counters.wire_bytes[kind] += n * len(frame)
         self._outbox.extend((receiver, frame) for receiver in receivers)
@@ -570,7 +585,11 @@ class PeerHost:
         try:
             if self.credential is not None:
                 self._check_sender(message, who)
-            if kind in (SUBMIT, SHARE, PARTIAL) and not self._assigned(peer, kind, message):
+            if kind in PEER_KINDS:
+                if self.formation is None:
+                    raise ProtocolError(f"a {kind!r} frame in a run without gossip formation")
+                self.formation.handle(peer, message)
+            elif kind in (SUBMIT, SHARE, PARTIAL) and not self._assigned(peer, kind, message):
                 self._keep_early(peer, message, who)
             elif kind == ASSIGN:
                 self._on_assign(peer, message)
@@ -584,7 +603,7 @@ class PeerHost:
                 self._on_publish(peer, message)
             else:
                 raise ProtocolError(f"unknown kind {kind!r}")
-        except Late as error:  # honest, but its group ended: lost, not refused
+        except Late as error:  # honest, but too late (its group ended; a slow view reply)
             self.counters.refused[EXPIRED] += 1
             log.info("peer %d: a late %r frame, lost: %s", peer, kind, error)
         except (KeyError, TypeError, ValueError, OverflowError, ProtocolError) as error:
@@ -750,6 +769,8 @@ class PeerHost:
         timeout = _seconds(message["timeout"])
         release = integer(message["release"], "release") if peer == group.curator else 0
         self.member.assign(peer, group, _sender(message))  # Refused unless it may
+        if self.formation is not None:  # its formation lock gives way to the aggregation
+            self.formation.assigned(peer)
         if peer == group.curator:  # the group as the coordinator formed it, nobody else
             self.groups[group.group_id] = (group, {})
             self.release_index[group.group_id] = release
@@ -1054,8 +1075,14 @@ async def serve(
     coordinator: str = "127.0.0.1",
     address: str = "127.0.0.1",
     data_dependent_bounds: bool = False,
+    gossip: GossipSetup | None = None,
 ) -> None:
     """Run host ``host_index``: its peers' sockets, until the coordinator says the run is over.
+
+    With ``gossip`` (``groups.sampler = "gossip"``) the host also runs its peers' group
+    formation (:class:`~p2pdp.net.gossip_host.HostFormation`): its ``hello`` carries the
+    host's Ed25519 signing key (made here), formation starts with the ``directory`` (every
+    host's key), and the coordinator's ``ended`` and ``halt`` frames go to it.
 
     Enrolls with ``ticket`` (:func:`enroll`: its own key pair, made here), connects to the
     coordinator at ``coordinator:ticket.port`` (``HELLO`` with the
@@ -1099,6 +1126,25 @@ async def serve(
         report=report,
         credential=credential,
     )
+    signing: dict[str, bytes] = {}  # gossip: the public half of its commitments' signing key
+    if gossip is not None:
+        key = Ed25519PrivateKey.generate()
+        signing["signing"] = key.public_key().public_bytes_raw()
+
+        def send_formation(kind: str, sender: int, receiver: int, message: dict) -> None:
+            frame = encode(message)
+            host.send_frame(kind, sender, [receiver], frame, size=len(frame))
+
+        host.formation = HostFormation(
+            host.peers,
+            gossip,
+            host=host_index,
+            host_of=host.host_of,
+            send=send_formation,
+            report=report,
+            key=key,
+        )
+        host.frame_bytes = max(host.frame_bytes, gossip.frame_bytes)
     try:
         try:  # its sockets first: the coordinator closes a control connection silent too long
             ports = await host.listen(address)
@@ -1116,6 +1162,7 @@ async def serve(
                 "ports": [[p, q] for p, q in ports.items()],
                 "dim": int(statistics.shape[-1]),
                 "bounds": bool(data_dependent_bounds),
+                **signing,
             }
         )
         while True:
@@ -1125,6 +1172,13 @@ async def serve(
             if message["kind"] == DIRECTORY:
                 host.ports = [integer(port, "port", 0, 65536) for port in message["ports"]]
                 host.addresses = [str(a) for a in message["addresses"]]
+                if host.formation is not None:
+                    host.formation.start([public_key(k) for k in message["signing"]])
+            elif message["kind"] in (ENDED, HALT) and host.formation is not None:
+                if message["kind"] == ENDED:
+                    host.formation.group_ended(message)
+                else:
+                    host.formation.halt()
             elif message["kind"] == FINISH:
                 host.released_pairs = {
                     (integer(g, "group"), integer(c, "curator")) for g, c in message["released"]
@@ -1140,6 +1194,8 @@ async def serve(
                 await asyncio.wait_for(control.drain(), settings.timeout)
                 return
     finally:
+        if host.formation is not None:
+            await host.formation.close()
         await host.close()
         if writer is not None:
             writer.close()

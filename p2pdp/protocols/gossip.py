@@ -327,13 +327,19 @@ class GossipFormation:
         self.initiate_at[peer] = np.inf
         if self.state[peer] != FREE or self.stopped or not self.online[peer]:
             return None
-        attempt = Attempt(self._next_attempt, peer)
-        self._next_attempt += 1
+        attempt = Attempt(self._new_attempt_id(), peer)
         self.attempts_started += 1
         self.attempts_in_flight += 1
         self.state[peer] = INITIATING
         self.bound[peer] = attempt.attempt_id
         return attempt
+
+    def _new_attempt_id(self) -> int:
+        """The id of the next attempt this machine starts: 0, 1, ... (a driver whose
+        machines run side by side, one per host, makes them unique across hosts)."""
+        attempt_id = self._next_attempt
+        self._next_attempt += 1
+        return attempt_id
 
     def rejoin(self, peers: np.ndarray) -> None:
         """``peers`` came back online: the free ones schedule an initiation again."""

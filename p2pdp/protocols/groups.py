@@ -53,6 +53,7 @@ __all__ = [
     "Step",
     "failed_in_a_row",
     "model_bytes",
+    "stopped_initiating",
     "too_few_solvent",
 ]
 
@@ -86,6 +87,16 @@ def failed_in_a_row(max_failed: int) -> str:
 def too_few_solvent(group_size: int) -> str:
     """Why a run stops when fewer than ``g`` peers can afford another aggregation."""
     return f"fewer than {group_size} peers can afford another aggregation"
+
+
+def stopped_initiating(max_failed: int) -> str:
+    """Why a gossip run stops when every peer that can afford an aggregation gave up
+    initiating and nothing is under way (the simulator's observer and the network's
+    coordinator word it the same)."""
+    return (
+        "every peer that can afford an aggregation stopped initiating after "
+        f"{max_failed} failures in a row"
+    )
 
 
 class Send(NamedTuple):

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from p2pdp.core.rng import Uniforms
-from p2pdp.protocols.groups import failed_in_a_row, too_few_solvent
+from p2pdp.protocols.groups import failed_in_a_row, stopped_initiating, too_few_solvent
 from p2pdp.sim.gossip.faults import Faults
 from p2pdp.sim.gossip.formation import GroupFormation
 from p2pdp.sim.gossip.rounds import RoundFormation, uses_rounds
@@ -202,10 +202,7 @@ class GossipSampler:
                 and formation.attempts_in_flight == 0
                 and self.in_flight == 0
             ):
-                self.stop_reason = (
-                    "every peer that can afford an aggregation stopped initiating after "
-                    f"{self.max_failed} failures in a row"
-                )
+                self.stop_reason = stopped_initiating(self.max_failed)
             formation.stopped = bool(self.stop_reason)
         if self.stop_reason and self.in_flight == 0:
             self.done.succeed(self.stop_reason)
