@@ -36,7 +36,6 @@ from tests.net.helpers import _config, _same_rows, _seeded, _tiny_scenario
 @pytest.mark.parametrize(
     ("setting", "value"),
     [
-        ("groups.sampler", "gossip"),
         ("network.loss", 0.2),  # the simulator's transport model: not injected
         ("network.latency", "lognormal"),
         ("network.latency_mean", 0.5),

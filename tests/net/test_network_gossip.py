@@ -12,19 +12,11 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from p2pdp.config import (
-    DataConfig,
-    EvaluationConfig,
-    GossipConfig,
-    GroupsConfig,
-    NetworkConfig,
-    PartitionConfig,
-    PrivacyConfig,
-    PublicationConfig,
-    ScenarioConfig,
-)
+from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
+from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.simulation import simulate
+from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.net.gossip_host import (
     ASKED,
     FORMATION,
@@ -39,8 +31,10 @@ from p2pdp.net.tls import Authority, Credential, host_name, new_key, signing_req
 from p2pdp.net.wire import ProtocolError
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import Releaser
+from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.gossip import Attempt
 from p2pdp.protocols.oneshot import Late
+from p2pdp.protocols.settings import GossipConfig, GroupsConfig, PublicationConfig
 from p2pdp.sim.gossip.views import merge_views
 
 N_PEERS, GROUP = 6, 3
