@@ -29,6 +29,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.simulation import simulate
 from p2pdp.sim import world as world_module
 from p2pdp.sim.gossip import Newscast, bootstrap_views, merge_views
+from p2pdp.sim.gossip import compiled as compiled_module
 from p2pdp.sim.gossip import views as views_module
 from p2pdp.sim.overlay import build_overlay
 from p2pdp.sim.transport import Transport
@@ -229,40 +230,45 @@ def test_batched_exchange_equals_the_sequential_exchanges(n_peers, n_pairs, seed
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_exchanges_merged_in_numpy_or_one_by_one_in_python_give_the_same_views(seed, monkeypatch):
-    """Every exchange merged in batches (numpy) or every one alone (Python): same views, over
-    rounds where views fill, hubs form and some peers do not advertise themselves."""
+def test_exchanges_merged_in_numpy_one_by_one_in_python_or_compiled_give_the_same_views(
+    seed, monkeypatch
+):
+    """Every exchange merged in batches (numpy), every one alone (Python) or all in order in
+    compiled code: same views, over rounds where views fill, hubs form and some peers do not
+    advertise themselves."""
     rng = np.random.default_rng(seed)
     n, c = 400, 6
     overlay = build_overlay(GossipConfig(overlay="barabasi-albert", attachment=3), n, rng=rng)
-    in_numpy = Newscast(overlay, c, rng=np.random.default_rng(seed))
-    one_by_one = Newscast(overlay, c, rng=np.random.default_rng(seed))
-    merged = {"numpy": 0, "python": 0}
-    for name in merged:  # count what each path merges, to see both ran
-        method = "_merge" if name == "numpy" else "_merge_one"
-        original = getattr(Newscast, method)
+    paths = {"numpy": (1, n + 1), "python": (n + 1, n + 1), "compiled": (n + 1, 1)}
+    views = {name: Newscast(overlay, c, rng=np.random.default_rng(seed)) for name in paths}
+    merged = dict.fromkeys(paths, 0)
+    counted = {"numpy": (Newscast, "_merge"), "python": (Newscast, "_merge_one"),
+               "compiled": (compiled_module, "exchange_in_order")}  # fmt: skip
+    for name, (owner, method) in counted.items():  # count what each path merges, to see it ran
+        original = getattr(owner, method)
 
-        def counting(self, a, *args, _original=original, _name=name):
-            merged[_name] += np.size(a)
-            return _original(self, a, *args)
+        def counting(*args, _original=original, _name=name):
+            merged[_name] += np.size(args[2] if _name == "compiled" else args[1])
+            return _original(*args)
 
-        monkeypatch.setattr(Newscast, method, counting)
+        monkeypatch.setattr(owner, method, counting)
     for period in range(12):
         peers = rng.permutation(n)
-        partners = in_numpy.partners(peers, rng=rng)
+        partners = views["numpy"].partners(peers, rng=rng)
         keep = partners >= 0
         peers, partners = peers[keep], partners[keep]
         stamps = period + rng.random((2, peers.size))
         stamps[rng.random((2, peers.size)) < 0.05] = -np.inf  # retired: not advertised
         reply = rng.random(peers.size) < 0.9
-        monkeypatch.setattr(views_module, "_BATCH_FROM", 1)
-        in_numpy.exchange(peers, partners, stamps[0], stamps[1], reply)
-        monkeypatch.setattr(views_module, "_BATCH_FROM", n + 1)
-        one_by_one.exchange(peers, partners, stamps[0], stamps[1], reply)
-        np.testing.assert_array_equal(one_by_one.ids, in_numpy.ids)
-        np.testing.assert_array_equal(one_by_one.stamps, in_numpy.stamps)
-    assert merged["numpy"] == merged["python"] > 12 * n * 0.9
-    assert np.count_nonzero(in_numpy.ids < 0) < n  # views filled up
+        for name, (batch_from, compiled_from) in paths.items():
+            monkeypatch.setattr(views_module, "_BATCH_FROM", batch_from)
+            monkeypatch.setattr(views_module, "COMPILED_FROM", compiled_from)
+            views[name].exchange(peers, partners, stamps[0], stamps[1], reply)
+        for name in ("python", "compiled"):
+            np.testing.assert_array_equal(views[name].ids, views["numpy"].ids)
+            np.testing.assert_array_equal(views[name].stamps, views["numpy"].stamps)
+    assert merged["numpy"] == merged["python"] == merged["compiled"] > 12 * n * 0.9
+    assert np.count_nonzero(views["numpy"].ids < 0) < n  # views filled up
 
 
 def test_views_mix_away_from_the_overlay():
