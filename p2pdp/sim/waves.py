@@ -87,7 +87,14 @@ if TYPE_CHECKING:
     from p2pdp.sim.gossip.sampler import GossipSampler
     from p2pdp.sim.sampler import GroupSampler
 
-__all__ = ["DRIVERS", "BatchedWorld", "GroupBatches", "batched_obstacle", "run_waves"]
+__all__ = [
+    "DRIVERS",
+    "BatchedWorld",
+    "GroupBatches",
+    "batched_obstacle",
+    "frozen_heap",
+    "run_waves",
+]
 
 #: How a one-shot simulation is driven: ``"auto"`` (batched where :func:`batched_obstacle`
 #: finds nothing in the way, else the SimPy world), ``"reference"`` (always the SimPy world),
@@ -227,7 +234,7 @@ def run_waves(world: BatchedWorld) -> None:
     capacity = _CHUNK - 1 + min(limit, len(pool) // g)  # releases published at once, at most
     releases = _Releases(world, deferred=not per_event, capacity=max(capacity, 1))
     with (
-        _frozen_heap(),
+        frozen_heap(),
         forked_worker(_released, releases, workers=current_workers()) as submit,
     ):
         pending = _Pending(submit, releases, len(world.releases))  # published by chunks
@@ -300,7 +307,7 @@ def run_waves(world: BatchedWorld) -> None:
 
 
 @contextlib.contextmanager
-def _frozen_heap() -> Iterator[None]:
+def frozen_heap() -> Iterator[None]:
     """Inside the block, the garbage collector ignores the objects that exist on entry
     (:func:`gc.freeze`): a run's world, data and models live on, so no collection during the
     run traverses them (a third of the simulation at 10^5 peers), nor, in a forked worker, copies
