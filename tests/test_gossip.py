@@ -271,6 +271,36 @@ def test_exchanges_merged_in_numpy_one_by_one_in_python_or_compiled_give_the_sam
     assert np.count_nonzero(views["numpy"].ids < 0) < n  # views filled up
 
 
+@pytest.mark.parametrize("formation", ["messages", "rounds"])
+def test_a_run_with_its_exchanges_compiled_gives_the_rows_of_numpys(formation, monkeypatch):
+    """The compiled exchanges are wired where a run exchanges views: forcing them on every
+    tick (and off) changes nothing a run reports (a large run turns them on by itself)."""
+    config = scenario(n_peers=60, group_size=5, ratio=4, formation=formation)
+    if formation == "rounds":  # rounds: fault-free, constant latency
+        config = dataclasses.replace(config, network=NetworkConfig(latency_mean=0.05))
+    calls = []
+    original = compiled_module.exchange_in_order
+    monkeypatch.setattr(
+        compiled_module, "exchange_in_order", lambda *a: calls.append(1) or original(*a)
+    )
+    results = []
+    for compiled_from in (10**9, 1):
+        monkeypatch.setattr(views_module, "COMPILED_FROM", compiled_from)
+        results.append(simulate(config))
+    assert len(calls) > 50  # every tick of the second run, none of the first
+    assert results[0].aggregations > 0
+    numpy_row, compiled_row = (
+        {key: value for key, value in result.row().items() if not key.startswith("wall_")}
+        for result in results
+    )
+    assert compiled_row.keys() == numpy_row.keys()
+    for key, value in numpy_row.items():
+        if isinstance(value, float):
+            assert compiled_row[key] == pytest.approx(value, rel=1e-12, nan_ok=True), key
+        else:
+            assert compiled_row[key] == value, key
+
+
 def test_views_mix_away_from_the_overlay():
     """From a ring lattice, views become uniform samples of the network and stay connected."""
     n, c = 500, 20
