@@ -12,9 +12,9 @@ owner keeps the first ``c`` entries but itself. It draws nothing and does no ari
 the stamps (it only compares them), so the views it leaves are the numpy path's, entry for
 entry (``tests/test_gossip.py``).
 
-numba is imported (and the kernel compiled, or loaded from its on-disk cache) at the first
-call, so runs that never reach :data:`~p2pdp.sim.gossip.views.COMPILED_FROM` exchanges in a
-tick pay nothing for it.
+This module (hence numba) is imported, and the kernel compiled or loaded from numba's disk
+cache, at the first tick of :data:`~p2pdp.sim.gossip.views.COMPILED_FROM` exchanges or more,
+so smaller runs pay nothing for it.
 """
 
 from __future__ import annotations

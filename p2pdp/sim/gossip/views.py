@@ -67,8 +67,9 @@ TICKS_PER_PERIOD = 10
 _BATCH_FROM = 16
 #: :meth:`Newscast.exchange` applies a call of at least this many exchanges one after the other
 #: in compiled code (:mod:`p2pdp.sim.gossip.compiled`, the same views), fewer in numpy: the
-#: compiled kernel's first use in a process costs numba's import and its cached kernel's load
-#: (~0.5 s), which only calls of ~10^4 exchanges (10^5 peers) repay within a run.
+#: compiled kernel's first use in a process costs numba's import (~0.5 s) and the kernel's
+#: compilation (~1.4 s; ~0.3 s once numba's disk cache holds it), which only ticks of ~10^4
+#: exchanges (10^5 peers: 4.1 million exchanges in a run) repay.
 COMPILED_FROM = 2_000
 #: Wire sizes (bytes) of a view entry: peer id, timestamp.
 ID_BYTES, STAMP_BYTES = 4, 8
