@@ -93,6 +93,7 @@ __all__ = [
     "DrawnCharges",
     "GroupBatches",
     "batched_obstacle",
+    "frozen_heap",
     "run_waves",
 ]
 
@@ -278,7 +279,7 @@ def run_waves(world: BatchedWorld) -> None:
     capacity = _CHUNK - 1 + min(limit, len(pool) // g)  # releases published at once, at most
     releases = _Releases(world, deferred=not per_event, capacity=max(capacity, 1))
     with (
-        _frozen_heap(),
+        frozen_heap(),
         forked_worker(_released, releases, workers=current_workers()) as submit,
     ):
         pending = _Pending(submit, releases, len(world.releases))  # published by chunks
@@ -351,7 +352,7 @@ def run_waves(world: BatchedWorld) -> None:
 
 
 @contextlib.contextmanager
-def _frozen_heap() -> Iterator[None]:
+def frozen_heap() -> Iterator[None]:
     """Inside the block, the garbage collector ignores the objects that exist on entry
     (:func:`gc.freeze`): a run's world, data and models live on, so no collection during the
     run traverses them (a third of the simulation at 10^5 peers), nor, in a forked worker, copies

@@ -74,7 +74,7 @@ from p2pdp.protocols.oneshot import (
 from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.sampler import GroupSampler
 from p2pdp.sim.transport import Environment, Transport
-from p2pdp.sim.waves import DRIVERS, GroupBatches, batched_obstacle, run_waves
+from p2pdp.sim.waves import DRIVERS, GroupBatches, batched_obstacle, frozen_heap, run_waves
 
 __all__ = ["CompletionMonitor", "Message", "Peer", "World", "WorldObserver", "budget_ledger"]
 
@@ -536,7 +536,8 @@ class World:
     def run(self) -> None:
         """Run until no group can form and every message in flight has been delivered."""
         if self._batches is not None:
-            self.env.run()
+            with frozen_heap():  # as run_waves: no collection traverses the world's objects
+                self.env.run()
             self._batches.flush()
         elif self.batched:
             run_waves(self)

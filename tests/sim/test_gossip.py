@@ -21,6 +21,7 @@ from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.protocols.settings import GossipConfig
 from p2pdp.sim import world as world_module
 from p2pdp.sim.gossip import Newscast, bootstrap_views, merge_views
+from p2pdp.sim.gossip import compiled as compiled_module
 from p2pdp.sim.gossip import views as views_module
 from p2pdp.sim.overlay import build_overlay
 from p2pdp.sim.transport import Transport
@@ -220,40 +221,75 @@ def test_batched_exchange_equals_the_sequential_exchanges(n_peers, n_pairs, seed
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_exchanges_merged_in_numpy_or_one_by_one_in_python_give_the_same_views(seed, monkeypatch):
-    """Every exchange merged in batches (numpy) or every one alone (Python): same views, over
-    rounds where views fill, hubs form and some peers do not advertise themselves."""
+def test_exchanges_merged_in_numpy_one_by_one_in_python_or_compiled_give_the_same_views(
+    seed, monkeypatch
+):
+    """Every exchange merged in batches (numpy), every one alone (Python) or all in order in
+    compiled code: same views, over rounds where views fill, hubs form and some peers do not
+    advertise themselves."""
     rng = np.random.default_rng(seed)
     n, c = 400, 6
     overlay = build_overlay(GossipConfig(overlay="barabasi-albert", attachment=3), n, rng=rng)
-    in_numpy = Newscast(overlay, c, rng=np.random.default_rng(seed))
-    one_by_one = Newscast(overlay, c, rng=np.random.default_rng(seed))
-    merged = {"numpy": 0, "python": 0}
-    for name in merged:  # count what each path merges, to see both ran
-        method = "_merge" if name == "numpy" else "_merge_one"
-        original = getattr(Newscast, method)
+    paths = {"numpy": (1, n + 1), "python": (n + 1, n + 1), "compiled": (n + 1, 1)}
+    views = {name: Newscast(overlay, c, rng=np.random.default_rng(seed)) for name in paths}
+    merged = dict.fromkeys(paths, 0)
+    counted = {"numpy": (Newscast, "_merge"), "python": (Newscast, "_merge_one"),
+               "compiled": (compiled_module, "exchange_in_order")}  # fmt: skip
+    for name, (owner, method) in counted.items():  # count what each path merges, to see it ran
+        original = getattr(owner, method)
 
-        def counting(self, a, *args, _original=original, _name=name):
-            merged[_name] += np.size(a)
-            return _original(self, a, *args)
+        def counting(*args, _original=original, _name=name):
+            merged[_name] += np.size(args[2] if _name == "compiled" else args[1])
+            return _original(*args)
 
-        monkeypatch.setattr(Newscast, method, counting)
+        monkeypatch.setattr(owner, method, counting)
     for period in range(12):
         peers = rng.permutation(n)
-        partners = in_numpy.partners(peers, rng=rng)
+        partners = views["numpy"].partners(peers, rng=rng)
         keep = partners >= 0
         peers, partners = peers[keep], partners[keep]
         stamps = period + rng.random((2, peers.size))
         stamps[rng.random((2, peers.size)) < 0.05] = -np.inf  # retired: not advertised
         reply = rng.random(peers.size) < 0.9
-        monkeypatch.setattr(views_module, "_BATCH_FROM", 1)
-        in_numpy.exchange(peers, partners, stamps[0], stamps[1], reply)
-        monkeypatch.setattr(views_module, "_BATCH_FROM", n + 1)
-        one_by_one.exchange(peers, partners, stamps[0], stamps[1], reply)
-        np.testing.assert_array_equal(one_by_one.ids, in_numpy.ids)
-        np.testing.assert_array_equal(one_by_one.stamps, in_numpy.stamps)
-    assert merged["numpy"] == merged["python"] > 12 * n * 0.9
-    assert np.count_nonzero(in_numpy.ids < 0) < n  # views filled up
+        for name, (batch_from, compiled_from) in paths.items():
+            monkeypatch.setattr(views_module, "_BATCH_FROM", batch_from)
+            monkeypatch.setattr(views_module, "COMPILED_FROM", compiled_from)
+            views[name].exchange(peers, partners, stamps[0], stamps[1], reply)
+        for name in ("python", "compiled"):
+            np.testing.assert_array_equal(views[name].ids, views["numpy"].ids)
+            np.testing.assert_array_equal(views[name].stamps, views["numpy"].stamps)
+    assert merged["numpy"] == merged["python"] == merged["compiled"] > 12 * n * 0.9
+    assert np.count_nonzero(views["numpy"].ids < 0) < n  # views filled up
+
+
+@pytest.mark.parametrize("formation", ["messages", "rounds"])
+def test_a_run_with_its_exchanges_compiled_gives_the_rows_of_numpys(formation, monkeypatch):
+    """The compiled exchanges are wired where a run exchanges views: forcing them on every
+    tick (and off) changes nothing a run reports (a large run turns them on by itself)."""
+    config = scenario(n_peers=60, group_size=5, ratio=4, formation=formation)
+    if formation == "rounds":  # rounds: fault-free, constant latency
+        config = dataclasses.replace(config, network=NetworkConfig(latency_mean=0.05))
+    calls = []
+    original = compiled_module.exchange_in_order
+    monkeypatch.setattr(
+        compiled_module, "exchange_in_order", lambda *a: calls.append(1) or original(*a)
+    )
+    results = []
+    for compiled_from in (10**9, 1):
+        monkeypatch.setattr(views_module, "COMPILED_FROM", compiled_from)
+        results.append(simulate(config))
+    assert len(calls) > 50  # every tick of the second run, none of the first
+    assert results[0].aggregations > 0
+    numpy_row, compiled_row = (
+        {key: value for key, value in result.row().items() if not key.startswith("wall_")}
+        for result in results
+    )
+    assert compiled_row.keys() == numpy_row.keys()
+    for key, value in numpy_row.items():
+        if isinstance(value, float):
+            assert compiled_row[key] == pytest.approx(value, rel=1e-12, nan_ok=True), key
+        else:
+            assert compiled_row[key] == value, key
 
 
 def test_views_mix_away_from_the_overlay():

@@ -241,10 +241,12 @@ def test_one_exchange_merges_as_merge_views_for_each_side(n_peers, view_size, se
         peer: merge_views(union_ids, union_stamps, np.array([peer]), view_size) for peer in (a, b)
     }
     before = views.ids.copy(), views.stamps.copy()
-    for batch_from in (1, 2):  # merged in numpy, then alone in Python
+    # merged in numpy, alone in Python, then compiled
+    for batch_from, compiled_from in ((1, 2), (2, 2), (2, 1)):
         views.ids, views.stamps = before[0].copy(), before[1].copy()
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(views_module, "_BATCH_FROM", batch_from)
+            patch.setattr(views_module, "COMPILED_FROM", compiled_from)
             views.exchange(np.array([a]), np.array([b]), stamps[:1], stamps[1:], np.array([True]))
         for peer, (ids, peer_stamps) in expected.items():
             np.testing.assert_array_equal(views.ids[peer], ids[0])

@@ -7,6 +7,7 @@ see (and when), receipts, published models, message counters. Elsewhere the SimP
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 
 import numpy as np
@@ -394,6 +395,27 @@ def test_gossip_groups_formed_in_rounds_are_batched_with_the_reference_outputs(
     for name in ("state", "initiate_at", "failures", "lock_until"):  # as the run left them
         np.testing.assert_array_equal(getattr(formation_batched, name), getattr(formation, name))
     assert formation_batched.n_trying == formation.n_trying
+
+
+class HeapFrozen(WorldObserver):
+    """Whether the collector ignored the run's objects (``gc.freeze``) at each group start."""
+
+    def __init__(self) -> None:
+        self.frozen: list[bool] = []
+
+    def group_started(self, world, group) -> None:
+        self.frozen.append(gc.get_freeze_count() > 0)
+
+
+def test_gossip_groups_batched_run_with_the_world_out_of_the_collectors_reach():
+    """As the central sampler's waves: no collection traverses the world's objects (at 10^5
+    peers, a gossip run's collections took 1 s of its CPU), and the heap is thawed after."""
+    config = _gossip(n_peers=60, group_size=5, mode="full", latency=0.05, bandwidth=1e5)
+    heap = HeapFrozen()
+    result = simulate(config, observers=(heap,), driver="batched")
+    assert result.aggregations > 0 and len(heap.frozen) >= result.aggregations
+    assert all(heap.frozen)
+    assert gc.get_freeze_count() == 0
 
 
 #: Gossip worlds the batched driver does not apply to, and the field its refusal names (loss,

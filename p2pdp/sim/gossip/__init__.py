@@ -12,6 +12,8 @@ module                                 holds
 :mod:`p2pdp.sim.gossip.views`          peer sampling: Newscast views (``merge_views``,
                                        ``bootstrap_views``, ``Newscast``) and the
                                        vectorised view exchanges over the transport
+:mod:`p2pdp.sim.gossip.compiled`       a large tick's view exchanges one after the other in
+                                       compiled code (numba; the same views)
 :mod:`p2pdp.sim.gossip.formation`      the SimPy driver of the group-formation protocol
                                        (:mod:`p2pdp.protocols.gossip`: invitations and
                                        locks, commit-reveal election, attempts, backoff)

@@ -65,6 +65,12 @@ TICKS_PER_PERIOD = 10
 #: :meth:`Newscast.exchange` merges a batch of exchanges sharing no peer in numpy from this
 #: many on, and the rest one by one in Python.
 _BATCH_FROM = 16
+#: :meth:`Newscast.exchange` applies a call of at least this many exchanges one after the other
+#: in compiled code (:mod:`p2pdp.sim.gossip.compiled`, the same views), fewer in numpy: the
+#: compiled kernel's first use in a process costs numba's import (~0.5 s) and the kernel's
+#: compilation (~1.4 s; ~0.3 s once numba's disk cache holds it), which only ticks of ~10^4
+#: exchanges (10^5 peers: 4.1 million exchanges in a run) repay.
+COMPILED_FROM = 2_000
 #: Wire sizes (bytes) of a view entry: peer id, timestamp.
 ID_BYTES, STAMP_BYTES = 4, 8
 
@@ -199,8 +205,23 @@ class Newscast:
         share no peer are merged at once, which gives the sequential result; once a batch
         would hold fewer than ``_BATCH_FROM`` exchanges (the chains of popular partners), the
         rest are merged one after the other in Python (:meth:`_merge_one`, the same result:
-        each of numpy's calls costs more than merging one exchange).
+        each of numpy's calls costs more than merging one exchange). From
+        :data:`COMPILED_FROM` exchanges on, all are merged one after the other in compiled
+        code instead (:func:`~p2pdp.sim.gossip.compiled.exchange_in_order`, the same views).
         """
+        if initiators.size >= COMPILED_FROM:
+            from p2pdp.sim.gossip.compiled import exchange_in_order
+
+            exchange_in_order(
+                self.ids,
+                self.stamps,
+                initiators,
+                partners,
+                initiator_stamps,
+                partner_stamps,
+                reply_delivered,
+            )
+            return
         first = self._first
         todo = np.arange(initiators.size)
         while todo.size:
