@@ -14,7 +14,7 @@ from scipy import stats
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import connected_components
 
-from p2pdp.config import ScenarioConfig
+from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.simulation import simulate
 from p2pdp.learning.settings import EvaluationConfig
