@@ -66,8 +66,8 @@ def run_one(
         ScenarioConfig,
     )
     from p2pdp.core.parallel import local_workers
-    from p2pdp.experiments import simulation
-    from p2pdp.experiments.simulation import simulate
+    from p2pdp.experiments.run import simulation
+    from p2pdp.experiments.run.simulation import simulate
     from p2pdp.tasks.pipeline import prepare_peers
 
     if dataset == "synthetic":

@@ -47,7 +47,7 @@ from p2pdp.config import (
     PublicationConfig,
     ScenarioConfig,
 )
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.sim.world import World
 
 LOSSES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)

@@ -47,18 +47,18 @@ MOVED: dict[str, str] = {
     "p2pdp.prevalence": "p2pdp.tasks.prevalence.estimators",
     "p2pdp.pooling": "p2pdp.tasks.pooled_testing.pooling",
     "p2pdp.task_settings": "p2pdp.config",
-    "p2pdp.scenario": "p2pdp.experiments.scenario",
-    "p2pdp.simulation": "p2pdp.experiments.simulation",
-    "p2pdp.experiment": "p2pdp.experiments.runner",
-    "p2pdp.report": "p2pdp.experiments.report",
-    "p2pdp.disclosure": "p2pdp.experiments.disclosure",
+    "p2pdp.scenario": "p2pdp.experiments.scenarios.scenario",
+    "p2pdp.simulation": "p2pdp.experiments.run.simulation",
+    "p2pdp.experiment": "p2pdp.experiments.run.runner",
+    "p2pdp.report": "p2pdp.experiments.report.write",
+    "p2pdp.disclosure": "p2pdp.experiments.scenarios.disclosure",
     "p2pdp.cli": "p2pdp.experiments.cli",
 }
 
 #: Old modules split between several new ones: their names are looked up in this order.
 SPLIT: dict[str, tuple[str, ...]] = {
     "p2pdp.audit": (
-        "p2pdp.experiments.audit",
+        "p2pdp.experiments.audit.table",
         "p2pdp.privacy.audit",
         "p2pdp.tasks.prevalence.audit",
         "p2pdp.tasks.pooled_testing.audit",
@@ -82,7 +82,7 @@ FORWARDED: dict[str, tuple[str, ...]] = {
     "p2pdp.tasks.logistic": ("p2pdp.tasks.logistic.task",),
     "p2pdp.tasks.prevalence": ("p2pdp.tasks.prevalence.task",),
     "p2pdp.tasks.pooled_testing": ("p2pdp.tasks.pooled_testing.task",),
-    "p2pdp.results": ("p2pdp.experiments.results", "p2pdp.core.figures", "p2pdp.core.files"),
+    "p2pdp.results": ("p2pdp.experiments.results.store", "p2pdp.core.figures", "p2pdp.core.files"),
 }
 
 

@@ -15,8 +15,8 @@ from test_results import TINY as RESULTS_TINY
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results import read_results, resume_command
-from p2pdp.experiments.scenario import load_scenario, parse_scenario
+from p2pdp.experiments.results.store import read_results, resume_command
+from p2pdp.experiments.scenarios.scenario import load_scenario, parse_scenario
 
 #: test_results' two cells per fold (under a second each, one-shot settings in the base), with
 #: room for the default group size, on fold 0.

@@ -25,7 +25,7 @@ from p2pdp.config import (
     PublicationConfig,
     ScenarioConfig,
 )
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.sim import transport as transport_module
 from p2pdp.sim.central import CentralSampler
 

@@ -66,9 +66,9 @@ def captured(monkeypatch):
 def _report_of(case: str, tmp_path: Path) -> None:
     from test_prevalence_tasks import CASES
 
-    from p2pdp.experiments.report import write_report
-    from p2pdp.experiments.runner import run_experiment
-    from p2pdp.experiments.scenario import parse_scenario
+    from p2pdp.experiments.report.write import write_report
+    from p2pdp.experiments.run.runner import run_experiment
+    from p2pdp.experiments.scenarios.scenario import parse_scenario
 
     text, settings, _ = CASES[case]
     run_experiment(parse_scenario(text, overrides=settings), tmp_path, jobs=1)

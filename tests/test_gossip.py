@@ -26,7 +26,7 @@ from p2pdp.config import (
     ScenarioConfig,
 )
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.sim import world as world_module
 from p2pdp.sim.gossip import Newscast, bootstrap_views, merge_views
 from p2pdp.sim.gossip import views as views_module

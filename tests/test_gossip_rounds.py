@@ -20,7 +20,7 @@ from test_gossip import check_invariants, recording, scenario
 
 from p2pdp.config import GossipConfig, NetworkConfig, PartitionConfig
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.protocols.gossip import IN_GROUP
 from p2pdp.sim import world as world_module
 from p2pdp.sim.gossip import Newscast, merge_views

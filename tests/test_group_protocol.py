@@ -18,7 +18,7 @@ from p2pdp.config import (
     PublicationConfig,
     ScenarioConfig,
 )
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.protocols.groups import (
     ASSIGN,
     PARTIAL,

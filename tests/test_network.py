@@ -44,13 +44,13 @@ from p2pdp.config import (
     ScenarioConfig,
 )
 from p2pdp.core.errors import ConfigError, NetworkRunError
-from p2pdp.experiments import network as network_module
 from p2pdp.experiments.cli import main as cli
-from p2pdp.experiments.disclosure import non_private_column
-from p2pdp.experiments.network import read_hosts_file
-from p2pdp.experiments.runner import run_experiment
-from p2pdp.experiments.scenario import load_scenario
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.network import launch as network_module
+from p2pdp.experiments.network.launch import read_hosts_file
+from p2pdp.experiments.run.runner import run_experiment
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.disclosure import non_private_column
+from p2pdp.experiments.scenarios.scenario import load_scenario
 from p2pdp.net import coordinator, tls
 from p2pdp.net import host as host_module
 from p2pdp.net.coordinator import NetworkWorld
@@ -302,7 +302,7 @@ def test_a_network_folder_missing_its_wire_table_is_rebuilt_by_the_command_the_r
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt("SIGINT")
 
-    monkeypatch.setattr("p2pdp.experiments.runner.run_experiment", interrupted)
+    monkeypatch.setattr("p2pdp.experiments.run.runner.run_experiment", interrupted)
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
     assert cli(argv) == 130
     assert f"--out {out} --runtime network --hosts 3 --resume" in capsys.readouterr().err
@@ -472,8 +472,8 @@ ORPHANS = """
 import os, sys, time
 os.environ["P2PDP_NETWORK_HOSTS"] = sys.argv[1]
 from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
-from p2pdp.experiments.network import run_hosts
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.network.launch import run_hosts
+from p2pdp.experiments.run.simulation import simulate
 if __name__ == "__main__":
     data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)
     config = ScenarioConfig(seed=1, data=data, partition=PartitionConfig(n_peers=6),
@@ -762,7 +762,7 @@ UNGUARDED = """
 import os
 os.environ["P2PDP_NETWORK_HOSTS"] = "2"
 from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)
 config = ScenarioConfig(seed=1, data=data, partition=PartitionConfig(n_peers=6),
                         groups=GroupsConfig(group_size=3))
@@ -779,7 +779,8 @@ def test_a_script_without_the_main_guard_is_told_in_one_line(tmp_path, guarded):
     call = 'simulate(config, runtime="network")'
     if guarded:
         call = (
-            'if __name__ == "__main__":\n    from p2pdp.experiments import network\n'
+            'if __name__ == "__main__":\n'
+            "    from p2pdp.experiments.network import launch as network\n"
             '    network._check_main_guard()\n    print("checked")'
         )
     script = tmp_path / "script.py"
@@ -2331,7 +2332,7 @@ def test_three_thousand_silent_connections_during_a_run(monkeypatch):
 #: A host command whose process may hold at most 1,024 file descriptors (``ulimit -n 1024``).
 FEW_DESCRIPTORS = (
     "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)); "
-    "from p2pdp.experiments.network import host_from_stdin; host_from_stdin()"
+    "from p2pdp.experiments.network.launch import host_from_stdin; host_from_stdin()"
 )
 
 

@@ -37,9 +37,9 @@ from p2pdp.core.rng import generator
 from p2pdp.data import datasets
 from p2pdp.data.datasets import RawData, as_raw_data, load_data, provides
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results import read_results
-from p2pdp.experiments.runner import run_experiment
-from p2pdp.experiments.scenario import load_scenario, parse_scenario
+from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.run.runner import run_experiment
+from p2pdp.experiments.scenarios.scenario import load_scenario, parse_scenario
 from p2pdp.tasks.pipeline import load_fold, prepare_peers
 
 

@@ -18,7 +18,7 @@ from docs_pages import all_text, page
 from p2pdp.config import setting_value, settings_read
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import build_parser, main
-from p2pdp.experiments.scenario import load_scenario, shipped_scenarios_dir
+from p2pdp.experiments.scenarios.scenario import load_scenario, shipped_scenarios_dir
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -10,7 +10,7 @@ import pytest
 from docs_pages import page
 
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results import read_results
+from p2pdp.experiments.results.store import read_results
 
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.DOTALL)
 

@@ -21,7 +21,7 @@ from p2pdp.config import (
     TrainingConfig,
 )
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.sim import world as world_module
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks.pipeline import prepare_peers

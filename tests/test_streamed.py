@@ -16,8 +16,8 @@ from p2pdp.data.datasets import (
 )
 from p2pdp.data.partition import contiguous_starts
 from p2pdp.data.preprocess import Preprocessor
-from p2pdp.experiments.scenario import parse_scenario
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.learning.evaluation import linear_error
 from p2pdp.learning.models import STREAM_MIN_ROWS
 from p2pdp.tasks import pipeline, streamed

@@ -18,7 +18,7 @@ from test_simulation import synthetic
 from p2pdp.config import GossipConfig, GroupsConfig, NetworkConfig, PrivacyConfig, TrainingConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.sim import waves
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks import make_task

@@ -25,7 +25,7 @@ from p2pdp.config import (
     TrainingConfig,
 )
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.models import GRADIENT_TOLERANCE
 from p2pdp.privacy.accounting import affordable_aggregations
 from p2pdp.privacy.gdp import gdp_mu

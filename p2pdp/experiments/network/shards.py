@@ -39,7 +39,7 @@ import numpy as np
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.results import make_folder
+from p2pdp.experiments.results.store import make_folder
 from p2pdp.net.host import hosts_of
 from p2pdp.net.iterative_coordinator import check_iterative
 from p2pdp.tasks import check_own_rows, make_task
@@ -69,9 +69,9 @@ def _sha256(path: Path) -> str:
 def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) -> list[Path]:
     """Write one shard file and its manifest per host (module docstring) into ``out``.
 
-    ``scenario``: a :class:`~p2pdp.experiments.scenario.Scenario`; its grid points must agree
-    on every setting the rows depend on (else ConfigError naming the first that differs: one
-    set of files could not serve them all). ``hosts``: from 1 to ``partition.n_peers``.
+    ``scenario``: a :class:`~p2pdp.experiments.scenarios.scenario.Scenario`; its grid points
+    must agree on every setting the rows depend on (else ConfigError naming the first that
+    differs: one set of files could not serve them all). ``hosts``: from 1 to ``partition.n_peers``.
     Returns the manifests' paths, host by host.
     """
     target = make_folder(Path(out))  # one line if it cannot be a folder, before any data is cut

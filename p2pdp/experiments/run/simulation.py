@@ -26,8 +26,8 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
-from p2pdp.experiments.results import ColumnTable, RowSequence
-from p2pdp.experiments.scenario import config_of, with_settings
+from p2pdp.experiments.results.store import ColumnTable, RowSequence
+from p2pdp.experiments.scenarios.scenario import config_of, with_settings
 from p2pdp.privacy.accounting import composed, make_accountant, supports
 from p2pdp.privacy.mechanisms import NoNoise
 from p2pdp.privacy.release import ReleaseRecord, record_columns
@@ -343,7 +343,7 @@ def simulate(
     config : ScenarioConfig, str, path or mapping
         The cell's settings; a shipped scenario's name, a scenario file or a mapping shaped
         like one is loaded (it must have one grid point: see
-        :func:`p2pdp.experiments.scenario.config_of`).
+        :func:`p2pdp.experiments.scenarios.scenario.config_of`).
     fold : int
         Cross-validation fold in ``[0, evaluation.cv_folds)`` (0 for a fixed split).
     repetition : int
@@ -406,7 +406,7 @@ def simulate(
     if config.evaluation.split == "fixed" and fold != 0:
         raise ConfigError(f"fold must be 0 with evaluation.split = 'fixed' (one split), got {fold}")
     if runtime == "network":  # before anything runs (an iterative protocol included)
-        from p2pdp.experiments.network import check_network_settings
+        from p2pdp.experiments.network.launch import check_network_settings
 
         check_network_settings(config)
     if track_memory:
@@ -428,7 +428,7 @@ def simulate(
             result = dataclasses.replace(result, peak_memory_mb=peak)
         return result
     if runtime == "network":
-        from p2pdp.experiments.network import coordinator_scores
+        from p2pdp.experiments.network.launch import coordinator_scores
 
         if not coordinator_scores(config.partition.n_peers):
             result = _unscored_network_run(
@@ -453,7 +453,7 @@ def simulate(
     mechanism, releaser, rngs = release_path(config, task, dim, fold=fold, repetition=repetition)
     log = ReleaseLog()
     if runtime == "network":
-        from p2pdp.experiments.network import network_world
+        from p2pdp.experiments.network.launch import network_world
 
         world: Any = network_world(
             config,
@@ -532,7 +532,7 @@ def _unscored_network_run(
     = false``): it opens no data set and no shard file, learns the statistics' length from
     the hosts (:class:`~p2pdp.net.coordinator.NetworkWorld`), and leaves every score empty
     with the reason in ``score_note`` (:data:`UNSCORED`)."""
-    from p2pdp.experiments.network import network_world
+    from p2pdp.experiments.network.launch import network_world
 
     paths: dict[int, tuple[Any, Any, Any]] = {}
 
@@ -680,7 +680,7 @@ def simulate_iterative(
     :func:`simulate` for the arguments, :mod:`p2pdp.protocols` for the protocols, and
     :mod:`p2pdp.sim.iterative` for ``driver`` (``"batched"`` arrays or the per-peer
     ``"reference"`` machines: the same rows). On the network runtime the rounds run between
-    host processes (:func:`p2pdp.experiments.iterative_network.run_on_network`), everything
+    host processes (:func:`p2pdp.experiments.network.iterative.run_on_network`), everything
     else as here.
 
     Streams (by name, from the seed, fold and repetition): ``overlay`` (the graph, shared by
@@ -759,8 +759,8 @@ def simulate_iterative(
     network: Any = None
     run: Any
     if runtime == "network":
-        from p2pdp.experiments.iterative_network import run_on_network
-        from p2pdp.experiments.network import network_session
+        from p2pdp.experiments.network.iterative import run_on_network
+        from p2pdp.experiments.network.launch import network_session
 
         set_phase("network run")
         run = network = run_on_network(

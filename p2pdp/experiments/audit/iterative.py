@@ -443,7 +443,7 @@ def _one_run_result(
     """The audit row of pooled canaries: their guesses, the one-run bound and the verdict.
 
     Shared by :func:`audit_iterative` and
-    :func:`~p2pdp.experiments.correlated_audit.audit_correlated`.
+    :func:`~p2pdp.experiments.audit.correlated.audit_correlated`.
 
     Parameters
     ----------

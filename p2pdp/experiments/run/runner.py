@@ -23,10 +23,11 @@ only as many as it has training keys:
   :class:`multiprocessing.Queue`, so the results store writes each cell as it finishes;
 * a Dask distributed cluster (``scheduler="tcp://host:port"``; one future per training and one
   per cell depending on it; the workers need p2pdp installed and the data files, e.g. via
-  ``P2PDP_DATA_HOME``). A cell the cluster plan covers (:func:`p2pdp.experiments.cluster.plan_gap`:
-  one large synthetic run) is split instead: its rows, local models, centralised reference
-  and scores in blocks on the workers, its simulation in this process
-  (:mod:`p2pdp.experiments.cluster`), cells of one training key sharing one training.
+  ``P2PDP_DATA_HOME``). A cell the cluster plan covers
+  (:func:`p2pdp.experiments.run.cluster.plan_gap`: one large synthetic run) is split instead:
+  its rows, local models, centralised reference and scores in blocks on the workers, its
+  simulation in this process (:mod:`p2pdp.experiments.run.cluster`), cells of one training
+  key sharing one training.
 
 An exception in the run, including KeyboardInterrupt (which the CLI also raises for SIGTERM
 and SIGHUP), stops the local worker processes (or cancels the Dask futures) before it
@@ -65,18 +66,18 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, remote_workers, worker_signals
 from p2pdp.core.progress import report_every, running, running_cell, set_phase
 from p2pdp.core.validation import OneOf
-from p2pdp.experiments.cluster import dask_pieces, on_dask_worker, plan_gap, prepare_on_cluster
-from p2pdp.experiments.disclosure import non_private_column
-from p2pdp.experiments.network import (
+from p2pdp.experiments.network.launch import (
     check_network_settings,
     coordinator_scores,
     hosts_flag,
     network_hosts,
     run_hosts,
 )
-from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
-from p2pdp.experiments.scenario import Scenario
-from p2pdp.experiments.simulation import RUNTIMES, check_budget, simulate
+from p2pdp.experiments.results.store import CellRecord, ResultsStore, roc_on_grid
+from p2pdp.experiments.run.cluster import dask_pieces, on_dask_worker, plan_gap, prepare_on_cluster
+from p2pdp.experiments.run.simulation import RUNTIMES, check_budget, simulate
+from p2pdp.experiments.scenarios.disclosure import non_private_column
+from p2pdp.experiments.scenarios.scenario import Scenario
 from p2pdp.tasks import make_task, prepared
 
 Task = tuple["Cell", ...]
@@ -158,7 +159,7 @@ def plan_tasks(cells: Sequence[Cell], *, workers: int) -> list[Task]:
     """Deprecated (until 0.3): :func:`training_groups`; ``workers`` is unused, the runner now
     dispatches cells, not tasks."""
     warnings.warn(
-        "p2pdp.experiments.runner.plan_tasks is deprecated: use training_groups",
+        "p2pdp.experiments.run.runner.plan_tasks is deprecated: use training_groups",
         DeprecationWarning,
         stacklevel=2,
     )
@@ -178,13 +179,13 @@ def iter_task(
     """Train once for the task's training key, then simulate the cells, yielding each record.
 
     Rows get ``cell_id`` and ``point`` first, then
-    :meth:`p2pdp.experiments.simulation.RunResult.row`,
+    :meth:`p2pdp.experiments.run.simulation.RunResult.row`,
     then ``wall_prepare_s`` (the shared training's seconds) and ``wall_cell_s``. BLAS runs
     single-threaded: on small matrices its threads cost more than they gain (measured 4x
     slower on 2 cores), and parallel workers would oversubscribe the cores.
     ``training_workers`` local processes solve the local models and score the peers
     (:func:`p2pdp.core.parallel.local_workers`; no result depends on it). ``runtime``: see
-    :func:`~p2pdp.experiments.simulation.simulate`.
+    :func:`~p2pdp.experiments.run.simulation.simulate`.
     """
     with threadpool_limits(limits=1):  # parallelism comes from workers, not BLAS threads
         with local_workers(training_workers):
@@ -225,7 +226,7 @@ def _run_cell(
             runtime=runtime,
         )
     row: dict[str, Any] = {"cell_id": cell.cell_id, "point": cell.point, **result.row()}
-    # p2pdp.experiments.disclosure
+    # p2pdp.experiments.scenarios.disclosure
     row["non_private_steps"] = non_private_column(cell.config, runtime=runtime)
     row.update(wall_prepare_s=prepare_seconds, wall_cell_s=time.perf_counter() - start)
     curve = result.evaluation.roc() if hasattr(result.evaluation, "roc") else None
@@ -265,7 +266,7 @@ def run_experiment(
     ----------
     scenario : Scenario
     out : path
-        Results folder (see :mod:`p2pdp.experiments.results`); created if missing.
+        Results folder (see :mod:`p2pdp.experiments.results.store`); created if missing.
     jobs : int, optional
         Local worker processes (default ``os.cpu_count()``); 1 runs in this process.
         Ignored when ``scheduler`` is given.
@@ -274,7 +275,7 @@ def run_experiment(
         checked before anything is written.
     resume, force : bool
         Finish a folder holding an interrupted run of the same scenario / discard a folder's
-        results (see :meth:`p2pdp.experiments.results.ResultsStore.open`).
+        results (see :meth:`p2pdp.experiments.results.store.ResultsStore.open`).
     progress : text stream, optional
         Where to report progress (a bar on a TTY, log lines otherwise), at least every
         :data:`PROGRESS_INTERVAL_S` seconds, with what the running cells are doing (their
@@ -283,7 +284,7 @@ def run_experiment(
     runtime : "simulation" or "network"
         ``network``: every cell runs its peers as OS processes over TCP on this machine
         (:mod:`p2pdp.net`), one cell at a time (its host processes use the cores, as many
-        as ``P2PDP_NETWORK_HOSTS`` says: :func:`p2pdp.experiments.network.hosts_plan`),
+        as ``P2PDP_NETWORK_HOSTS`` says: :func:`p2pdp.experiments.network.launch.hosts_plan`),
         started once for the run and serving every cell (:func:`~p2pdp.experiments.
         network.run_hosts`); not with ``jobs`` or ``scheduler``.
 
@@ -291,7 +292,7 @@ def run_experiment(
     ------
     ConfigError
         Bad ``jobs``, unreachable scheduler, or a results folder that cannot be written, is
-        in use (:class:`~p2pdp.experiments.results.FolderInUseError`) or does not match.
+        in use (:class:`~p2pdp.experiments.results.store.FolderInUseError`) or does not match.
     """
     started = time.perf_counter()
     OneOf(RUNTIMES).check("runtime", runtime)
@@ -399,7 +400,7 @@ def _run_in_process(
 
 def _run_network(tasks: Sequence[Task]) -> Generator[CellRecord, None, None]:
     """The network runtime's cells, one at a time, served by host processes started once
-    for all of them (:func:`p2pdp.experiments.network.run_hosts`) and stopped when the
+    for all of them (:func:`p2pdp.experiments.network.launch.run_hosts`) and stopped when the
     cells are done, the generator is closed or an exception (an interrupt) passes."""
     with run_hosts():
         yield from _run_in_process(tasks, runtime="network")
@@ -674,13 +675,13 @@ def _run_dask(cells: Sequence[Cell], client: Any, topic: str) -> Generator[CellR
     The workers say what their cells are doing on ``topic`` (:func:`_reporting`).
 
     The client keeps no reference to the trainings, so Dask frees each one when its last
-    cell is done. The keys the cluster plan covers (:func:`p2pdp.experiments.cluster.plan_gap`)
+    cell is done. The keys the cluster plan covers (:func:`p2pdp.experiments.run.cluster.plan_gap`)
     are trained in blocks on the workers instead, one after the other while the futures run,
     and their cells simulated here, their peers scored on the workers.
     """
     from dask.distributed import as_completed as dask_completed
 
-    from p2pdp.experiments.cluster import scheduler_watch
+    from p2pdp.experiments.run.cluster import scheduler_watch
 
     futures, split = [], []
     for group in training_groups(cells):
@@ -702,7 +703,7 @@ def _run_dask(cells: Sequence[Cell], client: Any, topic: str) -> Generator[CellR
 
 def _run_split(cells: Task, client: Any) -> Iterator[CellRecord]:
     """The cells of one training key the cluster plan covers: trained in blocks on the
-    workers, simulated here, scored on the workers (:mod:`p2pdp.experiments.cluster`)."""
+    workers, simulated here, scored on the workers (:mod:`p2pdp.experiments.run.cluster`)."""
     first = cells[0]
     start = time.perf_counter()
     with running_cell(first.cell_id):

@@ -51,7 +51,7 @@ from p2pdp.config import (
 )
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.validation import OneOf
-from p2pdp.experiments.disclosure import LAMBDA_SWEPT
+from p2pdp.experiments.scenarios.disclosure import LAMBDA_SWEPT
 
 if sys.version_info >= (3, 11):
     import tomllib
