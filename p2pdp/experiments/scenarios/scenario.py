@@ -319,7 +319,7 @@ def with_settings(
 # --- loading ----------------------------------------------------------------------------------
 def shipped_scenarios_dir() -> Path:
     """Directory of the shipped scenarios: ``p2pdp/_scenarios`` (wheel) or ``<repo>/scenarios``."""
-    package_dir = Path(__file__).resolve().parents[1]  # p2pdp/
+    package_dir = Path(__file__).resolve().parents[2]  # p2pdp/, two up from scenarios/
     installed = package_dir / "_scenarios"
     return installed if installed.is_dir() else package_dir.parent / "scenarios"
 
