@@ -285,8 +285,9 @@ def run_experiment(
         ``network``: every cell runs its peers as OS processes over TCP on this machine
         (:mod:`p2pdp.net`), one cell at a time (its host processes use the cores, as many
         as ``P2PDP_NETWORK_HOSTS`` says: :func:`p2pdp.experiments.network.launch.hosts_plan`),
-        started once for the run and serving every cell (:func:`~p2pdp.experiments.
-        network.run_hosts`); not with ``jobs`` or ``scheduler``.
+        started once for the run and serving every cell
+        (:func:`~p2pdp.experiments.network.launch.run_hosts`); not with ``jobs`` or
+        ``scheduler``.
 
     Raises
     ------
@@ -295,33 +296,14 @@ def run_experiment(
         in use (:class:`~p2pdp.experiments.results.store.FolderInUseError`) or does not match.
     """
     started = time.perf_counter()
-    OneOf(RUNTIMES).check("runtime", runtime)
-    if runtime == "network" and scheduler is not None:
-        raise ConfigError(
-            "--runtime network runs the peers as processes on this machine; it does not "
-            f"take --scheduler (got {scheduler!r})"
-        )
-    if runtime == "network" and jobs is not None:
-        raise ConfigError(
-            f"--jobs {jobs} is not used by the network runtime: each cell's host processes "
-            "use the cores (set how many with --hosts N)"
-        )
-    for point in scenario.points:  # refuse what cannot run before touching the folder
-        check_budget(point.config)
-        check_reads(point.config, runtime)  # a scenario may set what one runtime reads
-        if runtime == "network":
-            check_network_settings(point.config)
+    _check_run(scenario, jobs=jobs, scheduler=scheduler, runtime=runtime)
     cells = make_cells(scenario)
     client = _connect(scheduler) if scheduler is not None else None
     try:
         workers = _worker_count(jobs, client)
-        backend = f"dask {scheduler}" if client else f"{workers} local process(es)"
-        if client is not None and runtime == "simulation":
-            split = sum(plan_gap(cell.config) is None for cell in cells)
-            backend += f" ({split} of {len(cells)} cells split in blocks over the workers)"
-        if runtime == "network":
-            hosts = network_hosts(scenario.config.partition.n_peers)
-            backend = f"network runtime: {hosts} host processes per run, over TCP"
+        backend = _backend(
+            scenario, cells, client, scheduler=scheduler, workers=workers, runtime=runtime
+        )
         with ResultsStore.open(
             out,
             scenario,
@@ -343,18 +325,7 @@ def run_experiment(
                     file=progress,
                 )
             pending = [cell for cell in cells if cell.cell_id not in store.done]
-            outcomes: _WorkerPool | Generator[CellRecord, None, None]
-            running_cells = running  # what the running cells are doing, where they run
-            if client is not None:
-                reports = _ClusterReports(client)
-                outcomes, running_cells = _run_dask(pending, client, reports.topic), reports.running
-            elif runtime == "network":  # one cell at a time: its host processes use the cores
-                outcomes = _run_network(training_groups(pending))
-            elif workers > 1 and len(pending) > 1:
-                outcomes = _WorkerPool(pending, min(workers, len(pending)))
-                running_cells = outcomes.running
-            else:  # one cell: the spare workers solve its local models
-                outcomes = _run_in_process(training_groups(pending), training_workers=workers)
+            outcomes, running_cells = _outcomes(pending, client, workers=workers, runtime=runtime)
             bar = None
             try:
                 bar = _Progress(
@@ -378,6 +349,66 @@ def run_experiment(
         skipped=len(cells) - len(pending),
         seconds=time.perf_counter() - started,
     )
+
+
+def _check_run(
+    scenario: Scenario, *, jobs: int | None, scheduler: str | None, runtime: str
+) -> None:
+    """ConfigError for what cannot run, before the results folder is touched: the runtime, the
+    options it does not take, and each grid point's budget, settings it does not read and, on
+    the network runtime, network settings."""
+    OneOf(RUNTIMES).check("runtime", runtime)
+    if runtime == "network" and scheduler is not None:
+        raise ConfigError(
+            "--runtime network runs the peers as processes on this machine; it does not "
+            f"take --scheduler (got {scheduler!r})"
+        )
+    if runtime == "network" and jobs is not None:
+        raise ConfigError(
+            f"--jobs {jobs} is not used by the network runtime: each cell's host processes "
+            "use the cores (set how many with --hosts N)"
+        )
+    for point in scenario.points:
+        check_budget(point.config)
+        check_reads(point.config, runtime)  # a scenario may set what one runtime reads
+        if runtime == "network":
+            check_network_settings(point.config)
+
+
+def _backend(
+    scenario: Scenario,
+    cells: Sequence[Cell],
+    client: Any,
+    *,
+    scheduler: str | None,
+    workers: int,
+    runtime: str,
+) -> str:
+    """Where the cells run, as the manifest's ``backend`` says it."""
+    if runtime == "network":
+        hosts = network_hosts(scenario.config.partition.n_peers)
+        return f"network runtime: {hosts} host processes per run, over TCP"
+    if client is None:
+        return f"{workers} local process(es)"
+    split = sum(plan_gap(cell.config) is None for cell in cells)
+    return f"dask {scheduler} ({split} of {len(cells)} cells split in blocks over the workers)"
+
+
+def _outcomes(
+    pending: Sequence[Cell], client: Any, *, workers: int, runtime: str
+) -> tuple[_WorkerPool | Generator[CellRecord, None, None], Callable[[], Any]]:
+    """The records of the ``pending`` cells as they finish, from the backend that runs them,
+    and what the running cells are doing, where they run (for the progress report)."""
+    if client is not None:
+        reports = _ClusterReports(client)
+        return _run_dask(pending, client, reports.topic), reports.running
+    if runtime == "network":  # one cell at a time: its host processes use the cores
+        return _run_network(training_groups(pending)), running
+    if workers > 1 and len(pending) > 1:
+        pool = _WorkerPool(pending, min(workers, len(pending)))
+        return pool, pool.running
+    # one cell: the spare workers solve its local models
+    return _run_in_process(training_groups(pending), training_workers=workers), running
 
 
 # --- backends ---------------------------------------------------------------------------------
