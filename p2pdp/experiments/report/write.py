@@ -250,8 +250,33 @@ def _write_report(directory: Path) -> Path:
     unscored = _unscored(rows)
     no_scores = NO_SCORES if unscored else None
 
+    specs = _figure_specs(summaries, swept, no_scores, protocols.specs)
+    # Each figure replaces its old file atomically and report.md is written last, so a kill at
+    # any moment leaves every figure the report on disk links; a figure this report no longer
+    # draws is deleted only once the new report.md (which does not link it) is in place.
+    figures = _draw_figures(directory, specs)
+
+    report = directory / REPORT_FILE
+    text = _markdown(rows, manifest, settings, swept, summaries, figures, unscored)
+    text += protocols.text
+    write_atomic(report, _with_status(text, directory, manifest, rows))
+    for stem, _, skipped, _, _ in specs:
+        if skipped:
+            (directory / f"{stem}.png").unlink(missing_ok=True)
+    return report
+
+
+def _figure_specs(
+    summaries: Sequence[PointSummary],
+    swept: Sequence[str],
+    no_scores: str | None,
+    protocol_specs: Sequence[tuple],
+) -> list[tuple]:
+    """The report's figures of a classification task, in order: ``(file stem, title, why
+    skipped or None, draw(path), caption)``; ``no_scores`` skips those drawn from the error
+    columns (rows nobody scored), ``protocol_specs`` are the protocol comparisons'."""
     peers = "partition.n_peers"
-    specs = [  # (file stem, title, why skipped or None, draw(path), caption)
+    return [  # (file stem, title, why skipped or None, draw(path), caption)
         *(
             (
                 stem,
@@ -293,11 +318,13 @@ def _write_report(directory: Path) -> Path:
             "For each publication mode, the grid point with the lowest mean error; the best "
             "peer's ROC averaged over folds.",
         ),
-        *protocols.specs,
+        *protocol_specs,
     ]
-    # Each figure replaces its old file atomically and report.md is written last, so a kill at
-    # any moment leaves every figure the report on disk links; a figure this report no longer
-    # draws is deleted only once the new report.md (which does not link it) is in place.
+
+
+def _draw_figures(directory: Path, specs: Sequence[tuple]) -> list[tuple[str, str, str]]:
+    """Draw each figure of ``specs`` (:func:`_figure_specs`) not skipped into ``directory``:
+    ``(title, file or "", caption or why skipped)`` per figure, in order."""
     figures = []  # (title, file or "", caption or why skipped)
     for stem, title, skipped, draw, caption in specs:
         path = directory / f"{stem}.png"
@@ -307,14 +334,7 @@ def _write_report(directory: Path) -> Path:
             draw(path)
             figures.append((title, path.name, caption))
 
-    report = directory / REPORT_FILE
-    text = _markdown(rows, manifest, settings, swept, summaries, figures, unscored)
-    text += protocols.text
-    write_atomic(report, _with_status(text, directory, manifest, rows))
-    for stem, _, skipped, _, _ in specs:
-        if skipped:
-            (directory / f"{stem}.png").unlink(missing_ok=True)
-    return report
+    return figures
 
 
 #: Why the report draws no figure from the error columns of rows nobody scored.
@@ -362,8 +382,8 @@ class _Protocols:
 def _protocol_comparison(
     directory: Path, rows: Sequence[dict[str, Any]], swept: Sequence[str]
 ) -> _Protocols:
-    """Figures and a table comparing protocols at their tuned settings (:mod:`p2pdp.
-    experiments.protocol_report`), when ``protocol.name`` is swept."""
+    """Figures and a table comparing protocols at their tuned settings
+    (:mod:`p2pdp.experiments.report.protocols`), when ``protocol.name`` is swept."""
     from p2pdp.experiments.report import protocols as pr
 
     if not pr.compares(rows, swept):
