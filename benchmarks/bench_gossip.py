@@ -78,7 +78,7 @@ def run_one(peers: int, formation: str = "auto") -> dict:
     """One size, in the current process."""
     import simpy
 
-    from p2pdp.experiments.simulation import simulate
+    from p2pdp.experiments.run.simulation import simulate
     from p2pdp.sim.world import World
 
     events = 0

@@ -59,8 +59,8 @@ def run_one(
     from p2pdp.config import ScenarioConfig
     from p2pdp.core.parallel import local_workers
     from p2pdp.data.settings import DataConfig, PartitionConfig
-    from p2pdp.experiments import simulation
-    from p2pdp.experiments.simulation import simulate
+    from p2pdp.experiments.run import simulation
+    from p2pdp.experiments.run.simulation import simulate
     from p2pdp.learning.settings import EvaluationConfig
     from p2pdp.privacy.settings import PrivacyConfig
     from p2pdp.protocols.settings import GroupsConfig, PublicationConfig

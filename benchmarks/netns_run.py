@@ -377,7 +377,7 @@ _COLUMNS = ("mean_error", "aggregations", "aborted_groups", "messages_lost", "ho
 
 def _network_config(scenario: str, sets: Sequence[str]) -> NetworkConfig:
     """The one ``network`` setting every grid point of the scenario has (refused otherwise)."""
-    from p2pdp.experiments.scenario import load_scenario
+    from p2pdp.experiments.scenarios.scenario import load_scenario
 
     configs = {point.config.network for point in load_scenario(scenario, sets).points}
     if len(configs) != 1:

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from p2pdp.experiments.results import read_results
-from p2pdp.experiments.scenario import shipped_scenarios_dir
+from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.scenarios.scenario import shipped_scenarios_dir
 
 
 def cpu_model() -> str:

@@ -33,8 +33,8 @@ from p2pdp.core.rng import generator
 from p2pdp.data.benchmarks import load_dataset
 from p2pdp.data.partition import stratified_folds
 from p2pdp.data.preprocess import Preprocessor
-from p2pdp.experiments.scenario import load_scenario, with_values
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import load_scenario, with_values
 from p2pdp.tasks.pipeline import FoldData, train_peers
 
 LAMBDAS = tuple(2.0**k for k in range(-14, 1))

@@ -5,8 +5,8 @@
     python benchmarks/utility_rules.py --json out.jsonl      # one JSON row per (cell, fold)
 
 The simulator cannot call the new rules yet (issue 10 is making the engine open), so this
-script rebuilds a run's releases the way :func:`p2pdp.experiments.simulation.simulate` does (same
-seed,
+script rebuilds a run's releases the way
+:func:`p2pdp.experiments.run.simulation.simulate` does (same seed,
 same named random streams, so the same published models) and applies every rule of
 :mod:`p2pdp.learning.ensembles` to them. Each release's noise scale is exact: the script records the
 group's shard sizes at publication (a wrapper around ``World.publish``) and evaluates
@@ -47,8 +47,8 @@ import scipy.sparse as sp
 
 from p2pdp.core.errors import PrivacyWarning
 from p2pdp.core.rng import generator
-from p2pdp.experiments.scenario import load_scenario, with_values
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import load_scenario, with_values
 from p2pdp.learning.ensembles import (
     OwnShards,
     PublicView,

@@ -2,7 +2,7 @@
 
 A :class:`ScenarioConfig` describes one simulated world (data, partition, training, privacy,
 groups, network, publication, evaluation); sweeps are the scenario's
-(:mod:`p2pdp.experiments.scenario`).
+(:mod:`p2pdp.experiments.scenarios.scenario`).
 Every field declares its constraint next to its default (``field(metadata=check(...))``, the
 constraints of :mod:`p2pdp.core.validation`), checked on construction; an invalid value raises
 :class:`~p2pdp.core.errors.ConfigError` naming the dotted key and the value, e.g.
@@ -52,7 +52,7 @@ LATENCY_MODELS = ("constant", "exponential", "lognormal")
 
 #: Settings every run reads, whatever its components: the grid's seed, repetitions and split
 #: (its folds: ``EvaluationConfig.option_reads``), the workload and the number of peers
-#: (:mod:`p2pdp.experiments.runner`).
+#: (:mod:`p2pdp.experiments.run.runner`).
 ENGINE_READS = (
     "name",
     "seed",
@@ -262,7 +262,8 @@ class ScenarioConfig:
 
     ``seed`` is the root of every random stream of every cell; ``repetitions`` repeats each
     cell with independent streams. A sweep over settings is the scenario's
-    (:class:`p2pdp.experiments.scenario.Scenario`: a base config plus grid axes), not a config's.
+    (:class:`p2pdp.experiments.scenarios.scenario.Scenario`: a base config plus grid axes),
+    not a config's.
     """
 
     name: str = field(default="scenario", metadata=check(FileName()))

@@ -206,7 +206,7 @@ def test_sections_may_be_given_as_dicts_of_their_settings():
 def test_every_shipped_scenario_is_valid_and_silent():
     import warnings
 
-    from p2pdp.experiments.scenario import load_scenario, shipped_scenarios_dir
+    from p2pdp.experiments.scenarios.scenario import load_scenario, shipped_scenarios_dir
 
     for path in sorted(shipped_scenarios_dir().glob("*.toml")):
         with warnings.catch_warnings():
@@ -288,9 +288,9 @@ folds = [0]
 def test_private_dpsgd_without_projection_spends_what_it_would_with_it(tmp_path):
     """The D-PSGD accounting depends on the clip norm, not on the rows: leaving the projection
     out changes the model, not the epsilon a peer spends (<= privacy.epsilon)."""
-    from p2pdp.experiments.results import read_results
-    from p2pdp.experiments.runner import run_experiment
-    from p2pdp.experiments.scenario import parse_scenario
+    from p2pdp.experiments.results.store import read_results
+    from p2pdp.experiments.run.runner import run_experiment
+    from p2pdp.experiments.scenarios.scenario import parse_scenario
 
     spent = {}
     for name, transform in (

@@ -1,7 +1,7 @@
 """What every figure p2pdp draws shares: atomic PNG files, legends below, intervals, palettes.
 
 The workloads' figure modules (``p2pdp.tasks.<workload>.figures``) and the report
-(:mod:`p2pdp.experiments.report`) draw with these; no maths here beyond averaging and the
+(:mod:`p2pdp.experiments.report.write`) draw with these; no maths here beyond averaging and the
 Wilson interval.
 """
 

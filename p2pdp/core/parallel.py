@@ -10,7 +10,7 @@ result must not depend on the others, so results are identical for any number of
 passes over the rows), and :func:`shared_empty` allocates an array the forked workers write
 into (a large data set generated or transformed block by block in the workers).
 :func:`remote_workers` sends :func:`forked_map`'s pieces to other machines instead (a Dask
-cluster's workers scoring one large run's peers, :mod:`p2pdp.experiments.cluster`).
+cluster's workers scoring one large run's peers, :mod:`p2pdp.experiments.run.cluster`).
 :func:`in_background` computes one function in a forked process while this one goes on (a
 large run's centralised reference during its simulation, which runs in one process), and
 :func:`forked_worker` a stream of pieces of work (the exact aggregates of a large run's

@@ -143,9 +143,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     import json
 
     _check_audit_arguments(args)
-    from p2pdp.experiments.audit import AUDIT_NAMES, format_audit_table, run_audit
-    from p2pdp.experiments.correlated_audit import CORRELATED_AUDIT_NAMES, run_correlated_audit
-    from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES, run_iterative_audit
+    from p2pdp.experiments.audit.correlated import CORRELATED_AUDIT_NAMES, run_correlated_audit
+    from p2pdp.experiments.audit.iterative import ITERATIVE_AUDIT_NAMES, run_iterative_audit
+    from p2pdp.experiments.audit.table import AUDIT_NAMES, format_audit_table, run_audit
     from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES, run_posterior_audit
 
     # then the posterior audits (exact and Langevin, ~3 s), whole iterative runs (~5 min)
@@ -197,9 +197,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 def _check_audit_arguments(args: argparse.Namespace) -> None:
     """ConfigError naming ``--mechanism``, ``--samples`` or ``--runs`` if it cannot run."""
-    from p2pdp.experiments.audit import AUDIT_NAMES
-    from p2pdp.experiments.correlated_audit import CORRELATED_AUDIT_NAMES
-    from p2pdp.experiments.iterative_audit import ITERATIVE_AUDIT_NAMES
+    from p2pdp.experiments.audit.correlated import CORRELATED_AUDIT_NAMES
+    from p2pdp.experiments.audit.iterative import ITERATIVE_AUDIT_NAMES
+    from p2pdp.experiments.audit.table import AUDIT_NAMES
     from p2pdp.privacy.audit import MIN_AUDIT_SAMPLES
     from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_AUDIT_NAMES
 
@@ -282,13 +282,13 @@ def _add_unset(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from p2pdp.experiments.scenario import load_scenario
+    from p2pdp.experiments.scenarios.scenario import load_scenario
 
     # validated before the runner and the report load scipy, scikit-learn, matplotlib, dask
     scenario = load_scenario(args.scenario, args.overrides, args.unset)
-    from p2pdp.experiments.disclosure import mechanism_warnings
-    from p2pdp.experiments.report import write_report
-    from p2pdp.experiments.runner import default_out_dir, run_experiment
+    from p2pdp.experiments.report.write import write_report
+    from p2pdp.experiments.run.runner import default_out_dir, run_experiment
+    from p2pdp.experiments.scenarios.disclosure import mechanism_warnings
 
     for key in scenario.unread_axes:
         print(
@@ -324,8 +324,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 runtime=args.runtime,
             )
         except KeyboardInterrupt as exc:
-            from p2pdp.experiments.network import hosts_flag
-            from p2pdp.experiments.results import resume_command
+            from p2pdp.experiments.network.launch import hosts_flag
+            from p2pdp.experiments.results.store import resume_command
 
             name, code = _signal_of(exc)
             network = args.runtime == "network"
@@ -346,7 +346,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             )
             return code
         except ClusterLostError as exc:
-            from p2pdp.experiments.results import read_manifest, resume_command
+            from p2pdp.experiments.results.store import read_manifest, resume_command
 
             again = resume_command(out, read_manifest(out))
             raise ClusterLostError(f"{exc} in {out}; finish with: {again}") from None
@@ -441,7 +441,7 @@ def _add_report(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from p2pdp.experiments.report import write_report
+    from p2pdp.experiments.report.write import write_report
 
     with _signals_interrupt():
         return _report(write_report, Path(args.directory))
@@ -521,9 +521,9 @@ def _add_split(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_split(args: argparse.Namespace) -> int:
-    from p2pdp.experiments.network import read_hosts_file
-    from p2pdp.experiments.scenario import load_scenario
-    from p2pdp.experiments.shards import write_host_shards
+    from p2pdp.experiments.network.launch import read_hosts_file
+    from p2pdp.experiments.network.shards import write_host_shards
+    from p2pdp.experiments.scenarios.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides, args.unset)
     setting = args.hosts.strip()

@@ -448,7 +448,7 @@ def newton_from_block_sums(
     rows at the model ``w`` (d,): their loss and gradient sums, or only their Hessian sums if
     ``hessian``, in block order (blocks
     of :data:`_STREAM_BLOCK` rows, however and wherever they are computed: forked processes,
-    or a Dask cluster's workers holding the blocks, :mod:`p2pdp.experiments.cluster`); they
+    or a Dask cluster's workers holding the blocks, :mod:`p2pdp.experiments.run.cluster`); they
     are added here in that order, so the model is the same bit for bit for any executor.
     A point's Hessian is asked for in a second pass only once the point is accepted and its
     gradient is above ``tol``: the last pass (and a rejected trial's) skips it. Returns the

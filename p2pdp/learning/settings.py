@@ -41,7 +41,7 @@ class TrainingConfig:
     where ``lambda`` came from when it was chosen by looking at data (e.g. ``"chosen by the
     lambda_grid sweep on Spambase (reads every peer's data and the test folds)"``); empty
     means the user chose it without looking at the data. A non-empty value is listed as a
-    non-private step (:mod:`p2pdp.experiments.disclosure`).
+    non-private step (:mod:`p2pdp.experiments.scenarios.disclosure`).
     """
 
     lam: float = field(default=1e-2, metadata=check(Positive()))

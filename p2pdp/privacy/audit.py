@@ -4,7 +4,7 @@ The framework every audit of p2pdp uses (:class:`AuditResult`), the threshold te
 noise, and the exact audit of the clamped noisy count. The workloads audit their own mechanisms
 with it (:mod:`p2pdp.tasks.prevalence.audit`, :mod:`p2pdp.tasks.pooled_testing.audit`,
 :mod:`p2pdp.privacy.posterior_sampling.audit`); ``p2pdp audit`` runs them all
-(:mod:`p2pdp.experiments.audit`).
+(:mod:`p2pdp.experiments.audit.table`).
 
 Additive-noise mechanisms (threshold test)
 ------------------------------------------
@@ -90,7 +90,7 @@ class AuditResult:
     passed : bool
         ``eps_lb <= epsilon`` (up to 1e-9 relative, for the exact computations).
     expected_pass : bool
-        False for the negative controls in :data:`p2pdp.experiments.audit.EXPECTED_TO_FAIL`.
+        False for the negative controls in :data:`p2pdp.experiments.audit.table.EXPECTED_TO_FAIL`.
     guarantee_epsilon : float
         Epsilon the mechanism really guarantees (``sqrt(d) * eps`` for seed-laplace, inf for
         none).

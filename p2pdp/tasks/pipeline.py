@@ -357,7 +357,7 @@ def own_peers(
     """The exact local models of one host's peers, from their own training rows only.
 
     ``X`` (n, d), ``y`` (n,) in {-1, +1}: the host's peers' preprocessed training rows (a
-    per-host shard file, :mod:`p2pdp.experiments.shards`); ``shards``: one index array into
+    per-host shard file, :mod:`p2pdp.experiments.network.shards`); ``shards``: one index array into
     them per peer of the host, in peer order. Nothing else is read: the fold's test rows are
     empty and the centralised model, which needs every peer's rows, is NaN.
     """

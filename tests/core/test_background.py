@@ -21,8 +21,8 @@ from p2pdp.core.parallel import (
     local_workers,
     shared_empty,
 )
-from p2pdp.experiments.scenario import config_of, parse_scenario
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import config_of, parse_scenario
 from p2pdp.tasks import pipeline
 from p2pdp.tasks.logistic import task as logistic_task
 

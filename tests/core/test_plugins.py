@@ -16,9 +16,9 @@ import pytest
 from p2pdp.core import components
 from p2pdp.core.errors import ComponentError, ConfigError
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results import read_results
-from p2pdp.experiments.runner import run_experiment
-from p2pdp.experiments.scenario import parse_scenario
+from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.run.runner import run_experiment
+from p2pdp.experiments.scenarios.scenario import parse_scenario
 
 PLUGINS = Path(__file__).parent / "plugins"
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ def test_accountant_plugin_decides_how_many_aggregations_a_peer_affords(tmp_path
 
 
 def test_sampler_plugin_forms_the_groups(tmp_path):
-    from p2pdp.experiments.simulation import simulate
+    from p2pdp.experiments.run.simulation import simulate
 
     scenario = parse_scenario(
         BASE, overrides=['groups.sampler="user_components:ConsecutiveSampler"']

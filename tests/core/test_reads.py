@@ -27,16 +27,16 @@ from p2pdp.core import components
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.reads import When, declared_reads
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.report import write_report
-from p2pdp.experiments.results import ResultsStore, read_results
-from p2pdp.experiments.runner import make_cells, run_experiment
-from p2pdp.experiments.scenario import (
+from p2pdp.experiments.report.write import write_report
+from p2pdp.experiments.results.store import ResultsStore, read_results
+from p2pdp.experiments.run.runner import make_cells, run_experiment
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import (
     load_scenario,
     parse_scenario,
     scenario_from_mapping,
     shipped_scenarios_dir,
 )
-from p2pdp.experiments.simulation import simulate
 
 #: A small synthetic world: every cell runs in well under a second.
 SMALL = """
@@ -286,7 +286,7 @@ def test_a_tiny_budget_with_dpsgd_does_not_blame_a_setting_it_never_reads():
 
 
 def test_an_interrupt_while_finishing_marks_the_folder_interrupted(tmp_path, monkeypatch):
-    from p2pdp.experiments import results
+    from p2pdp.experiments.results import store as results
 
     scenario = parse_scenario(SMALL, source="s")
 
@@ -387,7 +387,7 @@ def test_a_batch_larger_than_a_shard_is_refused_not_clamped():
 
 
 def test_an_interrupt_before_the_run_starts_is_one_line(monkeypatch, capsys):
-    from p2pdp.experiments import scenario
+    from p2pdp.experiments.scenarios import scenario
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt("SIGINT")

@@ -14,10 +14,10 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.data import synthetic
 from p2pdp.data.partition import contiguous_starts, partition, partition_contiguous
 from p2pdp.data.synthetic import SYNTHETIC_BLOCK_ROWS
-from p2pdp.experiments import cluster as plan
-from p2pdp.experiments import runner
-from p2pdp.experiments.results import read_results
-from p2pdp.experiments.scenario import parse_scenario
+from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.run import cluster as plan
+from p2pdp.experiments.run import runner
+from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.learning.evaluation import PARALLEL_MIN_PEERS
 from p2pdp.learning.models import STREAM_MIN_ROWS
 from p2pdp.tasks import pipeline

@@ -1,5 +1,5 @@
 """End-to-end audit of D-PSGD's correlated noise per threat model
-(p2pdp.experiments.correlated_audit): the adversary's noise model against the real run's
+(p2pdp.experiments.audit.correlated): the adversary's noise model against the real run's
 messages, the claim against its target, and the rows' outcomes (controls caught)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2pdp.experiments import correlated_audit as ca
+from p2pdp.experiments.audit import correlated as ca
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols import correlated_dp
 

@@ -10,17 +10,21 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.data.settings import DataConfig
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.disclosure import (
+from p2pdp.experiments.report.write import write_report
+from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.run.runner import run_experiment
+from p2pdp.experiments.scenarios.disclosure import (
     LAMBDA_SWEPT,
     mechanism_warnings,
     model_dimension,
     non_private_column,
     non_private_steps,
 )
-from p2pdp.experiments.report import write_report
-from p2pdp.experiments.results import read_results
-from p2pdp.experiments.runner import run_experiment
-from p2pdp.experiments.scenario import load_scenario, parse_scenario, shipped_scenarios_dir
+from p2pdp.experiments.scenarios.scenario import (
+    load_scenario,
+    parse_scenario,
+    shipped_scenarios_dir,
+)
 from p2pdp.learning.settings import TrainingConfig
 from p2pdp.privacy.settings import PrivacyConfig
 

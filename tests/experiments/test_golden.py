@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pdp.experiments.runner import make_cells, run_task
-from p2pdp.experiments.scenario import parse_scenario
+from p2pdp.experiments.run.runner import make_cells, run_task
+from p2pdp.experiments.scenarios.scenario import parse_scenario
 
 GOLDEN = Path(__file__).parent / "golden"
 #: Columns renamed since the golden rows were written: old name -> new name.

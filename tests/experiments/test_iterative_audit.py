@@ -1,5 +1,5 @@
 """Tests of the one-run audit (p2pdp.privacy.audit) and of the end-to-end audit of the iterative
-protocols (p2pdp.experiments.iterative_audit): the bound against independent computations, the
+protocols (p2pdp.experiments.audit.iterative): the bound against independent computations, the
 adversary's view against what the protocols release, honest runs pass and the controls fail."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import pytest
 from scipy import stats
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.cli import main
-from p2pdp.experiments.iterative_audit import (
+from p2pdp.experiments.audit.iterative import (
     AUDIT_CANARIES,
     AUDIT_PROTOCOLS,
     AUDIT_RECORDS,
@@ -24,6 +23,7 @@ from p2pdp.experiments.iterative_audit import (
     audited_run,
     run_iterative_audit,
 )
+from p2pdp.experiments.cli import main
 from p2pdp.privacy.audit import (
     one_run_epsilon_lower_bound,
     one_run_gdp_lower_bound,

@@ -10,8 +10,8 @@ import pytest
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.report import write_report
-from p2pdp.experiments.results import ROC_FPR
+from p2pdp.experiments.report.write import write_report
+from p2pdp.experiments.results.store import ROC_FPR
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -157,7 +157,7 @@ def write_grid(directory, axes, *, messages=lambda s: 30 * s["partition.n_peers"
 @pytest.fixture
 def drawn(monkeypatch):
     """Figures as saved, by file stem (kept open for inspection)."""
-    from p2pdp.experiments import report
+    from p2pdp.experiments.report import write as report
 
     figures = {}
     original = report.write_figure
@@ -252,8 +252,8 @@ def test_loss_sweep_draws_aggregations_and_error_per_sampler(tmp_path, drawn):
 def test_rule_and_mechanism_name_the_lines_and_the_best_lambda_reference_is_drawn(tmp_path):
     import matplotlib.pyplot as plt
 
-    from p2pdp.experiments import report as report_module
-    from p2pdp.experiments.results import read_results
+    from p2pdp.experiments.report import write as report_module
+    from p2pdp.experiments.results.store import read_results
 
     rows = write_results(tmp_path, folds=1)
     mechanisms = (("vector-laplace", 0.0), ("gaussian", 1e-5))

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments import runner as experiment
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results import (
+from p2pdp.experiments.results.store import (
     ROC_FPR,
     CellRecord,
     ColumnTable,
@@ -28,7 +27,8 @@ from p2pdp.experiments.results import (
     read_roc,
     roc_on_grid,
 )
-from p2pdp.experiments.scenario import parse_scenario
+from p2pdp.experiments.run import runner as experiment
+from p2pdp.experiments.scenarios.scenario import parse_scenario
 
 TINY = """
 name = "tiny"

@@ -21,11 +21,16 @@ import numpy as np
 import pytest
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments import runner as experiment
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.report import write_report
-from p2pdp.experiments.results import FolderInUseError, ResultsStore, read_manifest, read_results
-from p2pdp.experiments.scenario import load_scenario
+from p2pdp.experiments.report.write import write_report
+from p2pdp.experiments.results.store import (
+    FolderInUseError,
+    ResultsStore,
+    read_manifest,
+    read_results,
+)
+from p2pdp.experiments.run import runner as experiment
+from p2pdp.experiments.scenarios.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_END = b"IEND\xaeB`\x82"  # the last chunk of every complete PNG file
@@ -269,7 +274,7 @@ def test_a_second_writer_is_refused_while_a_run_writes(tmp_path, scenario_file):
 
 HOLD_LOCK = """
 import sys, time
-from p2pdp.experiments.results import FolderLock
+from p2pdp.experiments.results.store import FolderLock
 FolderLock(sys.argv[1], purpose="p2pdp run").acquire()
 print("locked", flush=True)
 time.sleep(600)

@@ -10,7 +10,7 @@ import pytest
 
 from p2pdp.config import SECTIONS, ScenarioConfig, field_key
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.scenario import (
+from p2pdp.experiments.scenarios.scenario import (
     Axis,
     Scenario,
     find_scenario,

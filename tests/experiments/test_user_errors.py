@@ -21,14 +21,14 @@ from p2pdp.core.errors import ClusterLostError, ConfigError, DataError
 from p2pdp.core.rng import generator
 from p2pdp.data.loaders import load_data
 from p2pdp.data.settings import DataConfig, PartitionConfig
-from p2pdp.experiments import results as results_module
-from p2pdp.experiments import runner as experiment
-from p2pdp.experiments.audit import AUDIT_SAMPLES, format_audit_table
+from p2pdp.experiments.audit.table import AUDIT_SAMPLES, format_audit_table
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.cluster import on_dask_worker, scheduler_watch
-from p2pdp.experiments.results import read_manifest, read_results
-from p2pdp.experiments.runner import make_cells
-from p2pdp.experiments.scenario import parse_scenario
+from p2pdp.experiments.results import store as results_module
+from p2pdp.experiments.results.store import read_manifest, read_results
+from p2pdp.experiments.run import runner as experiment
+from p2pdp.experiments.run.cluster import on_dask_worker, scheduler_watch
+from p2pdp.experiments.run.runner import make_cells
+from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.privacy.audit import AuditResult
 from p2pdp.privacy.settings import PrivacyConfig

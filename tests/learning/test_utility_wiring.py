@@ -1,7 +1,7 @@
 """Wiring of the noise-aware ensemble rules and the best-lambda reference into the engine.
 
 Each rule selected with ``evaluation.vote`` is run through
-:func:`p2pdp.experiments.simulation.simulate`;
+:func:`p2pdp.experiments.run.simulation.simulate`;
 the per-peer errors it reports must equal those of :func:`p2pdp.learning.ensembles.apply_rule`
 applied here, independently, to the releases the world actually published (read by an
 observer) and the public noise scale the mechanism states for each release's sensitivity.
@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.ensembles import OwnShards, PublicView, apply_rule, cross_validate_own_models
 from p2pdp.learning.evaluation import LocalValidatedRule, build_ensembles, evaluate_ensembles
 from p2pdp.learning.references import centralised_best_lambda

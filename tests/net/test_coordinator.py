@@ -15,7 +15,7 @@ import pytest
 
 from p2pdp.core.errors import NetworkRunError
 from p2pdp.experiments.cli import main as cli
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.net import host as host_module
 from p2pdp.net.coordinator import NetworkWorld
 from p2pdp.net.wire import (

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.net.coordinator import NetworkWorld
 from p2pdp.net.tls import (
     Credential,
@@ -247,7 +247,7 @@ def test_three_thousand_silent_connections_during_a_run(monkeypatch):
 #: A host command whose process may hold at most 1,024 file descriptors (``ulimit -n 1024``).
 FEW_DESCRIPTORS = (
     "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)); "
-    "from p2pdp.experiments.network import host_from_stdin; host_from_stdin()"
+    "from p2pdp.experiments.network.launch import host_from_stdin; host_from_stdin()"
 )
 
 

@@ -19,12 +19,12 @@ import pytest
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.data.settings import DataConfig, PartitionConfig
-from p2pdp.experiments import network as network_module
 from p2pdp.experiments.cli import main as cli
-from p2pdp.experiments.network import read_hosts_file
-from p2pdp.experiments.runner import run_experiment
-from p2pdp.experiments.scenario import load_scenario
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.network import launch as network_module
+from p2pdp.experiments.network.launch import read_hosts_file
+from p2pdp.experiments.run.runner import run_experiment
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import load_scenario
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.net import coordinator
 from p2pdp.net.coordinator import NetworkWorld
@@ -196,8 +196,8 @@ ORPHANS = """
 import os, sys, time
 os.environ["P2PDP_NETWORK_HOSTS"] = sys.argv[1]
 from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
-from p2pdp.experiments.network import run_hosts
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.network.launch import run_hosts
+from p2pdp.experiments.run.simulation import simulate
 if __name__ == "__main__":
     data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)
     config = ScenarioConfig(seed=1, data=data, partition=PartitionConfig(n_peers=6),
@@ -390,7 +390,7 @@ UNGUARDED = """
 import os
 os.environ["P2PDP_NETWORK_HOSTS"] = "2"
 from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)
 config = ScenarioConfig(seed=1, data=data, partition=PartitionConfig(n_peers=6),
                         groups=GroupsConfig(group_size=3))
@@ -407,7 +407,8 @@ def test_a_script_without_the_main_guard_is_told_in_one_line(tmp_path, guarded):
     call = 'simulate(config, runtime="network")'
     if guarded:
         call = (
-            'if __name__ == "__main__":\n    from p2pdp.experiments import network\n'
+            'if __name__ == "__main__":\n'
+            "    from p2pdp.experiments.network import launch as network\n"
             '    network._check_main_guard()\n    print("checked")'
         )
     script = tmp_path / "script.py"

@@ -22,10 +22,10 @@ import pytest
 
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.experiments.cli import main as cli
-from p2pdp.experiments.network import check_network_settings, read_hosts_file
-from p2pdp.experiments.scenario import load_scenario
-from p2pdp.experiments.shards import read_host_shards
-from p2pdp.experiments.simulation import UNSCORED, simulate
+from p2pdp.experiments.network.launch import check_network_settings, read_hosts_file
+from p2pdp.experiments.network.shards import read_host_shards
+from p2pdp.experiments.run.simulation import UNSCORED, simulate
+from p2pdp.experiments.scenarios.scenario import load_scenario
 from p2pdp.net.coordinator import NetworkWorld
 from p2pdp.net.host import HostSettings
 from p2pdp.net.tls import Authority
@@ -78,7 +78,7 @@ sys.addaudithook(hook)
 AUDITED_HOST = (
     AUDIT
     + """
-from p2pdp.experiments.network import host_from_stdin
+from p2pdp.experiments.network.launch import host_from_stdin
 host_from_stdin()
 """
 )

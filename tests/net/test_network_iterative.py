@@ -20,8 +20,8 @@ import pytest
 from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.data.settings import DataConfig, PartitionConfig
-from p2pdp.experiments.iterative_network import _machines
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.network.iterative import _machines
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.net import iterative_host
@@ -407,7 +407,7 @@ def test_per_host_shard_files_give_the_simulators_rounds(tmp_path, monkeypatch, 
         )
     )
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
-    from p2pdp.experiments.scenario import load_scenario
+    from p2pdp.experiments.scenarios.scenario import load_scenario
 
     config = load_scenario(scenario).points[0].config
     seeded = simulate(config, runtime="network", network={"seeded_noise": True})
@@ -481,7 +481,7 @@ def test_gossip_learning_on_three_hosts_is_the_simulator(monkeypatch, real_data_
 
 def test_an_iterative_run_needs_a_coordinator_that_scores(tmp_path, monkeypatch):
     """Its rounds table measures every round's models on the test rows (score = false)."""
-    from p2pdp.experiments.network import check_network_settings
+    from p2pdp.experiments.network.launch import check_network_settings
 
     hosts = tmp_path / "hosts.toml"
     hosts.write_text(

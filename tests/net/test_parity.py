@@ -18,8 +18,8 @@ import pytest
 from p2pdp.core.errors import ConfigError
 from p2pdp.data.settings import PartitionConfig
 from p2pdp.experiments.cli import main as cli
-from p2pdp.experiments.disclosure import non_private_column
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.disclosure import non_private_column
 from p2pdp.sim.world import WorldObserver
 from p2pdp.tasks import make_task, prepared, release_path, sensitivity_of, task_statistics
 from tests.net.helpers import _config, _same_rows, _seeded, _tiny_scenario
@@ -201,7 +201,7 @@ def test_a_network_folder_missing_its_wire_table_is_rebuilt_by_the_command_the_r
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt("SIGINT")
 
-    monkeypatch.setattr("p2pdp.experiments.runner.run_experiment", interrupted)
+    monkeypatch.setattr("p2pdp.experiments.run.runner.run_experiment", interrupted)
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
     assert cli(argv) == 130
     assert f"--out {out} --runtime network --hosts 3 --resume" in capsys.readouterr().err

@@ -598,7 +598,7 @@ def test_a_runs_realised_poisson_sampling_rate_is_the_rate_the_accountant_charge
     used is the ``sampling_rate`` of the event the accountant composes (within 5 binomial
     standard deviations; a rate of 1 - q, or any other, would be charged as q)."""
     from p2pdp.config import ScenarioConfig
-    from p2pdp.experiments.simulation import simulate
+    from p2pdp.experiments.run.simulation import simulate
     from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
     from p2pdp.protocols.iterative import step_privacy
 

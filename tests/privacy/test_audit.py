@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
-from p2pdp.experiments.audit import (
+from p2pdp.experiments.audit.table import (
     AUDIT_NAMES,
     EXPECTED_TO_FAIL,
     audit_mechanism,

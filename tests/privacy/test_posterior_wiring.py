@@ -19,9 +19,9 @@ import pytest
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
-from p2pdp.experiments.runner import make_cells, run_task
-from p2pdp.experiments.scenario import parse_scenario
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.runner import make_cells, run_task
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.posterior_sampling.posterior import (
     GUARANTEE_LABEL,
@@ -212,7 +212,7 @@ def test_world_refuses_a_record_mechanism_on_plain_statistics(posterior_config):
 
 
 def test_p2pdp_audit_runs_the_posterior_audits(capsys, monkeypatch):
-    from p2pdp.experiments import audit
+    from p2pdp.experiments.audit import table as audit
     from p2pdp.experiments.cli import main
     from p2pdp.privacy.posterior_sampling import audit as posterior_audit
 
@@ -223,7 +223,8 @@ def test_p2pdp_audit_runs_the_posterior_audits(capsys, monkeypatch):
         posterior_audit.run_posterior_audit(["posterior-nonsense"])
     # without --mechanism: every posterior audit after the others, one at a time (recorded,
     # not run: ~1 min), each announced on stderr before it runs
-    from p2pdp.experiments import correlated_audit, iterative_audit
+    from p2pdp.experiments.audit import correlated as correlated_audit
+    from p2pdp.experiments.audit import iterative as iterative_audit
 
     asked = []
 

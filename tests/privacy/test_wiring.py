@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.models import GRADIENT_TOLERANCE
 from p2pdp.privacy.accounting import affordable_aggregations
 from p2pdp.privacy.gdp import gdp_mu

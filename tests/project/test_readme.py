@@ -17,7 +17,7 @@ import pytest
 from p2pdp.config import setting_value, settings_read
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import build_parser, main
-from p2pdp.experiments.scenario import load_scenario, shipped_scenarios_dir
+from p2pdp.experiments.scenarios.scenario import load_scenario, shipped_scenarios_dir
 from tests.docs_pages import all_text, page
 
 if sys.version_info >= (3, 11):

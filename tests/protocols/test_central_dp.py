@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from p2pdp.config import ScenarioConfig
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols.iterative import central_dp_reference, step_privacy
@@ -107,7 +107,7 @@ def test_rows_report_the_curators_error_at_the_runs_epsilon_and_relation() -> No
 def test_the_comparison_figure_draws_the_curator_where_iterative_rows_have_it(
     monkeypatch, tmp_path
 ) -> None:
-    from p2pdp.experiments import protocol_report
+    from p2pdp.experiments.report import protocols as protocol_report
 
     base = {"mean_error": 0.3, "local_only_error": 0.4, "centralized_error": 0.1, "fold": 0}
     rows = [
@@ -131,7 +131,7 @@ def test_the_comparison_figure_draws_the_curator_where_iterative_rows_have_it(
 def test_the_comparison_draws_one_line_per_compared_protocol_setting(monkeypatch, tmp_path):
     """Two D-PSGD variants (local DP, calibrated to a curious peer) are two lines, each
     through its own errors, not one line through both."""
-    from p2pdp.experiments import protocol_report
+    from p2pdp.experiments.report import protocols as protocol_report
 
     rows = [
         {"protocol.name": "dpsgd", "protocol.threat_model": threat, "privacy.epsilon": eps,

@@ -22,8 +22,8 @@ import scipy.sparse as sp
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
-from p2pdp.experiments.scenario import scenario_from_mapping
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import scenario_from_mapping
 from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.gdp import gdp_epsilon

@@ -21,8 +21,8 @@ from scipy import integrate, optimize, stats
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
-from p2pdp.experiments.scenario import Scenario
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import Scenario
 from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.accounting import RdpAccountant, subsampled_gaussian_rdp
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
@@ -426,7 +426,7 @@ def test_muffliato_reports_network_dp_no_larger_than_local_dp_and_grows_with_gos
 
 
 def test_non_private_steps_are_labelled_where_results_are_read() -> None:
-    from p2pdp.experiments.disclosure import non_private_steps
+    from p2pdp.experiments.scenarios.disclosure import non_private_steps
 
     steps = non_private_steps(_non_private())
     assert any(step.startswith("privacy.mechanism = 'none'") for step in steps)
@@ -466,9 +466,9 @@ cv_folds = 3
 
 
 def test_a_protocol_sweep_writes_rounds_and_the_report_compares_tuned_protocols(tmp_path):
-    from p2pdp.experiments.report import write_report
-    from p2pdp.experiments.runner import run_experiment
-    from p2pdp.experiments.scenario import load_scenario
+    from p2pdp.experiments.report.write import write_report
+    from p2pdp.experiments.run.runner import run_experiment
+    from p2pdp.experiments.scenarios.scenario import load_scenario
     from p2pdp.results import load
 
     path = tmp_path / "compare.toml"
@@ -496,9 +496,9 @@ def test_a_protocol_sweep_writes_rounds_and_the_report_compares_tuned_protocols(
 
 
 def test_a_single_iterative_protocol_gets_its_round_figures(tmp_path) -> None:
-    from p2pdp.experiments.report import write_report
-    from p2pdp.experiments.runner import run_experiment
-    from p2pdp.experiments.scenario import load_scenario
+    from p2pdp.experiments.report.write import write_report
+    from p2pdp.experiments.run.runner import run_experiment
+    from p2pdp.experiments.scenarios.scenario import load_scenario
 
     path = tmp_path / "one.toml"
     text = COMPARISON[: COMPARISON.index('"protocol.name,')]  # the epsilon axis only
@@ -511,9 +511,9 @@ def test_a_single_iterative_protocol_gets_its_round_figures(tmp_path) -> None:
 
 
 def test_a_single_protocol_tuned_over_folds_lists_the_tuning_as_non_private(tmp_path) -> None:
-    from p2pdp.experiments.report import write_report
-    from p2pdp.experiments.runner import run_experiment
-    from p2pdp.experiments.scenario import load_scenario
+    from p2pdp.experiments.report.write import write_report
+    from p2pdp.experiments.run.runner import run_experiment
+    from p2pdp.experiments.scenarios.scenario import load_scenario
 
     path = tmp_path / "one.toml"
     text = COMPARISON[: COMPARISON.index("[sweep]")] + '[sweep]\n"protocol.step_size" = [0.5, 2]\n'
@@ -530,7 +530,7 @@ def test_a_single_protocol_tuned_over_folds_lists_the_tuning_as_non_private(tmp_
 
 
 def test_leave_one_fold_out_tuning_never_uses_the_folds_own_error() -> None:
-    from p2pdp.experiments.protocol_report import tuned_comparison
+    from p2pdp.experiments.report.protocols import tuned_comparison
 
     # fold 2's own best is step 2 (0.2), but the other folds pick step 1 for it (error 0.5);
     # folds 0 and 1 get step 2 (0.3 each), chosen by the other two folds' means
@@ -549,7 +549,7 @@ def test_leave_one_fold_out_tuning_never_uses_the_folds_own_error() -> None:
 
 
 def test_the_comparison_leaves_network_dp_empty_with_the_cells_reasons() -> None:
-    from p2pdp.experiments.protocol_report import markdown, tuned_comparison
+    from p2pdp.experiments.report.protocols import markdown, tuned_comparison
 
     note = "not computed: gossip.churn = true (views under churn are not implemented)"
     base = {

@@ -18,7 +18,7 @@ import pytest
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.protocols.iterative import DecentralizedSGD, GossipLearning, Muffliato, step_privacy
 from p2pdp.protocols.iterative_peer import (
     Averaged,

@@ -20,7 +20,7 @@ from scipy import optimize, stats
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.rng import generator
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols import network_dp
 from p2pdp.protocols.mixing import Mixing
@@ -585,7 +585,7 @@ def test_cells_differing_only_in_the_budget_share_their_coefficients(monkeypatch
 
 
 def test_the_comparison_says_when_its_network_dp_is_an_upper_bound() -> None:
-    from p2pdp.experiments.protocol_report import markdown, tuned_comparison
+    from p2pdp.experiments.report.protocols import markdown, tuned_comparison
 
     base = {"protocol.name": "muffliato", "privacy.epsilon": 1.0, "mean_error": 0.2,
             "max_epsilon_spent": 1.0, "local_only_error": 0.3, "centralized_error": 0.1,

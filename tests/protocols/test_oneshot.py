@@ -12,7 +12,7 @@ import pytest
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.rng import Uniforms
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.protocols import oneshot
 from p2pdp.protocols.groups import (
     PARTIAL,

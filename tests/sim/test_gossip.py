@@ -16,7 +16,7 @@ from scipy.sparse.csgraph import connected_components
 
 from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.protocols.settings import GossipConfig
 from p2pdp.sim import world as world_module

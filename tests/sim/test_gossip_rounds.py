@@ -20,7 +20,7 @@ from scipy import stats
 from p2pdp.config import NetworkConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.data.settings import PartitionConfig
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.protocols.gossip import IN_GROUP
 from p2pdp.protocols.settings import GossipConfig
 from p2pdp.sim import world as world_module

@@ -8,7 +8,7 @@ import pytest
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.rng import Uniforms
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.sim import world as world_module
 from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.gossip import GossipSampler

@@ -16,7 +16,7 @@ import simpy
 
 from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.data.settings import PartitionConfig
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.settings import GossipConfig, GroupsConfig, PublicationConfig
 from p2pdp.sim import transport as transport_module

@@ -16,7 +16,7 @@ import pytest
 from p2pdp.config import NetworkConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.settings import TrainingConfig
 from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.settings import GossipConfig, GroupsConfig

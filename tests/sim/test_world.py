@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.data.settings import DataConfig, PartitionConfig
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.settings import EvaluationConfig, TrainingConfig
 from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.settings import GroupsConfig, PublicationConfig

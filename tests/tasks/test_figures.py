@@ -64,9 +64,9 @@ def captured(monkeypatch):
 
 
 def _report_of(case: str, tmp_path: Path) -> None:
-    from p2pdp.experiments.report import write_report
-    from p2pdp.experiments.runner import run_experiment
-    from p2pdp.experiments.scenario import parse_scenario
+    from p2pdp.experiments.report.write import write_report
+    from p2pdp.experiments.run.runner import run_experiment
+    from p2pdp.experiments.scenarios.scenario import parse_scenario
     from tests.tasks.test_prevalence_tasks import CASES
 
     text, settings, _ = CASES[case]

@@ -10,11 +10,11 @@ from scipy import stats
 
 from p2pdp.config import with_value
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.report import write_report
-from p2pdp.experiments.results import read_results
-from p2pdp.experiments.runner import run_experiment
-from p2pdp.experiments.scenario import parse_scenario
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.report.write import write_report
+from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.run.runner import run_experiment
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.privacy.events import DistributionalEvent, EpsilonDeltaEvent
 from p2pdp.privacy.mechanisms import RandomizedResponse, make_mechanism
 from p2pdp.privacy.release import Releaser

@@ -16,8 +16,8 @@ from p2pdp.data.synthetic import (
     synthetic_block_bounds,
     synthetic_block_logged,
 )
-from p2pdp.experiments.scenario import parse_scenario
-from p2pdp.experiments.simulation import simulate
+from p2pdp.experiments.run.simulation import simulate
+from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.learning.evaluation import linear_error
 from p2pdp.learning.models import STREAM_MIN_ROWS
 from p2pdp.tasks import pipeline, streamed

@@ -5,8 +5,8 @@ enumerated over all statuses of the other members, iid Bernoulli(p) and unknown 
 adversary (:func:`exact_pooled_test_epsilon`), and compared with the claimed closed form
 :func:`~p2pdp.tasks.pooled_testing.pooling.individual_epsilon`. That guarantee is
 distributional, not worst-case DP: the negative control ``pooled-test-known-others`` of
-``p2pdp audit`` (:mod:`p2pdp.experiments.audit`) audits the same claim against an adversary who
-knows the other members are negative, and must fail.
+``p2pdp audit`` (:mod:`p2pdp.experiments.audit.table`) audits the same claim against an
+adversary who knows the other members are negative, and must fail.
 """
 
 from __future__ import annotations

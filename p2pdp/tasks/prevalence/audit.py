@@ -3,7 +3,7 @@
 The ``local`` mechanism (``randomized-response`` task: a group releases the sum of its members'
 randomized answers, no curator noise) is audited exactly on that yes count against the local
 epsilon it declares (:func:`exact_rr_count_epsilon`); ``p2pdp audit`` shows it as
-``local-rr-count`` (:mod:`p2pdp.experiments.audit`).
+``local-rr-count`` (:mod:`p2pdp.experiments.audit.table`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The experiment (one run; :data:`CORRELATED_RUNS` runs pooled):
 * **Peers and overlay.** :data:`CORRELATED_PEERS` peers on a ring, loss-free transport (every
   message arrives, so the run's trace, and the claim, are the same in every run),
   :data:`CORRELATED_ROUNDS` rounds, every peer stepping every round.
-* **Canaries** as in :mod:`p2pdp.experiments.iterative_audit`: peer 0 holds
+* **Canaries** as in :mod:`p2pdp.experiments.audit.iterative`: peer 0 holds
   ``AUDIT_CANARIES`` records ``e_k`` with labels ``S_k = +-1``; on coordinate ``k`` the
   clipped gradient of peer 0's step is ``-S_k C`` at every step, nothing else has data there,
   so the coordinate is exactly the linear Gaussian model of
@@ -23,7 +23,7 @@ The experiment (one run; :data:`CORRELATED_RUNS` runs pooled):
   knows, recorded from the run's own draws), and scores canary ``k`` with the Neyman-Pearson
   statistic of a constant shift: ``-d^T (A A^T)^+ y_k``, ``d`` the view's response to a unit
   gradient at each of peer 0's steps, ``A`` the unknown noises' columns. It guesses as
-  :mod:`~p2pdp.experiments.iterative_audit` does, and the one-run bound turns the guesses into
+  :mod:`~p2pdp.experiments.audit.iterative` does, and the one-run bound turns the guesses into
   ``eps_lb``; ``passed = eps_lb <= claimed``. (A constant shift is the worst case of these
   views, see the test: the bound can come close to the claim.)
 
@@ -55,7 +55,7 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import require_count
-from p2pdp.experiments.iterative_audit import (
+from p2pdp.experiments.audit.iterative import (
     AUDIT_CANARIES,
     AUDIT_CONFIDENCE,
     AUDIT_FEATURES,

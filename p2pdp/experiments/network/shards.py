@@ -39,7 +39,7 @@ import numpy as np
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.results import make_folder
+from p2pdp.experiments.results.store import make_folder
 from p2pdp.net.host import hosts_of
 from p2pdp.net.iterative_coordinator import check_iterative
 from p2pdp.tasks import check_own_rows, make_task
@@ -69,9 +69,9 @@ def _sha256(path: Path) -> str:
 def write_host_shards(scenario: Any, hosts: int, out: str | os.PathLike[str]) -> list[Path]:
     """Write one shard file and its manifest per host (module docstring) into ``out``.
 
-    ``scenario``: a :class:`~p2pdp.experiments.scenario.Scenario`; its grid points must agree
-    on every setting the rows depend on (else ConfigError naming the first that differs: one
-    set of files could not serve them all). ``hosts``: from 1 to ``partition.n_peers``.
+    ``scenario``: a :class:`~p2pdp.experiments.scenarios.scenario.Scenario`; its grid points
+    must agree on every setting the rows depend on (else ConfigError naming the first that
+    differs: one set of files could not serve them all). ``hosts``: from 1 to ``partition.n_peers``.
     Returns the manifests' paths, host by host.
     """
     target = make_folder(Path(out))  # one line if it cannot be a folder, before any data is cut
@@ -188,6 +188,30 @@ def read_host_shards(
         peers other than this host's, a fold or repetition it does not hold, a shard file whose
         SHA-256 is not the manifest's, or arrays of the wrong shape or values.
     """
+    manifest, peers, shard_file = _host_manifest(path, config, host=host, hosts=hosts)
+    X, y, owner, bounds = _fold_arrays(shard_file, manifest, fold=fold, repetition=repetition)
+    held = np.unique(owner)
+    if held.shape != peers.shape or (held != peers).any():
+        raise ConfigError(
+            f"shard file {shard_file}: peer_{fold}_{repetition} holds rows of peers "
+            f"{held.tolist()}, expected exactly this host's {peers.tolist()}"
+        )
+    shards = tuple(np.flatnonzero(owner == peer) for peer in peers)
+    return PeerRows(
+        peers=peers,
+        X=np.asarray(X, dtype=np.float64),
+        y=np.asarray(y, dtype=np.int8),
+        shards=shards,
+        data_dependent_bounds=bool(bounds),
+    )
+
+
+def _host_manifest(
+    path: str | os.PathLike[str], config: ScenarioConfig, *, host: int, hosts: int
+) -> tuple[dict[str, Any], np.ndarray, Path]:
+    """``(manifest, peers, shard_file)``: the manifest at ``path``, checked against this run
+    (format, version, settings, hosts, this host and its peers), the peers it holds and the
+    shard file it names, whose SHA-256 is the manifest's (see :func:`read_host_shards`)."""
     where = os.fspath(path)
     try:
         manifest = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -234,6 +258,16 @@ def read_host_shards(
     except OSError as error:
         raise ConfigError(f"shard manifest {where}: file {shard_file}: {error}") from None
     field("sha256", digest, f"the SHA-256 of {shard_file}")
+    return manifest, peers, shard_file
+
+
+def _fold_arrays(
+    shard_file: Path, manifest: dict[str, Any], *, fold: int, repetition: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+    """``(X, y, owner, bounds)`` of ``fold`` / ``repetition`` in ``shard_file``: the rows
+    (shape (n, d), finite), their labels (shape (n,), -1 or +1), each row's peer and whether
+    the data's bounds depend on the data; ConfigError naming the array that is missing or
+    wrong."""
     suffix = f"_{fold}_{repetition}"
     with np.load(shard_file, allow_pickle=False) as arrays:
         missing = [n for n in ("X", "y", "peer", "bounds") if f"{n}{suffix}" not in arrays]
@@ -253,17 +287,4 @@ def read_host_shards(
         )
     if not np.isin(y, (-1, 1)).all():
         raise ConfigError(f"shard file {shard_file}: y{suffix} must hold labels -1 and +1")
-    held = np.unique(owner)
-    if held.shape != peers.shape or (held != peers).any():
-        raise ConfigError(
-            f"shard file {shard_file}: peer{suffix} holds rows of peers {held.tolist()}, "
-            f"expected exactly this host's {peers.tolist()}"
-        )
-    shards = tuple(np.flatnonzero(owner == peer) for peer in peers)
-    return PeerRows(
-        peers=peers,
-        X=np.asarray(X, dtype=np.float64),
-        y=np.asarray(y, dtype=np.int8),
-        shards=shards,
-        data_dependent_bounds=bool(bounds),
-    )
+    return X, y, owner, bounds

@@ -30,7 +30,7 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.privacy.events import DistributionalEvent, PrivacyEvent
 
 #: ``training.lambda_source`` of the points of a scenario that sweeps lambda (set by
-#: :class:`p2pdp.experiments.scenario.Scenario` unless the file gives its own).
+#: :class:`p2pdp.experiments.scenarios.scenario.Scenario` unless the file gives its own).
 LAMBDA_SWEPT = (
     "training.lambda is swept by this scenario, and choosing lambda from its results reads "
     "every peer's data and the test folds"

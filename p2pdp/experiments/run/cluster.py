@@ -1,7 +1,7 @@
 """One large run on a Dask cluster: its rows, local models, reference and scores in blocks.
 
 ``p2pdp run SCENARIO --scheduler tcp://...`` sends most scenarios' cells to the workers whole,
-one future per training and one per cell (:mod:`p2pdp.experiments.runner`). A cell this plan
+one future per training and one per cell (:mod:`p2pdp.experiments.run.runner`). A cell this plan
 covers (:func:`plan_gap`) is split instead, so a single run of a million peers uses every
 worker of the cluster and no process holds all its training rows:
 

@@ -5,7 +5,7 @@ One table over the privacy layer's mechanisms (threshold test, exact noisy count
 :mod:`p2pdp.tasks.pooled_testing.audit`) and the posterior-sampling audits
 (:mod:`p2pdp.privacy.posterior_sampling.audit`), one private step of the iterative protocols
 (``clipped-gaussian``: clipping and noise as the protocols compute them) and whole runs of
-the iterative protocols (:mod:`p2pdp.experiments.iterative_audit`), with negative controls
+the iterative protocols (:mod:`p2pdp.experiments.audit.iterative`), with negative controls
 that must fail (which shows each test has power).
 """
 
@@ -349,8 +349,8 @@ def run_audit(
 def _expected_failure(name: str) -> str:
     """Why the negative control ``name`` must fail (this module's, the iterative protocols',
     correlated D-PSGD's or the posterior audit's)."""
-    from p2pdp.experiments.correlated_audit import CORRELATED_EXPECTED_TO_FAIL
-    from p2pdp.experiments.iterative_audit import ITERATIVE_EXPECTED_TO_FAIL
+    from p2pdp.experiments.audit.correlated import CORRELATED_EXPECTED_TO_FAIL
+    from p2pdp.experiments.audit.iterative import ITERATIVE_EXPECTED_TO_FAIL
 
     for reasons in (
         EXPECTED_TO_FAIL,
@@ -366,7 +366,7 @@ def _expected_failure(name: str) -> str:
 def _too_small(result: AuditResult) -> str:
     """Why a negative control may have passed: a sample below the audit's default (a test
     with too few outputs or canaries cannot tell the flawed mechanism from a sound one)."""
-    from p2pdp.experiments.iterative_audit import AUDIT_CANARIES, AUDIT_RUNS
+    from p2pdp.experiments.audit.iterative import AUDIT_CANARIES, AUDIT_RUNS
 
     if result.passed and not result.expected_pass:
         if result.n_samples is not None and result.n_samples < AUDIT_SAMPLES:

@@ -1,8 +1,8 @@
 """The iterative protocols (D-PSGD, Muffliato) on the network runtime: the experiment's side.
 
-:func:`run_on_network` is what :func:`~p2pdp.experiments.simulation.simulate_iterative` calls
+:func:`run_on_network` is what :func:`~p2pdp.experiments.run.simulation.simulate_iterative` calls
 instead of the SimPy driver with ``runtime = "network"``: it starts the cell's hosts
-(given by :func:`~p2pdp.experiments.network.network_session`: the run's host processes,
+(given by :func:`~p2pdp.experiments.network.launch.network_session`: the run's host processes,
 each cell a session of its own) and coordinates them (:class:`~p2pdp.net.iterative_coordinator.
 IterativeNetworkWorld`). Each host process runs :func:`iterative_host_main`: its own peers'
 rows (from its shard file, ``p2pdp split``, or derived from the seed as the simulator does:
@@ -148,7 +148,7 @@ def run_on_network(
     privacy : StepPrivacy
         The step's mechanism and accountant (the ``epsilon_spent`` of the rounds table).
     session : dict
-        The cell's hosts (:func:`~p2pdp.experiments.network.network_session`).
+        The cell's hosts (:func:`~p2pdp.experiments.network.launch.network_session`).
     dim : int
         A model's length d.
     errors : callable
@@ -208,7 +208,7 @@ def _own_rows(
     """Host ``host``'s peers (m,), their training rows X (n, d) and labels y (n,), and one
     index array into them per peer: from its shard file ``data``, else from the whole fold
     derived from the seed (the simulation shortcut)."""
-    from p2pdp.experiments.shards import read_host_shards
+    from p2pdp.experiments.network.shards import read_host_shards
     from p2pdp.tasks import make_task, prepared
 
     if data is not None:

@@ -206,7 +206,7 @@ def _real_guarantee(privacy: StepPrivacy, control: str | None, steps: int) -> fl
 def line_mixing(n_peers: int, *, ring: bool = False) -> Mixing:
     """Metropolis-Hastings weights of the path ``0 - 1 - ... - (n_peers - 1)`` (this audit's
     overlay), closed into a ring ``... - (n_peers - 1) - 0`` if ``ring`` (the correlated-noise
-    audit's, :mod:`p2pdp.experiments.correlated_audit`)."""
+    audit's, :mod:`p2pdp.experiments.audit.correlated`)."""
     ends = [(i - 1, i + 1) for i in range(n_peers)]
     if ring:
         neighbours = [sorted({j % n_peers for j in pair}) for pair in ends]
@@ -450,7 +450,7 @@ def one_run_result(
     """The audit row of pooled canaries: their guesses, the one-run bound and the verdict.
 
     Shared by :func:`audit_iterative` and
-    :func:`~p2pdp.experiments.correlated_audit.audit_correlated`.
+    :func:`~p2pdp.experiments.audit.correlated.audit_correlated`.
 
     Parameters
     ----------

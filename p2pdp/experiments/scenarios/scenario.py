@@ -51,7 +51,7 @@ from p2pdp.config import (
 )
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.validation import OneOf
-from p2pdp.experiments.disclosure import LAMBDA_SWEPT
+from p2pdp.experiments.scenarios.disclosure import LAMBDA_SWEPT
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -319,7 +319,7 @@ def with_settings(
 # --- loading ----------------------------------------------------------------------------------
 def shipped_scenarios_dir() -> Path:
     """Directory of the shipped scenarios: ``p2pdp/_scenarios`` (wheel) or ``<repo>/scenarios``."""
-    package_dir = Path(__file__).resolve().parents[1]  # p2pdp/
+    package_dir = Path(__file__).resolve().parents[2]  # p2pdp/, two up from scenarios/
     installed = package_dir / "_scenarios"
     return installed if installed.is_dir() else package_dir.parent / "scenarios"
 
@@ -441,37 +441,8 @@ def parse_scenario(
     origin: dict[str, str] = {}  # key -> the --set or --unset argument that changed it last
     released: dict[str, str] = {}  # key -> the --set argument that took its zipped axis away
     loose: dict[str, str] = {}  # key -> the argument that fixed or dropped its zipped partner
-    for name in unset:
-        where = f"--unset {name}"
-        key = _unset_key(name, where)
-        if key in origin:  # dropped by an earlier --unset: the file does set it
-            raise ConfigError(f"{where} is given twice; drop one")
-        if key not in settings and not any(key in axis.keys for axis in axes):
-            raise ConfigError(
-                f"{where}: {source} does not set {key}, so it already has its default "
-                f"({_default(key)!r}); drop the --unset"
-            )
-        settings.pop(key, None)
-        axes = _without_key(axes, key, where, loose)
-        origin[key] = where
-    for override in overrides:
-        where = f"--set {override}"
-        override_settings, override_axes = _read_document(_parse_override(override), where)
-        swept = [k for axis in override_axes for k in axis.keys]
-        kept = []
-        for axis in axes:
-            if any(key in axis.keys for key in swept):  # a new axis replaces the whole old one
-                released.update({k: where for k in axis.keys if k not in swept})
-            else:
-                kept.append(axis)
-        for key in override_settings:  # a plain setting leaves its zipped partners swept
-            kept = _without_key(kept, key, where, loose)
-        for key in [*override_settings, *swept]:
-            origin[key] = where
-            released.pop(key, None)
-            loose.pop(key, None)
-        settings.update(override_settings)
-        axes = [*kept, *override_axes]
+    axes = _apply_unset(settings, axes, unset, source=source, origin=origin, loose=loose)
+    axes = _apply_overrides(settings, axes, overrides, origin, released, loose)
     arguments = [*(f"--unset {name}" for name in unset), *(f"--set {o}" for o in overrides)]
     build = functools.partial(_build, text=text, source=source, overrides=overrides, unset=unset)
     try:
@@ -491,6 +462,84 @@ def parse_scenario(
             return build(settings, axes, drop_unread=droppable)
         except ConfigError as exc:
             error = exc
+    raise _blamed(
+        error, source, arguments, file_only, origin=origin, released=released, loose=loose
+    ) from None
+
+
+def _apply_unset(
+    settings: dict[str, Any],
+    axes: list[Axis],
+    unset: Sequence[str],
+    *,
+    source: str,
+    origin: dict[str, str],
+    loose: dict[str, str],
+) -> list[Axis]:
+    """Drop each ``--unset`` key from ``settings`` (in place) and from the sweep: the axes
+    left; records in ``origin`` the argument that dropped each key and in ``loose`` the keys
+    it left swept on their own (see :func:`parse_scenario`)."""
+    for name in unset:
+        where = f"--unset {name}"
+        key = _unset_key(name, where)
+        if key in origin:  # dropped by an earlier --unset: the file does set it
+            raise ConfigError(f"{where} is given twice; drop one")
+        if key not in settings and not any(key in axis.keys for axis in axes):
+            raise ConfigError(
+                f"{where}: {source} does not set {key}, so it already has its default "
+                f"({_default(key)!r}); drop the --unset"
+            )
+        settings.pop(key, None)
+        axes = _without_key(axes, key, where, loose)
+        origin[key] = where
+    return axes
+
+
+def _apply_overrides(
+    settings: dict[str, Any],
+    axes: list[Axis],
+    overrides: Sequence[str],
+    origin: dict[str, str],
+    released: dict[str, str],
+    loose: dict[str, str],
+) -> list[Axis]:
+    """Apply each ``--set`` override to ``settings`` (in place) and to the sweep: the axes
+    left; records in ``origin``, ``released`` and ``loose`` which argument set each key, took
+    its zipped axis away or left its zipped partner swept alone (see :func:`parse_scenario`)."""
+    for override in overrides:
+        where = f"--set {override}"
+        override_settings, override_axes = _read_document(_parse_override(override), where)
+        swept = [k for axis in override_axes for k in axis.keys]
+        kept = []
+        for axis in axes:
+            if any(key in axis.keys for key in swept):  # a new axis replaces the whole old one
+                released.update({k: where for k in axis.keys if k not in swept})
+            else:
+                kept.append(axis)
+        for key in override_settings:  # a plain setting leaves its zipped partners swept
+            kept = _without_key(kept, key, where, loose)
+        for key in [*override_settings, *swept]:
+            origin[key] = where
+            released.pop(key, None)
+            loose.pop(key, None)
+        settings.update(override_settings)
+        axes = [*kept, *override_axes]
+    return axes
+
+
+def _blamed(
+    error: ConfigError,
+    source: str,
+    arguments: Sequence[str],
+    file_only: tuple[dict[str, Any], list[Axis]],
+    *,
+    origin: dict[str, str],
+    released: dict[str, str],
+    loose: dict[str, str],
+) -> ConfigError:
+    """``error`` (a scenario the command-line ``arguments`` made invalid) naming the
+    arguments it mentions, with hints for the keys whose sweep they changed and those that
+    come from the file."""
     message = str(error).removeprefix(f"{source}: ")
     mentioned = {where for key, where in origin.items() if _mentions(message, key)}
     blamed = [where for where in arguments if where in mentioned] or arguments
@@ -513,7 +562,7 @@ def parse_scenario(
         if key not in origin and _mentions(message, key)
     ]
     hint = f" ({'; '.join(hints)})" if hints else ""
-    raise ConfigError(f"{', '.join(blamed)}: {message}{hint}") from None
+    return ConfigError(f"{', '.join(blamed)}: {message}{hint}")
 
 
 def _unset_key(name: str, where: str) -> str:

@@ -6,19 +6,19 @@ here. Each host is an OS process that serves its own peers' statistics
 session of its own (:class:`RunHosts`, :func:`run_hosts`). Peers are split evenly, in id
 order, over the host processes.
 Where a hosts file gives each host its ``data`` (a per-host shard file written by ``p2pdp
-split``, :mod:`p2pdp.experiments.shards`), the host reads only that file and trains only its
+split``, :mod:`p2pdp.experiments.network.shards`), the host reads only that file and trains only its
 own peers' models: it never derives, opens or receives another peer's rows or model. Without
 it (a host count, or a hosts file without ``data``), each host derives the whole fold from the
 seed as the simulator does (every peer's data and local model: a simulation shortcut) and
 keeps only its own peers' statistics.
 
-By default the process that runs :func:`~p2pdp.experiments.simulation.simulate` (the
+By default the process that runs :func:`~p2pdp.experiments.run.simulation.simulate` (the
 coordinator) is also the experimenter who scores the run: it derives the fold itself to score
 every peer's ensemble on the test rows, the centralised reference and the releases'
 ``noise_norm`` (analysis columns, never sent to any host). With per-host data, a hosts file's
 ``score = false`` makes a coordinator that opens no data at all: it learns the statistics'
 length from the hosts and leaves those columns empty
-(:data:`~p2pdp.experiments.simulation.UNSCORED`). Either way the coordinator's protocol code
+(:data:`~p2pdp.experiments.run.simulation.UNSCORED`). Either way the coordinator's protocol code
 (:class:`~p2pdp.net.coordinator.NetworkWorld`) reads no training data.
 
 Where the hosts run is ``P2PDP_NETWORK_HOSTS`` (the CLI's ``--hosts``, checked by
@@ -56,7 +56,7 @@ from p2pdp.config import ScenarioConfig, refuse_unread, settings_read, unread_se
 from p2pdp.core.errors import ConfigError, NetworkRunError, P2PDPError
 from p2pdp.core.parallel import worker_signals
 from p2pdp.core.rng import generator, os_generator
-from p2pdp.experiments.scenario import parse_toml
+from p2pdp.experiments.scenarios.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
 from p2pdp.net.gossip_host import GossipSetup
 from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of, serve
@@ -119,7 +119,7 @@ class HostsFile:
         The coordinator scores the run (derives the fold from the seed to score every peer's
         ensemble on the test rows, the centralised reference and the releases' noise norm).
         False (only with ``data``): it opens no data at all, and those columns are empty
-        (:data:`~p2pdp.experiments.simulation.UNSCORED`).
+        (:data:`~p2pdp.experiments.run.simulation.UNSCORED`).
     """
 
     coordinator: str
@@ -551,7 +551,7 @@ def _settings(
 def check_network_settings(config: ScenarioConfig) -> None:
     """ConfigError naming a setting of ``config`` the network runtime does not run, or a host
     count it cannot have (:func:`hosts_plan`), before anything starts (the runner checks every
-    grid point first, :func:`~p2pdp.experiments.simulation.simulate` its config)."""
+    grid point first, :func:`~p2pdp.experiments.run.simulation.simulate` its config)."""
     from p2pdp.privacy.mechanisms import mechanism_class
     from p2pdp.tasks import check_own_rows
 
@@ -734,7 +734,7 @@ def host_main(
     logging.basicConfig(level=logging.WARNING, format=f"host {host}: %(message)s")
     worker_signals()  # a Ctrl-C is the coordinator's to handle: it ends the run, and the hosts
     if config.protocol.iterative:
-        from p2pdp.experiments.iterative_network import iterative_host_main
+        from p2pdp.experiments.network.iterative import iterative_host_main
 
         iterative_host_main(config, fold, repetition, host, hosts, ticket, coordinator=coordinator,
                             address=address, allowed=allowed, data=data)  # fmt: skip
@@ -831,7 +831,7 @@ def _own_statistics(
     """Host ``host``'s peers (m,), their statistics (m, d), shard sizes (m,) and whether
     their rows were scaled with bounds fitted on the pooled training fold: from its shard
     file ``data`` alone, or (None) from the whole fold, keeping its own."""
-    from p2pdp.experiments.shards import read_host_shards
+    from p2pdp.experiments.network.shards import read_host_shards
 
     n_peers = config.partition.n_peers
     if data is not None:

@@ -8,6 +8,7 @@ shards, local models, group draws and noise streams (common random numbers).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -15,7 +16,7 @@ import operator
 import os
 import time
 import tracemalloc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +27,8 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
-from p2pdp.experiments.results import ColumnTable, RowSequence
-from p2pdp.experiments.scenario import config_of, with_settings
+from p2pdp.experiments.results.store import ColumnTable, RowSequence
+from p2pdp.experiments.scenarios.scenario import config_of, with_settings
 from p2pdp.privacy.accounting import composed, make_accountant, supports
 from p2pdp.privacy.mechanisms import NoNoise
 from p2pdp.privacy.release import ReleaseRecord, record_columns
@@ -343,7 +344,7 @@ def simulate(
     config : ScenarioConfig, str, path or mapping
         The cell's settings; a shipped scenario's name, a scenario file or a mapping shaped
         like one is loaded (it must have one grid point: see
-        :func:`p2pdp.experiments.scenario.config_of`).
+        :func:`p2pdp.experiments.scenarios.scenario.config_of`).
     fold : int
         Cross-validation fold in ``[0, evaluation.cv_folds)`` (0 for a fixed split).
     repetition : int
@@ -377,6 +378,61 @@ def simulate(
     config = config_of(config)
     if settings:
         config = with_settings(config, settings, "simulate()")
+    _check_call(
+        config,
+        fold=fold,
+        repetition=repetition,
+        observers=observers,
+        runtime=runtime,
+        driver=driver,
+    )
+    if track_memory:
+        tracemalloc.start()
+    task = make_task(config)
+    if config.protocol.iterative:
+        result = simulate_iterative(
+            config,
+            task,
+            fold=fold,
+            repetition=repetition,
+            trained=trained,
+            driver="reference" if driver == "reference" else "batched",
+            runtime=runtime,
+        )
+    elif runtime == "network" and not _coordinator_scores(config):
+        result = _unscored_network_run(
+            config, task, fold=fold, repetition=repetition, observers=observers
+        )
+    else:
+        result = _simulate_one_shot(
+            config,
+            task,
+            fold=fold,
+            repetition=repetition,
+            trained=trained,
+            observers=observers,
+            runtime=runtime,
+            driver=driver,
+        )
+    if track_memory:
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        result = dataclasses.replace(result, peak_memory_mb=peak)
+    return result
+
+
+def _check_call(
+    config: ScenarioConfig,
+    *,
+    fold: int,
+    repetition: int,
+    observers: tuple[WorldObserver, ...],
+    runtime: str,
+    driver: str,
+) -> None:
+    """ConfigError, before anything runs, for arguments of :func:`simulate` that cannot run
+    ``config`` (an iterative protocol included); the network runtime's settings are checked
+    here too (:func:`~p2pdp.experiments.network.launch.check_network_settings`)."""
     OneOf(RUNTIMES).check("runtime", runtime)
     OneOf(DRIVERS).check("driver", driver)
     if driver != "auto" and runtime == "network":
@@ -405,89 +461,79 @@ def simulate(
         raise ConfigError(f"fold must be in [0, {config.evaluation.cv_folds}), got {fold}")
     if config.evaluation.split == "fixed" and fold != 0:
         raise ConfigError(f"fold must be 0 with evaluation.split = 'fixed' (one split), got {fold}")
-    if runtime == "network":  # before anything runs (an iterative protocol included)
-        from p2pdp.experiments.network import check_network_settings
+    if runtime == "network":
+        from p2pdp.experiments.network.launch import check_network_settings
 
         check_network_settings(config)
-    if track_memory:
-        tracemalloc.start()
-    task = make_task(config)
-    if config.protocol.iterative:
-        result = simulate_iterative(
+
+
+def _coordinator_scores(config: ScenarioConfig) -> bool:
+    """Whether this process, the coordinator of a network run, scores it (holds the data)."""
+    from p2pdp.experiments.network.launch import coordinator_scores
+
+    return coordinator_scores(config.partition.n_peers)
+
+
+class _Phases:
+    """The wall seconds of a run's phases (:attr:`RunResult.wall_times`, by phase name), each
+    phase also shown to the progress report (:func:`p2pdp.core.progress.set_phase`) as it
+    starts: the steps of both protocol families are timed alike."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(
+        self, name: str, shown: str | None = None, counter: Callable[[], str] | None = None
+    ) -> Iterator[None]:
+        """Time the block as phase ``name``, shown as ``shown`` (default ``name``) with the
+        progress ``counter``."""
+        start = time.perf_counter()
+        set_phase(name if shown is None else shown, counter)
+        yield
+        self.seconds[name] = time.perf_counter() - start
+
+
+def _simulate_one_shot(
+    config: ScenarioConfig,
+    task: Any,
+    *,
+    fold: int,
+    repetition: int,
+    trained: Any,
+    observers: tuple[WorldObserver, ...],
+    runtime: str,
+    driver: str,
+) -> RunResult:
+    """One fold of the one-shot protocol, scored by this process (see :func:`simulate`): the
+    peers' statistics, the world that releases their group averages, the task's scores."""
+    phases = _Phases()
+    with phases.phase("training"):
+        trained = _trained(task, trained, fold=fold, repetition=repetition)
+        statistics, sizes = task_statistics(task, trained, config.partition.n_peers)
+        check_min_shard_size(sizes, config.privacy.min_shard_size)
+    with phases.phase("simulation", "network run" if runtime == "network" else None):
+        dim = statistics.shape[-1]  # (P, d), or (P, R, d): a fresh statistic per release
+        mechanism, releaser, rngs = release_path(
+            config, task, dim, fold=fold, repetition=repetition
+        )
+        log = ReleaseLog()
+        world = _one_shot_world(
             config,
             task,
-            fold=fold,
-            repetition=repetition,
-            trained=trained,
-            driver="reference" if driver == "reference" else "batched",
-            runtime=runtime,
-        )
-        if track_memory:
-            peak = tracemalloc.get_traced_memory()[1] / 2**20
-            tracemalloc.stop()
-            result = dataclasses.replace(result, peak_memory_mb=peak)
-        return result
-    if runtime == "network":
-        from p2pdp.experiments.network import coordinator_scores
-
-        if not coordinator_scores(config.partition.n_peers):
-            result = _unscored_network_run(
-                config, task, fold=fold, repetition=repetition, observers=observers
-            )
-            if track_memory:
-                peak = tracemalloc.get_traced_memory()[1] / 2**20
-                tracemalloc.stop()
-                result = dataclasses.replace(result, peak_memory_mb=peak)
-            return result
-    wall: dict[str, float] = {}
-    start = time.perf_counter()
-    set_phase("training")
-    trained = _trained(task, trained, fold=fold, repetition=repetition)
-    statistics, sizes = task_statistics(task, trained, config.partition.n_peers)
-    check_min_shard_size(sizes, config.privacy.min_shard_size)
-    wall["training"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    set_phase("network run" if runtime == "network" else "simulation")
-    dim = statistics.shape[-1]  # (P, d), or (P, R, d): a fresh statistic per release
-    mechanism, releaser, rngs = release_path(config, task, dim, fold=fold, repetition=repetition)
-    log = ReleaseLog()
-    if runtime == "network":
-        from p2pdp.experiments.network import network_world
-
-        world: Any = network_world(
-            config,
-            releaser,
-            statistics,
-            rngs=rngs,
-            fold=fold,
-            repetition=repetition,
-            observers=(log, *observers),
-        )
-    else:
-        world = World(
-            config,
             statistics,
             sizes,
             releaser=releaser,
-            sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
             rngs=rngs,
+            fold=fold,
+            repetition=repetition,
             observers=(log, *observers),
+            runtime=runtime,
             driver=driver,
         )
-        set_phase("simulation", _aggregations_done(world))
-    world.run()
-    wall["simulation"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    set_phase("evaluation")
-    evaluation = evaluated(task, trained, _outcome(world, dim))
-    wall["evaluation"] = time.perf_counter() - start
-
-    peak_mb = float("nan")
-    if track_memory:
-        peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
-        tracemalloc.stop()
+        world.run()
+    with phases.phase("evaluation"):
+        evaluation = evaluated(task, trained, _outcome(world, dim))
     return _result(
         config,
         world,
@@ -501,10 +547,52 @@ def simulate(
             getattr(getattr(trained, "fold", None), "data_dependent_bounds", False)
         ),
         releases=log.rows,
-        wall_times=wall,
-        peak_memory_mb=peak_mb,
+        wall_times=phases.seconds,
         runtime=runtime,
     )
+
+
+def _one_shot_world(
+    config: ScenarioConfig,
+    task: Any,
+    statistics: np.ndarray,
+    sizes: Any,
+    *,
+    releaser: Any,
+    rngs: dict[str, np.random.Generator],
+    fold: int,
+    repetition: int,
+    observers: tuple[WorldObserver, ...],
+    runtime: str,
+    driver: str,
+) -> Any:
+    """The world that runs the one-shot protocol over the peers' ``statistics`` (shape (P, d)
+    or (P, R, d)): the SimPy :class:`~p2pdp.sim.world.World`, or on the network runtime a
+    :class:`~p2pdp.net.coordinator.NetworkWorld` over the run's host processes."""
+    if runtime == "network":
+        from p2pdp.experiments.network.launch import network_world
+
+        return network_world(
+            config,
+            releaser,
+            statistics,
+            rngs=rngs,
+            fold=fold,
+            repetition=repetition,
+            observers=observers,
+        )
+    world = World(
+        config,
+        statistics,
+        sizes,
+        releaser=releaser,
+        sensitivity=sensitivity_of(task, config.privacy.min_shard_size),
+        rngs=rngs,
+        observers=observers,
+        driver=driver,
+    )
+    set_phase("simulation", _aggregations_done(world))
+    return world
 
 
 def _outcome(world: Any, dim: int) -> Outcome:
@@ -532,7 +620,7 @@ def _unscored_network_run(
     = false``): it opens no data set and no shard file, learns the statistics' length from
     the hosts (:class:`~p2pdp.net.coordinator.NetworkWorld`), and leaves every score empty
     with the reason in ``score_note`` (:data:`UNSCORED`)."""
-    from p2pdp.experiments.network import network_world
+    from p2pdp.experiments.network.launch import network_world
 
     paths: dict[int, tuple[Any, Any, Any]] = {}
 
@@ -680,7 +768,7 @@ def simulate_iterative(
     :func:`simulate` for the arguments, :mod:`p2pdp.protocols` for the protocols, and
     :mod:`p2pdp.sim.iterative` for ``driver`` (``"batched"`` arrays or the per-peer
     ``"reference"`` machines: the same rows). On the network runtime the rounds run between
-    host processes (:func:`p2pdp.experiments.iterative_network.run_on_network`), everything
+    host processes (:func:`p2pdp.experiments.network.iterative.run_on_network`), everything
     else as here.
 
     Streams (by name, from the seed, fold and repetition): ``overlay`` (the graph, shared by
@@ -692,19 +780,104 @@ def simulate_iterative(
     edge),
     ``central`` (the trusted-curator reference's sampling and noise).
     """
-    from p2pdp.core.components import resolve
-    from p2pdp.learning.evaluation import linear_error
-    from p2pdp.learning.local_problem import LocalProblem
-    from p2pdp.protocols import network_dp
-    from p2pdp.protocols.iterative import (
-        IterativeProtocol,
-        central_dp_reference,
-        step_privacy,
-        threat_model_privacy,
+    cls = _iterative_protocol_class(config, task)
+    phases = _Phases()
+    with phases.phase("training"):
+        trained, data, problem = _local_problem(
+            config, task, trained, fold=fold, repetition=repetition
+        )
+    rounds_done = [0]  # the round recorded last, read by the progress report
+    with phases.phase(
+        "simulation", counter=lambda: f"round {rounds_done[0]} of {config.protocol.rounds}"
+    ):
+        fold_run = _iterative_setup(config, cls, problem, fold=fold, repetition=repetition)
+        run, network, trace = _run_rounds(
+            config,
+            fold_run,
+            data,
+            fold=fold,
+            repetition=repetition,
+            on_round=functools.partial(operator.setitem, rounds_done, 0),
+            driver=driver,
+            runtime=runtime,
+        )
+    with phases.phase("evaluation"):
+        evaluation = task.evaluate_models(trained, run.models)
+        columns = _iterative_columns(config, fold_run, run, data, fold=fold, repetition=repetition)
+    with phases.phase("network_dp", "network DP"):  # the views of the run
+        views, distances = _privacy_views(config, fold_run, trace, network)
+        columns.update(views)
+    return _iterative_result(
+        config,
+        fold_run,
+        run,
+        network,
+        fold=fold,
+        repetition=repetition,
+        evaluation=evaluation,
+        data_dependent_bounds=bool(data.data_dependent_bounds),
+        protocol_columns=columns,
+        network_dp=distances,
+        wall_times=phases.seconds,
+        runtime=runtime,
     )
-    from p2pdp.protocols.mixing import Mixing
-    from p2pdp.sim.iterative import consensus_distance, run_iterative
-    from p2pdp.sim.overlay import build_overlay
+
+
+def _iterative_result(
+    config: ScenarioConfig,
+    fold_run: _IterativeFold,
+    run: Any,
+    network: Any,
+    *,
+    runtime: str,
+    **fields: Any,
+) -> RunResult:
+    """The RunResult of an iterative run (``network``: the network run, or None in
+    simulation): each private step is one aggregation, charged as its local DP;
+    ``fields``: the rest of RunResult's."""
+    steps = run.steps
+    transport = run.transport
+    privacy = fold_run.privacy
+    spent = privacy.epsilon(steps)
+    one_step = privacy.epsilon(np.array([1]))[0]
+    return RunResult(
+        config=config,
+        aggregations=int(steps.sum()),
+        aborted_groups=0,
+        aggregations_per_peer=steps,
+        epsilon_spent=spent,
+        guaranteed_epsilon=spent,
+        shard_sizes=fold_run.problem.sizes,
+        sim_time=run.end_time,
+        messages_sent=int(transport.messages_sent.sum()),
+        bytes_sent=int(transport.bytes_sent.sum()),
+        messages_lost=run.messages_lost,
+        stop_reason="rounds",
+        guarantee_per_aggregation=(float(one_step), privacy.delta_total),
+        guarantee=guarantee_label(privacy.event),
+        neighbouring_relation=privacy.event.relation,
+        affordable_aggregations=-1 if privacy.max_steps is None else privacy.max_steps,
+        rounds=run.rounds,
+        runtime=runtime,
+        **fields,
+        **(
+            {}
+            if network is None
+            else {
+                "wire": network.wire,
+                "hosts_lost": network.hosts_lost,
+                "messages_refused": network.transport.messages_refused,
+            }
+        ),
+    )
+
+
+def _iterative_protocol_class(config: ScenarioConfig, task: Any) -> type:
+    """The :class:`~p2pdp.protocols.iterative.IterativeProtocol` that ``protocol.name`` names;
+    ConfigError if it names something else, or the model or task is not logistic (the
+    iterative protocols take logistic-loss steps themselves)."""
+    from p2pdp.core.components import resolve
+    from p2pdp.protocols.iterative import IterativeProtocol
 
     if config.training.model != "logistic":
         raise ConfigError(
@@ -722,9 +895,19 @@ def simulate_iterative(
             f"protocol.name = {config.protocol.name!r} must name a subclass of "
             "p2pdp.protocols.iterative.IterativeProtocol"
         )
-    wall: dict[str, float] = {}
-    start = time.perf_counter()
-    set_phase("training")
+    return cls
+
+
+def _local_problem(
+    config: ScenarioConfig, task: Any, trained: Any, *, fold: int, repetition: int
+) -> tuple[Any, Any, Any]:
+    """``(trained, data, problem)``: what the task prepared for the fold, its training and
+    test rows, and every peer's local logistic problem
+    (:class:`~p2pdp.learning.local_problem.LocalProblem`, one shard per peer). ConfigError if a
+    shard is below ``privacy.min_shard_size`` or, with fixed-size sampling, smaller than
+    ``protocol.batch_size``."""
+    from p2pdp.learning.local_problem import LocalProblem
+
     trained = _trained(task, trained, fold=fold, repetition=repetition)
     data, shards = trained.training_rows()  # loaded again if drawn in blocks
     problem = LocalProblem.from_shards(data.X_train, data.y_train, shards, config.training.lam)
@@ -737,14 +920,36 @@ def simulate_iterative(
             f"{int(problem.sizes[peer])} records peer {peer} holds (fold {fold}): a step would "
             "take its whole shard, not the batch the row records; lower protocol.batch_size"
         )
-    wall["training"] = time.perf_counter() - start
+    return trained, data, problem
 
-    start = time.perf_counter()
-    rounds_done = [0]  # the round recorded last, read by the progress report
-    set_phase("simulation", lambda: f"round {rounds_done[0]} of {settings.rounds}")
-    n_peers = problem.n_peers
+
+@dataclass(frozen=True, slots=True)
+class _IterativeFold:
+    """What one fold of an iterative protocol runs: every peer's local ``problem``, the
+    overlay's ``mixing`` matrix, ``local`` (one step's local DP at ``privacy.epsilon``, also
+    the central reference's budget), ``privacy`` (a step's privacy against the configured
+    threat model), the named ``rngs`` and the ``protocol`` built from them."""
+
+    problem: Any
+    mixing: Any
+    local: Any
+    privacy: Any
+    rngs: dict[str, np.random.Generator]
+    protocol: Any
+
+
+def _iterative_setup(
+    config: ScenarioConfig, cls: type, problem: Any, *, fold: int, repetition: int
+) -> _IterativeFold:
+    """The overlay (stream ``overlay``), its Metropolis-Hastings mixing, the privacy of a step
+    and the protocol, with its streams (``network``, ``noise``, ``sampling``, ``gossip``,
+    ``churn``, ``pairs``), for fold ``fold`` and repetition ``repetition``."""
+    from p2pdp.protocols.iterative import step_privacy, threat_model_privacy
+    from p2pdp.protocols.mixing import Mixing
+    from p2pdp.sim.overlay import build_overlay
+
     overlay = build_overlay(
-        config.gossip, n_peers, rng=generator(config.seed, "overlay", fold, repetition)
+        config.gossip, problem.n_peers, rng=generator(config.seed, "overlay", fold, repetition)
     )
     mixing = Mixing.metropolis_hastings(overlay.indptr, overlay.indices)
     local = step_privacy(config)  # local DP at privacy.epsilon (the central reference's too)
@@ -754,157 +959,181 @@ def simulate_iterative(
         for name in ("network", "noise", "sampling", "gossip", "churn", "pairs")
     }
     protocol = cls(config.protocol, problem, mixing, privacy, rngs=rngs)
-    pair_noise = protocol.pair_noise_multiplier
-    trace = network_dp.ViewTrace() if protocol.network_dp or pair_noise > 0 else None
-    network: Any = None
-    run: Any
+    return _IterativeFold(problem, mixing, local, privacy, rngs, protocol)
+
+
+def _run_rounds(
+    config: ScenarioConfig,
+    fold_run: _IterativeFold,
+    data: Any,
+    *,
+    fold: int,
+    repetition: int,
+    on_round: Callable[[int], None],
+    driver: str,
+    runtime: str,
+) -> tuple[Any, Any, Any]:
+    """Run the protocol's rounds: ``(run, network, trace)``, ``network`` the network run (also
+    ``run``) or None, ``trace`` the views of the run
+    (:class:`~p2pdp.protocols.network_dp.ViewTrace`) where a bound needs them, else None."""
+    from p2pdp.learning.evaluation import linear_error
+    from p2pdp.protocols import network_dp
+    from p2pdp.sim.iterative import run_iterative
+
+    protocol = fold_run.protocol
+    needs_trace = protocol.network_dp or protocol.pair_noise_multiplier > 0
+    trace = network_dp.ViewTrace() if needs_trace else None
+
+    def errors(models: np.ndarray) -> np.ndarray:
+        return linear_error(models, data.X_test, data.y_test)
+
     if runtime == "network":
-        from p2pdp.experiments.iterative_network import run_on_network
-        from p2pdp.experiments.network import network_session
+        from p2pdp.experiments.network.iterative import run_on_network
+        from p2pdp.experiments.network.launch import network_session
 
         set_phase("network run")
-        run = network = run_on_network(
+        network = run_on_network(
             config,
-            mixing,
-            privacy,
+            fold_run.mixing,
+            fold_run.privacy,
             session=network_session(config, fold=fold, repetition=repetition),
-            dim=problem.X.shape[1],
-            errors=lambda models: linear_error(models, data.X_test, data.y_test),
+            dim=fold_run.problem.X.shape[1],
+            errors=errors,
         )
-        trace = network.trace if trace is not None else None
-    else:
-        run = run_iterative(
-            config,
-            protocol,
-            errors=lambda models: linear_error(models, data.X_test, data.y_test),
-            rng=rngs["network"],
-            churn_rng=rngs["churn"],
-            on_round=functools.partial(operator.setitem, rounds_done, 0),
-            trace=trace,
-            driver=driver,
-        )
-    wall["simulation"] = time.perf_counter() - start
+        return network, network, network.trace if needs_trace else None
+    run = run_iterative(
+        config,
+        protocol,
+        errors=errors,
+        rng=fold_run.rngs["network"],
+        churn_rng=fold_run.rngs["churn"],
+        on_round=on_round,
+        trace=trace,
+        driver=driver,
+    )
+    return run, None, trace
 
-    start = time.perf_counter()
-    set_phase("evaluation")
-    evaluation = task.evaluate_models(trained, run.models)
+
+def _iterative_columns(
+    config: ScenarioConfig,
+    fold_run: _IterativeFold,
+    run: Any,
+    data: Any,
+    *,
+    fold: int,
+    repetition: int,
+) -> dict[str, Any]:
+    """The :data:`~p2pdp.protocols.ITERATIVE_COLUMNS` a run fills when scored: steps, noise
+    used, spectral gap, consensus distance and, for a private mechanism, the error and
+    epsilon of the trusted-curator reference at the same budget (stream ``central``)."""
+    from p2pdp.learning.evaluation import linear_error
+    from p2pdp.protocols.iterative import central_dp_reference
+    from p2pdp.sim.iterative import consensus_distance
+
     steps = run.steps
-    mechanism = privacy.mechanism
+    mechanism = fold_run.privacy.mechanism
     columns = dict(ITERATIVE_COLUMNS)
     columns.update(
         mean_steps_per_peer=float(steps.mean()),
         min_steps_per_peer=float(steps.min()),
         noise_multiplier_used=mechanism.noise_multiplier,
-        pairwise_noise_multiplier_used=pair_noise,
-        spectral_gap=mixing.spectral_gap(),
+        pairwise_noise_multiplier_used=fold_run.protocol.pair_noise_multiplier,
+        spectral_gap=fold_run.mixing.spectral_gap(),
         consensus_distance=consensus_distance(run.models),
     )
     if mechanism.private:  # where a trusted curator would be, at the same budget
         central, central_epsilon = central_dp_reference(
-            problem,
+            fold_run.problem,
             config.protocol,
-            local,
+            fold_run.local,
             rng=generator(config.seed, "central", fold, repetition),
         )
         columns.update(
             central_dp_error=float(linear_error(central[None, :], data.X_test, data.y_test)[0]),
             central_dp_epsilon=central_epsilon,
         )
-    wall["evaluation"] = time.perf_counter() - start
+    return columns
 
-    start = time.perf_counter()  # the views of the run: network DP and correlated noise
-    set_phase("network DP")
-    distances: list[dict[str, Any]] = []
-    step_size = config.protocol.step_size
-    if pair_noise > 0:  # every threat model's view of the run as it happened
-        from p2pdp.protocols import correlated_dp
 
-        assert trace is not None
-        if config.protocol.threat_model != "local" and not _same_trace(
-            trace, correlated_dp.loss_free_trace(mixing, config.protocol.rounds)
-        ):
-            raise ConfigError(
-                f"protocol.threat_model = {config.protocol.threat_model!r}: the noise was "
-                "calibrated on a run in which every message arrives in time, and this one lost "
-                "or delayed some (network.latency_mean, bandwidth vs protocol.round_period): "
-                "its epsilon against that threat model would exceed privacy.epsilon"
-            )
-        columns.update(
-            correlated_dp.report(
-                trace,
-                mixing,
-                mechanism,
-                scales=step_size / mechanism.denominators(problem.sizes),
-                decay=1.0 - step_size * problem.lam,
-                pair_noise_multiplier=pair_noise,
-                delta=config.privacy.delta,
-                churn=config.gossip.churn or bool(network and network.hosts_lost),
-                ratio=(  # the calibration's own, so its views are found, not recomputed
-                    None
-                    if config.protocol.threat_model == "local"
-                    else config.protocol.pairwise_noise_multiplier
-                ),
-            )
-        )
-    host_lost = network is not None and network.hosts_lost > 0
-    if trace is not None and protocol.network_dp and host_lost:
+def _privacy_views(
+    config: ScenarioConfig, fold_run: _IterativeFold, trace: Any, network: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(columns, distances)`` from the views of the run as it happened: the correlated-noise
+    columns (with pairwise noise), the network DP summary and its ``network_dp`` rows per
+    graph distance (protocols that model it), or ``network_dp_note`` saying why there are
+    none."""
+    from p2pdp.protocols import network_dp
+
+    columns: dict[str, Any] = {}
+    if fold_run.protocol.pair_noise_multiplier > 0:  # every threat model's view of the run
+        columns.update(_correlated_columns(config, fold_run, trace, network))
+    if trace is None or not fold_run.protocol.network_dp:
+        columns["network_dp_note"] = network_dp.not_modelled(config.protocol.name)
+        return columns, []
+    if network is not None and network.hosts_lost > 0:
         columns["network_dp_note"] = (  # what its peers read in their last round is unknown
             "not computed: a host was lost (what its peers received before it died is not "
             "recorded, so their views cannot be bounded)"
         )
-    elif trace is not None and protocol.network_dp:  # the view of every peer as it happened
-        summary, distances = network_dp.report(
-            trace,
-            mixing,
-            mechanism,
-            scales=step_size / mechanism.denominators(problem.sizes),
-            decay=1.0 - step_size * problem.lam,
-            delta=config.privacy.delta,
-        )
-        columns.update(summary)
-    else:
-        columns["network_dp_note"] = network_dp.not_modelled(config.protocol.name)
-    wall["network_dp"] = time.perf_counter() - start
+        return columns, []
+    scales, decay = _view_scales(config, fold_run)
+    summary, distances = network_dp.report(  # the view of every peer as it happened
+        trace,
+        fold_run.mixing,
+        fold_run.privacy.mechanism,
+        scales=scales,
+        decay=decay,
+        delta=config.privacy.delta,
+    )
+    columns.update(summary)
+    return columns, distances
 
-    transport = run.transport
-    spent = privacy.epsilon(steps)
-    one_step = privacy.epsilon(np.array([1]))[0]
-    return RunResult(
-        config=config,
-        fold=fold,
-        repetition=repetition,
-        evaluation=evaluation,
-        aggregations=int(steps.sum()),
-        aborted_groups=0,
-        aggregations_per_peer=steps,
-        epsilon_spent=spent,
-        guaranteed_epsilon=spent,
-        shard_sizes=problem.sizes,
-        sim_time=run.end_time,
-        messages_sent=int(transport.messages_sent.sum()),
-        bytes_sent=int(transport.bytes_sent.sum()),
-        messages_lost=run.messages_lost,
-        stop_reason="rounds",
-        data_dependent_bounds=bool(data.data_dependent_bounds),
-        guarantee_per_aggregation=(float(one_step), privacy.delta_total),
-        guarantee=guarantee_label(privacy.event),
-        neighbouring_relation=privacy.event.relation,
-        wall_times=wall,
-        affordable_aggregations=-1 if privacy.max_steps is None else privacy.max_steps,
-        protocol_columns=columns,
-        rounds=run.rounds,
-        network_dp=distances,
-        runtime=runtime,
-        **(
-            {}
-            if network is None
-            else {
-                "wire": network.wire,
-                "hosts_lost": network.hosts_lost,
-                "messages_refused": network.transport.messages_refused,
-            }
+
+def _correlated_columns(
+    config: ScenarioConfig,
+    fold_run: _IterativeFold,
+    trace: Any,
+    network: Any,
+) -> dict[str, Any]:
+    """The correlated-noise columns (:func:`p2pdp.protocols.correlated_dp.report`) of a run
+    with pairwise noise. ConfigError if a threat model other than ``local`` calibrated the
+    noise on a loss-free run and this one lost or delayed a message."""
+    from p2pdp.protocols import correlated_dp
+
+    assert trace is not None
+    settings = config.protocol
+    if settings.threat_model != "local" and not _same_trace(
+        trace, correlated_dp.loss_free_trace(fold_run.mixing, settings.rounds)
+    ):
+        raise ConfigError(
+            f"protocol.threat_model = {settings.threat_model!r}: the noise was "
+            "calibrated on a run in which every message arrives in time, and this one lost "
+            "or delayed some (network.latency_mean, bandwidth vs protocol.round_period): "
+            "its epsilon against that threat model would exceed privacy.epsilon"
+        )
+    scales, decay = _view_scales(config, fold_run)
+    return correlated_dp.report(
+        trace,
+        fold_run.mixing,
+        fold_run.privacy.mechanism,
+        scales=scales,
+        decay=decay,
+        pair_noise_multiplier=fold_run.protocol.pair_noise_multiplier,
+        delta=config.privacy.delta,
+        churn=config.gossip.churn or bool(network and network.hosts_lost),
+        ratio=(  # the calibration's own, so its views are found, not recomputed
+            None if settings.threat_model == "local" else settings.pairwise_noise_multiplier
         ),
     )
+
+
+def _view_scales(config: ScenarioConfig, fold_run: _IterativeFold) -> tuple[np.ndarray, float]:
+    """``(scales, decay)`` of the views of a run (network DP, correlated noise): per peer, the
+    step size over its step's denominator (how far one record moves an update), and
+    ``1 - step_size * lam`` (how much of a model survives a step)."""
+    step_size = config.protocol.step_size
+    denominators = fold_run.privacy.mechanism.denominators(fold_run.problem.sizes)
+    return step_size / denominators, 1.0 - step_size * fold_run.problem.lam
 
 
 def _same_trace(trace: Any, expected: Any) -> bool:

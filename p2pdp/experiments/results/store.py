@@ -62,7 +62,12 @@ import numpy as np
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.files import write_atomic
-from p2pdp.experiments.scenario import Scenario, format_change, parse_scenario, scenario_changes
+from p2pdp.experiments.scenarios.scenario import (
+    Scenario,
+    format_change,
+    parse_scenario,
+    scenario_changes,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas

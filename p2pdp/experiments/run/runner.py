@@ -23,10 +23,11 @@ only as many as it has training keys:
   :class:`multiprocessing.Queue`, so the results store writes each cell as it finishes;
 * a Dask distributed cluster (``scheduler="tcp://host:port"``; one future per training and one
   per cell depending on it; the workers need p2pdp installed and the data files, e.g. via
-  ``P2PDP_DATA_HOME``). A cell the cluster plan covers (:func:`p2pdp.experiments.cluster.plan_gap`:
-  one large synthetic run) is split instead: its rows, local models, centralised reference
-  and scores in blocks on the workers, its simulation in this process
-  (:mod:`p2pdp.experiments.cluster`), cells of one training key sharing one training.
+  ``P2PDP_DATA_HOME``). A cell the cluster plan covers
+  (:func:`p2pdp.experiments.run.cluster.plan_gap`: one large synthetic run) is split instead:
+  its rows, local models, centralised reference and scores in blocks on the workers, its
+  simulation in this process (:mod:`p2pdp.experiments.run.cluster`), cells of one training
+  key sharing one training.
 
 An exception in the run, including KeyboardInterrupt (which the CLI also raises for SIGTERM
 and SIGHUP), stops the local worker processes (or cancels the Dask futures) before it
@@ -64,18 +65,18 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, remote_workers, worker_signals
 from p2pdp.core.progress import report_every, running, running_cell, set_phase
 from p2pdp.core.validation import OneOf
-from p2pdp.experiments.cluster import dask_pieces, on_dask_worker, plan_gap, prepare_on_cluster
-from p2pdp.experiments.disclosure import non_private_column
-from p2pdp.experiments.network import (
+from p2pdp.experiments.network.launch import (
     check_network_settings,
     coordinator_scores,
     hosts_flag,
     network_hosts,
     run_hosts,
 )
-from p2pdp.experiments.results import CellRecord, ResultsStore, roc_on_grid
-from p2pdp.experiments.scenario import Scenario
-from p2pdp.experiments.simulation import RUNTIMES, check_budget, simulate
+from p2pdp.experiments.results.store import CellRecord, ResultsStore, roc_on_grid
+from p2pdp.experiments.run.cluster import dask_pieces, on_dask_worker, plan_gap, prepare_on_cluster
+from p2pdp.experiments.run.simulation import RUNTIMES, check_budget, simulate
+from p2pdp.experiments.scenarios.disclosure import non_private_column
+from p2pdp.experiments.scenarios.scenario import Scenario
 from p2pdp.tasks import make_task, prepared
 
 Task = tuple["Cell", ...]
@@ -166,13 +167,13 @@ def iter_task(
     """Train once for the task's training key, then simulate the cells, yielding each record.
 
     Rows get ``cell_id`` and ``point`` first, then
-    :meth:`p2pdp.experiments.simulation.RunResult.row`,
+    :meth:`p2pdp.experiments.run.simulation.RunResult.row`,
     then ``wall_prepare_s`` (the shared training's seconds) and ``wall_cell_s``. BLAS runs
     single-threaded: on small matrices its threads cost more than they gain (measured 4x
     slower on 2 cores), and parallel workers would oversubscribe the cores.
     ``training_workers`` local processes solve the local models and score the peers
     (:func:`p2pdp.core.parallel.local_workers`; no result depends on it). ``runtime``: see
-    :func:`~p2pdp.experiments.simulation.simulate`.
+    :func:`~p2pdp.experiments.run.simulation.simulate`.
     """
     with threadpool_limits(limits=1):  # parallelism comes from workers, not BLAS threads
         with local_workers(training_workers):
@@ -213,7 +214,7 @@ def _run_cell(
             runtime=runtime,
         )
     row: dict[str, Any] = {"cell_id": cell.cell_id, "point": cell.point, **result.row()}
-    # p2pdp.experiments.disclosure
+    # p2pdp.experiments.scenarios.disclosure
     row["non_private_steps"] = non_private_column(cell.config, runtime=runtime)
     row.update(wall_prepare_s=prepare_seconds, wall_cell_s=time.perf_counter() - start)
     curve = result.evaluation.roc() if hasattr(result.evaluation, "roc") else None
@@ -253,7 +254,7 @@ def run_experiment(
     ----------
     scenario : Scenario
     out : path
-        Results folder (see :mod:`p2pdp.experiments.results`); created if missing.
+        Results folder (see :mod:`p2pdp.experiments.results.store`); created if missing.
     jobs : int, optional
         Local worker processes (default ``os.cpu_count()``); 1 runs in this process.
         Ignored when ``scheduler`` is given.
@@ -262,7 +263,7 @@ def run_experiment(
         checked before anything is written.
     resume, force : bool
         Finish a folder holding an interrupted run of the same scenario / discard a folder's
-        results (see :meth:`p2pdp.experiments.results.ResultsStore.open`).
+        results (see :meth:`p2pdp.experiments.results.store.ResultsStore.open`).
     progress : text stream, optional
         Where to report progress (a bar on a TTY, log lines otherwise), at least every
         :data:`PROGRESS_INTERVAL_S` seconds, with what the running cells are doing (their
@@ -271,44 +272,26 @@ def run_experiment(
     runtime : "simulation" or "network"
         ``network``: every cell runs its peers as OS processes over TCP on this machine
         (:mod:`p2pdp.net`), one cell at a time (its host processes use the cores, as many
-        as ``P2PDP_NETWORK_HOSTS`` says: :func:`p2pdp.experiments.network.hosts_plan`),
-        started once for the run and serving every cell (:func:`~p2pdp.experiments.
-        network.run_hosts`); not with ``jobs`` or ``scheduler``.
+        as ``P2PDP_NETWORK_HOSTS`` says: :func:`p2pdp.experiments.network.launch.hosts_plan`),
+        started once for the run and serving every cell
+        (:func:`~p2pdp.experiments.network.launch.run_hosts`); not with ``jobs`` or
+        ``scheduler``.
 
     Raises
     ------
     ConfigError
         Bad ``jobs``, unreachable scheduler, or a results folder that cannot be written, is
-        in use (:class:`~p2pdp.experiments.results.FolderInUseError`) or does not match.
+        in use (:class:`~p2pdp.experiments.results.store.FolderInUseError`) or does not match.
     """
     started = time.perf_counter()
-    OneOf(RUNTIMES).check("runtime", runtime)
-    if runtime == "network" and scheduler is not None:
-        raise ConfigError(
-            "--runtime network runs the peers as processes on this machine; it does not "
-            f"take --scheduler (got {scheduler!r})"
-        )
-    if runtime == "network" and jobs is not None:
-        raise ConfigError(
-            f"--jobs {jobs} is not used by the network runtime: each cell's host processes "
-            "use the cores (set how many with --hosts N)"
-        )
-    for point in scenario.points:  # refuse what cannot run before touching the folder
-        check_budget(point.config)
-        check_reads(point.config, runtime)  # a scenario may set what one runtime reads
-        if runtime == "network":
-            check_network_settings(point.config)
+    _check_run(scenario, jobs=jobs, scheduler=scheduler, runtime=runtime)
     cells = make_cells(scenario)
     client = _connect(scheduler) if scheduler is not None else None
     try:
         workers = _worker_count(jobs, client)
-        backend = f"dask {scheduler}" if client else f"{workers} local process(es)"
-        if client is not None and runtime == "simulation":
-            split = sum(plan_gap(cell.config) is None for cell in cells)
-            backend += f" ({split} of {len(cells)} cells split in blocks over the workers)"
-        if runtime == "network":
-            hosts = network_hosts(scenario.config.partition.n_peers)
-            backend = f"network runtime: {hosts} host processes per run, over TCP"
+        backend = _backend(
+            scenario, cells, client, scheduler=scheduler, workers=workers, runtime=runtime
+        )
         with ResultsStore.open(
             out,
             scenario,
@@ -330,18 +313,7 @@ def run_experiment(
                     file=progress,
                 )
             pending = [cell for cell in cells if cell.cell_id not in store.done]
-            outcomes: _WorkerPool | Generator[CellRecord, None, None]
-            running_cells = running  # what the running cells are doing, where they run
-            if client is not None:
-                reports = _ClusterReports(client)
-                outcomes, running_cells = _run_dask(pending, client, reports.topic), reports.running
-            elif runtime == "network":  # one cell at a time: its host processes use the cores
-                outcomes = _run_network(training_groups(pending))
-            elif workers > 1 and len(pending) > 1:
-                outcomes = _WorkerPool(pending, min(workers, len(pending)))
-                running_cells = outcomes.running
-            else:  # one cell: the spare workers solve its local models
-                outcomes = _run_in_process(training_groups(pending), training_workers=workers)
+            outcomes, running_cells = _outcomes(pending, client, workers=workers, runtime=runtime)
             bar = None
             try:
                 bar = _Progress(
@@ -367,6 +339,66 @@ def run_experiment(
     )
 
 
+def _check_run(
+    scenario: Scenario, *, jobs: int | None, scheduler: str | None, runtime: str
+) -> None:
+    """ConfigError for what cannot run, before the results folder is touched: the runtime, the
+    options it does not take, and each grid point's budget, settings it does not read and, on
+    the network runtime, network settings."""
+    OneOf(RUNTIMES).check("runtime", runtime)
+    if runtime == "network" and scheduler is not None:
+        raise ConfigError(
+            "--runtime network runs the peers as processes on this machine; it does not "
+            f"take --scheduler (got {scheduler!r})"
+        )
+    if runtime == "network" and jobs is not None:
+        raise ConfigError(
+            f"--jobs {jobs} is not used by the network runtime: each cell's host processes "
+            "use the cores (set how many with --hosts N)"
+        )
+    for point in scenario.points:
+        check_budget(point.config)
+        check_reads(point.config, runtime)  # a scenario may set what one runtime reads
+        if runtime == "network":
+            check_network_settings(point.config)
+
+
+def _backend(
+    scenario: Scenario,
+    cells: Sequence[Cell],
+    client: Any,
+    *,
+    scheduler: str | None,
+    workers: int,
+    runtime: str,
+) -> str:
+    """Where the cells run, as the manifest's ``backend`` says it."""
+    if runtime == "network":
+        hosts = network_hosts(scenario.config.partition.n_peers)
+        return f"network runtime: {hosts} host processes per run, over TCP"
+    if client is None:
+        return f"{workers} local process(es)"
+    split = sum(plan_gap(cell.config) is None for cell in cells)
+    return f"dask {scheduler} ({split} of {len(cells)} cells split in blocks over the workers)"
+
+
+def _outcomes(
+    pending: Sequence[Cell], client: Any, *, workers: int, runtime: str
+) -> tuple[_WorkerPool | Generator[CellRecord, None, None], Callable[[], Any]]:
+    """The records of the ``pending`` cells as they finish, from the backend that runs them,
+    and what the running cells are doing, where they run (for the progress report)."""
+    if client is not None:
+        reports = _ClusterReports(client)
+        return _run_dask(pending, client, reports.topic), reports.running
+    if runtime == "network":  # one cell at a time: its host processes use the cores
+        return _run_network(training_groups(pending)), running
+    if workers > 1 and len(pending) > 1:
+        pool = _WorkerPool(pending, min(workers, len(pending)))
+        return pool, pool.running
+    # one cell: the spare workers solve its local models
+    return _run_in_process(training_groups(pending), training_workers=workers), running
+
+
 # --- backends ---------------------------------------------------------------------------------
 def _worker_count(jobs: int | None, client: Any) -> int:
     if client is not None:
@@ -387,7 +419,7 @@ def _run_in_process(
 
 def _run_network(tasks: Sequence[Task]) -> Generator[CellRecord, None, None]:
     """The network runtime's cells, one at a time, served by host processes started once
-    for all of them (:func:`p2pdp.experiments.network.run_hosts`) and stopped when the
+    for all of them (:func:`p2pdp.experiments.network.launch.run_hosts`) and stopped when the
     cells are done, the generator is closed or an exception (an interrupt) passes."""
     with run_hosts():
         yield from _run_in_process(tasks, runtime="network")
@@ -662,13 +694,13 @@ def _run_dask(cells: Sequence[Cell], client: Any, topic: str) -> Generator[CellR
     The workers say what their cells are doing on ``topic`` (:func:`_reporting`).
 
     The client keeps no reference to the trainings, so Dask frees each one when its last
-    cell is done. The keys the cluster plan covers (:func:`p2pdp.experiments.cluster.plan_gap`)
+    cell is done. The keys the cluster plan covers (:func:`p2pdp.experiments.run.cluster.plan_gap`)
     are trained in blocks on the workers instead, one after the other while the futures run,
     and their cells simulated here, their peers scored on the workers.
     """
     from dask.distributed import as_completed as dask_completed
 
-    from p2pdp.experiments.cluster import scheduler_watch
+    from p2pdp.experiments.run.cluster import scheduler_watch
 
     futures, split = [], []
     for group in training_groups(cells):
@@ -690,7 +722,7 @@ def _run_dask(cells: Sequence[Cell], client: Any, topic: str) -> Generator[CellR
 
 def _run_split(cells: Task, client: Any) -> Iterator[CellRecord]:
     """The cells of one training key the cluster plan covers: trained in blocks on the
-    workers, simulated here, scored on the workers (:mod:`p2pdp.experiments.cluster`)."""
+    workers, simulated here, scored on the workers (:mod:`p2pdp.experiments.run.cluster`)."""
     first = cells[0]
     start = time.perf_counter()
     with running_cell(first.cell_id):

@@ -35,8 +35,7 @@ from p2pdp.config import public_key
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.figures import write_figure
 from p2pdp.core.files import write_atomic
-from p2pdp.experiments.disclosure import LAMBDA_SWEPT
-from p2pdp.experiments.results import (
+from p2pdp.experiments.results.store import (
     CELL_SELECTION,
     MANIFEST_FILE,
     RESULTS_FILE,
@@ -50,6 +49,7 @@ from p2pdp.experiments.results import (
     repair,
     resume_command,
 )
+from p2pdp.experiments.scenarios.disclosure import LAMBDA_SWEPT
 
 REPORT_FILE = "report.md"
 #: Text columns of a task's rows that are bookkeeping, not declarations (the non-private steps
@@ -108,7 +108,7 @@ class PointSummary:
 
     Errors are fractions in [0, 1]; ``std_error`` is the standard deviation of the per-peer
     errors pooled over peers and cells; ``roc_tpr`` is the best peer's TPR at
-    :data:`p2pdp.experiments.results.ROC_FPR`, averaged over cells (None without ``roc.csv``).
+    :data:`p2pdp.experiments.results.store.ROC_FPR`, averaged over cells (None without ``roc.csv``).
     """
 
     settings: dict[str, Any]
@@ -158,7 +158,7 @@ def write_report(directory: str | Path) -> Path:
     """Write the figures (PNG) and ``report.md`` into ``directory``; return report.md's path.
 
     Runs under the folder's lock (refused while a run writes the folder), after
-    :func:`p2pdp.experiments.results.repair` (which drops a line cut short by a crash, as
+    :func:`p2pdp.experiments.results.store.repair` (which drops a line cut short by a crash, as
     ``--resume``
     does). Every file is written atomically: a crash leaves the old file or the new one.
 
@@ -250,8 +250,33 @@ def _write_report(directory: Path) -> Path:
     unscored = _unscored(rows)
     no_scores = NO_SCORES if unscored else None
 
+    specs = _figure_specs(summaries, swept, no_scores, protocols.specs)
+    # Each figure replaces its old file atomically and report.md is written last, so a kill at
+    # any moment leaves every figure the report on disk links; a figure this report no longer
+    # draws is deleted only once the new report.md (which does not link it) is in place.
+    figures = _draw_figures(directory, specs)
+
+    report = directory / REPORT_FILE
+    text = _markdown(rows, manifest, settings, swept, summaries, figures, unscored)
+    text += protocols.text
+    write_atomic(report, _with_status(text, directory, manifest, rows))
+    for stem, _, skipped, _, _ in specs:
+        if skipped:
+            (directory / f"{stem}.png").unlink(missing_ok=True)
+    return report
+
+
+def _figure_specs(
+    summaries: Sequence[PointSummary],
+    swept: Sequence[str],
+    no_scores: str | None,
+    protocol_specs: Sequence[tuple],
+) -> list[tuple]:
+    """The report's figures of a classification task, in order: ``(file stem, title, why
+    skipped or None, draw(path), caption)``; ``no_scores`` skips those drawn from the error
+    columns (rows nobody scored), ``protocol_specs`` are the protocol comparisons'."""
     peers = "partition.n_peers"
-    specs = [  # (file stem, title, why skipped or None, draw(path), caption)
+    return [  # (file stem, title, why skipped or None, draw(path), caption)
         *(
             (
                 stem,
@@ -293,11 +318,13 @@ def _write_report(directory: Path) -> Path:
             "For each publication mode, the grid point with the lowest mean error; the best "
             "peer's ROC averaged over folds.",
         ),
-        *protocols.specs,
+        *protocol_specs,
     ]
-    # Each figure replaces its old file atomically and report.md is written last, so a kill at
-    # any moment leaves every figure the report on disk links; a figure this report no longer
-    # draws is deleted only once the new report.md (which does not link it) is in place.
+
+
+def _draw_figures(directory: Path, specs: Sequence[tuple]) -> list[tuple[str, str, str]]:
+    """Draw each figure of ``specs`` (:func:`_figure_specs`) not skipped into ``directory``:
+    ``(title, file or "", caption or why skipped)`` per figure, in order."""
     figures = []  # (title, file or "", caption or why skipped)
     for stem, title, skipped, draw, caption in specs:
         path = directory / f"{stem}.png"
@@ -307,14 +334,7 @@ def _write_report(directory: Path) -> Path:
             draw(path)
             figures.append((title, path.name, caption))
 
-    report = directory / REPORT_FILE
-    text = _markdown(rows, manifest, settings, swept, summaries, figures, unscored)
-    text += protocols.text
-    write_atomic(report, _with_status(text, directory, manifest, rows))
-    for stem, _, skipped, _, _ in specs:
-        if skipped:
-            (directory / f"{stem}.png").unlink(missing_ok=True)
-    return report
+    return figures
 
 
 #: Why the report draws no figure from the error columns of rows nobody scored.
@@ -362,9 +382,9 @@ class _Protocols:
 def _protocol_comparison(
     directory: Path, rows: Sequence[dict[str, Any]], swept: Sequence[str]
 ) -> _Protocols:
-    """Figures and a table comparing protocols at their tuned settings (:mod:`p2pdp.
-    experiments.protocol_report`), when ``protocol.name`` is swept."""
-    from p2pdp.experiments import protocol_report as pr
+    """Figures and a table comparing protocols at their tuned settings
+    (:mod:`p2pdp.experiments.report.protocols`), when ``protocol.name`` is swept."""
+    from p2pdp.experiments.report import protocols as pr
 
     if not pr.compares(rows, swept):
         return _Protocols([], "")
@@ -1089,8 +1109,8 @@ def non_private_steps_of(
 ) -> list[tuple[str, int]]:
     """Distinct non-private steps of the rows, with the number of cells each applies to.
 
-    Read from the ``non_private_steps`` column (:mod:`p2pdp.experiments.disclosure`); results
-    written
+    Read from the ``non_private_steps`` column
+    (:mod:`p2pdp.experiments.scenarios.disclosure`); results written
     before that column existed fall back to ``data_dependent_bounds`` and the mechanism. A
     swept lambda is a step of the whole results set even if the rows do not say so.
     """
@@ -1113,7 +1133,7 @@ def non_private_steps_of(
     if "training.lambda" in swept and not any(step.startswith("lambda") for step in counts):
         counts[f"lambda: {LAMBDA_SWEPT}"] = len(rows)
     if all("fold" in row for row in rows):
-        from p2pdp.experiments import protocol_report as pr
+        from p2pdp.experiments.report import protocols as pr
 
         if pr.tuning_step_applies(rows, swept):
             counts[pr.TUNING_STEP] = len(rows)

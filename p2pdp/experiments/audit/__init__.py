@@ -1,0 +1,3 @@
+"""``p2pdp audit``: the table of every shipped mechanism's audit (:mod:`.table`), and the
+whole-run audits of the iterative protocols (:mod:`.iterative`) and of correlated noise
+(:mod:`.correlated`). Imports no other experiments subpackage."""
