@@ -245,8 +245,8 @@ class RunResult:
             **self.evaluation.peer_columns(),
         }
         n = self.shard_sizes.size
-        lists = {name: np.asarray(values).tolist() for name, values in columns.items()}
-        return ColumnTable({"fold": [self.fold] * n, "repetition": [self.repetition] * n, **lists})
+        arrays = {name: np.asarray(values) for name, values in columns.items()}
+        return ColumnTable({"fold": [self.fold] * n, "repetition": [self.repetition] * n, **arrays})
 
 
 class ReleaseRows(RowSequence):
@@ -280,14 +280,15 @@ class ReleaseRows(RowSequence):
         self._where.extend(where)
         self._records.extend(records)
 
-    def columns(self) -> dict[str, list[Any]]:
-        """The rows as columns, ``{column: [value of each row]}`` (none without rows)."""
+    def columns(self) -> dict[str, np.ndarray]:
+        """The rows as columns, ``{column: (n,) array}`` (none without rows): views of what
+        it holds, the mechanism's names an object array."""
         if not len(self):
             return {}
         where = self._where.array
         return {
-            **{name: where[name].tolist() for name in self._WHERE.names},
-            **self._records.columns(),
+            **{name: where[name] for name in self._WHERE.names},
+            **{name: self._records.column(name) for name in ReleaseRecord._fields},
         }
 
     def __len__(self) -> int:

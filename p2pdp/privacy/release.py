@@ -118,14 +118,6 @@ class ReleaseRecord(NamedTuple):
 _RECORD_FIELDS = ReleaseRecord._fields
 
 
-def record_columns(records: Sequence[ReleaseRecord]) -> dict[str, list[Any]]:
-    """:meth:`ReleaseRecord.as_row` of every record as columns, ``{field: [values]}``."""
-    if isinstance(records, ReleaseTable):
-        return records.columns()
-    values = zip(*records, strict=True)
-    return dict(zip(_RECORD_FIELDS, map(list, values), strict=True)) if records else {}
-
-
 def record_column(records: Sequence[ReleaseRecord], name: str) -> np.ndarray:
     """Field ``name`` (a numeric one) of every record, (K,) (a new contiguous array)."""
     if isinstance(records, ReleaseTable):
@@ -151,9 +143,9 @@ class ReleaseTable(Sequence[ReleaseRecord]):
     what a run holds for its releases' records, without a Python object per release.
 
     Reads as the sequence of its :class:`ReleaseRecord` (built on access, field types as
-    given: ints, floats, the mechanism's str, a bool), and by column (:meth:`column`,
-    :meth:`columns`). A record's ``group_size`` and ``n_min`` must be integers, the other
-    numbers floats (int64 and float64 hold them exactly).
+    given: ints, floats, the mechanism's str, a bool), and by column (:meth:`column`). A
+    record's ``group_size`` and ``n_min`` must be integers, the other numbers floats (int64
+    and float64 hold them exactly).
     """
 
     __slots__ = ("_names", "_rows")
@@ -189,19 +181,6 @@ class ReleaseTable(Sequence[ReleaseRecord]):
         if name == "mechanism":
             return np.array(self._names, dtype=object)[values]
         return values
-
-    def columns(self) -> dict[str, list[Any]]:
-        """The records as columns, ``{field: [values]}`` (as :func:`record_columns`)."""
-        if not len(self):
-            return {}
-        rows = self._rows.array
-        names = self._names
-        return {
-            name: [names[i] for i in rows[name].tolist()]
-            if name == "mechanism"
-            else rows[name].tolist()
-            for name in _RECORD_FIELDS
-        }
 
     def __len__(self) -> int:
         return len(self._rows)
