@@ -120,7 +120,10 @@ def test_a_table_of_numpy_columns_is_written_in_blocks_as_its_rows_would_be(monk
     }
     table = ColumnTable(columns)
     rows = [
-        {name: (v.item() if hasattr(v, "item") else v) for name, v in zip(columns, values)}
+        {
+            name: (v.item() if hasattr(v, "item") else v)
+            for name, v in zip(columns, values, strict=True)
+        }
         for values in zip(*columns.values(), strict=True)
     ]
     assert table == rows and table[-1] == rows[-1]
