@@ -165,7 +165,7 @@ class ColumnTable(RowSequence):
     #: Rows converted to text at a time (:meth:`csv_blocks`).
     BLOCK_ROWS = 65536
 
-    def __init__(self, columns: dict[str, Sequence[Any]]) -> None:
+    def __init__(self, columns: dict[str, Any]) -> None:  # lists or 1-D arrays
         lengths = {len(values) for values in columns.values()}
         if len(lengths) > 1:
             raise ValueError(f"columns of different lengths {sorted(lengths)}: {list(columns)}")

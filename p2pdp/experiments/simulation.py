@@ -214,6 +214,7 @@ class RunResult:
         ``secure``, ``guarantee`` (see :meth:`row`).
         """
         n = len(self.releases)
+        columns: dict[str, Any]
         if isinstance(self.releases, ReleaseRows):
             columns = self.releases.columns()
         else:
@@ -287,7 +288,7 @@ class ReleaseRows(RowSequence):
             return {}
         where = self._where.array
         return {
-            **{name: where[name] for name in self._WHERE.names},
+            **{name: where[name] for name in ("time", "group", "curator")},
             **{name: self._records.column(name) for name in ReleaseRecord._fields},
         }
 
