@@ -160,3 +160,30 @@ def test_a_simulated_run_hands_the_task_the_worlds_arrays(monkeypatch):
     assert len(rows) == result.aggregations
     assert [row["group_size"] for row in rows] == [5] * result.aggregations
     assert [row["noise_std"] for row in rows] == [r.noise_std for r in world.releases]
+
+
+def test_cells_written_out_of_order_are_sorted_at_the_end_from_the_file(tmp_path, monkeypatch):
+    """The store keeps each piece's length, not its text: at the end it cuts the file into
+    its pieces and sorts them by cell (stable: a cell's blocks keep their order)."""
+    from p2pdp.experiments.results import CellRecord, ResultsStore
+    from p2pdp.experiments.scenario import parse_scenario
+
+    monkeypatch.setattr(ColumnTable, "BLOCK_ROWS", 2)
+    scenario = parse_scenario('name = "t"\n[partition]\nn_peers = 20\n')
+
+    def cell(cell_id: str, n: int) -> CellRecord:
+        table = ColumnTable({"i": np.arange(n), "x": np.linspace(0, 1, n)})
+        return CellRecord(cell_id=cell_id, row={"v": n}, roc_tpr=None, tables={"t": table})
+
+    store = ResultsStore.open(tmp_path, scenario, n_cells=3, backend="test")
+    store.append([cell("c2", 3), cell("c0", 5)])
+    store.append([cell("c1", 1)])
+    store.finish()
+    lines = (tmp_path / "t.csv").read_text().splitlines()
+    assert lines[0] == "cell_id,i,x"
+    expected = [
+        f"{c},{i},{x!r}"
+        for c, n in (("c0", 5), ("c1", 1), ("c2", 3))
+        for i, x in enumerate(np.linspace(0, 1, n).tolist())
+    ]
+    assert lines[1:] == expected
