@@ -657,11 +657,12 @@ def _reserve(world: BatchedWorld, most: int) -> None:
     a copy as it grows. Untouched, a reserved row costs no resident memory."""
     if not most:
         return
-    rows = min(most, _RESERVE_BYTES // (8 * world.statistics.shape[-1]))  # float64 models
+    g = world.config.groups.group_size
+    widest = 8 * max(world.statistics.shape[-1], g, 9)  # bytes: a model, members, a record
+    rows = min(most, _RESERVE_BYTES // widest)
     world.published.reserve(rows)
     world.shared.reserve(rows)
     world.releases.reserve(rows)
-    g = world.config.groups.group_size
     world.release_members.reserve(rows, rows * g)
 
 
