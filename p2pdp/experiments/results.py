@@ -155,7 +155,7 @@ class ColumnTable(RowSequence):
 
     A column holding one object (``[value] * n``) is converted to text once, a column of
     floats, of ints or of bools with :class:`str` (as :mod:`csv` does; each distinct float
-    once when they repeat), others value by value. The text is made :data:`BLOCK_ROWS` rows
+    once when they repeat), others value by value. The text is made ``BLOCK_ROWS`` rows
     at a time (:meth:`csv_blocks`): a table of ten million rows never holds a Python object
     per value.
     """
@@ -179,7 +179,7 @@ class ColumnTable(RowSequence):
         return {name: _value(values, index) for name, values in self.columns.items()}
 
     def csv_blocks(self, cell_id: str) -> Iterator[str]:
-        """The table's CSV lines after a ``cell_id`` column (no header), :data:`BLOCK_ROWS`
+        """The table's CSV lines after a ``cell_id`` column (no header), ``BLOCK_ROWS``
         rows at a time."""
         cell = _csv_field(cell_id)
         for start in range(0, self._n, self.BLOCK_ROWS):

@@ -165,14 +165,17 @@ class ReleaseTable(Sequence[ReleaseRecord]):
 
     def append(self, record: ReleaseRecord) -> None:
         """Append one record."""
-        self.extend((record,))
+        self._rows.append((*record[:3], self._code(record.mechanism), *record[4:]))
 
     def extend(self, records: Sequence[ReleaseRecord]) -> None:
-        """Append ``records``, in order."""
-        code = self._code
-        self._rows.extend(
-            np.array([(*r[:3], code(r.mechanism), *r[4:]) for r in records], dtype=_RECORD_DTYPE)
-        )
+        """Append ``records``, in order (field by field: no row object per record)."""
+        block = np.empty(len(records), _RECORD_DTYPE)
+        for name, values in zip(_RECORD_FIELDS, zip(*records, strict=True), strict=False):
+            if name == "mechanism":
+                codes = {mechanism: self._code(mechanism) for mechanism in set(values)}
+                values = tuple(map(codes.__getitem__, values))
+            block[name] = values
+        self._rows.extend(block)
 
     def column(self, name: str) -> np.ndarray:
         """Field ``name`` of every record, (K,): a view for a number; the names for

@@ -645,13 +645,13 @@ class _Pending:
                     observer.released_many(world, times, group_ids, curators, records)
 
 
-#: Bytes of address space a run's per-release arrays may reserve up front, each (:func:`_reserve`).
+#: Bytes of address space a run's per-release arrays may reserve up front, each (``_reserve``).
 _RESERVE_BYTES = 2**33
 
 
 def _reserve(world: BatchedWorld, most: int) -> None:
     """Reserve the world's per-release arrays for ``most`` releases (at most
-    :data:`_RESERVE_BYTES` each): the central sampler makes no more than ``P *
+    ``_RESERVE_BYTES`` each): the central sampler makes no more than ``P *
     max_aggregations // g`` releases (each charges ``g`` distinct peers one aggregation), so
     the published models (K, d) of ten million releases are written into one array without
     a copy as it grows. Untouched, a reserved row costs no resident memory."""
