@@ -28,6 +28,9 @@ __all__ = ["Ragged", "Rows"]
 class Rows:
     """Rows of shape ``shape`` and dtype ``dtype`` appended to one array, in order.
 
+    Reads as a sequence of rows (``len``, indexing, iteration) and, through ``numpy.asarray``
+    or :attr:`array`, as one ``(len(self), *shape)`` array that shares this one's memory.
+
     Parameters
     ----------
     shape : tuple of int
@@ -37,9 +40,6 @@ class Rows:
         (float64 stays float64).
     capacity : int
         Rows allocated up front (see :meth:`reserve`).
-
-    Reads as a sequence of rows (``len``, indexing, iteration) and, through ``numpy.asarray``
-    or :attr:`array`, as one ``(len(self), *shape)`` array that shares this one's memory.
     """
 
     __slots__ = ("_data", "_n")
@@ -70,8 +70,8 @@ class Rows:
         self._n += 1
 
     def extend(self, block: Any) -> None:
-        """Append the rows of ``block`` ((n, *shape), or anything ``numpy.asarray`` makes one
-        of, e.g. a list of rows), in order."""
+        """Append the rows of ``block`` (``(n, *shape)``, or anything ``numpy.asarray`` makes
+        one of, e.g. a list of rows), in order."""
         block = np.asarray(block, dtype=self._data.dtype).reshape(-1, *self._data.shape[1:])
         n = block.shape[0]
         self._room(n)
