@@ -21,12 +21,13 @@ aggregate, whose noise has ``K / max(K - 1, 1)`` times the mechanism's variance
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
 from p2pdp.core.boundary import calling, check_numbers
+from p2pdp.core.columns import Rows
 from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.mechanisms import Mechanism
 from p2pdp.privacy.secure_aggregation import member_noise_share, secure_sum
@@ -117,10 +118,88 @@ class ReleaseRecord(NamedTuple):
 _RECORD_FIELDS = ReleaseRecord._fields
 
 
-def record_columns(records: list[ReleaseRecord]) -> dict[str, list[Any]]:
-    """:meth:`ReleaseRecord.as_row` of every record as columns, ``{field: [values]}``."""
-    values = zip(*records, strict=True)
-    return dict(zip(_RECORD_FIELDS, map(list, values), strict=True)) if records else {}
+def record_column(records: Sequence[ReleaseRecord], name: str) -> np.ndarray:
+    """Field ``name`` (a numeric one) of every record, (K,) (a new contiguous array)."""
+    if isinstance(records, ReleaseTable):
+        return np.array(records.column(name))
+    return np.array([getattr(record, name) for record in records])
+
+
+#: A :class:`ReleaseRecord` as one row of numbers (the mechanism's name as its index in the
+#: table's list of names): 67 bytes a release instead of ~230 for the named tuple.
+_RECORD_DTYPE = np.dtype(
+    [
+        (
+            name,
+            {"group_size": "i8", "n_min": "i8", "mechanism": "u2", "secure": "?"}.get(name, "f8"),
+        )
+        for name in _RECORD_FIELDS
+    ]
+)
+
+
+class ReleaseTable(Sequence[ReleaseRecord]):
+    """Release records kept as one row of numbers each (:class:`~p2pdp.core.columns.Rows`):
+    what a run holds for its releases' records, without a Python object per release.
+
+    Reads as the sequence of its :class:`ReleaseRecord` (built on access, field types as
+    given: ints, floats, the mechanism's str, a bool), and by column (:meth:`column`). A
+    record's ``group_size`` and ``n_min`` must be integers, the other numbers floats (int64
+    and float64 hold them exactly).
+    """
+
+    __slots__ = ("_names", "_rows")
+
+    def __init__(self) -> None:
+        self._rows = Rows((), _RECORD_DTYPE)
+        self._names: list[str] = []  # the mechanisms' names; a row holds the index
+
+    def reserve(self, capacity: int) -> None:
+        """Room for ``capacity`` records (:meth:`p2pdp.core.columns.Rows.reserve`)."""
+        self._rows.reserve(capacity)
+
+    def _code(self, name: str) -> int:
+        if name not in self._names:
+            self._names.append(name)
+        return self._names.index(name)
+
+    def append(self, record: ReleaseRecord) -> None:
+        """Append one record."""
+        self._rows.append((*record[:3], self._code(record.mechanism), *record[4:]))
+
+    def extend(self, records: Sequence[ReleaseRecord]) -> None:
+        """Append ``records``, in order (field by field: no row object per record)."""
+        block = np.empty(len(records), _RECORD_DTYPE)
+        for name, values in zip(_RECORD_FIELDS, zip(*records, strict=True), strict=False):
+            if name == "mechanism":
+                codes = {mechanism: self._code(mechanism) for mechanism in set(values)}
+                values = tuple(map(codes.__getitem__, values))
+            block[name] = values
+        self._rows.extend(block)
+
+    def column(self, name: str) -> np.ndarray:
+        """Field ``name`` of every record, (K,): a view for a number; the names for
+        ``mechanism`` (an object array)."""
+        values = self._rows.array[name]
+        if name == "mechanism":
+            return np.array(self._names, dtype=object)[values]
+        return values
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> ReleaseRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ReleaseRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        values = list(self._rows.array[index].tolist())  # IndexError past the end
+        values[3] = self._names[values[3]]
+        return ReleaseRecord(*values)
 
 
 class NoiseStream:

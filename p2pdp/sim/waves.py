@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
+from p2pdp.core.columns import Ragged, Rows
 from p2pdp.core.parallel import current_workers, forked_worker, shared_empty
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import LINEAR_AGGREGATES
@@ -83,7 +84,7 @@ from p2pdp.sim.sampler import SamplerWorld
 from p2pdp.sim.transport import Environment
 
 if TYPE_CHECKING:
-    from p2pdp.privacy.release import Releaser, ReleaseRecord
+    from p2pdp.privacy.release import Releaser, ReleaseRecord, ReleaseTable
     from p2pdp.sim.gossip.sampler import GossipSampler
     from p2pdp.sim.sampler import GroupSampler
 
@@ -153,11 +154,11 @@ class BatchedWorld(SamplerWorld, Protocol):
     model_bytes: int
     told_after: bool
     groups: dict[int, Group]
-    published: list[np.ndarray]
-    releases: list[ReleaseRecord]
-    shared: list[bool]
-    release_members: list[np.ndarray]
-    receipts: list[tuple[int, int]]
+    published: Rows  # (K, d) float64
+    releases: ReleaseTable
+    shared: Rows  # (K,) bool
+    release_members: Ragged
+    receipts: Rows  # (R, 2) int64
     _next_group: int
 
     @property
@@ -278,6 +279,7 @@ def run_waves(world: BatchedWorld) -> None:
     per_event = not world.told_after
     capacity = _CHUNK - 1 + min(limit, len(pool) // g)  # releases published at once, at most
     releases = _Releases(world, deferred=not per_event, capacity=max(capacity, 1))
+    _reserve(world, len(pool) * most // max(g, 1))
     with (
         frozen_heap(),
         forked_worker(_released, releases, workers=current_workers()) as submit,
@@ -480,7 +482,7 @@ class GroupBatches:
         sizes, scales, observers = self._sizes, self._scales, world.observers
         draw, record = releaser.noise.draw, releaser.record
         g = self.group_size
-        receipts: list[tuple[int, int]] = world.receipts
+        receipts = world.receipts
         members_receipts: list[tuple[int, int]] = []
         if g > 1 and not full:  # where the first PUBLISH's event would be
             later = self.env.timeout(self.delay)
@@ -501,7 +503,7 @@ class GroupBatches:
             release = record(g, group.sizes, scale, math.sqrt(float(noise @ noise)))
             index = len(world.releases)
             world.releases.append(release)
-            world.release_members.append(group.members.copy())
+            world.release_members.append(group.members)
             self._rows.append(order)
             self._noises.append(noise)
             for observer in observers:
@@ -670,8 +672,7 @@ class _Pending:
             releases_ = np.concatenate([np.arange(n), np.repeat(np.arange(n), g - 1)])
             curator_first = np.concatenate([np.zeros(n, np.int8), np.ones(others.size, np.int8)])
             order = np.lexsort((curator_first, wave[releases_]))  # stable: keeps the draw order
-            receipts = zip(peers[order].tolist(), (releases_[order] + first).tolist(), strict=True)
-            world.receipts.extend(receipts)
+            world.receipts.extend(np.stack([peers[order], releases_[order] + first], axis=1))
         for values in (self.members, self.curators, self.noises, self.waves, self.times):
             values.clear()
         self.flush(world, _AHEAD)
@@ -683,7 +684,7 @@ class _Pending:
         while len(self.making) > ahead:
             made, slot, n, times, group_ids, curators = self.making.popleft()
             made()
-            world.published.extend(releases.published[slot, :n].copy())
+            world.published.extend(releases.published[slot, :n])  # copied into the store
             if releases.deferred:
                 records = world.releaser.records(
                     releases.index.shape[2],
@@ -694,6 +695,27 @@ class _Pending:
                 world.releases.extend(records)
                 for observer in world.observers:
                     observer.released_many(world, times, group_ids, curators, records)
+
+
+#: Bytes of address space a run's per-release arrays may reserve up front, each (``_reserve``).
+_RESERVE_BYTES = 2**33
+
+
+def _reserve(world: BatchedWorld, most: int) -> None:
+    """Reserve the world's per-release arrays for ``most`` releases (at most
+    ``_RESERVE_BYTES`` each): the central sampler makes no more than ``P *
+    max_aggregations // g`` releases (each charges ``g`` distinct peers one aggregation), so
+    the published models (K, d) of ten million releases are written into one array without
+    a copy as it grows. Untouched, a reserved row costs no resident memory."""
+    if not most:
+        return
+    g = world.config.groups.group_size
+    widest = 8 * max(world.statistics.shape[-1], g, 9)  # bytes: a model, members, a record
+    rows = min(most, _RESERVE_BYTES // widest)
+    world.published.reserve(rows)
+    world.shared.reserve(rows)
+    world.releases.reserve(rows)
+    world.release_members.reserve(rows, rows * g)
 
 
 def _exact(shared: tuple[np.ndarray, bool], index: np.ndarray) -> np.ndarray:

@@ -47,10 +47,11 @@ import simpy
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.boundary import calling, check_methods, is_builtin, problem
+from p2pdp.core.columns import Ragged, Rows
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.validation import OneOf
 from p2pdp.privacy.accounting import BudgetLedger, make_accountant
-from p2pdp.privacy.release import Releaser, ReleaseRecord
+from p2pdp.privacy.release import Releaser, ReleaseRecord, ReleaseTable
 from p2pdp.protocols.groups import (
     ASSIGN,
     CARRIES_MODEL,
@@ -314,11 +315,12 @@ class World:
         full = config.publication.mode == "full"
         self.member = Member(self.shard_sizes.tolist(), everyone=full)
         self.curator = Curator(everyone=full)
-        self.published: list[np.ndarray] = []
-        self.releases: list[ReleaseRecord] = []
-        self.shared: list[bool] = []
-        self.release_members: list[np.ndarray] = []  # members behind each release (public)
-        self.receipts: list[tuple[int, int]] = []
+        # what the run keeps per release, as arrays (p2pdp.core.columns): no object per release
+        self.published = Rows((dim,), np.float64)  # (K, d): one array every receiver shares
+        self.releases = ReleaseTable()
+        self.shared = Rows((), bool)
+        self.release_members = Ragged()  # members behind each release (public)
+        self.receipts = Rows((2,), np.int64)  # (peer, release) beyond the shared ones
         self._next_group = 0
         obstacle = "" if driver == "reference" else batched_obstacle(self)
         if driver == "batched" and obstacle:
@@ -459,7 +461,7 @@ class World:
         """Release ``group`` (charged already): the noisy aggregate, logged and observed."""
         released, record = self.release(group)
         self.releases.append(record)
-        self.release_members.append(group.members.copy())
+        self.release_members.append(group.members)
         for observer in self.observers:
             observer.released(self, group, record)
         return released
@@ -493,7 +495,7 @@ class World:
             self.shared.append(everyone)
 
             def deliver() -> None:  # offline peers miss a broadcast
-                self.receipts.extend((peer, index) for peer in recipients)
+                self.receipts.extend([(peer, index) for peer in recipients])
 
             n_recipients = len(self.peers) if everyone else len(recipients)
             self.transport.broadcast(group.curator, n_recipients - 1, self.model_bytes, deliver)

@@ -23,7 +23,7 @@ import string ``package.module:Class``; the class is called with the ScenarioCon
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -66,20 +66,23 @@ class Outcome:
         True where the release reached every peer (full publication, nobody offline).
     receipt_peers, receipt_models : (R,) int arrays
         The other receipts: peer ``receipt_peers[i]`` received release ``receipt_models[i]``.
-    releases : tuple of ReleaseRecord
-        Each release's public record (sensitivity, noise scale, ...), in release order.
-    members : tuple of (K_i,) int arrays
+    releases : sequence of ReleaseRecord
+        Each release's public record (sensitivity, noise scale, ...), in release order (a
+        simulated run's is a :class:`~p2pdp.privacy.release.ReleaseTable`: read a column of
+        every record with :func:`~p2pdp.privacy.release.record_column`).
+    members : sequence of (K_i,) int arrays
         The peers whose statistics each release aggregates, in release order (group
         membership is public: a receiver needs it to know which records a release covers,
-        e.g. not to count the same records twice).
+        e.g. not to count the same records twice); a simulated run's is a
+        :class:`~p2pdp.core.columns.Ragged` (its rows are views of one array).
     """
 
     published: np.ndarray
     shared: np.ndarray
     receipt_peers: np.ndarray
     receipt_models: np.ndarray
-    releases: tuple[ReleaseRecord, ...]
-    members: tuple[np.ndarray, ...] = ()
+    releases: Sequence[ReleaseRecord]
+    members: Sequence[np.ndarray] = ()
 
 
 @runtime_checkable

@@ -120,8 +120,8 @@ def _assert_same_outputs(reference, seen, batched, seen_batched) -> None:
     world, world_batched = seen.world, seen_batched.world
     if world_batched.config.groups.sampler == "central":  # run_waves' clock: its last collection
         assert world_batched.env.now == world_batched.monitor.end_time
-    assert world_batched.receipts == world.receipts
-    assert world_batched.shared == world.shared
+    np.testing.assert_array_equal(world_batched.receipts, world.receipts)
+    np.testing.assert_array_equal(world_batched.shared, world.shared)
     np.testing.assert_array_equal(world_batched.release_members, world.release_members)
     np.testing.assert_allclose(world_batched.published, world.published, rtol=1e-12, atol=0)
     for counter in ("messages_sent", "bytes_sent"):

@@ -152,19 +152,25 @@ class RowSequence(Sequence[dict[str, Any]]):
 
 
 class ColumnTable(RowSequence):
-    """A table's rows given column by column, ``{column: [value of each row]}`` (every list
-    as long), for :attr:`CellRecord.tables`: written as the same text as its rows as dicts
-    (``str`` of each value, ``repr`` of a float, quoted as :mod:`csv` quotes), without
-    building a dict per row; reads as the sequence of those dicts.
+    """A table's rows given column by column, ``{column: values}`` (each a list or a 1-D
+    numpy array, all as long), for :attr:`CellRecord.tables`: written as the same text as
+    its rows as dicts (``str`` of each value, ``repr`` of a float, quoted as :mod:`csv`
+    quotes), without building a dict per row; reads as the sequence of those dicts (a numpy
+    column's values as Python scalars, ``ndarray.tolist``).
 
     A column holding one object (``[value] * n``) is converted to text once, a column of
     floats, of ints or of bools with :class:`str` (as :mod:`csv` does; each distinct float
-    once when they repeat), others value by value.
+    once when they repeat), others value by value. The text is made ``BLOCK_ROWS`` rows
+    at a time (:meth:`csv_blocks`): a table of ten million rows never holds a Python object
+    per value.
     """
 
     __slots__ = ("_n", "columns")
 
-    def __init__(self, columns: dict[str, list[Any]]) -> None:
+    #: Rows converted to text at a time (:meth:`csv_blocks`).
+    BLOCK_ROWS = 65536
+
+    def __init__(self, columns: dict[str, Any]) -> None:  # lists or 1-D arrays
         lengths = {len(values) for values in columns.values()}
         if len(lengths) > 1:
             raise ValueError(f"columns of different lengths {sorted(lengths)}: {list(columns)}")
@@ -175,13 +181,37 @@ class ColumnTable(RowSequence):
         return self._n
 
     def _row(self, index: int) -> dict[str, Any]:
-        return {name: values[index] for name, values in self.columns.items()}
+        return {name: _value(values, index) for name, values in self.columns.items()}
+
+    def csv_blocks(self, cell_id: str) -> Iterator[str]:
+        """The table's CSV lines after a ``cell_id`` column (no header), ``BLOCK_ROWS``
+        rows at a time."""
+        cell = _csv_field(cell_id)
+        for start in range(0, self._n, self.BLOCK_ROWS):
+            stop = min(start + self.BLOCK_ROWS, self._n)
+            texts = [[cell] * (stop - start)]
+            texts += [
+                _column_texts(_values(values, start, stop)) for values in self.columns.values()
+            ]
+            yield "".join([",".join(fields) + "\n" for fields in zip(*texts, strict=True)])
 
     def csv_text(self, cell_id: str) -> str:
         """The table's CSV lines after a ``cell_id`` column (no header)."""
-        texts = [[_csv_field(cell_id)] * self._n]
-        texts += [_column_texts(values) for values in self.columns.values()]
-        return "".join([",".join(fields) + "\n" for fields in zip(*texts, strict=True)])
+        return "".join(self.csv_blocks(cell_id))
+
+
+def _value(values: Sequence[Any], index: int) -> Any:
+    """Entry ``index`` of a column: a Python scalar from a numpy array."""
+    if isinstance(values, np.ndarray):
+        return values[index : index + 1 or None].tolist()[0]
+    return values[index]
+
+
+def _values(values: Sequence[Any], start: int, stop: int) -> list[Any]:
+    """Entries ``[start, stop)`` of a column as a list (Python scalars from a numpy array)."""
+    return (
+        values[start:stop].tolist() if isinstance(values, np.ndarray) else list(values[start:stop])
+    )
 
 
 def _csv_field(value: Any) -> str:
@@ -357,9 +387,10 @@ class ResultsStore:
         self.resumed = resumed
         self._files: dict[str, TextIO] = {}
         self._columns: dict[str, tuple[str, ...]] = {}
-        # per file this session started: the encoded text of each _write (one cell's rows),
-        # keyed by cell_id, after the header; finish sorts these pieces instead of parsing
-        self._pieces: dict[str, list[tuple[str, bytes]]] = {}
+        # per file this session started: the length in bytes of each _write (some of one
+        # cell's rows), keyed by cell_id, after the header; finish sorts these pieces of the
+        # file (if they are not in order) instead of parsing it
+        self._pieces: dict[str, list[tuple[str, int]]] = {}
         self._last_sync = time.monotonic()
         self.closed = False
 
@@ -481,7 +512,8 @@ class ResultsStore:
             ]
             for name, columns, rows in tables:
                 if isinstance(rows, ColumnTable):
-                    self._write(name, columns, record.cell_id, rows.csv_text(record.cell_id))
+                    for text in rows.csv_blocks(record.cell_id):
+                        self._write(name, columns, record.cell_id, text)
                 else:
                     lines = [(record.cell_id, *row.values()) for row in rows]
                     self._write(name, columns, record.cell_id, _csv_text(lines))
@@ -540,9 +572,14 @@ class ResultsStore:
             path = self.directory / f"{name}.csv"
             pieces = self._pieces.get(name)
             if pieces is not None:  # written whole by this session: its rows are known
-                pieces.sort(key=lambda piece: piece[0])  # stable, as below
-                head = _csv_text([self._columns[name]]).encode("utf-8")
-                write_atomic(path, b"".join([head, *(text for _, text in pieces)]))
+                order = sorted(range(len(pieces)), key=lambda i: pieces[i][0])  # stable
+                if order != list(range(len(pieces))):  # else the file is in order already
+                    data = memoryview(path.read_bytes())
+                    ends = np.cumsum([0, *(size for _, size in pieces)]) + (
+                        len(data) - sum(size for _, size in pieces)
+                    )  # the header, then each piece
+                    texts = [data[ends[i] : ends[i + 1]] for i in order]
+                    write_atomic(path, b"".join([data[: ends[0]], *texts]))
             elif path.exists():
                 header, *rows = _read_rows(path)
                 rows.sort(key=lambda row: row[0])  # stable: keeps each cell's rows in order
@@ -608,7 +645,7 @@ class ResultsStore:
             file.flush()
         pieces = self._pieces.get(name)
         if pieces is not None:
-            pieces.append((cell_id, text.encode("utf-8")))
+            pieces.append((cell_id, len(text.encode("utf-8"))))
 
     def _open_table(self, name: str, columns: tuple[str, ...]) -> TextIO:
         """Open ``<name>.csv`` for appending: continue a resumed file, else start it afresh."""

@@ -61,6 +61,7 @@ from p2pdp.privacy.posterior_sampling.posterior import (
     utility_sensitivity,
 )
 from p2pdp.privacy.posterior_sampling.posterior import LogisticRegression as PosteriorLogistic
+from p2pdp.privacy.release import record_column
 from p2pdp.tasks import Outcome
 from p2pdp.tasks.pipeline import TrainedPeers, own_peers, prepare_peers, training_key
 
@@ -322,7 +323,7 @@ class LogisticEnsembles:
             outcome.shared,
             outcome.receipt_peers,
             outcome.receipt_models,
-            noise_std=np.array([record.noise_std for record in outcome.releases]),
+            noise_std=record_column(outcome.releases, "noise_std"),
         )
         own = self.peer_data(prepared) if self.rule.needs_own_data else None
         return self._evaluation(prepared, ensembles, self.rule, own)

@@ -61,6 +61,7 @@ non-private one), whether each ``prevalence.level`` credible interval covers the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -146,7 +147,7 @@ def population_key(config: ScenarioConfig, *, fold: int, repetition: int) -> tup
     )
 
 
-def disjoint_releases(indices: list[int], members: tuple[np.ndarray, ...]) -> tuple[int, ...]:
+def disjoint_releases(indices: list[int], members: Sequence[np.ndarray]) -> tuple[int, ...]:
     """Greedy maximal subset of ``indices`` (in release order) with pairwise disjoint members."""
     covered: set[int] = set()
     chosen = []
