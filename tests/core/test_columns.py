@@ -13,7 +13,7 @@ import pytest
 
 from p2pdp.core.columns import Ragged, Rows
 from p2pdp.experiments import simulation
-from p2pdp.experiments.results import ColumnTable
+from p2pdp.experiments.results.store import ColumnTable
 from p2pdp.privacy.release import ReleaseRecord, ReleaseTable, record_column
 
 SMALL = {
@@ -165,8 +165,8 @@ def test_a_simulated_run_hands_the_task_the_worlds_arrays(monkeypatch):
 def test_cells_written_out_of_order_are_sorted_at_the_end_from_the_file(tmp_path, monkeypatch):
     """The store keeps each piece's length, not its text: at the end it cuts the file into
     its pieces and sorts them by cell (stable: a cell's blocks keep their order)."""
-    from p2pdp.experiments.results import CellRecord, ResultsStore
-    from p2pdp.experiments.scenario import parse_scenario
+    from p2pdp.experiments.results.store import CellRecord, ResultsStore
+    from p2pdp.experiments.scenarios.scenario import parse_scenario
 
     monkeypatch.setattr(ColumnTable, "BLOCK_ROWS", 2)
     scenario = parse_scenario('name = "t"\n[partition]\nn_peers = 20\n')
