@@ -85,9 +85,14 @@ import numpy as np
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
-from p2pdp.privacy.gdp import gdp_epsilon, gdp_mu
+from p2pdp.privacy.gdp import gdp_mu
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp import ViewTrace, not_computed, worst_case_shifts
+from p2pdp.protocols.network_dp import (
+    ViewTrace,
+    not_computed,
+    pairwise_epsilon,
+    worst_case_shifts,
+)
 
 __all__ = [
     "CorrelatedRun",
@@ -599,13 +604,9 @@ def worst_coalition_kappa(run: CorrelatedRun, size: int) -> np.ndarray:
 def epsilon_of_kappa(
     kappa: np.ndarray, *, sensitivity_over_clip: float, delta: float
 ) -> np.ndarray:
-    """``(epsilon, delta)`` of ``mu = (Delta / C) sqrt(kappa)``-GDP; NaN kept, inf kept."""
-    kappa = np.asarray(kappa, dtype=float)
-    out = np.full(kappa.shape, np.nan)
-    out[np.isinf(kappa)] = np.inf
-    ok = np.isfinite(kappa)
-    out[ok] = gdp_epsilon(sensitivity_over_clip * np.sqrt(np.maximum(kappa[ok], 0.0)), delta)
-    return out
+    """``(epsilon, delta)`` of ``mu = (Delta / C) sqrt(kappa)``-GDP; NaN kept, inf kept
+    (:func:`p2pdp.protocols.network_dp.pairwise_epsilon`, in units of the clip norm)."""
+    return pairwise_epsilon(kappa, sensitivity_over_sigma=sensitivity_over_clip, delta=delta)
 
 
 def calibrated_noise_multiplier(

@@ -640,8 +640,14 @@ def _coefficients(
 def pairwise_epsilon(
     kappa: np.ndarray, *, sensitivity_over_sigma: float, delta: float
 ) -> np.ndarray:
-    """``(epsilon, delta)`` of every pair: ``mu = (Delta / sigma) sqrt(kappa)``-GDP (NaN kept)."""
+    """``(epsilon, delta)`` of every pair: ``mu = (Delta / sigma) sqrt(kappa)``-GDP.
+
+    NaN (not computed) stays NaN; an infinite ``kappa`` (a view that determines the noise-free
+    value) is an infinite epsilon, never NaN, so that ``np.nanmax`` cannot skip a total leak.
+    """
+    kappa = np.asarray(kappa, dtype=float)
     out = np.full(kappa.shape, np.nan)
+    out[np.isinf(kappa)] = np.inf
     ok = np.isfinite(kappa)
     mu = sensitivity_over_sigma * np.sqrt(np.maximum(kappa[ok], 0.0))
     out[ok] = gdp_epsilon(mu, delta)

@@ -21,8 +21,9 @@ from scipy import optimize, stats
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.rng import generator
 from p2pdp.experiments.run.simulation import simulate
+from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.privacy.settings import PrivacyConfig
-from p2pdp.protocols import network_dp
+from p2pdp.protocols import correlated_dp, network_dp
 from p2pdp.protocols.mixing import Mixing
 from tests.conftest import tiny_config
 
@@ -636,3 +637,16 @@ def test_the_exchanges_carried_to_a_step_give_the_same_bound_dense_or_sparse(
     off = ~np.eye(P, dtype=bool)
     np.testing.assert_allclose(bound[off], reference[off], rtol=1e-9, atol=1e-12)
     assert (bound[off] >= exact[off] - 1e-12).all()
+
+
+def test_an_infinite_coefficient_is_an_infinite_epsilon_that_the_max_column_keeps():
+    """A view that determines a noise-free value (kappa = inf) leaks everything: the pairwise
+    epsilon is inf, not NaN (np.nanmax, which the max columns use, would skip a NaN), and the
+    correlated analysis (in clip units) says the same."""
+    kappa = np.array([[0.0, np.inf], [np.nan, 0.5]])
+    epsilon = network_dp.pairwise_epsilon(kappa, sensitivity_over_sigma=0.5, delta=1e-5)
+    assert epsilon[0, 1] == np.inf and np.isnan(epsilon[1, 0])
+    assert np.nanmax(epsilon) == np.inf
+    assert epsilon[1, 1] == pytest.approx(gdp_epsilon(0.5 * np.sqrt(0.5), 1e-5))
+    same = correlated_dp.epsilon_of_kappa(kappa, sensitivity_over_clip=0.5, delta=1e-5)
+    np.testing.assert_array_equal(same, epsilon)
