@@ -34,7 +34,7 @@ from scipy.sparse.csgraph import connected_components
 from p2pdp.core.errors import ConfigError
 from p2pdp.protocols.settings import GossipConfig
 
-__all__ = ["Overlay", "build_overlay", "random_regular_edges"]
+__all__ = ["Overlay", "build_overlay", "check_overlay", "random_regular_edges"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,16 +141,35 @@ def _lower_degree(n_peers: int) -> str:
     return f" (its default is 10); set gossip.degree = {n_peers - 1} or lower"
 
 
+def check_overlay(config: GossipConfig, n_peers: int) -> None:
+    """ConfigError if ``config.overlay`` cannot be built on ``n_peers`` peers (its degree or
+    attachment too large; a random-regular overlay with ``degree * n_peers`` odd). Called
+    before anything runs: by :func:`build_overlay`, and by the network launch before it
+    starts a host (which builds the overlay itself)."""
+    kind = config.overlay
+    if kind == "random-regular" and (config.degree >= n_peers or (config.degree * n_peers) % 2):
+        raise ConfigError(
+            f"gossip.degree must be < partition.n_peers ({n_peers}) and make "
+            f"degree * n_peers even for a random-regular overlay, got {config.degree}"
+            + _lower_degree(n_peers)
+        )
+    if kind == "watts-strogatz" and config.degree >= n_peers:
+        raise ConfigError(
+            f"gossip.degree must be < partition.n_peers ({n_peers}) for a "
+            f"watts-strogatz overlay, got {config.degree}" + _lower_degree(n_peers)
+        )
+    if kind == "barabasi-albert" and config.attachment >= n_peers:
+        raise ConfigError(
+            f"gossip.attachment must be < partition.n_peers ({n_peers}) for a "
+            f"barabasi-albert overlay, got {config.attachment}"
+        )
+
+
 def _edges(config: GossipConfig, n_peers: int, seed: int) -> NDArray[np.int64]:
     """The overlay's edges, (E, 2) int64 (each undirected edge once)."""
+    check_overlay(config, n_peers)
     kind = config.overlay
     if kind == "random-regular":
-        if config.degree >= n_peers or (config.degree * n_peers) % 2:
-            raise ConfigError(
-                f"gossip.degree must be < partition.n_peers ({n_peers}) and make "
-                f"degree * n_peers even for a random-regular overlay, got {config.degree}"
-                + _lower_degree(n_peers)
-            )
         return random_regular_edges(config.degree, n_peers, seed)
     if kind == "erdos-renyi":
         p = config.edge_probability
@@ -158,18 +177,8 @@ def _edges(config: GossipConfig, n_peers: int, seed: int) -> NDArray[np.int64]:
             p = min(1.0, config.degree / max(n_peers - 1, 1))
         graph = nx.fast_gnp_random_graph(n_peers, p, seed=seed)
     elif kind == "watts-strogatz":
-        if config.degree >= n_peers:
-            raise ConfigError(
-                f"gossip.degree must be < partition.n_peers ({n_peers}) for a "
-                f"watts-strogatz overlay, got {config.degree}" + _lower_degree(n_peers)
-            )
         graph = nx.watts_strogatz_graph(n_peers, config.degree, config.rewiring, seed=seed)
     else:  # barabasi-albert
-        if config.attachment >= n_peers:
-            raise ConfigError(
-                f"gossip.attachment must be < partition.n_peers ({n_peers}) for a "
-                f"barabasi-albert overlay, got {config.attachment}"
-            )
         graph = nx.barabasi_albert_graph(n_peers, config.attachment, seed=seed)
     return np.array(graph.edges(), dtype=np.int64).reshape(-1, 2)
 

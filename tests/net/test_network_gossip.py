@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.data.settings import DataConfig, PartitionConfig
+from p2pdp.experiments.network import launch as network_launch
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.net.gossip_host import (
@@ -295,6 +296,20 @@ def test_gossip_settings_the_network_does_not_run_are_refused_by_name(section, k
         config, **{section: dataclasses.replace(getattr(config, section), **{key: value})}
     )
     with pytest.raises(ConfigError, match=f"gossip.{key} = .* not supported"):
+        simulate(config, runtime="network")
+
+
+def test_an_overlay_too_dense_for_the_peers_is_refused_before_any_host_starts(monkeypatch):
+    """The hosts build the overlay themselves: a degree too large for P used to surface as
+    every host's traceback and a line blaming the hosts' command; it is the simulator's one
+    line, before anything starts."""
+
+    def no_hosts(*args, **kwargs):
+        raise AssertionError("a host was started")
+
+    monkeypatch.setattr(network_launch, "run_hosts", no_hosts)
+    config = dataclasses.replace(_gossip(n_peers=8), gossip=GossipConfig(degree=10))
+    with pytest.raises(ConfigError, match=r"gossip.degree must be < partition.n_peers \(8\)"):
         simulate(config, runtime="network")
 
 

@@ -580,6 +580,10 @@ def check_network_settings(config: ScenarioConfig) -> None:
     if config.protocol.iterative:
         check_iterative(config)
         return
+    if config.groups.sampler == "gossip":  # the hosts build the overlay: check it here, once
+        from p2pdp.sim.overlay import check_overlay
+
+        check_overlay(config.gossip, config.partition.n_peers)
     check_supported(
         config,
         scale_family=bool(
