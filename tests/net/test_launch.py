@@ -425,3 +425,19 @@ def test_a_script_without_the_main_guard_is_told_in_one_line(tmp_path, guarded):
         f"p2pdp: error: the network runtime was started at the top level of {script} (line 9): "
         'put that under `if __name__ == "__main__":`'
     )
+
+
+def test_a_host_process_started_by_hand_says_what_it_is_instead_of_waiting():
+    """``python -m p2pdp.experiments.network --help`` used to exit 0 silently (and, from a
+    terminal, wait on standard input for a coordinator that never writes)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    asked = subprocess.run(
+        [sys.executable, "-m", "p2pdp.experiments.network", "--help"],
+        capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert asked.returncode == 0 and "one host process of a network run" in asked.stderr
+    wrong = subprocess.run(
+        [sys.executable, "-m", "p2pdp.experiments.network", "--port", "1"],
+        capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert wrong.returncode == 2 and "takes no arguments" in wrong.stderr

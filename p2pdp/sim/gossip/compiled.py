@@ -10,7 +10,7 @@ put freshest first (a view already is, after its first merge, so the insertion m
 the two sides are merged freshest first keeping each peer's first (freshest) copy, and each
 owner keeps the first ``c`` entries but itself. It draws nothing and does no arithmetic on
 the stamps (it only compares them), so the views it leaves are the numpy path's, entry for
-entry (``tests/test_gossip.py``).
+entry (``tests/sim/test_gossip.py``).
 
 This module (hence numba) is imported, and the kernel compiled or loaded from numba's disk
 cache, at the first tick of :data:`~p2pdp.sim.gossip.views.COMPILED_FROM` exchanges or more,
