@@ -6,6 +6,11 @@ Every error message names the offending field and value, e.g.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
 
 class P2PDPError(Exception):
     """Base class of every error raised on purpose by p2pdp."""
@@ -49,3 +54,31 @@ class PrivacyWarning(UserWarning):
     Example: the seed's per-coordinate Laplace calibrated on an L2 sensitivity is only
     ``sqrt(d) * epsilon``-DP.
     """
+
+
+def moved_into_modules(package: str) -> Callable[[str], Any]:
+    """A package's module-level ``__getattr__`` for a module that became a package of that
+    name (p2pdp 0.3: ``p2pdp.experiments.report``, ``.results``, ``.audit``, ``.network``).
+
+    ``from package import name`` for a public ``name`` that one of its modules defines raises
+    an ImportError naming that module (the package does not forward it: its old users are
+    told where it went, once, instead of "cannot import name"); any other name is the usual
+    AttributeError. Modules are imported only on this error path.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if not name.startswith("_"):
+            parent = importlib.import_module(package)
+            for found in pkgutil.iter_modules(parent.__path__):
+                if found.name == "__main__":
+                    continue
+                module = importlib.import_module(f"{package}.{found.name}")
+                if name in vars(module):
+                    raise ImportError(
+                        f"{package} has no {name!r}: since p2pdp 0.3 it is "
+                        f"{package}.{found.name}.{name} (CHANGELOG.md lists the moves)",
+                        name=package,
+                    )
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

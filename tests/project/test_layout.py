@@ -7,6 +7,7 @@ package is given a forbidden import.
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 import sys
@@ -148,3 +149,22 @@ def test_an_installed_package_registers_a_component_through_the_entry_point_grou
     )
     assert done.returncode == 0, done.stderr
     assert any(line.split()[:1] == ["my-noise"] for line in done.stdout.splitlines()), done.stdout
+
+
+@pytest.mark.parametrize(
+    ("package", "name", "home"),
+    [
+        ("report", "write_report", "report.write"),
+        ("results", "ResultsStore", "results.store"),
+        ("audit", "run_audit", "audit.table"),
+        ("network", "run_hosts", "network.launch"),
+    ],
+)
+def test_a_name_of_a_module_that_became_a_package_says_where_it_went(package, name, home):
+    """0.3 made four modules of p2pdp.experiments packages of the same name: their old names
+    are not forwarded, but importing one names its new module instead of "cannot import"."""
+    module = importlib.import_module(f"p2pdp.experiments.{package}")
+    with pytest.raises(ImportError, match=rf"it is p2pdp\.experiments\.{home}\.{name} "):
+        getattr(module, name)
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018
