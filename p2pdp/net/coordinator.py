@@ -1055,6 +1055,41 @@ class NetworkWorld:
                 task.cancel()
 
     # -- the end -----------------------------------------------------------------------------
+    async def _gather_final_reports(self, finish_frame: Callable[[int], bytes]) -> None:
+        """Send every host still in the run its ``FINISH`` frame, wait for the final reports,
+        and add each report's wire frames and refusals to :attr:`wire`.
+
+        Parameters
+        ----------
+        finish_frame
+            The encoded ``FINISH`` frame for a host, given its index.
+
+        Notes
+        -----
+        A host that has not reported ``3 * timeout`` seconds later is lost (and its process
+        killed), as one whose connection closed. The subclasses' ``_finish`` then fold in what
+        their own protocol counts from :attr:`_stats`.
+        """
+        for host, writer in self._hosts.items():
+            if host in self.lost_hosts:
+                continue
+            frame = finish_frame(host)
+            writer.write(frame)
+            self.wire.add(FINISH, len(frame))
+        self._check_all_stats()
+        try:
+            await asyncio.wait_for(self._all_stats.wait(), self.settings.timeout * 3)
+        except TimeoutError:
+            for host in set(range(self.n_hosts)) - set(self._stats) - self.lost_hosts:
+                self._host_lost(host, "no final report in time")
+                self.processes[host].kill()
+        for stats in self._stats.values():
+            for kind, (frames, n_bytes) in stats["wire"].items():
+                self.wire.frames[kind] += int(frames)
+                self.wire.bytes[kind] += int(n_bytes)
+            for reason, count in stats["refused"].items():
+                self.wire.refused[reason] += int(count)
+
     async def _finish(self) -> None:
         """Tell every host the run is over and how many publications its peers must have
         received; gather what each sent and received."""
@@ -1066,31 +1101,17 @@ class NetworkWorld:
             np.add.at(expected, host_of[receivers], 1)
             expected[host_of[curator]] -= 1  # the curator holds its release
         released = [[group, self.curators[position]] for group, position in self.position.items()]
-        for host, writer in self._hosts.items():
-            if host in self.lost_hosts:
-                continue
-            # which groups were released by whom: hosts count only those receipts (full
-            # publication), and the publications of those they refused (pre-empted)
-            finish = {"kind": FINISH, "publications": int(expected[host]), "released": released}
-            frame = encode(finish)
-            writer.write(frame)
-            self.wire.add(FINISH, len(frame))
-        self._check_all_stats()
-        try:
-            await asyncio.wait_for(self._all_stats.wait(), self.settings.timeout * 3)
-        except TimeoutError:
-            for host in set(range(self.n_hosts)) - set(self._stats) - self.lost_hosts:
-                self._host_lost(host, "no final report in time")
-                self.processes[host].kill()
+        # which groups were released by whom: hosts count only those receipts (full
+        # publication), and the publications of those they refused (pre-empted)
+        await self._gather_final_reports(
+            lambda host: encode(
+                {"kind": FINISH, "publications": int(expected[host]), "released": released}
+            )
+        )
         for stats in self._stats.values():
             for peer, messages, n_bytes in stats["sent"]:
                 self.transport.messages_sent[int(peer)] += int(messages)
                 self.transport.bytes_sent[int(peer)] += int(n_bytes)
-            for kind, (frames, n_bytes) in stats["wire"].items():
-                self.wire.frames[kind] += int(frames)
-                self.wire.bytes[kind] += int(n_bytes)
-            for reason, count in stats["refused"].items():
-                self.wire.refused[reason] += int(count)
             if not full:  # (peer, group) pairs; a group's model is at its position
                 position = self.position
                 self.receipts.extend(

@@ -378,24 +378,8 @@ class IterativeNetworkWorld(NetworkWorld):
     async def _finish(self) -> None:
         """Tell every host the run is over; gather what each sent and refused."""
         finish = encode({"kind": FINISH, "publications": 0, "released": []})
-        for host, writer in self._hosts.items():
-            if host not in self.lost_hosts:
-                writer.write(finish)
-                self.wire.add(FINISH, len(finish))
-        self._check_all_stats()
-        try:
-            await asyncio.wait_for(self._all_stats.wait(), self.settings.timeout * 3)
-        except TimeoutError:
-            for host in set(range(self.n_hosts)) - set(self._stats) - self.lost_hosts:
-                self._host_lost(host, "no final report in time")
-                self.processes[host].kill()
+        await self._gather_final_reports(lambda host: finish)
         counts = self.transport_counts
-        for stats in self._stats.values():
-            for kind, (frames, n_bytes) in stats["wire"].items():
-                self.wire.frames[kind] += int(frames)
-                self.wire.bytes[kind] += int(n_bytes)
-            for reason, count in stats["refused"].items():
-                self.wire.refused[reason] += int(count)
         for round_ in sorted(self._pending):  # a lost host's last reports, if unrecorded
             self._apply(round_)
         counts.messages_sent = self.sent(self.iterative.rounds)

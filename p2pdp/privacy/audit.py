@@ -125,6 +125,53 @@ class AuditResult:
     canaries: int | None = None
     confidence: float | None = None
 
+    @classmethod
+    def exact(
+        cls,
+        mechanism: str,
+        epsilon: float,
+        exact: float,
+        *,
+        expected_pass: bool,
+        guarantee_epsilon: float | None = None,
+        dim: int | None = None,
+        n_samples: int | None = None,
+    ) -> AuditResult:
+        """The row of an exact computation (``delta = 0``, method ``"exact"``).
+
+        Parameters
+        ----------
+        mechanism : str
+            The audited mechanism's name.
+        epsilon : float
+            Its claimed epsilon.
+        exact : float
+            Its exact epsilon (the row's ``eps_lb``); it passes when ``exact <= epsilon`` up
+            to 1e-9 relative (the computation's rounding).
+        expected_pass : bool
+            False for a negative control.
+        guarantee_epsilon : float or None
+            What the mechanism really guarantees; None: ``exact``.
+        dim, n_samples : int or None
+            The grid's dimension and size, where the computation runs on one.
+
+        Returns
+        -------
+        AuditResult
+        """
+        return cls(
+            mechanism=mechanism,
+            epsilon=epsilon,
+            delta=0.0,
+            eps_lb=exact,
+            passed=exact <= epsilon * (1 + 1e-9),
+            expected_pass=expected_pass,
+            guarantee_epsilon=exact if guarantee_epsilon is None else guarantee_epsilon,
+            method="exact",
+            dim=dim,
+            n_samples=n_samples,
+        )
+
     @property
     def as_expected(self) -> bool:
         """Whether the outcome matches the expectation (pass for DP, fail for the controls)."""

@@ -252,10 +252,12 @@ def audit_mechanism(
     expected_pass = name not in EXPECTED_TO_FAIL
     if name == "randomized-response":
         exact = RandomizedResponse.from_epsilon(epsilon).epsilon
-        return _exact_result(name, epsilon, exact, expected_pass)
+        return AuditResult.exact(name, epsilon, exact, expected_pass=expected_pass)
     if name == "randomized-response-two-coin":
         law = two_coin_response(epsilon, AUDIT_TWO_COIN_THETA2).output_probabilities()
-        return _exact_result(name, epsilon, pooling.epsilon_of_law(law), expected_pass)
+        return AuditResult.exact(
+            name, epsilon, pooling.epsilon_of_law(law), expected_pass=expected_pass
+        )
     if name.startswith("pooled-test"):
         return _audit_pooled(name)
     if name.startswith("secure-aggregation"):
@@ -268,12 +270,12 @@ def audit_mechanism(
         )
     if name == "noisy-count":
         exact = exact_noisy_count_epsilon(epsilon, AUDIT_COUNT_RECORDS)
-        return _exact_result(name, epsilon, exact, expected_pass)
+        return AuditResult.exact(name, epsilon, exact, expected_pass=expected_pass)
     if name == "local-rr-count":  # mechanism "local": claims the answers' local epsilon
         claimed = make_mechanism("local", epsilon=epsilon).guarantee(1)[0]
         response = two_coin_response(epsilon, AUDIT_TWO_COIN_THETA2)
         exact = exact_rr_count_epsilon(response, AUDIT_COUNT_RECORDS)
-        return _exact_result(name, claimed, exact, expected_pass)
+        return AuditResult.exact(name, claimed, exact, expected_pass=expected_pass)
     if name == "vector-laplace-exponential-norm":
         sampler = exponential_norm_vector_laplace(epsilon, 1.0, dim)
         claimed_delta, guarantee = 0.0, math.inf
@@ -320,19 +322,6 @@ def _threshold_result(
         threshold=test.threshold,
         fpr_upper=test.fpr_upper,
         fnr_upper=test.fnr_upper,
-    )
-
-
-def _exact_result(name: str, epsilon: float, exact: float, expected_pass: bool) -> AuditResult:
-    return AuditResult(
-        mechanism=name,
-        epsilon=epsilon,
-        delta=0.0,
-        eps_lb=exact,
-        passed=exact <= epsilon * (1 + 1e-9),
-        expected_pass=expected_pass,
-        guarantee_epsilon=exact,
-        method="exact",
     )
 
 

@@ -156,15 +156,12 @@ def audit_exponential_mechanism(
         batch, model, grid, epsilon=epsilon, tau=tau, sensitivity=sensitivity, rng=rng
     )
     expected_pass = name not in POSTERIOR_EXPECTED_TO_FAIL
-    return AuditResult(
-        mechanism=name,
-        epsilon=epsilon,
-        delta=0.0,
-        eps_lb=exact,
-        passed=exact <= epsilon * (1 + 1e-9),
+    return AuditResult.exact(
+        name,
+        epsilon,
+        exact,
         expected_pass=expected_pass,
         guarantee_epsilon=epsilon if expected_pass else 2 * epsilon,
-        method="exact",
         dim=grid.shape[1],
         n_samples=len(grid),
     )

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from p2pdp.sim.gossip.views import Newscast
     from p2pdp.sim.sampler import SamplerWorld
 
-__all__ = ["GroupFormation", "message_bytes"]
+__all__ = ["FormationDriver", "GroupFormation", "message_bytes"]
 
 #: Wire sizes (bytes): hash (commitment), nonce, signature (Ed25519).
 HASH_BYTES, NONCE_BYTES, SIGNATURE_BYTES = 32, 32, 64
@@ -77,35 +77,16 @@ class _Timer:
         return bool(self.event.processed)
 
 
-def protocol_arguments(
-    world: SamplerWorld, views: Newscast, *, uniform: Callable[[], float], rng: np.random.Generator
-) -> dict[str, Any]:
-    """The :class:`~p2pdp.protocols.gossip.GossipFormation` arguments of ``world``'s
-    formation, whichever driver advances it (per message here, or in rounds)."""
-    config, env = world.config, world.env
-    return {
-        "group_size": config.groups.group_size,
-        "max_failed": config.groups.max_failed_attempts,
-        "params": config.gossip,
-        "collect_timeout": config.groups.collect_timeout,
-        "views": views,
-        "clock": lambda: env.now,
-        "online": world.online,
-        "can_afford": world.ledger.can_afford,
-        "solvent": int(np.count_nonzero(world.ledger.active_mask())),
-        "uniform": uniform,
-        "rng": rng,
-    }
-
-
-class GroupFormation(GossipFormation):
-    """The formation protocol, every peer's side, driven by the world's clock and transport.
+class FormationDriver(GossipFormation):
+    """The formation protocol over a simulated world, whichever driver advances it: per
+    message (:class:`GroupFormation`) or in rounds over arrays
+    (:class:`~p2pdp.sim.gossip.rounds.RoundFormation`).
 
     Parameters
     ----------
     world : SamplerWorld
         Reads ``world.config`` (``groups``, ``gossip``), ``world.online``,
-        ``world.ledger.can_afford``; sends through ``world.transport``.
+        ``world.ledger.can_afford``; its transport carries (or counts) the messages.
     views : Newscast
         Whom an initiator invites; it forgets the peers that retired.
     uniform : callable
@@ -130,13 +111,34 @@ class GroupFormation(GossipFormation):
         on_formed: Callable[[np.ndarray, int], None],
         on_attempt_over: Callable[[], None],
     ) -> None:
-        super().__init__(**protocol_arguments(world, views, uniform=uniform, rng=rng))
+        config, env = world.config, world.env
+        super().__init__(
+            group_size=config.groups.group_size,
+            max_failed=config.groups.max_failed_attempts,
+            params=config.gossip,
+            collect_timeout=config.groups.collect_timeout,
+            views=views,
+            clock=lambda: env.now,
+            online=world.online,
+            can_afford=world.ledger.can_afford,
+            solvent=int(np.count_nonzero(world.ledger.active_mask())),
+            uniform=uniform,
+            rng=rng,
+        )
         self.world = world
-        self.env = world.env
         self._on_formed = on_formed
         self._on_attempt_over = on_attempt_over
-        self._wakes: dict[int, simpy.Event] = {}  # attempt -> the event its initiator awaits
         self._bytes = message_bytes(self.group_size)
+
+
+class GroupFormation(FormationDriver):
+    """The formation protocol, every peer's side, driven by the world's clock and transport:
+    each message goes through ``world.transport`` (parameters: :class:`FormationDriver`)."""
+
+    def __init__(self, world: SamplerWorld, views: Newscast, **driver: Any) -> None:
+        super().__init__(world, views, **driver)
+        self.env = world.env
+        self._wakes: dict[int, simpy.Event] = {}  # attempt -> the event its initiator awaits
 
     def advance(self, tick: float) -> None:
         """At a tick of the sampler's clock: schedule the initiations due before the next

@@ -52,8 +52,7 @@ the world's batched driver: the same releases as their ``SUBMIT`` and ``PUBLISH`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -73,9 +72,8 @@ from p2pdp.protocols.gossip import (
     RETIRED,
     REVEAL,
     START,
-    GossipFormation,
 )
-from p2pdp.sim.gossip.formation import message_bytes, protocol_arguments
+from p2pdp.sim.gossip.formation import FormationDriver
 
 if TYPE_CHECKING:
     from p2pdp.config import ScenarioConfig
@@ -154,43 +152,15 @@ class _Attempts:
             setattr(self, name, np.concatenate([getattr(self, name), other[name]]))
 
 
-class RoundFormation(GossipFormation):
+class RoundFormation(FormationDriver):
     """The formation protocol advanced in rounds over arrays; same interface as
-    :class:`~p2pdp.sim.gossip.formation.GroupFormation`.
+    :class:`~p2pdp.sim.gossip.formation.GroupFormation` (parameters:
+    :class:`~p2pdp.sim.gossip.formation.FormationDriver`). Messages are counted in
+    ``world.transport``, not carried; ``rng`` also draws the pool orders and the nonces."""
 
-    Parameters
-    ----------
-    world : SamplerWorld
-        Reads ``world.config`` (``groups``, ``gossip``), ``world.online``,
-        ``world.ledger.can_afford``; counts messages in ``world.transport``.
-    views : Newscast
-        Whom an initiator invites; it forgets the peers that retired.
-    uniform : callable
-        ``uniform()`` gives the next buffered uniform of the protocol stream (backoffs).
-    rng : numpy.random.Generator
-        The protocol stream (pool orders, the order of concurrent invitations, nonces).
-    on_formed : callable
-        ``on_formed(members, curator)``: a group formed ((g,) int64 members, initiator first).
-    on_attempt_over : callable
-        ``on_attempt_over()``: an attempt ended, formed or not (the observer may stop).
-    """
-
-    def __init__(
-        self,
-        world: SamplerWorld,
-        views: Newscast,
-        *,
-        uniform: Callable[[], float],
-        rng: np.random.Generator,
-        on_formed: Callable[[np.ndarray, int], None],
-        on_attempt_over: Callable[[], None],
-    ) -> None:
-        super().__init__(**protocol_arguments(world, views, uniform=uniform, rng=rng))
-        self.world = world
+    def __init__(self, world: SamplerWorld, views: Newscast, **driver: Any) -> None:
+        super().__init__(world, views, **driver)
         self.newscast = views
-        self._on_formed = on_formed
-        self._on_attempt_over = on_attempt_over
-        self._bytes = message_bytes(self.group_size)
         width = (self.params.max_retries + 1) * self.params.view_size
         self._attempts = _Attempts(self.group_size, width)
         self._tick_index = 0
