@@ -722,6 +722,11 @@ def unread_reason(key: str, config: ScenarioConfig, read: dict[str, str]) -> str
     )
     if not readers:
         return f"{key} = {setting_value(config, key)!r} is read by no built-in component"
+    if list(readers.get("runtime", ())) == ["simulation"]:  # the simulated transport model
+        would = would.removesuffix(")") + (
+            "; on the network runtime messages cross a real network, whose latency and loss "
+            "are its own: `--unset` it, or emulate them with benchmarks/netns_run.py)"
+        )
     return f"{key} = {setting_value(config, key)!r} is read only with {would}"
 
 

@@ -559,3 +559,13 @@ def test_a_sweep_value_given_twice_is_refused(folder, capsys, argv):
     """A value listed twice collapsed into one grid point: a cell the user counted never ran."""
     line = error_line(capsys, ["run", "synthetic.toml", "--out", "o", *argv])
     assert "lists " in line and " twice; each value is one grid point" in line
+
+
+def test_a_simulated_transport_setting_on_the_network_runtime_says_how_to_drop_it(capsys, tmp_path):
+    """gossip_vs_central sets network.latency: on the network runtime the refusal used to say
+    only that it "would change nothing"; it now says the real network's latency is its own,
+    how to drop the setting, and how to emulate latency instead."""
+    argv = ["run", "gossip_vs_central", "--runtime", "network", "--out", str(tmp_path / "o")]
+    line = error_line(capsys, argv)
+    assert "network.latency = 'exponential' is read only with runtime = 'simulation'" in line
+    assert "`--unset` it" in line and "benchmarks/netns_run.py" in line
