@@ -50,8 +50,8 @@ nonce and its salt, ``START`` every nonce and salt (each member checks them agai
 commitments). The initiator's host reports the formed group to the coordinator with that
 evidence (``formed``); the coordinator checks the signatures and commitments itself and
 elects the curator ``members[sum(nonces) mod g]`` (:func:`elect`): an initiator cannot
-forge a member's commitment or choose the curator. (The simulator's initiator draws its own
-nonce after the others' are revealed and commits to nothing: here it commits first.)
+forge a member's commitment or choose the curator. (The simulator's initiator, an honest
+model, draws its own nonce before ``GROUP`` but commits to nothing: here it commits first.)
 
 The rest of the run is the coordinator's (:mod:`p2pdp.net.coordinator`): it assigns each
 reported group exactly as a central one (the one-shot member and curator machines, charges

@@ -35,6 +35,11 @@ Group formation (messages through the transport; c.f. GroupsConfig/GossipConfig)
     is safe because they are signed by their authors. What remains is the veto of the last
     revealer (it can abort, not choose); that is inherent to commit-reveal. Steps 2-3 are the
     extra round trips this costs: 4 (g - 1) messages on top of the 2 (g - 1) of step 1.
+    The initiator's own nonce must be committed too, or it could pick it after the reveals:
+    the network driver sends the initiator's signed commitment with ``GROUP``
+    (:mod:`p2pdp.net.gossip_host`); this machine, which models honest peers, draws it before
+    ``GROUP`` and carries no commitment for it (it changes no draw and no row of a simulated
+    run, where no peer lies).
 
     Every step waits ``gossip.invite_timeout`` for replies and re-sends to the silent members
     at most ``gossip.max_retries`` times. A group that cannot complete sends ``RELEASE`` to
