@@ -49,7 +49,7 @@ def messages_per_peer(rows: Rows, **where: object) -> float:
 def tuned(protocol: str, epsilon: float | None, scheme: str, column: str = "error"):
     """A protocol's leave-one-fold-out tuned error (the report's comparison table)."""
     from p2pdp.experiments.report.protocols import tuned_comparison
-    from p2pdp.experiments.report.write import _parse
+    from p2pdp.experiments.report.summary import _parse
 
     def compute(rows: Rows) -> float:
         parsed = [{k: _parse(v) for k, v in row.items()} for row in rows]
