@@ -40,7 +40,7 @@ def run(peers: int, workers: int) -> dict:
     from p2pdp.config import ScenarioConfig
     from p2pdp.core.parallel import local_workers
     from p2pdp.data.settings import DataConfig, PartitionConfig
-    from p2pdp.experiments.results.store import ColumnTable
+    from p2pdp.experiments.results.tables import ColumnTable
     from p2pdp.experiments.run.simulation import (
         ReleaseLog,
         _outcome,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from p2pdp.core.columns import Ragged, Rows
-from p2pdp.experiments.results.store import ColumnTable
+from p2pdp.experiments.results.tables import ColumnTable
 from p2pdp.experiments.run import simulation
 from p2pdp.privacy.release import ReleaseRecord, ReleaseTable, record_column
 

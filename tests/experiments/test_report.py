@@ -11,7 +11,7 @@ import pytest
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.report.write import write_report
-from p2pdp.experiments.results.store import ROC_FPR
+from p2pdp.experiments.results.files import ROC_FPR
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -253,7 +253,7 @@ def test_rule_and_mechanism_name_the_lines_and_the_best_lambda_reference_is_draw
     import matplotlib.pyplot as plt
 
     from p2pdp.experiments.report import figures, summary
-    from p2pdp.experiments.results.store import read_results
+    from p2pdp.experiments.results.files import read_results
 
     rows = write_results(tmp_path, folds=1)
     mechanisms = (("vector-laplace", 0.0), ("gaussian", 1e-5))

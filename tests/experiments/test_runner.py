@@ -13,7 +13,7 @@ from dask.distributed import LocalCluster
 
 from p2pdp.core.errors import ComponentError, ConfigError
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.run import runner as experiment
 from p2pdp.experiments.scenarios.scenario import load_scenario, parse_scenario
 from p2pdp.tasks.logistic.task import LogisticEnsembles

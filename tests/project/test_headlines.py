@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.run.runner import run_experiment
 from p2pdp.experiments.scenarios.scenario import load_scenario
 

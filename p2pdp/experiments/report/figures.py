@@ -34,7 +34,7 @@ from p2pdp.experiments.report.summary import (
     _order,
     _split,
 )
-from p2pdp.experiments.results.store import ROC_FPR
+from p2pdp.experiments.results.files import ROC_FPR
 
 #: Axis labels with units, and short names for legends and tables.
 _LABELS = {

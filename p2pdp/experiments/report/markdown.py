@@ -12,7 +12,8 @@ from typing import Any
 
 from p2pdp.experiments.report.figures import NO_SCORES, _number, _short
 from p2pdp.experiments.report.summary import PointSummary, _column_mean
-from p2pdp.experiments.results.store import TABLE_ROWS, resume_command
+from p2pdp.experiments.results.files import TABLE_ROWS
+from p2pdp.experiments.results.manifest import resume_command
 from p2pdp.experiments.scenarios.disclosure import LAMBDA_SWEPT
 
 #: Text columns of a task's rows that are bookkeeping, not declarations (the non-private steps

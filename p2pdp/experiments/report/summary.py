@@ -26,7 +26,7 @@ class PointSummary:
 
     Errors are fractions in [0, 1]; ``std_error`` is the standard deviation of the per-peer
     errors pooled over peers and cells; ``roc_tpr`` is the best peer's TPR at
-    :data:`p2pdp.experiments.results.store.ROC_FPR`, averaged over cells (None without ``roc.csv``).
+    :data:`p2pdp.experiments.results.files.ROC_FPR`, averaged over cells (None without ``roc.csv``).
     """
 
     settings: dict[str, Any]

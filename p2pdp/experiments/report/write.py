@@ -24,18 +24,18 @@ from p2pdp.core.files import write_atomic
 from p2pdp.experiments.report.figures import NO_SCORES, _draw_figures, _figure_specs
 from p2pdp.experiments.report.markdown import _markdown, _task_markdown, _unscored, _with_status
 from p2pdp.experiments.report.summary import _parse, _summarise
-from p2pdp.experiments.results.store import (
+from p2pdp.experiments.results.files import (
     CELL_SELECTION,
     MANIFEST_FILE,
     RESULTS_FILE,
-    FolderLock,
     incomplete_cells,
     read_manifest,
     read_results,
     read_roc,
     repair,
-    resume_command,
 )
+from p2pdp.experiments.results.lock import FolderLock
+from p2pdp.experiments.results.manifest import resume_command
 
 REPORT_FILE = "report.md"
 
@@ -72,7 +72,7 @@ def write_report(directory: str | Path) -> Path:
     """Write the figures (PNG) and ``report.md`` into ``directory``; return report.md's path.
 
     Runs under the folder's lock (refused while a run writes the folder), after
-    :func:`p2pdp.experiments.results.store.repair` (which drops a line cut short by a crash, as
+    :func:`p2pdp.experiments.results.files.repair` (which drops a line cut short by a crash, as
     ``--resume``
     does). Every file is written atomically: a crash leaves the old file or the new one.
 

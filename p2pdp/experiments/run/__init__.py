@@ -1,4 +1,4 @@
 """Running: one fold of a scenario (:func:`.simulation.simulate`, both protocol families), a
 whole grid into a results folder (:mod:`.runner`) and the Dask cluster (:mod:`.cluster`).
-Imports :mod:`p2pdp.experiments.network.launch`, :mod:`~p2pdp.experiments.results.store` and
+Imports :mod:`p2pdp.experiments.network.launch`, :mod:`~p2pdp.experiments.results` and
 :mod:`~p2pdp.experiments.scenarios`."""

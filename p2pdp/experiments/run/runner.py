@@ -72,7 +72,8 @@ from p2pdp.experiments.network.launch import (
     network_hosts,
     run_hosts,
 )
-from p2pdp.experiments.results.store import CellRecord, ResultsStore, roc_on_grid
+from p2pdp.experiments.results.files import roc_on_grid
+from p2pdp.experiments.results.store import CellRecord, ResultsStore
 from p2pdp.experiments.run.cluster import dask_pieces, on_dask_worker, plan_gap, prepare_on_cluster
 from p2pdp.experiments.run.simulation import RUNTIMES, check_budget, simulate
 from p2pdp.experiments.scenarios.disclosure import non_private_column
@@ -281,7 +282,7 @@ def run_experiment(
     ------
     ConfigError
         Bad ``jobs``, unreachable scheduler, or a results folder that cannot be written, is
-        in use (:class:`~p2pdp.experiments.results.store.FolderInUseError`) or does not match.
+        in use (:class:`~p2pdp.experiments.results.lock.FolderInUseError`) or does not match.
     """
     started = time.perf_counter()
     _check_run(scenario, jobs=jobs, scheduler=scheduler, runtime=runtime)

@@ -28,7 +28,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import IntAtLeast, OneOf
-from p2pdp.experiments.results.store import ColumnTable, RowSequence
+from p2pdp.experiments.results.tables import ColumnTable, RowSequence
 from p2pdp.experiments.scenarios.scenario import config_of, with_settings
 from p2pdp.privacy.accounting import composed, make_accountant, supports
 from p2pdp.privacy.mechanisms import NoNoise
