@@ -1,6 +1,7 @@
-"""The steps both protocol families' runs share (:mod:`.oneshot`, :mod:`.iterative`): the
-wall seconds of a run's phases, shown to the progress report as each starts, and what the
-task prepared for the fold.
+"""The steps both protocol families' runs share
+(:mod:`~p2pdp.experiments.run.oneshot`, :mod:`~p2pdp.experiments.run.iterative`): the wall
+seconds of a run's phases, shown to the progress report as each starts, and what the task
+prepared for the fold.
 """
 
 from __future__ import annotations

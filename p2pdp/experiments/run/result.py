@@ -1,7 +1,8 @@
 """What one simulated run returns (:class:`RunResult`, from
 :func:`p2pdp.experiments.run.simulation.simulate`), its rows and tables, and the log of its
-releases (:class:`ReleaseLog`), shared by the one-shot (:mod:`.oneshot`) and iterative
-(:mod:`.iterative`) assembly of a run.
+releases (:class:`ReleaseLog`), shared by the one-shot
+(:mod:`~p2pdp.experiments.run.oneshot`) and iterative
+(:mod:`~p2pdp.experiments.run.iterative`) assembly of a run.
 """
 
 from __future__ import annotations
