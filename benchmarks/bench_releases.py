@@ -13,7 +13,7 @@ wall time and the process's resident memory at its end and peak (``ru_maxrss``) 
 
 - ``models``: the stand-in models (P x 58 x 8 bytes: 4.6 GB at 10^7);
 - ``simulation``: ``World.run`` (:func:`p2pdp.sim.waves.run_waves`);
-- ``outcome``: what the task is handed (:func:`p2pdp.experiments.run.simulation._outcome`);
+- ``outcome``: what the task is handed (:func:`p2pdp.experiments.run.oneshot._outcome`);
 - ``table``: the ``releases`` table's CSV text, made block by block as the results store
   writes it (its bytes counted, not written).
 """
@@ -40,18 +40,14 @@ def run(peers: int, workers: int) -> dict:
     from p2pdp.config import ScenarioConfig
     from p2pdp.core.parallel import local_workers
     from p2pdp.data.settings import DataConfig, PartitionConfig
-    from p2pdp.experiments.results.store import ColumnTable
-    from p2pdp.experiments.run.simulation import (
-        ReleaseLog,
-        _outcome,
-        release_path,
-        sensitivity_of,
-    )
+    from p2pdp.experiments.results.tables import ColumnTable
+    from p2pdp.experiments.run.oneshot import _outcome
+    from p2pdp.experiments.run.result import ReleaseLog
     from p2pdp.learning.settings import EvaluationConfig
     from p2pdp.privacy.settings import PrivacyConfig
     from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
     from p2pdp.sim.world import World
-    from p2pdp.tasks import make_task
+    from p2pdp.tasks import make_task, release_path, sensitivity_of
 
     config = ScenarioConfig(
         seed=2026,

@@ -59,7 +59,8 @@ def run_one(
     from p2pdp.config import ScenarioConfig
     from p2pdp.core.parallel import local_workers
     from p2pdp.data.settings import DataConfig, PartitionConfig
-    from p2pdp.experiments.run import simulation
+    from p2pdp.experiments.run import iterative as iterative_run
+    from p2pdp.experiments.run import oneshot, phases
     from p2pdp.experiments.run.simulation import simulate
     from p2pdp.learning.settings import EvaluationConfig
     from p2pdp.privacy.settings import PrivacyConfig
@@ -97,13 +98,14 @@ def run_one(
         protocol={"name": protocol, **({"rounds": 50, "eval_every": 10} if iterative else {})},
     )
     peaks = {}  # peak memory (MiB) by the start of each phase simulate() names
-    named = simulation.set_phase
+    named = phases.set_phase
 
     def phase(name: str, counter: Any = None) -> None:
         peaks.setdefault(name, _peak_mb())
         named(name, counter)
 
-    simulation.set_phase = phase
+    for module in (phases, oneshot, iterative_run):  # every module of a run that names a phase
+        module.set_phase = phase
     with local_workers(workers):  # local processes for training and evaluation
         start = time.perf_counter()
         trained = prepare_peers(config, fold=0)

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.scenarios.scenario import shipped_scenarios_dir
 
 

@@ -288,7 +288,7 @@ folds = [0]
 def test_private_dpsgd_without_projection_spends_what_it_would_with_it(tmp_path):
     """The D-PSGD accounting depends on the clip norm, not on the rows: leaving the projection
     out changes the model, not the epsilon a peer spends (<= privacy.epsilon)."""
-    from p2pdp.experiments.results.store import read_results
+    from p2pdp.experiments.results.files import read_results
     from p2pdp.experiments.run.runner import run_experiment
     from p2pdp.experiments.scenarios.scenario import parse_scenario
 

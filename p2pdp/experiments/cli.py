@@ -325,7 +325,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             )
         except KeyboardInterrupt as exc:
             from p2pdp.experiments.network.launch import hosts_flag
-            from p2pdp.experiments.results.store import resume_command
+            from p2pdp.experiments.results.manifest import resume_command
 
             name, code = _signal_of(exc)
             network = args.runtime == "network"
@@ -346,7 +346,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             )
             return code
         except ClusterLostError as exc:
-            from p2pdp.experiments.results.store import read_manifest, resume_command
+            from p2pdp.experiments.results.files import read_manifest
+            from p2pdp.experiments.results.manifest import resume_command
 
             again = resume_command(out, read_manifest(out))
             raise ClusterLostError(f"{exc} in {out}; finish with: {again}") from None

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from p2pdp.core.columns import Ragged, Rows
-from p2pdp.experiments.results.store import ColumnTable
-from p2pdp.experiments.run import simulation
+from p2pdp.experiments.results.tables import ColumnTable
+from p2pdp.experiments.run import oneshot, simulation
 from p2pdp.privacy.release import ReleaseRecord, ReleaseTable, record_column
 
 SMALL = {
@@ -140,13 +140,13 @@ def test_a_simulated_run_hands_the_task_the_worlds_arrays(monkeypatch):
     receivers share it), its members and records the world's tables; the release log keeps
     no object per release; the releases table equals its rows."""
     seen = {}
-    original = simulation._outcome
+    original = oneshot._outcome
 
     def outcome(world, dim):
         seen["world"], seen["outcome"] = world, original(world, dim)
         return seen["outcome"]
 
-    monkeypatch.setattr(simulation, "_outcome", outcome)
+    monkeypatch.setattr(oneshot, "_outcome", outcome)
     result = simulation.simulate(SMALL)
     world, got = seen["world"], seen["outcome"]
     assert world.batched and result.aggregations == len(world.releases) > 0

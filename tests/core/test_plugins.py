@@ -16,7 +16,7 @@ import pytest
 from p2pdp.core import components
 from p2pdp.core.errors import ComponentError, ConfigError
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.run.runner import run_experiment
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 

@@ -28,7 +28,8 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.reads import When, declared_reads
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.report.write import write_report
-from p2pdp.experiments.results.store import ResultsStore, read_results
+from p2pdp.experiments.results.files import read_results
+from p2pdp.experiments.results.store import ResultsStore
 from p2pdp.experiments.run.runner import make_cells, run_experiment
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import (

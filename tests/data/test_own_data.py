@@ -29,7 +29,7 @@ from p2pdp.data import loaders
 from p2pdp.data.loaders import RawData, as_raw_data, load_data, provides
 from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.run.runner import run_experiment
 from p2pdp.experiments.scenarios.scenario import load_scenario, parse_scenario
 from p2pdp.learning.settings import EvaluationConfig

@@ -14,7 +14,8 @@ import pytest
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results.store import read_results, resume_command
+from p2pdp.experiments.results.files import read_results
+from p2pdp.experiments.results.manifest import resume_command
 from p2pdp.experiments.scenarios.scenario import load_scenario, parse_scenario
 from tests.experiments.test_results import TINY as RESULTS_TINY
 

@@ -14,7 +14,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.data import synthetic
 from p2pdp.data.partition import contiguous_starts, partition, partition_contiguous
 from p2pdp.data.synthetic import SYNTHETIC_BLOCK_ROWS
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.run import cluster as plan
 from p2pdp.experiments.run import runner
 from p2pdp.experiments.scenarios.scenario import parse_scenario

@@ -11,7 +11,7 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.data.settings import DataConfig
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.report.write import write_report
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.run.runner import run_experiment
 from p2pdp.experiments.scenarios.disclosure import (
     LAMBDA_SWEPT,

@@ -11,7 +11,7 @@ import pytest
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.report.write import write_report
-from p2pdp.experiments.results.store import ROC_FPR
+from p2pdp.experiments.results.files import ROC_FPR
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -157,7 +157,7 @@ def write_grid(directory, axes, *, messages=lambda s: 30 * s["partition.n_peers"
 @pytest.fixture
 def drawn(monkeypatch):
     """Figures as saved, by file stem (kept open for inspection)."""
-    from p2pdp.experiments.report import write as report
+    from p2pdp.experiments.report import figures as report
 
     figures = {}
     original = report.write_figure
@@ -252,8 +252,8 @@ def test_loss_sweep_draws_aggregations_and_error_per_sampler(tmp_path, drawn):
 def test_rule_and_mechanism_name_the_lines_and_the_best_lambda_reference_is_drawn(tmp_path):
     import matplotlib.pyplot as plt
 
-    from p2pdp.experiments.report import write as report_module
-    from p2pdp.experiments.results.store import read_results
+    from p2pdp.experiments.report import figures, summary
+    from p2pdp.experiments.results.files import read_results
 
     rows = write_results(tmp_path, folds=1)
     mechanisms = (("vector-laplace", 0.0), ("gaussian", 1e-5))
@@ -277,15 +277,15 @@ def test_rule_and_mechanism_name_the_lines_and_the_best_lambda_reference_is_draw
         writer.writerows(extended)
     text = write_report(tmp_path).read_text()
     assert "centralized, own best λ" in text and "| 0.070 | 0.120 |" in text
-    parsed = [{k: report_module._parse(v) for k, v in r.items()} for r in read_results(tmp_path)]
+    parsed = [{k: summary._parse(v) for k, v in r.items()} for r in read_results(tmp_path)]
     swept = [c for c in parsed[0] if "." in c and len({r[c] for r in parsed}) > 1]
-    summaries = report_module._summarise(parsed, swept, {})
-    panel, lines = report_module._split(summaries, swept, "privacy.epsilon", "groups.group_size")
+    summaries = summary._summarise(parsed, swept, {})
+    panel, lines = summary._split(summaries, swept, "privacy.epsilon", "groups.group_size")
     assert panel == "groups.group_size"
     assert lines[:2] == ["privacy.mechanism", "evaluation.vote"]
     assert "privacy.delta" not in lines
     figure, axis = plt.subplots()
-    report_module._references(axis, summaries, "privacy.epsilon")
+    figures._references(axis, summaries, "privacy.epsilon")
     labels = axis.get_legend_handles_labels()[1]
     plt.close(figure)
     assert "centralized, non-private, own best λ" in labels

@@ -14,19 +14,17 @@ import pytest
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results.store import (
+from p2pdp.experiments.results.files import (
     ROC_FPR,
-    CellRecord,
-    ColumnTable,
-    FolderInUseError,
-    FolderLock,
-    ResultsStore,
     load,
     read_manifest,
     read_results,
     read_roc,
     roc_on_grid,
 )
+from p2pdp.experiments.results.lock import FolderInUseError, FolderLock
+from p2pdp.experiments.results.store import CellRecord, ResultsStore
+from p2pdp.experiments.results.tables import ColumnTable
 from p2pdp.experiments.run import runner as experiment
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 

@@ -23,12 +23,9 @@ import pytest
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.report.write import write_report
-from p2pdp.experiments.results.store import (
-    FolderInUseError,
-    ResultsStore,
-    read_manifest,
-    read_results,
-)
+from p2pdp.experiments.results.files import read_manifest, read_results
+from p2pdp.experiments.results.lock import FolderInUseError
+from p2pdp.experiments.results.store import ResultsStore
 from p2pdp.experiments.run import runner as experiment
 from p2pdp.experiments.scenarios.scenario import load_scenario
 
@@ -274,7 +271,7 @@ def test_a_second_writer_is_refused_while_a_run_writes(tmp_path, scenario_file):
 
 HOLD_LOCK = """
 import sys, time
-from p2pdp.experiments.results.store import FolderLock
+from p2pdp.experiments.results.lock import FolderLock
 FolderLock(sys.argv[1], purpose="p2pdp run").acquire()
 print("locked", flush=True)
 time.sleep(600)

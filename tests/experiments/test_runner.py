@@ -13,7 +13,7 @@ from dask.distributed import LocalCluster
 
 from p2pdp.core.errors import ComponentError, ConfigError
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.run import runner as experiment
 from p2pdp.experiments.scenarios.scenario import load_scenario, parse_scenario
 from p2pdp.tasks.logistic.task import LogisticEnsembles
@@ -488,14 +488,14 @@ def test_forked_workers_leave_signals_to_their_parent():
 def test_a_gossip_run_whose_invitations_are_lost_says_its_failed_formation_attempts(monkeypatch):
     """At network.loss = 0.5 gossip formation fails attempt after attempt for minutes; the
     progress line said "0 aggregations, 0 aborted" and nothing else moved but the clock."""
-    from p2pdp.experiments.run import simulation
+    from p2pdp.experiments.run import oneshot, simulation
 
     counters = {}
 
     def remember(phase, counter=None):
         counters[phase] = counter
 
-    monkeypatch.setattr(simulation, "set_phase", remember)
+    monkeypatch.setattr(oneshot, "set_phase", remember)
     config = parse_scenario(
         TINY[: TINY.index("[sweep]")],
         overrides=[

@@ -24,7 +24,7 @@ from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.audit.table import AUDIT_SAMPLES, format_audit_table
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.results import store as results_module
-from p2pdp.experiments.results.store import read_manifest, read_results
+from p2pdp.experiments.results.files import read_manifest, read_results
 from p2pdp.experiments.run import runner as experiment
 from p2pdp.experiments.run.cluster import on_dask_worker, scheduler_watch
 from p2pdp.experiments.run.runner import make_cells

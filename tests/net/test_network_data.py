@@ -24,7 +24,8 @@ from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.network.launch import check_network_settings, read_hosts_file
 from p2pdp.experiments.network.shards import read_host_shards
-from p2pdp.experiments.run.simulation import UNSCORED, simulate
+from p2pdp.experiments.run.oneshot import UNSCORED
+from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import load_scenario
 from p2pdp.net.coordinator import NetworkWorld
 from p2pdp.net.host import HostSettings

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.run.runner import run_experiment
 from p2pdp.experiments.scenarios.scenario import load_scenario
 
@@ -49,7 +49,7 @@ def messages_per_peer(rows: Rows, **where: object) -> float:
 def tuned(protocol: str, epsilon: float | None, scheme: str, column: str = "error"):
     """A protocol's leave-one-fold-out tuned error (the report's comparison table)."""
     from p2pdp.experiments.report.protocols import tuned_comparison
-    from p2pdp.experiments.report.write import _parse
+    from p2pdp.experiments.report.summary import _parse
 
     def compute(rows: Rows) -> float:
         parsed = [{k: _parse(v) for k, v in row.items()} for row in rows]

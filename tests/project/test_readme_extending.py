@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from p2pdp.experiments.cli import main
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from tests.docs_pages import page
 
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.DOTALL)

@@ -11,7 +11,7 @@ from scipy import stats
 from p2pdp.config import with_value
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.report.write import write_report
-from p2pdp.experiments.results.store import read_results
+from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.run.runner import run_experiment
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import parse_scenario

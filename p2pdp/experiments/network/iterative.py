@@ -1,6 +1,6 @@
 """The iterative protocols (D-PSGD, Muffliato) on the network runtime: the experiment's side.
 
-:func:`run_on_network` is what :func:`~p2pdp.experiments.run.simulation.simulate_iterative` calls
+:func:`run_on_network` is what :func:`~p2pdp.experiments.run.iterative.simulate_iterative` calls
 instead of the SimPy driver with ``runtime = "network"``: it starts the cell's hosts
 (given by :func:`~p2pdp.experiments.network.launch.network_session`: the run's host processes,
 each cell a session of its own) and coordinates them (:class:`~p2pdp.net.iterative_coordinator.

@@ -18,7 +18,7 @@ every peer's ensemble on the test rows, the centralised reference and the releas
 ``noise_norm`` (analysis columns, never sent to any host). With per-host data, a hosts file's
 ``score = false`` makes a coordinator that opens no data at all: it learns the statistics'
 length from the hosts and leaves those columns empty
-(:data:`~p2pdp.experiments.run.simulation.UNSCORED`). Either way the coordinator's protocol code
+(:data:`~p2pdp.experiments.run.oneshot.UNSCORED`). Either way the coordinator's protocol code
 (:class:`~p2pdp.net.coordinator.NetworkWorld`) reads no training data.
 
 Where the hosts run is ``P2PDP_NETWORK_HOSTS`` (the CLI's ``--hosts``, checked by
@@ -119,7 +119,7 @@ class HostsFile:
         The coordinator scores the run (derives the fold from the seed to score every peer's
         ensemble on the test rows, the centralised reference and the releases' noise norm).
         False (only with ``data``): it opens no data at all, and those columns are empty
-        (:data:`~p2pdp.experiments.run.simulation.UNSCORED`).
+        (:data:`~p2pdp.experiments.run.oneshot.UNSCORED`).
     """
 
     coordinator: str

@@ -39,7 +39,7 @@ import numpy as np
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.results.store import make_folder
+from p2pdp.experiments.results.lock import make_folder
 from p2pdp.net.host import hosts_of
 from p2pdp.net.iterative_coordinator import check_iterative
 from p2pdp.tasks import check_own_rows, make_task

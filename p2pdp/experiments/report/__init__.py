@@ -1,5 +1,7 @@
-"""Figures and ``report.md`` from a results folder (:mod:`.write`), with the protocol
-comparisons' figures (:mod:`.protocols`). Reads a results folder; never runs a scenario."""
+"""Figures and ``report.md`` from a results folder (:mod:`.write`, from the rows per grid point
+of :mod:`.summary`, the figures of :mod:`.figures` and the text of :mod:`.markdown`), with the
+protocol comparisons' figures (:mod:`.protocols`). Reads a results folder; never runs a
+scenario."""
 
 from p2pdp.core.errors import moved_into_modules
 

@@ -1,5 +1,7 @@
-"""The results folder (:mod:`.store`): rows written as cells finish, the manifest, the lock,
-resuming and repairing. Imports :mod:`p2pdp.experiments.scenarios` only."""
+"""The results folder: rows written as cells finish (:mod:`.store`), the files' names and
+readers, and the repair after a crash (:mod:`.files`), the manifest and the checks of a resume
+(:mod:`.manifest`), the folder's lock (:mod:`.lock`) and the CSV text (:mod:`.tables`).
+Imports :mod:`p2pdp.experiments.scenarios` only."""
 
 from p2pdp.core.errors import moved_into_modules
 

@@ -72,9 +72,11 @@ from p2pdp.experiments.network.launch import (
     network_hosts,
     run_hosts,
 )
-from p2pdp.experiments.results.store import CellRecord, ResultsStore, roc_on_grid
+from p2pdp.experiments.results.files import roc_on_grid
+from p2pdp.experiments.results.store import CellRecord, ResultsStore
 from p2pdp.experiments.run.cluster import dask_pieces, on_dask_worker, plan_gap, prepare_on_cluster
-from p2pdp.experiments.run.simulation import RUNTIMES, check_budget, simulate
+from p2pdp.experiments.run.iterative import check_budget
+from p2pdp.experiments.run.simulation import RUNTIMES, simulate
 from p2pdp.experiments.scenarios.disclosure import non_private_column
 from p2pdp.experiments.scenarios.scenario import Scenario
 from p2pdp.tasks import make_task, prepared
@@ -167,7 +169,7 @@ def iter_task(
     """Train once for the task's training key, then simulate the cells, yielding each record.
 
     Rows get ``cell_id`` and ``point`` first, then
-    :meth:`p2pdp.experiments.run.simulation.RunResult.row`,
+    :meth:`p2pdp.experiments.run.result.RunResult.row`,
     then ``wall_prepare_s`` (the shared training's seconds) and ``wall_cell_s``. BLAS runs
     single-threaded: on small matrices its threads cost more than they gain (measured 4x
     slower on 2 cores), and parallel workers would oversubscribe the cores.
@@ -281,7 +283,7 @@ def run_experiment(
     ------
     ConfigError
         Bad ``jobs``, unreachable scheduler, or a results folder that cannot be written, is
-        in use (:class:`~p2pdp.experiments.results.store.FolderInUseError`) or does not match.
+        in use (:class:`~p2pdp.experiments.results.lock.FolderInUseError`) or does not match.
     """
     started = time.perf_counter()
     _check_run(scenario, jobs=jobs, scheduler=scheduler, runtime=runtime)

@@ -301,7 +301,7 @@ class LogisticEnsembles:
     def score_columns(self) -> tuple[str, ...]:
         """The row columns :meth:`evaluate`'s summary fills: scores on the test rows and of
         the centralised model, all empty (NaN) in a run nobody scored (a network coordinator
-        that holds no data, :data:`p2pdp.experiments.run.simulation.UNSCORED`)."""
+        that holds no data, :data:`p2pdp.experiments.run.oneshot.UNSCORED`)."""
         metrics = ("mean_error", "std_error", "min_error", "median_error", "max_error")
         best = ("centralized_best_lambda_error", "centralized_best_lambda")
         return (
