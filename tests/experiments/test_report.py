@@ -323,3 +323,23 @@ def test_lines_that_coincide_stay_distinguishable(tmp_path, drawn):
     assert len(data) == 2
     looks = {(l.get_linestyle(), l.get_marker(), l.get_markerfacecolor() == "none") for l in data}
     assert len(looks) == 2 and all(len({a, b}) == 2 for a, b in zip(*looks, strict=True))
+
+
+def test_the_header_says_which_runtime_made_the_rows(tmp_path, monkeypatch, capsys):
+    """A network run's report read exactly like the simulator's, though its times are wall
+    seconds between processes: the header says which runtime ran (from the manifest)."""
+    import json
+
+    from tests.experiments.test_runner import TINY
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.toml").write_text(TINY)
+    assert main(["run", "tiny.toml", "--out", "out", "--set", "evaluation.folds=[0]"]) == 0
+    assert "; simulated; started" in (tmp_path / "out" / "report.md").read_text()
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest.update(runtime="network", hosts="3")
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
+    header = write_report(tmp_path / "out").read_text().splitlines()[2]
+    assert "run on the network runtime (3 hosts; its times, `sim_time` included, are wall" in (
+        header
+    )

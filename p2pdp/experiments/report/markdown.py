@@ -162,6 +162,15 @@ def _network_faults(rows: Sequence[dict[str, Any]], manifest: dict[str, Any]) ->
     )
 
 
+def _runtime(manifest: dict[str, Any]) -> str:
+    """Which runtime made the rows, for the report's header: a network run's timing columns
+    (``sim_time`` among them) are wall seconds between real processes."""
+    if manifest.get("runtime", "simulation") != "network":
+        return "simulated; "
+    hosts = f"{manifest['hosts']} hosts; " if manifest.get("hosts") else ""
+    return f"run on the network runtime ({hosts}its times, `sim_time` included, are wall seconds); "
+
+
 def _markdown(
     rows: Sequence[dict[str, Any]],
     manifest: dict[str, Any],
@@ -184,7 +193,9 @@ def _markdown(
                 if manifest["overrides"]
                 else ""
             )
-            + f", hash `{manifest['scenario_hash'][:12]}`; started {manifest['started']}, "
+            + f", hash `{manifest['scenario_hash'][:12]}`; "
+            + _runtime(manifest)
+            + f"started {manifest['started']}, "
             + (f"finished {manifest['finished']}; " if manifest.get("finished") else "")
             + "git commit "
             f"`{manifest.get('git_commit') or 'unknown'}`; {versions}; Python "
