@@ -322,3 +322,8 @@ def test_set_sweep_epsilon_replaces_the_zipped_axis_on_every_shipped_scenario(pa
     assert {p.config.privacy.epsilon_per_aggregation for p in scenario.points} == {0.1}
     others = [k for k in base.swept_keys() if not k.startswith("privacy.epsilon")]
     assert [k for k in scenario.swept_keys() if k != "privacy.epsilon"] == others
+
+
+def test_a_misspelled_shipped_scenario_is_named():
+    with pytest.raises(ConfigError, match=r"'quickstrt' not found \(did you mean 'quickstart'\?"):
+        load_scenario("quickstrt")

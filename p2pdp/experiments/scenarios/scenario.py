@@ -340,9 +340,12 @@ def find_scenario(name_or_path: str | Path) -> Path:
     shipped = shipped_scenarios_dir() / f"{path.name.removesuffix('.toml')}.toml"
     if path.parent == Path(".") and shipped.is_file():
         return shipped
-    names = ", ".join(sorted(p.stem for p in shipped_scenarios_dir().glob("*.toml")))
+    stems = sorted(p.stem for p in shipped_scenarios_dir().glob("*.toml"))
+    close = difflib.get_close_matches(path.name.removesuffix(".toml"), stems, n=1)
+    hint = f"did you mean {close[0]!r}? " if close and path.parent == Path(".") else ""
     raise ConfigError(
-        f"scenario file {str(name_or_path)!r} not found (no such file; shipped scenarios: {names})"
+        f"scenario file {str(name_or_path)!r} not found ({hint}no such file; shipped "
+        f"scenarios: {', '.join(stems)})"
     )
 
 
