@@ -303,6 +303,36 @@ def test_extra_tables_are_written_repaired_sorted_and_loaded(tmp_path):
     assert load(tmp_path)["releases"]["cell_id"].tolist() == ["c0"]
 
 
+def test_a_folder_without_orphan_rows_is_repaired_without_reading_its_tables_whole(
+    tmp_path, monkeypatch
+):
+    """The report repairs a folder before it reads it: a 10^7-peer run's release log (1.5 GB,
+    ten million rows) read whole into rows took the report past 16 GiB. Only a table with rows
+    of an unfinished cell is now read whole (to rewrite it); the others are streamed, and a
+    damaged one is still refused with its line."""
+    from p2pdp.experiments.results import files
+
+    scenario = parse_scenario(TINY)
+    with ResultsStore.open(tmp_path, scenario, n_cells=4, backend="test") as store:
+        store.append([record("c2", 2), record("c0", 1)])
+    read = []
+    read_rows = files._read_rows
+    monkeypatch.setattr(files, "_read_rows", lambda path: read.append(path.name) or read_rows(path))
+    assert files.repair(tmp_path) == {"c0", "c2"}
+    assert read == ["results.csv"]  # the finished cells' ids; no table read whole
+    with (tmp_path / "peers.csv").open("a") as file:
+        file.write("c3,0,0.1\n")  # a crash's orphan row: that table is read and rewritten
+    assert files.repair(tmp_path) == {"c0", "c2"}
+    assert (
+        read[1:] == ["results.csv", "peers.csv"]
+        and "c3" not in (tmp_path / "peers.csv").read_text()
+    )
+    with (tmp_path / "releases.csv").open("a") as file:
+        file.write("c2,9\n")  # one field short
+    with pytest.raises(ConfigError, match=r"releases.csv, line \d+: 2 fields, the header has 3"):
+        files.repair(tmp_path)
+
+
 def test_bad_table_names_and_rows_are_refused(tmp_path):
     store = ResultsStore.open(tmp_path, parse_scenario(TINY), n_cells=1, backend="test")
     tpr = np.linspace(0, 1, len(ROC_FPR))

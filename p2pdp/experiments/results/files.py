@@ -15,7 +15,7 @@ import numpy as np
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.files import write_atomic
-from p2pdp.experiments.results.tables import _csv_text, _read_rows
+from p2pdp.experiments.results.tables import _csv_text, _first_fields, _read_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -144,11 +144,10 @@ def repair(directory: str | Path) -> frozenset[str]:
     done = _recorded_cells(directory)
     for name in tables:
         path = directory / f"{name}.csv"
-        if path.exists() and path.stat().st_size > 0:
+        # streamed: most folders have no orphan row, and a table can be ten million rows
+        if path.exists() and path.stat().st_size > 0 and not done.issuperset(_first_fields(path)):
             header, *rows = _read_rows(path)
-            kept = [row for row in rows if row[0] in done]
-            if len(kept) < len(rows):
-                write_atomic(path, _csv_text([header, *kept]))
+            write_atomic(path, _csv_text([header, *(row for row in rows if row[0] in done)]))
     return done
 
 
