@@ -327,6 +327,16 @@ def test_a_folder_without_orphan_rows_is_repaired_without_reading_its_tables_who
         read[1:] == ["results.csv", "peers.csv"]
         and "c3" not in (tmp_path / "peers.csv").read_text()
     )
+    # a table's rows lost (streamed) or its last line cut (read whole): the cell is incomplete
+    peers = (tmp_path / "peers.csv").read_text()
+    lines = peers.splitlines(keepends=True)
+    last = lines[-1].split(",")[0]
+    (tmp_path / "peers.csv").write_text("".join(lines[:-1]))
+    assert files.incomplete_cells(tmp_path) == {last: ["peers.csv"]}
+    (tmp_path / "peers.csv").write_text("".join(lines[:-1]) + lines[-1][:4])
+    assert files.incomplete_cells(tmp_path) == {last: ["peers.csv"]}
+    (tmp_path / "peers.csv").write_text(peers)
+    assert files.incomplete_cells(tmp_path) == {}
     with (tmp_path / "releases.csv").open("a") as file:
         file.write("c2,9\n")  # one field short
     with pytest.raises(ConfigError, match=r"releases.csv, line \d+: 2 fields, the header has 3"):

@@ -213,9 +213,12 @@ def incomplete_cells(directory: str | Path) -> dict[str, list[str]]:
     for name in {n for row in rows for n in _parse_counts(row[TABLE_ROWS])}:
         path = directory / f"{name}.csv"
         counts: dict[str, int] = {}
-        if path.exists():
-            for line in _read_rows(path)[1:]:
-                counts[line[0]] = counts.get(line[0], 0) + 1
+        if path.exists():  # streamed unless its last line was cut (then that line is ignored)
+            with path.open("rb") as file:
+                whole = file.seek(0, 2) == 0 or (file.seek(-1, 2), file.read(1))[1] == b"\n"
+            ids = _first_fields(path) if whole else (line[0] for line in _read_rows(path)[1:])
+            for cell in ids:
+                counts[cell] = counts.get(cell, 0) + 1
         counted[name] = counts
     broken: dict[str, list[str]] = {}
     for row in rows:
