@@ -99,6 +99,7 @@ from p2pdp.protocols.gossip import (
     Envelope,
     GossipFormation,
     StartTimer,
+    elected,
 )
 from p2pdp.protocols.oneshot import Late
 
@@ -230,11 +231,11 @@ def elect(
         raise ProtocolError("one nonce and one salt per member")
     if len(nonces) != len(members):
         raise ProtocolError("one nonce and one salt per member")
-    total = sum(
+    opened = [
         _check_reveal(attempt, member, nonce, salt, c)
         for member, nonce, salt, c in zip(members, nonces, salts, committed, strict=True)
-    )
-    return np.array(members, dtype=np.int64), members[total % group_size]
+    ]
+    return np.array(members, dtype=np.int64), elected(members, opened)
 
 
 def _members(value: Any, n_peers: int, group_size: int, initiator: int) -> list[int]:

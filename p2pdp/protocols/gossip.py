@@ -87,6 +87,7 @@ __all__ = [
     "GossipFormation",
     "StartTimer",
     "Wait",
+    "elected",
 ]
 
 #: A peer's mean backoff doubles after each failure in a row, at most this many times.
@@ -104,6 +105,14 @@ INVITE, ACCEPT, DECLINE, GROUP, REVEAL, START, ACK, RELEASE = (
 )
 # Peer states of the formation protocol (a peer's own knowledge of itself).
 TRAINING, FREE, INITIATING, LOCKED, COMMITTED, IN_GROUP, RETIRED = range(7)
+
+
+def elected(members: list[int], nonces: list[int]) -> int:
+    """The curator of a formed group: ``members[sum(nonces) mod g]``, ``members`` in the
+    order fixed before any nonce was revealed (initiator first). The one rule of both
+    drivers: the simulator's (:meth:`GossipFormation._start`) and the network coordinator's
+    check of a formed report (:func:`p2pdp.net.gossip_host.elect`)."""
+    return int(members[sum(nonces) % len(members)])
 
 
 @dataclass(slots=True, eq=False)
@@ -531,8 +540,9 @@ class GossipFormation:
     def _start(self, attempt: Attempt) -> None:
         attempt.active = False
         members = np.array([attempt.initiator, *attempt.accepted], dtype=np.int64)
-        nonce_sum = attempt.nonces[attempt.initiator] + sum(attempt.revealed.values())
-        curator = int(members[nonce_sum % self.group_size])
+        curator = elected(
+            members.tolist(), [attempt.nonces[attempt.initiator], *attempt.revealed.values()]
+        )
         self.state[members] = IN_GROUP
         self.bound[members] = -1
         self.lock_until[members] = np.inf
