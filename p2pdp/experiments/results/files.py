@@ -186,12 +186,10 @@ def _remove_results(directory: Path) -> None:
 
 def _drop_partial_line(path: Path) -> None:
     """Truncate a file after its last newline (a line cut short by a crash)."""
-    if not path.exists():
+    if not path.exists() or _ends_with_a_line(path):  # the usual case: nothing read
         return
     with path.open("rb+") as file:
-        data = file.read()
-        if data and not data.endswith(b"\n"):
-            file.truncate(data.rfind(b"\n") + 1)
+        file.truncate(file.read().rfind(b"\n") + 1)
 
 
 def _format_counts(counts: dict[str, int]) -> str:
@@ -214,9 +212,11 @@ def incomplete_cells(directory: str | Path) -> dict[str, list[str]]:
         path = directory / f"{name}.csv"
         counts: dict[str, int] = {}
         if path.exists():  # streamed unless its last line was cut (then that line is ignored)
-            with path.open("rb") as file:
-                whole = file.seek(0, 2) == 0 or (file.seek(-1, 2), file.read(1))[1] == b"\n"
-            ids = _first_fields(path) if whole else (line[0] for line in _read_rows(path)[1:])
+            ids = (
+                _first_fields(path)
+                if _ends_with_a_line(path)
+                else (line[0] for line in _read_rows(path)[1:])
+            )
             for cell in ids:
                 counts[cell] = counts.get(cell, 0) + 1
         counted[name] = counts
@@ -226,6 +226,15 @@ def incomplete_cells(directory: str | Path) -> dict[str, list[str]]:
             if counted[name].get(row["cell_id"], 0) != count:
                 broken.setdefault(row["cell_id"], []).append(f"{name}.csv")
     return broken
+
+
+def _ends_with_a_line(path: Path) -> bool:
+    """Whether ``path`` is empty or its last line is complete (ends with a newline)."""
+    with path.open("rb") as file:
+        if file.seek(0, 2) == 0:
+            return True
+        file.seek(-1, 2)
+        return file.read(1) == b"\n"
 
 
 def _parse_counts(text: str) -> dict[str, int]:
