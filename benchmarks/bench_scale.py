@@ -128,6 +128,24 @@ def write_figure(rows: list[dict], path: Path) -> None:
     write_figure(figure, path)
 
 
+def added_rows(path: Path) -> list[dict]:
+    """The rows of an earlier ``--out`` table, numbers as numbers (``--add``)."""
+    with path.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    if not rows:
+        raise SystemExit(f"--add {path}: no rows")
+    missing = [name for name in (*PHASES, "peers", "sampler", *MEMORY) if name not in rows[0]]
+    if missing:
+        raise SystemExit(f"--add {path}: not a bench_scale table, no column {missing}")
+    for row in rows:
+        for key, value in row.items():
+            try:
+                row[key] = float(value) if "." in value or "e" in value else int(value)
+            except ValueError:
+                pass
+    return rows
+
+
 def scale_run(sampler: str, peers: int, workers: int, done: list[dict], limit: float) -> None:
     """Run P = ``peers`` in a fresh process and append its row to ``done`` (the runs of this
     sampler and worker count), unless its peak memory predicted from ``done`` exceeds
@@ -163,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="MiB; a P predicted to need more is skipped")  # fmt: skip
     parser.add_argument("--out", type=Path, help="write <out>.csv and <out>.png")
     parser.add_argument(
+        "--add", type=Path, nargs="+", default=[],
+        help="CSV tables written by an earlier --out whose rows join this run's table and "
+        "figure (a long run, such as 10^7 peers, measured on its own)",
+    )  # fmt: skip
+    parser.add_argument(
         "--workers", type=int, nargs="+", default=[1],
         help="local processes for the data, training and evaluation phases; with several "
         "counts, each phase's parallel efficiency against the first",
@@ -197,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                 on = f" ({workers} workers)" if len(args.workers) > 1 else ""
                 print(f"{sampler:>7} growth exponent of wall time in P{on}: {text}", flush=True)
             rows.extend(runs)
+    for path in args.add:
+        rows.extend(added_rows(path))
     if args.out and rows:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.with_suffix(".csv").open("w", newline="") as file:

@@ -41,3 +41,27 @@ def test_the_scale_benchmark_writes_its_table_and_figure_and_skips_what_would_no
             f"training {expected:.2f}, simulation"
         ) in done.stdout
     assert out.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_rows_of_an_earlier_table_join_the_new_table_and_figure(tmp_path):
+    def scale(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "bench_scale.py", "--samplers", "central", *args],
+            cwd=BENCHMARKS, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    earlier = tmp_path / "earlier"  # a long run measured on its own
+    assert scale("--peers", "80", "--out", str(earlier)).returncode == 0
+    out = tmp_path / "scale"
+    done = scale("--peers", "40", "--add", str(earlier.with_suffix(".csv")), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(out.with_suffix(".csv").open()))
+    assert [int(row["peers"]) for row in rows] == [40, 80]
+    assert rows[1] == next(csv.DictReader(earlier.with_suffix(".csv").open()))
+    assert out.with_suffix(".png").stat().st_size > 10_000
+
+    other = tmp_path / "other.csv"
+    other.write_text("peers,wall_s\n100,1.5\n")
+    refused = scale("--peers", "40", "--add", str(other))
+    assert refused.returncode != 0
+    assert "not a bench_scale table, no column ['training_s'" in refused.stderr
