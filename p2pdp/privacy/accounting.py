@@ -49,6 +49,7 @@ import numpy as np
 from p2pdp.core.boundary import calling, check_methods, check_numbers, check_type, problem
 from p2pdp.core.errors import BudgetExhaustedError, ConfigError
 from p2pdp.core.validation import require_count, require_positive, require_probability
+from p2pdp.privacy.calibration import analytic_gaussian_sigma
 from p2pdp.privacy.events import (
     ADD_REMOVE,
     EpsilonDeltaEvent,
@@ -57,7 +58,6 @@ from p2pdp.privacy.events import (
     PrivacyEvent,
     SubsampledGaussianEvent,
 )
-from p2pdp.privacy.mechanisms import analytic_gaussian_sigma
 
 ACCOUNTANTS: tuple[str, ...] = ("basic", "rdp", "gdp", "pld")
 

@@ -252,7 +252,7 @@ def affordable_aggregations_gdp(
     ``k + 1`` does not fit. 0 if not even one release fits.
 
     To reproduce the ledger's per-aggregation calibration, pass
-    ``z = p2pdp.privacy.mechanisms.analytic_gaussian_sigma(epsilon_A, delta_A, 1.0)``.
+    ``z = p2pdp.privacy.calibration.analytic_gaussian_sigma(epsilon_A, delta_A, 1.0)``.
     """
     epsilon_total = _positive("epsilon_total", epsilon_total)
     delta_total = _open_probability("delta_total", delta_total)

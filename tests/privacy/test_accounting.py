@@ -21,7 +21,7 @@ from p2pdp.privacy.accounting import (
     composed_epsilon,
     format_budget_table,
 )
-from p2pdp.privacy.mechanisms import analytic_gaussian_sigma
+from p2pdp.privacy.calibration import analytic_gaussian_sigma
 from p2pdp.sim.waves import DrawnCharges
 
 

@@ -94,7 +94,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.privacy.mechanisms import require_count, require_positive
+from p2pdp.core.validation import require_count, require_positive
 
 __all__ = [
     "GUARANTEE_LABEL",

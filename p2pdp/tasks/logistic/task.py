@@ -54,7 +54,7 @@ from p2pdp.learning.evaluation import (
 from p2pdp.learning.models import make_model
 from p2pdp.learning.references import CentralisedReference, centralised_best_lambda
 from p2pdp.privacy.accounting import affordable_aggregations
-from p2pdp.privacy.mechanisms import group_sensitivity
+from p2pdp.privacy.calibration import group_sensitivity
 from p2pdp.privacy.posterior_sampling.posterior import (
     PEER_SETTINGS,
     private_logistic_peers,
