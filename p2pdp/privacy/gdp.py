@@ -51,7 +51,7 @@ __all__ = [
     "noise_multiplier_for_gdp",
 ]
 
-#: Relative tolerance on the budget (as :data:`p2pdp.privacy.accounting.BUDGET_TOLERANCE`).
+#: Relative tolerance on the budget (as :data:`p2pdp.privacy.accountants.BUDGET_TOLERANCE`).
 BUDGET_TOLERANCE = 1e-9
 #: Largest ``mu`` whose epsilon is computed (about 5e11 at any delta): beyond it the log-space
 #: formula loses every digit (NaN at mu = 1e12), and no such guarantee protects anyone.

@@ -13,8 +13,8 @@ from scipy import optimize, stats
 
 from p2pdp.core.errors import BudgetExhaustedError, ConfigError
 from p2pdp.privacy import accounting
+from p2pdp.privacy.accountants import BUDGET_TOLERANCE
 from p2pdp.privacy.accounting import (
-    BUDGET_TOLERANCE,
     BudgetLedger,
     affordable_aggregations,
     budget_table,
@@ -355,8 +355,9 @@ def test_pld_matches_dp_accounting_on_the_poisson_grid_and_bounds_gdp_and_rdp(q)
     where the exact GDP value is 2268.77, checked with mpmath). 1.5 to 6 s per q."""
     from dp_accounting import dp_event
 
-    from p2pdp.privacy.accounting import PLD_DISCRETIZATION, make_accountant, pld_discretization
+    from p2pdp.privacy.accounting import make_accountant
     from p2pdp.privacy.events import GaussianEvent, SubsampledGaussianEvent
+    from p2pdp.privacy.pld import PLD_DISCRETIZATION, pld_discretization
 
     delta = 1e-5
     pld, rdp = make_accountant("pld"), make_accountant("rdp")
@@ -414,8 +415,9 @@ def test_pld_at_small_q_and_many_steps_is_within_one_percent_of_dp_accounting() 
     from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting.pld import privacy_loss_distribution as pld_module
 
-    from p2pdp.privacy.accounting import make_accountant, pld_discretization
+    from p2pdp.privacy.accounting import make_accountant
     from p2pdp.privacy.events import SubsampledGaussianEvent
+    from p2pdp.privacy.pld import pld_discretization
 
     event = SubsampledGaussianEvent(4.0, 0.003)
     ours = make_accountant("pld").composed_epsilon(event, np.array([5000]), delta_total=1e-6)[0]
@@ -441,11 +443,12 @@ def test_pld_states_and_calibrates_with_the_smallest_valid_bound(monkeypatch) ->
     PLD is above ``rdp`` at q = 0.003, z = 4, 5,000 steps; ``pld`` then states ``rdp``'s bound,
     and calibrating with it gives the noise at which ``rdp``'s bound meets the budget."""
     from p2pdp.privacy import accounting
+    from p2pdp.privacy import pld as pld_module
     from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum, calibrated_noise_multiplier
     from p2pdp.privacy.events import SubsampledGaussianEvent
 
-    monkeypatch.setattr(accounting, "PLD_POINTS", 1)
-    coarse = accounting.PldAccountant()
+    monkeypatch.setattr(pld_module, "PLD_POINTS", 1)
+    coarse = pld_module.PldAccountant()
     monkeypatch.setitem(accounting._ACCOUNTANTS, "pld", coarse)
     event = SubsampledGaussianEvent(4.0, 0.003)
     steps = np.array([5000])
@@ -481,8 +484,9 @@ def test_pld_composes_replace_one_poisson_sampling_and_rdp_refuses_it() -> None:
     larger than add/remove (a replacement moves the sum twice as far); rdp has no bound."""
     from dp_accounting import dp_event
 
-    from p2pdp.privacy.accounting import make_accountant, pld_discretization
+    from p2pdp.privacy.accounting import make_accountant
     from p2pdp.privacy.events import SubsampledGaussianEvent
+    from p2pdp.privacy.pld import pld_discretization
 
     pld = make_accountant("pld")
     for q, z in ((0.01, 1.0), (0.1, 2.0), (0.5, 5.0)):
@@ -506,7 +510,7 @@ def test_pld_composes_a_mixed_sequence_exactly() -> None:
     ComposedDpEvent); it beats composing the parts separately and adding their epsilons."""
     from dp_accounting import dp_event
 
-    from p2pdp.privacy.accounting import make_accountant, pld_discretization
+    from p2pdp.privacy.accounting import make_accountant
     from p2pdp.privacy.events import (
         GaussianEvent,
         LaplaceEvent,
@@ -514,6 +518,7 @@ def test_pld_composes_a_mixed_sequence_exactly() -> None:
         SubsampledGaussianEvent,
     )
     from p2pdp.privacy.mechanisms import CoordinateLaplace
+    from p2pdp.privacy.pld import pld_discretization
 
     pld = make_accountant("pld")
     releases = [
