@@ -25,7 +25,8 @@ from collections.abc import Callable
 import numpy as np
 
 from p2pdp.core.rng import generator
-from p2pdp.privacy.mechanisms import group_sensitivity, make_mechanism
+from p2pdp.privacy.calibration import group_sensitivity
+from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.secure_aggregation import draw_noise_shares, protocol_cost, secure_noisy_mean
 
 GROUP_SIZES = (10, 50, 100)

@@ -62,8 +62,9 @@ from p2pdp.learning.ensembles import (
 from p2pdp.learning.evaluation import build_ensembles, evaluate_ensembles, linear_error
 from p2pdp.learning.models import GRADIENT_TOLERANCE
 from p2pdp.learning.references import centralised_best_lambda
+from p2pdp.privacy.calibration import group_sensitivity
 from p2pdp.privacy.gdp import affordable_aggregations_gdp
-from p2pdp.privacy.mechanisms import group_sensitivity, make_mechanism
+from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.sim.world import World
 from p2pdp.tasks.pipeline import prepare_peers
 

@@ -24,7 +24,7 @@ kind        protocol                                              config key
 dataset     :class:`p2pdp.data.loaders.DatasetLoader`             ``data.dataset``
 model       :class:`p2pdp.learning.models.LocalModel`             ``training.model``
 mechanism   :class:`p2pdp.privacy.mechanisms.Mechanism`           ``privacy.mechanism``
-accountant  :class:`p2pdp.privacy.accounting.Accountant`          ``privacy.accountant``
+accountant  :class:`p2pdp.privacy.accountants.Accountant`         ``privacy.accountant``
 sampler     :class:`p2pdp.sim.sampler.GroupSampler`               ``groups.sampler``
 ensemble    :class:`p2pdp.learning.evaluation.EnsembleRule`       ``evaluation.vote``
 task        :class:`p2pdp.tasks.Task`                             ``task.name``
@@ -171,25 +171,25 @@ _BUILTINS: tuple[Component, ...] = tuple(
         (
             "accountant",
             "basic",
-            "p2pdp.privacy.accounting:BasicAccountant",
+            "p2pdp.privacy.accountants:BasicAccountant",
             "sequential composition: k releases cost k epsilon and k delta",
         ),
         (
             "accountant",
             "rdp",
-            "p2pdp.privacy.accounting:RdpAccountant",
+            "p2pdp.privacy.accountants:RdpAccountant",
             "Renyi DP of the Gaussian mechanism, converted to (epsilon, delta)",
         ),
         (
             "accountant",
             "gdp",
-            "p2pdp.privacy.accounting:GdpAccountant",
+            "p2pdp.privacy.accountants:GdpAccountant",
             "exact Gaussian composition (mu = sqrt(k)/z GDP); default for gaussian",
         ),
         (
             "accountant",
             "pld",
-            "p2pdp.privacy.accounting:PldAccountant",
+            "p2pdp.privacy.pld:PldAccountant",
             "privacy loss distributions (dp-accounting); default for Poisson-sampled steps",
         ),
         (

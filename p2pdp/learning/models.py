@@ -752,7 +752,7 @@ class LocalModel(Protocol):
     """A local learner (the ``model`` component kind, ``training.model``).
 
     Every peer minimises an L2-regularised empirical risk on its own shard; the group
-    sensitivity the engine adds noise for (:func:`p2pdp.privacy.mechanisms.group_sensitivity`) is
+    sensitivity the engine adds noise for (:func:`p2pdp.privacy.calibration.group_sensitivity`) is
     ``2 (L / n_min + tau) / (K lam)``, which holds when
 
     * the loss is convex and ``L``-Lipschitz in ``w`` for rows with ``||x||_2 <= 1``

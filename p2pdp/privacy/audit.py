@@ -59,11 +59,7 @@ from scipy import stats
 from scipy.special import ndtr, ndtri
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.privacy.mechanisms import (
-    require_count,
-    require_positive,
-    require_probability,
-)
+from p2pdp.core.validation import require_count, require_positive, require_probability
 
 #: Fewest outputs per side a threshold test takes (half of them calibrate the threshold).
 MIN_AUDIT_SAMPLES = 8
@@ -435,7 +431,7 @@ def exponential_norm_vector_laplace(epsilon: float, sensitivity: float, dim: int
 
 
 def exact_noisy_count_epsilon(epsilon: float, n: int) -> float:
-    """Exact epsilon of :func:`~p2pdp.privacy.mechanisms.noisy_count` on ``n`` records.
+    """Exact epsilon of :func:`~p2pdp.privacy.counting.noisy_count` on ``n`` records.
 
     For every pair of neighbouring counts ``(c, c+1)``, ``c = 0..n-1``, and both orders, the
     worst log ratio of the output laws of ``clip(c + Laplace(1/epsilon), 0, n)``: the atoms at

@@ -235,7 +235,8 @@ def calibrated_noise_multiplier(
     """
     from dataclasses import replace
 
-    from p2pdp.privacy.accounting import BUDGET_TOLERANCE, composed, make_accountant
+    from p2pdp.privacy.accountants import BUDGET_TOLERANCE, composed
+    from p2pdp.privacy.accounting import make_accountant
 
     if accountant == "gdp" and mechanism.sampling != "poisson":
         from p2pdp.privacy.gdp import noise_multiplier_for_gdp

@@ -143,7 +143,7 @@ class SubsampledGaussianEvent(PrivacyEvent):
     most ``2 C`` if sampled; its privacy loss is that of ``q N(C, .) + (1-q) N(0, .)`` against
     ``q N(-C, .) + (1-q) N(0, .)``). The amplification by this sampling is accounted by ``pld``
     (exact, either relation) and ``rdp`` (add/remove only:
-    :func:`p2pdp.privacy.accounting.subsampled_gaussian_rdp`). No ``(epsilon, delta)`` is
+    :func:`p2pdp.privacy.accountants.subsampled_gaussian_rdp`). No ``(epsilon, delta)`` is
     stated for one release (``epsilon_delta`` is ``(inf, 0)``, so basic composition gives inf).
     """
 

@@ -51,7 +51,7 @@ __all__ = [
     "noise_multiplier_for_gdp",
 ]
 
-#: Relative tolerance on the budget (as :data:`p2pdp.privacy.accounting.BUDGET_TOLERANCE`).
+#: Relative tolerance on the budget (as :data:`p2pdp.privacy.accountants.BUDGET_TOLERANCE`).
 BUDGET_TOLERANCE = 1e-9
 #: Largest ``mu`` whose epsilon is computed (about 5e11 at any delta): beyond it the log-space
 #: formula loses every digit (NaN at mu = 1e12), and no such guarantee protects anyone.
@@ -252,7 +252,7 @@ def affordable_aggregations_gdp(
     ``k + 1`` does not fit. 0 if not even one release fits.
 
     To reproduce the ledger's per-aggregation calibration, pass
-    ``z = p2pdp.privacy.mechanisms.analytic_gaussian_sigma(epsilon_A, delta_A, 1.0)``.
+    ``z = p2pdp.privacy.calibration.analytic_gaussian_sigma(epsilon_A, delta_A, 1.0)``.
     """
     epsilon_total = _positive("epsilon_total", epsilon_total)
     delta_total = _open_probability("delta_total", delta_total)

@@ -1,4 +1,4 @@
-"""Differential-privacy mechanisms: output perturbation, noise shares, randomized response, counts.
+"""Output-perturbation mechanisms: the noise a curator adds to a group's average, and its shares.
 
 Output perturbation (the curator's step)
 ----------------------------------------
@@ -6,7 +6,7 @@ A group of ``K`` peers publishes the average of its members' exact local models.
 protected is **one record of one peer's shard**; neighbouring data sets differ by *replacing*
 that record. The curator releases ``avg + eta`` to the group or to everyone (publication is
 post-processing); ``eta`` is drawn by a :class:`Mechanism` calibrated to the L2 sensitivity
-``Delta_2`` of the average (:func:`group_sensitivity`):
+``Delta_2`` of the average (:func:`~p2pdp.privacy.calibration.group_sensitivity`):
 
 ============================  ==================================================  ==============
 name                          noise ``eta`` (d coordinates, ``b = Delta_2/eps``)  guarantee
@@ -29,9 +29,9 @@ Coordinate Laplace and Gaussian noise are infinitely divisible, so the members o
 each add a *share* and nobody (not even the curator) knows the total noise
 (:func:`laplace_noise_shares`, :func:`gaussian_noise_shares`, :meth:`Mechanism.noise_shares`).
 
-Related mechanisms of the other seeds: :class:`RandomizedResponse` (one private bit per
-respondent) and :func:`noisy_count` with :func:`beta_bernoulli_update` (a Laplace count fed into
-a Beta-Bernoulli model).
+What the noise is calibrated to (the sensitivity, the analytic Gaussian's sigma) is in
+:mod:`p2pdp.privacy.calibration`; the mechanisms of the other seeds on 0/1 records (randomized
+response, the Laplace count) are in :mod:`p2pdp.privacy.counting`.
 
 numpy generators are not cryptographically secure: fine for a simulator, not for deployment.
 """
@@ -41,16 +41,15 @@ from __future__ import annotations
 import math
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from p2pdp.core.boundary import calling, check_methods, check_number, check_numbers, check_type
 from p2pdp.core.errors import ConfigError, PrivacyWarning
 from p2pdp.core.validation import require_count, require_positive, require_probability
+from p2pdp.privacy.calibration import analytic_gaussian_sigma
 from p2pdp.privacy.events import (
     EpsilonDeltaEvent,
     GaussianEvent,
@@ -66,7 +65,6 @@ MECHANISMS: tuple[str, ...] = (
     "seed-laplace",
     "none",
 )
-SENSITIVITY_MODES: tuple[str, ...] = ("group-mean", "pathak")
 #: What the engine calls on a mechanism (:class:`Mechanism` provides them all).
 MECHANISM_METHODS = (
     "sample",
@@ -78,80 +76,6 @@ MECHANISM_METHODS = (
     "budget_event",
     "guarantee",
 )
-
-
-def _as_binary(name: str, values: ArrayLike) -> np.ndarray:
-    """``values`` as a bool array; ConfigError unless every entry is 0/1 (or bool)."""
-    array = np.asarray(values)
-    if array.dtype != bool and not np.isin(array, (0, 1)).all():
-        raise ConfigError(
-            f"{name} must contain only 0/1 or booleans, got values {np.unique(array)}"
-        )
-    return array.astype(bool)
-
-
-def _is_count(n: object) -> bool:
-    if not isinstance(n, (int, float, np.integer, np.floating)) or isinstance(n, bool):
-        return False
-    return bool(math.isfinite(n) and n >= 1 and n == int(n))
-
-
-# --- sensitivity --------------------------------------------------------------------------------
-def group_sensitivity(
-    shard_sizes: Sequence[int] | np.ndarray,
-    lam: float,
-    *,
-    mode: str = "group-mean",
-    gradient_tolerance: float = 0.0,
-    lipschitz: float = 1.0,
-) -> float:
-    """L2 sensitivity of a group's average of exact L2-regularised logistic-regression models.
-
-    Replacing one record of member ``j`` (rows of L2 norm <= 1, lambda-strongly convex objective,
-    exact minimiser) moves its model by at most ``2 / (n_j * lam)`` (Chaudhuri et al. 2011), and
-    the group average ``(1/K) sum_j w_j`` by at most ``2 / (K * n_j * lam)``.
-
-    Parameters
-    ----------
-    shard_sizes : sequence of int, shape (K,)
-        Number of records of each member, all >= 1; ``K >= 1``.
-    lam : float
-        Regularisation strength lambda > 0.
-    mode : {"group-mean", "pathak"}
-        ``"group-mean"`` (default): ``2 / (K * n_min * lam)``, the sensitivity of the average.
-        ``"pathak"``: ``2 / (n_min * lam)``, the seed's (Pathak et al. 2010) bound: valid but
-        ``K`` times larger, i.e. ``K`` times more noise than needed.
-    gradient_tolerance : float
-        Bound ``tau >= 0`` on the gradient norm every local model was solved to. A model with
-        ``||grad J|| <= tau`` lies within ``tau / lam`` of the exact minimiser (lambda-strong
-        convexity), so a released model moves by at most ``2 (1/n_j + tau) / lam`` and the
-        bounds above become ``2 (1/n_min + tau) / (K lam)`` and ``2 (1/n_min + tau) / lam``.
-        The simulator passes the solver's tolerance (1e-9): a negligible, honest correction.
-    lipschitz : float
-        Lipschitz constant ``L`` of the loss in ``w`` for rows of norm <= 1 (1 for the
-        logistic loss); the bounds scale as ``2 (L/n_min + tau) / ...``.
-
-    Returns
-    -------
-    float
-        ``Delta_2`` in the same units as the model weights.
-    """
-    # Plain Python on the (short) list: this runs once per aggregation in the simulator.
-    sizes = shard_sizes.tolist() if isinstance(shard_sizes, np.ndarray) else list(shard_sizes)
-    if not sizes or any(isinstance(n, (list, tuple)) for n in sizes):
-        raise ConfigError(f"shard_sizes must be a non-empty 1-D sequence, got {shard_sizes!r}")
-    plain = all(type(n) is int for n in sizes)  # the simulator's case: skip the slow check
-    if not (min(sizes) >= 1 if plain else all(_is_count(n) for n in sizes)):
-        raise ConfigError(f"shard_sizes must be integers >= 1, got {shard_sizes!r}")
-    lam = require_positive("lam", lam)
-    if not (math.isfinite(gradient_tolerance) and gradient_tolerance >= 0):
-        raise ConfigError(f"gradient_tolerance must be >= 0 and finite, got {gradient_tolerance!r}")
-    pathak = 2.0 * (lipschitz / min(sizes) + gradient_tolerance) / lam
-    if mode == "pathak":
-        return pathak
-    if mode == "group-mean":
-        return pathak / len(sizes)
-    raise ConfigError(f"mode must be one of {SENSITIVITY_MODES}, got {mode!r}")
 
 
 # --- distributed noise ----------------------------------------------------------------------------
@@ -196,68 +120,6 @@ def gaussian_noise_shares(
     return rng.normal(0.0, sigma / math.sqrt(n_shares), (rows, dim))
 
 
-# --- analytic Gaussian calibration ----------------------------------------------------------------
-def _gaussian_log_delta(log_sigma: float, epsilon: float, sensitivity: float) -> float:
-    """``log delta(sigma)``, the exact privacy profile of the Gaussian mechanism at ``epsilon``.
-
-    ``delta(sigma) = Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D)`` (Balle & Wang 2018,
-    Theorem 8), evaluated as ``Phi(A) * (1 - exp(eps + log Phi(B) - log Phi(A)))`` in log space.
-    """
-    from scipy.special import log_ndtr
-
-    sigma = math.exp(log_sigma)
-    half = sensitivity / (2.0 * sigma)
-    shift = epsilon * sigma / sensitivity
-    log_first = float(log_ndtr(half - shift))
-    remainder = -math.expm1(epsilon + float(log_ndtr(-half - shift)) - log_first)
-    return log_first + math.log(remainder) if remainder > 0 else -math.inf
-
-
-def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
-    """Smallest ``sigma`` for which ``N(0, sigma^2 I)`` noise is (epsilon, delta)-DP.
-
-    Analytic Gaussian mechanism (Balle & Wang 2018, Algorithm 1): solves the exact condition
-    ``Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D) <= delta`` for ``s`` (the left side
-    decreases in ``s``) by root finding in ``log s``, then steps up until the condition holds,
-    so the returned value is never below the exact calibration. Valid for every ``epsilon > 0``
-    (the classic ``D sqrt(2 ln(1.25/delta)) / eps`` needs ``epsilon < 1`` and is larger).
-
-    Parameters
-    ----------
-    epsilon : float
-        > 0.
-    delta : float
-        In (0, 1).
-    sensitivity : float
-        L2 sensitivity ``D`` > 0.
-
-    Returns
-    -------
-    float
-        Per-coordinate standard deviation, same units as ``sensitivity``.
-    """
-    from scipy.optimize import brentq
-
-    epsilon = require_positive("epsilon", epsilon)
-    delta = require_probability("delta", delta, low_open=True, high_open=True)
-    sensitivity = require_positive("sensitivity", sensitivity)
-    log_delta = math.log(delta)
-
-    def excess(log_sigma: float) -> float:
-        return _gaussian_log_delta(log_sigma, epsilon, sensitivity) - log_delta
-
-    start = math.log(sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon)
-    low = high = start
-    while excess(low) <= 0:
-        low -= 1.0
-    while excess(high) > 0:
-        high += 1.0
-    root = brentq(excess, low, high, xtol=1e-14)
-    while excess(root) > 0:
-        root += 1e-13 * max(1.0, abs(root))
-    return math.exp(root)
-
-
 # --- output-perturbation mechanisms ---------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Mechanism(ABC):
@@ -265,9 +127,10 @@ class Mechanism(ABC):
 
     Neighbouring relation: replace one record of one peer's shard; ``sensitivity`` passed to
     the methods is the L2 sensitivity ``Delta_2`` of the released vector under that relation
-    (see :func:`group_sensitivity`). Every noise law here scales linearly with the sensitivity
-    (``sample(s)`` has the law of ``s * sample(1)``), so a caller may draw unit-sensitivity
-    noise in batches and rescale it. Build instances with :func:`make_mechanism`.
+    (see :func:`~p2pdp.privacy.calibration.group_sensitivity`). Every noise law here scales
+    linearly with the sensitivity (``sample(s)`` has the law of ``s * sample(1)``), so a caller
+    may draw unit-sensitivity noise in batches and rescale it. Build instances with
+    :func:`make_mechanism`.
 
     Attributes
     ----------
@@ -704,144 +567,3 @@ def make_mechanism(name: str, *, epsilon: float, delta: float | None = None) -> 
         raise ConfigError(f"delta is required for mechanism {name!r}, got None")
     with calling("mechanism", cls, "__init__"):
         return cls(epsilon=epsilon, delta=0.0 if delta is None else delta)
-
-
-# --- randomized response --------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RandomizedResponse:
-    """Binary randomized response, in the local model.
-
-    Each respondent holds one private bit and releases only its noisy answer (to the analyst,
-    who may publish it). Neighbouring relation: one respondent's bit changes. The guarantee is
-    ``epsilon = max over answers of |ln(P(answer | 1) / P(answer | 0))|`` (:attr:`epsilon`).
-
-    Build it with :meth:`keep` (answer truthfully with probability ``p``, else flip:
-    ``epsilon = ln(p / (1 - p))``), :meth:`forced` (the seed's form: truthful with probability
-    ``theta1``, otherwise "yes" with probability ``theta2``:
-    ``epsilon = ln(1 + theta1 / ((1 - theta1) min(theta2, 1 - theta2)))``) or
-    :meth:`from_epsilon`.
-
-    Attributes
-    ----------
-    p_yes_given_yes, p_yes_given_no : float
-        ``P(answer 1 | bit 1) > P(answer 1 | bit 0)``, both in [0, 1].
-    """
-
-    p_yes_given_yes: float
-    p_yes_given_no: float
-
-    def __post_init__(self) -> None:
-        high = require_probability("p_yes_given_yes", self.p_yes_given_yes)
-        low = require_probability("p_yes_given_no", self.p_yes_given_no)
-        if not high > low:
-            raise ConfigError(
-                f"p_yes_given_yes must exceed p_yes_given_no (else answers carry no signal), "
-                f"got {high!r} <= {low!r}"
-            )
-
-    @classmethod
-    def keep(cls, p: float) -> RandomizedResponse:
-        """Answer truthfully with probability ``p`` in (1/2, 1], else flip the bit."""
-        p = require_probability("p", p, low=0.5, low_open=True)
-        return cls(p_yes_given_yes=p, p_yes_given_no=1.0 - p)
-
-    @classmethod
-    def forced(cls, theta1: float, theta2: float) -> RandomizedResponse:
-        """With probability ``theta1`` in (0, 1] answer truthfully, else "yes" w.p. ``theta2``."""
-        theta1 = require_probability("theta1", theta1, low_open=True)
-        theta2 = require_probability("theta2", theta2)
-        forced_yes = (1.0 - theta1) * theta2
-        return cls(p_yes_given_yes=theta1 + forced_yes, p_yes_given_no=forced_yes)
-
-    @classmethod
-    def from_epsilon(cls, epsilon: float) -> RandomizedResponse:
-        """The keep form calibrated to ``epsilon``: ``p = e^eps / (1 + e^eps)``."""
-        from scipy.special import expit
-
-        return cls.keep(float(expit(require_positive("epsilon", epsilon))))
-
-    def output_probabilities(self) -> np.ndarray:
-        """``P[bit, answer]``, shape (2, 2); rows sum to 1."""
-        yes = np.array([self.p_yes_given_no, self.p_yes_given_yes])
-        return np.column_stack([1.0 - yes, yes])
-
-    @property
-    def epsilon(self) -> float:
-        """Exact epsilon: ln of the worst likelihood ratio over both answers (inf if unbounded)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            log_p = np.log(self.output_probabilities())
-            return float(np.nanmax(np.abs(log_p[1] - log_p[0])))
-
-    def sample(self, bits: ArrayLike, *, rng: np.random.Generator) -> np.ndarray:
-        """Noisy answers for private ``bits`` (0/1 or bool, any shape); bool array, same shape."""
-        truth = _as_binary("bits", bits)
-        p_yes = np.where(truth, self.p_yes_given_yes, self.p_yes_given_no)
-        return rng.random(truth.shape) < p_yes
-
-    def estimate_proportion(self, answers: ArrayLike) -> float:
-        """Unbiased estimate of the proportion of 1-bits from noisy ``answers`` (shape (n,)).
-
-        ``(mean(answers) - P(1|0)) / (P(1|1) - P(1|0))``; not clipped to [0, 1] (clipping would
-        bias it). Its variance is :meth:`estimator_variance`.
-        """
-        noisy = _as_binary("answers", answers)
-        if noisy.size == 0:
-            raise ConfigError("answers must be non-empty, got 0 answers")
-        gap = self.p_yes_given_yes - self.p_yes_given_no
-        return float((noisy.mean() - self.p_yes_given_no) / gap)
-
-    def estimator_variance(self, proportion: float, n: int) -> float:
-        """Variance of :meth:`estimate_proportion` over ``n`` answers at true ``proportion``.
-
-        ``q (1 - q) / (n (P(1|1) - P(1|0))^2)`` with ``q = P(answer 1)``; plug in the estimate
-        (clipped to [0, 1]) for an estimated variance.
-        """
-        proportion = require_probability("proportion", proportion)
-        n = require_count("n", n)
-        gap = self.p_yes_given_yes - self.p_yes_given_no
-        q = self.p_yes_given_no + gap * proportion
-        return q * (1.0 - q) / (n * gap**2)
-
-
-# --- noisy count --------------------------------------------------------------------------------
-def noisy_count(records: ArrayLike, epsilon: float, *, rng: np.random.Generator) -> float:
-    """epsilon-DP count of 1-records: ``sum(records) + Laplace(1/epsilon)``, clamped to [0, n].
-
-    Neighbouring relation: *replace* one 0/1 record, so ``n`` is public and the count changes
-    by at most 1 (sensitivity 1). Clamping to [0, n] is post-processing. Released to the
-    analyst (Hatlelid et al. 2021: feeds :func:`beta_bernoulli_update`).
-
-    Parameters
-    ----------
-    records : array_like of 0/1 or bool, shape (n,)
-    epsilon : float
-        > 0.
-    rng : numpy.random.Generator
-
-    Returns
-    -------
-    float
-        In [0, n].
-    """
-    values = _as_binary("records", records)
-    epsilon = require_positive("epsilon", epsilon)
-    return float(np.clip(values.sum() + rng.laplace(0.0, 1.0 / epsilon), 0, values.size))
-
-
-def beta_bernoulli_update(a: float, b: float, count: float, n: int) -> tuple[float, float]:
-    """Beta posterior from a (noisy) count: ``(a + count, b + n - count)``.
-
-    Parameters
-    ----------
-    a, b : float
-        Prior Beta parameters, > 0.
-    count : float
-        Number of 1-records among ``n``, e.g. from :func:`noisy_count`; in [0, n].
-    n : int
-        Number of records, >= 0.
-    """
-    a = require_positive("a", a)
-    b = require_positive("b", b)
-    n = require_count("n", n, minimum=0)
-    count = require_probability("count", count, high=float(n))
-    return a + count, b + n - count

@@ -26,10 +26,10 @@ from p2pdp.core.validation import (
     validate_fields,
 )
 from p2pdp.privacy.accounting import resolve_accountant_name
+from p2pdp.privacy.calibration import SENSITIVITY_MODES
 from p2pdp.privacy.gdp import MAX_MU, gdp_epsilon
 from p2pdp.privacy.mechanisms import Gaussian
 
-SENSITIVITY_MODES = ("group-mean", "pathak")
 DEFAULT_EPSILON_PER_AGGREGATION = 0.1
 #: Most aggregations a peer's budget may be meant for (``epsilon / epsilon_per_aggregation``):
 #: far beyond any simulated run, and a guard against a typo such as ``epsilon = 1e308``.

@@ -31,7 +31,8 @@ from p2pdp.core import components
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.reads import Read, When
 from p2pdp.learning.local_problem import LocalProblem
-from p2pdp.privacy.accounting import affordable, composed, make_accountant
+from p2pdp.privacy.accountants import composed
+from p2pdp.privacy.accounting import affordable, make_accountant
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum, calibrated_noise_multiplier
 from p2pdp.privacy.events import PrivacyEvent
 from p2pdp.protocols.correlated_dp import edge_pairs

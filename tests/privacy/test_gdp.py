@@ -11,6 +11,7 @@ from scipy.stats import norm
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.accounting import BUDGET_TABLE_SETTINGS, affordable_aggregations
+from p2pdp.privacy.calibration import analytic_gaussian_sigma
 from p2pdp.privacy.gdp import (
     affordable_aggregations_gdp,
     composed_epsilon_gdp,
@@ -20,7 +21,6 @@ from p2pdp.privacy.gdp import (
     gdp_mu,
     noise_multiplier_for_gdp,
 )
-from p2pdp.privacy.mechanisms import analytic_gaussian_sigma
 
 
 def hockey_stick(epsilon: float, mu: float) -> float:

@@ -13,16 +13,13 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from p2pdp.core.errors import ConfigError, PrivacyWarning
+from p2pdp.privacy.calibration import analytic_gaussian_sigma, group_sensitivity
+from p2pdp.privacy.counting import RandomizedResponse, beta_bernoulli_update, noisy_count
 from p2pdp.privacy.mechanisms import (
     MECHANISMS,
-    RandomizedResponse,
-    analytic_gaussian_sigma,
-    beta_bernoulli_update,
     gaussian_noise_shares,
-    group_sensitivity,
     laplace_noise_shares,
     make_mechanism,
-    noisy_count,
 )
 from p2pdp.privacy.release import NoiseStream
 
@@ -408,7 +405,7 @@ def test_bad_arguments_name_parameter_and_value(call, message):
 
 
 def test_group_sensitivity_adds_the_solver_tolerance():
-    from p2pdp.privacy.mechanisms import group_sensitivity
+    from p2pdp.privacy.calibration import group_sensitivity
 
     exact = group_sensitivity([40, 50], 0.01)
     assert exact == pytest.approx(2 / (2 * 40 * 0.01))

@@ -16,22 +16,23 @@ from p2pdp.privacy.posterior_sampling.audit import (
     audit_exponential_mechanism,
     audit_langevin_stationarity,
 )
+from p2pdp.privacy.posterior_sampling.diagnostics import effective_sample_size, split_rhat
 from p2pdp.privacy.posterior_sampling.example import PARAMETERS, TRUTH, posterior_rows
+from p2pdp.privacy.posterior_sampling.langevin import SamplerSettings
 from p2pdp.privacy.posterior_sampling.posterior import (
     GUARANTEE_LABEL,
-    LinearRegression,
-    LogisticRegression,
-    SamplerSettings,
-    _Batch,
-    bounded_log_likelihood,
-    common_random_numbers,
-    effective_sample_size,
-    elbo,
     map_estimate,
     private_logistic_peers,
     private_peer_model,
     private_posterior,
-    split_rhat,
+)
+from p2pdp.privacy.posterior_sampling.utility import (
+    LinearRegression,
+    LogisticRegression,
+    _Batch,
+    bounded_log_likelihood,
+    common_random_numbers,
+    elbo,
     utility_sensitivity,
 )
 

@@ -23,11 +23,8 @@ from p2pdp.experiments.run.runner import make_cells, run_task
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.privacy.mechanisms import make_mechanism
-from p2pdp.privacy.posterior_sampling.posterior import (
-    GUARANTEE_LABEL,
-    SamplerSettings,
-    private_logistic_peers,
-)
+from p2pdp.privacy.posterior_sampling.langevin import SamplerSettings
+from p2pdp.privacy.posterior_sampling.posterior import GUARANTEE_LABEL, private_logistic_peers
 from p2pdp.privacy.release import Releaser
 from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.settings import GroupsConfig

@@ -24,7 +24,7 @@ from p2pdp.core.rng import generator
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import Scenario
 from p2pdp.learning.local_problem import LocalProblem
-from p2pdp.privacy.accounting import RdpAccountant, subsampled_gaussian_rdp
+from p2pdp.privacy.accountants import RdpAccountant, subsampled_gaussian_rdp
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.events import SubsampledGaussianEvent
 from p2pdp.privacy.settings import PrivacyConfig
@@ -664,7 +664,7 @@ def test_rows_state_their_neighbouring_relation_and_poisson_is_charged_by_pld() 
     from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant
 
-    from p2pdp.privacy.accounting import PLD_DISCRETIZATION
+    from p2pdp.privacy.pld import PLD_DISCRETIZATION
 
     config = _config(sampling="poisson", sampling_rate=0.3, rounds=6)
     result = simulate(config)

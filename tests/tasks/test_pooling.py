@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.audit.table import AUDIT_POOL, audit_mechanism
-from p2pdp.privacy.mechanisms import RandomizedResponse
+from p2pdp.privacy.counting import RandomizedResponse
 from p2pdp.tasks.pooled_testing.audit import exact_pooled_test_epsilon
 from p2pdp.tasks.pooled_testing.pooling import (
     crossover_prevalence,

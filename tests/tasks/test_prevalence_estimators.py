@@ -14,7 +14,7 @@ from scipy import integrate, stats
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.audit.table import audit_mechanism
-from p2pdp.privacy.mechanisms import RandomizedResponse, beta_bernoulli_update, noisy_count
+from p2pdp.privacy.counting import RandomizedResponse, beta_bernoulli_update, noisy_count
 from p2pdp.tasks.prevalence.estimators import (
     BetaMixture,
     accumulate_policy,

@@ -15,8 +15,9 @@ from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.run.runner import run_experiment
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import parse_scenario
+from p2pdp.privacy.counting import RandomizedResponse
 from p2pdp.privacy.events import DistributionalEvent, EpsilonDeltaEvent
-from p2pdp.privacy.mechanisms import RandomizedResponse, make_mechanism
+from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.release import Releaser
 from p2pdp.tasks.pooled_testing import pooling
 from p2pdp.tasks.pooled_testing.task import DISTRIBUTIONAL, WORST_CASE, PooledTest

@@ -20,6 +20,7 @@ import numpy as np
 
 from p2pdp.core.errors import ConfigError, PrivacyWarning
 from p2pdp.core.rng import generator
+from p2pdp.core.validation import require_positive
 from p2pdp.privacy.audit import (
     STATISTICS,
     AuditResult,
@@ -28,7 +29,8 @@ from p2pdp.privacy.audit import (
     exact_noisy_count_epsilon,
     exponential_norm_vector_laplace,
 )
-from p2pdp.privacy.mechanisms import RandomizedResponse, make_mechanism, require_positive
+from p2pdp.privacy.counting import RandomizedResponse
+from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.posterior_sampling.audit import POSTERIOR_EXPECTED_TO_FAIL
 from p2pdp.tasks.pooled_testing import pooling
 from p2pdp.tasks.pooled_testing.audit import exact_pooled_test_epsilon

@@ -18,7 +18,8 @@ from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
 from p2pdp.experiments.run.phases import _Phases, _trained
 from p2pdp.experiments.run.result import ReleaseLog, RunResult, guarantee_label
-from p2pdp.privacy.accounting import composed, make_accountant, supports
+from p2pdp.privacy.accountants import composed, supports
+from p2pdp.privacy.accounting import make_accountant
 from p2pdp.privacy.mechanisms import NoNoise
 from p2pdp.sim.world import World, WorldObserver
 from p2pdp.tasks import (

@@ -7,7 +7,7 @@ Restricted to any finite set of outputs ``Z``, the exponential mechanism
 ``P_x(z) = exp(c U(z; x)) / sum_{z' in Z} exp(c U(z'; x))``, ``c = epsilon / (2 Delta_U)``, is
 epsilon-DP by the same argument as on R^{2p}. On a grid ``Z`` of mean-field parameters and two
 data sets ``x, x'`` that differ in one replaced record (an outlier on one side), we enumerate
-``U`` (the module's own :func:`~p2pdp.privacy.posterior_sampling.posterior.elbo`, common random
+``U`` (the module's own :func:`~p2pdp.privacy.posterior_sampling.utility.elbo`, common random
 numbers shared by both
 sides, as in the mechanism) and compute exactly ``eps = max_z |log P_x(z) - log P_x'(z)|``. It
 must be ``<= epsilon``. The negative control calibrates linear regression on ``Delta_U = tau``
@@ -15,7 +15,7 @@ must be ``<= epsilon``. The negative control calibrates linear regression on ``D
 
 Sampler check (:func:`audit_langevin_stationarity`)
 ---------------------------------------------------
-:func:`~p2pdp.privacy.posterior_sampling.posterior.langevin`, with the documented schedule, run on
+:func:`~p2pdp.privacy.posterior_sampling.langevin.langevin`, with the documented schedule, run on
 the one-dimensional
 target ``log f(x) = a x - b exp(2 x)`` (the shape of the mechanism's density along one log
 standard deviation; ``exp(2x) ~ Gamma(a/2, rate b)``), many independent chains, final states
@@ -39,15 +39,14 @@ from scipy.special import logsumexp
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.privacy.audit import AuditResult
-from p2pdp.privacy.posterior_sampling.posterior import (
+from p2pdp.privacy.posterior_sampling.langevin import SamplerSettings, langevin
+from p2pdp.privacy.posterior_sampling.utility import (
     LinearRegression,
     LogisticRegression,
     Model,
-    SamplerSettings,
     _Batch,
     common_random_numbers,
     elbo,
-    langevin,
     utility_sensitivity,
 )
 

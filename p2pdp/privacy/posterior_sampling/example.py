@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from p2pdp.core.rng import generator
+from p2pdp.privacy.posterior_sampling.langevin import SamplerSettings
 from p2pdp.privacy.posterior_sampling.posterior import (
     GUARANTEE_LABEL,
-    LinearRegression,
-    SamplerSettings,
     map_estimate,
     private_posterior,
 )
+from p2pdp.privacy.posterior_sampling.utility import LinearRegression
 
 TRUTH: dict[str, float] = {"x1": 2.0, "x2": -3.5, "intercept": -5.0, "sigma": 0.1}
 PARAMETERS: tuple[str, ...] = ("x1", "x2", "intercept", "sigma")
@@ -137,7 +137,7 @@ def plot_bounded_log_likelihood(path: str, *, taus: Sequence[float] = (2.0,)) ->
     """The seed's Figure 1: ``l`` against ``gamma = tau tanh(l / tau)`` on ``[-3, 3]``."""
     import matplotlib.pyplot as plt
 
-    from p2pdp.privacy.posterior_sampling.posterior import bounded_log_likelihood
+    from p2pdp.privacy.posterior_sampling.utility import bounded_log_likelihood
 
     l = np.linspace(-3, 3, 200)
     figure, axes = plt.subplots(figsize=(4.5, 3.5))

@@ -54,13 +54,10 @@ from p2pdp.learning.evaluation import (
 from p2pdp.learning.models import make_model
 from p2pdp.learning.references import CentralisedReference, centralised_best_lambda
 from p2pdp.privacy.accounting import affordable_aggregations
-from p2pdp.privacy.mechanisms import group_sensitivity
-from p2pdp.privacy.posterior_sampling.posterior import (
-    PEER_SETTINGS,
-    private_logistic_peers,
-    utility_sensitivity,
-)
-from p2pdp.privacy.posterior_sampling.posterior import LogisticRegression as PosteriorLogistic
+from p2pdp.privacy.calibration import group_sensitivity
+from p2pdp.privacy.posterior_sampling.posterior import PEER_SETTINGS, private_logistic_peers
+from p2pdp.privacy.posterior_sampling.utility import LogisticRegression as PosteriorLogistic
+from p2pdp.privacy.posterior_sampling.utility import utility_sensitivity
 from p2pdp.privacy.release import record_column
 from p2pdp.tasks import Outcome
 from p2pdp.tasks.pipeline import TrainedPeers, own_peers, prepare_peers, training_key

@@ -11,7 +11,7 @@ adversary who knows the other members are negative, and must fail.
 
 from __future__ import annotations
 
-from p2pdp.privacy.mechanisms import RandomizedResponse
+from p2pdp.privacy.counting import RandomizedResponse
 from p2pdp.tasks.pooled_testing import pooling
 
 

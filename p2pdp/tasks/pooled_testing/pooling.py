@@ -54,7 +54,8 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.privacy.mechanisms import RandomizedResponse, require_count, require_probability
+from p2pdp.core.validation import require_count, require_probability
+from p2pdp.privacy.counting import RandomizedResponse
 
 #: Values of ``hold`` in :func:`max_prevalence`: what stays fixed when the pool size grows.
 HOLDS: tuple[str, ...] = ("pools", "individuals")

@@ -47,8 +47,9 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.core.validation import require_count
+from p2pdp.privacy.counting import RandomizedResponse
 from p2pdp.privacy.events import DistributionalEvent, EpsilonDeltaEvent, PrivacyEvent
-from p2pdp.privacy.mechanisms import Mechanism, RandomizedResponse
+from p2pdp.privacy.mechanisms import Mechanism
 from p2pdp.tasks import Outcome, received_releases
 from p2pdp.tasks.pooled_testing import pooling
 

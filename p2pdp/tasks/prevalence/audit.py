@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from p2pdp.core.validation import require_count
-from p2pdp.privacy.mechanisms import RandomizedResponse
+from p2pdp.privacy.counting import RandomizedResponse
 from p2pdp.tasks.prevalence.estimators import rr_count_log_likelihood
 
 

@@ -4,7 +4,7 @@ Central model (a curator per group)
 -----------------------------------
 A group's curator holds ``n`` 0/1 records (``n`` public) and releases the count of 1-records
 plus ``Laplace(1/epsilon)`` noise, clamped to [0, n] (:func:`noisy_counts`, the vectorised
-:func:`~p2pdp.privacy.mechanisms.noisy_count`). Neighbouring relation: *replace* one record (the
+:func:`~p2pdp.privacy.counting.noisy_count`). Neighbouring relation: *replace* one record (the
 count
 moves by at most 1: sensitivity 1); released: the clamped noisy count, to every peer that
 receives it (publication is post-processing). Guarantee: epsilon-DP per release for each
@@ -61,12 +61,8 @@ from scipy import stats
 from scipy.special import betainc, betaln, expit, gammaln, logsumexp
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.privacy.mechanisms import (
-    RandomizedResponse,
-    require_count,
-    require_positive,
-    require_probability,
-)
+from p2pdp.core.validation import require_count, require_positive, require_probability
+from p2pdp.privacy.counting import RandomizedResponse
 
 #: Jeffreys prior ``Beta(1/2, 1/2)``, the default (as in Hatlelid et al. 2021).
 JEFFREYS: tuple[float, float] = (0.5, 0.5)
@@ -89,7 +85,7 @@ def _level(level: float) -> float:
 def noisy_counts(
     true_counts: ArrayLike, n: ArrayLike, epsilon: float, *, rng: np.random.Generator
 ) -> np.ndarray:
-    """Many groups' :func:`~p2pdp.privacy.mechanisms.noisy_count` at once.
+    """Many groups' :func:`~p2pdp.privacy.counting.noisy_count` at once.
 
     ``clip(k + Laplace(1/epsilon), 0, n)`` elementwise; the same law as ``noisy_count`` (and
     the same numbers from the same generator state, one Laplace draw per group in order).
@@ -123,7 +119,7 @@ def noisy_counts(
 def beta_posterior(
     counts: ArrayLike, n: ArrayLike, *, prior: tuple[float, float] = JEFFREYS
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised :func:`~p2pdp.privacy.mechanisms.beta_bernoulli_update`: ``(a + c, b + n - c)``.
+    """Vectorised :func:`~p2pdp.privacy.counting.beta_bernoulli_update`: ``(a + c, b + n - c)``.
 
     The *naive* posterior when ``counts`` are noisy: the noise is ignored.
 

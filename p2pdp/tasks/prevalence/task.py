@@ -72,7 +72,7 @@ from scipy.special import betainc
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
-from p2pdp.privacy.mechanisms import RandomizedResponse
+from p2pdp.privacy.counting import RandomizedResponse
 from p2pdp.tasks import Outcome, received_releases
 from p2pdp.tasks.prevalence.estimators import (
     BetaMixture,

@@ -13,7 +13,7 @@ import numpy as np
 from p2pdp.core.rng import generator
 from p2pdp.learning.evaluation import EnsembleRule, Margins
 from p2pdp.learning.models import LogisticModel
-from p2pdp.privacy.accounting import BasicAccountant
+from p2pdp.privacy.accountants import BasicAccountant
 from p2pdp.privacy.mechanisms import Mechanism
 
 MODEL_CALLS: list[int] = []
