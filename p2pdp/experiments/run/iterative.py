@@ -20,6 +20,7 @@ from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
 from p2pdp.experiments.run.phases import _Phases, _trained
 from p2pdp.experiments.run.result import RunResult, guarantee_label
+from p2pdp.learning.local_problem import gradient_model
 from p2pdp.protocols import ITERATIVE_COLUMNS
 from p2pdp.tasks import check_min_shard_size
 
@@ -155,16 +156,14 @@ def _iterative_result(
 
 def _iterative_protocol_class(config: ScenarioConfig, task: Any) -> type:
     """The :class:`~p2pdp.protocols.iterative.IterativeProtocol` that ``protocol.name`` names;
-    ConfigError if it names something else, or the model or task is not logistic (the
-    iterative protocols take logistic-loss steps themselves)."""
+    ConfigError if it names something else, the model has no per-record gradient (the
+    iterative protocols take its gradient steps themselves:
+    :func:`~p2pdp.learning.local_problem.gradient_model`), or the
+    task does not evaluate linear models."""
     from p2pdp.core.components import resolve
     from p2pdp.protocols.iterative import IterativeProtocol
 
-    if config.training.model != "logistic":
-        raise ConfigError(
-            f"protocol.name = {config.protocol.name!r} takes logistic-loss steps itself: "
-            f"training.model must be 'logistic', got {config.training.model!r}"
-        )
+    gradient_model(config.training.model, config.protocol.name)
     if not callable(getattr(task, "evaluate_models", None)):
         raise ConfigError(
             f"protocol.name = {config.protocol.name!r} learns logistic models: task.name must "
@@ -191,7 +190,13 @@ def _local_problem(
 
     trained = _trained(task, trained, fold=fold, repetition=repetition)
     data, shards = trained.training_rows()  # loaded again if drawn in blocks
-    problem = LocalProblem.from_shards(data.X_train, data.y_train, shards, config.training.lam)
+    problem = LocalProblem.from_shards(
+        data.X_train,
+        data.y_train,
+        shards,
+        config.training.lam,
+        gradient_model(config.training.model, config.protocol.name),
+    )
     check_min_shard_size(problem.sizes, config.privacy.min_shard_size)
     settings = config.protocol
     if settings.sampling == "fixed" and settings.batch_size > problem.sizes.min():
