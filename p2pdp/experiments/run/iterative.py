@@ -156,14 +156,10 @@ def _iterative_result(
 
 def _iterative_protocol_class(config: ScenarioConfig, task: Any) -> type:
     """The :class:`~p2pdp.protocols.iterative.IterativeProtocol` that ``protocol.name`` names;
-    ConfigError if it names something else, the model has no per-record gradient (the
-    iterative protocols take its gradient steps themselves:
-    :func:`~p2pdp.learning.local_problem.gradient_model`), or the
-    task does not evaluate linear models."""
+    ConfigError if it names something else or the task does not evaluate linear models."""
     from p2pdp.core.components import resolve
     from p2pdp.protocols.iterative import IterativeProtocol
 
-    gradient_model(config.training.model, config.protocol.name)
     if not callable(getattr(task, "evaluate_models", None)):
         raise ConfigError(
             f"protocol.name = {config.protocol.name!r} learns logistic models: task.name must "
@@ -182,20 +178,18 @@ def _local_problem(
     config: ScenarioConfig, task: Any, trained: Any, *, fold: int, repetition: int
 ) -> tuple[Any, Any, Any]:
     """``(trained, data, problem)``: what the task prepared for the fold, its training and
-    test rows, and every peer's local logistic problem
-    (:class:`~p2pdp.learning.local_problem.LocalProblem`, one shard per peer). ConfigError if a
-    shard is below ``privacy.min_shard_size`` or, with fixed-size sampling, smaller than
+    test rows, and every peer's local problem of ``training.model``'s loss
+    (:class:`~p2pdp.learning.local_problem.LocalProblem`, one shard per peer). ConfigError if
+    the model declares no per-record gradient (before any training), a shard is below
+    ``privacy.min_shard_size`` or, with fixed-size sampling, smaller than
     ``protocol.batch_size``."""
     from p2pdp.learning.local_problem import LocalProblem
 
+    model = gradient_model(config.training.model, config.protocol.name)  # before training
     trained = _trained(task, trained, fold=fold, repetition=repetition)
     data, shards = trained.training_rows()  # loaded again if drawn in blocks
     problem = LocalProblem.from_shards(
-        data.X_train,
-        data.y_train,
-        shards,
-        config.training.lam,
-        gradient_model(config.training.model, config.protocol.name),
+        data.X_train, data.y_train, shards, config.training.lam, model
     )
     check_min_shard_size(problem.sizes, config.privacy.min_shard_size)
     settings = config.protocol
