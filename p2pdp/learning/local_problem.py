@@ -1,31 +1,50 @@
-"""Every peer's shard of a decentralized logistic regression and its clipped gradients.
+"""Every peer's shard of a decentralized linear model and its clipped per-record gradients.
 
 :class:`LocalProblem` holds the peers' training rows peer by peer (peer ``j``: rows
 ``indptr[j]:indptr[j + 1]``) and computes, for the iterative protocols
-(:mod:`p2pdp.protocols.iterative`), each stepping peer's sum of clipped per-record gradients of
-the L2-regularised logistic loss ``log(1 + exp(-y x.w))`` at its model: the data-dependent part
-of one private step, whose sensitivity the clipping bounds (the noise and its accounting are
-the caller's, :class:`~p2pdp.privacy.clipped_gaussian.ClippedGaussianSum`). The loss is
-logistic only: the iterative protocols refuse any other ``training.model``.
+(:mod:`p2pdp.protocols.iterative`), each stepping peer's sum of clipped per-record loss
+gradients at its model: the data-dependent part of one private step, whose sensitivity the
+clipping bounds (the noise and its accounting are the caller's,
+:class:`~p2pdp.privacy.clipped_gaussian.ClippedGaussianSum`). The loss is the ``model``'s
+(:class:`~p2pdp.learning.models.GradientModel`: any ``training.model`` that declares the
+derivative of its loss in the score; the logistic loss ``log(1 + exp(-y x.w))`` by default).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.special import expit
 
+from p2pdp.core.boundary import calling, check_numbers, is_builtin
+from p2pdp.core.errors import ConfigError
+from p2pdp.learning.models import GradientModel, LogisticModel, make_model
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 
-__all__ = ["LocalProblem"]
+__all__ = ["LocalProblem", "gradient_model"]
+
+
+def gradient_model(name: str, protocol: str) -> GradientModel:
+    """The model ``training.model = name`` names, whose per-record gradients the iterative
+    protocol ``protocol`` steps along; ConfigError, naming both, if it declares none (no
+    ``loss_derivative``: :class:`~p2pdp.learning.models.GradientModel`)."""
+    model = make_model(name)
+    if not callable(getattr(model, "loss_derivative", None)):
+        raise ConfigError(
+            f"protocol.name = {protocol!r} takes private steps along per-record gradients, "
+            f"but training.model = {name!r} ({type(model).__name__}) declares none: give it "
+            "a method loss_derivative(scores, y), the derivative of its loss in the score x.w "
+            "(p2pdp.learning.models.GradientModel), or use training.model = 'logistic'"
+        )
+    return cast(GradientModel, model)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LocalProblem:
-    """Every peer's shard, stored peer by peer, for L2-regularised logistic regression.
+    """Every peer's shard, stored peer by peer, for an L2-regularised linear model.
 
     Attributes
     ----------
@@ -35,22 +54,37 @@ class LocalProblem:
     indptr : (P + 1,) int64 array
     lam : float
         The L2 regularisation ``lambda``.
+    model : GradientModel
+        Whose loss the records' gradients are of (``training.model``; logistic by default).
     """
 
     X: np.ndarray
     y: np.ndarray
     indptr: np.ndarray
     lam: float
+    model: GradientModel = field(default_factory=LogisticModel)
 
     @classmethod
     def from_shards(
-        cls, X: np.ndarray, y: np.ndarray, shards: tuple[np.ndarray, ...], lam: float
+        cls,
+        X: np.ndarray,
+        y: np.ndarray,
+        shards: tuple[np.ndarray, ...],
+        lam: float,
+        model: GradientModel | None = None,
     ) -> LocalProblem:
-        """Rows of ``X``, ``y`` regrouped so that each shard's rows are contiguous."""
+        """Rows of ``X``, ``y`` regrouped so that each shard's rows are contiguous; ``model``:
+        whose loss (None: logistic)."""
         order = np.concatenate(shards)
         sizes = np.array([len(shard) for shard in shards], dtype=np.int64)
         indptr = np.concatenate([[0], np.cumsum(sizes)])
-        return cls(X=X[order], y=np.asarray(y, float)[order], indptr=indptr, lam=lam)
+        return cls(
+            X=X[order],
+            y=np.asarray(y, float)[order],
+            indptr=indptr,
+            lam=lam,
+            model=LogisticModel() if model is None else model,
+        )
 
     @property
     def n_peers(self) -> int:
@@ -69,7 +103,17 @@ class LocalProblem:
             y=self.y[start:stop],
             indptr=np.array([0, stop - start], dtype=np.int64),
             lam=self.lam,
+            model=self.model,
         )
+
+    def _loss_derivatives(self, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``model.loss_derivative(scores, y)``, (n,); a plug-in's output is checked (finite
+        numbers of the scores' shape: a wrong shape would broadcast into a wrong sum)."""
+        if is_builtin(self.model):
+            return self.model.loss_derivative(scores, y)
+        with calling("model", self.model, "loss_derivative"):
+            value = self.model.loss_derivative(scores, y)
+        return check_numbers(value, "model", self.model, "loss_derivative", shape=scores.shape)
 
     def clipped_sums(
         self,
@@ -92,8 +136,9 @@ class LocalProblem:
 
         Returns
         -------
-        (m, d) array: ``sum_r clip(grad_r)`` over the sampled records of each peer; the
-        gradient of ``log(1 + exp(-y x.w))`` is ``-y sigmoid(-y x.w) x``.
+        (m, d) array: ``sum_r clip(grad_r)`` over the sampled records of each peer, where
+        record ``r``'s gradient is ``model.loss_derivative(x_r.w, y_r) x_r`` (for the logistic
+        loss ``log(1 + exp(-y x.w))``: ``-y sigmoid(-y x.w) x``).
         """
         if len(peers) == self.n_peers:
             rows: slice | np.ndarray = slice(None)
@@ -107,10 +152,9 @@ class LocalProblem:
             rows = np.repeat(self.indptr[peers] - indptr[:-1], sizes) + np.arange(indptr[-1])
         X, y = self.X[rows], self.y[rows]
         owner = np.repeat(np.arange(len(peers)), np.diff(indptr))
-        margins = y * np.einsum("ij,ij->i", X, models[peers][owner])
-        coefficients = -y * expit(-margins)
-        norms = np.abs(coefficients) * np.linalg.norm(X, axis=1)
-        coefficients *= mechanism.clip_factors(norms) * mechanism.select(indptr, rng)
+        derivatives = self._loss_derivatives(np.einsum("ij,ij->i", X, models[peers][owner]), y)
+        norms = np.abs(derivatives) * np.linalg.norm(X, axis=1)  # each record's gradient's
+        coefficients = derivatives * (mechanism.clip_factors(norms) * mechanism.select(indptr, rng))
         if len(peers) == 1:
             return (coefficients @ X)[None, :]
         weights = sp.csr_array(

@@ -775,11 +775,32 @@ class LocalModel(Protocol):
         ...
 
 
+class GradientModel(LocalModel, Protocol):
+    """A local learner the iterative protocols (D-PSGD, Muffliato, gossip learning) can step.
+
+    They take private gradient steps themselves (:mod:`p2pdp.protocols.iterative`): each
+    stepping peer releases the sum of its sampled records' clipped loss gradients plus
+    Gaussian noise (:meth:`p2pdp.learning.local_problem.LocalProblem.clipped_sums`). For a
+    linear model, whose loss on record ``(x, y)`` is ``l(x.w, y)``, that gradient is
+    ``l'(x.w, y) x``, with ``l'`` the derivative in the score ``x.w``: the model declares
+    ``l'``. The privacy of a step holds whatever ``l'`` is: each record's gradient is clipped
+    to L2 norm ``C`` (``protocol.clip_norm``) before it is summed, so one record changes the
+    sum by at most ``2C`` (replace-one) or ``C`` (add/remove). The L2 regulariser's gradient
+    ``lam w`` is added by the step (it reads no record).
+    """
+
+    def loss_derivative(self, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``l'(s_i, y_i)``, the derivative of the loss in the score: ``scores`` (n,) the
+        records' ``x.w``, ``y`` (n,) their labels in {-1, +1}; returns (n,) floats, finite."""
+        ...
+
+
 class LogisticModel:
     """L2-regularised logistic regression solved exactly by batched Newton (the seed's model).
 
     The logistic loss is 1-Lipschitz for rows of norm <= 1; every model is solved to
-    ``||grad J_j|| <= 1e-9`` (:data:`GRADIENT_TOLERANCE`).
+    ``||grad J_j|| <= 1e-9`` (:data:`GRADIENT_TOLERANCE`). A :class:`GradientModel`: the
+    iterative protocols step along its per-record gradients.
     """
 
     lipschitz: float = 1.0
@@ -789,6 +810,12 @@ class LogisticModel:
         self, X: np.ndarray, y: np.ndarray, shards: Sequence[np.ndarray], lam: float
     ) -> LocalModels:
         return fit_local_models(X, y, shards, lam, tol=self.gradient_tolerance)
+
+    def loss_derivative(self, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Of ``log(1 + exp(-y s))`` in ``s``: ``-y sigmoid(-y s)``, in (-1, 1)."""
+        from scipy.special import expit
+
+        return -y * expit(-(y * scores))
 
 
 def make_model(name: str) -> LocalModel:

@@ -264,7 +264,11 @@ def central_dp_reference(
         Its DP epsilon at ``privacy.delta_total``, by ``privacy``'s accountant.
     """
     pooled = LocalProblem(
-        X=problem.X, y=problem.y, indptr=np.array([0, len(problem.y)]), lam=problem.lam
+        X=problem.X,
+        y=problem.y,
+        indptr=np.array([0, len(problem.y)]),
+        lam=problem.lam,
+        model=problem.model,
     )
     mechanism = privacy.mechanism
     if mechanism.min_shard_size is not None:

@@ -2,8 +2,8 @@
 
 A test file lives in the folder of what it tests (``tests/<package>/`` for each package of
 ``p2pdp``, ``tests/project/`` for the README, guide and layout, ``tests/benchmarks/`` for the
-scripts in ``benchmarks/``); only the shared files and ``p2pdp/config.py``'s tests stay at the
-top. Every folder is a package, so equal file names in two folders cannot clash.
+scripts in ``benchmarks/``); only the shared files stay at the top. Every folder is a package,
+so equal file names in two folders cannot clash.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ TESTS = Path(__file__).resolve().parents[1]
 PACKAGE = TESTS.parent / "p2pdp"
 #: Folders of tests/ that mirror no package of p2pdp, and what they check.
 OTHER_FOLDERS = {"project": "README, guide, layout, markers", "benchmarks": "benchmarks/"}
-#: Files at the top of tests/: the shared ones, and the tests of the top-level config module.
-TOP = {"__init__.py", "conftest.py", "docs_pages.py", "test_config.py"}
+#: Files at the top of tests/: the shared ones.
+TOP = {"__init__.py", "conftest.py", "docs_pages.py"}
 
 
 def _packages() -> set[str]:

@@ -396,9 +396,11 @@ def test_invalid_protocol_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="protocol.name"):
         _config(name="no-such-protocol")
     config = _config()
-    sklearn = dataclasses.replace(config.training, model="p2pdp.learning.models:LogisticModel")
-    with pytest.raises(ConfigError, match="training.model must be 'logistic'"):
-        simulate(dataclasses.replace(config, training=sklearn))
+    plain = "tests.learning.test_local_problem:NoGradientModel"  # no per-record gradient
+    with pytest.raises(ConfigError, match="declares none: give it a method loss_derivative"):
+        simulate(
+            dataclasses.replace(config, training=dataclasses.replace(config.training, model=plain))
+        )
 
 
 # --- network DP (exact values: tests/protocols/test_network_dp.py) --------------------------------

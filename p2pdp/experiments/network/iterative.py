@@ -27,7 +27,7 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.rng import generator
-from p2pdp.learning.local_problem import LocalProblem
+from p2pdp.learning.local_problem import LocalProblem, gradient_model
 from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld, IterativeTransport
 from p2pdp.net.iterative_host import IterativeSettings, Machine, serve_iterative
@@ -244,8 +244,9 @@ def _machines(
         "gossip" if protocol.name == "gossip-learning" else "synchronous"
     )
     edges: dict[tuple[int, int], int] = {}
+    model = gradient_model(config.training.model, protocol.name)
     for peer, shard in zip(peers.tolist(), shards, strict=True):
-        problem = LocalProblem.from_shards(X, y, (shard,), config.training.lam)
+        problem = LocalProblem.from_shards(X, y, (shard,), config.training.lam, model)
         denominators[peer] = privacy.mechanism.denominators(problem.sizes)[0]
         machine = make_peer(
             kind,

@@ -20,6 +20,7 @@ from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
 from p2pdp.experiments.run.phases import _Phases, _trained
 from p2pdp.experiments.run.result import RunResult, guarantee_label
+from p2pdp.learning.local_problem import gradient_model
 from p2pdp.protocols import ITERATIVE_COLUMNS
 from p2pdp.tasks import check_min_shard_size
 
@@ -155,16 +156,10 @@ def _iterative_result(
 
 def _iterative_protocol_class(config: ScenarioConfig, task: Any) -> type:
     """The :class:`~p2pdp.protocols.iterative.IterativeProtocol` that ``protocol.name`` names;
-    ConfigError if it names something else, or the model or task is not logistic (the
-    iterative protocols take logistic-loss steps themselves)."""
+    ConfigError if it names something else or the task does not evaluate linear models."""
     from p2pdp.core.components import resolve
     from p2pdp.protocols.iterative import IterativeProtocol
 
-    if config.training.model != "logistic":
-        raise ConfigError(
-            f"protocol.name = {config.protocol.name!r} takes logistic-loss steps itself: "
-            f"training.model must be 'logistic', got {config.training.model!r}"
-        )
     if not callable(getattr(task, "evaluate_models", None)):
         raise ConfigError(
             f"protocol.name = {config.protocol.name!r} learns logistic models: task.name must "
@@ -183,15 +178,19 @@ def _local_problem(
     config: ScenarioConfig, task: Any, trained: Any, *, fold: int, repetition: int
 ) -> tuple[Any, Any, Any]:
     """``(trained, data, problem)``: what the task prepared for the fold, its training and
-    test rows, and every peer's local logistic problem
-    (:class:`~p2pdp.learning.local_problem.LocalProblem`, one shard per peer). ConfigError if a
-    shard is below ``privacy.min_shard_size`` or, with fixed-size sampling, smaller than
+    test rows, and every peer's local problem of ``training.model``'s loss
+    (:class:`~p2pdp.learning.local_problem.LocalProblem`, one shard per peer). ConfigError if
+    the model declares no per-record gradient (before any training), a shard is below
+    ``privacy.min_shard_size`` or, with fixed-size sampling, smaller than
     ``protocol.batch_size``."""
     from p2pdp.learning.local_problem import LocalProblem
 
+    model = gradient_model(config.training.model, config.protocol.name)  # before training
     trained = _trained(task, trained, fold=fold, repetition=repetition)
     data, shards = trained.training_rows()  # loaded again if drawn in blocks
-    problem = LocalProblem.from_shards(data.X_train, data.y_train, shards, config.training.lam)
+    problem = LocalProblem.from_shards(
+        data.X_train, data.y_train, shards, config.training.lam, model
+    )
     check_min_shard_size(problem.sizes, config.privacy.min_shard_size)
     settings = config.protocol
     if settings.sampling == "fixed" and settings.batch_size > problem.sizes.min():

@@ -1,8 +1,9 @@
 """Scenario files (TOML) -> a validated :class:`Scenario`: a base config plus sweep axes.
 
 A scenario file has top-level ``name``, ``seed`` and ``repetitions``, one table per section of
-:data:`p2pdp.config.SECTIONS` (``[data]``, ``[training]`` (key ``lambda``), ``[privacy]``, ...)
-and an optional ``[sweep]`` table whose keys are dotted settings and whose lists are grid axes::
+:data:`p2pdp.config.tables.SECTIONS` (``[data]``, ``[training]`` (key ``lambda``),
+``[privacy]``, ...) and an optional ``[sweep]`` table whose keys are dotted settings and whose
+lists are grid axes::
 
     [sweep]
     "groups.group_size" = [1, 2, 5]

@@ -5,5 +5,5 @@ posterior.
 policies), :mod:`.task` the ``prevalence-counts`` and ``randomized-response`` tasks,
 :mod:`.figures` the study's and the report's figures, :mod:`.audit` the exact audit of the
 randomized-response count. Settings: the ``[prevalence]`` table
-(:class:`p2pdp.config.PrevalenceConfig`).
+(:class:`p2pdp.config.tables.PrevalenceConfig`).
 """

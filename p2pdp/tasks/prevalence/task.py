@@ -3,8 +3,8 @@
 Two tasks share the data and the receivers' Bayesian model.
 
 ``prevalence-counts`` (central DP, a curator per group)
-    Each peer holds ``m`` binary records (:class:`~p2pdp.config.PrevalenceConfig`: a synthetic
-    population with a known prevalence, or the positive label of a real data set). Its
+    Each peer holds ``m`` binary records (:class:`~p2pdp.config.tables.PrevalenceConfig`: a
+    synthetic population with a known prevalence, or the positive label of a real data set). Its
     statistic is its positive count (d = 1); a group releases the SUM of its members' counts
     plus the mechanism's noise. Neighbouring relation: replace one record of one peer's shard,
     which moves the sum by at most 1: L2 (= L1) sensitivity 1, so ``coordinate-laplace`` at
