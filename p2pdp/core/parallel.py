@@ -138,11 +138,21 @@ def _keep_freed_memory() -> None:
         mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
 
 
-@functools.cache
+#: This process's BLAS libraries and the number of modules imported when they were found.
+_BLAS: tuple[int, ThreadpoolController] | None = None
+
+
 def _blas() -> ThreadpoolController:
-    """This process's BLAS libraries, found once: ``threadpool_limits`` reads the process's
-    loaded libraries at every call (about 3 ms, more than a small run's whole scoring)."""
-    return ThreadpoolController()
+    """This process's BLAS libraries, found again only after new modules were imported:
+    ``threadpool_limits`` reads the process's loaded libraries at every call (about 3 ms,
+    more than a small run's whole scoring), but a library found once would miss one loaded
+    later (importing ``scipy.linalg`` after numpy loads a second OpenBLAS), whose threads a
+    forked worker then kept."""
+    global _BLAS
+    imported = len(sys.modules)
+    if _BLAS is None or _BLAS[0] != imported:
+        _BLAS = (imported, ThreadpoolController())
+    return _BLAS[1]
 
 
 def one_blas_thread() -> contextlib.AbstractContextManager:
