@@ -37,6 +37,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from p2pdp.core.errors import P2PDPError
+from p2pdp.core.scoped import scoped
 
 _WORKERS: contextvars.ContextVar[int] = contextvars.ContextVar("local_workers", default=1)
 
@@ -56,14 +57,9 @@ _REMOTE: contextvars.ContextVar[RemotePieces | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def local_workers(workers: int) -> Iterator[None]:
+def local_workers(workers: int) -> contextlib.AbstractContextManager[None]:
     """Let the parallel phases inside the block use ``workers`` local processes."""
-    token = _WORKERS.set(workers)
-    try:
-        yield
-    finally:
-        _WORKERS.reset(token)
+    return scoped(_WORKERS, workers)
 
 
 @contextlib.contextmanager

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 from p2pdp.core.errors import ConfigError
+from p2pdp.core.scoped import scoped
 
 __all__ = ["EvaluationTiles", "current_tiles", "evaluation_tiles"]
 
@@ -81,11 +81,6 @@ def current_tiles() -> EvaluationTiles:
     return _TILES.get() or _DEFAULT
 
 
-@contextlib.contextmanager
-def evaluation_tiles(tiles: EvaluationTiles) -> Iterator[None]:
+def evaluation_tiles(tiles: EvaluationTiles) -> contextlib.AbstractContextManager[None]:
     """Evaluations inside the block (a whole run's too) cut their work by ``tiles``."""
-    token = _TILES.set(tiles)
-    try:
-        yield
-    finally:
-        _TILES.reset(token)
+    return scoped(_TILES, tiles)

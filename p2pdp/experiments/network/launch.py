@@ -56,6 +56,7 @@ from p2pdp.config import ScenarioConfig, refuse_unread, settings_read, unread_se
 from p2pdp.core.errors import ConfigError, NetworkRunError, P2PDPError
 from p2pdp.core.parallel import worker_signals
 from p2pdp.core.rng import generator, os_generator
+from p2pdp.core.scoped import scoped
 from p2pdp.experiments.scenarios.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
 from p2pdp.net.gossip_host import GossipSetup
@@ -241,11 +242,10 @@ def hosts_given(value: str, name: str = "--hosts") -> Iterator[None]:
     naming ``name`` (what the user wrote), not a variable they never set."""
     before = os.environ.get("P2PDP_NETWORK_HOSTS")
     os.environ["P2PDP_NETWORK_HOSTS"] = value
-    token = _HOSTS_NAME.set(name)
     try:
-        yield
+        with scoped(_HOSTS_NAME, name):
+            yield
     finally:
-        _HOSTS_NAME.reset(token)
         if before is None:
             del os.environ["P2PDP_NETWORK_HOSTS"]
         else:
