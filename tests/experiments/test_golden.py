@@ -58,11 +58,19 @@ ERRORS = {
     "local_only_error": "peers",
 }
 #: Reported privacy bounds: equal to a rounding.
-BOUNDS = ("max_epsilon_spent", "guaranteed_epsilon_per_aggregation")
-BOUNDS += ("guaranteed_delta_per_aggregation",)
+BOUNDS = (
+    "max_epsilon_spent",
+    "guaranteed_epsilon_per_aggregation",
+    "guaranteed_delta_per_aggregation",
+)
 #: Numbers that are neither counts nor bounds: to 1e-9 relative.
-FLOATS = ("std_error", "best_peer_auc", "mean_aggregations_per_peer", "mean_ensemble_size")
-FLOATS += ("sim_time",)
+FLOATS = (
+    "std_error",
+    "best_peer_auc",
+    "mean_aggregations_per_peer",
+    "mean_ensemble_size",
+    "sim_time",
+)
 #: How each column is compared (every other one: as text, exactly).
 KINDS = {
     **dict.fromkeys(ERRORS, "count"),
