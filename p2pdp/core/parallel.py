@@ -37,6 +37,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from p2pdp.core.errors import P2PDPError
+from p2pdp.core.scoped import scoped
 
 _WORKERS: contextvars.ContextVar[int] = contextvars.ContextVar("local_workers", default=1)
 
@@ -56,14 +57,9 @@ _REMOTE: contextvars.ContextVar[RemotePieces | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def local_workers(workers: int) -> Iterator[None]:
+def local_workers(workers: int) -> contextlib.AbstractContextManager[None]:
     """Let the parallel phases inside the block use ``workers`` local processes."""
-    token = _WORKERS.set(workers)
-    try:
-        yield
-    finally:
-        _WORKERS.reset(token)
+    return scoped(_WORKERS, workers)
 
 
 @contextlib.contextmanager
@@ -138,11 +134,21 @@ def _keep_freed_memory() -> None:
         mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
 
 
-@functools.cache
+#: This process's BLAS libraries and the number of modules imported when they were found.
+_BLAS: tuple[int, ThreadpoolController] | None = None
+
+
 def _blas() -> ThreadpoolController:
-    """This process's BLAS libraries, found once: ``threadpool_limits`` reads the process's
-    loaded libraries at every call (about 3 ms, more than a small run's whole scoring)."""
-    return ThreadpoolController()
+    """This process's BLAS libraries, found again only after new modules were imported:
+    ``threadpool_limits`` reads the process's loaded libraries at every call (about 3 ms,
+    more than a small run's whole scoring), but a library found once would miss one loaded
+    later (importing ``scipy.linalg`` after numpy loads a second OpenBLAS), whose threads a
+    forked worker then kept."""
+    global _BLAS
+    imported = len(sys.modules)
+    if _BLAS is None or _BLAS[0] != imported:
+        _BLAS = (imported, ThreadpoolController())
+    return _BLAS[1]
 
 
 def one_blas_thread() -> contextlib.AbstractContextManager:

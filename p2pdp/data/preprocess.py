@@ -73,7 +73,15 @@ def _signed_log1p(X: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.sign(X) * np.log1p(np.abs(X))
 
 
-_ROW_BLOCK = 65_536  # rows transformed at a time
+#: Rows fitted and transformed at a time, the default ``block_rows`` of
+#: :meth:`Preprocessor.fit` and :meth:`FittedPreprocessor.transform`: blocks bound the
+#: temporaries and are shared out to the local workers; the numbers do not depend on them.
+ROW_BLOCK = 65_536
+
+
+def _check_block_rows(block_rows: int) -> None:
+    if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
+        raise ConfigError(f"block_rows must be an integer >= 1, got {block_rows!r}")
 
 
 def _as_matrix(values: ArrayLike, name: str) -> NDArray[np.float64]:
@@ -90,17 +98,20 @@ def _check_finite(X: NDArray[np.float64], name: str) -> None:
 
 
 def _block_bounds(
-    X: NDArray[np.float64], start: int
+    X: NDArray[np.float64], rows: slice
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    block = X[start : start + _ROW_BLOCK]
+    block = X[rows]
     return block.min(axis=0), block.max(axis=0)
 
 
-def _column_bounds(X: NDArray[np.float64], name: str) -> tuple[NDArray[np.float64], ...]:
-    """Each column's minimum and maximum, (d,) each, from per-block extremes computed in the
-    local worker processes (exact in any order, so the same for any number of workers), with
-    no N x d temporary. A NaN or infinity anywhere shows in an extreme: ConfigError."""
-    starts = range(0, X.shape[0], _ROW_BLOCK)
+def _column_bounds(
+    X: NDArray[np.float64], name: str, block_rows: int
+) -> tuple[NDArray[np.float64], ...]:
+    """Each column's minimum and maximum, (d,) each, from the extremes of blocks of
+    ``block_rows`` rows computed in the local worker processes (exact in any order, so the
+    same for any number of workers and any blocks), with no N x d temporary. A NaN or
+    infinity anywhere shows in an extreme: ConfigError."""
+    starts = [slice(a, a + block_rows) for a in range(0, X.shape[0], block_rows)]
     blocks = forked_map(_block_bounds, X, starts, workers=min(current_workers(), len(starts)))
     low = np.min([block[0] for block in blocks], axis=0)
     high = np.max([block[1] for block in blocks], axis=0)
@@ -185,13 +196,15 @@ class Preprocessor:
             )
         object.__setattr__(self, "bounds", (low, high))
 
-    def fit(self, X_train: ArrayLike) -> FittedPreprocessor:
+    def fit(self, X_train: ArrayLike, *, block_rows: int = ROW_BLOCK) -> FittedPreprocessor:
         """Fit the transform on training rows only.
 
         Parameters
         ----------
         X_train : ndarray of shape (n, d)
             Raw training features, finite. With ``bounds`` set only ``X_train.shape`` is read.
+        block_rows : int, default :data:`ROW_BLOCK`
+            Rows whose extremes are taken at a time (``minmax``): the same bounds for any.
 
         Returns
         -------
@@ -228,8 +241,9 @@ class Preprocessor:
                 std=read_only(std),
                 data_dependent=True,
             )
+        _check_block_rows(block_rows)
         X = _as_matrix(X_train, "X_train")
-        low, high = _column_bounds(X, "X_train")
+        low, high = _column_bounds(X, "X_train", block_rows)
         if "minmax" not in self.steps:
             return FittedPreprocessor(
                 steps=self.steps,
@@ -293,7 +307,7 @@ class FittedPreprocessor:
         return self.n_features_in + ("bias" in self.steps)
 
     def transform(
-        self, X: ArrayLike, *, out: NDArray[np.float64] | None = None
+        self, X: ArrayLike, *, out: NDArray[np.float64] | None = None, block_rows: int = ROW_BLOCK
     ) -> NDArray[np.float64]:
         """Apply the fitted steps to rows ``X`` without changing the fitted state.
 
@@ -308,6 +322,8 @@ class FittedPreprocessor:
             transformed in the local worker processes
             (:func:`p2pdp.core.parallel.local_workers`) when ``out`` is shared memory
             (:func:`p2pdp.core.parallel.shared_empty`, or not given): the same numbers.
+        block_rows : int, default :data:`ROW_BLOCK`
+            Rows transformed at a time: the same numbers for any.
 
         Returns
         -------
@@ -315,6 +331,7 @@ class FittedPreprocessor:
             ``out`` if given. With a norm step every row has L2 norm <= 1 (up to rounding,
             ~1e-16).
         """
+        _check_block_rows(block_rows)
         rows_in = _as_matrix(X, "X")  # finite: checked block by block
         if rows_in.shape[1] != self.n_features_in:
             raise ConfigError(
@@ -323,7 +340,7 @@ class FittedPreprocessor:
             )
         # Row blocks into one output array: peak memory is the input, the output and one block.
         shape = (rows_in.shape[0], self.n_features_out)
-        starts = range(0, rows_in.shape[0], _ROW_BLOCK)
+        starts = [slice(a, a + block_rows) for a in range(0, rows_in.shape[0], block_rows)]
         workers = min(current_workers(), len(starts))
         if out is None:
             out = shared_empty(shape) if workers > 1 else np.empty(shape)
@@ -337,10 +354,9 @@ class FittedPreprocessor:
         return out
 
     def _transform_block(
-        self, arrays: tuple[NDArray[np.float64], NDArray[np.float64]], start: int
+        self, arrays: tuple[NDArray[np.float64], NDArray[np.float64]], rows: slice
     ) -> None:
         rows_in, out = arrays
-        rows = slice(start, start + _ROW_BLOCK)
         # a contiguous block: the same numpy kernels whether X is an array of its own or
         # the first columns of ``out`` (strided), so the numbers do not depend on it
         block = np.ascontiguousarray(rows_in[rows])

@@ -307,7 +307,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.runtime != "network":
             raise ConfigError("--hosts needs --runtime network")
         # checked with each grid point's peer count before anything runs
-        hosts = _environment("P2PDP_NETWORK_HOSTS", args.hosts)
+        from p2pdp.experiments.network.launch import hosts_given
+
+        hosts = hosts_given(args.hosts)
     for warning in mechanism_warnings(point.config for point in scenario.points):
         print(f"p2pdp: warning: {warning}", file=sys.stderr)
     out = args.out or default_out_dir(scenario)
@@ -358,20 +360,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
             f"{summary.seconds:.1f} s; results in {summary.directory}"
         )
         return _report(write_report, summary.directory)
-
-
-@contextlib.contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    """The environment variable ``name`` set to ``value`` while the block runs."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
 
 
 def _report(write_report: Callable[[Path], Path], directory: Path) -> int:

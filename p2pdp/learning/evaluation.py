@@ -69,15 +69,10 @@ from p2pdp.learning.ensembles import (
     average_rule,
     local_validated_rule,
 )
+from p2pdp.learning.tiles import EvaluationTiles, current_tiles
 
 if TYPE_CHECKING:  # scipy and scikit-learn are imported where used, not to validate a config
     import scipy.sparse as sp
-
-_CHUNK_ELEMENTS = 4_000_000  # test rows x (models + peers) per chunk: bounds memory to ~100 MB
-#: Fewest test rows per chunk, however many models: every chunk reads every model once, so
-#: chunks of a few rows made the reads grow as P^2 (a million peers: 2 rows a chunk, 930 GB
-#: read). Above 250,000 peers and models this lets a chunk's memory grow with P instead.
-_MIN_CHUNK_ROWS = 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -539,6 +534,7 @@ def evaluate_ensembles(
     vote: str | EnsembleRule,
     own: PeerData | None = None,
     own_errors: bool = False,
+    tiles: EvaluationTiles | None = None,
 ) -> Metrics:
     """Per-peer errors, pooled confusion matrix, and the best peer's ROC, in row chunks.
 
@@ -552,7 +548,7 @@ def evaluate_ensembles(
     - a :class:`TallyRule` (the built-in votes) when every published model is shared (full
       publication without churn) and every label is +1 or -1: the published models' margins
       and signs are summed per test row once, by blocks of models, and tiles of
-      :data:`_PEER_TILE` peers x :data:`_ROW_TILE` rows are scored against those sums (in
+      ``tiles.peer_tile`` peers x ``tiles.row_tile`` rows are scored against those sums (in
       cache, each peer's model read once per tile of rows); the best peer's ROC reuses the
       sums. From :data:`PARALLEL_MIN_PEERS` peers on, a built-in rule's blocks of models,
       then its tiles of peers, are shared out to the local workers
@@ -563,7 +559,9 @@ def evaluate_ensembles(
       best peer's scores in a second pass.
 
     Either way the blocks are those of one process (partial sums added in block order) and
-    the error counts are integers, so the metrics do not depend on the number of workers.
+    the error counts are integers, so the metrics do not depend on the number of workers,
+    nor the counts on ``tiles`` (:class:`~p2pdp.learning.tiles.EvaluationTiles`; None: those
+    of :func:`~p2pdp.learning.tiles.current_tiles`), which cut the work into blocks.
     """
     import sklearn
     from sklearn.metrics import auc, roc_curve
@@ -577,10 +575,11 @@ def evaluate_ensembles(
     n_rows, n_peers = X.shape[0], ensembles.n_peers
     workers = current_workers() if is_builtin(rule) and n_peers >= PARALLEL_MIN_PEERS else 1
     n_pos = int((y == 1).sum())
+    tiles = tiles or current_tiles()
     if _tallied(vote, ensembles, X, y):
-        counts = _tallied_counts(ensembles, X, y, vote, workers, own_errors)
+        counts = _tallied_counts(ensembles, X, y, vote, workers, own_errors, tiles)
     else:
-        counts = _blocked_counts(ensembles, X, y, vote, workers, own_errors)
+        counts = _blocked_counts(ensembles, X, y, vote, workers, own_errors, tiles)
     wrong, positive_on_pos, positive_on_neg, own_wrong, scores_of = counts
     best = int(np.argmin(wrong))
     best_scores = scores_of(best)
@@ -640,16 +639,17 @@ def _tallied_counts(
     vote: TallyRule,
     workers: int,
     own_errors: bool,
+    tiles: EvaluationTiles,
 ) -> _Counts:
     """:data:`_Counts` of a :class:`TallyRule` whose published models are all shared, and
     labels all +1 or -1: tiles of peers against the published models' sums per row."""
-    n_peers = ensembles.n_peers
-    peers = [slice(a, a + _PEER_TILE) for a in range(0, n_peers, _PEER_TILE)]
+    n_peers, tile = ensembles.n_peers, tiles.peer_tile
+    peers = [slice(a, a + tile) for a in range(0, n_peers, tile)]
     with one_blas_thread():  # also in this process: two BLAS threads were 1.2x slower
-        sums = _published_sums(vote, ensembles, X, workers)
+        sums = _published_sums(vote, ensembles, X, workers, tiles)
         parts = forked_map(
             _count_tallied,
-            (ensembles.local_weights, X, y == 1, vote, sums, own_errors),
+            (ensembles.local_weights, X, y == 1, vote, sums, own_errors, tiles.row_tile),
             _split(peers, workers),
             workers=workers,
         )
@@ -673,10 +673,11 @@ def _blocked_counts(
     vote: EnsembleRule,
     workers: int,
     own_errors: bool,
+    tiles: EvaluationTiles,
 ) -> _Counts:
     """:data:`_Counts` of any rule: blocks of test rows with every model's margins."""
     n_rows = X.shape[0]
-    blocks = _row_blocks(n_rows, ensembles.n_peers + ensembles.published.shape[0])
+    blocks = tiles.row_blocks(n_rows, ensembles.n_peers + ensembles.published.shape[0])
     parts = forked_map(
         _count_errors,
         (ensembles, X, y, vote, own_errors),
@@ -689,7 +690,7 @@ def _blocked_counts(
             return parts[0][3][:, peer]
         # as costly as every peer's scores when the published models dominate: split too
         one = (_one_peer(ensembles, peer), X, vote.for_peers(slice(peer, peer + 1)))
-        blocks = _row_blocks(n_rows, 1 + ensembles.published.shape[0])
+        blocks = tiles.row_blocks(n_rows, 1 + ensembles.published.shape[0])
         scored = forked_map(_first_scores, one, _split(blocks, workers), workers=workers)
         return np.concatenate(scored)
 
@@ -746,24 +747,18 @@ def _first_scores(
     return np.concatenate([ensemble_scores(ensembles, X[rows], vote=vote)[:, 0] for rows in blocks])
 
 
-#: Peers and test rows of one tile of :func:`_count_tallied`: its (peers, rows) arrays stay
-#: 1 MB, in cache, while each peer's model is read once per tile of rows. Tiles of 512 x 512
-#: (2 MB arrays) took 2.5x the time of 256 x 512 or 256 x 256 at 10^5 peers.
-_PEER_TILE = 256
-_ROW_TILE = 512
-
-
 def _published_sums(
-    vote: TallyRule, ensembles: Ensembles, X: np.ndarray, workers: int
+    vote: TallyRule, ensembles: Ensembles, X: np.ndarray, workers: int, tiles: EvaluationTiles
 ) -> dict[str, np.ndarray]:
     """``{tally: (n,)}`` for the tallies ``vote`` reads: the sums over the shared published
     models of their margins (``"margin"``) and of their signs (``"votes"``) on each row of
     ``X``. By blocks of models, each block's partial sums added in block order, so they do
     not depend on ``workers``."""
-    blocks = _row_blocks(ensembles.published.shape[0], X.shape[0])
+    blocks = tiles.row_blocks(ensembles.published.shape[0], X.shape[0])
+    margins = tiles.peer_tile * tiles.row_tile  # a step's margins stay in cache
     parts = forked_map(
         _published_partials,
-        (ensembles.published, ensembles.shared.astype(np.float64), X, vote.tallies),
+        (ensembles.published, ensembles.shared.astype(np.float64), X, vote.tallies, margins),
         _split(blocks, workers),
         workers=workers,
     )
@@ -778,14 +773,14 @@ def _published_sums(
 
 
 def _published_partials(
-    problem: tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]], blocks: list[slice]
+    problem: tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...], int], blocks: list[slice]
 ) -> list[dict[str, np.ndarray]]:
     """Per block of models: the shared ones' summed margins and signs on every row, (n,),
-    summed over slices of the block whose margins fit in cache (in order: a block's sums
-    are the same in any process)."""
-    published, shared, X, tallies = problem
+    summed over slices of the block of at most ``problem[4]`` margins, which fit in cache
+    (in order: a block's sums are the same in any process)."""
+    published, shared, X, tallies, margins_in_cache = problem
     rows_t = np.ascontiguousarray(X.T)
-    step = max(1, _PEER_TILE * _ROW_TILE // X.shape[0])  # models whose margins stay in cache
+    step = max(1, margins_in_cache // X.shape[0])  # models whose margins stay in cache
     partials = []
     for block in blocks:
         partial = {tally: np.zeros(X.shape[0]) for tally in tallies}
@@ -820,17 +815,17 @@ def _tallies(
 
 
 def _count_tallied(
-    problem: tuple[np.ndarray, np.ndarray, np.ndarray, TallyRule, dict[str, np.ndarray], bool],
+    problem: tuple[np.ndarray, np.ndarray, np.ndarray, TallyRule, dict[str, np.ndarray], bool, int],
     blocks: list[slice],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per peer of ``blocks``: positive predictions, wrong ones, and wrong ones of the own
     model alone (with ``own_errors``, else zeros), on every test row, (p,) each. ``problem =
-    (local_weights, X, positive, vote, sums, own_errors)``: ``positive`` (n,) bool where the
-    label is +1 (every label is +1 or -1), ``sums`` those of :func:`_published_sums`. Scored
-    tile by tile (:data:`_PEER_TILE` peers x :data:`_ROW_TILE` rows)."""
-    weights, X, positive_rows, vote, sums, own_errors = problem
+    (local_weights, X, positive, vote, sums, own_errors, row_tile)``: ``positive`` (n,) bool
+    where the label is +1 (every label is +1 or -1), ``sums`` those of
+    :func:`_published_sums`. Scored tile by tile (a block's peers x ``row_tile`` rows)."""
+    weights, X, positive_rows, vote, sums, own_errors, row_tile = problem
     ours = is_builtin(vote)  # their inputs checked finite: labels without checked scores
-    tiles = [slice(a, a + _ROW_TILE) for a in range(0, X.shape[0], _ROW_TILE)]
+    tiles = [slice(a, a + row_tile) for a in range(0, X.shape[0], row_tile)]
     rows_t = [np.ascontiguousarray(X[rows].T) for rows in tiles]
     positives, wrong, own_wrong = [], [], []
     for peers in blocks:
@@ -852,13 +847,6 @@ def _count_tallied(
     return np.concatenate(positives), np.concatenate(wrong), np.concatenate(own_wrong)
 
 
-def _row_blocks(n_rows: int, width: int) -> list[slice]:
-    """Row slices such that a block times ``width`` columns stays under ``_CHUNK_ELEMENTS``,
-    or of ``_MIN_CHUNK_ROWS`` rows."""
-    block = max(_MIN_CHUNK_ROWS, _CHUNK_ELEMENTS // (width + 1))
-    return [slice(start, start + block) for start in range(0, n_rows, block)]
-
-
 def _one_peer(ensembles: Ensembles, peer: int) -> Ensembles:
     return _peer_slice(ensembles, slice(peer, peer + 1))
 
@@ -874,14 +862,18 @@ def _peer_slice(ensembles: Ensembles, peers: slice) -> Ensembles:
     )
 
 
-def linear_error(weights: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+def linear_error(
+    weights: np.ndarray, X: np.ndarray, y: np.ndarray, *, tiles: EvaluationTiles | None = None
+) -> np.ndarray:
     """Test error of each linear model in ``weights`` (m, d) alone: (m,) fractions.
 
-    Computed in blocks of models, so memory stays bounded for 100,000 local models.
+    Computed in blocks of models (:meth:`~p2pdp.learning.tiles.EvaluationTiles.row_blocks`
+    of ``tiles``, None: :func:`~p2pdp.learning.tiles.current_tiles`), so memory stays
+    bounded for 100,000 local models; the same errors for any blocks.
     """
     weights = np.atleast_2d(weights)
     workers = current_workers() if weights.shape[0] >= PARALLEL_MIN_PEERS else 1
-    blocks = _row_blocks(weights.shape[0], X.shape[0])
+    blocks = (tiles or current_tiles()).row_blocks(weights.shape[0], X.shape[0])
     parts = forked_map(
         _linear_wrong,
         (weights, X, np.asarray(y)),

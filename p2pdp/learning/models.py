@@ -313,9 +313,12 @@ def _newton(
 #: solved by :func:`_newton_streaming`: the same Newton steps, the rows read in blocks (in the
 #: local worker processes when there are several), so memory besides the rows is one block
 #: per process instead of three copies of the shard. Smaller shards keep the batched solver
-#: (and every shipped scenario its bit-identical models).
+#: (and every shipped scenario its bit-identical models). ``fit_local_models(stream_min_rows=)``
 STREAM_MIN_ROWS = 200_000
-_STREAM_BLOCK = 65_536  # rows per block: a constant, so sums do not depend on the workers
+#: Rows per block of :func:`_newton_streaming` (``fit_local_models(stream_block=)``): fixed for
+#: a solve, so its sums do not depend on the workers; another size adds the same rows in
+#: another order (the same minimiser, to the solver's certified tolerance).
+STREAM_BLOCK = 65_536
 
 
 #: What one block gives a pass of :func:`newton_from_block_sums` (:func:`sums_of_block`): its
@@ -332,14 +335,14 @@ _SUM_CHUNK = 1024
 
 
 def _block_sums(
-    problem: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]],
+    problem: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64], int],
     item: tuple[int, NDArray[np.float64], bool],
 ) -> BlockSums:
-    """:func:`sums_of_block` of the rows ``rows[start : start + B]`` (``B = _STREAM_BLOCK``) at
-    ``w``, with ``problem = (X, y, rows)`` and ``item = (start, w, hessian)``."""
-    X, y, rows = problem
+    """:func:`sums_of_block` of the rows ``rows[start : start + B]`` at ``w``, with
+    ``problem = (X, y, rows, B)`` and ``item = (start, w, hessian)``."""
+    X, y, rows, block = problem
     start, w, hessian = item
-    part = rows[start : start + _STREAM_BLOCK]
+    part = rows[start : start + block]
     first = int(part[0])
     if int(part[-1]) - first == len(part) - 1 and np.all(np.diff(part) == 1):
         rows_of = slice(first, first + len(part))  # views
@@ -405,8 +408,9 @@ def _newton_streaming(
     peer: int,
     *,
     workers: int,
+    block: int,
 ) -> tuple[NDArray[np.float64], float, int]:
-    """Damped Newton for one peer on ``X[rows]``, reading the rows in blocks.
+    """Damped Newton for one peer on ``X[rows]``, reading the rows in blocks of ``block``.
 
     The steps of :func:`_newton` in primal form: a pass over the rows evaluates, at one
     model ``w``, either the objective and the gradient ``X^T c + lam w`` or the Hessian
@@ -420,8 +424,8 @@ def _newton_streaming(
     Newton steps taken.
     """
     n, d = len(rows), X.shape[1]
-    starts = range(0, n, _STREAM_BLOCK)
-    with forked_pool(_block_sums, (X, y, rows), workers=workers) as blocks:
+    starts = range(0, n, block)
+    with forked_pool(_block_sums, (X, y, rows, block), workers=workers) as blocks:
         return newton_from_block_sums(
             lambda v, hessian: blocks([(start, v, hessian) for start in starts]),
             n,
@@ -447,7 +451,7 @@ def newton_from_block_sums(
     ``block_sums(w, hessian)`` returns the :func:`sums_of_block` of every block of the ``n``
     rows at the model ``w`` (d,): their loss and gradient sums, or only their Hessian sums if
     ``hessian``, in block order (blocks
-    of :data:`_STREAM_BLOCK` rows, however and wherever they are computed: forked processes,
+    of :data:`STREAM_BLOCK` rows, however and wherever they are computed: forked processes,
     or a Dask cluster's workers holding the blocks, :mod:`p2pdp.experiments.run.cluster`); they
     are added here in that order, so the model is the same bit for bit for any executor.
     A point's Hessian is asked for in a second pass only once the point is accepted and its
@@ -522,7 +526,8 @@ def _batches(
 #: weights (P, d) and gradient norms (P,) to write each batch's into (None: return them).
 _Problem = tuple[
     NDArray[np.float64], NDArray[np.float64], list[NDArray[np.int64]], NDArray[np.int64],
-    float, float, int, int, tuple[NDArray[np.float64], NDArray[np.float64]] | None,
+    float, float, int, int, tuple[int, int],
+    tuple[NDArray[np.float64], NDArray[np.float64]] | None,
 ]  # fmt: skip
 
 
@@ -531,8 +536,8 @@ def _fit_batch(
 ) -> tuple[int, tuple[NDArray[np.float64], NDArray[np.float64]] | None]:
     """Newton steps of one batch of peers, and their weights (B, d) and achieved gradient
     norms (B,), or None once written into the problem's outputs (rows ``batch``)."""
-    weights, norms, steps = _solve_batch(*problem[:8], batch)
-    out = problem[8]
+    weights, norms, steps = _solve_batch(*problem[:9], batch)
+    out = problem[9]
     if out is None:
         return steps, (weights, norms)
     out[0][batch], out[1][batch] = weights, norms
@@ -548,13 +553,17 @@ def _solve_batch(
     tol: float,
     max_iter: int,
     workers: int,
+    stream: tuple[int, int],
     batch: NDArray[np.intp],
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
-    """Weights (B, d), achieved gradient norms (B,) and Newton steps of one batch of peers."""
-    if len(batch) == 1 and sizes[batch[0]] >= STREAM_MIN_ROWS:
+    """Weights (B, d), achieved gradient norms (B,) and Newton steps of one batch of peers;
+    ``stream = (min_rows, block)``: a single shard of ``min_rows`` rows or more is solved by
+    :func:`_newton_streaming` in blocks of ``block`` rows."""
+    min_rows, block = stream
+    if len(batch) == 1 and sizes[batch[0]] >= min_rows:
         peer = int(batch[0])
         w, norm, steps = _newton_streaming(
-            X, y, shard_arrays[peer], lam, tol, max_iter, peer, workers=workers
+            X, y, shard_arrays[peer], lam, tol, max_iter, peer, workers=workers, block=block
         )
         return w[None, :], np.array([norm]), steps
     rows = np.stack([shard_arrays[j] for j in batch])  # (B, n)
@@ -581,6 +590,8 @@ def fit_local_models(
     method: str = "auto",
     chunk_size: int | None = None,
     workers: int | None = None,
+    stream_min_rows: int = STREAM_MIN_ROWS,
+    stream_block: int = STREAM_BLOCK,
 ) -> LocalModels:
     """Exact local models of all peers by batched Newton (IRLS).
 
@@ -618,6 +629,11 @@ def fit_local_models(
         Default: :func:`~p2pdp.core.parallel.local_workers`' setting, 1 unless a caller raised
         it. Results are bitwise identical for any number (a peer's model depends only on its
         shard; block sums are added in block order).
+    stream_min_rows, stream_block : int, default 200,000 and 65,536
+        A single shard of at least ``stream_min_rows`` rows is solved by
+        :func:`_newton_streaming`, its rows read in blocks of ``stream_block`` (memory
+        besides ``X``: one block per process). Other sizes give the same minimiser to the
+        certified tolerance (the same rows summed in another order), not the same bits.
 
     Returns
     -------
@@ -658,6 +674,9 @@ def fit_local_models(
         raise ConfigError(f"method must be one of {METHODS}, got {method!r}")
     if chunk_size is not None and chunk_size < 1:
         raise ConfigError(f"chunk_size must be >= 1, got {chunk_size!r}")
+    for name, value in (("stream_min_rows", stream_min_rows), ("stream_block", stream_block)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     workers = current_workers() if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
@@ -671,7 +690,8 @@ def fit_local_models(
     weights, grad_norms = empty((len(sizes), d)), empty((len(sizes),))
     out = (weights, grad_norms) if here else None
     streamed = workers if len(batches) == 1 else 1
-    problem = (X, y, shard_arrays, sizes, lam, tol, max_iter, streamed, out)
+    stream = (stream_min_rows, stream_block)
+    problem = (X, y, shard_arrays, sizes, lam, tol, max_iter, streamed, stream, out)
     with one_blas_thread():  # inherited by forked workers
         # forked processes read X as it is (copy-on-write): no copy, no pickle
         fitted = forked_map(_fit_batch, problem, batches, workers=workers)

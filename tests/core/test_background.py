@@ -254,6 +254,37 @@ def test_pool_workers_run_with_one_blas_thread_whatever_their_parent_has():
         assert _blas_threads() == [2]
 
 
+def test_a_blas_library_loaded_after_the_first_fork_also_runs_one_thread_in_workers():
+    """The BLAS libraries are found once per set of imported modules: importing
+    ``scipy.linalg`` (a second OpenBLAS) after a first forked map still gives the next
+    workers one thread in every library. Run in a fresh interpreter, where nothing else
+    loaded scipy first (in this process other tests may have)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import sys
+        from threadpoolctl import threadpool_info, threadpool_limits
+        from p2pdp.core.parallel import forked_map
+
+        def threads(_shared, _item):
+            pools = [p for p in threadpool_info() if p["user_api"] == "blas"]
+            return sorted((p["filepath"], p["num_threads"]) for p in pools)
+
+        before = forked_map(threads, None, [0, 1], workers=2)
+        import scipy.linalg  # a second BLAS library, loaded after the first forked map
+        with threadpool_limits(limits=2, user_api="blas"):
+            after = forked_map(threads, None, [0, 1], workers=2)
+        assert len(after[0]) > len(before[0]), (before, after)
+        assert {n for worker in after for _, n in worker} == {1}, after
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def _faults_of_a_third_block(_shared, _item) -> int:
     """Minor page faults of a block's worth of temporaries (5-24 MB), freed and allocated
     again for the third time in this process."""

@@ -582,15 +582,15 @@ def test_synthetic_blocks_come_from_spawned_seeds_and_are_pure_functions_of_thei
 
 
 def test_synthetic_rows_and_their_transform_are_the_same_for_any_number_of_workers(monkeypatch):
-    """Blocks drawn and transformed in 2 forked workers (into shared memory) give the rows one
-    process gives: labels and fold rows exactly, features to rounding."""
+    """Blocks drawn (and the fixed split's transformed in place) in 2 forked workers, into
+    shared memory, give the rows one process gives: labels and fold rows exactly, features
+    to rounding."""
     from p2pdp.core.parallel import is_shared, local_workers
-    from p2pdp.data import preprocess
     from p2pdp.learning.settings import EvaluationConfig
     from p2pdp.tasks.pipeline import load_fold
 
-    monkeypatch.setattr(synthetic, "SYNTHETIC_BLOCK_ROWS", 500)  # 5 blocks, a short last
-    monkeypatch.setattr(preprocess, "_ROW_BLOCK", 300)
+    # the data's own block size (which rows a block's seed draws): 5 blocks, a short last
+    monkeypatch.setattr(synthetic, "SYNTHETIC_BLOCK_ROWS", 500)
     data = DataConfig(dataset="synthetic", synthetic_rows=1800, synthetic_test_rows=400,
                       synthetic_features=6)  # fmt: skip
     folds = {}
@@ -602,7 +602,9 @@ def test_synthetic_rows_and_their_transform_are_the_same_for_any_number_of_worke
                 )
     for split in ("fixed", "cv"):
         one, two = folds[1, split], folds[2, split]
-        assert is_shared(two.X_train) and not is_shared(one.X_train)  # drawn in the workers
+        assert not is_shared(one.X_train)
+        if split == "fixed":  # the rows drawn in the workers, transformed where they are
+            assert is_shared(two.X_train)  # (the transform's own blocks: test_preprocess.py)
         np.testing.assert_array_equal(two.y_train, one.y_train)
         np.testing.assert_array_equal(two.y_test, one.y_test)
         np.testing.assert_allclose(two.X_train, one.X_train, rtol=1e-13, atol=1e-15)

@@ -189,18 +189,40 @@ def test_a_non_finite_value_in_a_late_block_is_refused(workers, steps, bad) -> N
     """Fit and transform check finiteness block by block (in the local workers): a value in
     the last block of rows, one column, is found by both."""
     from p2pdp.core.parallel import local_workers
-    from p2pdp.data.preprocess import _ROW_BLOCK
 
-    X = np.ones((2 * _ROW_BLOCK + 5, 3))
+    X = np.ones((2 * 7 + 5, 3))  # three blocks of 7 rows, a short last
     X[:, 0] = np.arange(len(X))  # something to scale
     bad_rows = X.copy()
     bad_rows[-2, 1] = bad
     with local_workers(workers):
         with pytest.raises(ConfigError, match=r"X_train must contain only finite values"):
-            Preprocessor(steps=steps).fit(bad_rows)
-        fitted = Preprocessor(steps=steps).fit(X)
+            Preprocessor(steps=steps).fit(bad_rows, block_rows=7)
+        fitted = Preprocessor(steps=steps).fit(X, block_rows=7)
         with pytest.raises(ConfigError, match=r"X must contain only finite values"):
-            fitted.transform(bad_rows)
+            fitted.transform(bad_rows, block_rows=7)
+
+
+@pytest.mark.parametrize("steps", [DEFAULT_STEPS, SEED_STEPS, ("log1p", "standardize", "bias")])
+def test_fit_and_transform_give_the_same_numbers_for_any_blocks_and_workers(steps) -> None:
+    """Blocks of rows bound the temporaries and are shared out to the local workers (the
+    output then in shared memory): the same bounds and rows for any block size and number
+    of workers."""
+    from p2pdp.core.parallel import is_shared, local_workers
+
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(50, 4)) * [1.0, 10.0, 1e3, 0.1]
+    whole = Preprocessor(steps=steps).fit(X)
+    expected = whole.transform(X)
+    for workers, block_rows in [(1, 7), (2, 7), (2, 1), (2, 50), (1, 1000)]:
+        with local_workers(workers):
+            fitted = Preprocessor(steps=steps).fit(X, block_rows=block_rows)
+            rows = fitted.transform(X, block_rows=block_rows)
+        for bound in ("low", "high", "mean", "std"):
+            np.testing.assert_array_equal(getattr(fitted, bound), getattr(whole, bound))
+        np.testing.assert_array_equal(rows, expected)
+        assert is_shared(rows) == (workers > 1 and block_rows < 50)  # split: in the workers
+    with pytest.raises(ConfigError, match="block_rows must be an integer >= 1, got 0"):
+        whole.transform(X, block_rows=0)
 
 
 _matrices = st.integers(1, 6).flatmap(

@@ -198,6 +198,7 @@ def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypa
     equal to --jobs 1."""
     from p2pdp.core.parallel import current_workers
     from p2pdp.learning import evaluation, models
+    from p2pdp.learning.tiles import EvaluationTiles, evaluation_tiles
     from p2pdp.tasks import pipeline
 
     used, scored = [], []
@@ -214,15 +215,15 @@ def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypa
     monkeypatch.setattr(models, "fit_local_models", recording)
     monkeypatch.setattr(evaluation, "forked_map", recording_split)
     monkeypatch.setattr(evaluation, "PARALLEL_MIN_PEERS", 2)  # TINY's run is small
-    monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 1)  # a block per published model
-    monkeypatch.setattr(evaluation, "_MIN_CHUNK_ROWS", 1)
-    monkeypatch.setattr(evaluation, "_PEER_TILE", 1)  # a block per peer
     monkeypatch.setattr(pipeline, "BACKGROUND_MIN_ROWS", 2)  # TINY's reference is small
+    # a block per published model, a tile per peer
+    tiles = EvaluationTiles(chunk_elements=1, min_chunk_rows=1, peer_tile=1)
     one_cell = TINY[: TINY.index("[sweep]")]
     scenario = parse_scenario(one_cell, overrides=["evaluation.folds=[0]"])
     assert len(experiment.make_cells(scenario)) == 1
     for jobs in (1, 2):
-        experiment.run_experiment(scenario, tmp_path / f"jobs{jobs}", jobs=jobs)
+        with evaluation_tiles(tiles):
+            experiment.run_experiment(scenario, tmp_path / f"jobs{jobs}", jobs=jobs)
     # the peers' models and the centralised one with --jobs 1; with --jobs 2 the centralised
     # one is fitted in the background process (not recorded here)
     assert used == [1, 1, 2]

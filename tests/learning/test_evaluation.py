@@ -14,6 +14,7 @@ from p2pdp.learning.evaluation import (
     linear_error,
     predict,
 )
+from p2pdp.learning.tiles import EvaluationTiles
 
 
 def _random_world(rng, n_peers=7, n_models=11, dim=5, n_rows=40, share_fraction=0.4):
@@ -96,12 +97,10 @@ def test_full_publication_is_scored_from_the_published_sums(vote, workers, monke
 
     monkeypatch.setattr(evaluation, "forked_map", recording)
     monkeypatch.setattr(evaluation, "PARALLEL_MIN_PEERS", 2)
-    monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 100)  # blocks of 2 published models
-    monkeypatch.setattr(evaluation, "_MIN_CHUNK_ROWS", 1)
-    monkeypatch.setattr(evaluation, "_PEER_TILE", 4)
-    monkeypatch.setattr(evaluation, "_ROW_TILE", 10)
+    # blocks of 2 published models, tiles of 4 peers x 10 rows
+    tiles = EvaluationTiles(chunk_elements=100, min_chunk_rows=1, peer_tile=4, row_tile=10)
     with local_workers(workers):
-        metrics = evaluate_ensembles(ensembles, X, y, vote=vote, own_errors=True)
+        metrics = evaluate_ensembles(ensembles, X, y, vote=vote, own_errors=True, tiles=tiles)
     # 9 models in blocks of 2, 13 peers in tiles of 4, shared out to the workers
     assert pieces == [
         ("_published_partials", [5] if workers == 1 else [2, 3]),
@@ -273,8 +272,9 @@ def test_a_tally_rule_with_per_peer_state_is_scored_on_whole_blocks(monkeypatch)
         return split(function, shared, items, workers=workers)
 
     monkeypatch.setattr(evaluation, "forked_map", recording)
-    monkeypatch.setattr(evaluation, "_PEER_TILE", 4)
-    metrics = evaluate_ensembles(ensembles, X, y, vote=PerPeer())
+    metrics = evaluate_ensembles(
+        ensembles, X, y, vote=PerPeer(), tiles=EvaluationTiles(peer_tile=4)
+    )
     assert used == ["_count_errors"]
     weight = np.linspace(0.5, 2.0, 9)[:, None]
     scores = (local @ X.T) * weight + (published @ X.T).sum(axis=0)
@@ -282,7 +282,7 @@ def test_a_tally_rule_with_per_peer_state_is_scored_on_whole_blocks(monkeypatch)
 
 
 def test_many_models_are_read_a_chunk_of_rows_at_a_time(monkeypatch):
-    """However many peers and models, a chunk holds at least _MIN_CHUNK_ROWS test rows:
+    """However many peers and models, a chunk holds at least min_chunk_rows test rows:
     every chunk reads every model, so chunks of a row or two made a million peers' evaluation
     read 930 GB. Here the element budget alone would give chunks of 2 rows."""
     from p2pdp.learning import evaluation
@@ -291,7 +291,7 @@ def test_many_models_are_read_a_chunk_of_rows_at_a_time(monkeypatch):
     local, published, shared, pairs, X, y = _random_world(rng, n_rows=97)
     ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
     width = ensembles.n_peers + ensembles.published.shape[0]
-    monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 2 * (width + 1))
+    tiles = EvaluationTiles(chunk_elements=2 * (width + 1))
     chunks = []
     margins = evaluation._margins
 
@@ -300,8 +300,9 @@ def test_many_models_are_read_a_chunk_of_rows_at_a_time(monkeypatch):
         return margins(ensembles, X)
 
     monkeypatch.setattr(evaluation, "_margins", counting)
-    evaluate_ensembles(ensembles, X, y, vote="majority")
-    rows = evaluation._MIN_CHUNK_ROWS
+    evaluate_ensembles(ensembles, X, y, vote="majority", tiles=tiles)
+    rows = tiles.min_chunk_rows
+    assert rows > 2
     assert chunks[: -(-97 // rows)] == [rows] * (97 // rows) + [97 % rows]
 
 
@@ -321,26 +322,44 @@ def test_own_errors_are_counted_from_the_scoring_margins(vote, workers, monkeypa
     expected = linear_error(local, X, y)
     assert evaluate_ensembles(ensembles, X, y, vote=vote).own_errors is None
     monkeypatch.setattr(evaluation, "PARALLEL_MIN_PEERS", 2)
-    monkeypatch.setattr(evaluation, "_CHUNK_ELEMENTS", 50)
-    monkeypatch.setattr(evaluation, "_MIN_CHUNK_ROWS", 1)
+    tiles = EvaluationTiles(chunk_elements=50, min_chunk_rows=1)
     with local_workers(workers):
-        metrics = evaluate_ensembles(ensembles, X, y, vote=vote, own_errors=True)
+        metrics = evaluate_ensembles(ensembles, X, y, vote=vote, own_errors=True, tiles=tiles)
     np.testing.assert_array_equal(metrics.own_errors, expected)
     assert 0 < expected.min() < expected.max() < 1
 
 
-def test_chunked_evaluation_equals_single_chunk(monkeypatch):
+#: Tiles from one block of everything to a row, a model or a peer at a time.
+TILINGS = [
+    EvaluationTiles(),
+    EvaluationTiles(chunk_elements=50, min_chunk_rows=1),
+    EvaluationTiles(chunk_elements=1, min_chunk_rows=1, peer_tile=1, row_tile=1),
+    EvaluationTiles(chunk_elements=700, min_chunk_rows=3, peer_tile=3, row_tile=7),
+]
+
+
+@pytest.mark.parametrize("shared_only", [False, True])  # blocks of rows, or the tallied sums
+def test_the_metrics_are_the_same_for_any_tiles(shared_only):
+    """Tiles cut the work, never the result: the same error counts, confusion, best peer and
+    own errors for every tiling (and the same ROC to rounding: sums in other blocks)."""
     rng = np.random.default_rng(3)
     local, published, shared, pairs, X, y = _random_world(rng, n_rows=97)
+    if shared_only:  # full publication: scored from the published models' sums
+        shared, pairs = np.ones_like(shared), pairs[:0]
     ensembles = build_ensembles(local, published, shared, pairs[:, 0], pairs[:, 1])
-    whole = evaluate_ensembles(ensembles, X, y, vote="majority")
-    monkeypatch.setattr("p2pdp.learning.evaluation._CHUNK_ELEMENTS", 50)
-    monkeypatch.setattr("p2pdp.learning.evaluation._MIN_CHUNK_ROWS", 1)
-    chunked = evaluate_ensembles(ensembles, X, y, vote="majority")
-    np.testing.assert_array_equal(whole.errors, chunked.errors)
-    np.testing.assert_array_equal(whole.confusion, chunked.confusion)
-    np.testing.assert_allclose(chunked.roc_tpr, whole.roc_tpr)  # best peer scored in blocks
-    assert chunked.auc == pytest.approx(whole.auc)
+    results = [
+        evaluate_ensembles(ensembles, X, y, vote="majority", own_errors=True, tiles=tiles)
+        for tiles in TILINGS
+    ]
+    whole = results[0]
+    assert 0 < whole.errors.min() < whole.errors.max() < 1
+    for tiled in results[1:]:
+        np.testing.assert_array_equal(tiled.errors, whole.errors)
+        np.testing.assert_array_equal(tiled.confusion, whole.confusion)
+        np.testing.assert_array_equal(tiled.own_errors, whole.own_errors)
+        assert tiled.best_peer == whole.best_peer
+        np.testing.assert_allclose(tiled.roc_tpr, whole.roc_tpr)  # best peer scored in blocks
+        assert tiled.auc == pytest.approx(whole.auc)
 
 
 def test_majority_tie_uses_margin():
@@ -388,11 +407,13 @@ def test_linear_error():
     np.testing.assert_allclose(linear_error(np.array([[1.0], [-1.0]]), X, y), [1 / 3, 2 / 3])
 
 
-def test_linear_error_in_blocks_equals_one_block(monkeypatch):
+def test_linear_error_in_blocks_equals_one_block():
     rng = np.random.default_rng(5)
     weights, X = rng.normal(size=(23, 4)), rng.normal(size=(17, 4))
     y = np.where(rng.random(17) < 0.5, 1, -1)
     whole = linear_error(weights, X, y)
-    monkeypatch.setattr("p2pdp.learning.evaluation._CHUNK_ELEMENTS", 40)
-    monkeypatch.setattr("p2pdp.learning.evaluation._MIN_CHUNK_ROWS", 1)
-    np.testing.assert_array_equal(linear_error(weights, X, y), whole)
+    assert 0 < whole.min() < whole.max() < 1
+    naive = (np.where(weights @ X.T >= 0, 1, -1) != y).mean(axis=1)
+    np.testing.assert_array_equal(whole, naive)
+    for tiles in TILINGS:  # 23 models in one block, or blocks of 2 (a short last), 1, 3
+        np.testing.assert_array_equal(linear_error(weights, X, y, tiles=tiles), whole)

@@ -10,7 +10,6 @@ from scipy.special import expit
 
 from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.parallel import local_workers
-from p2pdp.learning import models as models_module
 from p2pdp.learning.models import (
     LocalModels,
     block_hessian,
@@ -160,16 +159,27 @@ def test_large_shards_match_sklearn():
 
 
 @pytest.mark.parametrize("rows", [unit_ball_rows, spambase_like_rows])
-def test_a_streamed_large_shard_matches_the_batched_solver(rows, monkeypatch):
+@pytest.mark.parametrize("block", [700, 1200, 3000])  # several blocks (a short last), two, one
+def test_a_streamed_large_shard_matches_the_batched_solver(rows, block, monkeypatch):
     """The centralised reference on a large data set is solved block by block (no copy of the
-    shard): the same minimiser to the certified tolerance, and the same sklearn reference."""
+    shard): the same minimiser to the certified tolerance for any block size."""
+    from p2pdp.learning import models
+
     rng = np.random.default_rng(11)
     X, y = rows(3000, 58, rng)
     shards = [np.arange(3000), rng.permutation(3000)[:1200], np.arange(40)]
     batched = fit_local_models(X, y, shards, 1e-3)
-    monkeypatch.setattr(models_module, "STREAM_MIN_ROWS", 1000)
-    monkeypatch.setattr(models_module, "_STREAM_BLOCK", 700)  # several blocks, a short last
-    streamed = fit_local_models(X, y, shards, 1e-3)
+    blocks, block_sums = set(), models._block_sums
+
+    def recording(problem, item):
+        blocks.add((len(problem[2]), len(problem[2][item[0] : item[0] + problem[3]])))
+        return block_sums(problem, item)
+
+    monkeypatch.setattr(models, "_block_sums", recording)
+    streamed = fit_local_models(X, y, shards, 1e-3, stream_min_rows=1000, stream_block=block)
+    # the two large shards read in blocks of ``block`` rows (a short last), the small batched
+    expected = {(n, min(block, n - start)) for n in (3000, 1200) for start in range(0, n, block)}
+    assert blocks == expected
     assert streamed.grad_norms.max() <= TOL
     np.testing.assert_array_less(gradient_norms(streamed, X, y, shards, 1e-3), TOL)
     # both within tol / lam of the exact minimiser (strong convexity): within 2 tol / lam
@@ -177,6 +187,13 @@ def test_a_streamed_large_shard_matches_the_batched_solver(rows, monkeypatch):
     np.testing.assert_array_equal(streamed.weights[2], batched.weights[2])  # small: batched
     with pytest.raises(P2PDPError, match=r"max_iter=1 .*worst peer 0 has gradient norm"):
         fit_local_models(X, y, shards[:1], 1e-4, max_iter=1)
+
+
+@pytest.mark.parametrize("setting", ["stream_min_rows", "stream_block"])
+def test_stream_sizes_are_positive_integers(setting):
+    X, y = unit_ball_rows(20, 3, np.random.default_rng(1))
+    with pytest.raises(ConfigError, match=rf"{setting} must be an integer >= 1, got 0"):
+        fit_local_models(X, y, [np.arange(20)], 1e-3, **{setting: 0})
 
 
 def test_local_processes_give_bitwise_identical_models():
@@ -327,7 +344,7 @@ def test_a_block_hessian_is_the_weighted_gram_matrix_exactly_symmetric():
     np.testing.assert_allclose(gradient, (-y * expit(-margins)) @ X, rtol=1e-12, atol=1e-12)
 
 
-def test_the_streamed_reference_does_not_depend_on_the_number_of_workers(monkeypatch):
+def test_the_streamed_reference_does_not_depend_on_the_number_of_workers():
     """The centralised reference's blockwise gradient and Hessian sums are computed in the
     local workers and added in block order: the same model with 1 or 3 workers, and the
     one-process batched solve's minimiser within the certified tolerance."""
@@ -335,10 +352,9 @@ def test_the_streamed_reference_does_not_depend_on_the_number_of_workers(monkeyp
     X, y = spambase_like_rows(5000, 58, rng)
     everyone = [np.arange(5000)]
     batched = fit_local_models(X, y, everyone, 1e-3)
-    monkeypatch.setattr(models_module, "STREAM_MIN_ROWS", 1000)
-    monkeypatch.setattr(models_module, "_STREAM_BLOCK", 700)  # 8 blocks, a short last
-    alone = fit_local_models(X, y, everyone, 1e-3, workers=1)
-    forked = fit_local_models(X, y, everyone, 1e-3, workers=3)
+    stream = {"stream_min_rows": 1000, "stream_block": 700}  # 8 blocks, a short last
+    alone = fit_local_models(X, y, everyone, 1e-3, workers=1, **stream)
+    forked = fit_local_models(X, y, everyone, 1e-3, workers=3, **stream)
     np.testing.assert_allclose(forked.weights, alone.weights, rtol=1e-12, atol=1e-15)
     assert forked.iterations == alone.iterations
     np.testing.assert_array_less(gradient_norms(forked, X, y, everyone, 1e-3), TOL)

@@ -102,12 +102,28 @@ def test_host_counts_are_validated_before_anything_runs(hosts, message, tmp_path
         hosts = tmp_path / "hosts.toml"
         hosts.write_text('coordinator = "127.0.0.1"\n' + '[[host]]\naddress = "127.0.0.1"\n' * 13)
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", str(hosts))
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as refused:
         simulate(_config("group"), runtime="network")
+    if hosts != tmp_path / "hosts.toml":  # the variable the user set, by its name
+        assert str(refused.value).startswith(f"P2PDP_NETWORK_HOSTS = {str(hosts)!r}")
     scenario = tmp_path / "s.toml"
     scenario.write_text('[data]\ndataset = "synthetic"\n[partition]\nn_peers = 12\n')
     with pytest.raises(ConfigError, match=message):
         run_experiment(load_scenario(scenario), tmp_path / "out", runtime="network")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_hosts_flag_is_named_as_given_not_as_the_variable_that_carries_it(tmp_path, capsys):
+    """``--hosts 30`` for 12 peers: the message names ``--hosts``, not P2PDP_NETWORK_HOSTS
+    (which the user never set, and which is unset again afterwards)."""
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('[data]\ndataset = "synthetic"\n[partition]\nn_peers = 12\n')
+    argv = ["run", str(scenario), "--out", str(tmp_path / "out"), "--runtime", "network"]
+    assert cli([*argv, "--hosts", "30"]) == 2
+    err = capsys.readouterr().err
+    assert "--hosts = '30' gives 30 hosts for partition.n_peers = 12" in err
+    assert "P2PDP_NETWORK_HOSTS" not in err
+    assert "P2PDP_NETWORK_HOSTS" not in os.environ
     assert not (tmp_path / "out").exists()
 
 

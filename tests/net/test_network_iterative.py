@@ -677,26 +677,64 @@ def test_no_private_key_pair_secret_or_draw_is_in_any_frame(monkeypatch):
     assert not leaked
 
 
-def test_seeded_pair_noise_over_loopback_is_the_batched_protocols():
+@pytest.mark.parametrize("stalled", [False, True])
+def test_seeded_pair_noise_over_loopback_is_the_batched_protocols(stalled):
     """Seeded mode (NOT private): after the key exchange (for the denominators), each pair's
     terms come from the simulator's per-edge stream, so two hosts' models are the batched
-    D-PSGD's with pair noise. Mutation caught: the machines left without pair streams."""
+    D-PSGD's with pair noise. Mutation caught: the machines left without pair streams.
+
+    The rounds are paced by the wall clock: on a loaded machine a model may miss its
+    deadline (not averaged, as the simulator does with a late message), so the batched
+    protocol merges what the hosts report delivered in each round, not every edge.
+    ``stalled``: host 1's second round of models is written 1.5 periods late, as a loaded
+    machine would, so that some model surely misses its deadline."""
     protocol = dataclasses.replace(_small().protocol, pairwise_noise_multiplier=1.0)
     config = dataclasses.replace(_small(), protocol=protocol)
     X, y, shards = _population(config)
     mixing = _ring(6)
     seeds = StreamSeeds.from_rngs(_rngs(7))
-    hosts, _, privacy = _keyed_hosts(config, X, y, shards, mixing, seeds=seeds, seeded=True)
+    hosts, reports, privacy = _keyed_hosts(config, X, y, shards, mixing, seeds=seeds, seeded=True)
+    if stalled:
+        _stall_second_flush(hosts[1], 1.5 * config.protocol.round_period)
     asyncio.run(_run(hosts))
     problem = LocalProblem.from_shards(X, y, shards, config.training.lam)
     reference = DecentralizedSGD(config.protocol, problem, mixing, privacy, rngs=_rngs(7))
     assert reference.pair_noise_multiplier == 1.0
-    for _ in range(config.protocol.rounds):
+    delivered = _delivered_per_round(reports, len(mixing.indices))
+    assert delivered.shape == (config.protocol.rounds, len(mixing.indices))
+    assert delivered.any(axis=0).all()  # every edge, across hosts too, carried a model
+    if stalled:
+        assert not delivered.all()  # some model missed its deadline
+    for in_time in delivered:
         reference.step()
-        delivered = np.ones(len(mixing.indices), dtype=bool)
-        reference.average(delivered, ~delivered)
+        reference.average(in_time, ~in_time)
     got = np.stack([h.machines[p].model for h in hosts for p in sorted(h.machines)])
     np.testing.assert_allclose(got, reference.models, rtol=1e-12, atol=1e-14)
+
+
+def _stall_second_flush(host, delay: float) -> None:
+    """``host``'s second batch of models handed to its sender ``delay`` seconds late."""
+    flush, calls = host.flush, []
+
+    def late_second() -> None:
+        calls.append(bool(host._batch))
+        if calls.count(True) == 2 and calls[-1]:
+            asyncio.get_running_loop().call_later(delay, flush)
+        else:
+            flush()
+
+    host.flush = late_second
+
+
+def _delivered_per_round(reports: list[list[dict]], n_edges: int) -> np.ndarray:
+    """(rounds, E) bool: the edges whose model the hosts' round reports say was averaged in
+    time, in each round (one exchange per round), from every host's reports."""
+    rounds = [r for host_reports in reports for r in host_reports if r["kind"] == "round"]
+    delivered = np.zeros((max(r["round"] for r in rounds), n_edges), dtype=bool)
+    for report in rounds:
+        (edges,) = report["delivered"]
+        delivered[report["round"] - 1, edges] = True
+    return delivered
 
 
 def test_the_coordinator_starts_the_rounds_only_once_every_host_is_keyed():

@@ -182,6 +182,24 @@ def test_policy_noise_variances_match_simulation():
     )
 
 
+@pytest.mark.parametrize("policy", [accumulate_policy, requery_policy])
+def test_a_naive_policy_takes_the_released_counts_so_far_as_true_ones(policy):
+    """accumulate: the Beta of the released counts summed so far; requery: of the latest
+    cumulative release; both of the records seen so far. A method other than naive or exact
+    is refused by name."""
+    counts = generator(8, "batches").binomial(20, 0.3, (5, 3))
+    trace = policy(counts, 20, 1.0, rng=generator(8, "naive"), method="naive")
+    seen = 20 * np.arange(1, 4)
+    so_far = np.cumsum(trace.released, axis=1) if policy is accumulate_policy else trace.released
+    a, b = beta_posterior(so_far, seen)
+    np.testing.assert_allclose(trace.mean, a / (a + b), rtol=1e-12)
+    low, high = credible_interval(a, b, 0.95)
+    np.testing.assert_allclose(trace.low, low, rtol=1e-12)
+    np.testing.assert_allclose(trace.high, high, rtol=1e-12)
+    with pytest.raises(ConfigError, match="method must be 'naive' or 'exact', got 'mean'"):
+        policy(counts, 20, 1.0, rng=generator(8, "naive"), method="mean")
+
+
 def test_accumulated_exact_posterior_beats_requery_and_covers():
     theta, reps, q, m, epsilon = 0.2, 200, 3, 30, 0.5
     counts = generator(7, "batches").binomial(m, theta, (reps, q))

@@ -56,6 +56,7 @@ from p2pdp.config import ScenarioConfig, refuse_unread, settings_read, unread_se
 from p2pdp.core.errors import ConfigError, NetworkRunError, P2PDPError
 from p2pdp.core.parallel import worker_signals
 from p2pdp.core.rng import generator, os_generator
+from p2pdp.core.scoped import scoped
 from p2pdp.experiments.scenarios.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
 from p2pdp.net.gossip_host import GossipSetup
@@ -83,6 +84,7 @@ __all__ = [
     "host_from_stdin",
     "host_main",
     "hosts_flag",
+    "hosts_given",
     "hosts_plan",
     "network_hosts",
     "network_session",
@@ -227,6 +229,29 @@ def read_hosts_file(path: str | os.PathLike[str]) -> HostsFile:
     )
 
 
+#: What the user set that ``P2PDP_NETWORK_HOSTS`` carries, as messages name it: the
+#: variable itself, or the command line's ``--hosts`` inside :func:`hosts_given`.
+_HOSTS_NAME: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "hosts_name", default="P2PDP_NETWORK_HOSTS"
+)
+
+
+@contextlib.contextmanager
+def hosts_given(value: str, name: str = "--hosts") -> Iterator[None]:
+    """``P2PDP_NETWORK_HOSTS`` set to ``value`` while the block runs, and messages about it
+    naming ``name`` (what the user wrote), not a variable they never set."""
+    before = os.environ.get("P2PDP_NETWORK_HOSTS")
+    os.environ["P2PDP_NETWORK_HOSTS"] = value
+    try:
+        with scoped(_HOSTS_NAME, name):
+            yield
+    finally:
+        if before is None:
+            del os.environ["P2PDP_NETWORK_HOSTS"]
+        else:
+            os.environ["P2PDP_NETWORK_HOSTS"] = before
+
+
 def _hosts_setting() -> str:
     return os.environ.get("P2PDP_NETWORK_HOSTS", "").strip()
 
@@ -265,7 +290,7 @@ def hosts_plan(n_peers: int) -> tuple[int, HostsFile | None]:
     setting = _hosts_setting()
     if not setting:
         return max(1, min(os.cpu_count() or 1, n_peers)), None
-    plan, source = None, f"--hosts (P2PDP_NETWORK_HOSTS) = {setting!r}"
+    plan, source = None, f"{_HOSTS_NAME.get()} = {setting!r}"
     if _is_number(setting):
         count = int(setting) if setting.lstrip("+-").isdigit() else 0
         if count < 1:

@@ -457,6 +457,27 @@ class PolicyTrace:
     released: np.ndarray
 
 
+def _naive(method: str) -> bool:
+    """Whether a policy's ``method`` is ``"naive"`` (else ``"exact"``; ConfigError if neither)."""
+    if method not in ("naive", "exact"):
+        raise ConfigError(f"method must be 'naive' or 'exact', got {method!r}")
+    return method == "naive"
+
+
+def _naive_trace(
+    successes: np.ndarray,
+    n_seen: np.ndarray,
+    released: np.ndarray,
+    prior: tuple[float, float],
+    level: float,
+) -> PolicyTrace:
+    """The naive Beta posteriors that take the noisy counts ``successes`` (R, Q) of ``n_seen``
+    (Q,) records as true ones."""
+    a, b = beta_posterior(successes, n_seen, prior=prior)
+    low, high = credible_interval(a, b, level)
+    return PolicyTrace(mean=a / (a + b), low=low, high=high, released=released)
+
+
 def accumulate_policy(
     batch_counts: ArrayLike,
     batch_size: int,
@@ -489,12 +510,8 @@ def accumulate_policy(
     released = noisy_counts(counts, m, epsilon, rng=rng)
     rows, q = counts.shape
     n_seen = m * np.arange(1, q + 1)
-    if method == "naive":
-        a, b = beta_posterior(np.cumsum(released, axis=1), n_seen, prior=prior)
-        low, high = credible_interval(a, b, level)
-        return PolicyTrace(mean=a / (a + b), low=low, high=high, released=released)
-    if method != "exact":
-        raise ConfigError(f"method must be 'naive' or 'exact', got {method!r}")
+    if _naive(method):
+        return _naive_trace(np.cumsum(released, axis=1), n_seen, released, prior, level)
     mean, low, high = (np.empty((rows, q)) for _ in range(3))
     for t in range(q):
         parts = laplace_count_log_likelihood(released[:, : t + 1], m, epsilon)  # (R, t+1, m+1)
@@ -529,12 +546,8 @@ def requery_policy(
     cumulative = np.cumsum(counts, axis=1)
     n_seen = m * np.arange(1, q + 1)
     released = noisy_counts(cumulative, n_seen, per_query, rng=rng)
-    if method == "naive":
-        a, b = beta_posterior(released, n_seen, prior=prior)
-        low, high = credible_interval(a, b, level)
-        return PolicyTrace(mean=a / (a + b), low=low, high=high, released=released)
-    if method != "exact":
-        raise ConfigError(f"method must be 'naive' or 'exact', got {method!r}")
+    if _naive(method):
+        return _naive_trace(released, n_seen, released, prior, level)
     mean, low, high = (np.empty(counts.shape) for _ in range(3))
     for t in range(q):
         posterior = laplace_posterior(released[:, t], int(n_seen[t]), per_query, prior=prior)
