@@ -7,13 +7,8 @@ import pytest
 from sklearn.metrics import roc_curve
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.learning.evaluation import (
-    build_ensembles,
-    ensemble_scores,
-    evaluate_ensembles,
-    linear_error,
-    predict,
-)
+from p2pdp.learning.evaluation import ensemble_scores, evaluate_ensembles, linear_error, predict
+from p2pdp.learning.rules import build_ensembles
 
 
 def _random_world(rng, n_peers=7, n_models=11, dim=5, n_rows=40, share_fraction=0.4):
@@ -132,7 +127,7 @@ def test_labels_skip_the_tie_break_only_where_the_vote_decides(rule, per_peer):
     """A built-in rule's labels on the tallied path (_positive) are its scores' signs
     exactly, with tied votes (0, and -1 where tanh rounds to 1 above a margin of ~19),
     zero margins and published sums per row or per peer."""
-    from p2pdp.learning.evaluation import make_ensemble_rule
+    from p2pdp.learning.rules import make_ensemble_rule
 
     vote = make_ensemble_rule(rule)
     rng = np.random.default_rng(8)
@@ -151,7 +146,7 @@ def test_a_tally_rule_of_your_own_is_checked_like_any_rule():
     """A TallyRule from outside the package scored on the tallied path: NaN scores are a
     ComponentError naming its tally_scores, as its scores would be on the margins path."""
     from p2pdp.core.errors import ComponentError
-    from p2pdp.learning.evaluation import TallyRule
+    from p2pdp.learning.rules import TallyRule
 
     class NaNTally(TallyRule):
         name = "nan-tally"
@@ -174,7 +169,7 @@ def test_a_tally_rule_naming_sums_nobody_gives_is_refused(tallies):
     """``tallies`` other than a tuple of 'margin' and 'votes' is a ComponentError naming the
     rule and its tallies before anything is scored (the tallied path would look them up)."""
     from p2pdp.core.errors import ComponentError
-    from p2pdp.learning.evaluation import TallyRule, make_ensemble_rule
+    from p2pdp.learning.rules import TallyRule, make_ensemble_rule
 
     class Misnamed(TallyRule):
         name = "misnamed"
@@ -233,7 +228,7 @@ def test_a_tally_rule_is_told_of_its_mistakes_the_same_way_under_either_publicat
     reported against tally_scores in its own orientation, whether the ensembles are scored
     from per-row sums (full publication) or through scores (group publication)."""
     from p2pdp.core.errors import ComponentError
-    from p2pdp.learning.evaluation import TallyRule
+    from p2pdp.learning.rules import TallyRule
 
     rule = type("Rule", (behaviour, TallyRule), {"name": "rule"})()
     rng = np.random.default_rng(10)
@@ -248,7 +243,7 @@ def test_a_tally_rule_with_per_peer_state_is_scored_on_whole_blocks(monkeypatch)
     """A TallyRule whose fit keeps per-peer state (or that overrides scores) is scored
     through scores on blocks of rows with every peer, never on tiles of some peers."""
     from p2pdp.learning import evaluation
-    from p2pdp.learning.evaluation import TallyRule
+    from p2pdp.learning.rules import TallyRule
 
     class PerPeer(TallyRule):
         name = "per-peer"
@@ -396,3 +391,13 @@ def test_linear_error_in_blocks_equals_one_block(monkeypatch):
     monkeypatch.setattr("p2pdp.learning.evaluation._CHUNK_ELEMENTS", 40)
     monkeypatch.setattr("p2pdp.learning.evaluation._MIN_CHUNK_ROWS", 1)
     np.testing.assert_array_equal(linear_error(weights, X, y), whole)
+
+
+def test_a_plugin_written_against_the_evaluation_module_still_imports_the_rule_classes():
+    """The extending guide named ``p2pdp.learning.evaluation.EnsembleRule`` before the rules
+    moved to :mod:`p2pdp.learning.rules`: a plug-in importing the base classes from there gets
+    the same classes."""
+    from p2pdp.learning import evaluation, rules
+
+    for name in ("EnsembleRule", "TallyRule", "Margins"):
+        assert getattr(evaluation, name) is getattr(rules, name)

@@ -60,7 +60,6 @@ from p2pdp.core.parallel import RemotePieces
 from p2pdp.data.partition import contiguous_starts
 from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
 from p2pdp.data.synthetic import SYNTHETIC_BLOCK_ROWS, synthetic_block
-from p2pdp.learning.evaluation import make_ensemble_rule
 from p2pdp.learning.models import (
     MAX_NEWTON_STEPS,
     BlockSums,
@@ -69,6 +68,7 @@ from p2pdp.learning.models import (
     newton_from_block_sums,
     sums_of_block,
 )
+from p2pdp.learning.rules import make_ensemble_rule
 from p2pdp.tasks.pipeline import FoldData, TrainedPeers, training_key
 from p2pdp.tasks.streamed import block_stream, stream_gap
 
