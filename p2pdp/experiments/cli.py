@@ -324,7 +324,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 runtime=args.runtime,
             )
         except KeyboardInterrupt as exc:
-            from p2pdp.experiments.network.launch import hosts_flag
+            from p2pdp.experiments.network.hosts_file import hosts_flag
             from p2pdp.experiments.results.manifest import resume_command
 
             name, code = _signal_of(exc)
@@ -522,7 +522,7 @@ def _add_split(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_split(args: argparse.Namespace) -> int:
-    from p2pdp.experiments.network.launch import read_hosts_file
+    from p2pdp.experiments.network.hosts_file import read_hosts_file
     from p2pdp.experiments.network.shards import write_host_shards
     from p2pdp.experiments.scenarios.scenario import load_scenario
 

@@ -65,13 +65,9 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import local_workers, remote_workers, worker_signals
 from p2pdp.core.progress import report_every, running, running_cell, set_phase
 from p2pdp.core.validation import OneOf
-from p2pdp.experiments.network.launch import (
-    check_network_settings,
-    coordinator_scores,
-    hosts_flag,
-    network_hosts,
-    run_hosts,
-)
+from p2pdp.experiments.network.hosts_file import coordinator_scores, hosts_flag, network_hosts
+from p2pdp.experiments.network.launch import check_network_settings
+from p2pdp.experiments.network.processes import run_hosts
 from p2pdp.experiments.results.files import roc_on_grid
 from p2pdp.experiments.results.store import CellRecord, ResultsStore
 from p2pdp.experiments.run.cluster import dask_pieces, on_dask_worker, plan_gap, prepare_on_cluster
@@ -274,9 +270,9 @@ def run_experiment(
     runtime : "simulation" or "network"
         ``network``: every cell runs its peers as OS processes over TCP on this machine
         (:mod:`p2pdp.net`), one cell at a time (its host processes use the cores, as many
-        as ``P2PDP_NETWORK_HOSTS`` says: :func:`p2pdp.experiments.network.launch.hosts_plan`),
+        as ``P2PDP_NETWORK_HOSTS`` says: :func:`p2pdp.experiments.network.hosts_file.hosts_plan`),
         started once for the run and serving every cell
-        (:func:`~p2pdp.experiments.network.launch.run_hosts`); not with ``jobs`` or
+        (:func:`~p2pdp.experiments.network.processes.run_hosts`); not with ``jobs`` or
         ``scheduler``.
 
     Raises
@@ -421,7 +417,7 @@ def _run_in_process(
 
 def _run_network(tasks: Sequence[Task]) -> Generator[CellRecord, None, None]:
     """The network runtime's cells, one at a time, served by host processes started once
-    for all of them (:func:`p2pdp.experiments.network.launch.run_hosts`) and stopped when the
+    for all of them (:func:`p2pdp.experiments.network.processes.run_hosts`) and stopped when the
     cells are done, the generator is closed or an exception (an interrupt) passes."""
     with run_hosts():
         yield from _run_in_process(tasks, runtime="network")
