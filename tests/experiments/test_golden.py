@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pdp.experiments.run.runner import make_cells, run_task
+from p2pdp.experiments.run.cells import make_cells, run_task
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 
 GOLDEN = Path(__file__).parent / "golden"

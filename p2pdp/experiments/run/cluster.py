@@ -1,8 +1,8 @@
 """One large run on a Dask cluster: its rows, local models, reference and scores in blocks.
 
 ``p2pdp run SCENARIO --scheduler tcp://...`` sends most scenarios' cells to the workers whole,
-one future per training and one per cell (:mod:`p2pdp.experiments.run.runner`). A cell this plan
-covers (:func:`plan_gap`) is split instead, so a single run of a million peers uses every
+one future per training and one per cell (:mod:`p2pdp.experiments.run.dask_backend`). A cell
+this plan covers (:func:`plan_gap`) is split instead, so a single run of a million peers uses every
 worker of the cluster and no process holds all its training rows:
 
 1. **rows**: worker tasks draw the synthetic blocks (:func:`p2pdp.data.synthetic.synthetic_block`,
