@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.experiments.scenarios.scenario import parse_toml
+from p2pdp.experiments.scenarios.document import parse_toml
 
 __all__ = [
     "HostsFile",
