@@ -18,7 +18,7 @@ Two drivers run the same protocol, chosen by :func:`run_iterative`'s ``driver``:
   in ``messages_lost`` (lost or late).
 
 Both drivers take a run's privacy from the protocol's records
-(:class:`~p2pdp.protocols.iterative_peer.IterativeLedger`), never on their own.
+(:class:`~p2pdp.protocols.iterative_ledger.IterativeLedger`), never on their own.
 
 * **Synchronous** (``dpsgd``, ``muffliato``): a round lasts ``protocol.round_period``
   simulated seconds, split into ``gossip_steps`` exchanges. In each exchange every peer sends
@@ -58,10 +58,10 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import IterativeProtocol
+from p2pdp.protocols.iterative_ledger import IterativeLedger
 from p2pdp.protocols.iterative_peer import (
     Deadline,
     GossipPeer,
-    IterativeLedger,
     IterativePeer,
     RoundEnd,
     Send,
