@@ -429,7 +429,7 @@ def make_ensemble_rule(vote: str | EnsembleRule) -> EnsembleRule:
     if isinstance(target, type):
         with calling("ensemble", target, "__init__"):
             target = target()
-    check_methods(target, "ensemble", ("fit", "scores"), "p2pdp.learning.evaluation.EnsembleRule")
+    check_methods(target, "ensemble", ("fit", "scores"), "p2pdp.learning.rules.EnsembleRule")
     _check_tallies(target)
     return target
 
