@@ -256,7 +256,3 @@ def host_from_stdin() -> None:
                 return
 
     _serve_cells(bundles(), lambda: done.write(b"."))
-
-
-if __name__ == "__main__":
-    host_from_stdin()
