@@ -171,8 +171,9 @@ def run_iterative(
 class _IterativeWorld:
     """The SimPy world of one :func:`run_iterative` call, its steps named: the state both
     drivers share (clock, transport, records, who is online, the churn), the ``rounds`` row
-    (:meth:`record`), the batched driver (:meth:`synchronous`, :meth:`wake_ups`) and the
-    reference driver (:attr:`machines`; :meth:`per_peer`, :meth:`handle`)."""
+    (:meth:`record`), the batched driver's rounds (:meth:`synchronous`), the reference
+    driver's (:attr:`machines`; :meth:`per_peer`, :meth:`handle`) and the asynchronous
+    protocol's wake-ups under either (:meth:`wake_ups`, :meth:`clock`)."""
 
     def __init__(
         self,
