@@ -41,7 +41,8 @@ from threadpoolctl import threadpool_limits
 
 import p2pdp.tasks.logistic.task  # noqa: F401
 from p2pdp.experiments.results.files import read_results
-from p2pdp.experiments.run.runner import make_cells, run_experiment
+from p2pdp.experiments.run.cells import make_cells
+from p2pdp.experiments.run.runner import run_experiment
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import load_scenario
 from p2pdp.tasks.pipeline import prepare_peers

@@ -59,9 +59,10 @@ from p2pdp.learning.ensembles import (
     mean_margin_rule,
     personalised_refit_rule,
 )
-from p2pdp.learning.evaluation import build_ensembles, evaluate_ensembles, linear_error
+from p2pdp.learning.evaluation import evaluate_ensembles, linear_error
 from p2pdp.learning.models import GRADIENT_TOLERANCE
 from p2pdp.learning.references import centralised_best_lambda
+from p2pdp.learning.rules import build_ensembles
 from p2pdp.privacy.calibration import group_sensitivity
 from p2pdp.privacy.gdp import affordable_aggregations_gdp
 from p2pdp.privacy.mechanisms import make_mechanism

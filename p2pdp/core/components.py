@@ -26,7 +26,7 @@ model       :class:`p2pdp.learning.models.LocalModel`             ``training.mod
 mechanism   :class:`p2pdp.privacy.mechanisms.Mechanism`           ``privacy.mechanism``
 accountant  :class:`p2pdp.privacy.accountants.Accountant`         ``privacy.accountant``
 sampler     :class:`p2pdp.sim.sampler.GroupSampler`               ``groups.sampler``
-ensemble    :class:`p2pdp.learning.evaluation.EnsembleRule`       ``evaluation.vote``
+ensemble    :class:`p2pdp.learning.rules.EnsembleRule`            ``evaluation.vote``
 task        :class:`p2pdp.tasks.Task`                             ``task.name``
 protocol    :class:`p2pdp.protocols.iterative.IterativeProtocol`  ``protocol.name``
 ==========  ====================================================  ======================
@@ -213,31 +213,31 @@ _BUILTINS: tuple[Component, ...] = tuple(
         (
             "ensemble",
             "majority",
-            "p2pdp.learning.evaluation:MajorityVote",
+            "p2pdp.learning.rules:MajorityVote",
             "majority of the signs of every model held (the seed's rule)",
         ),
         (
             "ensemble",
             "mean-margin",
-            "p2pdp.learning.evaluation:MeanMargin",
+            "p2pdp.learning.rules:MeanMargin",
             "sign of the mean margin of every model held",
         ),
         (
             "ensemble",
             "majority-own",
-            "p2pdp.learning.evaluation:MajorityOwnTie",
+            "p2pdp.learning.rules:MajorityOwnTie",
             "majority of the signs of every model held, a tied vote goes to the own model",
         ),
         (
             "ensemble",
             "average",
-            "p2pdp.learning.evaluation:AverageRule",
+            "p2pdp.learning.rules:AverageRule",
             "inverse-noise-variance average of the received models, shrunk to the own model",
         ),
         (
             "ensemble",
             "local-validated",
-            "p2pdp.learning.evaluation:LocalValidatedRule",
+            "p2pdp.learning.rules:LocalValidatedRule",
             "own model mixed with the received average, the mix validated on the own shard",
         ),
         (

@@ -307,7 +307,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.runtime != "network":
             raise ConfigError("--hosts needs --runtime network")
         # checked with each grid point's peer count before anything runs
-        from p2pdp.experiments.network.launch import hosts_given
+        from p2pdp.experiments.network.hosts_file import hosts_given
 
         hosts = hosts_given(args.hosts)
     for warning in mechanism_warnings(point.config for point in scenario.points):
@@ -326,7 +326,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 runtime=args.runtime,
             )
         except KeyboardInterrupt as exc:
-            from p2pdp.experiments.network.launch import hosts_flag
+            from p2pdp.experiments.network.hosts_file import hosts_flag
             from p2pdp.experiments.results.manifest import resume_command
 
             name, code = _signal_of(exc)
@@ -510,7 +510,7 @@ def _add_split(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_split(args: argparse.Namespace) -> int:
-    from p2pdp.experiments.network.launch import read_hosts_file
+    from p2pdp.experiments.network.hosts_file import read_hosts_file
     from p2pdp.experiments.network.shards import write_host_shards
     from p2pdp.experiments.scenarios.scenario import load_scenario
 

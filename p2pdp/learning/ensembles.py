@@ -102,7 +102,7 @@ DEFAULT_FOLDS = 5
 # -- inputs -----------------------------------------------------------------------------------
 class HeldModels(Protocol):
     """Who holds which model, as :meth:`PublicView.from_ensembles` reads it: a
-    :class:`p2pdp.learning.evaluation.Ensembles` is one (the evaluation imports this module,
+    :class:`p2pdp.learning.rules.Ensembles` is one (the rules module imports this module,
     which does not import it back)."""
 
     @property
@@ -135,7 +135,7 @@ class PublicView:
         True where the model reached every peer.
     receipts : (P, K) scipy.sparse CSR of 0/1
         The models received by specific peers (rows of ``shared`` models not stored), as in
-        :class:`p2pdp.learning.evaluation.Ensembles`.
+        :class:`p2pdp.learning.rules.Ensembles`.
     """
 
     own_weights: np.ndarray
@@ -179,7 +179,7 @@ class PublicView:
 
     @classmethod
     def from_ensembles(cls, ensembles: HeldModels, noise_std: np.ndarray) -> PublicView:
-        """From a :class:`p2pdp.learning.evaluation.Ensembles` (read by attribute) plus noise
+        """From a :class:`p2pdp.learning.rules.Ensembles` (read by attribute) plus noise
         scales."""
         return cls(
             own_weights=ensembles.local_weights,

@@ -302,7 +302,7 @@ class NetworkWorld:
     launch : callable
         ``launch(host_index, ticket) -> process`` starts host ``host_index`` (of ``hosts``)
         with its :class:`~p2pdp.net.host.Ticket`, or hands this run to a host process that
-        serves several (``p2pdp.experiments.network.launch.RunHosts``; then ``process`` is this
+        serves several (``p2pdp.experiments.network.processes.RunHosts``; then ``process`` is this
         run's view of it, alive until the host says the run is over): it enrolls, connects
         to the coordinator with its new certificate and says where its peers listen; the
         process needs ``join``, ``is_alive`` and ``kill``, and may have a ``name`` (``host N

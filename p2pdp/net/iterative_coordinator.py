@@ -40,7 +40,8 @@ from p2pdp.net.iterative_host import KEYED, LATE, ROUND, START, UNREACHABLE, Ite
 from p2pdp.net.tls import host_name
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, unpack_vector
 from p2pdp.protocols.groups import model_bytes
-from p2pdp.protocols.iterative_peer import IterativeLedger, Stepped
+from p2pdp.protocols.iterative_ledger import IterativeLedger
+from p2pdp.protocols.iterative_peer import Stepped
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import ViewTrace
 
@@ -397,5 +398,5 @@ class IterativeNetworkWorld(NetworkWorld):
     def trace(self) -> ViewTrace:
         """The run as it happened, for the privacy columns: every round's steps, then each of
         its exchanges' averaged and late models (:meth:`IterativeLedger.trace
-        <p2pdp.protocols.iterative_peer.IterativeLedger.trace>`)."""
+        <p2pdp.protocols.iterative_ledger.IterativeLedger.trace>`)."""
         return self.records.trace(self.iterative.rounds)

@@ -34,11 +34,11 @@ peers' degrees; a frame is at most ``8 d`` bytes and a little more
 
 Noise. By default every peer's streams derive from roots this host draws from the
 operating system's CSPRNG (:meth:`StreamSeeds.fresh
-<p2pdp.protocols.iterative_peer.StreamSeeds.fresh>`), in this process: nothing another
+<p2pdp.protocols.peer_streams.StreamSeeds.fresh>`), in this process: nothing another
 party holds determines the noise, and it never leaves the process. With
 ``network.seeded_noise = true`` (parity tests, NOT private) the roots come from the run's
 seeded streams (:meth:`StreamSeeds.from_rngs
-<p2pdp.protocols.iterative_peer.StreamSeeds.from_rngs>`), as in the simulator, so every
+<p2pdp.protocols.peer_streams.StreamSeeds.from_rngs>`), as in the simulator, so every
 peer draws the simulator's noise and the run's models are the simulator's.
 
 Pair noise (D-PSGD, ``protocol.pairwise_noise_multiplier > 0``). After the directory, each

@@ -58,8 +58,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from p2pdp.net.wire import ProtocolError, integer
 from p2pdp.protocols.correlated_dp import edge_pairs
-from p2pdp.protocols.iterative_peer import PairStream, PairTerm, StreamSeeds, pair_ends
 from p2pdp.protocols.mixing import Mixing
+from p2pdp.protocols.peer_streams import PairStream, PairTerm, StreamSeeds, pair_ends
 
 __all__ = [
     "KEYS",
@@ -243,7 +243,7 @@ class PairKeys:
 
     def streams(self, peer: int) -> list[PairTerm]:
         """Peer ``peer``'s pair streams, in the order its machine adds them
-        (:func:`~p2pdp.protocols.iterative_peer.pair_ends`): from the agreed secrets, or,
+        (:func:`~p2pdp.protocols.peer_streams.pair_ends`): from the agreed secrets, or,
         in seeded mode (NOT private), the simulator's per-edge streams."""
         if not self.ready:
             raise ValueError("the pair keys are not all here yet")

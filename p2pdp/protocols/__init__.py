@@ -29,9 +29,11 @@ driven in simulation by :mod:`p2pdp.sim.gossip.formation`. The iterative protoco
 
 A protocol object holds the peers' state (models, steps taken) as arrays and never touches
 SimPy or the transport: the driver (:mod:`p2pdp.sim.iterative`) calls it and moves its
-messages. One peer of it alone is a transport-free machine with its own random streams,
-:mod:`p2pdp.protocols.iterative_peer`, which the per-peer driver runs (the same rows). Privacy
-per step: :mod:`p2pdp.privacy.clipped_gaussian`.
+messages. One peer of it alone is a transport-free machine,
+:mod:`p2pdp.protocols.iterative_peer`, which the per-peer driver runs (the same rows), with
+its own random streams (:mod:`p2pdp.protocols.peer_streams`); both record a run in an
+:class:`~p2pdp.protocols.iterative_ledger.IterativeLedger`. Privacy per step:
+:mod:`p2pdp.privacy.clipped_gaussian`.
 
 A protocol of your own: an import string ``"package.module:Class"`` for ``protocol.name``,
 a subclass of :class:`p2pdp.protocols.iterative.IterativeProtocol` (see its docstring for what

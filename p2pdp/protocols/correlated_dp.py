@@ -69,7 +69,7 @@ is unaffected, since it computes every view from the run's actual exchanges
 spent) adds no pair term that round, nor do its neighbours on its edges: in a synchronous run
 with a public budget every peer knows who steps. Under churn a peer cannot know whether a
 neighbour is online, so each end that steps adds its term (the edge's stream gives round
-``r`` its ``r``-th draw, :class:`~p2pdp.protocols.iterative_peer.PairStream`) and a term
+``r`` its ``r``-th draw, :class:`~p2pdp.protocols.peer_streams.PairStream`) and a term
 whose other end is offline stays uncancelled; the views are not computed under churn.
 """
 

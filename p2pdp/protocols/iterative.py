@@ -36,15 +36,10 @@ from p2pdp.privacy.accounting import affordable, make_accountant
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum, calibrated_noise_multiplier
 from p2pdp.privacy.events import PrivacyEvent
 from p2pdp.protocols.correlated_dp import edge_pairs
-from p2pdp.protocols.iterative_peer import (
-    IterativeLedger,
-    IterativePeer,
-    PeerStreams,
-    StreamSeeds,
-    make_peer,
-    private_step,
-)
+from p2pdp.protocols.iterative_ledger import IterativeLedger
+from p2pdp.protocols.iterative_peer import IterativePeer, make_peer, private_step
 from p2pdp.protocols.mixing import Mixing
+from p2pdp.protocols.peer_streams import PeerStreams, StreamSeeds
 from p2pdp.protocols.settings import MAX_EXCHANGES, ProtocolConfig, RunSettings
 
 __all__ = [
@@ -320,7 +315,7 @@ class IterativeProtocol:
     to run under the per-peer driver (:meth:`peer` refuses otherwise).
 
     State: ``models`` (P, d), ``steps`` (P,) private steps taken, ``ledger`` (the records the
-    run's privacy is computed from: :class:`~p2pdp.protocols.iterative_peer.IterativeLedger`).
+    run's privacy is computed from: :class:`~p2pdp.protocols.iterative_ledger.IterativeLedger`).
     """
 
     name: ClassVar[str] = "iterative"
@@ -544,7 +539,7 @@ class DecentralizedSGD(IterativeProtocol):
     @functools.cached_property
     def _pair_streams(self) -> list[np.random.Generator]:
         """One generator per pair, from the run's ``pairs`` stream: edge ``e``'s is
-        :meth:`StreamSeeds.generator("pairs", e) <p2pdp.protocols.iterative_peer.StreamSeeds>`,
+        :meth:`StreamSeeds.generator("pairs", e) <p2pdp.protocols.peer_streams.StreamSeeds>`,
         the stream both of its ends' machines hold."""
         if "pairs" not in self.seeds.entropy:
             raise ConfigError("protocol.pairwise_noise_multiplier needs a 'pairs' stream")
@@ -560,7 +555,7 @@ class DecentralizedSGD(IterativeProtocol):
 
         Edge ``e``'s stream gives its ``r``-th draw to round ``r`` (rounds in which neither
         end steps are discarded when an end next steps), and each end that steps adds it with
-        its sign (:class:`~p2pdp.protocols.iterative_peer.PairStream`, what each end's
+        its sign (:class:`~p2pdp.protocols.peer_streams.PairStream`, what each end's
         machine does): where both ends step the two terms cancel in the sum of the models;
         an end that steps alone (its neighbour offline, under churn) adds its term uncancelled.
         """

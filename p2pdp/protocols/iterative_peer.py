@@ -7,18 +7,9 @@ did). It never touches a socket, a SimPy event or another peer's state, so the s
 runs under the per-peer SimPy driver (:func:`p2pdp.sim.iterative.run_iterative` with
 ``driver = "reference"``) and under a network host.
 
-**Streams.** Every peer draws its step's noise, its record sampling and (gossip learning) its
-gossip targets from generators of its own; every overlay edge ``e`` (``(a, b)``, ``a < b``,
-:func:`~p2pdp.protocols.correlated_dp.edge_pairs` order) has a pair stream shared by its two
-ends (D-PSGD's correlated noise). :class:`StreamSeeds` holds one root entropy per family and
-derives peer ``i``'s generator as ``SeedSequence(entropy, spawn_key=(i,))`` (what
-``SeedSequence(entropy).spawn(P)[i]`` gives): any runtime hosting peer ``i`` draws the same
-numbers from the same :class:`StreamSeeds`, and the batched protocol draws each stepping
-peer's numbers from the same generators. :meth:`StreamSeeds.from_rngs` takes the run's named
-streams (the simulator: ``generator(seed, name, fold, repetition)`` for ``noise``,
-``sampling``, ``gossip``, ``pairs``); :meth:`StreamSeeds.fresh` takes the operating system's
-CSPRNG (a network run without seeded noise: one host's own peers; an edge's pair stream then
-comes from a secret its two ends agree over the wire: :mod:`p2pdp.net.pair_keys`).
+**Streams.** Every peer draws its noise, its record sampling and its gossip targets from
+generators of its own, and every overlay edge has a pair stream shared by its two ends
+(:mod:`p2pdp.protocols.peer_streams`: any runtime hosting a peer draws the same numbers).
 
 **Building a machine.** :func:`make_peer` (the simulator calls it through
 :meth:`IterativeProtocol.peer <p2pdp.protocols.iterative.IterativeProtocol.peer>`)::
@@ -68,19 +59,15 @@ starts afresh.
 copy shared by that instant's sends: receivers only read it (a network driver serialises it).
 
 **Records.** The driver passes every effect that is a record (:class:`Stepped`,
-:class:`Averaged`, :class:`Late`, :class:`Received`) to an :class:`IterativeLedger`, the one
-place a run's privacy comes from on every runtime: ``ledger.steps`` (P,) (local DP:
-:meth:`StepPrivacy.epsilon <p2pdp.protocols.iterative.StepPrivacy.epsilon>` of it),
-``ledger.averaged`` (messages averaged: ``messages sent - averaged`` are the lost and late
-ones) and :meth:`IterativeLedger.trace` (the :class:`~p2pdp.protocols.network_dp.ViewTrace`
-of network DP and correlated noise: every round's stepping peers, every exchange's averaged
-and late messages).
+:class:`Averaged`, :class:`Late`, :class:`Received`) to an
+:class:`~p2pdp.protocols.iterative_ledger.IterativeLedger`, the one place a run's privacy
+comes from on every runtime.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -90,181 +77,28 @@ from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.protocols.correlated_dp import edge_pairs
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp import ViewTrace
+from p2pdp.protocols.peer_streams import PairStream, PairTerm, PeerStreams, StreamSeeds, pair_ends
 from p2pdp.protocols.settings import ProtocolConfig
 
 __all__ = [
     "Averaged",
     "Deadline",
     "GossipPeer",
-    "IterativeLedger",
     "IterativePeer",
     "Late",
-    "PairStream",
-    "PairTerm",
-    "PeerStreams",
     "Received",
     "RoundEnd",
     "Send",
     "Stepped",
-    "StreamSeeds",
     "SynchronousPeer",
     "make_peer",
-    "pair_ends",
     "private_step",
 ]
 
-#: Stream families a peer draws from (the run's named streams of the same names).
-PEER_STREAMS = ("noise", "sampling", "gossip")
 
 #: How many past exchanges (synchronous) or wake-ups (gossip) per sender a peer remembers to
 #: refuse duplicates; an older message is refused as ``"stale"`` (bounds the memory).
 SEEN_WINDOW = 1024
-
-
-# --------------------------------------------------------------------------------- streams
-
-
-class PeerStreams:
-    """One peer's generators: its step noise, its record sampling, its gossip targets.
-
-    Each is the one given, or else created from ``seeds`` on first use
-    (:meth:`StreamSeeds.generator`, ~20 us; a family the run has no root for raises
-    ``KeyError`` only if it is used).
-    """
-
-    __slots__ = ("_given", "_peer", "_seeds")
-
-    def __init__(
-        self,
-        seeds: StreamSeeds | None = None,
-        peer: int = 0,
-        **given: np.random.Generator,
-    ) -> None:
-        unknown = set(given) - set(PEER_STREAMS)
-        if unknown:
-            raise TypeError(f"unknown streams {sorted(unknown)}; a peer has {PEER_STREAMS}")
-        self._seeds, self._peer, self._given = seeds, int(peer), dict(given)
-
-    def _get(self, family: str) -> np.random.Generator:
-        if family not in self._given:
-            if self._seeds is None:
-                raise KeyError(f"no {family!r} stream given")
-            self._given[family] = self._seeds.generator(family, self._peer)
-        return self._given[family]
-
-    @property
-    def noise(self) -> np.random.Generator:
-        return self._get("noise")
-
-    @property
-    def sampling(self) -> np.random.Generator:
-        return self._get("sampling")
-
-    @property
-    def gossip(self) -> np.random.Generator:
-        return self._get("gossip")
-
-    def replaced(self, **given: np.random.Generator) -> PeerStreams:
-        """The same streams with ``given`` ones replaced (audits record draws this way)."""
-        streams = PeerStreams(self._seeds, self._peer)
-        streams._given = {**self._given, **given}
-        return streams
-
-
-@dataclass(frozen=True, slots=True)
-class StreamSeeds:
-    """Root entropy of each stream family of a run; peer ``i``'s and edge ``e``'s generators.
-
-    Attributes
-    ----------
-    entropy : mapping of str to tuple of int
-        ``"noise"``, ``"sampling"``, ``"gossip"``, ``"pairs"``: four 63-bit integers each.
-    """
-
-    entropy: Mapping[str, tuple[int, ...]]
-
-    @classmethod
-    def from_rngs(cls, rngs: Mapping[str, np.random.Generator]) -> StreamSeeds:
-        """Roots drawn from the run's named streams (four integers from each present)."""
-        families = (*PEER_STREAMS, "pairs")
-        return cls(
-            entropy={
-                name: tuple(int(v) for v in rngs[name].integers(0, 2**63, size=4))
-                for name in families
-                if name in rngs
-            }
-        )
-
-    @classmethod
-    def fresh(cls) -> StreamSeeds:
-        """Roots from the operating system's CSPRNG (``SeedSequence()`` reads :mod:`secrets`)."""
-        families = (*PEER_STREAMS, "pairs")
-        return cls(entropy={name: _os_entropy() for name in families})
-
-    def generator(self, family: str, key: int) -> np.random.Generator:
-        """The generator ``key`` (a peer, or an edge for ``"pairs"``) of ``family``."""
-        if family not in self.entropy:
-            raise KeyError(f"no {family!r} stream in this run's seeds")
-        return np.random.default_rng(
-            np.random.SeedSequence(list(self.entropy[family]), spawn_key=(int(key),))
-        )
-
-    def peer(self, peer: int) -> PeerStreams:
-        """Peer ``peer``'s generators (each created on first use)."""
-        return PeerStreams(self, peer)
-
-
-def _os_entropy() -> tuple[int, ...]:
-    root = np.random.SeedSequence()
-    return tuple(int(v) for v in root.generate_state(4, np.uint64) >> np.uint64(1))
-
-
-@dataclass(slots=True)
-class PairStream:
-    """One end's view of an overlay edge's correlated noise (D-PSGD's pair secret).
-
-    The stream gives one ``standard_normal(d)`` draw per round (round ``r``: its ``r``-th
-    draw), whichever end asks and whether or not it steps: an end that skipped rounds
-    discards their draws, so both ends always use the same draw for the same round.
-
-    Attributes
-    ----------
-    edge : int
-        Index in :func:`~p2pdp.protocols.correlated_dp.edge_pairs` order.
-    sign : float
-        ``+1`` at the smaller end, ``-1`` at the other.
-    std : float
-        ``z_p C / min(m_a, m_b)``: the term's standard deviation in the step's gradient.
-    rng : numpy.random.Generator
-        The pair's stream.
-    drawn : int
-        Rounds drawn so far.
-    """
-
-    edge: int
-    sign: float
-    std: float
-    rng: np.random.Generator
-    drawn: int = 0
-
-    def draw(self, round_: int, dim: int) -> np.ndarray:
-        """Round ``round_``'s draw (d,), times ``std`` (earlier undrawn rounds discarded)."""
-        while self.drawn < round_ - 1:
-            self.rng.standard_normal(dim)
-            self.drawn += 1
-        self.drawn = round_
-        return self.rng.standard_normal(dim) * self.std
-
-
-class PairTerm(Protocol):
-    """What a machine reads of one of its pair streams (:class:`PairStream`, or one drawn
-    from a secret agreed over the wire: :class:`p2pdp.net.pair_keys.KeyedPairStream`)."""
-
-    @property
-    def sign(self) -> float: ...
-
-    def draw(self, round_: int, dim: int) -> np.ndarray: ...
 
 
 # --------------------------------------------------------------------------------- effects
@@ -631,28 +465,6 @@ class GossipPeer(IterativePeer):
         return effects
 
 
-def pair_ends(
-    peer: int, edges: np.ndarray, denominators: np.ndarray, scale: float
-) -> list[tuple[int, float, float]]:
-    """Peer ``peer``'s ends of the overlay's pairs: ``(edge, sign, std)`` in the order the
-    batched protocol adds them (as the smaller end, then as the other, each by edge index),
-    ``sign`` ``+1`` at the smaller end, ``std = scale / min(m_a, m_b)`` (``scale = z_p C``).
-
-    Parameters
-    ----------
-    edges : (U, 2) int array
-        :func:`~p2pdp.protocols.correlated_dp.edge_pairs` of the overlay.
-    denominators : (P,) array
-        Public step denominators (at least of ``peer`` and its neighbours).
-    """
-    ends = []
-    for column, sign in ((0, 1.0), (1, -1.0)):
-        for e in np.flatnonzero(edges[:, column] == peer).tolist():
-            m_e = min(denominators[edges[e, 0]], denominators[edges[e, 1]])
-            ends.append((int(e), sign, float(scale / m_e)))
-    return ends
-
-
 def make_peer(
     kind: Literal["synchronous", "gossip"],
     peer: int,
@@ -703,107 +515,3 @@ def make_peer(
     if kind == "gossip":
         return GossipPeer(peer, **common)
     raise ValueError(f"kind must be 'synchronous' or 'gossip', got {kind!r}")
-
-
-# --------------------------------------------------------------------------------- records
-
-
-class IterativeLedger:
-    """A run's records, from the machines' effects or the batched protocol's arrays alike.
-
-    Parameters
-    ----------
-    mixing : Mixing
-        The overlay (edge ``e`` of row ``i`` carries ``indices[e]``'s model to ``i``).
-    exchanges : int
-        Exchanges per round (synchronous protocols).
-    trace : bool
-        Keep every step's peers and every exchange's masks (for :meth:`trace`); otherwise
-        only the counts.
-
-    Attributes
-    ----------
-    steps : (P,) int64
-        Private steps each peer took: its local DP is ``privacy.epsilon(steps)``.
-    averaged : int
-        Messages averaged (on time); ``messages sent - averaged`` were lost or late.
-    late : int
-        Messages read after their deadline.
-    """
-
-    def __init__(self, mixing: Mixing, *, exchanges: int = 1, trace: bool = False) -> None:
-        self.mixing = mixing
-        self.exchanges = exchanges
-        self.keep = trace
-        self.steps = np.zeros(mixing.n_peers, dtype=np.int64)
-        self.averaged = 0
-        self.late = 0
-        self._stepped: dict[int, list[int]] = {}
-        self._delivered: dict[tuple[int, int], np.ndarray] = {}
-        self._late: dict[tuple[int, int], np.ndarray] = {}
-        self._edge: dict[tuple[int, int], int] | None = None
-
-    def edge(self, receiver: int, sender: int) -> int:
-        """The index of the edge carrying ``sender``'s model to ``receiver``."""
-        if self._edge is None:
-            receivers, senders = self.mixing.receivers.tolist(), self.mixing.indices.tolist()
-            self._edge = {
-                (r, s): e for e, (r, s) in enumerate(zip(receivers, senders, strict=True))
-            }
-        return self._edge[(receiver, sender)]
-
-    def _mask(self, store: dict[tuple[int, int], np.ndarray], key: tuple[int, int]) -> np.ndarray:
-        if key not in store:
-            store[key] = np.zeros(self.mixing.indices.size, dtype=bool)
-        return store[key]
-
-    # the batched protocol's records (whole arrays)
-    def stepped(self, round_: int, peers: np.ndarray) -> None:
-        """``peers`` stepped in ``round_`` (the batched protocol)."""
-        self.steps[peers] += 1
-        if self.keep:
-            self._stepped.setdefault(round_, []).extend(np.asarray(peers).tolist())
-
-    def exchanged(
-        self, round_: int, exchange: int, delivered: np.ndarray, late: np.ndarray
-    ) -> None:
-        """The (E,) masks of the messages of ``(round_, exchange)`` averaged and late."""
-        self.averaged += int(np.count_nonzero(delivered))
-        self.late += int(np.count_nonzero(late))
-        if self.keep:
-            self._mask(self._delivered, (round_, exchange))[:] |= delivered
-            self._mask(self._late, (round_, exchange))[:] |= late
-
-    # the machines' records (one effect at a time)
-    def take(self, effects: Iterable[Effect]) -> None:
-        """Record the records among a machine's ``effects`` (others are ignored)."""
-        for effect in effects:
-            if isinstance(effect, Stepped):
-                self.steps[effect.peer] += 1
-                if self.keep:
-                    self._stepped.setdefault(effect.round, []).append(effect.peer)
-            elif isinstance(effect, Averaged):
-                self.averaged += len(effect.senders)
-                if self.keep:
-                    mask = self._mask(self._delivered, (effect.round, effect.exchange))
-                    for sender in effect.senders:
-                        mask[self.edge(effect.peer, sender)] = True
-            elif isinstance(effect, Late):
-                self.late += 1
-                if self.keep:
-                    mask = self._mask(self._late, (effect.round, effect.exchange))
-                    mask[self.edge(effect.peer, effect.sender)] = True
-
-    def trace(self, rounds: int) -> ViewTrace:
-        """The run as :mod:`p2pdp.protocols.network_dp` reads it: per round, the stepping
-        peers (increasing), then each exchange's averaged and late masks."""
-        if not self.keep:
-            raise ValueError("this ledger keeps no trace (trace=False)")
-        trace = ViewTrace()
-        empty = np.zeros(self.mixing.indices.size, dtype=bool)
-        for round_ in range(1, rounds + 1):
-            trace.step(np.sort(np.array(self._stepped.get(round_, []), dtype=np.int64)))
-            for exchange in range(self.exchanges):
-                key = (round_, exchange)
-                trace.exchange(self._delivered.get(key, empty), self._late.get(key, empty))
-        return trace

@@ -18,7 +18,7 @@ Two drivers run the same protocol, chosen by :func:`run_iterative`'s ``driver``:
   in ``messages_lost`` (lost or late).
 
 Both drivers take a run's privacy from the protocol's records
-(:class:`~p2pdp.protocols.iterative_peer.IterativeLedger`), never on their own.
+(:class:`~p2pdp.protocols.iterative_ledger.IterativeLedger`), never on their own.
 
 * **Synchronous** (``dpsgd``, ``muffliato``): a round lasts ``protocol.round_period``
   simulated seconds, split into ``gossip_steps`` exchanges. In each exchange every peer sends
@@ -58,10 +58,10 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import IterativeProtocol
+from p2pdp.protocols.iterative_ledger import IterativeLedger
 from p2pdp.protocols.iterative_peer import (
     Deadline,
     GossipPeer,
-    IterativeLedger,
     IterativePeer,
     RoundEnd,
     Send,
@@ -155,130 +155,230 @@ def run_iterative(
     """
     if driver not in ITERATIVE_DRIVERS:
         raise ConfigError(f"driver must be one of {ITERATIVE_DRIVERS}, got {driver!r}")
-    settings = config.protocol
-    env = simpy.Environment()
-    n_peers = protocol.problem.n_peers
-    transport = Transport(env, config.network, n_peers, rng=rng)
-    machines: list[IterativePeer] = []
-    if driver == "reference":
-        machines = [protocol.peer(peer) for peer in range(n_peers)]
-        ledger = IterativeLedger(
-            protocol.mixing, exchanges=protocol.gossip_steps, trace=trace is not None
-        )
-    else:
-        ledger = protocol.ledger
-        ledger.keep = trace is not None
+    world = _IterativeWorld(
+        config,
+        protocol,
+        errors=errors,
+        rng=rng,
+        churn_rng=churn_rng,
+        on_round=on_round,
+        keep_trace=trace is not None,
+        reference=driver == "reference",
+    )
+    return world.simulate(rng, trace)
 
-    def models() -> np.ndarray:
-        if machines:
-            return np.stack([machine.model for machine in machines])
-        return protocol.models
 
-    run = IterativeRun(transport=transport, ledger=ledger, models=models())
-    state = _Online(env, n_peers)
-    online = state.online
-    faults = None
-    if config.gossip.churn:
-        from p2pdp.sim.gossip.faults import Faults
+class _IterativeWorld:
+    """The SimPy world of one :func:`run_iterative` call, its steps named: the state both
+    drivers share (clock, transport, records, who is online, the churn), the ``rounds`` row
+    (:meth:`record`), the batched driver's rounds (:meth:`synchronous`), the reference
+    driver's (:attr:`machines`; :meth:`per_peer`, :meth:`handle`) and the asynchronous
+    protocol's wake-ups under either (:meth:`wake_ups`, :meth:`clock`)."""
 
-        faults = Faults(state, config.gossip, uniform=_no_crash, rng=churn_rng or rng)
-    n_bytes = model_bytes(protocol.problem.X.shape[1])
-    epsilon = protocol.privacy.epsilon
+    def __init__(
+        self,
+        config: ScenarioConfig,
+        protocol: IterativeProtocol,
+        *,
+        errors: Callable[[np.ndarray], np.ndarray],
+        rng: np.random.Generator,
+        churn_rng: np.random.Generator | None,
+        on_round: Callable[[int], None] | None,
+        keep_trace: bool,
+        reference: bool,
+    ) -> None:
+        self.protocol, self.settings = protocol, config.protocol
+        self.errors, self.on_round = errors, on_round
+        self.env = env = simpy.Environment()
+        n_peers = protocol.problem.n_peers
+        self.transport = Transport(env, config.network, n_peers, rng=rng)
+        #: The reference driver's machines, one per peer (empty: the batched driver).
+        self.machines: list[IterativePeer] = []
+        if reference:
+            self.machines = [protocol.peer(peer) for peer in range(n_peers)]
+            self.ledger = IterativeLedger(
+                protocol.mixing, exchanges=protocol.gossip_steps, trace=keep_trace
+            )
+        else:
+            self.ledger = protocol.ledger
+            self.ledger.keep = keep_trace
+        self.run = IterativeRun(transport=self.transport, ledger=self.ledger, models=self.models())
+        state = _Online(env, n_peers)
+        self.online = state.online
+        self.faults = None
+        if config.gossip.churn:
+            from p2pdp.sim.gossip.faults import Faults
 
-    def lost_so_far() -> int:
-        if protocol.synchronous:  # every message sent was averaged, lost or late
-            return int(transport.messages_sent.sum()) - ledger.averaged
-        return transport.messages_lost
+            self.faults = Faults(state, config.gossip, uniform=_no_crash, rng=churn_rng or rng)
+        self.n_bytes = model_bytes(protocol.problem.X.shape[1])
+        self.epsilon = protocol.privacy.epsilon
+        self.round_over: list[simpy.Event] = []  # the reference driver's round, while it runs
 
-    def record(round_: int) -> None:
-        current = models()
+    def simulate(self, rng: np.random.Generator, trace: ViewTrace | None) -> IterativeRun:
+        """Run every round, then the run's final models, losses and ``trace``."""
+        protocol, settings, env, faults = self.protocol, self.settings, self.env, self.faults
+        run = self.run
+        self.record(0)
+        if faults is not None and not protocol.synchronous:
+            faults.apply_churn()
+        if protocol.synchronous:
+            env.process(self.per_peer() if self.machines else self.synchronous())
+            env.run()
+            if not self.machines:
+                run.end_time = float(env.now)
+        else:
+            phases = rng.uniform(0.0, settings.round_period, size=protocol.problem.n_peers)
+            for peer, phase in enumerate(phases.tolist()):
+                env.process(self.wake_ups(peer, phase))
+            env.process(self.clock())
+            env.run(until=settings.rounds * settings.round_period + 1e-9)
+            run.end_time = float(env.now)
+        run.models = self.models()
+        run.messages_lost = self.lost_so_far()
+        if trace is not None and protocol.synchronous:
+            trace.events.extend(self.ledger.trace(settings.rounds).events)
+        return run
+
+    # --- what both drivers share
+    def models(self) -> np.ndarray:
+        if self.machines:
+            return np.stack([machine.model for machine in self.machines])
+        return self.protocol.models
+
+    def lost_so_far(self) -> int:
+        if self.protocol.synchronous:  # every message sent was averaged, lost or late
+            return int(self.transport.messages_sent.sum()) - self.ledger.averaged
+        return self.transport.messages_lost
+
+    def record(self, round_: int) -> None:
+        """The ``rounds`` table's row of ``round_``."""
+        settings, transport, ledger = self.settings, self.transport, self.ledger
+        current = self.models()
         if not np.isfinite(current).all():
             raise ConfigError(
-                f"protocol.step_size = {settings.step_size!r}: the {protocol.name} models "
+                f"protocol.step_size = {settings.step_size!r}: the {self.protocol.name} models "
                 f"diverged by round {round_} (values no longer finite); lower the step size"
             )
-        if on_round is not None:
-            on_round(round_)
+        if self.on_round is not None:
+            self.on_round(round_)
         evaluated = round_ % settings.eval_every == 0 or round_ == settings.rounds
-        peer_errors = errors(current) if evaluated else None
-        run.rounds.append(
+        peer_errors = self.errors(current) if evaluated else None
+        self.run.rounds.append(
             {
                 "round": round_,
-                "time": float(env.now),
+                "time": float(self.env.now),
                 "mean_error": float(peer_errors.mean()) if peer_errors is not None else np.nan,
                 "worst_error": float(peer_errors.max()) if peer_errors is not None else np.nan,
                 "consensus_distance": consensus_distance(current),
                 "bytes_sent": int(transport.bytes_sent.sum()),
-                "messages_lost": lost_so_far(),
+                "messages_lost": self.lost_so_far(),
                 "mean_steps": float(ledger.steps.mean()),
-                "epsilon_spent": float(epsilon(ledger.steps).max()),
+                "epsilon_spent": float(self.epsilon(ledger.steps).max()),
             }
         )
 
+    def clock(self) -> Generator[simpy.Event, Any, None]:
+        """The asynchronous protocol's rounds: a row, then the churn, every period."""
+        for round_ in range(1, self.settings.rounds + 1):
+            yield self.env.timeout(self.settings.round_period)
+            self.record(round_)
+            if self.faults is not None:
+                self.faults.apply_churn()
+
+    # --- the batched driver
     def exchange(
-        senders: np.ndarray, receivers: np.ndarray, within: float
+        self, senders: np.ndarray, receivers: np.ndarray, within: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """One message along every edge whose sender is online: which arrive in time, which
         late (read by the receiver, not averaged)."""
-        if faults is None:
-            return transport.exchange(senders, n_bytes, within=within)
+        transport, online = self.transport, self.online
+        if self.faults is None:
+            return transport.exchange(senders, self.n_bytes, within=within)
         sending = online[senders]
         delivered = np.zeros(senders.size, dtype=bool)
         late = np.zeros(senders.size, dtype=bool)
         delivered[sending], late[sending] = transport.exchange(
-            senders[sending], n_bytes, within=within
+            senders[sending], self.n_bytes, within=within
         )
         missed = delivered & ~online[receivers]  # the receiver is offline: lost
         transport.lose(senders[missed])
         return delivered & ~missed, late
 
-    def synchronous() -> Generator[simpy.Event, Any, None]:
+    def synchronous(self) -> Generator[simpy.Event, Any, None]:
+        protocol, faults = self.protocol, self.faults
         exchanges = protocol.gossip_steps
-        period = settings.round_period / exchanges
+        period = self.settings.round_period / exchanges
         senders, receivers = protocol.mixing.indices, protocol.mixing.receivers
-        for round_ in range(1, settings.rounds + 1):
+        for round_ in range(1, self.settings.rounds + 1):
             if faults is None:
                 protocol.step()
             else:
                 faults.apply_churn()
-                protocol.step(np.flatnonzero(online))
+                protocol.step(np.flatnonzero(self.online))
             for _ in range(exchanges):
-                delivered, late = exchange(senders, receivers, period)
-                yield env.timeout(period)
+                delivered, late = self.exchange(senders, receivers, period)
+                yield self.env.timeout(period)
                 protocol.average(delivered, late)
-            record(round_)
+            self.record(round_)
 
-    def dispatch(sends: list[tuple[int, Send]]) -> None:
+    def wake_ups(self, peer: int, phase: float) -> Generator[simpy.Event, Any, None]:
+        """Peer ``peer``'s wake-ups (asynchronous protocol, either driver)."""
+        env, online, protocol = self.env, self.online, self.protocol
+        yield env.timeout(phase)
+        while True:
+            if self.machines:
+                if online[peer]:
+                    for send in _gossip(self.machines[peer]).on_wake(env.now):
+                        assert isinstance(send, Send)  # its only effect
+                        self.transport.send(peer, self.deliver_machine, (peer, send), self.n_bytes)
+            else:
+                target = protocol.wake(peer) if online[peer] else None
+                if target is not None:
+                    message = (peer, target, protocol.models[peer].copy())
+                    self.transport.send(peer, self.deliver, message, self.n_bytes)
+            yield env.timeout(self.settings.round_period)
+
+    def deliver(self, message: tuple[int, int, np.ndarray]) -> None:
+        sender, target, model = message
+        if self.online[target]:
+            self.protocol.receive(target, model)
+        else:
+            self.transport.lose(sender)
+
+    # --- the reference driver
+    def dispatch(self, sends: list[tuple[int, Send]]) -> None:
         """Put an instant's messages on the wire, drawing their delays and losses in the
         overlay's edge order (the batched driver's order)."""
         if not sends:
             return
-        sends.sort(key=lambda item: ledger.edge(item[1].to, item[0]))
+        sends.sort(key=lambda item: self.ledger.edge(item[1].to, item[0]))
         senders = np.array([sender for sender, _ in sends], dtype=np.int64)
-        delays, lost = transport.transmit(senders, n_bytes)
+        delays, lost = self.transport.transmit(senders, self.n_bytes)
         for (sender, send), delay, dropped in zip(
             sends, delays.tolist(), lost.tolist(), strict=True
         ):
             if not dropped:
-                event = env.timeout(delay, value=(sender, send))
-                event.callbacks.append(arrive)
+                event = self.env.timeout(delay, value=(sender, send))
+                event.callbacks.append(self.arrive)
 
-    def arrive(event: simpy.Event) -> None:
+    def arrive(self, event: simpy.Event) -> None:
         sender, send = cast(tuple[int, Send], event.value)
-        if not online[send.to]:  # the receiver is offline: lost
-            transport.lose(sender)
+        if not self.online[send.to]:  # the receiver is offline: lost
+            self.transport.lose(sender)
             return
-        machine = _sync(machines[send.to])
-        ledger.take(machine.on_message(env.now, sender, send.round, send.exchange, send.model))
+        machine = _sync(self.machines[send.to])
+        self.ledger.take(
+            machine.on_message(self.env.now, sender, send.round, send.exchange, send.model)
+        )
 
-    def handle(effects: list[tuple[int, list[Any]]]) -> bool:
+    def handle(self, effects: list[tuple[int, list[Any]]]) -> bool:
         """Record the machines' effects, send their messages, set their timers; whether a
         round ended."""
         sends: list[tuple[int, Send]] = []
         timers: dict[float, list[int]] = {}
         ended = False
         for peer, produced in effects:
-            ledger.take(produced)
+            self.ledger.take(produced)
             for effect in produced:
                 if isinstance(effect, Send):
                     sends.append((peer, effect))
@@ -286,93 +386,46 @@ def run_iterative(
                     timers.setdefault(effect.at, []).append(peer)
                 elif isinstance(effect, RoundEnd):
                     ended = True
-        dispatch(sends)
+        self.dispatch(sends)
         for at, peers in timers.items():  # after the messages: one arriving at a deadline
-            event = env.timeout(at - env.now, value=peers)  # is on time, as when batched
-            event.callbacks.append(deadline)
+            event = self.env.timeout(at - self.env.now, value=peers)  # is on time, as batched
+            event.callbacks.append(self.deadline)
         return ended
 
-    round_over: list[simpy.Event] = []
-
-    def deadline(event: simpy.Event) -> None:
+    def deadline(self, event: simpy.Event) -> None:
         peers = cast(list[int], event.value)
-        ended = handle([(peer, _sync(machines[peer]).on_deadline(env.now)) for peer in peers])
+        now = self.env.now
+        ended = self.handle([(peer, _sync(self.machines[peer]).on_deadline(now)) for peer in peers])
         if ended:
-            round_over[0].succeed()
+            self.round_over[0].succeed()
 
-    def per_peer() -> Generator[simpy.Event, Any, None]:
-        period = settings.round_period / protocol.gossip_steps
-        for round_ in range(1, settings.rounds + 1):
-            if faults is not None:
-                faults.apply_churn()
-            peers = np.flatnonzero(online).tolist()
-            round_over[:] = [env.event()]
-            handle([(peer, _sync(machines[peer]).on_round(env.now, round_)) for peer in peers])
+    def per_peer(self) -> Generator[simpy.Event, Any, None]:
+        env, protocol = self.env, self.protocol
+        period = self.settings.round_period / protocol.gossip_steps
+        for round_ in range(1, self.settings.rounds + 1):
+            if self.faults is not None:
+                self.faults.apply_churn()
+            peers = np.flatnonzero(self.online).tolist()
+            self.round_over[:] = [env.event()]
+            machines, now = self.machines, env.now
+            self.handle([(peer, _sync(machines[peer]).on_round(now, round_)) for peer in peers])
             if peers:
-                yield round_over[0]
+                yield self.round_over[0]
             else:  # nobody online: the round's exchanges pass all the same
                 for _ in range(protocol.gossip_steps):
                     yield env.timeout(period)
-            record(round_)
-        run.end_time = float(env.now)  # late messages still in flight are read after this
+            self.record(round_)
+        self.run.end_time = float(env.now)  # late messages still in flight are read after this
 
-    def wake_ups(peer: int, phase: float) -> Generator[simpy.Event, Any, None]:
-        yield env.timeout(phase)
-        while True:
-            if machines:
-                if online[peer]:
-                    for send in _gossip(machines[peer]).on_wake(env.now):
-                        assert isinstance(send, Send)  # its only effect
-                        transport.send(peer, deliver_machine, (peer, send), n_bytes)
-            else:
-                target = protocol.wake(peer) if online[peer] else None
-                if target is not None:
-                    message = (peer, target, protocol.models[peer].copy())
-                    transport.send(peer, deliver, message, n_bytes)
-            yield env.timeout(settings.round_period)
-
-    def deliver(message: tuple[int, int, np.ndarray]) -> None:
-        sender, target, model = message
-        if online[target]:
-            protocol.receive(target, model)
-        else:
-            transport.lose(sender)
-
-    def deliver_machine(message: tuple[int, Send]) -> None:
+    def deliver_machine(self, message: tuple[int, Send]) -> None:
         sender, send = message
-        if online[send.to]:
-            machine = _gossip(machines[send.to])
-            ledger.take(machine.on_message(env.now, sender, send.round, send.exchange, send.model))
+        if self.online[send.to]:
+            machine = _gossip(self.machines[send.to])
+            self.ledger.take(
+                machine.on_message(self.env.now, sender, send.round, send.exchange, send.model)
+            )
         else:
-            transport.lose(sender)
-
-    def clock() -> Generator[simpy.Event, Any, None]:
-        for round_ in range(1, settings.rounds + 1):
-            yield env.timeout(settings.round_period)
-            record(round_)
-            if faults is not None:
-                faults.apply_churn()
-
-    record(0)
-    if faults is not None and not protocol.synchronous:
-        faults.apply_churn()
-    if protocol.synchronous:
-        env.process(per_peer() if machines else synchronous())
-        env.run()
-        if not machines:
-            run.end_time = float(env.now)
-    else:
-        phases = rng.uniform(0.0, settings.round_period, size=protocol.problem.n_peers)
-        for peer, phase in enumerate(phases.tolist()):
-            env.process(wake_ups(peer, phase))
-        env.process(clock())
-        env.run(until=settings.rounds * settings.round_period + 1e-9)
-        run.end_time = float(env.now)
-    run.models = models()
-    run.messages_lost = lost_so_far()
-    if trace is not None and protocol.synchronous:
-        trace.events.extend(ledger.trace(settings.rounds).events)
-    return run
+            self.transport.lose(sender)
 
 
 def _sync(machine: IterativePeer) -> SynchronousPeer:

@@ -78,7 +78,7 @@ from p2pdp.core.parallel import current_workers, forked_worker, shared_empty
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import LINEAR_AGGREGATES
 from p2pdp.protocols.groups import HEADER_BYTES, Group
-from p2pdp.protocols.oneshot import Charge, Curator
+from p2pdp.protocols.oneshot import Charge, Curator, Sampler
 from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.sampler import SamplerWorld
 from p2pdp.sim.transport import Environment
@@ -288,24 +288,9 @@ def run_waves(world: BatchedWorld) -> None:
         members_, curators_ = pending.members, pending.curators
         now = env.now  # 0: every peer is ready at the start
         in_turn = limit == 1 and not per_event  # waves of one group, drawn and charged in turn
-        while in_turn:
-            flat, curators = pool.draw_in_turn(g, _CHUNK - len(curators_), charges.counts, most)
-            k = len(curators)
-            if k == 0:
-                break
-            for _ in range(k):  # each wave's collection instant, as below
-                now = now + assign_delay
-                if g > 1:
-                    now = now + submit_delay
-                pending.times.append(float(now))
-            env._now = now
-            pending.waves.extend([1] * k)
-            members_.extend(flat)
-            curators_.extend(curators)
-            world._next_group += k
-            monitor.aggregations += k
-            if len(curators_) >= _CHUNK:
-                pending.publish(world)
+        if in_turn:
+            delays = (assign_delay, submit_delay)
+            now = _waves_in_turn(world, machine, pending, charges, g=g, delays=delays)
         while not in_turn:
             k = machine.wave_size()  # the groups the sampler starts now
             if k == 0:
@@ -351,6 +336,40 @@ def run_waves(world: BatchedWorld) -> None:
         pending.flush(world)
         if not per_event:  # the noise was drawn from the worker's copy of the stream
             releaser.noise.restore(submit(None)())
+
+
+def _waves_in_turn(
+    world: BatchedWorld,
+    machine: Sampler,
+    pending: _Pending,
+    charges: DrawnCharges,
+    *,
+    g: int,
+    delays: tuple[float, float],
+) -> float:
+    """:func:`run_waves` with one group at a time and no observer told as it goes: groups
+    drawn and charged in turn, a chunk at most at once; returns the last collection's time."""
+    env, pool, most = world.env, machine.pool, world.ledger.max_aggregations
+    assign_delay, submit_delay = delays
+    now = env.now  # 0: every peer is ready at the start
+    while True:
+        flat, curators = pool.draw_in_turn(g, _CHUNK - len(pending.curators), charges.counts, most)
+        k = len(curators)
+        if k == 0:
+            return now
+        for _ in range(k):  # each wave's collection instant, as in run_waves' own waves
+            now = now + assign_delay
+            if g > 1:
+                now = now + submit_delay
+            pending.times.append(float(now))
+        env._now = now
+        pending.waves.extend([1] * k)
+        pending.members.extend(flat)
+        pending.curators.extend(curators)
+        world._next_group += k
+        world.monitor.aggregations += k
+        if len(pending.curators) >= _CHUNK:
+            pending.publish(world)
 
 
 @contextlib.contextmanager

@@ -145,7 +145,7 @@ def test_components_command_lists_the_eight_kinds_with_their_builtins(capsys):
 
 
 def test_registered_components_resolve_to_objects_that_follow_their_protocols():
-    from p2pdp.learning.evaluation import EnsembleRule
+    from p2pdp.learning.rules import EnsembleRule
     from p2pdp.privacy.accountants import Accountant
     from p2pdp.privacy.mechanisms import Mechanism
 

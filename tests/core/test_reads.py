@@ -30,7 +30,8 @@ from p2pdp.experiments.cli import main
 from p2pdp.experiments.report.write import write_report
 from p2pdp.experiments.results.files import read_results
 from p2pdp.experiments.results.store import ResultsStore
-from p2pdp.experiments.run.runner import make_cells, run_experiment
+from p2pdp.experiments.run.cells import make_cells
+from p2pdp.experiments.run.runner import run_experiment
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import (
     load_scenario,

@@ -15,7 +15,9 @@ from p2pdp.data import synthetic
 from p2pdp.data.partition import contiguous_starts, partition, partition_contiguous
 from p2pdp.data.synthetic import SYNTHETIC_BLOCK_ROWS
 from p2pdp.experiments.results.files import read_results
+from p2pdp.experiments.run import cells as run_cells
 from p2pdp.experiments.run import cluster as plan
+from p2pdp.experiments.run import dask_backend as run_dask
 from p2pdp.experiments.run import runner
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.learning.evaluation import PARALLEL_MIN_PEERS
@@ -95,7 +97,7 @@ def test_a_run_split_over_the_cluster_gives_the_local_rows(tmp_path, address, mo
     monkeypatch.setattr(pipeline, "load_fold", no_rows_here)
     monkeypatch.setattr(synthetic, "make_synthetic", no_rows_here)
     monkeypatch.setattr(plan, "synthetic_block", no_rows_here)
-    peaks, prepare = [], runner.prepare_on_cluster
+    peaks, prepare = [], run_dask.prepare_on_cluster
 
     def measured(*args, **kwargs):  # the client's allocations while the run is trained
         tracemalloc.start()
@@ -105,7 +107,7 @@ def test_a_run_split_over_the_cluster_gives_the_local_rows(tmp_path, address, mo
             peaks.append(tracemalloc.get_traced_memory()[1])
             tracemalloc.stop()
 
-    monkeypatch.setattr(runner, "prepare_on_cluster", measured)
+    monkeypatch.setattr(run_dask, "prepare_on_cluster", measured)
     runner.run_experiment(scenario, tmp_path / "dask", scheduler=address)
     assert rows_as_text(tmp_path / "dask") == local
     # The client holds the local models (P x (d + 1): 1.8 MB, gathered by block and then
@@ -148,9 +150,9 @@ def test_the_evaluation_runs_on_the_workers(address, monkeypatch):
             calls.append((function.__name__, len(items)))
             return pieces(function, shared, items)
 
-        monkeypatch.setattr(runner, "dask_pieces", lambda client: counting)
-        cells = runner.make_cells(parse_scenario(LARGE))
-        records = list(runner._run_dask(cells, client, "p2pdp-progress-test"))
+        monkeypatch.setattr(run_dask, "dask_pieces", lambda client: counting)
+        cells = run_cells.make_cells(parse_scenario(LARGE))
+        records = list(run_dask._run_dask(cells, client, "p2pdp-progress-test"))
     assert len(records) == 1  # 2 workers of 1 thread: 2 runs of blocks each time
     assert calls == [("_published_partials", 2), ("_count_tallied", 2)]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pdp.experiments.run.runner import Cell, make_cells, run_task
+from p2pdp.experiments.run.cells import Cell, make_cells, run_task
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.tasks.pipeline import load_fold
 

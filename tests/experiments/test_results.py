@@ -25,6 +25,7 @@ from p2pdp.experiments.results.files import (
 from p2pdp.experiments.results.lock import FolderInUseError, FolderLock
 from p2pdp.experiments.results.store import CellRecord, ResultsStore
 from p2pdp.experiments.results.tables import ColumnTable
+from p2pdp.experiments.run import cells as run_cells
 from p2pdp.experiments.run import runner as experiment
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 
@@ -62,7 +63,7 @@ class Crash(RuntimeError):
 
 def crash_after(monkeypatch, cells: int) -> None:
     """Make the in-process backend die when cell number ``cells + 1`` starts simulating."""
-    original, done = experiment.simulate, []
+    original, done = run_cells.simulate, []
 
     def dying(*args, **kwargs):
         if len(done) == cells:
@@ -70,7 +71,7 @@ def crash_after(monkeypatch, cells: int) -> None:
         done.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "simulate", dying)
+    monkeypatch.setattr(run_cells, "simulate", dying)
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch):

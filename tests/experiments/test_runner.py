@@ -14,7 +14,11 @@ from dask.distributed import LocalCluster
 from p2pdp.core.errors import ComponentError, ConfigError
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.results.files import read_results
+from p2pdp.experiments.run import cells as run_cells
+from p2pdp.experiments.run import dask_backend as run_dask
+from p2pdp.experiments.run import progress as run_progress
 from p2pdp.experiments.run import runner as experiment
+from p2pdp.experiments.run import workers as run_workers
 from p2pdp.experiments.scenarios.scenario import load_scenario, parse_scenario
 from p2pdp.tasks.logistic.task import LogisticEnsembles
 from p2pdp.tasks.pipeline import training_key
@@ -68,7 +72,7 @@ def assert_same_rows(rows, reference):
 
 def test_cells_cover_points_folds_and_repetitions():
     scenario = parse_scenario(TINY, overrides=["repetitions=2"])
-    cells = experiment.make_cells(scenario)
+    cells = run_cells.make_cells(scenario)
     assert len(cells) == 4 * 3 * 2
     assert [c.cell_id for c in cells] == sorted(c.cell_id for c in cells)  # ids sort in grid order
     assert cells[0].cell_id == "p0-f0-r0" and cells[-1].cell_id == "p3-f2-r1"
@@ -78,15 +82,15 @@ def test_cells_cover_points_folds_and_repetitions():
 
 
 def test_seed_experiment_has_560_cells_in_10_shared_trainings():
-    cells = experiment.make_cells(load_scenario("spambase_group_vs_full"))
+    cells = run_cells.make_cells(load_scenario("spambase_group_vs_full"))
     assert len(cells) == 560
-    groups = experiment.training_groups(cells)
+    groups = run_cells.training_groups(cells)
     assert sorted(len(group) for group in groups) == [56] * 10
     for group in groups:
         keys = {training_key(c.config, fold=c.fold, repetition=c.repetition) for c in group}
         assert len(keys) == 1
         for workers, sizes in ((2, [4] * 14), (16, [1] * 56)):  # 16: every worker gets cells
-            chunks = experiment.chunks(group, workers=workers)
+            chunks = run_workers.chunks(group, workers=workers)
             assert [c for chunk in chunks for c in chunk] == list(group)
             assert [len(chunk) for chunk in chunks] == sizes
 
@@ -95,7 +99,7 @@ def test_the_unit_of_dispatch_is_the_cell_and_each_key_is_trained_once(tmp_path,
     """4 workers, 3 training keys (folds): every worker runs cells, and the 3 trainings run
     once each (the workers that did not train read the training another one saved)."""
     log = tmp_path / "log"
-    prepare, run_cell = experiment._prepare, experiment._run_cell
+    prepare, run_cell = run_cells._prepare, run_cells._run_cell
 
     def note(what):
         with open(log, "a") as file:  # one short O_APPEND write per line: atomic
@@ -110,12 +114,12 @@ def test_the_unit_of_dispatch_is_the_cell_and_each_key_is_trained_once(tmp_path,
         time.sleep(0.3)  # long enough that a worker slow to start still gets cells
         return run_cell(cell, trained, seconds, **kwargs)
 
-    monkeypatch.setattr(experiment, "_prepare", logged_prepare)
-    monkeypatch.setattr(experiment, "_run_cell", slow_cell)
+    monkeypatch.setattr(run_cells, "_prepare", logged_prepare)
+    monkeypatch.setattr(run_cells, "_run_cell", slow_cell)
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     scenario = parse_scenario(TINY)
-    assert len(experiment.training_groups(experiment.make_cells(scenario))) == 3
+    assert len(run_cells.training_groups(run_cells.make_cells(scenario))) == 3
     experiment.run_experiment(scenario, tmp_path / "jobs4", jobs=4)
     lines = [line.split() for line in log.read_text().splitlines()]
     assert sum(what == "prepare" for what, _ in lines) == 3
@@ -130,25 +134,25 @@ def test_at_most_workers_plus_one_trainings_are_kept(tmp_path, monkeypatch):
     """9 training keys, 2 workers: each cell sees at most 3 saved trainings (memory and disk
     stay bounded by the worker count, not the number of keys)."""
     log = tmp_path / "log"
-    run_cell = experiment._run_cell
+    run_cell = run_cells._run_cell
 
     def counting_cell(cell, trained, seconds, **kwargs):
         with open(log, "a") as file:
             file.write(f"{len(list((tmp_path / 'tmp').glob('*/*')))}\n")
         return run_cell(cell, trained, seconds, **kwargs)
 
-    monkeypatch.setattr(experiment, "_run_cell", counting_cell)
+    monkeypatch.setattr(run_cells, "_run_cell", counting_cell)
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     scenario = parse_scenario(TINY, overrides=["repetitions=3"])
-    assert len(experiment.training_groups(experiment.make_cells(scenario))) == 9
+    assert len(run_cells.training_groups(run_cells.make_cells(scenario))) == 9
     experiment.run_experiment(scenario, tmp_path / "out", jobs=2)
     saved = [int(line) for line in log.read_text().split()]
     assert len(saved) == 36 and max(saved) <= 3 and max(saved) >= 1
 
 
 def test_a_training_that_cannot_be_shared_is_a_one_line_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(experiment, "_prepare", lambda cell: (lambda: None, 0.0))
+    monkeypatch.setattr(run_cells, "_prepare", lambda cell: (lambda: None, 0.0))
     with pytest.raises(ComponentError, match=r"prepare returned an object that cannot be pickl"):
         experiment.run_experiment(parse_scenario(TINY), tmp_path / "out", jobs=2)
 
@@ -162,9 +166,9 @@ def test_a_task_trains_once(monkeypatch):
         return original(self, **kwargs)
 
     monkeypatch.setattr(LogisticEnsembles, "prepare", counting)
-    cells = experiment.make_cells(parse_scenario(TINY))
-    task = experiment.training_groups(cells)[0]
-    records = experiment.run_task(task)
+    cells = run_cells.make_cells(parse_scenario(TINY))
+    task = run_cells.training_groups(cells)[0]
+    records = run_cells.run_task(task)
     assert len(calls) == 1 and len(records) == len(task) == 4
     assert [r.row["cell_id"] for r in records] == [c.cell_id for c in task]
     assert records[0].roc_tpr.shape == (101,)
@@ -220,7 +224,7 @@ def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypa
     tiles = EvaluationTiles(chunk_elements=1, min_chunk_rows=1, peer_tile=1)
     one_cell = TINY[: TINY.index("[sweep]")]
     scenario = parse_scenario(one_cell, overrides=["evaluation.folds=[0]"])
-    assert len(experiment.make_cells(scenario)) == 1
+    assert len(run_cells.make_cells(scenario)) == 1
     for jobs in (1, 2):
         with evaluation_tiles(tiles):
             experiment.run_experiment(scenario, tmp_path / f"jobs{jobs}", jobs=jobs)
@@ -241,7 +245,7 @@ def test_one_task_gives_its_spare_workers_to_the_local_models(tmp_path, monkeypa
 
 
 def test_unreachable_scheduler_writes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(experiment, "SCHEDULER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(run_dask, "SCHEDULER_TIMEOUT_S", 0.5)
     out = tmp_path / "out"
     with pytest.raises(ConfigError, match="cannot reach the Dask scheduler"):
         experiment.run_experiment(parse_scenario(TINY), out, scheduler="tcp://127.0.0.1:1")
@@ -255,7 +259,7 @@ def test_bad_jobs(tmp_path):
 
 
 def test_progress_lines_without_a_tty(tmp_path, monkeypatch):
-    monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 1000.0)
+    monkeypatch.setattr(run_progress, "PROGRESS_INTERVAL_S", 1000.0)
     stream = io.StringIO()
     experiment.run_experiment(parse_scenario(TINY), tmp_path, jobs=1, progress=stream)
     lines = stream.getvalue().splitlines()
@@ -264,14 +268,14 @@ def test_progress_lines_without_a_tty(tmp_path, monkeypatch):
 
 
 def test_progress_heartbeat_while_a_long_cell_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 0.1)
-    original = experiment.simulate
+    monkeypatch.setattr(run_progress, "PROGRESS_INTERVAL_S", 0.1)
+    original = run_cells.simulate
 
     def slow(*args, **kwargs):
         time.sleep(0.6)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "simulate", slow)
+    monkeypatch.setattr(run_cells, "simulate", slow)
     stream = io.StringIO()
     scenario = parse_scenario(TINY, overrides=["evaluation.folds=[0]"])
     experiment.run_experiment(scenario, tmp_path, jobs=1, progress=stream)
@@ -340,7 +344,7 @@ def test_progress_of_a_long_single_cell_says_what_it_is_doing(tmp_path, monkeypa
         return run(self, *args, **kwargs)
 
     monkeypatch.setattr(World, "run", slow)
-    monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 0.05)
+    monkeypatch.setattr(run_progress, "PROGRESS_INTERVAL_S", 0.05)
     one_cell = TINY[: TINY.index("[sweep]")]
     scenario = parse_scenario(one_cell, overrides=["evaluation.folds=[0]"])
     stream = io.StringIO()
@@ -390,7 +394,7 @@ def test_worker_processes_report_the_round_of_their_iterative_cells(tmp_path, mo
     and the parent's line shows both cells' rounds as they move (the workers always report:
     test_backends_give_identical_rows has the rows equal to those of a run in this process)."""
     _slow_rounds(monkeypatch, 0.04)
-    monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 0.05)
+    monkeypatch.setattr(run_progress, "PROGRESS_INTERVAL_S", 0.05)
     one_point = TINY[: TINY.index("[sweep]")]
     scenario = parse_scenario(one_point, overrides=[*ITERATIVE, "evaluation.folds=[0, 1]"])
     stream = io.StringIO()
@@ -405,15 +409,15 @@ def test_worker_processes_report_the_round_of_their_iterative_cells(tmp_path, mo
 def test_dask_workers_report_the_round_of_their_iterative_cells(tmp_path, monkeypatch):
     """Cells on Dask workers send what they are doing as events on the run's topic."""
     _slow_rounds(monkeypatch, 0.04)
-    monkeypatch.setattr(experiment, "PROGRESS_INTERVAL_S", 0.05)
+    monkeypatch.setattr(run_progress, "PROGRESS_INTERVAL_S", 0.05)
     events = []
-    received = experiment._ClusterReports._received
+    received = run_dask._ClusterReports._received
 
     def spy(self, event):
         events.append(event[1])
         received(self, event)
 
-    monkeypatch.setattr(experiment._ClusterReports, "_received", spy)
+    monkeypatch.setattr(run_dask._ClusterReports, "_received", spy)
     one_point = TINY[: TINY.index("[sweep]")]
     scenario = parse_scenario(one_point, overrides=[*ITERATIVE, "evaluation.folds=[0]"])
     stream = io.StringIO()
@@ -441,7 +445,7 @@ def test_progress_line_names_two_running_cells_and_fits_a_terminal(monkeypatch):
         "p2-f0-r0": "simulation, 12 of at most 40 aggregations, 0 aborted, simulated time 9 s",
     }
     log = io.StringIO()
-    bar = experiment._Progress(4, 0, log, running=lambda: running)
+    bar = run_progress._Progress(4, 0, log, running=lambda: running)
     bar.update("p0-f1-r0")  # done: a late report of it is not shown
     bar._show()
     bar.close()
@@ -449,9 +453,11 @@ def test_progress_line_names_two_running_cells_and_fits_a_terminal(monkeypatch):
     assert line.endswith(
         "(running: p0-f0-r0 simulation, round 3 of 10; p1-f0-r0 data and local models; +1 more)"
     )
-    monkeypatch.setattr(experiment.shutil, "get_terminal_size", lambda: os.terminal_size((60, 20)))
+    monkeypatch.setattr(
+        run_progress.shutil, "get_terminal_size", lambda: os.terminal_size((60, 20))
+    )
     terminal = _Terminal()
-    bar = experiment._Progress(4, 0, terminal, running=lambda: running)
+    bar = run_progress._Progress(4, 0, terminal, running=lambda: running)
     bar._show()
     bar.update("p0-f1-r0")
     bar.close()

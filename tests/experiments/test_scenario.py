@@ -10,8 +10,8 @@ import pytest
 
 from p2pdp.config import SECTIONS, ScenarioConfig, field_key
 from p2pdp.core.errors import ConfigError
+from p2pdp.experiments.scenarios.document import Axis
 from p2pdp.experiments.scenarios.scenario import (
-    Axis,
     Scenario,
     find_scenario,
     load_scenario,

@@ -25,9 +25,9 @@ from p2pdp.experiments.audit.table import AUDIT_SAMPLES, format_audit_table
 from p2pdp.experiments.cli import main
 from p2pdp.experiments.results import store as results_module
 from p2pdp.experiments.results.files import read_manifest, read_results
-from p2pdp.experiments.run import runner as experiment
+from p2pdp.experiments.run import dask_backend as run_dask
+from p2pdp.experiments.run.cells import make_cells
 from p2pdp.experiments.run.cluster import on_dask_worker, scheduler_watch
-from p2pdp.experiments.run.runner import make_cells
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.privacy.audit import AuditResult
@@ -380,7 +380,7 @@ def test_the_dask_tasks_label_their_errors(folder, monkeypatch):
     scenario = parse_scenario(CSV.replace("rows.csv", "elsewhere.csv"))
     (cell,) = [c for c in make_cells(scenario) if c.fold == 0]
     with pytest.raises(DataError, match="^on Dask worker tcp://10.0.0.3:4: data.path = 'else"):
-        experiment._dask_prepare(cell, "topic")
+        run_dask._dask_prepare(cell, "topic")
 
 
 @pytest.mark.slow  # ~12 s; the two tests above cover the same wiring fast

@@ -22,12 +22,13 @@ from p2pdp.learning.ensembles import (
     received_average,
     shrinkage_weights,
 )
-from p2pdp.learning.evaluation import build_ensembles, linear_error
+from p2pdp.learning.evaluation import linear_error
 from p2pdp.learning.models import (
     fit_local_models,
     fit_local_models_sklearn,
     logistic_objective_gradient,
 )
+from p2pdp.learning.rules import build_ensembles
 
 
 def random_view(rng: np.random.Generator, n_peers=7, n_models=9, dim=5, exact=False) -> PublicView:

@@ -7,13 +7,8 @@ import pytest
 from sklearn.metrics import roc_curve
 
 from p2pdp.core.errors import ConfigError
-from p2pdp.learning.evaluation import (
-    build_ensembles,
-    ensemble_scores,
-    evaluate_ensembles,
-    linear_error,
-    predict,
-)
+from p2pdp.learning.evaluation import ensemble_scores, evaluate_ensembles, linear_error, predict
+from p2pdp.learning.rules import build_ensembles
 from p2pdp.learning.tiles import EvaluationTiles
 
 
@@ -131,7 +126,7 @@ def test_labels_skip_the_tie_break_only_where_the_vote_decides(rule, per_peer):
     """A built-in rule's labels on the tallied path (_positive) are its scores' signs
     exactly, with tied votes (0, and -1 where tanh rounds to 1 above a margin of ~19),
     zero margins and published sums per row or per peer."""
-    from p2pdp.learning.evaluation import make_ensemble_rule
+    from p2pdp.learning.rules import make_ensemble_rule
 
     vote = make_ensemble_rule(rule)
     rng = np.random.default_rng(8)
@@ -150,7 +145,7 @@ def test_a_tally_rule_of_your_own_is_checked_like_any_rule():
     """A TallyRule from outside the package scored on the tallied path: NaN scores are a
     ComponentError naming its tally_scores, as its scores would be on the margins path."""
     from p2pdp.core.errors import ComponentError
-    from p2pdp.learning.evaluation import TallyRule
+    from p2pdp.learning.rules import TallyRule
 
     class NaNTally(TallyRule):
         name = "nan-tally"
@@ -173,7 +168,7 @@ def test_a_tally_rule_naming_sums_nobody_gives_is_refused(tallies):
     """``tallies`` other than a tuple of 'margin' and 'votes' is a ComponentError naming the
     rule and its tallies before anything is scored (the tallied path would look them up)."""
     from p2pdp.core.errors import ComponentError
-    from p2pdp.learning.evaluation import TallyRule, make_ensemble_rule
+    from p2pdp.learning.rules import TallyRule, make_ensemble_rule
 
     class Misnamed(TallyRule):
         name = "misnamed"
@@ -232,7 +227,7 @@ def test_a_tally_rule_is_told_of_its_mistakes_the_same_way_under_either_publicat
     reported against tally_scores in its own orientation, whether the ensembles are scored
     from per-row sums (full publication) or through scores (group publication)."""
     from p2pdp.core.errors import ComponentError
-    from p2pdp.learning.evaluation import TallyRule
+    from p2pdp.learning.rules import TallyRule
 
     rule = type("Rule", (behaviour, TallyRule), {"name": "rule"})()
     rng = np.random.default_rng(10)
@@ -247,7 +242,7 @@ def test_a_tally_rule_with_per_peer_state_is_scored_on_whole_blocks(monkeypatch)
     """A TallyRule whose fit keeps per-peer state (or that overrides scores) is scored
     through scores on blocks of rows with every peer, never on tiles of some peers."""
     from p2pdp.learning import evaluation
-    from p2pdp.learning.evaluation import TallyRule
+    from p2pdp.learning.rules import TallyRule
 
     class PerPeer(TallyRule):
         name = "per-peer"
@@ -417,3 +412,13 @@ def test_linear_error_in_blocks_equals_one_block():
     np.testing.assert_array_equal(whole, naive)
     for tiles in TILINGS:  # 23 models in one block, or blocks of 2 (a short last), 1, 3
         np.testing.assert_array_equal(linear_error(weights, X, y, tiles=tiles), whole)
+
+
+def test_a_plugin_written_against_the_evaluation_module_still_imports_the_rule_classes():
+    """The extending guide named ``p2pdp.learning.evaluation.EnsembleRule`` before the rules
+    moved to :mod:`p2pdp.learning.rules`: a plug-in importing the base classes from there gets
+    the same classes."""
+    from p2pdp.learning import evaluation, rules
+
+    for name in ("EnsembleRule", "TallyRule", "Margins"):
+        assert getattr(evaluation, name) is getattr(rules, name)

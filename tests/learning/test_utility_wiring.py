@@ -21,8 +21,9 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.ensembles import OwnShards, PublicView, apply_rule, cross_validate_own_models
-from p2pdp.learning.evaluation import LocalValidatedRule, build_ensembles, evaluate_ensembles
+from p2pdp.learning.evaluation import evaluate_ensembles
 from p2pdp.learning.references import centralised_best_lambda
+from p2pdp.learning.rules import LocalValidatedRule, build_ensembles
 from p2pdp.privacy.mechanisms import make_mechanism
 from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.settings import GroupsConfig

@@ -247,7 +247,7 @@ def test_three_thousand_silent_connections_during_a_run(monkeypatch):
 #: A host command whose process may hold at most 1,024 file descriptors (``ulimit -n 1024``).
 FEW_DESCRIPTORS = (
     "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)); "
-    "from p2pdp.experiments.network.launch import host_from_stdin; host_from_stdin()"
+    "from p2pdp.experiments.network.host import host_from_stdin; host_from_stdin()"
 )
 
 

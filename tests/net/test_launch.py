@@ -20,8 +20,8 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.cli import main as cli
-from p2pdp.experiments.network import launch as network_module
-from p2pdp.experiments.network.launch import read_hosts_file
+from p2pdp.experiments.network import processes as network_processes
+from p2pdp.experiments.network.hosts_file import read_hosts_file
 from p2pdp.experiments.run.runner import run_experiment
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import load_scenario
@@ -177,7 +177,7 @@ def test_a_runs_hosts_start_once_and_serve_every_cell(tmp_path, monkeypatch, sta
     else:
         monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
     cells = [_config("group"), _config("full", secure=True), _config("full"), _config("group")]
-    with network_module.run_hosts() as served:
+    with network_processes.run_hosts() as served:
         for config in cells:
             _same_rows(simulate(config), simulate(_seeded(config), runtime="network"))
         processes = list(served.hosts.values())
@@ -201,7 +201,7 @@ def test_a_run_starts_its_hosts_once_and_leaves_none_behind(tmp_path, monkeypatc
 
 def test_a_runs_hosts_stop_when_an_interrupt_leaves_it(monkeypatch):
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "2")
-    with pytest.raises(KeyboardInterrupt), network_module.run_hosts() as served:
+    with pytest.raises(KeyboardInterrupt), network_processes.run_hosts() as served:
         simulate(_config("group"), runtime="network")
         processes = list(served.hosts.values())
         raise KeyboardInterrupt
@@ -212,7 +212,7 @@ ORPHANS = """
 import os, sys, time
 os.environ["P2PDP_NETWORK_HOSTS"] = sys.argv[1]
 from p2pdp.config import DataConfig, GroupsConfig, PartitionConfig, ScenarioConfig
-from p2pdp.experiments.network.launch import run_hosts
+from p2pdp.experiments.network.processes import run_hosts
 from p2pdp.experiments.run.simulation import simulate
 if __name__ == "__main__":
     data = DataConfig(dataset="synthetic", synthetic_rows=120, synthetic_test_rows=40)

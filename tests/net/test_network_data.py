@@ -22,7 +22,8 @@ import pytest
 
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.experiments.cli import main as cli
-from p2pdp.experiments.network.launch import check_network_settings, read_hosts_file
+from p2pdp.experiments.network.hosts_file import read_hosts_file
+from p2pdp.experiments.network.launch import check_network_settings
 from p2pdp.experiments.network.shards import read_host_shards
 from p2pdp.experiments.run.oneshot import UNSCORED
 from p2pdp.experiments.run.simulation import simulate
@@ -79,7 +80,7 @@ sys.addaudithook(hook)
 AUDITED_HOST = (
     AUDIT
     + """
-from p2pdp.experiments.network.launch import host_from_stdin
+from p2pdp.experiments.network.host import host_from_stdin
 host_from_stdin()
 """
 )

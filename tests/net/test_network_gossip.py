@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from p2pdp.config import NetworkConfig, ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.data.settings import DataConfig, PartitionConfig
-from p2pdp.experiments.network import launch as network_launch
+from p2pdp.experiments.network.processes import RunHosts
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.net.gossip_host import (
@@ -307,7 +307,7 @@ def test_an_overlay_too_dense_for_the_peers_is_refused_before_any_host_starts(mo
     def no_hosts(*args, **kwargs):
         raise AssertionError("a host was started")
 
-    monkeypatch.setattr(network_launch, "run_hosts", no_hosts)
+    monkeypatch.setattr(RunHosts, "launch", no_hosts)
     config = dataclasses.replace(_gossip(n_peers=8), gossip=GossipConfig(degree=10))
     with pytest.raises(ConfigError, match=r"gossip.degree must be < partition.n_peers \(8\)"):
         simulate(config, runtime="network")
@@ -368,7 +368,7 @@ def test_a_hosts_formation_stream_is_fresh_by_default_and_the_seeds_when_seeded(
     """Default mode: each host's formation draws (backoffs, nonces, partners) from the OS
     CSPRNG, so two runs with one seed differ; seeded: per host, from the seed. The first
     views are the simulator's bootstrap either way (public)."""
-    from p2pdp.experiments.network.launch import _gossip_setup
+    from p2pdp.experiments.network.host import _gossip_setup
     from p2pdp.tasks import make_task, release_path
 
     def setups(config):

@@ -32,8 +32,8 @@ from p2pdp.net.pair_keys import KEYS, PairKeys, keystream, pair_secret
 from p2pdp.net.wire import MODEL, ModelFrame, ProtocolError, encode, pack_vector, parse_model
 from p2pdp.privacy.settings import PrivacyConfig
 from p2pdp.protocols.iterative import DecentralizedSGD, Muffliato, step_privacy
-from p2pdp.protocols.iterative_peer import StreamSeeds
 from p2pdp.protocols.mixing import Mixing
+from p2pdp.protocols.peer_streams import StreamSeeds
 from p2pdp.protocols.settings import ProtocolConfig
 from tests.conftest import tiny_config
 

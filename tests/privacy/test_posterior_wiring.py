@@ -19,7 +19,7 @@ import pytest
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.rng import generator
-from p2pdp.experiments.run.runner import make_cells, run_task
+from p2pdp.experiments.run.cells import make_cells, run_task
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.privacy.mechanisms import make_mechanism

@@ -158,7 +158,7 @@ def test_an_installed_package_registers_a_component_through_the_entry_point_grou
         ("report", "write_report", "report.write"),
         ("results", "ResultsStore", "results.store"),
         ("audit", "run_audit", "audit.table"),
-        ("network", "run_hosts", "network.launch"),
+        ("network", "run_hosts", "network.processes"),
     ],
 )
 def test_a_name_of_a_module_that_became_a_package_says_where_it_went(package, name, home):

@@ -71,9 +71,9 @@ from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.protocols import correlated_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
 from p2pdp.protocols.iterative import DecentralizedSGD, StepPrivacy
-from p2pdp.protocols.iterative_peer import PeerStreams
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.network_dp import worst_case_shifts
+from p2pdp.protocols.peer_streams import PeerStreams
 
 CORRELATED_PEERS = 6
 CORRELATED_ROUNDS = 8

@@ -1,8 +1,8 @@
 """One large run on a Dask cluster: its rows, local models, reference and scores in blocks.
 
 ``p2pdp run SCENARIO --scheduler tcp://...`` sends most scenarios' cells to the workers whole,
-one future per training and one per cell (:mod:`p2pdp.experiments.run.runner`). A cell this plan
-covers (:func:`plan_gap`) is split instead, so a single run of a million peers uses every
+one future per training and one per cell (:mod:`p2pdp.experiments.run.dask_backend`). A cell
+this plan covers (:func:`plan_gap`) is split instead, so a single run of a million peers uses every
 worker of the cluster and no process holds all its training rows:
 
 1. **rows**: worker tasks draw the synthetic blocks (:func:`p2pdp.data.synthetic.synthetic_block`,
@@ -60,7 +60,6 @@ from p2pdp.core.parallel import RemotePieces
 from p2pdp.data.partition import contiguous_starts
 from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
 from p2pdp.data.synthetic import SYNTHETIC_BLOCK_ROWS, synthetic_block
-from p2pdp.learning.evaluation import make_ensemble_rule
 from p2pdp.learning.models import (
     MAX_NEWTON_STEPS,
     BlockSums,
@@ -69,6 +68,7 @@ from p2pdp.learning.models import (
     newton_from_block_sums,
     sums_of_block,
 )
+from p2pdp.learning.rules import make_ensemble_rule
 from p2pdp.tasks.pipeline import FoldData, TrainedPeers, training_key
 from p2pdp.tasks.streamed import block_stream, stream_gap
 

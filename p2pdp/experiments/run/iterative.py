@@ -57,7 +57,7 @@ def simulate_iterative(
     cells that differ only in the protocol's settings), ``network`` (delays, losses, phases),
     ``noise`` (the steps' Gaussian noise), ``sampling`` (records per step), ``gossip``
     (gossip learning's targets): each the root of one stream per peer
-    (:class:`~p2pdp.protocols.iterative_peer.StreamSeeds`); ``churn`` (sessions and
+    (:class:`~p2pdp.protocols.peer_streams.StreamSeeds`); ``churn`` (sessions and
     downtimes, with ``gossip.churn``), ``pairs`` (D-PSGD's pair secrets, one stream per
     edge),
     ``central`` (the trusted-curator reference's sampling and noise).

@@ -180,6 +180,6 @@ def _check_call(
 
 def _coordinator_scores(config: ScenarioConfig) -> bool:
     """Whether this process, the coordinator of a network run, scores it (holds the data)."""
-    from p2pdp.experiments.network.launch import coordinator_scores
+    from p2pdp.experiments.network.hosts_file import coordinator_scores
 
     return coordinator_scores(config.partition.n_peers)

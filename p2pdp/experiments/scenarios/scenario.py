@@ -19,6 +19,10 @@ The sweep belongs to the scenario alone (:attr:`Scenario.axes`); a
 
 Every error is a :class:`~p2pdp.core.errors.ConfigError` naming the file (or the ``--set``
 argument), the key path, the bad value and, for an unknown key, the closest valid one.
+
+This module holds the scenario and its loading; reading a document's keys and values is
+:mod:`p2pdp.experiments.scenarios.document`, the command line's ``--set`` and ``--unset`` over
+a file :mod:`p2pdp.experiments.scenarios.overrides`.
 """
 
 from __future__ import annotations
@@ -28,13 +32,8 @@ import difflib
 import functools
 import hashlib
 import itertools
-import json
 import os
-import re
-import sys
-import types
-import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,6 @@ from p2pdp.config import (
     SECTIONS,
     ScenarioConfig,
     field_key,
-    public_key,
     refuse_unread,
     setting_value,
     settings_read,
@@ -51,43 +49,18 @@ from p2pdp.config import (
     unread_settings,
 )
 from p2pdp.core.errors import ConfigError
-from p2pdp.core.validation import OneOf
 from p2pdp.experiments.scenarios.disclosure import LAMBDA_SWEPT
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
-#: Top-level settings of a scenario file (everything of ScenarioConfig but its sections).
-_TOP_LEVEL = tuple(f.name for f in dataclasses.fields(ScenarioConfig) if f.name not in SECTIONS)
-
-
-@dataclass(frozen=True, slots=True)
-class Axis:
-    """One axis of the grid: ``keys`` (dotted field names) and one value tuple per point.
-
-    A plain axis has one key (``values = ((1,), (2,), (5,))``); a zipped axis has several
-    keys that vary together (``values = ((0.1, 0.01), (1.0, 0.1))``).
-    """
-
-    keys: tuple[str, ...]
-    values: tuple[tuple[Any, ...], ...]
-
-    def public(self) -> Axis:
-        """The same axis with public key names (``"training.lam"`` -> ``"training.lambda"``)."""
-        return Axis(tuple(public_key(k) for k in self.keys), self.values)
-
-    def without(self, key: str) -> Axis | None:
-        """This axis with ``key`` removed (``None`` if nothing is left)."""
-        if key not in self.keys:
-            return self
-        keep = [i for i, k in enumerate(self.keys) if k != key]
-        if not keep:
-            return None
-        return Axis(
-            tuple(self.keys[i] for i in keep), tuple(tuple(v[i] for i in keep) for v in self.values)
-        )
+from p2pdp.experiments.scenarios.document import (
+    _TOP_LEVEL,
+    Axis,
+    _default,
+    _field_names,
+    _read_document,
+    _toml_key,
+    _toml_keys,
+    parse_toml,
+)
+from p2pdp.experiments.scenarios.overrides import _apply_overrides, _apply_unset, _blamed
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,127 +444,6 @@ def parse_scenario(
     ) from None
 
 
-def _apply_unset(
-    settings: dict[str, Any],
-    axes: list[Axis],
-    unset: Sequence[str],
-    *,
-    source: str,
-    origin: dict[str, str],
-    loose: dict[str, str],
-) -> list[Axis]:
-    """Drop each ``--unset`` key from ``settings`` (in place) and from the sweep: the axes
-    left; records in ``origin`` the argument that dropped each key and in ``loose`` the keys
-    it left swept on their own (see :func:`parse_scenario`)."""
-    for name in unset:
-        where = f"--unset {name}"
-        key = _unset_key(name, where)
-        if key in origin:  # dropped by an earlier --unset: the file does set it
-            raise ConfigError(f"{where} is given twice; drop one")
-        if key not in settings and not any(key in axis.keys for axis in axes):
-            raise ConfigError(
-                f"{where}: {source} does not set {key}, so it already has its default "
-                f"({_default(key)!r}); drop the --unset"
-            )
-        settings.pop(key, None)
-        axes = _without_key(axes, key, where, loose)
-        origin[key] = where
-    return axes
-
-
-def _apply_overrides(
-    settings: dict[str, Any],
-    axes: list[Axis],
-    overrides: Sequence[str],
-    origin: dict[str, str],
-    released: dict[str, str],
-    loose: dict[str, str],
-) -> list[Axis]:
-    """Apply each ``--set`` override to ``settings`` (in place) and to the sweep: the axes
-    left; records in ``origin``, ``released`` and ``loose`` which argument set each key, took
-    its zipped axis away or left its zipped partner swept alone (see :func:`parse_scenario`)."""
-    for override in overrides:
-        where = f"--set {override}"
-        override_settings, override_axes = _read_document(_parse_override(override), where)
-        swept = [k for axis in override_axes for k in axis.keys]
-        kept = []
-        for axis in axes:
-            if any(key in axis.keys for key in swept):  # a new axis replaces the whole old one
-                released.update({k: where for k in axis.keys if k not in swept})
-            else:
-                kept.append(axis)
-        for key in override_settings:  # a plain setting leaves its zipped partners swept
-            kept = _without_key(kept, key, where, loose)
-        for key in [*override_settings, *swept]:
-            origin[key] = where
-            released.pop(key, None)
-            loose.pop(key, None)
-        settings.update(override_settings)
-        axes = [*kept, *override_axes]
-    return axes
-
-
-def _blamed(
-    error: ConfigError,
-    source: str,
-    arguments: Sequence[str],
-    file_only: tuple[dict[str, Any], list[Axis]],
-    *,
-    origin: dict[str, str],
-    released: dict[str, str],
-    loose: dict[str, str],
-) -> ConfigError:
-    """``error`` (a scenario the command-line ``arguments`` made invalid) naming the
-    arguments it mentions, with hints for the keys whose sweep they changed and those that
-    come from the file."""
-    message = str(error).removeprefix(f"{source}: ")
-    mentioned = {where for key, where in origin.items() if _mentions(message, key)}
-    blamed = [where for where in arguments if where in mentioned] or arguments
-    hints = [
-        f"{key} is no longer swept because {where} replaced the sweep axis it shared, so "
-        f"it has its base value; set it too (--set {key}=VALUE) or sweep both together "
-        f"(--set 'sweep.\"{','.join(_zipped_with(key, file_only[1]))}\"=[[...], ...]')"
-        for key, where in released.items()
-        if _mentions(message, key)
-    ]
-    hints += [
-        f"{key} is still swept on its own because {where} fixed the other key of their "
-        f"zipped axis; set it too (--set {key}=VALUE) or sweep both together"
-        for key, where in loose.items()
-        if _mentions(message, key)
-    ]
-    hints += [
-        f"{key} = {value!r} comes from {source}"
-        for key, value in file_only[0].items()
-        if key not in origin and _mentions(message, key)
-    ]
-    hint = f" ({'; '.join(hints)})" if hints else ""
-    return ConfigError(f"{', '.join(blamed)}: {message}{hint}")
-
-
-def _unset_key(name: str, where: str) -> str:
-    """The setting ``--unset name`` names (a dotted public name, or ``seed``...); ConfigError
-    naming the closest valid key if there is none."""
-    key = name.strip()
-    valid = [*_TOP_LEVEL, *_toml_keys()]
-    if key not in valid:
-        raise _unknown(where, key, _NO_VALUE, valid)
-    return key
-
-
-def _without_key(axes: Sequence[Axis], key: str, where: str, loose: dict[str, str]) -> list[Axis]:
-    """``axes`` with ``key`` no longer swept; its zipped partners stay swept, and ``loose``
-    records that ``where`` left them on their own."""
-    kept = []
-    for axis in axes:
-        if key in axis.keys:
-            loose.update({k: where for k in axis.keys if k != key})
-        left = axis.without(key)
-        if left is not None:
-            kept.append(left)
-    return kept
-
-
 def _build(
     settings: Mapping[str, Any],
     axes: Sequence[Axis],
@@ -623,204 +475,3 @@ def _build(
         unset=tuple(unset),
         drop_unread=drop_unread,
     )
-
-
-def _mentions(message: str, key: str) -> bool:
-    """True if ``message`` names the dotted setting ``key`` (not just a longer key, nor a
-    quoted value or hyphenated name such as ``'seed-laplace'``). A top-level key, a plain
-    word (``seed``, ``name``), counts only as ``key =`` or ``key must``."""
-    name = rf"(?<![\w.'\-]){re.escape(key)}(?![\w'\-])"
-    if "." not in key:
-        name += r"(?=\s*=|\s+must\b)"
-    return re.search(name, message) is not None
-
-
-def _zipped_with(key: str, axes: Sequence[Axis]) -> tuple[str, ...]:
-    """The keys of the axis holding ``key`` (``(key,)`` if none does)."""
-    return next((axis.keys for axis in axes if key in axis.keys), (key,))
-
-
-def parse_toml(text: str, source: str) -> dict[str, Any]:
-    """The TOML document ``text``; ConfigError naming ``source``, line and column if invalid."""
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        line, column = getattr(exc, "lineno", None), getattr(exc, "colno", None)
-        if line is None:  # Python < 3.14: the position is only in the message
-            found = re.search(r"\(at line (\d+), column (\d+)\)", message)
-            last_line = text.rsplit("\n", 1)[-1]
-            line, column = found.groups() if found else (text.count("\n") + 1, len(last_line) + 1)
-        reason = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", message)
-        raise ConfigError(f"{source}:{line}:{column}: invalid TOML: {reason}") from None
-
-
-def _parse_override(override: str) -> dict[str, Any]:
-    key, equals, value = override.partition("=")
-    if not equals or not key.strip():
-        raise ConfigError(f"--set {override}: expected key.path=value")
-    for candidate in (value, json.dumps(value.strip())):
-        try:
-            return tomllib.loads(f"{key.strip()} = {candidate}")
-        except tomllib.TOMLDecodeError:
-            continue
-    raise ConfigError(f"--set {override}: {key.strip()!r} is not a valid dotted key")
-
-
-def _read_document(document: Mapping[str, Any], where: str) -> tuple[dict[str, Any], list[Axis]]:
-    """Flatten a parsed document to ``{"section.field": value}`` and sweep axes, type-checked."""
-    settings: dict[str, Any] = {}
-    axes: list[Axis] = []
-    hints = typing.get_type_hints(ScenarioConfig)
-    for key, value in document.items():
-        if key in _TOP_LEVEL:
-            settings[key] = _coerce(value, hints[key], key, where)
-        elif key in SECTIONS:
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}: {key} must be a table ([{key}]), got {value!r}")
-            for name, item in value.items():
-                setting_key, hint = _resolve(f"{key}.{name}", item, where)
-                settings[setting_key] = _coerce(item, hint, f"{key}.{name}", where)
-        elif key == "sweep":
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}: sweep must be a table ([sweep]), got {value!r}")
-            if not value and where.startswith("--set "):  # merged into the file's: no change
-                raise ConfigError(
-                    f"{where}: an empty sweep changes nothing (the file's axes stay); to stop "
-                    "sweeping a key, --set it to one value or --unset it"
-                )
-            axes.extend(_read_axis(name, values, where) for name, values in value.items())
-        else:
-            raise _unknown(where, key, value, [*_TOP_LEVEL, *SECTIONS, "sweep"])
-    for key in (k for axis in axes for k in axis.keys if k in settings):
-        raise ConfigError(
-            f"{where}: {_toml_key(key)} is set both in its table and in [sweep]; keep one"
-        )
-    return settings, axes
-
-
-def _read_axis(name: str, values: Any, where: str) -> Axis:
-    parts = [part.strip() for part in name.split(",")]
-    path = f'sweep."{name}"'
-    if not isinstance(values, list):
-        raise ConfigError(f"{where}: {path} must be a list of values, got {values!r}")
-    resolved = [_resolve(part, values, where) for part in parts]
-    rows = []
-    for value in values:
-        row = value if len(parts) > 1 else [value]
-        if len(parts) > 1 and (not isinstance(value, list) or len(value) != len(parts)):
-            raise ConfigError(
-                f"{where}: {path} must list [{', '.join(parts)}] tuples of {len(parts)} "
-                f"values, got {value!r}"
-            )
-        point = tuple(
-            _coerce(v, hint, part, where)
-            for v, part, (_, hint) in zip(row, parts, resolved, strict=True)
-        )
-        if point in rows:  # one grid point twice would run its cells twice under one name
-            raise ConfigError(
-                f"{where}: {path} lists {value!r} twice; each value is one grid point"
-            )
-        rows.append(point)
-    return Axis(tuple(key for key, _ in resolved), tuple(rows))
-
-
-def _resolve(dotted: str, value: Any, where: str) -> tuple[str, Any]:
-    """``"training.lambda"`` -> (``"training.lambda"``, the type hint of ``lam``).
-
-    Only public names are accepted (``"training.lam"`` fails with "did you mean
-    'training.lambda'?"), so a file, ``--set`` and the results all spell a setting one way.
-    """
-    section, _, name = dotted.partition(".")
-    if section not in SECTIONS:
-        raise _unknown(where, dotted, value, list(_toml_keys()))
-    public_to_field = {
-        public_key(f"{section}.{f.name}").partition(".")[2]: f.name
-        for f in dataclasses.fields(SECTIONS[section])
-    }
-    if name not in public_to_field:
-        raise _unknown(where, dotted, value, [f"{section}.{n}" for n in public_to_field])
-    field_name = public_to_field[name]
-    return dotted, typing.get_type_hints(SECTIONS[section])[field_name]
-
-
-def _default(key: str) -> Any:
-    """The default value of the dotted setting ``key`` (or top-level, ``"seed"``)."""
-    section, dot, name = field_key(key).partition(".")
-    if not dot:
-        return next(f.default for f in dataclasses.fields(ScenarioConfig) if f.name == key)
-    return getattr(SECTIONS[section](), name)
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
-
-
-def _toml_key(key: str) -> str:
-    """``"training.lam"`` -> ``"training.lambda"`` (the name a scenario file uses)."""
-    return public_key(key)
-
-
-def _toml_keys() -> Iterable[str]:
-    for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            yield public_key(f"{section}.{f.name}")
-
-
-#: ``_unknown``'s value for a key given without one (``--unset KEY``).
-_NO_VALUE = object()
-
-
-def _unknown(where: str, key: str, value: Any, valid: Sequence[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
-    given = "" if value is _NO_VALUE else f" (value {value!r})"
-    return ConfigError(f"{where}: unknown key {key!r}{given}; {hint}")
-
-
-def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
-    """Check ``value`` against the field type ``hint``; int -> float, list -> tuple."""
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        if isinstance(value, list):
-            item = typing.get_args(hint)[0]
-            return tuple(_coerce(v, item, key, where) for v in value)
-    elif origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
-            if option is not type(None):
-                try:
-                    return _coerce(value, option, key, where)
-                except ConfigError:
-                    continue
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif isinstance(value, hint):
-        return value
-    raise ConfigError(f"{where}: {key} must be {_describe(hint)}{_options(key)}, got {value!r}")
-
-
-def _options(key: str) -> str:
-    """`` (one of data, manifest)`` for a setting that takes one of fixed strings, else ``""``:
-    a value of the wrong type is told the values it could take."""
-    section, dot, name = field_key(key).partition(".")
-    if not dot or section not in SECTIONS:
-        return ""
-    found = [f for f in dataclasses.fields(SECTIONS[section]) if f.name == name]
-    constraint = found[0].metadata.get("constraint") if found else None
-    if isinstance(constraint, OneOf):
-        return f" (one of {', '.join(constraint.options)})"
-    return ""
-
-
-def _describe(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        return f"a list (each item {_describe(typing.get_args(hint)[0])})"
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in typing.get_args(hint) if a is not type(None))
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    return names.get(hint, getattr(hint, "__name__", str(hint)))

@@ -43,16 +43,10 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.core.reads import Read, When
 from p2pdp.core.rng import generator
 from p2pdp.learning.ensembles import OwnShards, cross_validate_own_models
-from p2pdp.learning.evaluation import (
-    Metrics,
-    PeerData,
-    build_ensembles,
-    evaluate_ensembles,
-    linear_error,
-    make_ensemble_rule,
-)
+from p2pdp.learning.evaluation import Metrics, evaluate_ensembles, linear_error
 from p2pdp.learning.models import make_model
 from p2pdp.learning.references import CentralisedReference, centralised_best_lambda
+from p2pdp.learning.rules import PeerData, build_ensembles, make_ensemble_rule
 from p2pdp.privacy.accounting import affordable_aggregations
 from p2pdp.privacy.calibration import group_sensitivity
 from p2pdp.privacy.posterior_sampling.posterior import PEER_SETTINGS, private_logistic_peers

@@ -11,8 +11,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from p2pdp.learning.evaluation import EnsembleRule, Margins
 from p2pdp.learning.models import LogisticModel
+from p2pdp.learning.rules import EnsembleRule, Margins
 from p2pdp.privacy.accountants import BasicAccountant
 from p2pdp.privacy.mechanisms import VectorLaplace
 

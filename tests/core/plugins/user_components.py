@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from p2pdp.core.rng import generator
-from p2pdp.learning.evaluation import EnsembleRule, Margins
 from p2pdp.learning.models import LogisticModel
+from p2pdp.learning.rules import EnsembleRule, Margins
 from p2pdp.privacy.accountants import BasicAccountant
 from p2pdp.privacy.mechanisms import Mechanism
 
