@@ -91,14 +91,8 @@ from p2pdp.net.tls import Authority, host_name, identity, listen, resolve
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, read_frame, unpack_vector
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
-from p2pdp.protocols.groups import (
-    ASSIGN,
-    SAMPLER,
-    Group,
-    failed_in_a_row,
-    stopped_initiating,
-    too_few_solvent,
-)
+from p2pdp.protocols.gossip import stop_reason
+from p2pdp.protocols.groups import ASSIGN, SAMPLER, Group
 from p2pdp.protocols.oneshot import COLLECT_TIMEOUT, Sampler, Stop
 
 __all__ = ["NetworkWorld", "check_supported"]
@@ -990,19 +984,23 @@ class NetworkWorld:
             self._ended_sent[host] += 1
 
     def _gossip_stop(self, aborted_in_a_row: int, in_flight: int) -> str:
-        """The simulator's observer (:class:`p2pdp.sim.gossip.sampler.GossipSampler`), from
-        the ledger and the hosts' reports: why the run stops, or "" if it goes on."""
+        """The simulator's observer's rule (:func:`p2pdp.protocols.gossip.stop_reason`), fed
+        from the ledger and the hosts' reports: why the run stops, or "" if it goes on. A
+        live host that has not said anything yet counts as trying; one that has not carried
+        out every ``ended`` frame sent to it as something under way (one in transit may make
+        its peers try again); a lost host does not count."""
         groups = self.config.groups
-        if int(np.count_nonzero(self._solvent(np.arange(self.n_peers)))) < groups.group_size:
-            return too_few_solvent(groups.group_size)
-        if aborted_in_a_row >= groups.max_failed_attempts:
-            return failed_in_a_row(groups.max_failed_attempts)
-        live = set(range(self.n_hosts)) - self.lost_hosts
-        idle = all(  # each host: nobody initiating, nothing under way, every end carried out
-            host in self._status and self._status[host] == (0, 0, self._ended_sent[host])
-            for host in live
+        live = sorted(set(range(self.n_hosts)) - self.lost_hosts)
+        said = [self._status[host] for host in live if host in self._status]
+        behind = sum(self._status[h][2] != self._ended_sent[h] for h in live if h in self._status)
+        return stop_reason(
+            solvent=int(np.count_nonzero(self._solvent(np.arange(self.n_peers)))),
+            aborted_in_a_row=aborted_in_a_row,
+            trying=sum(trying for trying, _, _ in said) + len(live) - len(said),
+            under_way=in_flight + sum(attempts for _, attempts, _ in said) + behind,
+            group_size=groups.group_size,
+            max_failed=groups.max_failed_attempts,
         )
-        return stopped_initiating(groups.max_failed_attempts) if idle and not in_flight else ""
 
     async def _gossip(self) -> None:
         """Gossip formation: the hosts form the groups (:mod:`p2pdp.net.gossip_host`); each
