@@ -69,7 +69,8 @@ import numpy as np
 from p2pdp.config import RUNTIME_READS, ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.core.rng import Uniforms
-from p2pdp.net.gossip_host import ENDED, FORMED, HALT, STATUS, elect, public_key
+from p2pdp.net.commitments import elect, public_key
+from p2pdp.net.gossip_host import ENDED, FORMED, HALT, STATUS
 from p2pdp.net.host import (
     CERTIFICATE,
     DIRECTORY,

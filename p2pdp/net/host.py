@@ -51,13 +51,13 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from p2pdp.core.rng import os_generator
+from p2pdp.net.commitments import public_key
 from p2pdp.net.gossip_host import (
     ENDED,
     HALT,
     PEER_KINDS,
     GossipSetup,
     HostFormation,
-    public_key,
 )
 from p2pdp.net.tls import (
     COORDINATOR,

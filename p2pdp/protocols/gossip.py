@@ -114,7 +114,7 @@ def elected(members: list[int], nonces: list[int]) -> int:
     """The curator of a formed group: ``members[sum(nonces) mod g]``, ``members`` in the
     order fixed before any nonce was revealed (initiator first). The one rule of both
     drivers: the simulator's (:meth:`GossipFormation._start`) and the network coordinator's
-    check of a formed report (:func:`p2pdp.net.gossip_host.elect`)."""
+    check of a formed report (:func:`p2pdp.net.commitments.elect`)."""
     return int(members[sum(nonces) % len(members)])
 
 
