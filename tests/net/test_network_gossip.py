@@ -27,7 +27,8 @@ from p2pdp.net.gossip_host import (
     _Record,
 )
 from p2pdp.net.gossip_views import ASKED
-from p2pdp.net.host import HostSettings, PeerHost
+from p2pdp.net.host import PeerHost
+from p2pdp.net.hosts import HostSettings
 from p2pdp.net.tls import Authority, Credential, host_name, new_key, signing_request
 from p2pdp.net.wire import ProtocolError
 from p2pdp.privacy.mechanisms import make_mechanism

@@ -2,8 +2,8 @@
 
 ``simulate(config, runtime="network")`` builds a :class:`p2pdp.net.coordinator.NetworkWorld`
 here. Each host is an OS process that serves its own peers' statistics
-(:func:`p2pdp.net.host.serve`), started once per run and serving every cell of it, each cell a
-session of its own (:class:`RunHosts`, :func:`run_hosts`). Peers are split evenly, in id
+(:func:`p2pdp.net.host_process.serve`), started once per run and serving every cell of it,
+each cell a session of its own (:class:`RunHosts`, :func:`run_hosts`). Peers are split evenly, in id
 order, over the host processes.
 Where a hosts file gives each host its ``data`` (a per-host shard file written by ``p2pdp
 split``, :mod:`p2pdp.experiments.network.shards`), the host reads only that file and trains only its
@@ -59,7 +59,8 @@ from p2pdp.core.rng import generator, os_generator
 from p2pdp.experiments.scenarios.scenario import parse_toml
 from p2pdp.net.coordinator import NetworkWorld, check_supported
 from p2pdp.net.gossip_host import GossipSetup
-from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of, serve
+from p2pdp.net.host_process import serve
+from p2pdp.net.hosts import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
 from p2pdp.net.iterative_coordinator import check_iterative
 from p2pdp.net.tls import Authority
 from p2pdp.privacy.accounting import BudgetLedger
@@ -891,7 +892,7 @@ def _serve_cells(bundles: Iterator[dict[str, Any]], over: Callable[[], object]) 
 def host_from_stdin() -> None:
     """A host started by a hosts file's command: its cells' launch bundles (each pickled by
     the coordinator that started it, the only party that writes to this process's standard
-    input) name its run, fold, index, ticket (:class:`~p2pdp.net.host.Ticket`: no private
+    input) name its run, fold, index, ticket (:class:`~p2pdp.net.hosts.Ticket`: no private
     key) and addresses. It writes one byte on its standard output when a cell is over (what
     it prints goes to its standard error), and exits at the end of its input."""
     done = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
