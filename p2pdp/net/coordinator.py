@@ -5,8 +5,8 @@ after :meth:`NetworkWorld.run` it holds the same outputs (published models, rece
 release records, the budget ledger, message counters), so the experiment code scores a
 network run exactly as it scores a simulated one.
 
-The run: start the host processes (:mod:`p2pdp.net.host`), each with a
-:class:`~p2pdp.net.host.Ticket` (no private key: a one-time token and the run's CA
+The run: start the host processes (:mod:`p2pdp.net.host_process`), each with a
+:class:`~p2pdp.net.hosts.Ticket` (no private key: a one-time token and the run's CA
 certificate); sign each host's certificate signing request once, for the host index its token
 was made for (:meth:`~p2pdp.net.tls.Authority.enroll`; a wrong or spent token, a request for
 another identity and any other frame on the enrollment listener are refused and counted
@@ -37,14 +37,20 @@ whose control connection closes before its final report (killed, crashed) is los
 one of its peers is aborted at once, its peers leave the pool, and the run goes on without them
 (their receipts and counts are lost with them: the ``wire`` table counts ``hosts lost``, the row
 ``hosts_lost``). A host that does not answer the final ``FINISH`` in time is killed and counted
-the same way. ``transport.messages_lost`` (the row's ``messages_lost``) counts the run's frames
-that were undeliverable or reached a curator past its group's timer (:data:`LOST`), as every
-party that reported counted them, and the honest publications refused because a forged copy
-with their group's id came first (:data:`~p2pdp.net.host.PRE_EMPTED`);
-``transport.messages_refused`` (the row's ``messages_refused``) the messages refused as outside
-the protocol (:data:`REFUSED`). A host that exits or
-never connects while the hosts start fails the run (:class:`~p2pdp.core.errors.NetworkRunError`,
-naming the host and its command).
+the same way. ``transport.messages_lost`` (the row's ``messages_lost``) counts the run's frames that
+were undeliverable or reached a curator past its group's timer
+(:data:`~p2pdp.net.bookkeeping.LOST`), as every party that reported counted them, and the honest
+publications refused because a forged copy with their group's id came first
+(:data:`~p2pdp.net.hosts.PRE_EMPTED`); ``transport.messages_refused`` (the row's
+``messages_refused``) the messages refused as outside the protocol
+(:data:`~p2pdp.net.bookkeeping.REFUSED`). A host that exits or never connects while the hosts start
+fails the run (:class:`~p2pdp.core.errors.NetworkRunError`, naming the host and its command).
+
+Around this module: the hosts' enrollment and control frames, and what the coordinator
+accepts on them, are its base :class:`p2pdp.net.control.HostControl`; the groups gossip
+formation brings, and the gossip run's stop, its base
+:class:`p2pdp.net.gossip_coordinator.GossipGroups`; the run's clock and counts
+:mod:`p2pdp.net.bookkeeping`.
 
 What the coordinator sees: the groups it formed, the released models and their public records
 (sensitivity, noise scale; ``noise_norm`` is analysis-only, as in the simulator). It never sees
@@ -58,10 +64,8 @@ import json
 import logging
 import math
 import signal
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -69,36 +73,23 @@ import numpy as np
 from p2pdp.config import RUNTIME_READS, ScenarioConfig
 from p2pdp.core.errors import ConfigError, NetworkRunError
 from p2pdp.core.rng import Uniforms
-from p2pdp.net.gossip_host import ENDED, FORMED, HALT, STATUS, elect, public_key
-from p2pdp.net.host import (
-    CERTIFICATE,
+from p2pdp.net.bookkeeping import LOST, REFUSED, Clock, MessageCounts, Monitor, WireStats
+from p2pdp.net.connections import fresh
+from p2pdp.net.control import HostControl
+from p2pdp.net.gossip_coordinator import GossipGroups
+from p2pdp.net.hosts import (
     DIRECTORY,
-    DONE,
-    ENROLL,
-    ENROLL_BYTES,
     EXPLAINED,
     FINISH,
-    HELLO,
-    KINDS,
-    PRE_EMPTED,
-    STATS,
     HostSettings,
     Ticket,
-    fresh,
     hosts_of,
 )
-from p2pdp.net.tls import Authority, host_name, identity, listen, resolve
-from p2pdp.net.wire import ProtocolError, encode, frame_bytes, read_frame, unpack_vector
+from p2pdp.net.tls import Authority, host_name, listen, resolve
+from p2pdp.net.wire import encode, frame_bytes
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.privacy.release import ReleaseRecord
-from p2pdp.protocols.groups import (
-    ASSIGN,
-    SAMPLER,
-    Group,
-    failed_in_a_row,
-    stopped_initiating,
-    too_few_solvent,
-)
+from p2pdp.protocols.groups import ASSIGN, SAMPLER, Group
 from p2pdp.protocols.oneshot import COLLECT_TIMEOUT, Sampler, Stop
 
 __all__ = ["NetworkWorld", "check_supported"]
@@ -110,16 +101,6 @@ STARTUP_TIMEOUT = 300.0
 #: While waiting for hosts: the first notice naming the silent ones after NOTICE_AFTER s, then
 #: one every NOTICE_EVERY s (a command that neither connects nor exits waits the whole timeout).
 NOTICE_AFTER, NOTICE_EVERY = 10.0, 30.0
-#: Most distinct keys a host's final report may count under (``wire`` kinds, ``refused``
-#: reasons: a host counts the protocol's kinds, reasons of its own and "unknown").
-REPORT_KEYS = 64
-
-
-def _count(value: Any, name: str, high: int = 2**63) -> int:
-    """``value`` if it is an int in ``[0, high)``; else ValueError naming ``name``."""
-    if type(value) is not int or not 0 <= value < high:
-        raise ValueError(f"{name} must be an integer in [0, {high}), got {value!r:.40}")
-    return value
 
 
 def check_supported(config: ScenarioConfig, *, scale_family: bool, per_release: bool) -> None:
@@ -213,75 +194,7 @@ def _ended(host: int, process: Any) -> str:
     return f"{_name(host, process)} {how}"
 
 
-#: Refusal reasons (the ``wire`` table's) that are the run's own messages lost: a frame that
-#: could not be delivered, or that reached its curator past its group's timer.
-LOST = ("unreachable", "expired", PRE_EMPTED)
-#: Refusal reasons that are messages refused as outside the protocol (replayed, forged,
-#: malformed, from a party the protocol's state does not entitle to send them), counted per
-#: kind (the row's ``messages_refused``); refused connections are not messages.
-REFUSED = (*KINDS, HELLO, DONE, STATS, FORMED, STATUS, ENROLL, "unknown")
-#: Control frames a host sends (a refused one is counted under its kind).
-_CONTROL = (HELLO, DONE, STATS, FORMED, STATUS)
-
-
-@dataclass
-class _Monitor:
-    """The completion monitor's counts (as :class:`p2pdp.sim.world.CompletionMonitor`)."""
-
-    aggregations: int = 0
-    aborted: int = 0
-    end_time: float = 0.0
-    stop_reason: str = ""
-
-
-@dataclass
-class _Counters:
-    """Messages as the simulator counts them (attribute names of its Transport)."""
-
-    messages_sent: np.ndarray
-    bytes_sent: np.ndarray
-    control_messages: int = 0
-    messages_lost: int = 0
-    messages_refused: int = 0
-
-
-class _Clock:
-    """``now``: wall seconds since the run began (observers read ``world.env.now``)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-
-    @property
-    def now(self) -> float:
-        return time.perf_counter() - self.start
-
-
-@dataclass
-class WireStats:
-    """What travelled on the wire, measured: frames and bytes per message kind (every
-    sender: coordinator, peers, reports) and frames refused per reason."""
-
-    frames: Counter = field(default_factory=Counter)
-    bytes: Counter = field(default_factory=Counter)
-    refused: Counter = field(default_factory=Counter)
-
-    def add(self, kind: str, n_bytes: int) -> None:
-        self.frames[kind] += 1
-        self.bytes[kind] += n_bytes
-
-    def rows(self, lost_hosts: int = 0) -> list[dict[str, Any]]:
-        """One row per kind: ``kind``, ``frames``, ``wire_bytes``; then ``refused`` (frames
-        refused, and late releases) and ``hosts lost`` (in ``frames``: host processes)."""
-        rows = [
-            {"kind": kind, "frames": self.frames[kind], "wire_bytes": self.bytes[kind]}
-            for kind in sorted(self.frames)
-        ]
-        rows.append({"kind": "refused", "frames": sum(self.refused.values()), "wire_bytes": 0})
-        rows.append({"kind": "hosts lost", "frames": lost_hosts, "wire_bytes": 0})
-        return rows
-
-
-class NetworkWorld:
+class NetworkWorld(HostControl, GossipGroups):
     """One run of the one-shot protocol between host processes; World's outputs after run().
 
     Parameters
@@ -301,7 +214,7 @@ class NetworkWorld:
         ``"protocol"``: the stream of groups and curators (the simulator's).
     launch : callable
         ``launch(host_index, ticket) -> process`` starts host ``host_index`` (of ``hosts``)
-        with its :class:`~p2pdp.net.host.Ticket`, or hands this run to a host process that
+        with its :class:`~p2pdp.net.hosts.Ticket`, or hands this run to a host process that
         serves several (``p2pdp.experiments.network.processes.RunHosts``; then ``process`` is this
         run's view of it, alive until the host says the run is over): it enrolls, connects
         to the coordinator with its new certificate and says where its peers listen; the
@@ -369,9 +282,9 @@ class NetworkWorld:
             max_failed=groups.max_failed_attempts,
         )
         self._next_group = 0
-        self.env = _Clock()
-        self.monitor = _Monitor()
-        self.transport = _Counters(
+        self.env = Clock()
+        self.monitor = Monitor()
+        self.transport = MessageCounts(
             messages_sent=np.zeros(n_peers, dtype=np.int64),
             bytes_sent=np.zeros(n_peers, dtype=np.int64),
         )
@@ -514,7 +427,7 @@ class NetworkWorld:
             for writer in self._hosts.values():
                 writer.write(directory)
                 self.wire.add(DIRECTORY, len(directory))
-            self.env = _Clock()
+            self.env = Clock()
             gossip = self.config.groups.sampler == "gossip"
             await (self._gossip() if gossip else self._groups())
             self.monitor.end_time = self.env.now
@@ -579,243 +492,7 @@ class NetworkWorld:
                 process.kill()
                 process.join()
 
-    # -- enrollment (one connection per host, before its control connection) --------------------
-    async def _enroll(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One enrollment: a single frame of at most ENROLL_BYTES, answered by the host's
-        certificate if the authority accepts it; anything else is refused, counted
-        ``enroll``, and closes the connection unanswered. The listener closes once every
-        host enrolled."""
-        try:
-            message = await read_frame(reader, timeout=self.settings.timeout,
-                                       max_bytes=ENROLL_BYTES)  # fmt: skip
-            if message is None or message["kind"] != ENROLL:
-                raise ProtocolError(f"not an enrollment: {message!r:.40}")
-            certificate = self.authority.enroll(
-                message.get("host"), message.get("token"), message.get("request")
-            )
-        except (ProtocolError, TimeoutError, ConnectionError) as error:
-            self.wire.refused[ENROLL] += 1
-            log.warning("coordinator: refused an enrollment: %s", error)
-            writer.close()
-            return
-        writer.write(encode({"kind": CERTIFICATE, "certificate": certificate}))
-        try:
-            await asyncio.wait_for(writer.drain(), self.settings.timeout)
-        except (TimeoutError, ConnectionError):
-            pass  # the host cannot enroll again: it fails to start, and the run says so
-        writer.close()
-        if self.authority.enrolled and self._enrollment is not None:
-            self._enrollment.close()  # nobody else may enroll: no listener left for it
-
-    # -- control connections (one per host) ---------------------------------------------------
-    async def _control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Read one host's control frames until its connection closes. A frame that breaks
-        the protocol (a host speaking for another, a malformed report) is refused and
-        counted, and the connection goes on; one that breaks the wire format ends it."""
-        settings = self.settings
-        host: int | None = None
-        who = identity(writer)
-        try:
-            while True:
-                message = await read_frame(
-                    reader,
-                    timeout=settings.timeout,
-                    idle=settings.idle_timeout,
-                    max_bytes=self.control_bytes,
-                )
-                if message is None:
-                    if host is not None and host not in self._stats:
-                        self._host_lost(host, "its connection closed")
-                    return
-                kind = message["kind"]
-                try:
-                    host = self._on_control(message, who, writer, host)
-                except (ProtocolError, KeyError, TypeError, ValueError, OverflowError) as error:
-                    self.wire.refused[kind if kind in _CONTROL else "unknown"] += 1
-                    log.warning("coordinator: refused a %r frame: %s", kind[:32], error)
-        except (ProtocolError, TimeoutError, ConnectionError) as error:
-            self.wire.refused[type(error).__name__] += 1
-            log.warning("coordinator: refused a control connection: %s", error)
-            writer.transport.abort()  # closed here too, with its descriptor, at once
-        except asyncio.CancelledError:  # the run is over
-            pass
-        finally:
-            writer.close()
-
-    def _on_control(
-        self,
-        message: dict[str, Any],
-        who: str | None,
-        writer: asyncio.StreamWriter,
-        host: int | None,
-    ) -> int | None:
-        """One control frame from the host authenticated as ``who``; the connection's host.
-        Every field is checked (type and range) before anything counts: a bad frame raises
-        and changes nothing."""
-        kind = message["kind"]
-        if kind in (HELLO, STATS, STATUS):
-            claimed = _count(message["host"], "host", self.n_hosts)
-            if who != host_name(claimed) or (host is not None and host != claimed):
-                raise ProtocolError(f"{who!r} claims to be host {claimed}")
-        if kind == HELLO:
-            address, ports = message["address"], self._hello_ports(message["ports"], claimed)
-            if claimed in self._hosts:
-                raise ProtocolError(f"a second hello from host {claimed}")
-            if not isinstance(address, str) or not 0 < len(address) <= 255:
-                raise ValueError(f"hello address must be a host name, got {address!r:.40}")
-            dim, bounds = _count(message["dim"], "hello dim", 2**31), message["bounds"]
-            if dim < 1 or not isinstance(bounds, bool):
-                raise ValueError(f"hello dim {dim} must be >= 1 and bounds a bool")
-            if self.config.groups.sampler == "gossip":  # its commitments' signing key
-                public_key(message["signing"])  # ProtocolError unless one
-                self._signing[claimed] = message["signing"]
-            self._dims[claimed] = dim
-            self.data_dependent_bounds |= bounds
-            self._hosts[claimed] = writer
-            self.addresses[claimed] = address
-            if not self.ports:
-                self.ports = [0] * self.n_peers
-            for peer, peer_port in ports.items():
-                self.ports[peer] = peer_port
-            if len(self._hosts) == self.n_hosts:
-                self._hello.set()
-            return claimed
-        if kind == DONE:
-            report = self._release_report(message, who)
-            future = self._done.get(report["group"])
-            if future is not None and not future.done():
-                group = self._in_flight[report["group"]]
-                if report["curator"] != group.curator:
-                    raise ProtocolError(
-                        f"a release of group {group.group_id} by {report['curator']}, not its "
-                        f"curator {group.curator}"
-                    )
-                future.set_result(report)
-            else:
-                self._late_release(report)
-        elif kind == FORMED:
-            self._on_formed(message, who)
-        elif kind == STATUS:
-            trying, attempts, ended = (
-                _count(message[k], f"status {k}") for k in ("trying", "attempts", "ended")
-            )
-            self._status[claimed] = (trying, attempts, ended)
-            self._wake.set()
-        elif kind == STATS:
-            if claimed in self._stats:
-                raise ProtocolError(f"a second final report from host {claimed}")
-            self._stats[claimed] = self._stats_report(message, claimed)
-            self._check_all_stats()
-        else:
-            raise ProtocolError(f"unknown control kind {kind!r:.40}")
-        return host
-
-    def _hello_ports(self, value: Any, host: int) -> dict[int, int]:
-        """A hello's ``[[peer, port], ...]``: exactly the host's own peers, each once."""
-        own = np.flatnonzero(self.host_of == host).tolist()
-        ports = {
-            _count(peer, "hello peer", self.n_peers): _count(port, "hello port", 65536)
-            for peer, port in value
-        }
-        if sorted(ports) != own or len(value) != len(own):
-            raise ProtocolError(f"host {host} says where peers {sorted(ports)[:8]} listen")
-        return ports
-
-    def _stats_report(self, message: dict[str, Any], host: int) -> dict[str, Any]:
-        """A host's final report, checked: counts for its own peers, ints >= 0, at most
-        REPORT_KEYS kinds and reasons (short strings), receipts (peer, group) of its own
-        peers as 16-byte pairs."""
-        own = set(np.flatnonzero(self.host_of == host).tolist())
-        sent = []
-        for peer, messages, n_bytes in message["sent"]:
-            if _count(peer, "stats peer") not in own:
-                raise ProtocolError(f"host {host} reports what peer {peer} sent")
-            sent.append((peer, _count(messages, "stats messages"), _count(n_bytes, "bytes")))
-        tables = {}
-        for name, width in (("wire", 2), ("refused", 1)):
-            table = message[name]
-            if not isinstance(table, dict) or len(table) > REPORT_KEYS:
-                raise ValueError(f"stats {name} must be a map of at most {REPORT_KEYS} keys")
-            for key, value in table.items():
-                if not isinstance(key, str) or len(key) > 64:
-                    raise ValueError(f"stats {name} key {key!r:.40}")
-                values = value if width == 2 else [value]
-                if len(values) != width:
-                    raise ValueError(f"stats {name}[{key}] = {value!r:.40}")
-                for item in values:
-                    _count(item, f"stats {name}[{key}]")
-            tables[name] = table
-        receipts = message["receipts"]
-        if not isinstance(receipts, bytes) or len(receipts) % 16:
-            raise ValueError("stats receipts must be (peer, group) pairs of int64")
-        pairs = np.frombuffer(receipts, dtype="<i8").reshape(-1, 2)
-        if not np.isin(pairs[:, 0], list(own)).all():
-            raise ProtocolError(f"host {host} reports receipts of another host's peers")
-        return {**tables, "sent": sent, "receipts": pairs}
-
-    def _release_report(self, message: dict[str, Any], who: str | None) -> dict[str, Any]:
-        """A curator's ``DONE``, checked: from the curator's own host, with a well-formed
-        record and model (parsed here, so a bad report is refused before anything counts)."""
-        if self.dim is None:
-            raise ProtocolError("a release before every host said its statistics' length")
-        group = _count(message["group"], "done group")
-        curator = _count(message["curator"], "done curator", self.n_peers)
-        if who != host_name(int(self.host_of[curator])):
-            raise ProtocolError(f"{who!r} reports for curator {curator}")
-        return {
-            "group": group,
-            "curator": curator,
-            "record": ReleaseRecord.from_row(message["record"]),
-            "model": unpack_vector(message["model"], shape=(self.dim,)),
-        }
-
-    def _host_lost(self, host: int, why: str) -> None:
-        """Host ``host`` is gone: abort the group in flight with one of its peers, take its
-        peers out of the pool for good."""
-        if host in self.lost_hosts:
-            return
-        log.warning("network runtime: host %d lost (%s); its peers leave the run", host, why)
-        self.lost_hosts.add(host)
-        peers = np.flatnonzero(self.host_of == host)
-        self.sampler.remove(set(peers.tolist()))
-        for group_id, group in self._in_flight.items():
-            future = self._done[group_id]
-            if not future.done() and np.isin(group.members, peers).any():
-                self._hold(group)  # at once: its curator's report may be next in line
-                future.set_result(None)  # aborted: a member's host is gone
-        self._wake.set()  # the gossip observer counts without it
-        self._check_all_stats()
-
-    def _hold(self, group: Group) -> None:
-        """``group`` is aborted, but its curator may still release it (unless its host is
-        gone): hold one charge back for its members until its report comes (for good if it
-        never does: their budget may have been spent)."""
-        if self.host_of[group.curator] not in self.lost_hosts:
-            self._aborted[group.group_id] = group
-            self._held[group.members] += 1
-
-    def _check_all_stats(self) -> None:
-        if len(self._stats) + len(self.lost_hosts - set(self._stats)) >= self.n_hosts:
-            self._all_stats.set()
-
-    def _late_release(self, report: dict[str, Any]) -> None:
-        """A release reported after its group was aborted: it happened, so charge it, to the
-        members the coordinator itself assigned (their budget for it was held back since
-        the abort, see :meth:`_groups`). A report of any other group (never formed, still to
-        come, reported twice, or from another curator) is refused: a host cannot make up
-        releases or charges."""
-        group = self._aborted.get(report["group"])
-        if group is None or group.curator != report["curator"]:
-            raise ProtocolError(f"a release of group {report['group']}, which was not aborted")
-        del self._aborted[group.group_id]
-        self._held[group.members] -= 1
-        log.error(
-            "network runtime: group %s released after its abort; its members are charged",
-            group.group_id,
-        )
-        self._released(group, report, full=self.config.publication.mode == "full")
-        self.wire.refused["late release"] += 1
-
+    # -- assignments (the coordinator's frames to peers) --------------------------------------
     async def _send(self, peer: int, message: dict[str, Any]) -> None:
         fresh(self._writers, self._used, peer, self.settings.peer_idle)
         if peer not in self._writers:
@@ -951,108 +628,6 @@ class NetworkWorld:
         self.published.append(model)
         self.shared.append(full)  # every peer is online: a full publication reaches everyone
         self.monitor.aggregations += 1
-
-    # -- gossip formation (groups.sampler = "gossip") ---------------------------------------
-    def _on_formed(self, message: dict[str, Any], who: str | None) -> None:
-        """A host reports a group its initiator formed: from the initiator's host, once per
-        attempt, with every member's signed commitment and nonce (checked here: the curator
-        is elected here, from the nonces, never taken from the report)."""
-        initiator = _count(message["initiator"], "formed initiator", self.n_peers)
-        if who != host_name(int(self.host_of[initiator])):
-            raise ProtocolError(f"{who!r} reports a group of initiator {initiator}")
-        attempt = (initiator, _count(message["attempt"], "formed attempt"))
-        if attempt in self._formed_attempts:
-            raise ProtocolError(f"attempt {attempt} reported formed twice")
-        keys = [public_key(self._signing[h]) for h in range(self.n_hosts)]
-        group_size = self.config.groups.group_size
-        members, curator = elect(keys, self.host_of, self.n_peers, group_size, message)
-        self._formed_attempts.add(attempt)
-        self._formed.append((members, curator))
-        self._wake.set()
-
-    def _end(self, members: np.ndarray, *, published: bool, solvent: np.ndarray) -> None:
-        """Tell each (remaining) host of ``members`` that their group ended, and which of
-        them can afford another aggregation."""
-        for host in np.unique(self.host_of[members]).tolist():
-            if host in self.lost_hosts or host not in self._hosts:
-                continue
-            own = self.host_of[members] == host
-            frame = encode(
-                {
-                    "kind": ENDED,
-                    "members": members[own].tolist(),
-                    "published": published,
-                    "solvent": solvent[own].tolist(),
-                }
-            )
-            self._hosts[host].write(frame)
-            self.wire.add(ENDED, len(frame))
-            self._ended_sent[host] += 1
-
-    def _gossip_stop(self, aborted_in_a_row: int, in_flight: int) -> str:
-        """The simulator's observer (:class:`p2pdp.sim.gossip.sampler.GossipSampler`), from
-        the ledger and the hosts' reports: why the run stops, or "" if it goes on."""
-        groups = self.config.groups
-        if int(np.count_nonzero(self._solvent(np.arange(self.n_peers)))) < groups.group_size:
-            return too_few_solvent(groups.group_size)
-        if aborted_in_a_row >= groups.max_failed_attempts:
-            return failed_in_a_row(groups.max_failed_attempts)
-        live = set(range(self.n_hosts)) - self.lost_hosts
-        idle = all(  # each host: nobody initiating, nothing under way, every end carried out
-            host in self._status and self._status[host] == (0, 0, self._ended_sent[host])
-            for host in live
-        )
-        return stopped_initiating(groups.max_failed_attempts) if idle and not in_flight else ""
-
-    async def _gossip(self) -> None:
-        """Gossip formation: the hosts form the groups (:mod:`p2pdp.net.gossip_host`); each
-        group reported formed is assigned and run as a central one (:meth:`_aggregate`), at
-        once, unless one of its members is still in another group here or its host is lost
-        (then its members' hosts are told it ended unpublished); each end is told to the
-        members' hosts (``ended``). The run stops as the simulator's observer stops it
-        (:meth:`_gossip_stop`): the hosts are told (``halt``), the groups in flight end."""
-        running: set[asyncio.Task[tuple[Group, dict[str, Any] | None, str]]] = set()
-        busy: set[int] = set()
-        aborted_in_a_row, reason = 0, ""
-        try:
-            while True:
-                formed, self._formed = self._formed, []
-                for members, curator in formed:
-                    peers = members.tolist()
-                    if reason or busy.intersection(peers) or not self._solvent(members).all():
-                        if not reason:
-                            self._end(members, published=False, solvent=self._solvent(members))
-                        continue
-                    group = Group(self._next_group, members, curator, started=self.env.now)
-                    self._next_group += 1
-                    busy.update(peers)
-                    running.add(asyncio.create_task(self._aggregate(group)))
-                ended = {task for task in running if task.done()}
-                running -= ended
-                for outcome in sorted((task.result() for task in ended), key=_group_id):
-                    group, aborted = outcome[0], bool(outcome[2])
-                    solvent = self._conclude(*outcome)
-                    aborted_in_a_row = aborted_in_a_row + 1 if aborted else 0
-                    busy.difference_update(group.members.tolist())
-                    self._end(group.members, published=not aborted, solvent=solvent)
-                if not reason:
-                    reason = self._gossip_stop(aborted_in_a_row, len(running))
-                    if reason:  # no peer initiates any more; the groups in flight end
-                        halt = encode({"kind": HALT})
-                        for host, writer in self._hosts.items():
-                            if host not in self.lost_hosts:
-                                writer.write(halt)
-                                self.wire.add(HALT, len(halt))
-                if reason and not running:
-                    self.monitor.stop_reason = reason
-                    return
-                self._wake.clear()
-                woken = asyncio.create_task(self._wake.wait())
-                await asyncio.wait({*running, woken}, return_when=asyncio.FIRST_COMPLETED)
-                woken.cancel()
-        finally:
-            for task in running:
-                task.cancel()
 
     # -- the end -----------------------------------------------------------------------------
     async def _gather_final_reports(self, finish_frame: Callable[[int], bytes]) -> None:

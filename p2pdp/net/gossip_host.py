@@ -18,13 +18,7 @@ Frames between peers (each on the receiver peer's socket, mutual TLS):
     (the sender's n-th frame of this step to this receiver for this attempt: a re-sent
     invitation is a new copy, a replayed frame is not).
 ``view`` / ``view-reply``
-    A Newscast view exchange (:mod:`p2pdp.sim.gossip.views`): the sender's view (at most
-    ``gossip.view_size`` entries ``[peer, stamp]``) and its own fresh descriptor (no stamp: it
-    cannot afford another aggregation and does not advertise itself); the partner answers
-    with its own view, and each keeps the freshest distinct entries of the union. Stamps are
-    seconds since formation began on the stamping host's clock (hosts begin together, at the
-    coordinator's ``directory``; a skew of a few milliseconds only reorders near-equal
-    stamps, which Newscast does not rely on).
+    A Newscast view exchange (:mod:`p2pdp.net.gossip_views`, a base of :class:`HostFormation`).
 
 What a host accepts. A frame is accepted only from the host that runs its ``sender``
 (certificate name, :meth:`p2pdp.net.host.PeerHost.handle`), for a peer of this host (the
@@ -49,7 +43,8 @@ commitment: each member checks every signature and its own commitment), ``REVEAL
 nonce and its salt, ``START`` every nonce and salt (each member checks them against the
 commitments). The initiator's host reports the formed group to the coordinator with that
 evidence (``formed``); the coordinator checks the signatures and commitments itself and
-elects the curator ``members[sum(nonces) mod g]`` (:func:`elect`): an initiator cannot
+elects the curator ``members[sum(nonces) mod g]`` (:func:`p2pdp.net.commitments.elect`,
+where the commitments, signatures and checks are): an initiator cannot
 forge a member's commitment or choose the curator. (The simulator's initiator, an honest
 model, draws its own nonce before ``GROUP`` but commits to nothing: here it commits first.)
 
@@ -65,9 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
-import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -75,14 +68,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
 
 from p2pdp.core.rng import Uniforms
+from p2pdp.net.commitments import (
+    HASH_BYTES,
+    SALT_BYTES,
+    SIGNATURE_BYTES,
+    check_reveal,
+    check_signatures,
+    commitment,
+    member_list,
+    statement,
+)
+from p2pdp.net.gossip_views import VIEW, VIEW_REPLY, ViewExchange
 from p2pdp.net.wire import ProtocolError, integer
 from p2pdp.protocols.gossip import (
     ACCEPT,
@@ -99,9 +101,7 @@ from p2pdp.protocols.gossip import (
     Envelope,
     GossipFormation,
     StartTimer,
-    elected,
 )
-from p2pdp.protocols.oneshot import Late
 
 __all__ = [
     "ENDED",
@@ -114,14 +114,13 @@ __all__ = [
     "VIEW_REPLY",
     "GossipSetup",
     "HostFormation",
-    "elect",
-    "public_key",
 ]
 
 log = logging.getLogger(__name__)
 
-#: Frame kinds between peers: a formation message, a view exchange's request and reply.
-FORMATION, VIEW, VIEW_REPLY = "formation", "view", "view-reply"
+#: Frame kinds between peers: a formation message, a view exchange's request and reply
+#: (:mod:`p2pdp.net.gossip_views`).
+FORMATION = "formation"
 PEER_KINDS = (FORMATION, VIEW, VIEW_REPLY)
 #: Control kinds: a formed group (host -> coordinator), a group's end (coordinator -> the
 #: members' hosts), a host's formation status (host -> coordinator), the run's stop
@@ -132,120 +131,6 @@ STEPS = (INVITE, ACCEPT, DECLINE, GROUP, REVEAL, START, ACK, RELEASE)
 TO_INITIATOR = frozenset((ACCEPT, DECLINE, REVEAL, ACK))
 #: Attempts remembered per own peer (its own as initiator, others' it was invited to).
 ATTEMPTS_PER_PEER = 8
-#: View requests a peer remembers until answered (one per gossip period); a reply slower
-#: than this many periods is lost (late: :class:`~p2pdp.protocols.oneshot.Late`, counted
-#: ``expired`` by the host), not merged, for ASKED more requests; refused after that.
-ASKED = 4
-#: Nonces are integers in [0, NONCE_HIGH) (the machine's draws); salts SALT_BYTES bytes.
-NONCE_HIGH, SALT_BYTES = 2**53, 16
-HASH_BYTES, SIGNATURE_BYTES, KEY_BYTES = 32, 64, 32
-_IDS = struct.Struct("<qqqq")
-
-
-def public_key(raw: Any) -> Ed25519PublicKey:
-    """An Ed25519 public key from its 32 raw bytes; ProtocolError if it is not one."""
-    if not isinstance(raw, bytes) or len(raw) != KEY_BYTES:
-        raise ProtocolError(f"a signing key must be {KEY_BYTES} bytes")
-    return Ed25519PublicKey.from_public_bytes(raw)
-
-
-def commitment(initiator: int, attempt: int, member: int, nonce: int, salt: bytes) -> bytes:
-    """``member``'s commitment to ``nonce`` in attempt ``(initiator, attempt)``: SHA-256 of
-    a context string, the ids, the nonce and the salt (hiding: the 128-bit salt; binding:
-    SHA-256's collision resistance)."""
-    digest = hashes.Hash(hashes.SHA256())
-    digest.update(b"p2pdp gossip commitment\0")
-    digest.update(_IDS.pack(initiator, attempt, member, nonce))
-    digest.update(salt)
-    return digest.finalize()
-
-
-def _statement(initiator: int, attempt: int, member: int, committed: bytes) -> bytes:
-    """What a member signs: its commitment, for this attempt, as this member."""
-    return b"p2pdp gossip accept\0" + _IDS.pack(initiator, attempt, member, 0) + committed
-
-
-def _bytes(value: Any, size: int, name: str) -> bytes:
-    if not isinstance(value, bytes) or len(value) != size:
-        raise ProtocolError(f"{name} must be {size} bytes")
-    return value
-
-
-def check_signatures(
-    keys: list[Ed25519PublicKey],
-    host_of: np.ndarray,
-    attempt: tuple[int, int],
-    members: list[int],
-    commitments: list[Any],
-    signatures: list[Any],
-) -> list[bytes]:
-    """Each member's commitment, checked against its host's signature; ProtocolError if one
-    is malformed or its signature does not verify."""
-    if not isinstance(commitments, list) or not isinstance(signatures, list):
-        raise ProtocolError("commitments and signatures must be lists")
-    if not len(commitments) == len(signatures) == len(members):
-        raise ProtocolError("one commitment and one signature per member")
-    initiator, attempt_id = attempt
-    checked = []
-    for member, committed, signature in zip(members, commitments, signatures, strict=True):
-        committed = _bytes(committed, HASH_BYTES, "a commitment")
-        try:
-            keys[int(host_of[member])].verify(
-                _bytes(signature, SIGNATURE_BYTES, "a signature"),
-                _statement(initiator, attempt_id, member, committed),
-            )
-        except InvalidSignature:
-            raise ProtocolError(f"member {member}'s commitment is not signed by its host") from None
-        checked.append(committed)
-    return checked
-
-
-def _check_reveal(
-    attempt: tuple[int, int], member: int, nonce: Any, salt: Any, committed: bytes
-) -> int:
-    """``nonce`` if it and ``salt`` open ``member``'s commitment; else ProtocolError."""
-    nonce = integer(nonce, "nonce", 0, NONCE_HIGH)
-    if commitment(*attempt, member, nonce, _bytes(salt, SALT_BYTES, "a salt")) != committed:
-        raise ProtocolError(f"member {member}'s nonce does not open its commitment")
-    return nonce
-
-
-def elect(
-    keys: list[Ed25519PublicKey],
-    host_of: np.ndarray,
-    n_peers: int,
-    group_size: int,
-    message: dict[str, Any],
-) -> tuple[np.ndarray, int]:
-    """A ``formed`` report's members (initiator first) and their curator, checked: ``g``
-    distinct peers, every commitment signed by its member's host, every nonce opening its
-    commitment; the curator ``members[sum(nonces) mod g]``. ProtocolError otherwise."""
-    initiator = integer(message["initiator"], "initiator", 0, n_peers)
-    attempt = (initiator, integer(message["attempt"], "attempt"))
-    members = _members(message["members"], n_peers, group_size, initiator)
-    committed = check_signatures(
-        keys, host_of, attempt, members, message["commitments"], message["signatures"]
-    )
-    nonces, salts = message["nonces"], message["salts"]
-    if not isinstance(nonces, list) or not isinstance(salts, list) or len(nonces) != len(salts):
-        raise ProtocolError("one nonce and one salt per member")
-    if len(nonces) != len(members):
-        raise ProtocolError("one nonce and one salt per member")
-    opened = [
-        _check_reveal(attempt, member, nonce, salt, c)
-        for member, nonce, salt, c in zip(members, nonces, salts, committed, strict=True)
-    ]
-    return np.array(members, dtype=np.int64), elected(members, opened)
-
-
-def _members(value: Any, n_peers: int, group_size: int, initiator: int) -> list[int]:
-    """A group's member list: ``group_size`` distinct peer ids, the initiator first."""
-    if not isinstance(value, list) or len(value) != group_size:
-        raise ProtocolError(f"a group has {group_size} members")
-    members = [integer(m, "member", 0, n_peers) for m in value]
-    if len(set(members)) != group_size or members[0] != initiator:
-        raise ProtocolError(f"bad member list {members[:8]}")
-    return members
 
 
 @dataclass(frozen=True)
@@ -355,7 +240,7 @@ class _Timer:
         return self.loop.time() >= self.at
 
 
-class HostFormation:
+class HostFormation(ViewExchange):
     """One host's side of gossip group formation: its peers' machine, views and attempts.
 
     Parameters
@@ -433,20 +318,6 @@ class HostFormation:
         self._tasks: set[asyncio.Task[None]] = set()
         self.ended = 0  # ``ended`` frames carried out (the coordinator's stop test reads it)
         self._last_status: tuple[int, int, int] | None = None
-
-    # -- the machine's Views ---------------------------------------------------------------
-    def view(self, peer: int) -> np.ndarray:
-        row = self.ids[peer]
-        return row[row >= 0]
-
-    def forget(self, peer: int, other: int) -> None:
-        keep = self.ids[peer] != other
-        kept = int(keep.sum())
-        self.ids[peer][:kept], self.stamps[peer][:kept] = (
-            self.ids[peer][keep],
-            self.stamps[peer][keep],
-        )
-        self.ids[peer][kept:], self.stamps[peer][kept:] = -1, -np.inf
 
     def now(self) -> float:
         """Seconds since this host's formation began (its own clock)."""
@@ -624,7 +495,7 @@ class HostFormation:
             ids = (attempt.initiator, attempt.attempt_id)
             committed = commitment(*ids, member, attempt.nonces[member], salt)
             record.salts[member], record.committed[member] = salt, committed
-            record.signatures[member] = self._key.sign(_statement(*ids, member, committed))
+            record.signatures[member] = self._key.sign(statement(*ids, member, committed))
         return {"commitment": record.committed[member], "signature": record.signatures[member]}
 
     def _openings(self, record: _Record) -> dict[str, Any]:
@@ -749,7 +620,7 @@ class HostFormation:
             record.committed[sender] = accepted
             record.signatures[sender] = message["signature"]
         elif step == GROUP:
-            members = _members(message["members"], self.n_peers, self.setup.group_size, ids[0])
+            members = member_list(message["members"], self.n_peers, self.setup.group_size, ids[0])
             if peer not in members:
                 raise ProtocolError(f"a group without its receiver {peer}")
             committed = check_signatures(
@@ -763,7 +634,7 @@ class HostFormation:
         elif step == REVEAL:
             if sender not in record.committed:
                 raise ProtocolError(f"a reveal from {sender}, which committed to nothing")
-            nonce = _check_reveal(ids, sender, message["nonce"], message["salt"],
+            nonce = check_reveal(ids, sender, message["nonce"], message["salt"],
                                   record.committed[sender])  # fmt: skip
             record.salts[sender] = message["salt"]
             return nonce
@@ -776,95 +647,5 @@ class HostFormation:
             if not len(nonces) == len(salts) == len(record.members):
                 raise ProtocolError("one nonce and one salt per member")
             for member, nonce, salt in zip(record.members, nonces, salts, strict=True):
-                _check_reveal(ids, member, nonce, salt, record.committed[member])
+                check_reveal(ids, member, nonce, salt, record.committed[member])
         return 0
-
-    # -- views -----------------------------------------------------------------------------
-    def _entries(self, peer: int) -> list[list[Any]]:
-        used = self.ids[peer] >= 0
-        return [
-            [int(i), float(s)]
-            for i, s in zip(self.ids[peer][used], self.stamps[peer][used], strict=True)
-        ]
-
-    def _descriptor(self, peer: int) -> float | None:
-        """``peer``'s fresh stamp, or None: it cannot afford another aggregation (it stops
-        advertising itself)."""
-        return None if self.machine.retired(np.array([peer]))[0] else self.now()
-
-    def _ask_view(self, peer: int) -> None:
-        view = self.view(peer)
-        if not view.size:
-            return
-        partner = int(view[min(int(self.rng.random() * view.size), view.size - 1)])
-        self._view_seq += 1
-        stamp = self._descriptor(peer)
-        asked, late = self._asked[peer], self._late[peer]
-        asked[self._view_seq] = partner
-        if len(asked) > ASKED:  # an answer slower than ASKED periods comes late: lost
-            seq, forgotten = asked.popitem(last=False)
-            late[seq] = forgotten
-            if len(late) > ASKED:
-                late.popitem(last=False)
-        self._send(VIEW, peer, partner, {"kind": VIEW, "sender": peer, "receiver": partner,
-                                         "seq": self._view_seq, "view": self._entries(peer),
-                                         "stamp": stamp})  # fmt: skip
-
-    def _parse_view(self, message: dict[str, Any], sender: int) -> list[tuple[int, float]]:
-        entries = message["view"]
-        if not isinstance(entries, list) or len(entries) > self.params.view_size:
-            raise ProtocolError(f"a view of at most {self.params.view_size} entries")
-        parsed = []
-        for entry in entries:
-            if not isinstance(entry, list) or len(entry) != 2:
-                raise ProtocolError("a view entry is [peer, stamp]")
-            stamp = entry[1]
-            if type(stamp) is not float or not math.isfinite(stamp):
-                raise ProtocolError("a view stamp must be a finite float")
-            parsed.append((integer(entry[0], "view peer", 0, self.n_peers), stamp))
-        stamp = message["stamp"]
-        if stamp is not None:
-            if type(stamp) is not float or not math.isfinite(stamp):
-                raise ProtocolError("a descriptor stamp must be a finite float or nil")
-            parsed.append((sender, stamp))
-        return parsed
-
-    def _merge(self, owner: int, entries: list[tuple[int, float]]) -> None:
-        """Newscast: ``owner`` keeps the ``view_size`` freshest distinct entries of its view
-        and ``entries`` (never itself)."""
-        c = self.params.view_size
-        ids = [*self.ids[owner].tolist(), *(e[0] for e in entries)]
-        stamps = [*self.stamps[owner].tolist(), *(e[1] for e in entries)]
-        pad = max(0, c - len(ids))
-        merged_ids, merged_stamps = self.setup.merge(
-            np.array([ids + [-1] * pad], dtype=np.int64),
-            np.array([stamps + [-np.inf] * pad]),
-            np.array([owner]),
-            c,
-        )
-        self.ids[owner], self.stamps[owner] = merged_ids[0].astype(np.int64), merged_stamps[0]
-
-    def _on_view(self, peer: int, message: dict[str, Any]) -> None:
-        sender = integer(message["sender"], "sender", 0, self.n_peers)
-        seq = integer(message["seq"], "seq")
-        if seq <= self._last_seq.get((sender, peer), 0):
-            raise ProtocolError(f"a second view request {seq} from {sender}")
-        entries = self._parse_view(message, sender)
-        self._last_seq[(sender, peer)] = seq
-        stamp = self._descriptor(peer)
-        reply = {"kind": VIEW_REPLY, "sender": peer, "receiver": sender, "seq": seq,
-                 "view": self._entries(peer), "stamp": stamp}  # fmt: skip
-        self._send(VIEW_REPLY, peer, sender, reply)
-        self._merge(peer, entries)
-
-    def _on_view_reply(self, peer: int, message: dict[str, Any]) -> None:
-        sender = integer(message["sender"], "sender", 0, self.n_peers)
-        asked, seq = self._asked[peer], message["seq"]
-        if type(seq) is int and self._late[peer].get(seq) == sender:
-            del self._late[peer][seq]
-            raise Late(f"a view reply from {sender} after {ASKED} more requests")
-        if type(seq) is not int or asked.get(seq) != sender:
-            raise ProtocolError(f"a view reply from {sender}, which was not asked")
-        entries = self._parse_view(message, sender)
-        del asked[seq]
-        self._merge(peer, entries)

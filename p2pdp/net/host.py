@@ -33,12 +33,16 @@ run's seeded streams instead (:meth:`NoiseStream.skip
 <p2pdp.privacy.release.Releaser.member_stream>`), so that a network run releases exactly what
 the simulator releases: NOT PRIVATE, since anyone who knows the seed can subtract the noise.
 Masks always come from the CSPRNG (they cancel, and never change a release).
+
+Around this module: the host's sockets and ordered writes are its base class
+(:class:`p2pdp.net.connections.PeerSockets`), the host process that enrolls, says hello and
+reports is :func:`p2pdp.net.host_process.serve`, and what every host and the coordinator
+share (settings, ticket, control kinds) is :mod:`p2pdp.net.hosts`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import time
@@ -48,51 +52,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from p2pdp.core.rng import os_generator
-from p2pdp.net.gossip_host import (
-    ENDED,
-    HALT,
-    PEER_KINDS,
-    GossipSetup,
-    HostFormation,
-    public_key,
-)
-from p2pdp.net.tls import (
-    COORDINATOR,
-    Credential,
-    enrollment_client,
-    host_name,
-    identity,
-    listen,
-    new_key,
-    resolve,
-    signing_request,
-)
+from p2pdp.net.connections import PeerSockets
+from p2pdp.net.gossip_host import PEER_KINDS, HostFormation
+from p2pdp.net.hosts import DONE, EXPIRED, KINDS, PRE_EMPTED, STATS, HostSettings, hosts_of
+from p2pdp.net.tls import COORDINATOR, Credential, host_name
 from p2pdp.net.wire import (
-    IdleTimeout,
     ProtocolError,
     encode,
     error_reason,
     frame_bytes,
     integer,
     pack_vector,
-    read_frame,
     unpack_vector,
 )
 from p2pdp.privacy.release import Releaser, ReleaseRecord
 from p2pdp.privacy.secure_aggregation import FixedPoint, share
 from p2pdp.protocols.groups import (
     ASSIGN,
-    HEADER_BYTES,
     PARTIAL,
     PUBLISH,
     SAMPLER,
     SHARE,
     SUBMIT,
     Group,
-    Send,
     model_bytes,
 )
 from p2pdp.protocols.oneshot import (
@@ -107,104 +91,9 @@ from p2pdp.protocols.oneshot import (
     Timer,
 )
 
-__all__ = [
-    "EXPLAINED",
-    "HostError",
-    "HostSettings",
-    "PeerHost",
-    "Ticket",
-    "enroll",
-    "fresh",
-    "hosts_of",
-    "serve",
-]
+__all__ = ["PeerHost"]
 
 log = logging.getLogger(__name__)
-
-# Control kinds between a host and the coordinator (peer-protocol kinds: p2pdp.protocols.groups)
-HELLO, DIRECTORY, DONE, FINISH, STATS = "hello", "directory", "done", "finish", "stats"
-#: A host's enrollment (token and signing request) and the coordinator's answer (certificate).
-ENROLL, CERTIFICATE = "enroll", "certificate"
-#: Largest enrollment frame, either way (bytes): a P-256 request or certificate in PEM is
-#: under 1 KiB, a token 43 characters.
-ENROLL_BYTES = 4096
-#: Exit status of a host process that printed its own one-line error (``p2pdp host N: ...``):
-#: the coordinator's error then says only that it is above, with no unrelated advice.
-EXPLAINED = 3
-#: A host's count of publications of released groups its peers refused (a forged copy with
-#: the group's id came first): honest messages not delivered (:meth:`PeerHost.pre_empted`).
-PRE_EMPTED = "pre-empted"
-#: Every kind a peer's socket reads (a refusal is counted under its kind, or "unknown").
-KINDS = (ASSIGN, SUBMIT, SHARE, PARTIAL, PUBLISH, *PEER_KINDS)
-#: A host's count of contributions that reached their curator past its group's timer (or
-#: once the group ended otherwise): honest messages lost, not refused (:class:`~p2pdp.
-#: protocols.oneshot.Late`), and of groups that completed only after it.
-EXPIRED = "expired"
-
-
-@dataclass(frozen=True)
-class HostSettings:
-    """What a host needs to know about the run (the same for every host).
-
-    Attributes
-    ----------
-    n_peers : int
-        P; peers are numbered 0 .. P-1.
-    hosts : int
-        Host processes; peers are split over them in id order (:func:`hosts_of`).
-    full_publication : bool
-        ``publication.mode == "full"``: a curator sends the release to every other peer.
-    min_shard_size : int
-        The public lower bound on shard sizes (``privacy.min_shard_size``, else 1): a curator
-        refuses a submission that claims fewer records.
-    collect_timeout : float
-        Seconds the coordinator gives a group. Its assignment repeats them; the curator
-        starts its own timer on receiving it (its own clock: hosts need not share one) and
-        never releases once it ran out; the coordinator aborts the group a little later (see
-        :mod:`p2pdp.net.coordinator`).
-    timeout : float
-        Seconds any wait for a frame's body, a connection or a report may take.
-    idle_timeout : float
-        Seconds a control connection (a host's, to the coordinator) may stay silent between
-        frames (the run's longest pause). A peer's socket keeps a silent connection only
-        :attr:`peer_idle` seconds.
-    seeded_noise : bool
-        Draw noise from the run's seeded streams (``network.seeded_noise``: parity tests,
-        NOT private); else from the operating system's CSPRNG (see the module docstring).
-    group_size : int
-        ``groups.group_size``: bounds what a host keeps for groups it is not assigned yet
-        (:meth:`PeerHost._keep_early`) and the handshakes a listener holds at once.
-    max_concurrent : int
-        ``groups.max_concurrent_groups``: the groups in flight at once, each of which may
-        send a host's peers messages before their assignment (:meth:`PeerHost._keep_early`).
-    allowed : tuple of str
-        If not empty, the only addresses every listener of the run accepts connections from
-        (a hosts file's ``allowlist``: :func:`p2pdp.net.tls.listen`).
-    releases_per_peer : int
-        The most releases one peer can curate in the run (the aggregations its budget
-        affords: a curator is a member): under full publication, a host keeps at most that
-        many groups' publications per sender.
-    """
-
-    n_peers: int
-    hosts: int
-    full_publication: bool
-    min_shard_size: int = 1
-    collect_timeout: float = 10.0
-    timeout: float = 10.0
-    idle_timeout: float = 600.0
-    seeded_noise: bool = False
-    group_size: int = 3
-    max_concurrent: int = 1
-    allowed: tuple[str, ...] = ()
-    releases_per_peer: int = 2**31 - 1
-
-    @property
-    def peer_idle(self) -> float:
-        """Seconds a peer's socket keeps a connection that sends nothing: a group's time and
-        two timeouts of slack. A sender drops a connection it has not used for half that and
-        connects afresh (:func:`fresh`), so it never writes to one about to be closed."""
-        return self.collect_timeout + 2 * self.timeout
 
 
 def _sender(message: dict[str, Any]) -> int:
@@ -218,28 +107,6 @@ def _seconds(value: Any) -> float:
     if type(value) not in (int, float) or not 0 <= value < math.inf:
         raise ProtocolError(f"timeout must be a number of seconds >= 0, got {value!r:.40}")
     return float(value)
-
-
-def fresh(
-    writers: dict[int, asyncio.StreamWriter], used: dict[int, float], key: int, idle: float
-) -> None:
-    """Forget (and close) ``writers[key]`` if it was last used more than ``idle / 2`` seconds
-    ago (its receiver closes it after ``idle``: :attr:`HostSettings.peer_idle`); mark it used
-    now. Call before writing, then connect if ``key`` is not in ``writers``."""
-    now = time.monotonic()
-    writer = writers.get(key)
-    if writer is not None and now - used.get(key, now) > idle / 2:
-        del writers[key]
-        writer.close()
-    used[key] = now
-
-
-def hosts_of(n_peers: int, hosts: int) -> np.ndarray:
-    """The host process of every peer, (P,) int: peers split evenly, in id order."""
-    owner = np.empty(n_peers, dtype=np.int64)
-    for host, peers in enumerate(np.array_split(np.arange(n_peers), hosts)):
-        owner[peers] = host
-    return owner
 
 
 @dataclass
@@ -265,34 +132,7 @@ class _Member:
     partial: np.ndarray  # (d,) uint64
 
 
-@dataclass(frozen=True)
-class Ticket:
-    """What a host needs to join a run (its launch bundle's part from the coordinator): no
-    private key, only what lets it get a certificate for a key of its own (:func:`enroll`).
-
-    Attributes
-    ----------
-    port, enrollment_port : int
-        Where the coordinator listens for control connections (mutual TLS) and enrollments
-        (TLS authenticating the coordinator only).
-    token : str
-        The host's one-time enrollment token (:class:`p2pdp.net.tls.Authority`).
-    authority : bytes
-        The run's CA certificate (PEM): pins the coordinator, and every peer of the run.
-    """
-
-    port: int
-    enrollment_port: int
-    token: str
-    authority: bytes
-
-
-class HostError(Exception):
-    """A host process cannot take part: the coordinator is unreachable, or its peers cannot
-    listen on its address (a hosts file's ``coordinator`` or ``address``, say)."""
-
-
-class PeerHost:
+class PeerHost(PeerSockets):
     """Several peers of one run in this process, each listening on its own TCP port.
 
     Parameters
@@ -399,167 +239,7 @@ class PeerHost:
         """peer -> the last group it was assigned (its member machine's)."""
         return self.member.last_group
 
-    # -- sockets -----------------------------------------------------------------------------
-    async def listen(self, address: str = "127.0.0.1") -> dict[int, int]:
-        """Open one listening socket per peer and start the sender task; ``{peer: port}``."""
-        self._sending = asyncio.ensure_future(self._sender())
-        allowed = resolve(self.settings.allowed)  # once: the names of a hosts file
-        ports = {}
-        for peer in self.peers:
-            serve = functools.partial(self._serve, peer)
-            if self._server_tls is None:  # tests of the protocol alone
-                server = await asyncio.start_server(serve, address, 0)
-            else:  # at most a group's worth of handshakes at once, and some slack
-                server = await listen(
-                    serve,
-                    address,
-                    self._server_tls,
-                    pending=self.settings.group_size + 8,
-                    refused=self.counters.refused,
-                    allowed=allowed,
-                    # one connection from the coordinator and one from each host (one per
-                    # receiver), and one each to replace it
-                    per_identity=2,
-                    total=2 * (self.settings.hosts + 1),
-                    first_frame=self.settings.timeout,  # a party connects to send a frame
-                )
-            self.servers.append(server)
-            ports[peer] = server.sockets[0].getsockname()[1]
-        return ports
-
-    async def _serve(
-        self, peer: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """Read frames addressed to ``peer`` until the connection closes, or stays silent
-        :attr:`~HostSettings.peer_idle` seconds (closed, counted ``idle_closed`` and not
-        logged: its sender connects afresh); a frame that breaks the wire format is refused,
-        logged with its reason, and closes this connection only."""
-        who = identity(writer)  # the certificate's name (TLS), else None
-        try:
-            await serve_frames(
-                reader,
-                lambda message: self.handle(peer, message, who),
-                self.settings,
-                self.frame_bytes,
-                self.counters,
-                f"peer {peer}: ",
-            )
-        except asyncio.CancelledError:  # the host is shutting down
-            pass
-        finally:
-            writer.close()
-
-    async def _writer(self, receiver: int) -> asyncio.StreamWriter:
-        fresh(self._writers, self._used, receiver, self.settings.peer_idle)
-        if receiver not in self._writers:
-            async with self._connecting[receiver]:  # one connection per receiver
-                if receiver not in self._writers:
-                    _, self._writers[receiver] = await asyncio.wait_for(
-                        asyncio.open_connection(
-                            self.addresses[int(self.host_of[receiver])],
-                            self.ports[receiver],
-                            ssl=self._client_tls,
-                            server_hostname=(
-                                host_name(int(self.host_of[receiver])) if self._client_tls else None
-                            ),
-                        ),
-                        self.settings.timeout,
-                    )
-        return self._writers[receiver]
-
-    def send(self, send: Send, group: int, **fields: Any) -> None:
-        """Send one protocol message: counted now, written by the host's sender task in the
-        order sent."""
-        frame = encode({"kind": send.kind, "sender": send.sender, "group": group, **fields})
-        self.send_frame(send.kind, send.sender, [send.receiver], frame)
-
-    def send_frame(
-        self, kind: str, sender: int, receivers: list[int], frame: bytes, size: int | None = None
-    ) -> None:
-        """The same encoded message from ``sender`` to each of ``receivers``; ``size``: its
-        bytes as the simulator counts them (default: a model's, a header for an assignment)."""
-        counters = self.counters
-        n = len(receivers)
-        if size is None:
-            size = self.model_bytes if kind != ASSIGN else HEADER_BYTES
-        counters.messages[sender] += n
-        counters.bytes[sender] += n * size
-        counters.wire[kind] += n
-        counters.wire_bytes[kind] += n * len(frame)
-        self._outbox.extend((receiver, frame) for receiver in receivers)
-        self._more.set()
-
-    def after_sends(self, action: Callable[[], None]) -> None:
-        """Run ``action`` once every frame sent so far is written (at once outside a running
-        event loop: the unit tests drive a host by hand)."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            action()
-            return
-        self._outbox.append((None, action))
-        self._more.set()
-
-    async def _sender(self) -> None:
-        """Write the outbox in order, draining each touched connection before the next
-        action (a curator's report waits until its publications are written: back-pressure,
-        so no backlog grows without bound). A receiver that is gone costs its frames, never
-        this task: a connection that fails is counted ``unreachable`` and dropped."""
-        touched: dict[int, asyncio.StreamWriter] = {}
-        while True:
-            if not self._outbox:
-                self._more.clear()
-                await self._more.wait()
-                continue
-            receiver, item = self._outbox.popleft()
-            if receiver is None:
-                await self._drain(touched)
-                item()
-                continue
-            try:
-                writer = await self._writer(receiver)
-                if writer.is_closing():  # its other end closed (its host is gone): asyncio
-                    raise ConnectionResetError("connection closed")  # would drop it silently
-                writer.write(item)
-            except (OSError, TimeoutError) as error:
-                self._unreachable(receiver, error)
-                continue
-            touched[receiver] = writer
-            if len(touched) >= 64:  # bound the unflushed bytes
-                await self._drain(touched)
-
-    async def _drain(self, touched: dict[int, asyncio.StreamWriter]) -> None:
-        """Wait until the frames written to ``touched`` receivers left; then forget them. (A
-        connection with nothing left to send is not drained: its other end may have closed
-        since, after reading everything.)"""
-        for receiver, writer in touched.items():
-            if not writer.transport.get_write_buffer_size():
-                continue
-            try:
-                await asyncio.wait_for(writer.drain(), self.settings.timeout)
-            except (OSError, TimeoutError) as error:  # e.g. its host finished and closed
-                self._unreachable(receiver, error)
-        touched.clear()
-
-    def _unreachable(self, receiver: int, error: BaseException) -> None:
-        self.counters.refused["unreachable"] += 1
-        self._writers.pop(receiver, None)
-        log.warning("frame to peer %d not delivered: %s", receiver, error)
-
-    async def flush(self) -> None:
-        """Wait until every frame sent so far is written (or found undeliverable)."""
-        written = asyncio.get_running_loop().create_future()
-        self.after_sends(lambda: written.set_result(None))  # only this action resolves it
-        await written
-
-    async def close(self) -> None:
-        if self._sending is not None:
-            self._sending.cancel()
-        for server in self.servers:
-            server.close()
-        for writer in self._writers.values():
-            writer.close()
-
+    # -- the final report --------------------------------------------------------------------
     def stats(self, host_index: int) -> dict[str, Any]:
         """The ``STATS`` report of this host."""
         counters = self.counters
@@ -1012,261 +692,3 @@ class PeerHost:
                 }
             )
         )
-
-
-async def serve_frames(
-    reader: asyncio.StreamReader,
-    handle: Callable[[dict[str, Any]], None],
-    settings: HostSettings | Any,
-    max_bytes: int,
-    counters: Any,
-    who: str = "",
-) -> None:
-    """Hand each frame of one connection to ``handle`` until it closes, or stays silent
-    ``settings.peer_idle`` seconds (``settings``: a host's, one-shot or iterative: its
-    ``timeout`` and ``peer_idle``) (``counters.idle_closed``; not logged: its sender connects
-    afresh); a frame that breaks the wire format is refused (``counters.refused`` by the
-    error's class), logged with its reason after ``who``, and closes this connection only."""
-    try:
-        while True:
-            message = await read_frame(
-                reader, timeout=settings.timeout, idle=settings.peer_idle, max_bytes=max_bytes
-            )
-            if message is None:
-                return
-            handle(message)
-    except IdleTimeout:  # its sender stopped using it: an ordinary close, not a refusal
-        counters.idle_closed += 1
-    except (ProtocolError, TimeoutError, ConnectionError) as error:
-        counters.refused[type(error).__name__] += 1
-        log.warning("%srefused a connection: %s", who, error_reason(error))
-
-
-async def connect_control(
-    coordinator: str, port: int, credential: Credential, timeout: float, hint: str = ""
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A host's TLS control connection to the coordinator; HostError naming where it looked
-    (``hint``: what to check, appended) if it cannot be opened within ``timeout`` seconds."""
-    try:
-        return await asyncio.wait_for(
-            asyncio.open_connection(
-                coordinator,
-                port,
-                ssl=credential.context(server=False),
-                server_hostname=COORDINATOR,
-            ),
-            timeout,
-        )
-    except (OSError, TimeoutError) as error:
-        raise HostError(f"cannot reach the coordinator at {coordinator}:{port}: "
-                        f"{error or 'timed out'}{hint}") from None  # fmt: skip
-
-
-async def serve(
-    peers: np.ndarray,
-    statistics: np.ndarray,
-    sizes: np.ndarray,
-    *,
-    releaser: Releaser,
-    sensitivity: Callable[[list[int]], float],
-    settings: HostSettings,
-    host_index: int,
-    ticket: Ticket,
-    coordinator: str = "127.0.0.1",
-    address: str = "127.0.0.1",
-    data_dependent_bounds: bool = False,
-    gossip: GossipSetup | None = None,
-) -> None:
-    """Run host ``host_index``: its peers' sockets, until the coordinator says the run is over.
-
-    With ``gossip`` (``groups.sampler = "gossip"``) the host also runs its peers' group
-    formation (:class:`~p2pdp.net.gossip_host.HostFormation`): its ``hello`` carries the
-    host's Ed25519 signing key (made here), formation starts with the ``directory`` (every
-    host's key), and the coordinator's ``ended`` and ``halt`` frames go to it.
-
-    Enrolls with ``ticket`` (:func:`enroll`: its own key pair, made here), connects to the
-    coordinator at ``coordinator:ticket.port`` (``HELLO`` with the
-    host's ``address``, where its peers listen, every peer's port, the length ``dim`` of its
-    statistics and ``bounds``, its ``data_dependent_bounds``: whether its rows were scaled
-    with bounds fitted on the pooled training fold; public facts a coordinator that holds
-    no data learns only so), waits for the
-    ``DIRECTORY`` of every host's address and every peer's port, serves the protocol, and on
-    ``FINISH`` waits until its peers received the publications the coordinator expects, then
-    reports ``STATS``: messages and bytes sent per peer (the simulator's counts), frames and
-    bytes per kind on the wire, the receipts (``group`` publication: a ``full`` one reaches
-    everyone), and the frames refused.
-    """
-    hint = (
-        " (the run's listeners accept only the hosts file's allowlist, resolved: "
-        f"{', '.join(settings.allowed)}; is this host's address among them?)"
-        if settings.allowed
-        else ""
-    )
-    try:
-        credential = await enroll(host_index, ticket, coordinator, settings.timeout)
-    except HostError as error:
-        raise HostError(f"{error}{hint}") from None
-    writer: asyncio.StreamWriter | None = None
-
-    def report(message: dict[str, Any]) -> None:
-        frame = encode(message)
-        if message["kind"] != STATS:  # the report of the counts cannot count itself
-            host.counters.wire[message["kind"]] += 1
-            host.counters.wire_bytes[message["kind"]] += len(frame)
-        assert writer is not None  # reports follow the hello
-        writer.write(frame)
-
-    host = PeerHost(
-        peers,
-        statistics,
-        sizes,
-        releaser=releaser,
-        sensitivity=sensitivity,
-        settings=settings,
-        report=report,
-        credential=credential,
-    )
-    signing: dict[str, bytes] = {}  # gossip: the public half of its commitments' signing key
-    if gossip is not None:
-        key = Ed25519PrivateKey.generate()
-        signing["signing"] = key.public_key().public_bytes_raw()
-
-        def send_formation(kind: str, sender: int, receiver: int, message: dict) -> None:
-            frame = encode(message)
-            host.send_frame(kind, sender, [receiver], frame, size=len(frame))
-
-        host.formation = HostFormation(
-            host.peers,
-            gossip,
-            host=host_index,
-            host_of=host.host_of,
-            send=send_formation,
-            report=report,
-            key=key,
-        )
-        host.frame_bytes = max(host.frame_bytes, gossip.frame_bytes)
-    try:
-        try:  # its sockets first: the coordinator closes a control connection silent too long
-            ports = await host.listen(address)
-        except OSError as error:
-            raise HostError(f"cannot listen on {address}: {error}") from None
-        reader, control = await connect_control(
-            coordinator, ticket.port, credential, settings.timeout, hint
-        )
-        writer = control
-        report(
-            {
-                "kind": HELLO,
-                "host": host_index,
-                "address": address,
-                "ports": [[p, q] for p, q in ports.items()],
-                "dim": int(statistics.shape[-1]),
-                "bounds": bool(data_dependent_bounds),
-                **signing,
-            }
-        )
-        while True:
-            message = await read_frame(reader, timeout=settings.timeout, idle=settings.idle_timeout)
-            if message is None:  # the coordinator is gone: nothing more to do
-                return
-            if message["kind"] == DIRECTORY:
-                host.ports = [integer(port, "port", 0, 65536) for port in message["ports"]]
-                host.addresses = [str(a) for a in message["addresses"]]
-                if host.formation is not None:
-                    host.formation.start([public_key(k) for k in message["signing"]])
-            elif message["kind"] in (ENDED, HALT) and host.formation is not None:
-                if message["kind"] == ENDED:
-                    host.formation.group_ended(message)
-                else:
-                    host.formation.halt()
-            elif message["kind"] == FINISH:
-                host.released_pairs = {
-                    (integer(g, "group"), integer(c, "curator")) for g, c in message["released"]
-                }
-                if settings.full_publication:
-                    host.count_released(host.released_pairs)
-                await host.flush()
-                await _received(
-                    host, integer(message["publications"], "publications"), settings.timeout
-                )
-                await host.flush()
-                report(host.stats(host_index))
-                await asyncio.wait_for(control.drain(), settings.timeout)
-                return
-    finally:
-        if host.formation is not None:
-            await host.formation.close()
-        await host.close()
-        if writer is not None:
-            writer.close()
-
-
-async def enroll(host_index: int, ticket: Ticket, coordinator: str, timeout: float) -> Credential:
-    """Host ``host_index``'s credential: a key pair made here (it never leaves this
-    process) and the certificate the coordinator's CA issues for it, in exchange for the
-    ticket's one-time token and a signing request, over TLS that authenticates the
-    coordinator (pinned by the run's CA) and not the host (it has no certificate yet).
-
-    Raises
-    ------
-    HostError
-        The coordinator is unreachable, or refused the enrollment (it closes the connection).
-    """
-    key = new_key()
-    name = host_name(host_index)
-    where = f"{coordinator}:{ticket.enrollment_port}"
-    try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                coordinator,
-                ticket.enrollment_port,
-                ssl=enrollment_client(ticket.authority),
-                server_hostname=COORDINATOR,
-            ),
-            timeout,
-        )
-    except (OSError, TimeoutError) as error:
-        raise HostError(f"cannot reach the coordinator at {where} to enroll: "
-                        f"{error or 'timed out'}") from None  # fmt: skip
-    try:
-        writer.write(
-            encode(
-                {
-                    "kind": ENROLL,
-                    "host": host_index,
-                    "token": ticket.token,
-                    "request": signing_request(name, key),
-                }
-            )
-        )
-        answer = await read_frame(reader, timeout=timeout, max_bytes=ENROLL_BYTES)
-    except (OSError, TimeoutError, ProtocolError) as error:
-        raise HostError(f"enrollment at {where} failed: {error or 'timed out'}") from None
-    finally:
-        writer.close()
-    if (
-        answer is None
-        or answer["kind"] != CERTIFICATE
-        or not isinstance(answer.get("certificate"), bytes)
-    ):
-        raise HostError(f"the coordinator at {where} refused this host's enrollment")
-    return Credential(name=name, certificate=answer["certificate"], key=key,
-                      authority=ticket.authority)  # fmt: skip
-
-
-async def _received(host: PeerHost, publications: int, timeout: float) -> None:
-    """Until the host's peers received ``publications`` publications (or ``timeout`` s): of
-    released groups from their curators under full publication (:meth:`PeerHost.count_released`),
-    else of their own groups (checked against their assignments on arrival)."""
-
-    def received() -> int:
-        if host.released is not None:
-            return host.released_received
-        return host.counters.publications_received
-
-    deadline = asyncio.get_running_loop().time() + timeout
-    while received() < publications:
-        if asyncio.get_running_loop().time() > deadline:
-            log.warning("host: %d of %d publications arrived", received(), publications)
-            return
-        await asyncio.sleep(0.005)

@@ -34,8 +34,9 @@ import numpy as np
 
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
-from p2pdp.net.coordinator import NetworkWorld, _count
-from p2pdp.net.host import FINISH, STATS
+from p2pdp.net.control import count_field
+from p2pdp.net.coordinator import NetworkWorld
+from p2pdp.net.hosts import FINISH, STATS
 from p2pdp.net.iterative_host import KEYED, LATE, ROUND, START, UNREACHABLE, IterativeSettings
 from p2pdp.net.tls import host_name
 from p2pdp.net.wire import ProtocolError, encode, frame_bytes, unpack_vector
@@ -216,13 +217,13 @@ class IterativeNetworkWorld(NetworkWorld):
                 self._all_keyed.set()
             return host
         if kind == ROUND:
-            claimed = _count(message["host"], "host", self.n_hosts)
+            claimed = count_field(message["host"], "host", self.n_hosts)
             if who != host_name(claimed) or host != claimed:
                 raise ProtocolError(f"{who!r} reports a round of host {claimed}")
             self._round_report(claimed, message)
             return host
         if kind == STATS:
-            claimed = _count(message["host"], "host", self.n_hosts)
+            claimed = count_field(message["host"], "host", self.n_hosts)
             late = self._late(claimed, message.get("late", []))
             host = super()._on_control(message, who, writer, host)
             self._read_late(late)
@@ -234,7 +235,10 @@ class IterativeNetworkWorld(NetworkWorld):
         peers, exchanges already over; (n, 2) int array."""
         into = set(self._into[host].tolist())
         late = [
-            (_count(slot, "late slot", self.iterative.slots), _count(edge, "late edge", 2**31))
+            (
+                count_field(slot, "late slot", self.iterative.slots),
+                count_field(edge, "late edge", 2**31),
+            )
             for slot, edge in value
         ]
         if any(edge not in into for _, edge in late):
@@ -245,11 +249,13 @@ class IterativeNetworkWorld(NetworkWorld):
         """Host ``host``'s report of its next round, every field checked before anything
         counts (a bad report raises and changes nothing)."""
         settings = self.iterative
-        round_ = _count(message["round"], "round", settings.rounds + 1)
+        round_ = count_field(message["round"], "round", settings.rounds + 1)
         if round_ != self._reported[host] + 1:
             raise ProtocolError(f"host {host} reports round {round_} after {self._reported[host]}")
         own = self._own[host]
-        stepped = np.array([_count(p, "stepped", self.n_peers) for p in message["stepped"]], int)
+        stepped = np.array(
+            [count_field(p, "stepped", self.n_peers) for p in message["stepped"]], int
+        )
         once = self.gossip or len(set(stepped.tolist())) == len(stepped)  # gossip: per merge
         if not np.isin(stepped, own).all() or not once:
             raise ProtocolError(f"host {host} says another host's peers stepped")
@@ -258,17 +264,18 @@ class IterativeNetworkWorld(NetworkWorld):
         if len(delivered) != settings.exchanges:
             raise ProtocolError(f"host {host} reports {len(delivered)} exchanges")
         edges = [
-            np.array([_count(e, "edge", 2**31) for e in ex], dtype=np.int64) for ex in delivered
+            np.array([count_field(e, "edge", 2**31) for e in ex], dtype=np.int64)
+            for ex in delivered
         ]
         for ex in edges:
             once = self.gossip or len(set(ex.tolist())) == len(ex)  # gossip: per merge
             if not np.isin(ex, into).all() or not once:
                 raise ProtocolError(f"host {host} reports deliveries to another host's peers")
-        sent = np.array([_count(n, "sent", 2**31) for n in message["sent"]], dtype=np.int64)
+        sent = np.array([count_field(n, "sent", 2**31) for n in message["sent"]], dtype=np.int64)
         if len(sent) != len(own) or (sent > self._degree[own] * settings.exchanges).any():
             raise ProtocolError(f"host {host} reports {sent.tolist()[:8]} models sent")
         late = self._late(host, message["late"])
-        lost = _count(message["lost"], "lost", 2**31)
+        lost = count_field(message["lost"], "lost", 2**31)
         models = unpack_vector(message["models"], shape=(len(own), settings.dim))
         # every field is good: count it (the round's part when the round is recorded)
         self._read_late(late)

@@ -69,18 +69,8 @@ from typing import Any
 
 import numpy as np
 
-from p2pdp.net.host import (
-    FINISH,
-    HELLO,
-    STATS,
-    HostError,
-    Ticket,
-    connect_control,
-    enroll,
-    fresh,
-    hosts_of,
-    serve_frames,
-)
+from p2pdp.net.connections import connect_control, enroll, fresh, serve_frames
+from p2pdp.net.hosts import FINISH, HELLO, STATS, HostError, Ticket, hosts_of
 from p2pdp.net.pair_keys import KEYS, PairKeys
 from p2pdp.net.tls import Credential, host_name, identity, listen, resolve
 from p2pdp.net.wire import (
@@ -690,7 +680,7 @@ async def serve_iterative(
 ) -> None:
     """Run host ``host_index`` of an iterative run until the coordinator ends it.
 
-    Enrolls (:func:`~p2pdp.net.host.enroll`: a key pair of its own), opens its listener,
+    Enrolls (:func:`~p2pdp.net.connections.enroll`: a key pair of its own), opens its listener,
     says ``HELLO`` (every peer of it at the listener's port), waits for the ``DIRECTORY``
     (then, with ``pair_keys``, offers its peers' public keys and says ``KEYED`` once it
     holds every neighbour's) and the ``START``, runs its rounds (:meth:`IterativeHost.run`:

@@ -73,6 +73,8 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from p2pdp.protocols.groups import failed_in_a_row, stopped_initiating, too_few_solvent
+
 __all__ = [
     "ACCEPT",
     "ACK",
@@ -88,6 +90,7 @@ __all__ = [
     "StartTimer",
     "Wait",
     "elected",
+    "stop_reason",
 ]
 
 #: A peer's mean backoff doubles after each failure in a row, at most this many times.
@@ -111,8 +114,53 @@ def elected(members: list[int], nonces: list[int]) -> int:
     """The curator of a formed group: ``members[sum(nonces) mod g]``, ``members`` in the
     order fixed before any nonce was revealed (initiator first). The one rule of both
     drivers: the simulator's (:meth:`GossipFormation._start`) and the network coordinator's
-    check of a formed report (:func:`p2pdp.net.gossip_host.elect`)."""
+    check of a formed report (:func:`p2pdp.net.commitments.elect`)."""
     return int(members[sum(nonces) % len(members)])
+
+
+def stop_reason(
+    *,
+    solvent: int,
+    aborted_in_a_row: int,
+    trying: int,
+    under_way: int,
+    group_size: int,
+    max_failed: int,
+) -> str:
+    """Why a gossip run stops, or "" while it goes on: the observer's rule, not the protocol's
+    (no peer acts on it; the seed's CompletionAgent). The one rule of both drivers, fed the
+    counts each keeps: the simulator's observer (:class:`p2pdp.sim.gossip.sampler.
+    GossipSampler`) and the network coordinator (its gossip loop, from the ledger and the
+    hosts' ``status`` reports).
+
+    In order: fewer than ``group_size`` peers can afford another aggregation
+    (:func:`~p2pdp.protocols.groups.too_few_solvent`); ``max_failed`` aggregations in a row
+    aborted (:func:`~p2pdp.protocols.groups.failed_in_a_row`, the central sampler's rule,
+    which stops runs whose messages are mostly lost); no peer initiates and nothing is under
+    way (:func:`~p2pdp.protocols.groups.stopped_initiating`).
+
+    Parameters
+    ----------
+    solvent : int
+        Peers that can afford one more aggregation (beyond the charges a driver holds back).
+    aborted_in_a_row : int
+        Aggregations aborted since the last release.
+    trying : int
+        Peers still initiating (not given up after ``max_failed`` failures in a row); a driver
+        that has not heard from some peers yet counts them here.
+    under_way : int
+        Formation attempts and aggregations in flight, and anything else that may make a
+        peer initiate again (on the network: an ``ended`` frame a host has not carried out).
+    group_size, max_failed : int
+        ``groups.group_size`` and ``groups.max_failed_attempts``.
+    """
+    if solvent < group_size:
+        return too_few_solvent(group_size)
+    if aborted_in_a_row >= max_failed:
+        return failed_in_a_row(max_failed)
+    if trying == 0 and under_way == 0:
+        return stopped_initiating(max_failed)
+    return ""
 
 
 @dataclass(slots=True, eq=False)

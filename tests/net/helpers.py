@@ -13,7 +13,8 @@ from p2pdp.config import (
     ScenarioConfig,
 )
 from p2pdp.net.coordinator import NetworkWorld
-from p2pdp.net.host import HostSettings, PeerHost
+from p2pdp.net.host import PeerHost
+from p2pdp.net.hosts import HostSettings
 from p2pdp.net.tls import (
     Authority,
     Credential,

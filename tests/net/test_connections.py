@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from p2pdp.net import tls
-from p2pdp.net.host import HostSettings, PeerHost
+from p2pdp.net.host import PeerHost
+from p2pdp.net.hosts import HostSettings
 from p2pdp.net.wire import (
     encode,
 )
@@ -101,7 +102,7 @@ def test_a_peers_socket_closes_an_idle_connection_and_senders_connect_afresh(cap
         await receiver.close()
         return sender, receiver
 
-    with caplog.at_level("INFO", logger="p2pdp.net.host"):
+    with caplog.at_level("INFO", logger="p2pdp.net"):
         sender, receiver = asyncio.run(go())
     assert receiver.counters.refused == {"publish": 2}  # both arrived; an idle close is no refusal
     assert receiver.counters.idle_closed == 2  # each connection closed when idle
@@ -141,7 +142,7 @@ def test_a_connection_its_peer_closes_logs_nothing_and_a_refused_one_says_why(ca
         await receiver.close()
         return closed
 
-    with caplog.at_level("INFO", logger="p2pdp.net.host"):
+    with caplog.at_level("INFO", logger="p2pdp.net"):
         (refused, logged) = asyncio.run(go())
     assert refused == {"publish": 1} and "connection" not in logged
     (line,) = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]

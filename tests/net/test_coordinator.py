@@ -16,7 +16,7 @@ import pytest
 from p2pdp.core.errors import NetworkRunError
 from p2pdp.experiments.cli import main as cli
 from p2pdp.experiments.run.simulation import simulate
-from p2pdp.net import host as host_module
+from p2pdp.net import hosts
 from p2pdp.net.coordinator import NetworkWorld
 from p2pdp.net.wire import (
     ProtocolError,
@@ -57,7 +57,7 @@ def test_hosts_that_said_why_they_stopped_fail_the_run_with_no_unrelated_advice(
     files and the main guard (it used to end every such error)."""
 
     class Explained(_Dead):
-        exitcode = host_module.EXPLAINED
+        exitcode = hosts.EXPLAINED
 
     world = _coordinator(launch=lambda host, port: Explained())
     with pytest.raises(NetworkRunError) as error:

@@ -12,8 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from p2pdp.net import coordinator
-from p2pdp.net import host as host_module
+from p2pdp.net import bookkeeping, host_process
 from p2pdp.net.wire import (
     pack_vector,
 )
@@ -124,7 +123,7 @@ def test_made_up_full_publications_do_not_end_a_hosts_final_wait(caplog):
 
     async def final_wait():
         start = time.monotonic()
-        await host_module._received(host, 3, timeout=0.3)
+        await host_process._received(host, 3, timeout=0.3)
         return time.monotonic() - start
 
     with caplog.at_level("WARNING"):
@@ -209,8 +208,8 @@ def test_a_submission_after_its_curators_timer_is_lost_if_honest_else_refused(me
                                      {"submit": 2})  # fmt: skip
     assert not [r for r in reports if isinstance(r, dict)]  # never released
     stats = host.stats(0)["refused"]  # as the coordinator sums them into the row
-    lost = sum(stats.get(r, 0) for r in coordinator.LOST)
-    refused = sum(stats.get(r, 0) for r in coordinator.REFUSED)
+    lost = sum(stats.get(r, 0) for r in bookkeeping.LOST)
+    refused = sum(stats.get(r, 0) for r in bookkeeping.REFUSED)
     assert (lost, refused) == ((1, 1) if reason == "expired" else (0, 2))
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from p2pdp.net.host import HostSettings, PeerHost
+from p2pdp.net.host import PeerHost
+from p2pdp.net.hosts import HostSettings
 from p2pdp.net.wire import (
     unpack_vector,
 )

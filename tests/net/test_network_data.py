@@ -29,7 +29,7 @@ from p2pdp.experiments.run.oneshot import UNSCORED
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import load_scenario
 from p2pdp.net.coordinator import NetworkWorld
-from p2pdp.net.host import HostSettings
+from p2pdp.net.hosts import HostSettings
 from p2pdp.net.tls import Authority
 from p2pdp.privacy.accounting import BudgetLedger
 from p2pdp.tasks import make_task, prepared_own

@@ -18,16 +18,17 @@ from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.network.processes import RunHosts
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.settings import EvaluationConfig
+from p2pdp.net.commitments import elect
 from p2pdp.net.gossip_host import (
-    ASKED,
     FORMATION,
     FORMED,
     GossipSetup,
     HostFormation,
     _Record,
-    elect,
 )
-from p2pdp.net.host import HostSettings, PeerHost
+from p2pdp.net.gossip_views import ASKED
+from p2pdp.net.host import PeerHost
+from p2pdp.net.hosts import HostSettings
 from p2pdp.net.tls import Authority, Credential, host_name, new_key, signing_request
 from p2pdp.net.wire import ProtocolError
 from p2pdp.privacy.mechanisms import make_mechanism

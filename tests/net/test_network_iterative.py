@@ -25,7 +25,7 @@ from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.local_problem import LocalProblem
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.net import iterative_host
-from p2pdp.net.host import hosts_of
+from p2pdp.net.hosts import hosts_of
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld
 from p2pdp.net.iterative_host import AHEAD, KEYED, IterativeHost, IterativeSettings
 from p2pdp.net.pair_keys import KEYS, PairKeys, keystream, pair_secret
@@ -741,7 +741,7 @@ def test_the_coordinator_starts_the_rounds_only_once_every_host_is_keyed():
     """KEYED counts once per host, from its own control connection, in a run with pair noise
     only; the event the rounds' START waits on is set once every host's is in. Mutation
     caught: a second KEYED counted (the once check removed)."""
-    from p2pdp.net.host import HostSettings
+    from p2pdp.net.hosts import HostSettings
     from p2pdp.net.tls import Authority
 
     config = _small()

@@ -24,9 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.run.simulation import simulate
-from p2pdp.net import host as host_module
-from p2pdp.net import tls
-from p2pdp.net.host import HostError, HostSettings, Ticket
+from p2pdp.net import connections, host_process, hosts, tls
+from p2pdp.net.hosts import HostError, HostSettings, Ticket
 from p2pdp.net.tls import (
     Authority,
     enrollment_client,
@@ -166,21 +165,21 @@ def test_an_enrollment_is_refused_without_its_token_for_another_identity_or_twic
         refused = []
         wrong = ticket(0, token="x" * 43)
         with pytest.raises(HostError, match="refused this host's enrollment"):
-            await host_module.enroll(0, wrong, "127.0.0.1", 5.0)
+            await connections.enroll(0, wrong, "127.0.0.1", 5.0)
         request = signing_request("host-1", new_key())
         assert await raw(port, {"kind": "enroll", "host": 0, "token": authority.token(0),
                                 "request": request}) == b""  # fmt: skip
         with pytest.raises(HostError, match="refused"):  # host 0's token is spent
-            await host_module.enroll(0, wrong, "127.0.0.1", 5.0)
+            await connections.enroll(0, wrong, "127.0.0.1", 5.0)
         assert await raw(port, {"kind": "hello", "host": 1}) == b""
-        assert await raw(port, struct.pack(">I", host_module.ENROLL_BYTES + 1)) == b""
+        assert await raw(port, struct.pack(">I", hosts.ENROLL_BYTES + 1)) == b""
         refused.append(world.wire.refused["enroll"])
-        credential = await host_module.enroll(1, ticket(1), "127.0.0.1", 5.0)
+        credential = await connections.enroll(1, ticket(1), "127.0.0.1", 5.0)
         assert _certified(credential.certificate) == _public(credential.key)
         subject = x509.load_pem_x509_certificate(credential.certificate).subject
         assert subject.rfc4514_string() == "CN=host-1"
         with pytest.raises(HostError):  # no token left: the listener is closed
-            await host_module.enroll(1, wrong, "127.0.0.1", 5.0)
+            await connections.enroll(1, wrong, "127.0.0.1", 5.0)
         return refused
 
     assert asyncio.run(go()) == [5]
@@ -255,7 +254,7 @@ def test_a_host_outside_the_allowlist_is_told_so(monkeypatch):
                         token=authority.token(0), authority=authority.certificate)  # fmt: skip
         settings = HostSettings(n_peers=2, hosts=1, full_publication=False, allowed=("10.0.0.9",))
         with pytest.raises(HostError, match=r"allowlist, resolved: 10\.0\.0\.9; is this host"):
-            await host_module.serve(
+            await host_process.serve(
                 np.array([0, 1]), np.zeros((2, 2)), np.array([5, 7]), releaser=_host([]).releaser,
                 sensitivity=lambda sizes: 1.0, settings=settings, host_index=0, ticket=ticket,
             )  # fmt: skip

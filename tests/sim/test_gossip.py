@@ -362,6 +362,26 @@ def test_crashed_curators_abort_every_group_and_nobody_pays():
     assert not log.published
 
 
+def test_the_observer_stops_at_the_aborted_aggregation_that_reaches_max_failed(monkeypatch):
+    """The shared stop rule (p2pdp.protocols.gossip.stop_reason) in the simulator: with every
+    curator crashing, the reason appears at the group end that makes the aborts in a row
+    reach ``groups.max_failed_attempts``, not before and not after."""
+    from p2pdp.sim.gossip.sampler import GossipSampler
+
+    seen = []
+    finished = GossipSampler.group_finished
+
+    def spy(self, group, *, published):
+        finished(self, group, published=published)
+        seen.append((self.aborted_in_a_row, self.stop_reason))
+
+    monkeypatch.setattr(GossipSampler, "group_finished", spy)
+    simulate(scenario(curator_crash_probability=1.0, max_failed=4))
+    first = next(i for i, (_, reason) in enumerate(seen) if reason)
+    assert seen[first] == (4, "4 aggregations in a row failed")
+    assert all(aborted < 4 for aborted, _ in seen[:first])
+
+
 def test_a_member_that_crashes_before_submitting_aborts_its_group():
     with recording() as log:
         result = simulate(scenario(member_crash_probability=1.0, max_failed=10))

@@ -26,7 +26,8 @@ from p2pdp.core.errors import P2PDPError
 from p2pdp.core.parallel import worker_signals
 from p2pdp.core.rng import generator, os_generator
 from p2pdp.net.gossip_host import GossipSetup
-from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of, serve
+from p2pdp.net.host_process import serve
+from p2pdp.net.hosts import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
 from p2pdp.privacy.release import Releaser
 from p2pdp.sim.world import budget_ledger
 from p2pdp.tasks import (

@@ -28,7 +28,7 @@ from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.rng import generator
 from p2pdp.learning.local_problem import LocalProblem, gradient_model
-from p2pdp.net.host import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
+from p2pdp.net.hosts import EXPLAINED, HostError, HostSettings, Ticket, hosts_of
 from p2pdp.net.iterative_coordinator import IterativeNetworkWorld, IterativeTransport
 from p2pdp.net.iterative_host import IterativeSettings, Machine, serve_iterative
 from p2pdp.net.pair_keys import PairKeys, session_id

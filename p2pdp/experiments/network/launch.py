@@ -42,7 +42,7 @@ from p2pdp.experiments.network.host import _settings
 from p2pdp.experiments.network.hosts_file import hosts_plan
 from p2pdp.experiments.network.processes import _RUN_HOSTS, RunHosts
 from p2pdp.net.coordinator import NetworkWorld, check_supported
-from p2pdp.net.host import Ticket
+from p2pdp.net.hosts import Ticket
 from p2pdp.net.iterative_coordinator import check_iterative
 from p2pdp.net.tls import Authority
 from p2pdp.privacy.accounting import BudgetLedger

@@ -3,7 +3,7 @@
 ``p2pdp split SCENARIO --hosts N|HOSTSFILE --out DIR`` (:func:`write_host_shards`) cuts the
 scenario's data set the way the simulator does (every fold and repetition the scenario runs,
 the same preprocessing and partition, :func:`p2pdp.tasks.pipeline.peer_shards`) and writes, per
-host ``i`` (peers split over hosts as :func:`p2pdp.net.host.hosts_of` splits them):
+host ``i`` (peers split over hosts as :func:`p2pdp.net.hosts.hosts_of` splits them):
 
 ``host-i.npz`` (format ``p2pdp-host-shards``, version 1; numpy ``savez``, no pickles)
     For each fold ``f`` and repetition ``r``: ``X_f_r`` (n, d) float64, the preprocessed
@@ -40,7 +40,7 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.results.lock import make_folder
-from p2pdp.net.host import hosts_of
+from p2pdp.net.hosts import hosts_of
 from p2pdp.net.iterative_coordinator import check_iterative
 from p2pdp.tasks import check_own_rows, make_task
 from p2pdp.tasks.pipeline import fold_name, load_training_rows, shard_key

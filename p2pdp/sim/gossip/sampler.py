@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from p2pdp.core.rng import Uniforms
-from p2pdp.protocols.groups import failed_in_a_row, stopped_initiating, too_few_solvent
+from p2pdp.protocols.gossip import stop_reason
 from p2pdp.sim.gossip.faults import Faults
 from p2pdp.sim.gossip.formation import GroupFormation
 from p2pdp.sim.gossip.rounds import RoundFormation, uses_rounds
@@ -193,16 +193,14 @@ class GossipSampler:
             return
         if not self.stop_reason:
             formation = self.formation
-            if formation.n_solvent < self.group_size:
-                self.stop_reason = too_few_solvent(self.group_size)
-            elif self.aborted_in_a_row >= self.max_failed:
-                self.stop_reason = failed_in_a_row(self.max_failed)
-            elif (
-                formation.n_trying == 0
-                and formation.attempts_in_flight == 0
-                and self.in_flight == 0
-            ):
-                self.stop_reason = stopped_initiating(self.max_failed)
+            self.stop_reason = stop_reason(
+                solvent=formation.n_solvent,
+                aborted_in_a_row=self.aborted_in_a_row,
+                trying=formation.n_trying,
+                under_way=formation.attempts_in_flight + self.in_flight,
+                group_size=self.group_size,
+                max_failed=self.max_failed,
+            )
             formation.stopped = bool(self.stop_reason)
         if self.stop_reason and self.in_flight == 0:
             self.done.succeed(self.stop_reason)
