@@ -387,7 +387,7 @@ class FittedPreprocessor:
         if out is None:
             out = np.empty((n, self.n_features_out))
         scratch = np.empty((min(n, _CHUNK_ROWS), self.n_features_out))
-        span = None if self.low is None or self.high is None else self.high - self.low
+        low, high = self.low, self.high
         for start in range(0, n, _CHUNK_ROWS):
             rows = Z[start : start + _CHUNK_ROWS]
             chunk = scratch[: len(rows)]
@@ -396,10 +396,11 @@ class FittedPreprocessor:
                 np.multiply(np.sign(rows), np.log1p(np.abs(rows)), out=body)
             else:
                 body[...] = rows
-            if span is not None:  # the minmax step (__post_init__)
+            if low is not None and high is not None:  # the minmax step (__post_init__)
                 # overflow (tiny span) gives +-inf, which the clip maps to the right end of
                 # [0, 1]; a constant feature (span 0) maps to 0
-                np.subtract(body, self.low, out=body)
+                span = high - low
+                np.subtract(body, low, out=body)
                 with np.errstate(over="ignore"):
                     np.divide(body, span, out=body, where=span > 0)
                 body[:, span <= 0] = 0.0
