@@ -220,9 +220,16 @@ def _fit_block(
     head = int(starts[first]) - begin if first < len(starts) else len(y)
     tail = int(starts[last]) - begin  # the rows of a shard starting here, ending past it
     steps = 0
-    if last > first:
-        bounds = (starts[first : last + 1] - begin).tolist()
-        shards = [np.arange(a, b, dtype=np.int64) for a, b in itertools.pairwise(bounds)]
+    cuts = starts[first : last + 1] - begin
+    if last > first and np.diff(cuts).max() < X.shape[1]:  # every shard in the dual form
+        from p2pdp.learning.compiled import fit_consecutive_shards
+
+        tol = LogisticModel.gradient_tolerance
+        weights[first:last], norms[first:last], steps = fit_consecutive_shards(
+            X, y, cuts, lam, tol, MAX_NEWTON_STEPS, first_peer=first
+        )
+    elif last > first:
+        shards = [np.arange(a, b, dtype=np.int64) for a, b in itertools.pairwise(cuts.tolist())]
         models = LogisticModel().fit(X, y, shards, lam)
         weights[first:last], norms[first:last] = models.weights, models.grad_norms
         steps = models.iterations
@@ -359,6 +366,10 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
     set_phase("training: local models, pass 2 over the rows")
     n_peers, d_out = partition.n_peers, fitted.n_features_out
     starts = contiguous_starts(n, n_peers)
+    if np.diff(starts).max() < d_out:  # the blocks' fits compiled (_fit_block): once, here
+        from p2pdp.learning.compiled import compile_fits
+
+        compile_fits()
     many = workers > 1 and len(training) > 1
     empty = shared_empty if many else np.empty
     weights, norms = empty((n_peers, d_out)), empty((n_peers,))

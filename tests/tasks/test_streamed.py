@@ -265,3 +265,32 @@ def test_a_certified_newton_step_skips_only_the_pass_that_would_confirm_it() -> 
     assert passes.count(False) == plain_passes - 1
     np.testing.assert_allclose(w, plain[0], rtol=0, atol=1e-15)
     assert np.linalg.norm(loss_gradient_hessian(X, y, w, lam)[1]) <= norm <= tol / 4
+
+
+def test_shards_of_fewer_rows_than_features_are_fitted_compiled(monkeypatch) -> None:
+    """With more features than a shard has rows (17 with the bias against 13-14 rows, the
+    dual form, as 58 against 20 at a million peers), the blocks' shards are solved by the
+    compiled kernel (a kernel that fails stops the training), and with 2 workers the
+    models and the centralised model are the in-memory training's to 1e-12, their test
+    errors the same integers."""
+    from p2pdp.learning import compiled
+
+    cell = config("data.synthetic_features=16")
+    whole = pipeline.train_in_memory(cell, fold=0)
+    with local_workers(2):
+        trained = pipeline.prepare_peers(cell, fold=0)
+    assert trained.fold.X_train.shape[0] == 0
+    np.testing.assert_allclose(trained.models.weights, whole.models.weights, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(trained.centralized, whole.centralized, rtol=0, atol=1e-12)
+    assert trained.models.grad_norms.max() <= 1e-9
+    X, y = whole.fold.X_test, whole.fold.y_test
+    np.testing.assert_array_equal(
+        errors_of(trained.models.weights, X, y), errors_of(whole.models.weights, X, y)
+    )
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the compiled kernel")
+
+    monkeypatch.setattr(compiled, "fit_consecutive_shards", failing)
+    with pytest.raises(RuntimeError, match="the compiled kernel"):
+        pipeline.prepare_peers(cell, fold=0)
