@@ -28,12 +28,10 @@ from numpy.typing import NDArray
 
 from p2pdp.core.errors import P2PDPError
 
-__all__ = ["compile_fits", "fit_consecutive_shards"]
+# the batched Newton's line search: the Armijo constant, its rounding slack, the least step
+from p2pdp.learning.models import _ARMIJO, _MIN_STEP, _ROUNDING_SLACK
 
-# the constants of p2pdp.learning.models' Newton (Armijo, rounding slack, smallest step)
-_ARMIJO = 1e-4
-_ROUNDING_SLACK = 64 * float(np.finfo(np.float64).eps)
-_MIN_STEP = 2.0**-40
+__all__ = ["compile_fits", "fit_consecutive_shards"]
 
 
 @numba.njit(cache=True, nogil=True)
