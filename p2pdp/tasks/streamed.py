@@ -12,7 +12,9 @@ rows only block by block can draw each block when it needs it and drop it after:
 2. **local models**: each block drawn again and transformed (its ``log1p`` reused from the
    labels' logits, :meth:`~p2pdp.data.preprocess.FittedPreprocessor.transform_logged`); the
    ``partition.scheme = "contiguous"`` shards are ranges of rows, so the block's task solves
-   the exact models of the shards inside it and writes them into shared memory
+   the exact models of the shards inside it (shards of fewer rows than features one by one
+   in compiled code, :func:`~p2pdp.learning.compiled.fit_consecutive_shards`) and writes
+   them into shared memory
    (:func:`~p2pdp.core.parallel.shared_empty`), and gives back the rows of the shard that
    straddles each of its ends (fewer than a shard), which are solved here at the end. The
    same pass gives the centralised reference's first Newton pass (at ``w = 0``).
@@ -29,11 +31,13 @@ rows only block by block can draw each block when it needs it and drop it after:
 Blocks are shared out to the local worker processes (:func:`p2pdp.core.parallel.local_workers`).
 Every number is the in-memory training's (:func:`p2pdp.tasks.pipeline.train_peers`): the same
 blocks, a peer's model depending on its shard only, the Newton's block sums added in block
-order (``tests/tasks/test_streamed.py`` compares the models, the centralised model and the test rows
-exactly). The :class:`~p2pdp.tasks.pipeline.TrainedPeers` holds no training rows and no shard
-arrays; what reads them (a vote on the peers' own rows, posterior sampling, the best-lambda
-reference, an iterative protocol) loads them again (:meth:`TrainedPeers.training_rows
-<p2pdp.tasks.pipeline.TrainedPeers.training_rows>`).
+order; but the compiled fits' models, which agree with the batched Newton's to about 1e-15
+relative, each certified to the tolerance (``tests/tasks/test_streamed.py`` compares the
+models and the centralised model to 1e-12, their test errors and the test rows exactly),
+and the same for any number of workers. The :class:`~p2pdp.tasks.pipeline.TrainedPeers`
+holds no training rows and no shard arrays; what reads them (a vote on the peers' own
+rows, posterior sampling, the best-lambda reference, an iterative protocol) loads them
+again (:meth:`TrainedPeers.training_rows <p2pdp.tasks.pipeline.TrainedPeers.training_rows>`).
 
 Memory: the local models (P, d), the kept rows (at most :data:`KEPT_ROWS_BYTES`) and, per
 worker, a block and its temporaries (about 0.2 GB), instead of every row (20 rows of 58
