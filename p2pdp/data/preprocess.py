@@ -84,6 +84,11 @@ def _check_block_rows(block_rows: int) -> None:
         raise ConfigError(f"block_rows must be an integer >= 1, got {block_rows!r}")
 
 
+#: Rows :meth:`FittedPreprocessor._transform_rows` takes at a time: 1,024 rows of 58 features
+#: (0.5 MB) stay in a core's L2 cache through every step.
+_CHUNK_ROWS = 1024
+
+
 def _as_matrix(values: ArrayLike, name: str) -> NDArray[np.float64]:
     """``values`` as a float64 2-D array with at least one row (finiteness unchecked)."""
     X = np.asarray(values, dtype=np.float64)
@@ -361,13 +366,15 @@ class FittedPreprocessor:
         # the first columns of ``out`` (strided), so the numbers do not depend on it
         block = np.ascontiguousarray(rows_in[rows])
         _check_finite(block, "X")
-        out[rows] = self._transform_rows(block)
+        self._transform_rows(block, out=out[rows])
 
-    def transform_logged(self, logged: NDArray[np.float64]) -> NDArray[np.float64]:
+    def transform_logged(
+        self, logged: NDArray[np.float64], *, out: NDArray[np.float64] | None = None
+    ) -> NDArray[np.float64]:
         """:meth:`transform` of non-negative rows ``X`` (n, d), given ``log1p(X)`` (n, d)
         instead of ``X``: the ``log1p`` step (``sign(x) log1p(|x|)``, which is ``log1p(x)``
-        bit for bit for ``x >= 0``) is not computed again. In this process, in one piece
-        (a block of rows). Returns (n, n_features_out) float64, the rows :meth:`transform`
+        bit for bit for ``x >= 0``) is not computed again. In this process (a block of rows),
+        into ``out`` (n, n_features_out) float64 if given. Returns the rows :meth:`transform`
         gives for ``X``. ConfigError without a ``log1p`` step, or for a non-finite entry."""
         if "log1p" not in self.steps:
             raise ConfigError(f"transform_logged needs the 'log1p' step, got {self.steps}")
@@ -377,26 +384,54 @@ class FittedPreprocessor:
                 f"logged must have {self.n_features_in} columns like the training rows, "
                 f"got {Z.shape[1]}"
             )
+        shape = (Z.shape[0], self.n_features_out)
+        if out is not None and (out.shape != shape or out.dtype != np.float64):
+            raise ConfigError(f"out must be a float64 array of shape {shape}, got {out.shape}")
         _check_finite(Z, "logged")
-        return self._transform_rows(Z, logged=True)
+        return self._transform_rows(Z, logged=True, out=out)
 
     def _transform_rows(
-        self, Z: NDArray[np.float64], *, logged: bool = False
+        self,
+        Z: NDArray[np.float64],
+        *,
+        logged: bool = False,
+        out: NDArray[np.float64] | None = None,
     ) -> NDArray[np.float64]:
-        if "log1p" in self.steps and not logged:
-            Z = _signed_log1p(Z)
-        if self.low is not None and self.high is not None:  # the minmax step (__post_init__)
-            span = self.high - self.low
-            # overflow (tiny span) gives +-inf, which the clip maps to the right end of [0, 1]
-            with np.errstate(over="ignore"):
-                scaled = np.divide(Z - self.low, span, out=np.zeros_like(Z), where=span > 0)
-            Z = np.clip(scaled, 0.0, 1.0)
-        if self.mean is not None and self.std is not None:  # the standardize step
-            Z = np.divide(Z - self.mean, self.std, out=np.zeros_like(Z), where=self.std > 0)
-        if "bias" in self.steps:
-            Z = np.hstack([Z, np.ones((Z.shape[0], 1))])
-        if "project_unit_ball" in self.steps:
-            return Z / np.maximum(np.linalg.norm(Z, axis=1), 1.0)[:, None]
-        if "scale_sqrt_d" in self.steps:
-            return Z / np.sqrt(Z.shape[1])
-        return Z
+        """The steps on rows ``Z`` (n, d) into ``out`` (n, n_features_out), a new array if
+        None, :data:`_CHUNK_ROWS` rows at a time through one scratch array that stays in
+        cache: every step is elementwise or a reduction along a row, so the numbers are the
+        ones of the steps on all the rows at once, without their n x d temporaries."""
+        n, d_in = Z.shape
+        if out is None:
+            out = np.empty((n, self.n_features_out))
+        scratch = np.empty((min(n, _CHUNK_ROWS), self.n_features_out))
+        low, high = self.low, self.high
+        for start in range(0, n, _CHUNK_ROWS):
+            rows = Z[start : start + _CHUNK_ROWS]
+            chunk = scratch[: len(rows)]
+            body = chunk[:, :d_in]
+            if "log1p" in self.steps and not logged:
+                np.multiply(np.sign(rows), np.log1p(np.abs(rows)), out=body)
+            else:
+                body[...] = rows
+            if low is not None and high is not None:  # the minmax step (__post_init__)
+                # overflow (tiny span) gives +-inf, which the clip maps to the right end of
+                # [0, 1]; a constant feature (span 0) maps to 0
+                span = high - low
+                np.subtract(body, low, out=body)
+                with np.errstate(over="ignore"):
+                    np.divide(body, span, out=body, where=span > 0)
+                body[:, span <= 0] = 0.0
+                np.clip(body, 0.0, 1.0, out=body)
+            if self.mean is not None and self.std is not None:  # the standardize step
+                np.subtract(body, self.mean, out=body)
+                np.divide(body, self.std, out=body, where=self.std > 0)
+                body[:, self.std <= 0] = 0.0
+            if "bias" in self.steps:
+                chunk[:, d_in] = 1.0
+            if "project_unit_ball" in self.steps:
+                chunk /= np.maximum(np.linalg.norm(chunk, axis=1), 1.0)[:, None]
+            elif "scale_sqrt_d" in self.steps:
+                chunk /= np.sqrt(chunk.shape[1])
+            out[start : start + len(rows)] = chunk
+        return out

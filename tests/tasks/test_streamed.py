@@ -19,7 +19,7 @@ from p2pdp.data.synthetic import (
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.learning.evaluation import linear_error
-from p2pdp.learning.models import STREAM_MIN_ROWS
+from p2pdp.learning.models import STREAM_MIN_ROWS, newton_from_block_sums, sums_of_block
 from p2pdp.tasks import pipeline, streamed
 from p2pdp.tasks.streamed import stream_gap
 
@@ -175,8 +175,9 @@ def test_a_vote_on_the_own_rows_reads_them_loaded_again(in_memory) -> None:
 @pytest.mark.parametrize("kept", [None, 2])
 def test_the_reference_draws_again_only_the_blocks_not_kept(kept, monkeypatch) -> None:
     """The bounds' pass draws the block with test rows whole and the fits' pass the 4
-    training blocks; the reference's later passes (at least 2: the Newton step's point and
-    the last one) draw no block when every one is kept, and only the 2 not kept otherwise."""
+    training blocks; the reference's later passes (one at each Newton step's point but the
+    last, whose gradient a bound certifies: 2 here) draw no block when every one is kept,
+    and only the 2 not kept otherwise."""
     calls = []
 
     def counted(*args, **kwargs):
@@ -195,3 +196,101 @@ def test_the_reference_draws_again_only_the_blocks_not_kept(kept, monkeypatch) -
         assert again == []
     else:
         assert len(again) >= 4 and again == [2, 3] * (len(again) // 2)
+
+
+def logistic_rows(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` rows (n, d) in the unit ball (some on its sphere) and labels (n,) float64 in
+    {-1, +1} drawn from a logistic model."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    X /= np.maximum(np.linalg.norm(X, axis=1), 1.0)[:, None]
+    y = np.where(rng.random(n) < 1 / (1 + np.exp(-X @ rng.normal(size=d) * 3)), 1.0, -1.0)
+    return X, y
+
+
+def loss_gradient_hessian(X, y, w, lam):
+    """The regularised logistic objective, gradient (d,) and Hessian (d, d) at ``w``,
+    computed directly (not from the block sums)."""
+    from scipy.special import expit, log_expit
+
+    margins = y * (X @ w)
+    value = -log_expit(margins).mean() + lam / 2 * w @ w
+    gradient = X.T @ (-y * expit(-margins)) / len(y) + lam * w
+    weights = expit(margins) * expit(-margins)
+    return value, gradient, (X.T * weights) @ X / len(y) + lam * np.eye(len(w))
+
+
+def test_the_remainder_bounds_what_the_second_order_model_misses() -> None:
+    """logistic_remainder's bounds on the gradient's and the objective's Taylor remainders
+    hold against both computed directly at ``w + s``, for steps of length 1e-3 to 3 from
+    random points; the gradient's is within 20x of the true remainder for a step along a
+    row (where the bound's inequalities are nearly tight)."""
+    X, y = logistic_rows(400, 5, seed=7)
+    lam, radius = 1e-2, float(np.linalg.norm(X, axis=1).max())
+    bounds = streamed.logistic_remainder(X.T @ X / len(y), radius)
+    rng = np.random.default_rng(8)
+    for scale in (1e-3, 1e-1, 1.0, 3.0):
+        for _ in range(10):
+            w, s = rng.normal(size=5), rng.normal(size=5)
+            s *= scale / np.linalg.norm(s)
+            value, gradient, hessian = loss_gradient_hessian(X, y, w, lam)
+            after, gradient_after, _ = loss_gradient_hessian(X, y, w + s, lam)
+            gradient_bound, value_bound = bounds(s)
+            missed = np.linalg.norm(gradient_after - gradient - hessian @ s)
+            assert missed <= gradient_bound + 1e-14
+            assert after - value - gradient @ s - s @ hessian @ s / 2 <= value_bound + 1e-14
+    s = X[np.argmax(np.linalg.norm(X, axis=1))] * 0.5
+    value, gradient, hessian = loss_gradient_hessian(X, y, np.zeros(5), lam)
+    missed = np.linalg.norm(loss_gradient_hessian(X, y, s, lam)[1] - gradient - hessian @ s)
+    assert 0 < missed <= bounds(s)[0] <= 20 * missed
+
+
+def test_a_certified_newton_step_skips_only_the_pass_that_would_confirm_it() -> None:
+    """With the logistic remainder, the streamed Newton returns the model it returns
+    without it (the same steps, to 1e-15), one pass over the rows fewer, and a gradient
+    norm that bounds the one computed directly at that model and is within the tolerance."""
+    X, y = logistic_rows(3000, 8, seed=9)
+    n, d, lam, tol = X.shape[0], X.shape[1], 1e-2, 1e-9
+    passes = []
+
+    def sums(w, hessian):
+        passes.append(hessian)
+        return [sums_of_block(X[a : a + 700], y[a : a + 700], w, hessian) for a in range(0, n, 700)]
+
+    plain = newton_from_block_sums(sums, n, d, lam, tol, 50, 0)
+    plain_passes, passes[:] = passes.count(False), []
+    remainder = streamed.logistic_remainder(X.T @ X / n, float(np.linalg.norm(X, axis=1).max()))
+    w, norm, steps = newton_from_block_sums(sums, n, d, lam, tol, 50, 0, remainder=remainder)
+    assert steps == plain[2] >= 2
+    assert passes.count(False) == plain_passes - 1
+    np.testing.assert_allclose(w, plain[0], rtol=0, atol=1e-15)
+    assert np.linalg.norm(loss_gradient_hessian(X, y, w, lam)[1]) <= norm <= tol / 4
+
+
+def test_shards_of_fewer_rows_than_features_are_fitted_compiled(monkeypatch) -> None:
+    """With more features than a shard has rows (17 with the bias against 13-14 rows, the
+    dual form, as 58 against 20 at a million peers), the blocks' shards are solved by the
+    compiled kernel (a kernel that fails stops the training), and with 2 workers the
+    models and the centralised model are the in-memory training's to 1e-12, their test
+    errors the same integers."""
+    from p2pdp.learning import compiled
+
+    cell = config("data.synthetic_features=16")
+    whole = pipeline.train_in_memory(cell, fold=0)
+    with local_workers(2):
+        trained = pipeline.prepare_peers(cell, fold=0)
+    assert trained.fold.X_train.shape[0] == 0
+    np.testing.assert_allclose(trained.models.weights, whole.models.weights, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(trained.centralized, whole.centralized, rtol=0, atol=1e-12)
+    assert trained.models.grad_norms.max() <= 1e-9
+    X, y = whole.fold.X_test, whole.fold.y_test
+    np.testing.assert_array_equal(
+        errors_of(trained.models.weights, X, y), errors_of(whole.models.weights, X, y)
+    )
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the compiled kernel")
+
+    monkeypatch.setattr(compiled, "fit_consecutive_shards", failing)
+    with pytest.raises(RuntimeError, match="the compiled kernel"):
+        pipeline.prepare_peers(cell, fold=0)
