@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 from p2pdp.core.errors import P2PDPError
 
 # the batched Newton's line search: the Armijo constant, its rounding slack, the least step
-from p2pdp.learning.models import _ARMIJO, _MIN_STEP, _ROUNDING_SLACK
+from p2pdp.learning.newton import _ARMIJO, _MIN_STEP, _ROUNDING_SLACK
 
 __all__ = ["compile_fits", "fit_consecutive_shards"]
 

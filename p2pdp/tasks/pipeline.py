@@ -35,13 +35,8 @@ from p2pdp.data.partition import (
 )
 from p2pdp.data.preprocess import Preprocessor
 from p2pdp.data.settings import DataConfig, PartitionConfig
-from p2pdp.learning.models import (
-    STREAM_MIN_ROWS,
-    LocalModel,
-    LocalModels,
-    LogisticModel,
-    make_model,
-)
+from p2pdp.learning.models import LocalModel, LocalModels, LogisticModel, make_model
+from p2pdp.learning.newton import STREAM_MIN_ROWS
 from p2pdp.learning.settings import EvaluationConfig
 from p2pdp.tasks.streamed import stream_gap, train_in_blocks
 

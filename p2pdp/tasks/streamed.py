@@ -19,7 +19,7 @@ rows only block by block can draw each block when it needs it and drop it after:
    straddles each of its ends (fewer than a shard), which are solved here at the end. The
    same pass gives the centralised reference's first Newton pass (at ``w = 0``).
 3. **centralised reference**: the streamed Newton of :mod:`p2pdp.learning.models`
-   (:func:`~p2pdp.learning.models.newton_from_block_sums`), each further pass over the rows
+   (:func:`~p2pdp.learning.newton.newton_from_block_sums`), each further pass over the rows
    drawing and transforming every block again but the first ones, which the fits' pass kept
    (up to :data:`KEPT_ROWS_BYTES`, freed with the training), its gradient and Hessian sums
    computed together (a Newton step's second pass at the same point is then free). The
@@ -67,16 +67,13 @@ from p2pdp.data.synthetic import (
     synthetic_block_bounds,
     synthetic_block_logged,
 )
-from p2pdp.learning.models import (
-    MAX_NEWTON_STEPS,
+from p2pdp.learning.models import MAX_NEWTON_STEPS, LocalModels, LogisticModel, one_blas_thread
+from p2pdp.learning.newton import (
     STREAM_MIN_ROWS,
     BlockSums,
-    LocalModels,
-    LogisticModel,
     block_hessian,
     block_sums,
     newton_from_block_sums,
-    one_blas_thread,
 )
 
 __all__ = ["BlockTraining", "block_stream", "stream_gap", "train_in_blocks"]
@@ -271,7 +268,7 @@ _SIGMA_CURVATURE = math.sqrt(3) / 18
 def logistic_remainder(
     second_moments: np.ndarray, radius: float
 ) -> Callable[[np.ndarray], tuple[float, float]]:
-    """The ``remainder`` bounds of :func:`~p2pdp.learning.models.newton_from_block_sums` for
+    """The ``remainder`` bounds of :func:`~p2pdp.learning.newton.newton_from_block_sums` for
     the regularised logistic loss on rows of L2 norm at most ``radius`` whose second moments
     ``X^T X / n`` are ``second_moments`` (d, d).
 
@@ -293,7 +290,7 @@ def logistic_remainder(
 
 
 class _ReferencePasses:
-    """``block_sums(w, hessian)`` of :func:`~p2pdp.learning.models.newton_from_block_sums`
+    """``block_sums(w, hessian)`` of :func:`~p2pdp.learning.newton.newton_from_block_sums`
     over blocks drawn again: one pass gives a point's loss, gradient and Hessian sums, kept
     for the Newton step's next call at the same point (at ``w = 0`` from the fits' pass)."""
 

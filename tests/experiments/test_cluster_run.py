@@ -21,7 +21,7 @@ from p2pdp.experiments.run import dask_backend as run_dask
 from p2pdp.experiments.run import runner
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.learning.evaluation import PARALLEL_MIN_PEERS
-from p2pdp.learning.models import STREAM_MIN_ROWS
+from p2pdp.learning.newton import STREAM_MIN_ROWS
 from p2pdp.tasks import pipeline
 
 ROWS, TEST_ROWS, PEERS, FEATURES = 261_000, 2_000, PARALLEL_MIN_PEERS, 10

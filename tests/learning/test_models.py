@@ -12,14 +12,11 @@ from p2pdp.core.errors import ConfigError, P2PDPError
 from p2pdp.core.parallel import local_workers
 from p2pdp.learning.models import (
     LocalModels,
-    block_hessian,
-    block_sums,
     fit_local_models,
     fit_local_models_sklearn,
     logistic_objective_gradient,
-    newton_from_block_sums,
-    sums_of_block,
 )
+from p2pdp.learning.newton import block_hessian, block_sums, newton_from_block_sums, sums_of_block
 
 TOL = 1e-9
 
@@ -163,19 +160,19 @@ def test_large_shards_match_sklearn():
 def test_a_streamed_large_shard_matches_the_batched_solver(rows, block, monkeypatch):
     """The centralised reference on a large data set is solved block by block (no copy of the
     shard): the same minimiser to the certified tolerance for any block size."""
-    from p2pdp.learning import models
+    from p2pdp.learning import newton
 
     rng = np.random.default_rng(11)
     X, y = rows(3000, 58, rng)
     shards = [np.arange(3000), rng.permutation(3000)[:1200], np.arange(40)]
     batched = fit_local_models(X, y, shards, 1e-3)
-    blocks, block_sums = set(), models._block_sums
+    blocks, block_sums = set(), newton._block_sums
 
     def recording(problem, item):
         blocks.add((len(problem[2]), len(problem[2][item[0] : item[0] + problem[3]])))
         return block_sums(problem, item)
 
-    monkeypatch.setattr(models, "_block_sums", recording)
+    monkeypatch.setattr(newton, "_block_sums", recording)
     streamed = fit_local_models(X, y, shards, 1e-3, stream_min_rows=1000, stream_block=block)
     # the two large shards read in blocks of ``block`` rows (a short last), the small batched
     expected = {(n, min(block, n - start)) for n in (3000, 1200) for start in range(0, n, block)}

@@ -19,7 +19,7 @@ from p2pdp.data.synthetic import (
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.experiments.scenarios.scenario import parse_scenario
 from p2pdp.learning.evaluation import linear_error
-from p2pdp.learning.models import STREAM_MIN_ROWS, newton_from_block_sums, sums_of_block
+from p2pdp.learning.newton import STREAM_MIN_ROWS, newton_from_block_sums, sums_of_block
 from p2pdp.tasks import pipeline, streamed
 from p2pdp.tasks.streamed import stream_gap
 

@@ -18,7 +18,7 @@ worker of the cluster and no process holds all its training rows:
    ``b + 1``, whose first rows (fewer than a shard) a small task sends it. Only the models,
    their gradient norms and shard sizes come back.
 3. **centralised reference**: the streamed Newton of :mod:`p2pdp.learning.models`
-   (:func:`~p2pdp.learning.models.newton_from_block_sums`), one round of block tasks per pass
+   (:func:`~p2pdp.learning.newton.newton_from_block_sums`), one round of block tasks per pass
    over the rows; the client adds their sums in block order, as the local run does.
 4. **simulation**: in the client (it needs every peer's model), exactly as locally.
 5. **evaluation**: the blocks of test rows of
@@ -60,14 +60,8 @@ from p2pdp.core.parallel import RemotePieces
 from p2pdp.data.partition import contiguous_starts
 from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
 from p2pdp.data.synthetic import SYNTHETIC_BLOCK_ROWS, synthetic_block
-from p2pdp.learning.models import (
-    MAX_NEWTON_STEPS,
-    BlockSums,
-    LocalModels,
-    LogisticModel,
-    newton_from_block_sums,
-    sums_of_block,
-)
+from p2pdp.learning.models import MAX_NEWTON_STEPS, LocalModels, LogisticModel
+from p2pdp.learning.newton import BlockSums, newton_from_block_sums, sums_of_block
 from p2pdp.learning.rules import make_ensemble_rule
 from p2pdp.tasks.pipeline import FoldData, TrainedPeers, training_key
 from p2pdp.tasks.streamed import block_stream, stream_gap
@@ -309,7 +303,7 @@ def _fit(
 
 
 def _sums(block: tuple[np.ndarray, np.ndarray], w: np.ndarray, hessian: bool) -> BlockSums:
-    """:func:`p2pdp.learning.models.sums_of_block` of the block's training rows at ``w``:
+    """:func:`p2pdp.learning.newton.sums_of_block` of the block's training rows at ``w``:
     their loss and gradient sums, or their Hessian sum if ``hessian``."""
     with threadpool_limits(limits=1):
         return sums_of_block(block[0], block[1].astype(np.float64), w, hessian)
