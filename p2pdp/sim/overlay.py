@@ -73,8 +73,10 @@ class Overlay:
 
 #: :func:`random_regular_edges` shuffles its stubs in compiled code
 #: (:mod:`p2pdp.sim.shuffle`, which imports numba) from this many stubs (``degree * P``) on;
-#: below, with CPython's ``random.Random.shuffle`` itself (the same permutations).
-COMPILED_STUBS = 100_000
+#: below, with CPython's ``random.Random.shuffle`` itself (the same permutations). Numba's
+#: import (about 0.5 s) outweighs the shuffles below a million stubs (about 0.5 s each there),
+#: and from 10^5 peers on the view exchanges load it anyway.
+COMPILED_STUBS = 1_000_000
 
 
 def random_regular_edges(degree: int, n_peers: int, seed: int) -> NDArray[np.int64]:

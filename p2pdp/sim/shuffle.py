@@ -13,8 +13,9 @@ CPython's (``tests/sim/test_overlay.py`` compares the permutations and the strea
 them). Words are drawn only as the swaps use them (each swap uses at least one), so the
 stream never runs ahead of CPython's.
 
-This module (hence numba) is imported only for lists of :data:`~p2pdp.sim.overlay.COMPILED_STUBS`
-entries or more, so small overlays (every shipped scenario's) pay nothing for it.
+This module (hence numba) is imported only for lists of
+:data:`~p2pdp.sim.overlay.COMPILED_STUBS` entries or more (a million: 10^5 peers of degree 10),
+so smaller overlays (every shipped scenario's) pay nothing for it.
 """
 
 from __future__ import annotations
