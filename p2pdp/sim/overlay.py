@@ -14,7 +14,9 @@ networkx's pure Python: 1.8 s (Watts-Strogatz), 2.6 s (Barabási-Albert), 3.2 s
 size, so we keep networkx's tested generators rather than hand-written numpy ones, but for the
 random-regular overlay (the default): :func:`random_regular_edges` draws networkx's graph
 (the same shuffles of the same ``random.Random``, so the same edges) with its pairing passes
-in numpy and without building the networkx graph, which took most of the time.
+in numpy and without building the networkx graph, which took most of the time, and its
+shuffles of long stub lists compiled (:mod:`p2pdp.sim.shuffle`: CPython's permutations), which
+took most of the rest (2.1 s -> 0.2 s of CPU an attempt at P = 100,000).
 Erdős–Rényi with mean degree 10 has about P e^-10 isolated peers, so it is disconnected at
 P = 100,000: raise ``gossip.degree`` (ln P + 3, about 15 there, makes it unlikely) or allow it.
 """
@@ -69,6 +71,14 @@ class Overlay:
         return np.diff(self.indptr)
 
 
+#: :func:`random_regular_edges` shuffles its stubs in compiled code
+#: (:mod:`p2pdp.sim.shuffle`, which imports numba) from this many stubs (``degree * P``) on;
+#: below, with CPython's ``random.Random.shuffle`` itself (the same permutations). Numba's
+#: import (about 0.5 s) outweighs the shuffles below a million stubs (about 0.5 s each there),
+#: and from 10^5 peers on the view exchanges load it anyway.
+COMPILED_STUBS = 1_000_000
+
+
 def random_regular_edges(degree: int, n_peers: int, seed: int) -> NDArray[np.int64]:
     """The edges of ``nx.random_regular_graph(degree, n_peers, seed=seed)``, (E, 2) int64.
 
@@ -76,12 +86,25 @@ def random_regular_edges(degree: int, n_peers: int, seed: int) -> NDArray[np.int
     them in order, keep the pairs that are new edges, shuffle the rest again; start over if
     no remaining pair can be joined) with the same ``random.Random(seed)`` shuffles of the
     same lists, so the same edge set; each pass's pairing is done in numpy, and no graph is
-    built (together most of networkx's time at P = 100,000). Rows ``(u, v)``, ``u < v``,
-    sorted. ``tests/sim/test_overlay.py`` checks the edges against networkx's.
+    built (together most of networkx's time at P = 100,000). From :data:`COMPILED_STUBS`
+    stubs on, the shuffles are CPython's compiled (:class:`~p2pdp.sim.shuffle.CompiledShuffle`:
+    the same permutations). Rows ``(u, v)``, ``u < v``, sorted. ``tests/sim/test_overlay.py``
+    checks the edges against networkx's.
     """
     if degree == 0:
         return np.zeros((0, 2), dtype=np.int64)
-    shuffle = random.Random(seed).shuffle
+    if degree * n_peers >= COMPILED_STUBS:
+        from p2pdp.sim.shuffle import CompiledShuffle
+
+        shuffle: Callable[[NDArray[np.int64]], None] = CompiledShuffle(seed)
+    else:
+        python_shuffle = random.Random(seed).shuffle
+
+        def shuffle(stubs: NDArray[np.int64]) -> None:
+            shuffled = stubs.tolist()
+            python_shuffle(shuffled)
+            stubs[:] = shuffled
+
     while True:
         edges = _try_regular(degree, n_peers, shuffle)
         if edges is not None:
@@ -89,22 +112,23 @@ def random_regular_edges(degree: int, n_peers: int, seed: int) -> NDArray[np.int
 
 
 def _try_regular(
-    degree: int, n_peers: int, shuffle: Callable[[list[int]], None]
+    degree: int, n_peers: int, shuffle: Callable[[NDArray[np.int64]], None]
 ) -> NDArray[np.int64] | None:
     """One attempt of networkx's ``_try_creation``: the edges as sorted keys ``u n + v``
     (``u < v``), or None where it fails."""
     edges = np.zeros(0, dtype=np.int64)
-    stubs = list(range(n_peers)) * degree
-    while stubs:
+    stubs = np.tile(np.arange(n_peers, dtype=np.int64), degree)  # networkx's list, in order
+    while stubs.size:
         shuffle(stubs)
-        pairs = np.array(stubs, dtype=np.int64).reshape(-1, 2)
+        pairs = stubs.reshape(-1, 2)
         low, high = pairs.min(axis=1), pairs.max(axis=1)
         keys = low * n_peers + high
         # a pair is joined if it is no loop, not an edge yet, and its first occurrence
-        candidates = np.flatnonzero((low != high) & ~np.isin(keys, edges))
+        candidates = np.flatnonzero((low != high) & ~_sorted_contains(edges, keys))
         joined = np.zeros(keys.size, dtype=bool)
         joined[candidates[np.unique(keys[candidates], return_index=True)[1]]] = True
-        edges = np.union1d(edges, keys[joined])
+        # the joined keys are distinct and new: the union is the sorted concatenation
+        edges = np.sort(np.concatenate([edges, keys[joined]]))
         # the others' stubs, each peer as often as it occurs, in order of first occurrence
         # (networkx's dict of potential edges)
         rest = np.stack([low[~joined], high[~joined]], axis=1).ravel()
@@ -113,8 +137,16 @@ def _try_regular(
         peers, counts = peers[order], counts[order]
         if peers.size and not _suitable(peers.tolist(), edges, n_peers):
             return None
-        stubs = np.repeat(peers, counts).tolist()
+        stubs = np.repeat(peers, counts)
     return edges
+
+
+def _sorted_contains(table: NDArray[np.int64], keys: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """(k,) bool: which ``keys`` are in ``table`` (sorted): ``np.isin`` by binary search."""
+    if not table.size:
+        return np.zeros(keys.size, dtype=bool)
+    at = np.minimum(np.searchsorted(table, keys), table.size - 1)
+    return table[at] == keys
 
 
 def _suitable(peers: list[int], edges: NDArray[np.int64], n_peers: int) -> bool:

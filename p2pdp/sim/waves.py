@@ -440,7 +440,14 @@ class GroupBatches:
     formation's state, not the world's, during a batch's releases would see the difference).
     The exact aggregates are summed ``_CHUNK`` releases at a time (:func:`_release_models`, same
     order per group as :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`): call
-    :meth:`flush` after the run. Group publication appends the members' receipts from one
+    :meth:`flush` after the run. Where every observer can be told of the releases after the
+    fact (``world.told_after``, as in :func:`run_waves`), a batch's curators decide and charge
+    its members at once (:meth:`Curator.wave <p2pdp.protocols.oneshot.Curator.wave>`: the
+    batch's members are distinct, each in one group), and the rest of each release
+    (sensitivity, noise, record, release log, ``released_many``) is made with its aggregate,
+    ``_CHUNK`` releases at a time, drawing the same noise in the same order
+    (:meth:`NoiseStream.draw_many <p2pdp.privacy.release.NoiseStream.draw_many>`: nothing
+    else draws from that stream meanwhile). Group publication appends the members' receipts from one
     event per batch at ``C + D``; a full publication reaches every peer (all online), which
     the SimPy world records as no receipt, so it schedules nothing. The transport's counters
     are those the messages would have added.
@@ -458,10 +465,14 @@ class GroupBatches:
         self.delay = float(network.latency_mean) + world.model_bytes / network.bandwidth
         self._collect_after = self.delay if g > 1 else 0.0  # a group of one is ready at once
         self._open: _Batch | None = None
-        self._scales: dict[tuple[int, ...], float] = {}
+        self._scale = _Sensitivities(world.sensitivity)
         self._rows: list[list[int]] = []  # each pending release's rows: curator, then members
         self._noises: list[np.ndarray] = []
         self._sizes = world.shard_sizes.tolist()
+        # told after the fact: each pending release's members, collection instant, group id
+        self._deferred = world.told_after
+        self._members: list[np.ndarray] = []
+        self._where: list[tuple[float, int, int]] = []
         assert _formed_in_rounds(world)  # the one sampler batched here (batched_obstacle)
         self._finished = cast("GossipSampler", world.sampler).groups_finished
 
@@ -497,16 +508,28 @@ class GroupBatches:
     def _collect(self, batch: _Batch) -> None:
         """Every curator of ``batch`` collects, in order (:meth:`World.collected`)."""
         world, full = self.world, self.full
-        ledger, releaser, collect = world.ledger, world.releaser, world.curator.collect
-        sizes, scales, observers = self._sizes, self._scales, world.observers
-        draw, record = releaser.noise.draw, releaser.record
-        g = self.group_size
         receipts = world.receipts
         members_receipts: list[tuple[int, int]] = []
-        if g > 1 and not full:  # where the first PUBLISH's event would be
+        if self.group_size > 1 and not full:  # where the first PUBLISH's event would be
             later = self.env.timeout(self.delay)
             later.callbacks.append(lambda _: receipts.extend(members_receipts))
-        for group in batch.groups:
+        collect = self._collect_deferred if self._deferred else self._collect_each
+        collect(batch.groups, members_receipts)
+        for group in batch.groups:  # World.finish_group, the sampler's part at once
+            del world.groups[group.group_id]
+            world.monitor.notify(published=True)
+        self._finished(batch.groups)
+        if len(self._rows) >= _CHUNK:
+            self.flush()
+
+    def _collect_each(self, groups: list[Group], members_receipts: list[tuple[int, int]]) -> None:
+        """Each group's release made now, in order: charge, noise, record, observers."""
+        world, full = self.world, self.full
+        ledger, releaser, collect = world.ledger, world.releaser, world.curator.collect
+        sizes, scale_of, observers = self._sizes, self._scale, world.observers
+        draw, record = releaser.noise.draw, releaser.record
+        g = self.group_size
+        for group in groups:
             curator, members = group.curator, group.members.tolist()
             order = [curator, *(m for m in members if m != curator)]
             group.submitted, group.sizes = order, [sizes[m] for m in order]
@@ -514,10 +537,7 @@ class GroupBatches:
             charge = collect(group)[0]
             assert isinstance(charge, Charge)
             ledger.spend(charge.members)  # charged before the noise is drawn
-            key = tuple(group.sizes)  # a pure function of the sizes: computed once per sizes
-            scale = scales.get(key)
-            if scale is None:
-                scale = scales[key] = world.sensitivity(group.sizes)
+            scale = scale_of(group.sizes)
             noise = draw(scale)
             release = record(g, group.sizes, scale, math.sqrt(float(noise @ noise)))
             index = len(world.releases)
@@ -528,20 +548,83 @@ class GroupBatches:
             for observer in observers:
                 observer.released(world, group, release)
             world.shared.append(full)
-            if not full:  # the curator holds its copy; the members get theirs at C + D
-                receipts.append((curator, index))
-                members_receipts.extend((member, index) for member in order[1:])
-        for group in batch.groups:  # World.finish_group, the sampler's part at once
-            del world.groups[group.group_id]
-            world.monitor.notify(published=True)
-        self._finished(batch.groups)
-        if len(self._rows) >= _CHUNK:
-            self.flush()
+            self._receipts(curator, order, index, members_receipts)
+
+    def _collect_deferred(
+        self, groups: list[Group], members_receipts: list[tuple[int, int]]
+    ) -> None:
+        """The batch's curators charge its members at once; the releases wait for
+        :meth:`flush` (their noise is drawn there, in the same order)."""
+        world = self.world
+        flat = [member for group in groups for member in group.members.tolist()]
+        charge = world.curator.wave(flat)  # every curator online, every member distinct
+        world.ledger.spend(charge.members)  # charged before any noise is drawn
+        now = float(self.env.now)
+        index = len(world.releases) + len(self._rows)  # the batch's first release
+        for group in groups:
+            curator, members = group.curator, group.members.tolist()
+            order = [curator, *(m for m in members if m != curator)]
+            group.ended = True
+            self._rows.append(order)
+            self._members.append(group.members)
+            self._where.append((now, group.group_id, curator))
+            self._receipts(curator, order, index, members_receipts)
+            index += 1
+
+    def _receipts(
+        self, curator: int, order: list[int], index: int, members: list[tuple[int, int]]
+    ) -> None:
+        """Group publication: the curator holds release ``index`` now, its other members
+        (``order[1:]``) once the ``PUBLISH`` arrives (appended to ``members``)."""
+        if not self.full:
+            self.world.receipts.append((curator, index))
+            members.extend((member, index) for member in order[1:])
 
     def flush(self) -> None:
-        """Publish the releases collected so far (their exact aggregates plus their noise)."""
-        if self._rows:
-            _release_models(self.world, self._rows, self._noises, full=self.full)
+        """Publish the releases collected so far (their exact aggregates plus their noise);
+        made first where they were deferred."""
+        if not self._rows:
+            return
+        if self._deferred:
+            self._make_deferred()
+        _release_models(self.world, self._rows, self._noises, full=self.full)
+
+    def _make_deferred(self) -> None:
+        """The pending releases' sensitivities, noise (in release order), records, release
+        log and observers' ``released_many``, as :func:`run_waves` makes a chunk."""
+        world, releaser, g = self.world, self.world.releaser, self.group_size
+        sizes = world.shard_sizes[np.array(self._rows, dtype=np.int64)]  # (n, g), row order
+        scales = [self._scale(row) for row in sizes.tolist()]
+        noise = releaser.noise.draw_many(scales)
+        norms = [math.sqrt(float(row @ row)) for row in noise]
+        records = releaser.records(g, sizes.min(axis=1).tolist(), scales, norms)
+        world.releases.extend(records)
+        world.release_members.extend(np.stack(self._members))
+        world.shared.extend([self.full] * len(records))
+        times, group_ids, curators = (list(column) for column in zip(*self._where, strict=True))
+        for observer in world.observers:
+            observer.released_many(world, times, group_ids, curators, records)
+        self._noises.extend(noise)
+        self._members.clear()
+        self._where.clear()
+
+
+class _Sensitivities:
+    """The sensitivity of a release as a function of its rows' shard sizes (``sensitivity``,
+    a pure function of them), computed once per distinct sizes."""
+
+    __slots__ = ("_known", "_of")
+
+    def __init__(self, sensitivity: Callable[[list[int]], float]) -> None:
+        self._of = sensitivity
+        self._known: dict[tuple[int, ...], float] = {}
+
+    def __call__(self, sizes: list[int]) -> float:
+        key = tuple(sizes)
+        scale = self._known.get(key)
+        if scale is None:
+            scale = self._known[key] = self._of(sizes)
+        return scale
 
 
 #: Chunks of releases that may be in the works at once (:class:`_Pending`).
@@ -573,22 +656,14 @@ class _Releases:
         self.noise = world.releaser.noise
         self.shard_sizes = world.shard_sizes
         self._sizes = world.shard_sizes.tolist()
-        self._scales: dict[tuple[int, ...], float] = {}
+        #: the sensitivity of a release whose rows have these shard sizes
+        self.scale = _Sensitivities(world.sensitivity)
         slots, g = _AHEAD + 1, world.config.groups.group_size
         self.index = shared_empty((slots, capacity, g), np.int64)
         self.published = shared_empty((slots, capacity, world.statistics.shape[-1]))
         self.n_min = shared_empty((slots, capacity), np.int64)
         self.scales = shared_empty((slots, capacity))
         self.norms = shared_empty((slots, capacity))
-
-    def scale(self, sizes: list[int]) -> float:
-        """The sensitivity of a release whose rows have shard sizes ``sizes`` (a pure function
-        of them, computed once per distinct sizes)."""
-        key = tuple(sizes)
-        scale = self._scales.get(key)
-        if scale is None:
-            scale = self._scales[key] = self.world.sensitivity(sizes)
-        return scale
 
     def release(self, group: Group, members: list[int]) -> np.ndarray:
         """Make ``group``'s release now (its members, in member order, are charged): its rows

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import random
+
 import networkx as nx
 import numpy as np
 import pytest
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.protocols.settings import GossipConfig
+from p2pdp.sim import overlay as overlay_module
 from p2pdp.sim.overlay import build_overlay, random_regular_edges
+from p2pdp.sim.shuffle import CompiledShuffle
 
 
 def edges_of(overlay) -> set[tuple[int, int]]:
@@ -111,6 +115,34 @@ def test_random_regular_edges_are_networkx_graph(degree, n_peers):
     """The same edges as networkx's generator for the same seed, dense graphs included
     (whose attempts fail and start over: the same random stream throughout)."""
     for seed in range(40):
+        graph = nx.random_regular_graph(degree, n_peers, seed=seed)
+        expected = sorted((min(u, v), max(u, v)) for u, v in graph.edges())
+        assert random_regular_edges(degree, n_peers, seed).tolist() == [
+            list(edge) for edge in expected
+        ]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**32 - 1, 2**40 + 7])
+def test_compiled_shuffle_is_pythons(seed):
+    """The compiled shuffle gives CPython's permutations, call after call (lengths whose
+    ``randbelow`` rejects often: just above powers of two), and leaves the twister where
+    CPython's is (the next word is the same)."""
+    python, compiled = random.Random(seed), CompiledShuffle(seed)
+    for n in (0, 1, 2, 3, 5, 17, 1025, 4097, 70_000):
+        expected = list(range(n)) * 2
+        python.shuffle(expected)
+        values = np.tile(np.arange(n, dtype=np.int64), 2)
+        compiled(values)
+        assert values.tolist() == expected
+    assert int(compiled._twister.random_raw()) == python.getrandbits(32)
+
+
+@pytest.mark.parametrize(("degree", "n_peers"), [(3, 4), (5, 6), (6, 10), (4, 12), (10, 100)])
+def test_random_regular_edges_compiled_are_networkx_graph(degree, n_peers, monkeypatch):
+    """With every shuffle compiled, the same edges as networkx's (dense graphs too, whose
+    attempts fail and start over)."""
+    monkeypatch.setattr(overlay_module, "COMPILED_STUBS", 0)
+    for seed in range(20):
         graph = nx.random_regular_graph(degree, n_peers, seed=seed)
         expected = sorted((min(u, v), max(u, v)) for u, v in graph.edges())
         assert random_regular_edges(degree, n_peers, seed).tolist() == [

@@ -397,6 +397,44 @@ def test_gossip_groups_formed_in_rounds_are_batched_with_the_reference_outputs(
     assert formation_batched.n_trying == formation.n_trying
 
 
+@pytest.mark.parametrize(
+    ("mode", "n_peers", "group_size", "latency", "gaussian"),
+    [
+        ("group", 300, 5, 0.05, False),
+        ("full", 400, 2, 0.1, False),  # collections tie with the clock's next tick
+        ("group", 250, 1, 0.02, False),  # groups of one
+        ("full", 300, 5, 0.05, True),  # a scale family other than Laplace
+    ],
+)
+def test_gossip_releases_told_after_the_fact_give_the_reference_outputs(
+    mode, n_peers, group_size, latency, gaussian, monkeypatch
+):
+    """With only observers told after the fact, the gossip groups' batches are charged at once
+    and their releases made a chunk at a time: the same outputs, release log, observed
+    releases, formation state and noise stream as the per-message world."""
+    monkeypatch.setattr(waves, "_CHUNK", 7)  # several chunks, one partial
+    config = _gossip(
+        n_peers=n_peers, group_size=group_size, mode=mode, latency=latency, bandwidth=1e5
+    )
+    if gaussian:
+        config = _gaussian(config, epsilon=1.0, epsilon_per_aggregation=0.2)
+    trained = make_task(config).prepare(fold=0, repetition=0)
+    runs = []
+    for driver in ("reference", "batched"):
+        told = Told()
+        runs.append((simulate(config, trained=trained, observers=(told,), driver=driver), told))
+    (reference, seen), (batched, seen_batched) = runs
+    assert seen_batched.world.batched and seen_batched.told_after > 2 and not seen.told_after
+    _assert_same_outputs(reference, seen, batched, seen_batched)
+    assert reference.aggregations > 2 * n_peers // group_size
+    formation, formation_batched = (
+        seen.world.sampler.formation,
+        seen_batched.world.sampler.formation,
+    )
+    for name in ("state", "initiate_at", "failures", "lock_until"):
+        np.testing.assert_array_equal(getattr(formation_batched, name), getattr(formation, name))
+
+
 class HeapFrozen(WorldObserver):
     """Whether the collector ignored the run's objects (``gc.freeze``) at each group start."""
 
