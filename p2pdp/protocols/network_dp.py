@@ -302,6 +302,12 @@ def filter_window(trace: ViewTrace) -> int:
 
 _FILTER_FLOATS = 30_000_000
 
+#: A retired noise whose cheap remainder bound (:func:`_remainder`) exceeds this in a view
+#: has it recomputed from that view's covariance (a solve, ``P^3``): few exchanges a step
+#: (D-PSGD), where a noise keeps telling for many exchanges after the window. With several
+#: (Muffliato's 5, degree 10) the cheap bound is ~1e-7 (100 peers) to ~4e-6 (200): no solve.
+RETIRE_SOLVE = 1e-5
+
 
 def filtered_coefficients(
     trace: ViewTrace,
@@ -325,11 +331,20 @@ def filtered_coefficients(
       step event's injection, at ``tau``): the later rows are functions of the models
       ``x(tau)`` and of later noises, independent of ``n_j``, so the information they add,
       ``r_j = sum_{k > tau} ||Z_k[:, j]||^2 = Var(n_j | y_<=tau) - Var(n_j | y)``, is at most
-      what revealing ``x(tau)`` would add: ``e_j^T Sigma^+ e_j``. When every peer but ``v``
-      has just stepped, ``Sigma`` on the peers but ``v`` is at least their fresh noise
-      ``diag(s_i^2)`` (independent of the rest; ``e_j[v] = 0``: ``v`` knows its own model),
-      so it is invertible and well conditioned and the bound is computed with its inverse;
-      always ``r_j <= 1 - (its information so far)`` (``M <= I``). The smaller is used.
+      what revealing ``x(tau)`` would add: ``e_j^T Sigma^+ e_j``. Right after the step,
+      ``Sigma`` is the fresh noise just injected, ``D = diag(s_i^2)`` (independent of the
+      view so far and of ``n_j``; 0 at ``v``, which knows its own noise, where ``e_j[v] = 0``:
+      ``v`` knows its own model), plus the older uncertainty, which is at least the part
+      ``n_j`` explains, ``e_j e_j^T / s`` (``s = Var(n_j | y_<=tau)``, 1 minus what ``n_j``
+      has told so far, tracked exactly in the window). So ``Sigma >= D + e_j e_j^T / s`` and,
+      as ``e^T Sigma^+ e = sup_w 2 w.e - w^T Sigma w`` falls as ``Sigma`` grows,
+      ``r_j <= q s / (q + s)`` with ``q = e_j^T D^+ e_j`` (Sherman-Morrison): ``P`` operations
+      a noise, the same floor ``D`` for every view (:func:`_remainder`; ``s`` alone where a
+      peer that did not step leaves ``e_j`` outside the range of ``D``). Where that exceeds
+      :data:`RETIRE_SOLVE` (few exchanges a step: a noise keeps telling long after the
+      window) and every peer but ``v`` has stepped, ``e_j^T Sigma^+ e_j`` is computed with
+      the view's ``Sigma`` on the peers but ``v`` (>= ``D``: invertible, well conditioned; a
+      solve, ``P^3`` a view) and the smaller of it and ``s`` is used.
     * **The coefficient**: write ``u``'s responses as ``a_k = a_k^act + a_k^ret`` (entries
       of its noises in / out of the window at row ``k``). By Minkowski's inequality, for
       unit ``c_t``,
@@ -408,17 +423,20 @@ def filtered_coefficients(
                 fresh[rows_b, views] = 0.0  # v knows its own noise
                 cov[:, u_all, u_all] += fresh
                 old = np.flatnonzero(step_of[slot] >= 0)  # retire the oldest slot's noises
-                if old.size:
-                    bound = 1.0 - M_act[:, old, step_of[slot, old], 0]
-                    stepped = np.isin(u_all, peers)
-                    if n > 1 and all(stepped[others[b]].all() for b in range(B)):
-                        # Sigma on the peers but v: >= their fresh noise, well conditioned
-                        inner = np.take_along_axis(
-                            cov[rows_b[:, None], others], others[:, None, :], axis=2
-                        )
-                        seen = _errors(prior, F, Z_kept, own, slot * n + old, others)
-                        solved = np.linalg.solve(inner, seen)
-                        bound = np.minimum(bound, np.einsum("bik,bik->bk", seen, solved))
+                if old.size:  # retire the oldest slot's noises: bound what they can still tell
+                    seen = _errors(prior, F, Z_kept, own, slot * n + old, others)
+                    floor = fresh[rows_b[:, None], others]  # Sigma >= diag(floor)
+                    left = np.maximum(1.0 - M_act[:, old, step_of[slot, old], 0], 0.0)
+                    bound = _remainder(seen, floor, left)
+                    loose = np.flatnonzero(
+                        (bound.max(axis=1, initial=0.0) > RETIRE_SOLVE) & (floor > 0).all(axis=1)
+                    )
+                    if loose.size:  # Sigma on the peers but v, exactly (P^3 per view)
+                        rows = others[loose]
+                        inner = cov[loose[:, None, None], rows[:, :, None], rows[:, None, :]]
+                        solved = np.linalg.solve(inner, seen[loose])
+                        exact = np.einsum("bik,bik->bk", seen[loose], solved)
+                        bound[loose] = np.minimum(bound[loose], np.minimum(exact, left[loose]))
                     remainder[:, old, step_of[slot, old]] = np.maximum(bound, 0.0)
                 prior[:, slot * n : (slot + 1) * n] = 0.0
                 prior[peers, slot * n + peers] = -scales[peers]
@@ -520,6 +538,38 @@ def _errors(
     errors = prior - F @ Z_kept[..., columns]
     unknown = ~picked[:, columns]
     return errors * unknown[:, None, :]
+
+
+def _remainder(errors: np.ndarray, floor: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """Upper values of what revealing the models would add about retired noises, for a
+    batch, without factorising a view's covariance.
+
+    Parameters
+    ----------
+    errors : (B, r, k) array
+        ``e``: the filter error's response to each of k unit-variance noises on r peers,
+        ``Cov(x, n_j | view)``.
+    floor : (B, r) array
+        The variances the r peers have just injected (independent of the view and of the
+        retired noises): ``Sigma >= diag(floor) = D``.
+    left : (B, k) array
+        ``s_j = Var(n_j | view) = 1 - (what n_j has told so far)``.
+
+    Returns
+    -------
+    (B, k): ``q s / (q + s)`` with ``q = e^T D^+ e`` (``s`` where ``e`` leaves the range of
+    ``D``: a peer that did not step). ``Sigma`` is the fresh noise plus the older
+    uncertainty, and the latter is at least the part ``n_j`` explains, ``e e^T / s``, so
+    ``Sigma >= D + e e^T / s`` and (Sherman-Morrison) ``e^T Sigma^+ e <= q s / (q + s)``:
+    at most ``min(q, s)``. (``e^T Sigma^+ e = sup_w 2 w.e - w^T Sigma w`` decreases as
+    ``Sigma`` grows.)
+    """
+    stepped = floor > 0
+    quotient = np.where(stepped, 1.0 / np.where(stepped, floor, 1.0), 0.0)
+    q = np.einsum("brk,br->bk", errors**2, quotient)
+    outside = np.abs(errors * ~stepped[:, :, None]).max(axis=1, initial=0.0) > 0
+    combined = q * left / np.maximum(q + left, 1e-300)
+    return np.where(outside, left, combined)
 
 
 def _carried(carry: np.ndarray, cov: np.ndarray, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
