@@ -384,18 +384,24 @@ def filtered_coefficients(
         views = np.arange(lo, min(n, lo + batch))
         B, rows_b = views.size, np.arange(views.size)
         others = np.array([np.delete(u_all, v) for v in views.tolist()])  # (B, n - 1)
-        # view-major: cov[b] is view b's covariance of the models x(tau) right after the last
-        # step event given what it has read. The exchanges since tau are carried as one matrix
-        # (x = carry x(tau)), applied at the next step event: an exchange's observation
-        # H x = (H carry) x(tau) is filtered in tau's coordinates (no noise enters between).
+        # view-major. The covariance of the models x(tau) right after the last step event
+        # given what view b has read is never formed: it is base - F[b] F[b]^T - R[b] R[b]^T,
+        # base the models' covariance before any reading (every noise, shared by the views),
+        # F[b] and R[b] the gains of its innovations (the models' covariance with each
+        # whitened innovation: each reading removes gain gain^T) and v's own noises (v knows
+        # them: a column scales[v] e_v each, which removes their variance). F holds the gains
+        # of the innovations that respond to a noise of the window, R the others.
+        # The exchanges since tau are carried as one matrix (x = carry x(tau)), applied at the
+        # next step event: an exchange's observation H x = (H carry) x(tau) is filtered in
+        # tau's coordinates (no noise enters between).
         # The filter error's response to the noise of peer i held in slot l is
         # E[b, :, l n + i] = prior[:, l n + i] - F[b] @ Z_kept[b][:, l n + i] (never formed):
-        # prior, the models' response before any reading (shared by the views); F, the
-        # covariance of the models with each kept innovation (its gain), Z_kept, the
-        # innovations' responses (kept while they respond to a noise of the window).
-        cov = np.zeros((B, n, n))
+        # prior, the models' response before any reading (shared by the views); Z_kept, the
+        # kept innovations' responses.
+        base = np.zeros((n, n))
         prior = np.zeros((n, L * n))
         F = np.zeros((B, n, 0))
+        R = np.zeros((B, n, 0))
         Z_kept = np.zeros((B, 0, L * n))
         own = np.add.outer(np.arange(L) * n, views).T  # (B, L): v's own noises' columns
         carry: np.ndarray | None = None  # None: no exchange since tau (the identity)
@@ -410,19 +416,26 @@ def filtered_coefficients(
         for event in trace.events:
             if isinstance(event, np.ndarray):
                 if carry is not None:
-                    cov, F = _carried(carry, cov, F)
-                    prior = carry @ prior
+                    base = _left(carry, _left(carry, base).T)  # carry base carry^T
+                    prior = _left(carry, prior)
+                    F, R = _left(carry, F), _left(carry, R)
                     carry = None
                 peers = event
-                cov[:, peers, :] *= decay
-                cov[:, :, peers] *= decay
+                base[peers, :] *= decay
+                base[:, peers] *= decay
                 F[:, peers, :] *= decay
+                R[:, peers, :] *= decay
                 prior[peers] *= decay
+                base[peers, peers] += scales[peers] ** 2
                 fresh = np.zeros((B, n))
                 fresh[:, peers] = scales[peers] ** 2
                 fresh[rows_b, views] = 0.0  # v knows its own noise
-                cov[:, u_all, u_all] += fresh
-                old = np.flatnonzero(step_of[slot] >= 0)  # retire the oldest slot's noises
+                stepping = np.flatnonzero(np.isin(views, peers))
+                if stepping.size:  # its variance leaves v's covariance
+                    known = np.zeros((B, n, 1))
+                    known[stepping, views[stepping], 0] = scales[views[stepping]]
+                    R = np.concatenate([R, known], axis=2)
+                old = np.flatnonzero(step_of[slot] >= 0)
                 if old.size:  # retire the oldest slot's noises: bound what they can still tell
                     seen = _errors(prior, F, Z_kept, own, slot * n + old, others)
                     floor = fresh[rows_b[:, None], others]  # Sigma >= diag(floor)
@@ -433,7 +446,10 @@ def filtered_coefficients(
                     )
                     if loose.size:  # Sigma on the peers but v, exactly (P^3 per view)
                         rows = others[loose]
-                        inner = cov[loose[:, None, None], rows[:, :, None], rows[:, None, :]]
+                        cov = _covariance(base, F[loose], R[loose])
+                        inner = cov[
+                            np.arange(loose.size)[:, None, None], rows[:, :, None], rows[:, None, :]
+                        ]
                         solved = np.linalg.solve(inner, seen[loose])
                         exact = np.einsum("bik,bik->bk", seen[loose], solved)
                         bound[loose] = np.minimum(bound[loose], np.minimum(exact, left[loose]))
@@ -441,8 +457,11 @@ def filtered_coefficients(
                 prior[:, slot * n : (slot + 1) * n] = 0.0
                 prior[peers, slot * n + peers] = -scales[peers]
                 Z_kept[:, :, slot * n : (slot + 1) * n] = 0.0  # earlier readings: no response
-                responding = np.flatnonzero(np.abs(Z_kept).max(axis=(0, 2), initial=0.0) > 0)
+                responding = np.abs(Z_kept).max(axis=(0, 2), initial=0.0) > 0
+                R = np.concatenate([R, F[:, :, ~responding]], axis=2)
                 F, Z_kept = F[:, :, responding], Z_kept[:, responding]
+                if R.shape[2] > 2 * n:  # R R^T has rank <= P: keep P columns with its product
+                    R = _square_root(R)
                 step_of[slot] = -1
                 step_of[slot, peers] = taken[peers]
                 taken[peers] += 1
@@ -458,17 +477,23 @@ def filtered_coefficients(
                 for b, x in enumerate(lists):
                     index[b, : len(x)], mask[b, : len(x)] = x, True
                 if carry is None:  # H x(tau): rows of Sigma and of the error's response
-                    HS = cov[rows_b[:, None], index] * mask[:, :, None]  # (B, d, n)
+                    HF = np.take_along_axis(F, index[:, :, None], axis=1)
+                    HR = np.take_along_axis(R, index[:, :, None], axis=1)
+                    HS = base[index] - HF @ F.transpose(0, 2, 1) - HR @ R.transpose(0, 2, 1)
+                    HS *= mask[:, :, None]  # (B, d, n)
                     S = np.take_along_axis(HS, index[:, None, :].repeat(d, axis=1), axis=2)
                     HE = _errors(prior, F, Z_kept, own, slice(None), index) * mask[:, :, None]
                 else:  # H carry x(tau)
                     H = carry[index] * mask[:, :, None]  # (B, d, n)
-                    HS = H @ cov
+                    HF, HR = H @ F, H @ R
+                    HS = (H.reshape(B * d, n) @ base).reshape(B, d, n)
+                    HS -= HF @ F.transpose(0, 2, 1) + HR @ R.transpose(0, 2, 1)
                     S = HS @ H.transpose(0, 2, 1)
-                    moved = (carry @ prior)[index] * mask[:, :, None]  # once for all views
-                    HE = _errors(moved, H @ F, Z_kept, own, slice(None), None)
+                    moved = (H.reshape(B * d, n) @ prior).reshape(B, d, L * n)
+                    HE = _errors(moved, HF, Z_kept, own, slice(None), None)
                 w, U = np.linalg.eigh(S * mask[:, None, :] * mask[:, :, None])
-                scale = np.maximum(np.diagonal(cov, axis1=1, axis2=2).max(axis=1), 1e-300)
+                variances = np.diagonal(base)[None] - (F**2).sum(axis=2) - (R**2).sum(axis=2)
+                scale = np.maximum(variances.max(axis=1), 1e-300)
                 keep = w > 1e-10 * scale[:, None]
                 white = U * np.where(keep, 1.0 / np.sqrt(np.where(keep, w, 1.0)), 0.0)[:, None]
                 gain = HS.transpose(0, 2, 1) @ white  # (B, n, d): Cov(x(tau) error, z)
@@ -482,7 +507,6 @@ def filtered_coefficients(
                         M_act[:, both, step_of[a, both], apart[both]] += pairs[:, both, a, c]
                 F = np.concatenate([F, gain], axis=2)
                 Z_kept = np.concatenate([Z_kept, Z], axis=1)
-                cov -= gain @ gain.transpose(0, 2, 1)
             key = delivered.tobytes()
             if key not in matrices:  # few patterns: every message delivered, mostly
                 matrices = {key: mixing.matrix(delivered)}
@@ -572,25 +596,31 @@ def _remainder(errors: np.ndarray, floor: np.ndarray, left: np.ndarray) -> np.nd
     return np.where(outside, left, combined)
 
 
-def _carried(carry: np.ndarray, cov: np.ndarray, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(carry Sigma carry^T, carry F)`` for every view of a batch: the filter's state moved
-    from the last step event to now through the exchanges since (``carry`` (P, P); ``cov``
-    (B, P, P), symmetric; ``F`` (B, P, C), the gains)."""
+def _left(carry: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """``carry @ X`` for a (P, P) matrix and ``X`` (P, C) or a batch (B, P, C): the state moved
+    from the last step event to now through the exchanges since, as a dense matrix (BLAS) or
+    a sparse one by ``carry``'s density."""
     if np.count_nonzero(carry) > _DENSE_CARRY * carry.size:
+        return np.matmul(carry, X)
+    sparse = sp.csr_array(carry)
+    if X.ndim == 2:
+        return sparse @ X
+    B, P, C = X.shape
+    out = sparse @ X.transpose(1, 0, 2).reshape(P, B * C)
+    return np.ascontiguousarray(out.reshape(P, B, C).transpose(1, 0, 2))
 
-        def left(X: np.ndarray) -> np.ndarray:
-            return np.matmul(carry, X)
 
-    else:
-        sparse = sp.csr_array(carry)
+def _covariance(base: np.ndarray, F: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """The views' covariances ``base - F F^T - R R^T`` (B, P, P) (see
+    :func:`filtered_coefficients`)."""
+    return base[None] - F @ F.transpose(0, 2, 1) - R @ R.transpose(0, 2, 1)
 
-        def left(X: np.ndarray) -> np.ndarray:
-            B, P, C = X.shape
-            out = sparse @ X.transpose(1, 0, 2).reshape(P, B * C)
-            return np.ascontiguousarray(out.reshape(P, B, C).transpose(1, 0, 2))
 
-    cov = left(left(cov).transpose(0, 2, 1))  # carry (carry Sigma)^T = carry Sigma carry^T
-    return cov, left(F)
+def _square_root(R: np.ndarray) -> np.ndarray:
+    """(B, P, P) factors with the same ``R R^T`` as ``R`` (B, P, C): ``U sqrt(w)`` of its
+    eigendecomposition (rounding's negative eigenvalues, ~1e-16 of the largest, as 0)."""
+    w, U = np.linalg.eigh(R @ R.transpose(0, 2, 1))
+    return U * np.sqrt(np.maximum(w, 0.0))[:, None, :]
 
 
 def _banded(band: np.ndarray, T: int) -> np.ndarray:
