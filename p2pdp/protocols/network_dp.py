@@ -378,7 +378,12 @@ def filtered_coefficients(
     senders, receivers = mixing.indices, mixing.receivers
     kappa = np.full((n, n), np.nan)
     pending: dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = {}
-    batch = max(1, min(n, _FILTER_FLOATS // max(1, n * (n + 3 * L * n + T * (L + 1)))))
+    shared = _shared_states(trace, mixing, scales=scales, decay=decay, window=L)
+    received = np.bincount(receivers, minlength=n).max(initial=0)
+    exchanges = sum(isinstance(e, tuple) for e in trace.events)
+    innovations = (L + 1) * math.ceil(exchanges / max(len(steps), 1)) * received
+    per_view = n * (2 * n + innovations + T * (L + 1)) + innovations * L * n
+    batch = max(1, min(n, _FILTER_FLOATS // max(1, per_view)))
     u_all = np.arange(n)
     for lo in range(0, n, batch):
         views = np.arange(lo, min(n, lo + batch))
@@ -398,7 +403,6 @@ def filtered_coefficients(
         # E[b, :, l n + i] = prior[:, l n + i] - F[b] @ Z_kept[b][:, l n + i] (never formed):
         # prior, the models' response before any reading (shared by the views); Z_kept, the
         # kept innovations' responses.
-        base = np.zeros((n, n))
         prior = np.zeros((n, L * n))
         F = np.zeros((B, n, 0))
         R = np.zeros((B, n, 0))
@@ -413,20 +417,16 @@ def filtered_coefficients(
         taken = np.zeros(n, dtype=np.int64)
         slot = 0
         matrices: dict[bytes, sp.csr_array] = {}  # the last exchange's W_delta
+        events = iter(shared)
         for event in trace.events:
             if isinstance(event, np.ndarray):
                 if carry is not None:
-                    base = _left(carry, _left(carry, base).T)  # carry base carry^T
-                    prior = _left(carry, prior)
                     F, R = _left(carry, F), _left(carry, R)
                     carry = None
+                base, prior = next(events)  # moved, decayed, the step's noise in base
                 peers = event
-                base[peers, :] *= decay
-                base[:, peers] *= decay
                 F[:, peers, :] *= decay
                 R[:, peers, :] *= decay
-                prior[peers] *= decay
-                base[peers, peers] += scales[peers] ** 2
                 fresh = np.zeros((B, n))
                 fresh[:, peers] = scales[peers] ** 2
                 fresh[rows_b, views] = 0.0  # v knows its own noise
@@ -454,8 +454,7 @@ def filtered_coefficients(
                         exact = np.einsum("bik,bik->bk", seen[loose], solved)
                         bound[loose] = np.minimum(bound[loose], np.minimum(exact, left[loose]))
                     remainder[:, old, step_of[slot, old]] = np.maximum(bound, 0.0)
-                prior[:, slot * n : (slot + 1) * n] = 0.0
-                prior[peers, slot * n + peers] = -scales[peers]
+                prior = _new_slot(prior, peers, slot, scales)
                 Z_kept[:, :, slot * n : (slot + 1) * n] = 0.0  # earlier readings: no response
                 responding = np.abs(Z_kept).max(axis=(0, 2), initial=0.0) > 0
                 R = np.concatenate([R, F[:, :, ~responding]], axis=2)
@@ -594,6 +593,50 @@ def _remainder(errors: np.ndarray, floor: np.ndarray, left: np.ndarray) -> np.nd
     outside = np.abs(errors * ~stepped[:, :, None]).max(axis=1, initial=0.0) > 0
     combined = q * left / np.maximum(q + left, 1e-300)
     return np.where(outside, left, combined)
+
+
+def _shared_states(
+    trace: ViewTrace, mixing: Mixing, *, scales: np.ndarray, decay: float, window: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """What :func:`filtered_coefficients` shares between its views at each step event, once
+    for all its batches: ``base`` (P, P), the models' covariance before any reading (every
+    noise so far, the step's included), and ``prior`` (P, window P), the models' response to
+    the window's noises (the step's slot not yet renewed), both right after the step's decay
+    (2 P^3 + window P^3 each, instead of that for each batch)."""
+    n = mixing.n_peers
+    base, prior = np.zeros((n, n)), np.zeros((n, window * n))
+    carry: np.ndarray | None = None
+    states: list[tuple[np.ndarray, np.ndarray]] = []
+    matrices: dict[bytes, sp.csr_array] = {}
+    slot = 0
+    for event in trace.events:
+        if isinstance(event, np.ndarray):
+            if carry is not None:
+                base = _left(carry, _left(carry, base).T)  # carry base carry^T
+                prior, carry = _left(carry, prior), None
+            base[event, :] *= decay
+            base[:, event] *= decay
+            base[event, event] += scales[event] ** 2
+            prior[event] *= decay
+            states.append((base.copy(), prior.copy()))
+            prior = _new_slot(prior, event, slot, scales)
+            slot = (slot + 1) % window
+            continue
+        key = event[0].tobytes()
+        if key not in matrices:
+            matrices = {key: mixing.matrix(event[0])}
+        carry = matrices[key].toarray() if carry is None else matrices[key] @ carry
+    return states
+
+
+def _new_slot(prior: np.ndarray, peers: np.ndarray, slot: int, scales: np.ndarray) -> np.ndarray:
+    """``prior`` (P, window P) with slot ``slot`` holding the step's noises of ``peers`` (a
+    copy: the step's shared state stays as it was)."""
+    n = prior.shape[0]
+    prior = prior.copy()
+    prior[:, slot * n : (slot + 1) * n] = 0.0
+    prior[peers, slot * n + peers] = -scales[peers]
+    return prior
 
 
 def _left(carry: np.ndarray, X: np.ndarray) -> np.ndarray:
