@@ -63,11 +63,15 @@ message, or one never sent by an offline peer, is in no view. The same computati
 innovations are an orthonormal basis of the view, so ``M`` is a sum of their responses),
 exact for the noises of the last :func:`filter_window` step events and, for older ones, the
 information they can still add bounded by what revealing the models at their retirement would
-give (a superset of the view: monotonicity); Minkowski's inequality then gives
-``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. Cost: about
-exchanges x ``P^3`` x (window + 2) (each view's ``P x P`` covariance, read by every exchange and
-moved at every step event), limited by :data:`MAX_FILTER_WORK` (100 peers of degree 10, 100
-rounds of 5 exchanges: yes; 1,000 peers: no).
+give (a superset of the view: monotonicity), itself bounded with a covariance floor that is
+the same for every view (the fresh noise of the step, plus what the retired noise explains:
+no factorisation per view; the view's own solve only where that floor is loose, with few
+exchanges a step); Minkowski's inequality then gives
+``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. A view's
+covariance is never formed: it is the prior covariance (shared by the views) minus the outer
+products of its gains. Cost (:func:`filter_work`): about ``P^3`` x (readings x (window + 1)
++ the gains moved at each step event, at most ``P``), limited by :data:`MAX_FILTER_WORK`
+(100 peers of degree 10, 100 rounds of 5 exchanges: yes; 1,000 peers: no).
 
 **Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps; runs
 beyond both limits. ``network_dp_method`` says ``exact`` when the dense computation's
@@ -99,11 +103,12 @@ from p2pdp.protocols.mixing import Mixing
 MAX_VIEW_ENTRIES = 10_000_000
 
 #: Largest :func:`filter_work` of the filtered bound (views larger than
-#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 14-19, one BLAS
-#: thread): 100 peers of degree 10 with 20 rounds of 5 exchanges are 4e8 (3.4 s of CPU), 100
-#: rounds of 5 are 2e9 (17 s, 0.4 GB), D-PSGD's 100 rounds 8e8 (12 s); any run of 1,000
-#: peers is left empty (4e11 at 20 rounds of 5: about 1,000 times the 100 peers').
-MAX_FILTER_WORK = 2_500_000_000
+#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 12-16, one BLAS
+#: thread), 10-regular overlays, 5 exchanges a round: 100 peers with 20 rounds are 1.1e10
+#: (about 3 s of CPU), with 100 rounds 5.5e10 (16 s); 200 peers with 20 rounds 1e11 (22 s);
+#: 1,000 peers with 20 rounds are 2e13 (about 1,200 s by the 98 s of its first 3 rounds):
+#: left empty, with the reason.
+MAX_FILTER_WORK = 120_000_000_000
 
 #: Barrier rounds (each dividing the barrier weight by 10) and Newton steps per round of
 #: :func:`worst_case_shifts` (both stop earlier once converged).
@@ -357,13 +362,19 @@ def filtered_coefficients(
     **How it is computed** (the same filter, in fewer operations). No noise enters between two
     step events, so the models after the exchanges since the last one, at ``tau``, are
     ``C x(tau)`` (``C`` the product of those exchanges' matrices, one for all views): reading
-    ``H x`` is reading ``(H C) x(tau)``, filtered in ``tau``'s coordinates, and ``Sigma`` and
-    the gains move to the present once, at the next step event (``C Sigma C^T``; dense or
-    sparse as ``C`` is). ``E`` is never formed: it is the window's noises' response before any
-    reading (shared by the views) minus ``sum_k g_k Z_k`` over the innovations since the
-    oldest noise of the window (``g_k``: the gain, the models' covariance with ``z_k``; an
-    innovation before a noise does not respond to it), and ``M_act`` is a band (two steps of
-    ``u`` in the window are under ``window`` apart).
+    ``H x`` is reading ``(H C) x(tau)``, filtered in ``tau``'s coordinates. A view's
+    covariance is never formed: it is ``Sigma = base - F F^T - R R^T``, ``base`` the models'
+    covariance before any reading (every noise; shared by the views and computed once,
+    :func:`_shared_states`), ``F`` and ``R`` the view's gains (each reading removes
+    ``g g^T``; ``v``'s own noises are columns ``s_v e_v``, which remove their variance), ``F``
+    those of the innovations that respond to a noise of the window. A reading costs
+    ``d P^2`` (``(H C) base``, one product for the batch) plus ``d P`` per gain, and the gains
+    move to the present once, at the next step event (``C F``, ``C R``: ``P^2`` per gain,
+    not ``2 P^3`` for ``C Sigma C^T``); ``R``, whose ``R R^T`` has rank at most ``P``, is
+    replaced by a ``P``-column factor (QR) once it has more columns. ``E`` is never formed:
+    it is the window's noises' response before any reading (shared by the views) minus
+    ``F Z_kept`` (an innovation before a noise does not respond to it), and ``M_act`` is a
+    band (two steps of ``u`` in the window are under ``window`` apart).
 
     Parameters: as :func:`view_coefficients`, plus ``window`` (default
     :func:`filter_window`). Returns the (P, P) upper bounds (the diagonal NaN), each raised
@@ -379,9 +390,7 @@ def filtered_coefficients(
     kappa = np.full((n, n), np.nan)
     pending: dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = {}
     shared = _shared_states(trace, mixing, scales=scales, decay=decay, window=L)
-    received = np.bincount(receivers, minlength=n).max(initial=0)
-    exchanges = sum(isinstance(e, tuple) for e in trace.events)
-    innovations = (L + 1) * math.ceil(exchanges / max(len(steps), 1)) * received
+    innovations = _window_innovations(trace, mixing, L)
     per_view = n * (2 * n + innovations + T * (L + 1)) + innovations * L * n
     batch = max(1, min(n, _FILTER_FLOATS // max(1, per_view)))
     u_all = np.arange(n)
@@ -459,7 +468,7 @@ def filtered_coefficients(
                 responding = np.abs(Z_kept).max(axis=(0, 2), initial=0.0) > 0
                 R = np.concatenate([R, F[:, :, ~responding]], axis=2)
                 F, Z_kept = F[:, :, responding], Z_kept[:, responding]
-                if R.shape[2] > 2 * n:  # R R^T has rank <= P: keep P columns with its product
+                if R.shape[2] > n:  # R R^T has rank <= P: keep P columns with its product
                     R = _square_root(R)
                 step_of[slot] = -1
                 step_of[slot, peers] = taken[peers]
@@ -660,10 +669,9 @@ def _covariance(base: np.ndarray, F: np.ndarray, R: np.ndarray) -> np.ndarray:
 
 
 def _square_root(R: np.ndarray) -> np.ndarray:
-    """(B, P, P) factors with the same ``R R^T`` as ``R`` (B, P, C): ``U sqrt(w)`` of its
-    eigendecomposition (rounding's negative eigenvalues, ~1e-16 of the largest, as 0)."""
-    w, U = np.linalg.eigh(R @ R.transpose(0, 2, 1))
-    return U * np.sqrt(np.maximum(w, 0.0))[:, None, :]
+    """(B, P, P) factors with the same ``R R^T`` as ``R`` (B, P, C), ``C > P``: ``T^T`` of the
+    QR decomposition ``R^T = Q T`` (``R R^T = T^T Q^T Q T = T^T T``; ``C P^2`` a view)."""
+    return np.linalg.qr(R.transpose(0, 2, 1), mode="r").transpose(0, 2, 1)
 
 
 def _banded(band: np.ndarray, T: int) -> np.ndarray:
@@ -683,13 +691,32 @@ def _margin(kappa: np.ndarray) -> np.ndarray:
     return kappa * (1.0 + 1e-9) + 1e-12
 
 
+def _window_innovations(trace: ViewTrace, mixing: Mixing, window: int) -> int:
+    """About the most innovations of a view that respond to a noise of the window (the
+    columns of ``F`` in :func:`filtered_coefficients`): the readings of ``window + 1``
+    step events' exchanges, each of up to the largest in-degree."""
+    steps = sum(isinstance(e, np.ndarray) for e in trace.events)
+    exchanges = sum(isinstance(e, tuple) for e in trace.events)
+    received = int(np.bincount(mixing.receivers, minlength=mixing.n_peers).max(initial=0))
+    return (window + 1) * math.ceil(exchanges / max(steps, 1)) * received
+
+
 def filter_work(trace: ViewTrace, mixing: Mixing, window: int | None = None) -> int:
-    """The size :data:`MAX_FILTER_WORK` limits: exchanges x views x peers x state columns
-    (``peers (window + 2)``) of :func:`filtered_coefficients` (counted without running it)."""
+    """The size :data:`MAX_FILTER_WORK` limits (multiply-adds of :func:`filtered_coefficients`,
+    counted without running it), over the ``P`` views: each exchange's reading, ``d`` rows
+    (the largest in-degree) against the shared covariance and window responses,
+    ``d (window + 1) P^2``; each step event's moves of the gains (at most ``P`` columns of
+    old ones, ``R``: a step event's new gains each step so far, and the window's, ``F``) and
+    the retirement's error responses, ``P^2 (R + 2 F)``."""
     window = filter_window(trace) if window is None else window
     n = mixing.n_peers
+    steps = sum(isinstance(e, np.ndarray) for e in trace.events)
     exchanges = sum(isinstance(e, tuple) for e in trace.events)
-    return exchanges * n * n * n * (window + 2)
+    received = int(np.bincount(mixing.receivers, minlength=n).max(initial=0))
+    innovations = _window_innovations(trace, mixing, window)
+    per_step = math.ceil(exchanges / max(steps, 1)) * received + 1  # new gains a step event
+    old = sum(min(n, s * per_step) for s in range(1, steps + 1))
+    return n**2 * (exchanges * received * (window + 1) * n + n * old + 2 * steps * innovations * n)
 
 
 def _certificate(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -858,7 +885,8 @@ def report(
         reason = (
             f"not computed: the views have {entries:,} entries (received messages x noises "
             f"injected), more than the {MAX_VIEW_ENTRIES:,} of an exact computation, and "
-            f"the filtered bound's work is {work:,} (exchanges x peers^3 x (window + 2)), "
+            f"the filtered bound's work is {work:,} (filter_work: about peers^3 x (readings x "
+            "(window + 1) + gains moved at step events)), "
             f"more than its {MAX_FILTER_WORK:,}"
         )
         return {**empty, "network_dp_note": reason}, []
