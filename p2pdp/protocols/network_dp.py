@@ -89,6 +89,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -671,7 +672,8 @@ def _covariance(base: np.ndarray, F: np.ndarray, R: np.ndarray) -> np.ndarray:
 def _square_root(R: np.ndarray) -> np.ndarray:
     """(B, P, P) factors with the same ``R R^T`` as ``R`` (B, P, C), ``C > P``: ``T^T`` of the
     QR decomposition ``R^T = Q T`` (``R R^T = T^T Q^T Q T = T^T T``; ``C P^2`` a view)."""
-    return np.linalg.qr(R.transpose(0, 2, 1), mode="r").transpose(0, 2, 1)
+    upper = cast(np.ndarray, np.linalg.qr(R.transpose(0, 2, 1), mode="r"))
+    return upper.transpose(0, 2, 1)
 
 
 def _banded(band: np.ndarray, T: int) -> np.ndarray:
