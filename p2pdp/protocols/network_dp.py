@@ -428,6 +428,7 @@ def filtered_coefficients(
         slot = 0
         matrices: dict[bytes, sp.csr_array] = {}  # the last exchange's W_delta
         events = iter(shared)
+        variances = np.zeros((B, n))
         for event in trace.events:
             if isinstance(event, np.ndarray):
                 if carry is not None:
@@ -471,6 +472,8 @@ def filtered_coefficients(
                 F, Z_kept = F[:, :, responding], Z_kept[:, responding]
                 if R.shape[2] > n:  # R R^T has rank <= P: keep P columns with its product
                     R = _square_root(R)
+                # the models' variances given the view: the scale of a reading's precision
+                variances = np.diagonal(base)[None] - (F**2).sum(axis=2) - (R**2).sum(axis=2)
                 step_of[slot] = -1
                 step_of[slot, peers] = taken[peers]
                 taken[peers] += 1
@@ -501,7 +504,6 @@ def filtered_coefficients(
                     moved = (H.reshape(B * d, n) @ prior).reshape(B, d, L * n)
                     HE = _errors(moved, HF, Z_kept, own, slice(None), None)
                 w, U = np.linalg.eigh(S * mask[:, None, :] * mask[:, :, None])
-                variances = np.diagonal(base)[None] - (F**2).sum(axis=2) - (R**2).sum(axis=2)
                 scale = np.maximum(variances.max(axis=1), 1e-300)
                 keep = w > 1e-10 * scale[:, None]
                 white = U * np.where(keep, 1.0 / np.sqrt(np.where(keep, w, 1.0)), 0.0)[:, None]
@@ -516,6 +518,7 @@ def filtered_coefficients(
                         M_act[:, both, step_of[a, both], apart[both]] += pairs[:, both, a, c]
                 F = np.concatenate([F, gain], axis=2)
                 Z_kept = np.concatenate([Z_kept, Z], axis=1)
+                variances -= (gain**2).sum(axis=2)
             key = delivered.tobytes()
             if key not in matrices:  # few patterns: every message delivered, mostly
                 matrices = {key: mixing.matrix(delivered)}
