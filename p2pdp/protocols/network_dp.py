@@ -106,9 +106,9 @@ MAX_VIEW_ENTRIES = 10_000_000
 #: Largest :func:`filter_work` of the filtered bound (views larger than
 #: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 12-16, one BLAS
 #: thread), 10-regular overlays, 5 exchanges a round: 100 peers with 20 rounds are 1.1e10
-#: (about 3 s of CPU), with 100 rounds 5.5e10 (16 s); 200 peers with 20 rounds 1e11 (22 s);
-#: 1,000 peers with 20 rounds are 2e13 (about 1,200 s by the 98 s of its first 3 rounds):
-#: left empty, with the reason.
+#: (about 3 s of CPU), with 100 rounds 5.5e10 (16 s); 200 peers with 20 rounds 1e11 (22 s),
+#: 500 peers 2.1e12 (288 s); 1,000 peers with 20 rounds are 2e13 (20 to 45 min by its first 3
+#: rounds, 100 s, and by the growth from 300 to 500 peers): left empty, with the reason.
 MAX_FILTER_WORK = 120_000_000_000
 
 #: Barrier rounds (each dividing the barrier weight by 10) and Newton steps per round of
