@@ -63,11 +63,15 @@ message, or one never sent by an offline peer, is in no view. The same computati
 innovations are an orthonormal basis of the view, so ``M`` is a sum of their responses),
 exact for the noises of the last :func:`filter_window` step events and, for older ones, the
 information they can still add bounded by what revealing the models at their retirement would
-give (a superset of the view: monotonicity); Minkowski's inequality then gives
-``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. Cost: about
-exchanges x ``P^3`` x (window + 2) (each view's ``P x P`` covariance, read by every exchange and
-moved at every step event), limited by :data:`MAX_FILTER_WORK` (100 peers of degree 10, 100
-rounds of 5 exchanges: yes; 1,000 peers: no).
+give (a superset of the view: monotonicity), itself bounded with a covariance floor that is
+the same for every view (the fresh noise of the step, plus what the retired noise explains:
+no factorisation per view; the view's own solve only where that floor is loose, with few
+exchanges a step); Minkowski's inequality then gives
+``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. A view's
+covariance is never formed: it is the prior covariance (shared by the views) minus the outer
+products of its gains. Cost (:func:`filter_work`): about ``P^3`` x (readings x (window + 1)
++ the gains moved at each step event, at most ``P``), limited by :data:`MAX_FILTER_WORK`
+(100 peers of degree 10, 100 rounds of 5 exchanges: yes; 1,000 peers: no).
 
 **Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps; runs
 beyond both limits. ``network_dp_method`` says ``exact`` when the dense computation's
@@ -85,6 +89,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -99,11 +104,12 @@ from p2pdp.protocols.mixing import Mixing
 MAX_VIEW_ENTRIES = 10_000_000
 
 #: Largest :func:`filter_work` of the filtered bound (views larger than
-#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 14-19, one BLAS
-#: thread): 100 peers of degree 10 with 20 rounds of 5 exchanges are 4e8 (3.4 s of CPU), 100
-#: rounds of 5 are 2e9 (17 s, 0.4 GB), D-PSGD's 100 rounds 8e8 (12 s); any run of 1,000
-#: peers is left empty (4e11 at 20 rounds of 5: about 1,000 times the 100 peers').
-MAX_FILTER_WORK = 2_500_000_000
+#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 12-16, one BLAS
+#: thread), 10-regular overlays, 5 exchanges a round: 100 peers with 20 rounds are 1.1e10
+#: (about 3 s of CPU), with 100 rounds 5.5e10 (16 s); 200 peers with 20 rounds 1e11 (22 s),
+#: 500 peers 2.1e12 (288 s); 1,000 peers with 20 rounds are 2e13 (20 to 45 min by its first 3
+#: rounds, 100 s, and by the growth from 300 to 500 peers): left empty, with the reason.
+MAX_FILTER_WORK = 120_000_000_000
 
 #: Barrier rounds (each dividing the barrier weight by 10) and Newton steps per round of
 #: :func:`worst_case_shifts` (both stop earlier once converged).
@@ -302,6 +308,12 @@ def filter_window(trace: ViewTrace) -> int:
 
 _FILTER_FLOATS = 30_000_000
 
+#: A retired noise whose cheap remainder bound (:func:`_remainder`) exceeds this in a view
+#: has it recomputed from that view's covariance (a solve, ``P^3``): few exchanges a step
+#: (D-PSGD), where a noise keeps telling for many exchanges after the window. With several
+#: (Muffliato's 5, degree 10) the cheap bound is ~1e-7 (100 peers) to ~4e-6 (200): no solve.
+RETIRE_SOLVE = 1e-5
+
 
 def filtered_coefficients(
     trace: ViewTrace,
@@ -325,11 +337,20 @@ def filtered_coefficients(
       step event's injection, at ``tau``): the later rows are functions of the models
       ``x(tau)`` and of later noises, independent of ``n_j``, so the information they add,
       ``r_j = sum_{k > tau} ||Z_k[:, j]||^2 = Var(n_j | y_<=tau) - Var(n_j | y)``, is at most
-      what revealing ``x(tau)`` would add: ``e_j^T Sigma^+ e_j``. When every peer but ``v``
-      has just stepped, ``Sigma`` on the peers but ``v`` is at least their fresh noise
-      ``diag(s_i^2)`` (independent of the rest; ``e_j[v] = 0``: ``v`` knows its own model),
-      so it is invertible and well conditioned and the bound is computed with its inverse;
-      always ``r_j <= 1 - (its information so far)`` (``M <= I``). The smaller is used.
+      what revealing ``x(tau)`` would add: ``e_j^T Sigma^+ e_j``. Right after the step,
+      ``Sigma`` is the fresh noise just injected, ``D = diag(s_i^2)`` (independent of the
+      view so far and of ``n_j``; 0 at ``v``, which knows its own noise, where ``e_j[v] = 0``:
+      ``v`` knows its own model), plus the older uncertainty, which is at least the part
+      ``n_j`` explains, ``e_j e_j^T / s`` (``s = Var(n_j | y_<=tau)``, 1 minus what ``n_j``
+      has told so far, tracked exactly in the window). So ``Sigma >= D + e_j e_j^T / s`` and,
+      as ``e^T Sigma^+ e = sup_w 2 w.e - w^T Sigma w`` falls as ``Sigma`` grows,
+      ``r_j <= q s / (q + s)`` with ``q = e_j^T D^+ e_j`` (Sherman-Morrison): ``P`` operations
+      a noise, the same floor ``D`` for every view (:func:`_remainder`; ``s`` alone where a
+      peer that did not step leaves ``e_j`` outside the range of ``D``). Where that exceeds
+      :data:`RETIRE_SOLVE` (few exchanges a step: a noise keeps telling long after the
+      window) and every peer but ``v`` has stepped, ``e_j^T Sigma^+ e_j`` is computed with
+      the view's ``Sigma`` on the peers but ``v`` (>= ``D``: invertible, well conditioned; a
+      solve, ``P^3`` a view) and the smaller of it and ``s`` is used.
     * **The coefficient**: write ``u``'s responses as ``a_k = a_k^act + a_k^ret`` (entries
       of its noises in / out of the window at row ``k``). By Minkowski's inequality, for
       unit ``c_t``,
@@ -342,13 +363,19 @@ def filtered_coefficients(
     **How it is computed** (the same filter, in fewer operations). No noise enters between two
     step events, so the models after the exchanges since the last one, at ``tau``, are
     ``C x(tau)`` (``C`` the product of those exchanges' matrices, one for all views): reading
-    ``H x`` is reading ``(H C) x(tau)``, filtered in ``tau``'s coordinates, and ``Sigma`` and
-    the gains move to the present once, at the next step event (``C Sigma C^T``; dense or
-    sparse as ``C`` is). ``E`` is never formed: it is the window's noises' response before any
-    reading (shared by the views) minus ``sum_k g_k Z_k`` over the innovations since the
-    oldest noise of the window (``g_k``: the gain, the models' covariance with ``z_k``; an
-    innovation before a noise does not respond to it), and ``M_act`` is a band (two steps of
-    ``u`` in the window are under ``window`` apart).
+    ``H x`` is reading ``(H C) x(tau)``, filtered in ``tau``'s coordinates. A view's
+    covariance is never formed: it is ``Sigma = base - F F^T - R R^T``, ``base`` the models'
+    covariance before any reading (every noise; shared by the views and computed once,
+    :func:`_shared_states`), ``F`` and ``R`` the view's gains (each reading removes
+    ``g g^T``; ``v``'s own noises are columns ``s_v e_v``, which remove their variance), ``F``
+    those of the innovations that respond to a noise of the window. A reading costs
+    ``d P^2`` (``(H C) base``, one product for the batch) plus ``d P`` per gain, and the gains
+    move to the present once, at the next step event (``C F``, ``C R``: ``P^2`` per gain,
+    not ``2 P^3`` for ``C Sigma C^T``); ``R``, whose ``R R^T`` has rank at most ``P``, is
+    replaced by a ``P``-column factor (QR) once it has more columns. ``E`` is never formed:
+    it is the window's noises' response before any reading (shared by the views) minus
+    ``F Z_kept`` (an innovation before a noise does not respond to it), and ``M_act`` is a
+    band (two steps of ``u`` in the window are under ``window`` apart).
 
     Parameters: as :func:`view_coefficients`, plus ``window`` (default
     :func:`filter_window`). Returns the (P, P) upper bounds (the diagonal NaN), each raised
@@ -363,24 +390,32 @@ def filtered_coefficients(
     senders, receivers = mixing.indices, mixing.receivers
     kappa = np.full((n, n), np.nan)
     pending: dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = {}
-    batch = max(1, min(n, _FILTER_FLOATS // max(1, n * (n + 3 * L * n + T * (L + 1)))))
+    shared = _shared_states(trace, mixing, scales=scales, decay=decay, window=L)
+    innovations = _window_innovations(trace, mixing, L)
+    per_view = n * (2 * n + innovations + T * (L + 1)) + innovations * L * n
+    batch = max(1, min(n, _FILTER_FLOATS // max(1, per_view)))
     u_all = np.arange(n)
     for lo in range(0, n, batch):
         views = np.arange(lo, min(n, lo + batch))
         B, rows_b = views.size, np.arange(views.size)
         others = np.array([np.delete(u_all, v) for v in views.tolist()])  # (B, n - 1)
-        # view-major: cov[b] is view b's covariance of the models x(tau) right after the last
-        # step event given what it has read. The exchanges since tau are carried as one matrix
-        # (x = carry x(tau)), applied at the next step event: an exchange's observation
-        # H x = (H carry) x(tau) is filtered in tau's coordinates (no noise enters between).
+        # view-major. The covariance of the models x(tau) right after the last step event
+        # given what view b has read is never formed: it is base - F[b] F[b]^T - R[b] R[b]^T,
+        # base the models' covariance before any reading (every noise, shared by the views),
+        # F[b] and R[b] the gains of its innovations (the models' covariance with each
+        # whitened innovation: each reading removes gain gain^T) and v's own noises (v knows
+        # them: a column scales[v] e_v each, which removes their variance). F holds the gains
+        # of the innovations that respond to a noise of the window, R the others.
+        # The exchanges since tau are carried as one matrix (x = carry x(tau)), applied at the
+        # next step event: an exchange's observation H x = (H carry) x(tau) is filtered in
+        # tau's coordinates (no noise enters between).
         # The filter error's response to the noise of peer i held in slot l is
         # E[b, :, l n + i] = prior[:, l n + i] - F[b] @ Z_kept[b][:, l n + i] (never formed):
-        # prior, the models' response before any reading (shared by the views); F, the
-        # covariance of the models with each kept innovation (its gain), Z_kept, the
-        # innovations' responses (kept while they respond to a noise of the window).
-        cov = np.zeros((B, n, n))
+        # prior, the models' response before any reading (shared by the views); Z_kept, the
+        # kept innovations' responses.
         prior = np.zeros((n, L * n))
         F = np.zeros((B, n, 0))
+        R = np.zeros((B, n, 0))
         Z_kept = np.zeros((B, 0, L * n))
         own = np.add.outer(np.arange(L) * n, views).T  # (B, L): v's own noises' columns
         carry: np.ndarray | None = None  # None: no exchange since tau (the identity)
@@ -392,39 +427,53 @@ def filtered_coefficients(
         taken = np.zeros(n, dtype=np.int64)
         slot = 0
         matrices: dict[bytes, sp.csr_array] = {}  # the last exchange's W_delta
+        events = iter(shared)
+        variances = np.zeros((B, n))
         for event in trace.events:
             if isinstance(event, np.ndarray):
                 if carry is not None:
-                    cov, F = _carried(carry, cov, F)
-                    prior = carry @ prior
+                    F, R = _left(carry, F), _left(carry, R)
                     carry = None
+                base, prior = next(events)  # moved, decayed, the step's noise in base
                 peers = event
-                cov[:, peers, :] *= decay
-                cov[:, :, peers] *= decay
                 F[:, peers, :] *= decay
-                prior[peers] *= decay
+                R[:, peers, :] *= decay
                 fresh = np.zeros((B, n))
                 fresh[:, peers] = scales[peers] ** 2
                 fresh[rows_b, views] = 0.0  # v knows its own noise
-                cov[:, u_all, u_all] += fresh
-                old = np.flatnonzero(step_of[slot] >= 0)  # retire the oldest slot's noises
-                if old.size:
-                    bound = 1.0 - M_act[:, old, step_of[slot, old], 0]
-                    stepped = np.isin(u_all, peers)
-                    if n > 1 and all(stepped[others[b]].all() for b in range(B)):
-                        # Sigma on the peers but v: >= their fresh noise, well conditioned
-                        inner = np.take_along_axis(
-                            cov[rows_b[:, None], others], others[:, None, :], axis=2
-                        )
-                        seen = _errors(prior, F, Z_kept, own, slot * n + old, others)
-                        solved = np.linalg.solve(inner, seen)
-                        bound = np.minimum(bound, np.einsum("bik,bik->bk", seen, solved))
+                stepping = np.flatnonzero(np.isin(views, peers))
+                if stepping.size:  # its variance leaves v's covariance
+                    known = np.zeros((B, n, 1))
+                    known[stepping, views[stepping], 0] = scales[views[stepping]]
+                    R = np.concatenate([R, known], axis=2)
+                old = np.flatnonzero(step_of[slot] >= 0)
+                if old.size:  # retire the oldest slot's noises: bound what they can still tell
+                    seen = _errors(prior, F, Z_kept, own, slot * n + old, others)
+                    floor = fresh[rows_b[:, None], others]  # Sigma >= diag(floor)
+                    left = np.maximum(1.0 - M_act[:, old, step_of[slot, old], 0], 0.0)
+                    bound = _remainder(seen, floor, left)
+                    loose = np.flatnonzero(
+                        (bound.max(axis=1, initial=0.0) > RETIRE_SOLVE) & (floor > 0).all(axis=1)
+                    )
+                    if loose.size:  # Sigma on the peers but v, exactly (P^3 per view)
+                        rows = others[loose]
+                        cov = _covariance(base, F[loose], R[loose])
+                        inner = cov[
+                            np.arange(loose.size)[:, None, None], rows[:, :, None], rows[:, None, :]
+                        ]
+                        solved = np.linalg.solve(inner, seen[loose])
+                        exact = np.einsum("bik,bik->bk", seen[loose], solved)
+                        bound[loose] = np.minimum(bound[loose], np.minimum(exact, left[loose]))
                     remainder[:, old, step_of[slot, old]] = np.maximum(bound, 0.0)
-                prior[:, slot * n : (slot + 1) * n] = 0.0
-                prior[peers, slot * n + peers] = -scales[peers]
+                prior = _new_slot(prior, peers, slot, scales)
                 Z_kept[:, :, slot * n : (slot + 1) * n] = 0.0  # earlier readings: no response
-                responding = np.flatnonzero(np.abs(Z_kept).max(axis=(0, 2), initial=0.0) > 0)
+                responding = np.abs(Z_kept).max(axis=(0, 2), initial=0.0) > 0
+                R = np.concatenate([R, F[:, :, ~responding]], axis=2)
                 F, Z_kept = F[:, :, responding], Z_kept[:, responding]
+                if R.shape[2] > n:  # R R^T has rank <= P: keep P columns with its product
+                    R = _square_root(R)
+                # the models' variances given the view: the scale of a reading's precision
+                variances = np.diagonal(base)[None] - (F**2).sum(axis=2) - (R**2).sum(axis=2)
                 step_of[slot] = -1
                 step_of[slot, peers] = taken[peers]
                 taken[peers] += 1
@@ -440,17 +489,22 @@ def filtered_coefficients(
                 for b, x in enumerate(lists):
                     index[b, : len(x)], mask[b, : len(x)] = x, True
                 if carry is None:  # H x(tau): rows of Sigma and of the error's response
-                    HS = cov[rows_b[:, None], index] * mask[:, :, None]  # (B, d, n)
+                    HF = np.take_along_axis(F, index[:, :, None], axis=1)
+                    HR = np.take_along_axis(R, index[:, :, None], axis=1)
+                    HS = base[index] - HF @ F.transpose(0, 2, 1) - HR @ R.transpose(0, 2, 1)
+                    HS *= mask[:, :, None]  # (B, d, n)
                     S = np.take_along_axis(HS, index[:, None, :].repeat(d, axis=1), axis=2)
                     HE = _errors(prior, F, Z_kept, own, slice(None), index) * mask[:, :, None]
                 else:  # H carry x(tau)
                     H = carry[index] * mask[:, :, None]  # (B, d, n)
-                    HS = H @ cov
+                    HF, HR = H @ F, H @ R
+                    HS = (H.reshape(B * d, n) @ base).reshape(B, d, n)
+                    HS -= HF @ F.transpose(0, 2, 1) + HR @ R.transpose(0, 2, 1)
                     S = HS @ H.transpose(0, 2, 1)
-                    moved = (carry @ prior)[index] * mask[:, :, None]  # once for all views
-                    HE = _errors(moved, H @ F, Z_kept, own, slice(None), None)
+                    moved = (H.reshape(B * d, n) @ prior).reshape(B, d, L * n)
+                    HE = _errors(moved, HF, Z_kept, own, slice(None), None)
                 w, U = np.linalg.eigh(S * mask[:, None, :] * mask[:, :, None])
-                scale = np.maximum(np.diagonal(cov, axis1=1, axis2=2).max(axis=1), 1e-300)
+                scale = np.maximum(variances.max(axis=1), 1e-300)
                 keep = w > 1e-10 * scale[:, None]
                 white = U * np.where(keep, 1.0 / np.sqrt(np.where(keep, w, 1.0)), 0.0)[:, None]
                 gain = HS.transpose(0, 2, 1) @ white  # (B, n, d): Cov(x(tau) error, z)
@@ -464,7 +518,7 @@ def filtered_coefficients(
                         M_act[:, both, step_of[a, both], apart[both]] += pairs[:, both, a, c]
                 F = np.concatenate([F, gain], axis=2)
                 Z_kept = np.concatenate([Z_kept, Z], axis=1)
-                cov -= gain @ gain.transpose(0, 2, 1)
+                variances -= (gain**2).sum(axis=2)
             key = delivered.tobytes()
             if key not in matrices:  # few patterns: every message delivered, mostly
                 matrices = {key: mixing.matrix(delivered)}
@@ -522,25 +576,107 @@ def _errors(
     return errors * unknown[:, None, :]
 
 
-def _carried(carry: np.ndarray, cov: np.ndarray, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(carry Sigma carry^T, carry F)`` for every view of a batch: the filter's state moved
-    from the last step event to now through the exchanges since (``carry`` (P, P); ``cov``
-    (B, P, P), symmetric; ``F`` (B, P, C), the gains)."""
+def _remainder(errors: np.ndarray, floor: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """Upper values of what revealing the models would add about retired noises, for a
+    batch, without factorising a view's covariance.
+
+    Parameters
+    ----------
+    errors : (B, r, k) array
+        ``e``: the filter error's response to each of k unit-variance noises on r peers,
+        ``Cov(x, n_j | view)``.
+    floor : (B, r) array
+        The variances the r peers have just injected (independent of the view and of the
+        retired noises): ``Sigma >= diag(floor) = D``.
+    left : (B, k) array
+        ``s_j = Var(n_j | view) = 1 - (what n_j has told so far)``.
+
+    Returns
+    -------
+    (B, k): ``q s / (q + s)`` with ``q = e^T D^+ e`` (``s`` where ``e`` leaves the range of
+    ``D``: a peer that did not step). ``Sigma`` is the fresh noise plus the older
+    uncertainty, and the latter is at least the part ``n_j`` explains, ``e e^T / s``, so
+    ``Sigma >= D + e e^T / s`` and (Sherman-Morrison) ``e^T Sigma^+ e <= q s / (q + s)``:
+    at most ``min(q, s)``. (``e^T Sigma^+ e = sup_w 2 w.e - w^T Sigma w`` decreases as
+    ``Sigma`` grows.)
+    """
+    stepped = floor > 0
+    quotient = np.where(stepped, 1.0 / np.where(stepped, floor, 1.0), 0.0)
+    q = np.einsum("brk,br->bk", errors**2, quotient)
+    outside = np.abs(errors * ~stepped[:, :, None]).max(axis=1, initial=0.0) > 0
+    combined = q * left / np.maximum(q + left, 1e-300)
+    return np.where(outside, left, combined)
+
+
+def _shared_states(
+    trace: ViewTrace, mixing: Mixing, *, scales: np.ndarray, decay: float, window: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """What :func:`filtered_coefficients` shares between its views at each step event, once
+    for all its batches: ``base`` (P, P), the models' covariance before any reading (every
+    noise so far, the step's included), and ``prior`` (P, window P), the models' response to
+    the window's noises (the step's slot not yet renewed), both right after the step's decay
+    (2 P^3 + window P^3 each, instead of that for each batch)."""
+    n = mixing.n_peers
+    base, prior = np.zeros((n, n)), np.zeros((n, window * n))
+    carry: np.ndarray | None = None
+    states: list[tuple[np.ndarray, np.ndarray]] = []
+    matrices: dict[bytes, sp.csr_array] = {}
+    slot = 0
+    for event in trace.events:
+        if isinstance(event, np.ndarray):
+            if carry is not None:
+                base = _left(carry, _left(carry, base).T)  # carry base carry^T
+                prior, carry = _left(carry, prior), None
+            base[event, :] *= decay
+            base[:, event] *= decay
+            base[event, event] += scales[event] ** 2
+            prior[event] *= decay
+            states.append((base.copy(), prior.copy()))
+            prior = _new_slot(prior, event, slot, scales)
+            slot = (slot + 1) % window
+            continue
+        key = event[0].tobytes()
+        if key not in matrices:
+            matrices = {key: mixing.matrix(event[0])}
+        carry = matrices[key].toarray() if carry is None else matrices[key] @ carry
+    return states
+
+
+def _new_slot(prior: np.ndarray, peers: np.ndarray, slot: int, scales: np.ndarray) -> np.ndarray:
+    """``prior`` (P, window P) with slot ``slot`` holding the step's noises of ``peers`` (a
+    copy: the step's shared state stays as it was)."""
+    n = prior.shape[0]
+    prior = prior.copy()
+    prior[:, slot * n : (slot + 1) * n] = 0.0
+    prior[peers, slot * n + peers] = -scales[peers]
+    return prior
+
+
+def _left(carry: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """``carry @ X`` for a (P, P) matrix and ``X`` (P, C) or a batch (B, P, C): the state moved
+    from the last step event to now through the exchanges since, as a dense matrix (BLAS) or
+    a sparse one by ``carry``'s density."""
     if np.count_nonzero(carry) > _DENSE_CARRY * carry.size:
+        return np.matmul(carry, X)
+    sparse = sp.csr_array(carry)
+    if X.ndim == 2:
+        return sparse @ X
+    B, P, C = X.shape
+    out = sparse @ X.transpose(1, 0, 2).reshape(P, B * C)
+    return np.ascontiguousarray(out.reshape(P, B, C).transpose(1, 0, 2))
 
-        def left(X: np.ndarray) -> np.ndarray:
-            return np.matmul(carry, X)
 
-    else:
-        sparse = sp.csr_array(carry)
+def _covariance(base: np.ndarray, F: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """The views' covariances ``base - F F^T - R R^T`` (B, P, P) (see
+    :func:`filtered_coefficients`)."""
+    return base[None] - F @ F.transpose(0, 2, 1) - R @ R.transpose(0, 2, 1)
 
-        def left(X: np.ndarray) -> np.ndarray:
-            B, P, C = X.shape
-            out = sparse @ X.transpose(1, 0, 2).reshape(P, B * C)
-            return np.ascontiguousarray(out.reshape(P, B, C).transpose(1, 0, 2))
 
-    cov = left(left(cov).transpose(0, 2, 1))  # carry (carry Sigma)^T = carry Sigma carry^T
-    return cov, left(F)
+def _square_root(R: np.ndarray) -> np.ndarray:
+    """(B, P, P) factors with the same ``R R^T`` as ``R`` (B, P, C), ``C > P``: ``T^T`` of the
+    QR decomposition ``R^T = Q T`` (``R R^T = T^T Q^T Q T = T^T T``; ``C P^2`` a view)."""
+    upper = cast(np.ndarray, np.linalg.qr(R.transpose(0, 2, 1), mode="r"))
+    return upper.transpose(0, 2, 1)
 
 
 def _banded(band: np.ndarray, T: int) -> np.ndarray:
@@ -560,13 +696,32 @@ def _margin(kappa: np.ndarray) -> np.ndarray:
     return kappa * (1.0 + 1e-9) + 1e-12
 
 
+def _window_innovations(trace: ViewTrace, mixing: Mixing, window: int) -> int:
+    """About the most innovations of a view that respond to a noise of the window (the
+    columns of ``F`` in :func:`filtered_coefficients`): the readings of ``window + 1``
+    step events' exchanges, each of up to the largest in-degree."""
+    steps = sum(isinstance(e, np.ndarray) for e in trace.events)
+    exchanges = sum(isinstance(e, tuple) for e in trace.events)
+    received = int(np.bincount(mixing.receivers, minlength=mixing.n_peers).max(initial=0))
+    return (window + 1) * math.ceil(exchanges / max(steps, 1)) * received
+
+
 def filter_work(trace: ViewTrace, mixing: Mixing, window: int | None = None) -> int:
-    """The size :data:`MAX_FILTER_WORK` limits: exchanges x views x peers x state columns
-    (``peers (window + 2)``) of :func:`filtered_coefficients` (counted without running it)."""
+    """The size :data:`MAX_FILTER_WORK` limits (multiply-adds of :func:`filtered_coefficients`,
+    counted without running it), over the ``P`` views: each exchange's reading, ``d`` rows
+    (the largest in-degree) against the shared covariance and window responses,
+    ``d (window + 1) P^2``; each step event's moves of the gains (at most ``P`` columns of
+    old ones, ``R``: a step event's new gains each step so far, and the window's, ``F``) and
+    the retirement's error responses, ``P^2 (R + 2 F)``."""
     window = filter_window(trace) if window is None else window
     n = mixing.n_peers
+    steps = sum(isinstance(e, np.ndarray) for e in trace.events)
     exchanges = sum(isinstance(e, tuple) for e in trace.events)
-    return exchanges * n * n * n * (window + 2)
+    received = int(np.bincount(mixing.receivers, minlength=n).max(initial=0))
+    innovations = _window_innovations(trace, mixing, window)
+    per_step = math.ceil(exchanges / max(steps, 1)) * received + 1  # new gains a step event
+    old = sum(min(n, s * per_step) for s in range(1, steps + 1))
+    return n**2 * (exchanges * received * (window + 1) * n + n * old + 2 * steps * innovations * n)
 
 
 def _certificate(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -735,7 +890,8 @@ def report(
         reason = (
             f"not computed: the views have {entries:,} entries (received messages x noises "
             f"injected), more than the {MAX_VIEW_ENTRIES:,} of an exact computation, and "
-            f"the filtered bound's work is {work:,} (exchanges x peers^3 x (window + 2)), "
+            f"the filtered bound's work is {work:,} (filter_work: about peers^3 x (readings x "
+            "(window + 1) + gains moved at step events)), "
             f"more than its {MAX_FILTER_WORK:,}"
         )
         return {**empty, "network_dp_note": reason}, []
