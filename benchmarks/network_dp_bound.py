@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from p2pdp.core.figures import legend_below, write_figure
-from p2pdp.protocols import network_dp
+from p2pdp.protocols import network_dp, network_dp_filter, views
 from p2pdp.protocols.mixing import Mixing
 
 GRAPHS = {
@@ -53,12 +53,14 @@ def rows() -> list[dict[str, float | str]]:
         scales = np.linspace(0.5, 1.5, P)
         off = ~np.eye(P, dtype=bool)
         for steps, gossip in GRID:
-            trace = network_dp.full_delivery_trace(mixing, steps, gossip)
+            trace = views.full_delivery_trace(mixing, steps, gossip)
             start = time.perf_counter()
             exact, _ = network_dp.view_coefficients(trace, mixing, scales=scales, decay=0.97)
             exact_s = time.perf_counter() - start
             start = time.perf_counter()
-            bound = network_dp.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
+            bound = network_dp_filter.filtered_coefficients(
+                trace, mixing, scales=scales, decay=0.97
+            )
             bound_s = time.perf_counter() - start
             columns = {}
             for label, kappa in (("exact", exact), ("bound", bound)):

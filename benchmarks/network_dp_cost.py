@@ -4,8 +4,8 @@ Per number of peers ``P`` (``--peers``), a random 10-regular overlay (seed 0, Me
 Hastings weights) and a full-delivery trace of ``--rounds`` rounds of ``--exchanges``
 exchanges (Muffliato's shape; ``--exchanges 1`` is D-PSGD's), unequal step scales, decay 0.97:
 prints ``filter_work`` (the size ``MAX_FILTER_WORK`` limits), the CPU seconds of
-:func:`p2pdp.protocols.network_dp.filtered_coefficients` and the mean coefficient. Run it with
-one BLAS thread, as the runner does (``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``): threads
+:func:`p2pdp.protocols.network_dp_filter.filtered_coefficients` and the mean coefficient. Run it
+with one BLAS thread, as the runner does (``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``): threads
 spinning on a loaded machine multiply the CPU time. The guide's cost paragraph
 (docs/guide/privacy.md) quotes it. Usage:
 ``python benchmarks/network_dp_cost.py --peers 100 200 300 --rounds 20 --exchanges 5``.
@@ -20,7 +20,7 @@ import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 
-from p2pdp.protocols import network_dp
+from p2pdp.protocols import network_dp_filter, views
 from p2pdp.protocols.mixing import Mixing
 
 
@@ -41,12 +41,12 @@ def main() -> None:
     print(f"{'peers':>6s} {'work':>9s} {'cpu s':>8s} {'mean kappa':>11s}")
     for peers in args.peers:
         mixing = overlay(peers)
-        trace = network_dp.full_delivery_trace(mixing, args.rounds, args.exchanges)
+        trace = views.full_delivery_trace(mixing, args.rounds, args.exchanges)
         scales = np.linspace(0.5, 1.5, peers)
         start = time.process_time()
-        kappa = network_dp.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
+        kappa = network_dp_filter.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
         seconds = time.process_time() - start
-        work = network_dp.filter_work(trace, mixing)
+        work = network_dp_filter.filter_work(trace, mixing)
         print(f"{peers:6d} {work:9.2e} {seconds:8.2f} {np.nanmean(kappa):11.4f}")
 
 

@@ -10,7 +10,7 @@ ones, and the peers' models. From them it builds what the simulator's driver
 (:func:`p2pdp.sim.iterative.run_iterative`) leaves: one ``rounds`` record per round (the
 test errors it measures on the peers' models, the simulator's omniscient measurement, not a
 release of the protocol), the message counters, and the
-:class:`~p2pdp.protocols.network_dp.ViewTrace` the privacy columns are computed from. It
+:class:`~p2pdp.protocols.views.ViewTrace` the privacy columns are computed from. It
 never sees a step's noise: the hosts do not report it.
 
 Faults. A host whose control connection closes before its final report (killed, crashed) is
@@ -44,7 +44,7 @@ from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative_ledger import IterativeLedger
 from p2pdp.protocols.iterative_peer import Stepped
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp import ViewTrace
+from p2pdp.protocols.views import ViewTrace
 
 __all__ = [
     "NETWORK_PROTOCOLS",

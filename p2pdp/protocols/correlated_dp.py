@@ -39,7 +39,7 @@ curious peer or a coalition, whose neighbours' gradients depend on models carryi
 has not seen, the value is exact for the model, not a proven bound on the run.
 ``kappa = sup_{||a_t|| <= 1} a^T M a`` with
 ``M = G^T (A A^T)^+ G`` is bounded from above by
-:func:`~p2pdp.protocols.network_dp.worst_case_shifts`; ``mu = (Delta / C) sqrt(kappa)``.
+:func:`~p2pdp.protocols.views.worst_case_shifts`; ``mu = (Delta / C) sqrt(kappa)``.
 
 **Two computations of M.** :class:`CorrelatedRun` builds the dense views (rows seen x noises:
 ``rounds^2 P^2`` entries per view, the reference, small runs); :func:`filtered_kappa` runs
@@ -65,7 +65,7 @@ late) message does not change what either end adds: the receiver cannot know at 
 that it will miss the message. The lost message's pair terms then no longer cancel in the
 network's sum (a utility cost: noise of size ``z_p`` left in the models); the accounting
 is unaffected, since it computes every view from the run's actual exchanges
-(:class:`~p2pdp.protocols.network_dp.ViewTrace`). A peer that takes no step in a round (budget
+(:class:`~p2pdp.protocols.views.ViewTrace`). A peer that takes no step in a round (budget
 spent) adds no pair term that round, nor do its neighbours on its edges: in a synchronous run
 with a public budget every peer knows who steps. Under churn a peer cannot know whether a
 neighbour is online, so each end that steps adds its term (the edge's stream gives round
@@ -87,12 +87,8 @@ from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.gdp import gdp_mu
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp import (
-    ViewTrace,
-    not_computed,
-    pairwise_epsilon,
-    worst_case_shifts,
-)
+from p2pdp.protocols.network_dp import not_computed, pairwise_epsilon
+from p2pdp.protocols.views import ViewTrace, worst_case_shifts
 
 __all__ = [
     "CorrelatedRun",
@@ -145,7 +141,7 @@ def eavesdropper_one_round(laplacian: np.ndarray, z: float, z_pair: float) -> np
 class CorrelatedRun:
     """Every message of a synchronous run as a linear map of its noises and data terms.
 
-    Built by :meth:`build` from the run's :class:`~p2pdp.protocols.network_dp.ViewTrace`.
+    Built by :meth:`build` from the run's :class:`~p2pdp.protocols.views.ViewTrace`.
 
     Attributes
     ----------
@@ -422,7 +418,7 @@ def filtered_kappa(
     ``inf``). The update is Gaussian conditioning: ``K = Sigma_{:O} S^+``,
     ``Sigma <- Sigma - K Sigma_{O:}``, ``D <- D - K D_O``. ``J`` equals
     ``G^T (A A^T)^+ G`` of the dense view (block LDL of ``A A^T`` in time order) and
-    ``kappa`` is, as there, :func:`~p2pdp.protocols.network_dp.worst_case_shifts` of it.
+    ``kappa`` is, as there, :func:`~p2pdp.protocols.views.worst_case_shifts` of it.
     A message whose sender is an observer is a known function of what the observers
     received and know (its model averages messages they read; its noises are theirs): it
     adds nothing and is not read (its innovation would be zero, and its numerical residue

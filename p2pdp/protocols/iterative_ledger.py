@@ -7,7 +7,7 @@ A driver passes every effect of :mod:`p2pdp.protocols.iterative_peer` that is a 
 batched protocol its whole arrays: ``ledger.steps`` (P,) (local DP:
 :meth:`StepPrivacy.epsilon <p2pdp.protocols.iterative.StepPrivacy.epsilon>` of it),
 ``ledger.averaged`` (messages averaged: ``messages sent - averaged`` are the lost and late
-ones) and :meth:`IterativeLedger.trace` (the :class:`~p2pdp.protocols.network_dp.ViewTrace` of
+ones) and :meth:`IterativeLedger.trace` (the :class:`~p2pdp.protocols.views.ViewTrace` of
 network DP and correlated noise: every round's stepping peers, every exchange's averaged and
 late messages).
 """
@@ -20,7 +20,7 @@ import numpy as np
 
 from p2pdp.protocols.iterative_peer import Averaged, Effect, Late, Stepped
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp import ViewTrace
+from p2pdp.protocols.views import ViewTrace
 
 __all__ = ["IterativeLedger"]
 

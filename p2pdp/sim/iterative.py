@@ -67,7 +67,7 @@ from p2pdp.protocols.iterative_peer import (
     Send,
     SynchronousPeer,
 )
-from p2pdp.protocols.network_dp import ViewTrace
+from p2pdp.protocols.views import ViewTrace
 from p2pdp.sim.transport import Transport
 
 #: How :func:`run_iterative` drives the peers: ``"batched"`` (arrays, the default) or

@@ -73,9 +73,10 @@ from p2pdp.protocols.oneshot import (
     Timer,
 )
 from p2pdp.sim.central import CentralSampler
+from p2pdp.sim.group_batches import GroupBatches
 from p2pdp.sim.sampler import GroupSampler
 from p2pdp.sim.transport import Environment, Transport
-from p2pdp.sim.waves import DRIVERS, GroupBatches, batched_obstacle, frozen_heap, run_waves
+from p2pdp.sim.waves import DRIVERS, batched_obstacle, frozen_heap, run_waves
 
 __all__ = ["CompletionMonitor", "Message", "Peer", "World", "WorldObserver", "budget_ledger"]
 

@@ -31,7 +31,7 @@ from p2pdp.protocols import correlated_dp, network_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
 from p2pdp.protocols.iterative import DecentralizedSGD, step_privacy
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp import ViewTrace
+from p2pdp.protocols.views import ViewTrace
 from tests.conftest import tiny_config
 
 

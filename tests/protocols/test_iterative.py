@@ -309,7 +309,7 @@ def test_transport_exchange_counts_like_send() -> None:
 @pytest.mark.parametrize("latency", [0.01, 2.0])  # every message on time / every one late
 def test_late_messages_are_read_not_averaged_and_lost_ones_are_not_late(latency) -> None:
     """The synchronous driver: what it hands the protocol to average and what it counts."""
-    from p2pdp.protocols.network_dp import ViewTrace
+    from p2pdp.protocols.views import ViewTrace
     from p2pdp.sim.iterative import run_iterative
 
     base = _config(rounds=3)

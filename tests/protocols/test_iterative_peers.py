@@ -30,8 +30,8 @@ from p2pdp.protocols.iterative_peer import (
     Stepped,
     SynchronousPeer,
 )
-from p2pdp.protocols.network_dp import ViewTrace
 from p2pdp.protocols.peer_streams import StreamSeeds
+from p2pdp.protocols.views import ViewTrace
 from p2pdp.sim.iterative import run_iterative
 from tests.protocols.test_iterative import _config, _overlay_mixing, _problem
 

@@ -23,7 +23,7 @@ from p2pdp.core.rng import generator
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.privacy.settings import PrivacyConfig
-from p2pdp.protocols import correlated_dp, network_dp
+from p2pdp.protocols import correlated_dp, network_dp, network_dp_filter, views
 from p2pdp.protocols.mixing import Mixing
 from tests.conftest import tiny_config
 
@@ -53,10 +53,10 @@ GRAPHS = {
 }
 
 
-def _trace(mixing: Mixing, steps: int, gossip: int, after: int = 0) -> network_dp.ViewTrace:
+def _trace(mixing: Mixing, steps: int, gossip: int, after: int = 0) -> views.ViewTrace:
     """Every peer steps ``steps`` times, ``gossip`` exchanges after each, all delivered; then
     ``after`` more exchanges without steps (budget spent)."""
-    return network_dp.full_delivery_trace(mixing, steps, gossip, after=after)
+    return views.full_delivery_trace(mixing, steps, gossip, after=after)
 
 
 def _brute_view(W, steps, gossip, v, *, after=0, scales=None, decay=1.0, own=True):
@@ -168,14 +168,14 @@ def test_vector_changes_beat_signs_and_the_reported_value_is_the_vector_optimum(
     W = _mixing(GRAPHS["ring-10"]).matrix().toarray()
     for u, v in [(1, 0), (9, 0), (4, 3)]:  # neighbours, T = 4, K = 1
         M = _brute_M(W, 4, 1, u, v)
-        (upper,), (lower,) = network_dp.worst_case_shifts(M[None])
+        (upper,), (lower,) = views.worst_case_shifts(M[None])
         ascent = _ascent(M)
         assert lower - 1e-9 <= upper <= ascent + 1e-8 and ascent <= upper + 1e-9
         assert ascent > _sign_max(M) + 3e-4  # vectors leak more than signs ...
         assert min(np.abs(M).sum(), 4 * np.linalg.eigvalsh(M)[-1]) > ascent + 0.05  # < caps
     # a 5-cycle's max-cut form (known value): SDP (25 + 5 sqrt 5) / 8 > best signs 4
     L = nx.laplacian_matrix(nx.cycle_graph(5)).toarray() / 4.0
-    (upper,), (lower,) = network_dp.worst_case_shifts(L[None])
+    (upper,), (lower,) = views.worst_case_shifts(L[None])
     assert upper == pytest.approx((25 + 5 * math.sqrt(5)) / 8, abs=1e-8)
     assert lower == pytest.approx(upper, abs=1e-8) and upper > _sign_max(L) + 0.5
 
@@ -191,7 +191,7 @@ def test_exchanges_after_the_budget_and_late_messages_are_in_the_view_lost_ones_
     assert longer[9, 6] > during[9, 6] + 0.1  # 3 hops: seen only after the budget stopped u
     assert longer[9, 6] == pytest.approx(_brute_M(W, 1, 1, 9, 6, after=3)[0, 0], abs=1e-9)
     E = len(mixing.indices)
-    late, lost = network_dp.ViewTrace(), network_dp.ViewTrace()
+    late, lost = views.ViewTrace(), views.ViewTrace()
     for trace, is_late in ((late, True), (lost, False)):
         trace.step(np.arange(10))
         trace.exchange(np.zeros(E, dtype=bool), np.full(E, is_late))
@@ -298,9 +298,9 @@ def _brute_trace_Ms(trace, mixing, v, *, scales, decay) -> dict[int, np.ndarray]
     return {u: A[:, kept == u].T @ precision @ A[:, kept == u] for u in range(P) if u != v}
 
 
-def _recorded(monkeypatch) -> list[network_dp.ViewTrace]:
+def _recorded(monkeypatch) -> list[views.ViewTrace]:
     """The traces the runs after this call pass to :func:`network_dp.report`."""
-    traces: list[network_dp.ViewTrace] = []
+    traces: list[views.ViewTrace] = []
     report = network_dp.report
 
     def recording(trace, *args, **kwargs):
@@ -343,7 +343,7 @@ def test_a_churned_lossy_run_reports_the_exact_network_dp_of_its_realised_exchan
     for v in range(20):
         Ms = _brute_trace_Ms(trace, mixing, v, scales=scales, decay=1 - 0.5 * 0.01)
         for u, M in Ms.items():  # T <= 3: the signs are a lower value, the SDP's is exact
-            (upper,), (lower,) = network_dp.worst_case_shifts(M[None])
+            (upper,), (lower,) = views.worst_case_shifts(M[None])
             assert upper == pytest.approx(lower, abs=1e-9) and upper >= _sign_max(M) - 1e-9
             mu = ratio * math.sqrt(max(upper, 0.0))
             epsilon[u, v] = (
@@ -356,7 +356,7 @@ def test_a_churned_lossy_run_reports_the_exact_network_dp_of_its_realised_exchan
     decay = 1 - 0.5 * 0.01
     exact, _ = network_dp.view_coefficients(trace, mixing, scales=scales, decay=decay)
     for window in (1, 2):  # noises retired at events where some peer did not step
-        bound = network_dp.filtered_coefficients(
+        bound = network_dp_filter.filtered_coefficients(
             trace, mixing, scales=scales, decay=decay, window=window
         )
         off = ~np.eye(20, dtype=bool)
@@ -439,7 +439,7 @@ def test_the_reported_coefficient_is_the_certificate_not_the_feasible_point(monk
     certificate (upper) still bounds it. What ``view_coefficients`` reports must be the
     certificate: at least the optimum found independently (power ascent on the brute-force
     ``M``), and the note's gap says by how much the lower value differs."""
-    monkeypatch.setattr(network_dp, "_BARRIER_ROUNDS", 1)
+    monkeypatch.setattr(views, "_BARRIER_ROUNDS", 1)
     mixing = _mixing(GRAPHS["ring-10"])
     W = mixing.matrix().toarray()
     kappa, gap = network_dp.view_coefficients(
@@ -448,7 +448,7 @@ def test_the_reported_coefficient_is_the_certificate_not_the_feasible_point(monk
     assert gap > 1e-6  # a case where the two differ
     for u, v in [(1, 0), (9, 0), (4, 3)]:
         M = _brute_M(W, 4, 1, u, v)
-        (_,), (lower,) = network_dp.worst_case_shifts(M[None])
+        (_,), (lower,) = views.worst_case_shifts(M[None])
         optimum = _ascent(M)
         assert lower < optimum - 1e-5  # reporting the feasible point would understate
         assert kappa[u, v] >= optimum - 1e-9 and kappa[u, v] <= 4 + 1e-9
@@ -530,7 +530,7 @@ def test_the_filtered_bound_is_never_below_the_exact_value(name, solve, monkeypa
     within 1.5x of the exact ones. ``never``: every retired noise takes the cheap remainder
     bound (the covariance floor, as at 1,000 peers), none the view's own solve."""
     if solve == "never":
-        monkeypatch.setattr(network_dp, "RETIRE_SOLVE", math.inf)
+        monkeypatch.setattr(network_dp_filter, "RETIRE_SOLVE", math.inf)
     mixing = _mixing(BOUND_GRAPHS[name])
     P = mixing.n_peers
     scales = np.linspace(0.5, 1.5, P)
@@ -538,12 +538,12 @@ def test_the_filtered_bound_is_never_below_the_exact_value(name, solve, monkeypa
     for steps, gossip in BOUND_GRID:
         trace = _trace(mixing, steps, gossip)
         exact, _ = network_dp.view_coefficients(trace, mixing, scales=scales, decay=0.97)
-        bound = network_dp.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
+        bound = network_dp_filter.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
         off = ~np.eye(P, dtype=bool)
         assert np.isnan(bound[~off]).all()
         assert (bound[off] >= exact[off] - 1e-12).all(), (steps, gossip)  # exact's rounding
         assert (bound[off] <= steps + 1e-9).all()
-        if steps <= network_dp.filter_window(trace):  # nothing retired: only the certificate
+        if steps <= network_dp_filter.filter_window(trace):  # nothing retired: only the certificate
             assert (bound[off] <= 1.02 * exact[off] + 1e-9).all(), (steps, gossip)
         worst = max(worst, float((bound[off] - exact[off]).max()))
         if name in ("ring-10", "3-regular-14"):
@@ -627,16 +627,16 @@ def test_the_exchanges_carried_to_a_step_give_the_same_bound_dense_or_sparse(
     same to rounding and never below the exact value."""
     mixing = _mixing(nx.cycle_graph(30))
     P, rng = mixing.n_peers, generator(3, "carried")
-    trace = network_dp.ViewTrace()
+    trace = views.ViewTrace()
     for t in range(5):
         trace.step(np.delete(np.arange(P), [t]) if t % 2 else np.arange(P))
         for _ in range(1 + 2 * (t % 2)):
             delivered = rng.random(len(mixing.indices)) < 0.9
             trace.exchange(delivered, ~delivered & (rng.random(delivered.size) < 0.5))
     scales = np.linspace(0.5, 1.5, P)
-    reference = network_dp.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
-    monkeypatch.setattr(network_dp, "_DENSE_CARRY", dense_above)
-    bound = network_dp.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
+    reference = network_dp_filter.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
+    monkeypatch.setattr(network_dp_filter, "_DENSE_CARRY", dense_above)
+    bound = network_dp_filter.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
     exact, _ = network_dp.view_coefficients(trace, mixing, scales=scales, decay=0.97)
     off = ~np.eye(P, dtype=bool)
     np.testing.assert_allclose(bound[off], reference[off], rtol=1e-9, atol=1e-12)

@@ -72,8 +72,8 @@ from p2pdp.protocols import correlated_dp
 from p2pdp.protocols.correlated_dp import CorrelatedRun
 from p2pdp.protocols.iterative import DecentralizedSGD, StepPrivacy
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp import worst_case_shifts
 from p2pdp.protocols.peer_streams import PeerStreams
+from p2pdp.protocols.views import worst_case_shifts
 
 CORRELATED_PEERS = 6
 CORRELATED_ROUNDS = 8

@@ -37,8 +37,8 @@ from p2pdp.protocols.groups import model_bytes
 from p2pdp.protocols.iterative import StepPrivacy, applied_pair_noise, step_privacy
 from p2pdp.protocols.iterative_peer import GossipPeer, SynchronousPeer, make_peer
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp import ViewTrace
 from p2pdp.protocols.peer_streams import StreamSeeds
+from p2pdp.protocols.views import ViewTrace
 from p2pdp.sim.iterative import consensus_distance
 
 __all__ = [

@@ -255,14 +255,14 @@ def _run_rounds(
 ) -> tuple[Any, Any, Any]:
     """Run the protocol's rounds: ``(run, network, trace)``, ``network`` the network run (also
     ``run``) or None, ``trace`` the views of the run
-    (:class:`~p2pdp.protocols.network_dp.ViewTrace`) where a bound needs them, else None."""
+    (:class:`~p2pdp.protocols.views.ViewTrace`) where a bound needs them, else None."""
     from p2pdp.learning.evaluation import linear_error
-    from p2pdp.protocols import network_dp
+    from p2pdp.protocols import views
     from p2pdp.sim.iterative import run_iterative
 
     protocol = fold_run.protocol
     needs_trace = protocol.network_dp or protocol.pair_noise_multiplier > 0
-    trace = network_dp.ViewTrace() if needs_trace else None
+    trace = views.ViewTrace() if needs_trace else None
 
     def errors(models: np.ndarray) -> np.ndarray:
         return linear_error(models, data.X_test, data.y_test)
@@ -417,7 +417,7 @@ def _view_scales(config: ScenarioConfig, fold_run: _IterativeFold) -> tuple[np.n
 
 
 def _same_trace(trace: Any, expected: Any) -> bool:
-    """Whether two :class:`~p2pdp.protocols.network_dp.ViewTrace` recorded the same events."""
+    """Whether two :class:`~p2pdp.protocols.views.ViewTrace` recorded the same events."""
     if len(trace.events) != len(expected.events):
         return False
     for got, want in zip(trace.events, expected.events, strict=True):

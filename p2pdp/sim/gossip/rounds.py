@@ -45,8 +45,9 @@ take no simulated time: a round trip is one tick. How it compares with the refer
 Faults are not modelled here: a message is never lost and no peer goes offline, so a
 scenario with ``network.loss``, ``gossip.churn`` or a crash probability is refused with
 ``"rounds"`` and runs the reference with ``"auto"``. Under a constant latency the groups formed
-in rounds also skip the one-shot protocol's messages (:class:`~p2pdp.sim.waves.GroupBatches`,
-the world's batched driver: the same releases as their ``SUBMIT`` and ``PUBLISH`` messages).
+in rounds also skip the one-shot protocol's messages
+(:class:`~p2pdp.sim.group_batches.GroupBatches`, the world's batched driver: the same
+releases as their ``SUBMIT`` and ``PUBLISH`` messages).
 """
 
 from __future__ import annotations

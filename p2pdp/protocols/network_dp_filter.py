@@ -1,0 +1,449 @@
+"""The filtered upper bound of network DP, for views too large for the exact solver.
+
+Per view a Kalman filter over the peers' models, batched across views: the derivation, its
+guarantee and its cost are in :mod:`p2pdp.protocols.network_dp`'s docstring ("Large views: a
+certified upper bound"); :func:`filtered_coefficients` computes it and :func:`filter_work` its cost,
+which the report compares with :data:`p2pdp.protocols.network_dp.MAX_FILTER_WORK`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import numpy as np
+import scipy.sparse as sp
+
+from p2pdp.protocols.mixing import Mixing
+from p2pdp.protocols.views import ViewTrace, _certificate, _margin, worst_case_shifts
+
+#: Exchanges a noise stays tracked by :func:`filtered_coefficients` before its remaining
+#: influence is bounded (the bound's slack falls with it; the cost grows linearly): see
+#: :func:`filter_window`. Its views are filtered in batches of at most this many floats of state
+#: (``batch P (P + 3 window P + T (window + 1))``: 240 MB).
+FILTER_EXCHANGES = 10
+
+
+def filter_window(trace: ViewTrace) -> int:
+    """The default window of :func:`filtered_coefficients`: enough step events to span
+    :data:`FILTER_EXCHANGES` exchanges (``ceil(10 / K)`` for ``K`` exchanges a step), from 2 to
+    6 (the cost grows with it). With several exchanges a step a noise gives nearly all its
+    information within its own round (on 100 peers of degree 10 with 5 exchanges a step,
+    ~1e-5 of it after); with one it keeps arriving for many."""
+    steps = sum(isinstance(e, np.ndarray) for e in trace.events)
+    exchanges = sum(isinstance(e, tuple) for e in trace.events)
+    per_step = exchanges / max(steps, 1)
+    return int(min(6, max(2, math.ceil(FILTER_EXCHANGES / max(per_step, 1e-9)))))
+
+
+_FILTER_FLOATS = 30_000_000
+
+
+#: A retired noise whose cheap remainder bound (:func:`_remainder`) exceeds this in a view
+#: has it recomputed from that view's covariance (a solve, ``P^3``): few exchanges a step
+#: (D-PSGD), where a noise keeps telling for many exchanges after the window. With several
+#: (Muffliato's 5, degree 10) the cheap bound is ~1e-7 (100 peers) to ~4e-6 (200): no solve.
+RETIRE_SOLVE = 1e-5
+
+
+def filtered_coefficients(
+    trace: ViewTrace,
+    mixing: Mixing,
+    *,
+    scales: np.ndarray,
+    decay: float,
+    window: int | None = None,
+) -> np.ndarray:
+    """An upper bound on every ``kappa[u, v]`` from a Kalman filter over the models.
+
+    Per view ``v`` (in batches) the filter tracks the covariance ``Sigma`` (P, P) of the
+    models given what ``v`` has read so far, and the filter error's response ``E`` to the
+    noises of the last ``window`` step events; each message ``v`` reads is an exact
+    observation. Its whitened innovations ``z = D^-1/2 U^T (H x - H x_hat)`` are an
+    orthonormal basis of ``v``'s view, so ``M_u = sum_k Z_k[:, u]^T Z_k[:, u]`` (``Z_k``: the
+    innovation's response to each noise): tracked exactly while a noise is in the window
+    (``M_act``), bounded after it leaves:
+
+    * **Remainder of a retired noise** ``j`` (column ``e_j`` of ``E``, retired right after a
+      step event's injection, at ``tau``): the later rows are functions of the models
+      ``x(tau)`` and of later noises, independent of ``n_j``, so the information they add,
+      ``r_j = sum_{k > tau} ||Z_k[:, j]||^2 = Var(n_j | y_<=tau) - Var(n_j | y)``, is at most
+      what revealing ``x(tau)`` would add: ``e_j^T Sigma^+ e_j``. Right after the step,
+      ``Sigma`` is the fresh noise just injected, ``D = diag(s_i^2)`` (independent of the
+      view so far and of ``n_j``; 0 at ``v``, which knows its own noise, where ``e_j[v] = 0``:
+      ``v`` knows its own model), plus the older uncertainty, which is at least the part
+      ``n_j`` explains, ``e_j e_j^T / s`` (``s = Var(n_j | y_<=tau)``, 1 minus what ``n_j``
+      has told so far, tracked exactly in the window). So ``Sigma >= D + e_j e_j^T / s`` and,
+      as ``e^T Sigma^+ e = sup_w 2 w.e - w^T Sigma w`` falls as ``Sigma`` grows,
+      ``r_j <= q s / (q + s)`` with ``q = e_j^T D^+ e_j`` (Sherman-Morrison): ``P`` operations
+      a noise, the same floor ``D`` for every view (:func:`_remainder`; ``s`` alone where a
+      peer that did not step leaves ``e_j`` outside the range of ``D``). Where that exceeds
+      :data:`RETIRE_SOLVE` (few exchanges a step: a noise keeps telling long after the
+      window) and every peer but ``v`` has stepped, ``e_j^T Sigma^+ e_j`` is computed with
+      the view's ``Sigma`` on the peers but ``v`` (>= ``D``: invertible, well conditioned; a
+      solve, ``P^3`` a view) and the smaller of it and ``s`` is used.
+    * **The coefficient**: write ``u``'s responses as ``a_k = a_k^act + a_k^ret`` (entries
+      of its noises in / out of the window at row ``k``). By Minkowski's inequality, for
+      unit ``c_t``,
+      ``sqrt(sum_k ||sum_t a_kt c_t||^2) <= sqrt(c^T M_act c) + sum_t sqrt(r_t)``, so
+      ``kappa <= (sqrt(kappa(M_act)) + sum_t sqrt(r_t))^2``, with ``kappa(M_act)`` bounded
+      by certificates (:func:`_certificate`).
+      Also ``kappa <= T_u`` (``M <= I``). Every step only enlarges: the result is an upper
+      bound of the exact value of :func:`view_coefficients`.
+
+    **How it is computed** (the same filter, in fewer operations). No noise enters between two
+    step events, so the models after the exchanges since the last one, at ``tau``, are
+    ``C x(tau)`` (``C`` the product of those exchanges' matrices, one for all views): reading
+    ``H x`` is reading ``(H C) x(tau)``, filtered in ``tau``'s coordinates. A view's
+    covariance is never formed: it is ``Sigma = base - F F^T - R R^T``, ``base`` the models'
+    covariance before any reading (every noise; shared by the views and computed once,
+    :func:`_shared_states`), ``F`` and ``R`` the view's gains (each reading removes
+    ``g g^T``; ``v``'s own noises are columns ``s_v e_v``, which remove their variance), ``F``
+    those of the innovations that respond to a noise of the window. A reading costs
+    ``d P^2`` (``(H C) base``, one product for the batch) plus ``d P`` per gain, and the gains
+    move to the present once, at the next step event (``C F``, ``C R``: ``P^2`` per gain,
+    not ``2 P^3`` for ``C Sigma C^T``); ``R``, whose ``R R^T`` has rank at most ``P``, is
+    replaced by a ``P``-column factor (QR) once it has more columns. ``E`` is never formed:
+    it is the window's noises' response before any reading (shared by the views) minus
+    ``F Z_kept`` (an innovation before a noise does not respond to it), and ``M_act`` is a
+    band (two steps of ``u`` in the window are under ``window`` apart).
+
+    Parameters: as :func:`view_coefficients`, plus ``window`` (default
+    :func:`filter_window`). Returns the (P, P) upper bounds (the diagonal NaN), each raised
+    by :func:`_margin` above the rounding of the arithmetic.
+    """
+    window = filter_window(trace) if window is None else window
+    n, L = mixing.n_peers, window
+    scales = np.asarray(scales, dtype=float)
+    steps = [e for e in trace.events if isinstance(e, np.ndarray)]
+    counts = np.bincount(np.concatenate(steps), minlength=n) if steps else np.zeros(n, int)
+    T = int(counts.max(initial=0))
+    senders, receivers = mixing.indices, mixing.receivers
+    kappa = np.full((n, n), np.nan)
+    pending: dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = {}
+    shared = _shared_states(trace, mixing, scales=scales, decay=decay, window=L)
+    innovations = _window_innovations(trace, mixing, L)
+    per_view = n * (2 * n + innovations + T * (L + 1)) + innovations * L * n
+    batch = max(1, min(n, _FILTER_FLOATS // max(1, per_view)))
+    u_all = np.arange(n)
+    for lo in range(0, n, batch):
+        views = np.arange(lo, min(n, lo + batch))
+        B, rows_b = views.size, np.arange(views.size)
+        others = np.array([np.delete(u_all, v) for v in views.tolist()])  # (B, n - 1)
+        # view-major. The covariance of the models x(tau) right after the last step event
+        # given what view b has read is never formed: it is base - F[b] F[b]^T - R[b] R[b]^T,
+        # base the models' covariance before any reading (every noise, shared by the views),
+        # F[b] and R[b] the gains of its innovations (the models' covariance with each
+        # whitened innovation: each reading removes gain gain^T) and v's own noises (v knows
+        # them: a column scales[v] e_v each, which removes their variance). F holds the gains
+        # of the innovations that respond to a noise of the window, R the others.
+        # The exchanges since tau are carried as one matrix (x = carry x(tau)), applied at the
+        # next step event: an exchange's observation H x = (H carry) x(tau) is filtered in
+        # tau's coordinates (no noise enters between).
+        # The filter error's response to the noise of peer i held in slot l is
+        # E[b, :, l n + i] = prior[:, l n + i] - F[b] @ Z_kept[b][:, l n + i] (never formed):
+        # prior, the models' response before any reading (shared by the views); Z_kept, the
+        # kept innovations' responses.
+        prior = np.zeros((n, L * n))
+        F = np.zeros((B, n, 0))
+        R = np.zeros((B, n, 0))
+        Z_kept = np.zeros((B, 0, L * n))
+        own = np.add.outer(np.arange(L) * n, views).T  # (B, L): v's own noises' columns
+        carry: np.ndarray | None = None  # None: no exchange since tau (the identity)
+        step_of = np.full((L, n), -1)  # which of i's steps slot l holds (-1: none)
+        # M_act[b, u, s, k]: the entry (s, s + k) of u's M_act (two steps of u in the window
+        # at once are at most L - 1 apart: a band)
+        M_act = np.zeros((B, n, T, L))
+        remainder = np.zeros((B, n, T))
+        taken = np.zeros(n, dtype=np.int64)
+        slot = 0
+        matrices: dict[bytes, sp.csr_array] = {}  # the last exchange's W_delta
+        events = iter(shared)
+        variances = np.zeros((B, n))
+        for event in trace.events:
+            if isinstance(event, np.ndarray):
+                if carry is not None:
+                    F, R = _left(carry, F), _left(carry, R)
+                    carry = None
+                base, prior = next(events)  # moved, decayed, the step's noise in base
+                peers = event
+                F[:, peers, :] *= decay
+                R[:, peers, :] *= decay
+                fresh = np.zeros((B, n))
+                fresh[:, peers] = scales[peers] ** 2
+                fresh[rows_b, views] = 0.0  # v knows its own noise
+                stepping = np.flatnonzero(np.isin(views, peers))
+                if stepping.size:  # its variance leaves v's covariance
+                    known = np.zeros((B, n, 1))
+                    known[stepping, views[stepping], 0] = scales[views[stepping]]
+                    R = np.concatenate([R, known], axis=2)
+                old = np.flatnonzero(step_of[slot] >= 0)
+                if old.size:  # retire the oldest slot's noises: bound what they can still tell
+                    seen = _errors(prior, F, Z_kept, own, slot * n + old, others)
+                    floor = fresh[rows_b[:, None], others]  # Sigma >= diag(floor)
+                    left = np.maximum(1.0 - M_act[:, old, step_of[slot, old], 0], 0.0)
+                    bound = _remainder(seen, floor, left)
+                    loose = np.flatnonzero(
+                        (bound.max(axis=1, initial=0.0) > RETIRE_SOLVE) & (floor > 0).all(axis=1)
+                    )
+                    if loose.size:  # Sigma on the peers but v, exactly (P^3 per view)
+                        rows = others[loose]
+                        cov = _covariance(base, F[loose], R[loose])
+                        inner = cov[
+                            np.arange(loose.size)[:, None, None], rows[:, :, None], rows[:, None, :]
+                        ]
+                        solved = np.linalg.solve(inner, seen[loose])
+                        exact = np.einsum("bik,bik->bk", seen[loose], solved)
+                        bound[loose] = np.minimum(bound[loose], np.minimum(exact, left[loose]))
+                    remainder[:, old, step_of[slot, old]] = np.maximum(bound, 0.0)
+                prior = _new_slot(prior, peers, slot, scales)
+                Z_kept[:, :, slot * n : (slot + 1) * n] = 0.0  # earlier readings: no response
+                responding = np.abs(Z_kept).max(axis=(0, 2), initial=0.0) > 0
+                R = np.concatenate([R, F[:, :, ~responding]], axis=2)
+                F, Z_kept = F[:, :, responding], Z_kept[:, responding]
+                if R.shape[2] > n:  # R R^T has rank <= P: keep P columns with its product
+                    R = _square_root(R)
+                # the models' variances given the view: the scale of a reading's precision
+                variances = np.diagonal(base)[None] - (F**2).sum(axis=2) - (R**2).sum(axis=2)
+                step_of[slot] = -1
+                step_of[slot, peers] = taken[peers]
+                taken[peers] += 1
+                slot = (slot + 1) % L
+                continue
+            delivered, late = event
+            seen_edges = delivered | late
+            lists = [senders[seen_edges & (receivers == v)] for v in views.tolist()]
+            d = max(len(x) for x in lists)
+            if d:
+                index = np.zeros((B, d), dtype=np.int64)
+                mask = np.zeros((B, d), dtype=bool)
+                for b, x in enumerate(lists):
+                    index[b, : len(x)], mask[b, : len(x)] = x, True
+                if carry is None:  # H x(tau): rows of Sigma and of the error's response
+                    HF = np.take_along_axis(F, index[:, :, None], axis=1)
+                    HR = np.take_along_axis(R, index[:, :, None], axis=1)
+                    HS = base[index] - HF @ F.transpose(0, 2, 1) - HR @ R.transpose(0, 2, 1)
+                    HS *= mask[:, :, None]  # (B, d, n)
+                    S = np.take_along_axis(HS, index[:, None, :].repeat(d, axis=1), axis=2)
+                    HE = _errors(prior, F, Z_kept, own, slice(None), index) * mask[:, :, None]
+                else:  # H carry x(tau)
+                    H = carry[index] * mask[:, :, None]  # (B, d, n)
+                    HF, HR = H @ F, H @ R
+                    HS = (H.reshape(B * d, n) @ base).reshape(B, d, n)
+                    HS -= HF @ F.transpose(0, 2, 1) + HR @ R.transpose(0, 2, 1)
+                    S = HS @ H.transpose(0, 2, 1)
+                    moved = (H.reshape(B * d, n) @ prior).reshape(B, d, L * n)
+                    HE = _errors(moved, HF, Z_kept, own, slice(None), None)
+                w, U = np.linalg.eigh(S * mask[:, None, :] * mask[:, :, None])
+                scale = np.maximum(variances.max(axis=1), 1e-300)
+                keep = w > 1e-10 * scale[:, None]
+                white = U * np.where(keep, 1.0 / np.sqrt(np.where(keep, w, 1.0)), 0.0)[:, None]
+                gain = HS.transpose(0, 2, 1) @ white  # (B, n, d): Cov(x(tau) error, z)
+                Z = white.transpose(0, 2, 1) @ HE  # (B, d, L n): z's response to each noise
+                Z4 = Z.reshape(B, d, L, n)
+                pairs = np.einsum("brlu,brmu->bulm", Z4, Z4)  # (B, n, L, L)
+                for a in range(L):
+                    for c in range(L):
+                        apart = step_of[c] - step_of[a]
+                        both = np.flatnonzero((step_of[a] >= 0) & (step_of[c] >= 0) & (apart >= 0))
+                        M_act[:, both, step_of[a, both], apart[both]] += pairs[:, both, a, c]
+                F = np.concatenate([F, gain], axis=2)
+                Z_kept = np.concatenate([Z_kept, Z], axis=1)
+                variances -= (gain**2).sum(axis=2)
+            key = delivered.tobytes()
+            if key not in matrices:  # few patterns: every message delivered, mostly
+                matrices = {key: mixing.matrix(delivered)}
+            W = matrices[key]
+            carry = W.toarray() if carry is None else W @ carry
+        for b, v in enumerate(views.tolist()):
+            for T_u in np.unique(counts).tolist():
+                same = np.flatnonzero((counts == T_u) & (u_all != v))
+                if not same.size:
+                    continue
+                if T_u == 0:
+                    kappa[same, v] = 0.0
+                    continue
+                M = _banded(M_act[b, same][:, :T_u], T_u)
+                active, hard = _certificate(M)
+                tail = np.sqrt(remainder[b, same, :T_u]).sum(axis=1)
+                kappa[same, v] = np.minimum(_margin((np.sqrt(active) + tail) ** 2), T_u)
+                if hard.size:  # solved below, all views' at once
+                    pending.setdefault(T_u, []).append((M[hard], same[hard], v, tail[hard]))
+    for parts in pending.values():  # the semidefinite program where the caps are loose
+        value, _ = worst_case_shifts(np.concatenate([p[0] for p in parts]))
+        start = 0
+        for _, us, v, tail in parts:
+            better = _margin((np.sqrt(np.maximum(value[start : start + us.size], 0.0)) + tail) ** 2)
+            kappa[us, v] = np.minimum(kappa[us, v], better)
+            start += us.size
+    return kappa
+
+
+#: Above this fraction of nonzero entries the exchanges carried to a step event are applied
+#: as a dense matrix (BLAS), below it as a sparse one (one exchange of a sparse overlay).
+_DENSE_CARRY = 0.1
+
+
+def _errors(
+    prior: np.ndarray,
+    F: np.ndarray,
+    Z_kept: np.ndarray,
+    own: np.ndarray,
+    columns: np.ndarray | slice,
+    rows: np.ndarray | None,
+) -> np.ndarray:
+    """The filter error's response to the window's noises, ``prior - F Z_kept``, of a batch
+    of views: its ``rows`` (B, r) of each view (``None``: ``prior`` (B, r, L P) and ``F``
+    (B, r, m) are already those rows) and ``columns`` of the noises; a view's own noises
+    (``own`` (B, L), their columns) respond 0 (not unknown to it)."""
+    B = F.shape[0]
+    picked = np.zeros((B, prior.shape[-1]), dtype=bool)
+    picked[np.arange(B)[:, None], own] = True
+    prior = prior[..., columns]
+    if rows is not None:
+        prior, F = prior[rows], np.take_along_axis(F, rows[:, :, None], axis=1)
+    errors = prior - F @ Z_kept[..., columns]
+    unknown = ~picked[:, columns]
+    return errors * unknown[:, None, :]
+
+
+def _remainder(errors: np.ndarray, floor: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """Upper values of what revealing the models would add about retired noises, for a
+    batch, without factorising a view's covariance.
+
+    Parameters
+    ----------
+    errors : (B, r, k) array
+        ``e``: the filter error's response to each of k unit-variance noises on r peers,
+        ``Cov(x, n_j | view)``.
+    floor : (B, r) array
+        The variances the r peers have just injected (independent of the view and of the
+        retired noises): ``Sigma >= diag(floor) = D``.
+    left : (B, k) array
+        ``s_j = Var(n_j | view) = 1 - (what n_j has told so far)``.
+
+    Returns
+    -------
+    (B, k): ``q s / (q + s)`` with ``q = e^T D^+ e`` (``s`` where ``e`` leaves the range of
+    ``D``: a peer that did not step). ``Sigma`` is the fresh noise plus the older
+    uncertainty, and the latter is at least the part ``n_j`` explains, ``e e^T / s``, so
+    ``Sigma >= D + e e^T / s`` and (Sherman-Morrison) ``e^T Sigma^+ e <= q s / (q + s)``:
+    at most ``min(q, s)``. (``e^T Sigma^+ e = sup_w 2 w.e - w^T Sigma w`` decreases as
+    ``Sigma`` grows.)
+    """
+    stepped = floor > 0
+    quotient = np.where(stepped, 1.0 / np.where(stepped, floor, 1.0), 0.0)
+    q = np.einsum("brk,br->bk", errors**2, quotient)
+    outside = np.abs(errors * ~stepped[:, :, None]).max(axis=1, initial=0.0) > 0
+    combined = q * left / np.maximum(q + left, 1e-300)
+    return np.where(outside, left, combined)
+
+
+def _shared_states(
+    trace: ViewTrace, mixing: Mixing, *, scales: np.ndarray, decay: float, window: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """What :func:`filtered_coefficients` shares between its views at each step event, once
+    for all its batches: ``base`` (P, P), the models' covariance before any reading (every
+    noise so far, the step's included), and ``prior`` (P, window P), the models' response to
+    the window's noises (the step's slot not yet renewed), both right after the step's decay
+    (2 P^3 + window P^3 each, instead of that for each batch)."""
+    n = mixing.n_peers
+    base, prior = np.zeros((n, n)), np.zeros((n, window * n))
+    carry: np.ndarray | None = None
+    states: list[tuple[np.ndarray, np.ndarray]] = []
+    matrices: dict[bytes, sp.csr_array] = {}
+    slot = 0
+    for event in trace.events:
+        if isinstance(event, np.ndarray):
+            if carry is not None:
+                base = _left(carry, _left(carry, base).T)  # carry base carry^T
+                prior, carry = _left(carry, prior), None
+            base[event, :] *= decay
+            base[:, event] *= decay
+            base[event, event] += scales[event] ** 2
+            prior[event] *= decay
+            states.append((base.copy(), prior.copy()))
+            prior = _new_slot(prior, event, slot, scales)
+            slot = (slot + 1) % window
+            continue
+        key = event[0].tobytes()
+        if key not in matrices:
+            matrices = {key: mixing.matrix(event[0])}
+        carry = matrices[key].toarray() if carry is None else matrices[key] @ carry
+    return states
+
+
+def _new_slot(prior: np.ndarray, peers: np.ndarray, slot: int, scales: np.ndarray) -> np.ndarray:
+    """``prior`` (P, window P) with slot ``slot`` holding the step's noises of ``peers`` (a
+    copy: the step's shared state stays as it was)."""
+    n = prior.shape[0]
+    prior = prior.copy()
+    prior[:, slot * n : (slot + 1) * n] = 0.0
+    prior[peers, slot * n + peers] = -scales[peers]
+    return prior
+
+
+def _left(carry: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """``carry @ X`` for a (P, P) matrix and ``X`` (P, C) or a batch (B, P, C): the state moved
+    from the last step event to now through the exchanges since, as a dense matrix (BLAS) or
+    a sparse one by ``carry``'s density."""
+    if np.count_nonzero(carry) > _DENSE_CARRY * carry.size:
+        return np.matmul(carry, X)
+    sparse = sp.csr_array(carry)
+    if X.ndim == 2:
+        return sparse @ X
+    B, P, C = X.shape
+    out = sparse @ X.transpose(1, 0, 2).reshape(P, B * C)
+    return np.ascontiguousarray(out.reshape(P, B, C).transpose(1, 0, 2))
+
+
+def _covariance(base: np.ndarray, F: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """The views' covariances ``base - F F^T - R R^T`` (B, P, P) (see
+    :func:`filtered_coefficients`)."""
+    return base[None] - F @ F.transpose(0, 2, 1) - R @ R.transpose(0, 2, 1)
+
+
+def _square_root(R: np.ndarray) -> np.ndarray:
+    """(B, P, P) factors with the same ``R R^T`` as ``R`` (B, P, C), ``C > P``: ``T^T`` of the
+    QR decomposition ``R^T = Q T`` (``R R^T = T^T Q^T Q T = T^T T``; ``C P^2`` a view)."""
+    upper = cast(np.ndarray, np.linalg.qr(R.transpose(0, 2, 1), mode="r"))
+    return upper.transpose(0, 2, 1)
+
+
+def _banded(band: np.ndarray, T: int) -> np.ndarray:
+    """The symmetric (k, T, T) matrices whose entries ``(s, s + j)`` are ``band[:, s, j]``
+    (zero beyond the band)."""
+    M = np.zeros((band.shape[0], T, T))
+    s = np.arange(T)
+    for j in range(min(band.shape[-1], T)):
+        M[:, s[: T - j], s[j:]] = band[:, : T - j, j]
+        M[:, s[j:], s[: T - j]] = band[:, : T - j, j]
+    return M
+
+
+def _window_innovations(trace: ViewTrace, mixing: Mixing, window: int) -> int:
+    """About the most innovations of a view that respond to a noise of the window (the
+    columns of ``F`` in :func:`filtered_coefficients`): the readings of ``window + 1``
+    step events' exchanges, each of up to the largest in-degree."""
+    steps = sum(isinstance(e, np.ndarray) for e in trace.events)
+    exchanges = sum(isinstance(e, tuple) for e in trace.events)
+    received = int(np.bincount(mixing.receivers, minlength=mixing.n_peers).max(initial=0))
+    return (window + 1) * math.ceil(exchanges / max(steps, 1)) * received
+
+
+def filter_work(trace: ViewTrace, mixing: Mixing, window: int | None = None) -> int:
+    """The size :data:`MAX_FILTER_WORK` limits (multiply-adds of :func:`filtered_coefficients`,
+    counted without running it), over the ``P`` views: each exchange's reading, ``d`` rows
+    (the largest in-degree) against the shared covariance and window responses,
+    ``d (window + 1) P^2``; each step event's moves of the gains (at most ``P`` columns of
+    old ones, ``R``: a step event's new gains each step so far, and the window's, ``F``) and
+    the retirement's error responses, ``P^2 (R + 2 F)``."""
+    window = filter_window(trace) if window is None else window
+    n = mixing.n_peers
+    steps = sum(isinstance(e, np.ndarray) for e in trace.events)
+    exchanges = sum(isinstance(e, tuple) for e in trace.events)
+    received = int(np.bincount(mixing.receivers, minlength=n).max(initial=0))
+    innovations = _window_innovations(trace, mixing, window)
+    per_step = math.ceil(exchanges / max(steps, 1)) * received + 1  # new gains a step event
+    old = sum(min(n, s * per_step) for s in range(1, steps + 1))
+    return n**2 * (exchanges * received * (window + 1) * n + n * old + 2 * steps * innovations * n)

@@ -1,0 +1,235 @@
+"""Gossip groups formed in rounds, run in batches: the one-shot protocol of many groups at once.
+
+Where every observer of a gossip run is told of releases after the fact (``world.told_after``),
+a batch of groups formed in rounds skips the one-shot messages: its members are charged at once
+(:meth:`p2pdp.protocols.oneshot.Curator.wave`, the decision of the protocol) and its releases
+are made a chunk at a time, as the central sampler's :func:`p2pdp.sim.waves.run_waves` does,
+with the same noise in the same order as the per-message world.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from p2pdp.protocols.groups import Group
+from p2pdp.protocols.oneshot import Charge
+from p2pdp.sim.transport import Environment
+from p2pdp.sim.waves import _CHUNK, BatchedWorld, _formed_in_rounds, _release_models, _Sensitivities
+
+if TYPE_CHECKING:
+    from p2pdp.sim.gossip.sampler import GossipSampler
+
+
+class _Batch:
+    """Groups started one after another, with nothing scheduled in between, whose curators
+    collect at the same instant ``at`` (``mark``: ``env.scheduled`` after its event)."""
+
+    __slots__ = ("at", "groups", "mark")
+
+    def __init__(self, at: float, mark: int) -> None:
+        self.at = at
+        self.mark = mark
+        self.groups: list[Group] = []
+
+
+class GroupBatches:
+    """The batched driver of groups a decentralised sampler agreed on: per batch of one
+    instant, not per message (the gossip sampler forming its groups in rounds).
+
+    In the SimPy world such a group (:meth:`World.start_group
+    <p2pdp.sim.world.World.start_group>` with ``announce=False``) costs a ``SUBMIT`` event per
+    other member, the curator's collection event, and a ``PUBLISH`` event per other member.
+    On a world :func:`batched_obstacle` accepts (constant latency ``L``, bandwidth ``B``, no
+    loss, no churn or crash, no training time, plaintext), every ``SUBMIT`` of a group
+    started at ``T`` reaches its curator at ``T + D`` (``D = L + M/B``; a group of one is ready
+    at ``T``) and every ``PUBLISH`` of a release at ``C`` its member at ``C + D``. Groups
+    started one after another at ``T`` with nothing scheduled in between (a tick's groups)
+    therefore form a run of consecutive events at ``T + D`` in SimPy's queue, and their
+    collections a run of consecutive events after them: :meth:`start` gives such a batch
+    one event where the first ``SUBMIT`` would be, and that event collects the whole batch
+    in order, at once when no other event shares its instant, else from one event scheduled
+    then (where the first collection would be). Releases therefore happen in the SimPy
+    world's order, ties included, and draw the same noise.
+
+    Collecting a group does what :meth:`World.collected <p2pdp.sim.world.World.collected>`
+    does, in the same order: charge the members (:meth:`BudgetLedger.spend
+    <p2pdp.privacy.accounting.BudgetLedger.spend>`), draw the noise through the one release
+    path (:class:`~p2pdp.privacy.release.Releaser`'s stream and record), log the release, tell
+    the observers and publish; then the batch's groups end (:meth:`World.finish_group
+    <p2pdp.sim.world.World.finish_group>`), the sampler taking their members back in one call
+    (:meth:`GossipSampler.groups_finished
+    <p2pdp.sim.gossip.sampler.GossipSampler.groups_finished>`: same state, same draws) at the
+    instant they would be freed, after the batch's releases (an observer reading the
+    formation's state, not the world's, during a batch's releases would see the difference).
+    The exact aggregates are summed ``_CHUNK`` releases at a time (:func:`_release_models`, same
+    order per group as :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`): call
+    :meth:`flush` after the run. Where every observer can be told of the releases after the
+    fact (``world.told_after``, as in :func:`run_waves`), a batch's curators decide and charge
+    its members at once (:meth:`Curator.wave <p2pdp.protocols.oneshot.Curator.wave>`: the
+    batch's members are distinct, each in one group), and the rest of each release
+    (sensitivity, noise, record, release log, ``released_many``) is made with its aggregate,
+    ``_CHUNK`` releases at a time, drawing the same noise in the same order
+    (:meth:`NoiseStream.draw_many <p2pdp.privacy.release.NoiseStream.draw_many>`: nothing
+    else draws from that stream meanwhile). Group publication appends the members' receipts from one
+    event per batch at ``C + D``; a full publication reaches every peer (all online), which
+    the SimPy world records as no receipt, so it schedules nothing. The transport's counters
+    are those the messages would have added.
+    """
+
+    def __init__(self, world: BatchedWorld) -> None:
+        config = world.config
+        self.world = world
+        assert isinstance(world.env, Environment)  # a constant latency (batched_obstacle)
+        self.env = world.env  # it counts the events it schedules
+        self.group_size = g = config.groups.group_size
+        self.full = world.curator.everyone
+        network = config.network
+        # Transport.delay of one model-sized message (SUBMIT, PUBLISH)
+        self.delay = float(network.latency_mean) + world.model_bytes / network.bandwidth
+        self._collect_after = self.delay if g > 1 else 0.0  # a group of one is ready at once
+        self._open: _Batch | None = None
+        self._scale = _Sensitivities(world.sensitivity)
+        self._rows: list[list[int]] = []  # each pending release's rows: curator, then members
+        self._noises: list[np.ndarray] = []
+        self._sizes = world.shard_sizes.tolist()
+        # told after the fact: each pending release's members, collection instant, group id
+        self._deferred = world.told_after
+        self._members: list[np.ndarray] = []
+        self._where: list[tuple[float, int, int]] = []
+        assert _formed_in_rounds(world)  # the one sampler batched here (batched_obstacle)
+        self._finished = cast("GossipSampler", world.sampler).groups_finished
+
+    def start(self, members: np.ndarray, curator: int) -> Group:
+        """Start the group ``members`` (distinct ids, ``curator`` among them) agreed on."""
+        world, env = self.world, self.env
+        group = Group(world._next_group, members, curator, started=env.now)
+        world._next_group += 1
+        world.groups[group.group_id] = group
+        for observer in world.observers:
+            observer.group_started(world, group)
+        at = env.now + self._collect_after  # when SimPy would schedule its first event
+        batch = self._open
+        if batch is None or batch.at != at or batch.mark != env.scheduled:
+            batch = _Batch(at, 0)
+            env.timeout(self._collect_after).callbacks.append(lambda _: self._arrived(batch))
+            batch.mark = env.scheduled
+            self._open = batch
+        batch.groups.append(group)
+        return group
+
+    def _arrived(self, batch: _Batch) -> None:
+        """The batch's ``SUBMIT`` s are in (a group of one: its statistic is): collect now if
+        no other event shares this instant, else where the first collection's event would be."""
+        env = self.env
+        if self._open is batch:
+            self._open = None
+        if self.group_size == 1 or env.peek() > env.now:
+            self._collect(batch)
+        else:
+            env.timeout(0).callbacks.append(lambda _: self._collect(batch))
+
+    def _collect(self, batch: _Batch) -> None:
+        """Every curator of ``batch`` collects, in order (:meth:`World.collected`)."""
+        world, full = self.world, self.full
+        receipts = world.receipts
+        members_receipts: list[tuple[int, int]] = []
+        if self.group_size > 1 and not full:  # where the first PUBLISH's event would be
+            later = self.env.timeout(self.delay)
+            later.callbacks.append(lambda _: receipts.extend(members_receipts))
+        collect = self._collect_deferred if self._deferred else self._collect_each
+        collect(batch.groups, members_receipts)
+        for group in batch.groups:  # World.finish_group, the sampler's part at once
+            del world.groups[group.group_id]
+            world.monitor.notify(published=True)
+        self._finished(batch.groups)
+        if len(self._rows) >= _CHUNK:
+            self.flush()
+
+    def _collect_each(self, groups: list[Group], members_receipts: list[tuple[int, int]]) -> None:
+        """Each group's release made now, in order: charge, noise, record, observers."""
+        world, full = self.world, self.full
+        ledger, releaser, collect = world.ledger, world.releaser, world.curator.collect
+        sizes, scale_of, observers = self._sizes, self._scale, world.observers
+        draw, record = releaser.noise.draw, releaser.record
+        g = self.group_size
+        for group in groups:
+            curator, members = group.curator, group.members.tolist()
+            order = [curator, *(m for m in members if m != curator)]
+            group.submitted, group.sizes = order, [sizes[m] for m in order]
+            # the curator's decision (every member online here: charge, release, publish)
+            charge = collect(group)[0]
+            assert isinstance(charge, Charge)
+            ledger.spend(charge.members)  # charged before the noise is drawn
+            scale = scale_of(group.sizes)
+            noise = draw(scale)
+            release = record(g, group.sizes, scale, math.sqrt(float(noise @ noise)))
+            index = len(world.releases)
+            world.releases.append(release)
+            world.release_members.append(group.members)
+            self._rows.append(order)
+            self._noises.append(noise)
+            for observer in observers:
+                observer.released(world, group, release)
+            world.shared.append(full)
+            self._receipts(curator, order, index, members_receipts)
+
+    def _collect_deferred(
+        self, groups: list[Group], members_receipts: list[tuple[int, int]]
+    ) -> None:
+        """The batch's curators charge its members at once; the releases wait for
+        :meth:`flush` (their noise is drawn there, in the same order)."""
+        world = self.world
+        flat = [member for group in groups for member in group.members.tolist()]
+        charge = world.curator.wave(flat)  # every curator online, every member distinct
+        world.ledger.spend(charge.members)  # charged before any noise is drawn
+        now = float(self.env.now)
+        index = len(world.releases) + len(self._rows)  # the batch's first release
+        for group in groups:
+            curator, members = group.curator, group.members.tolist()
+            order = [curator, *(m for m in members if m != curator)]
+            group.ended = True
+            self._rows.append(order)
+            self._members.append(group.members)
+            self._where.append((now, group.group_id, curator))
+            self._receipts(curator, order, index, members_receipts)
+            index += 1
+
+    def _receipts(
+        self, curator: int, order: list[int], index: int, members: list[tuple[int, int]]
+    ) -> None:
+        """Group publication: the curator holds release ``index`` now, its other members
+        (``order[1:]``) once the ``PUBLISH`` arrives (appended to ``members``)."""
+        if not self.full:
+            self.world.receipts.append((curator, index))
+            members.extend((member, index) for member in order[1:])
+
+    def flush(self) -> None:
+        """Publish the releases collected so far (their exact aggregates plus their noise);
+        made first where they were deferred."""
+        if not self._rows:
+            return
+        if self._deferred:
+            self._make_deferred()
+        _release_models(self.world, self._rows, self._noises, full=self.full)
+
+    def _make_deferred(self) -> None:
+        """The pending releases' sensitivities, noise (in release order), records, release
+        log and observers' ``released_many``, as :func:`run_waves` makes a chunk."""
+        world, releaser, g = self.world, self.world.releaser, self.group_size
+        sizes = world.shard_sizes[np.array(self._rows, dtype=np.int64)]  # (n, g), row order
+        scales = [self._scale(row) for row in sizes.tolist()]
+        noise = releaser.noise.draw_many(scales)
+        norms = [math.sqrt(float(row @ row)) for row in noise]
+        records = releaser.records(g, sizes.min(axis=1).tolist(), scales, norms)
+        world.releases.extend(records)
+        world.release_members.extend(np.stack(self._members))
+        world.shared.extend([self.full] * len(records))
+        times, group_ids, curators = (list(column) for column in zip(*self._where, strict=True))
+        for observer in world.observers:
+            observer.released_many(world, times, group_ids, curators, records)
+        self._noises.extend(noise)
+        self._members.clear()
+        self._where.clear()
