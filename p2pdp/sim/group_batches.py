@@ -16,8 +16,9 @@ import numpy as np
 
 from p2pdp.protocols.groups import Group
 from p2pdp.protocols.oneshot import Charge
+from p2pdp.sim import waves
 from p2pdp.sim.transport import Environment
-from p2pdp.sim.waves import _CHUNK, BatchedWorld, _formed_in_rounds, _release_models, _Sensitivities
+from p2pdp.sim.waves import BatchedWorld, _formed_in_rounds, _release_models, _Sensitivities
 
 if TYPE_CHECKING:
     from p2pdp.sim.gossip.sampler import GossipSampler
@@ -145,7 +146,7 @@ class GroupBatches:
             del world.groups[group.group_id]
             world.monitor.notify(published=True)
         self._finished(batch.groups)
-        if len(self._rows) >= _CHUNK:
+        if len(self._rows) >= waves._CHUNK:  # read at the call: one size for both drivers
             self.flush()
 
     def _collect_each(self, groups: list[Group], members_receipts: list[tuple[int, int]]) -> None:
