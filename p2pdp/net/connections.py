@@ -18,15 +18,18 @@ import logging
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import numpy as np
 
+from p2pdp.net.failures import Failure
 from p2pdp.net.hosts import (
     CERTIFICATE,
     ENROLL,
     ENROLL_BYTES,
+    FAILED,
+    FAILED_CHARS,
     HostError,
     HostSettings,
     Ticket,
@@ -51,7 +54,7 @@ from p2pdp.net.wire import (
 )
 from p2pdp.protocols.groups import ASSIGN, HEADER_BYTES, Send
 
-__all__ = ["PeerSockets", "connect_control", "enroll", "fresh", "serve_frames"]
+__all__ = ["PeerSockets", "connect_control", "ended_or_failed", "enroll", "fresh", "serve_frames"]
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +175,31 @@ async def enroll(host_index: int, ticket: Ticket, coordinator: str, timeout: flo
                       authority=ticket.authority)  # fmt: skip
 
 
+async def ended_or_failed(
+    failure: Failure,
+    main: Coroutine[Any, Any, None],
+    control: asyncio.StreamWriter,
+    host_index: int,
+    timeout: float,
+) -> None:
+    """Run a host's ``main`` (its control loop) under ``failure``
+    (:meth:`~p2pdp.net.failures.Failure.race`): at the first fault of the host's callbacks,
+    tell the coordinator (``failed``: where and what, which ends the run) and raise
+    HostError naming it."""
+    try:
+        await failure.race(main)
+    except HostError as error:
+        if failure.fault is None:  # not a fault of the callbacks: the host's own error
+            raise
+        frame = encode({"kind": FAILED, "host": host_index, "error": str(error)[:FAILED_CHARS]})
+        control.write(frame)
+        try:
+            await asyncio.wait_for(control.drain(), timeout)
+        except (OSError, TimeoutError):
+            pass  # the coordinator is gone: nothing more to tell
+        raise
+
+
 class PeerSockets:
     """The socket layer of a :class:`p2pdp.net.host.PeerHost` (its base): one listening
     socket per peer, each frame read handed to ``handle``; frames to other peers counted
@@ -194,15 +222,20 @@ class PeerSockets:
     _connecting: dict[int, asyncio.Lock]  # a defaultdict
     _sending: asyncio.Future | None
     _more: asyncio.Event
+    failure: Failure  # the first fault of the host's callbacks (its run ends on it)
     handle: Callable[..., None]  # handle(peer, message, who): one frame for an own peer
 
     async def listen(self, address: str = "127.0.0.1") -> dict[int, int]:
-        """Open one listening socket per peer and start the sender task; ``{peer: port}``."""
-        self._sending = asyncio.ensure_future(self._sender())
+        """Open one listening socket per peer and start the sender task; ``{peer: port}``.
+        A fault of either (not a refusal) goes to :attr:`failure`, which ends the host's
+        run (:mod:`p2pdp.net.failures`)."""
+        self._sending = self.failure.spawn("its sender task", self._sender())
         allowed = resolve(self.settings.allowed)  # once: the names of a hosts file
         ports = {}
         for peer in self.peers:
-            serve = functools.partial(self._serve, peer)
+            serve = self.failure.handler(
+                f"peer {peer}'s connection", functools.partial(self._serve, peer)
+            )
             if self._server_tls is None:  # tests of the protocol alone
                 server = await asyncio.start_server(serve, address, 0)
             else:  # at most a group's worth of handshakes at once, and some slack
@@ -218,6 +251,7 @@ class PeerSockets:
                     per_identity=2,
                     total=2 * (self.settings.hosts + 1),
                     first_frame=self.settings.timeout,  # a party connects to send a frame
+                    failure=self.failure,
                 )
             self.servers.append(server)
             ports[peer] = server.sockets[0].getsockname()[1]

@@ -7,7 +7,8 @@ its one-time token) and then keeps one mutual-TLS control connection to the coor
 that host; one ``hello`` (its own peers' ports, each once), one final ``stats`` (counts for
 its own peers only, at most :data:`REPORT_KEYS` kinds and reasons), a ``done`` only from the
 host of the group's curator (a release of an aborted group is charged late, any other
-refused), ``formed`` and ``status`` with gossip formation. Every field is checked before
+refused), ``formed`` and ``status`` with gossip formation, ``failed`` (the host's own code
+failed: the run ends with its error, :mod:`p2pdp.net.failures`). Every field is checked before
 anything counts. A host whose connection closes before its final report is lost
 (:meth:`HostControl._host_lost`: its group in flight aborted, its peers out of the pool).
 
@@ -27,14 +28,18 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.net.bookkeeping import WireStats
 from p2pdp.net.commitments import public_key
+from p2pdp.net.failures import Failure
 from p2pdp.net.gossip_host import FORMED, STATUS
 from p2pdp.net.hosts import (
     CERTIFICATE,
     DONE,
     ENROLL,
     ENROLL_BYTES,
+    FAILED,
+    FAILED_CHARS,
     HELLO,
     STATS,
+    HostError,
     HostSettings,
 )
 from p2pdp.net.tls import Authority, host_name, identity
@@ -51,7 +56,7 @@ log = logging.getLogger(__name__)
 #: reasons: a host counts the protocol's kinds, reasons of its own and "unknown").
 REPORT_KEYS = 64
 #: Control frames a host sends (a refused one is counted under its kind).
-CONTROL_KINDS = (HELLO, DONE, STATS, FORMED, STATUS)
+CONTROL_KINDS = (HELLO, DONE, STATS, FORMED, STATUS, FAILED)
 
 
 def count_field(value: Any, name: str, high: int = 2**63) -> int:
@@ -90,6 +95,7 @@ class HostControl:
     _held: np.ndarray
     _status: dict[int, tuple[int, int, int]]
     _wake: asyncio.Event
+    _failure: Failure
 
     @property
     def control_bytes(self) -> int:
@@ -132,6 +138,7 @@ class HostControl:
         counted, and the connection goes on; one that breaks the wire format ends it."""
         settings = self.settings
         host: int | None = None
+        kind: Any = None
         who = identity(writer)
         try:
             while True:
@@ -157,6 +164,8 @@ class HostControl:
             writer.transport.abort()  # closed here too, with its descriptor, at once
         except asyncio.CancelledError:  # the run is over
             pass
+        except Exception as fault:  # not a refusal: a fault of the coordinator's own code
+            self._failure.report(f"the coordinator, on a {kind!r:.32} frame from {who!r}", fault)
         finally:
             writer.close()
 
@@ -171,7 +180,7 @@ class HostControl:
         Every field is checked (type and range) before anything counts: a bad frame raises
         and changes nothing."""
         kind = message["kind"]
-        if kind in (HELLO, STATS, STATUS):
+        if kind in (HELLO, STATS, STATUS, FAILED):
             claimed = count_field(message["host"], "host", self.n_hosts)
             if who != host_name(claimed) or (host is not None and host != claimed):
                 raise ProtocolError(f"{who!r} claims to be host {claimed}")
@@ -219,6 +228,11 @@ class HostControl:
             )
             self._status[claimed] = (trying, attempts, ended)
             self._wake.set()
+        elif kind == FAILED:  # the host's own code failed: the run ends, naming where
+            error = message["error"]
+            if not isinstance(error, str) or len(error) > FAILED_CHARS:
+                raise ValueError(f"failed error must be at most {FAILED_CHARS} characters")
+            self._failure.report(f"host {claimed}", HostError(error))
         elif kind == STATS:
             if claimed in self._stats:
                 raise ProtocolError(f"a second final report from host {claimed}")

@@ -45,6 +45,9 @@ publications refused because a forged copy with their group's id came first
 ``messages_refused``) the messages refused as outside the protocol
 (:data:`~p2pdp.net.bookkeeping.REFUSED`). A host that exits or never connects while the hosts start
 fails the run (:class:`~p2pdp.core.errors.NetworkRunError`, naming the host and its command).
+So does a fault in a party's own code (not a refusal), the coordinator's callbacks' or one a
+host reports (``failed``): at once, naming where it happened, every host stopped
+(:mod:`p2pdp.net.failures`).
 
 Around this module: the hosts' enrollment and control frames, and what the coordinator
 accepts on them, are its base :class:`p2pdp.net.control.HostControl`; the groups gossip
@@ -76,6 +79,7 @@ from p2pdp.core.rng import Uniforms
 from p2pdp.net.bookkeeping import LOST, REFUSED, Clock, MessageCounts, Monitor, WireStats
 from p2pdp.net.connections import fresh
 from p2pdp.net.control import HostControl
+from p2pdp.net.failures import Failure
 from p2pdp.net.gossip_coordinator import GossipGroups
 from p2pdp.net.hosts import (
     DIRECTORY,
@@ -317,6 +321,8 @@ class NetworkWorld(HostControl, GossipGroups):
         self._enrollment_tls = own.context(server=True, clients=False)
         self._enrollment: asyncio.Server | None = None
         self.lost_hosts: set[int] = set()
+        # the first fault of a callback (a control frame's handling, a host's ``failed``)
+        self._failure = Failure(NetworkRunError, "network runtime: ")
         # gossip formation (groups.sampler = "gossip"): every host's signing key (its hello),
         # the groups reported formed and not yet started, what each host last said of its
         # formation (trying, attempts, ended frames carried out), ended frames sent per host
@@ -371,14 +377,17 @@ class NetworkWorld(HostControl, GossipGroups):
         return self.wire.rows(len(self.lost_hosts))
 
     def run(self) -> None:
-        """Run until no group can form; every host reported and exited (or was killed)."""
-        asyncio.run(self._run())
+        """Run until no group can form; every host reported and exited (or was killed).
+        A fault of the coordinator's own callbacks, or one a host reports (``failed``),
+        ends the run at once: :class:`~p2pdp.core.errors.NetworkRunError` naming where it
+        happened, every host stopped (:mod:`p2pdp.net.failures`)."""
+        asyncio.run(self._failure.race(self._run()))
 
     async def _run(self) -> None:
         allowed = resolve(self.settings.allowed)
         try:
             server = await listen(
-                self._control,
+                self._control,  # its faults: HostControl._control reports them
                 self.bind,
                 self._server_tls,
                 pending=self.n_hosts + 8,  # every host at the start, and some slack
@@ -387,6 +396,7 @@ class NetworkWorld(HostControl, GossipGroups):
                 per_identity=2,  # a host's control connection, and one to replace it
                 total=2 * self.n_hosts,
                 first_frame=self.settings.timeout,  # a host says hello at once
+                failure=self._failure,
             )
         except OSError as error:
             raise ConfigError(
@@ -394,7 +404,7 @@ class NetworkWorld(HostControl, GossipGroups):
             ) from None
         self.port = server.sockets[0].getsockname()[1]
         self._enrollment = enrollment = await listen(
-            self._enroll,
+            self._failure.handler("the coordinator's enrollment listener", self._enroll),
             self.bind,
             self._enrollment_tls,
             pending=self.n_hosts + 8,
@@ -403,6 +413,7 @@ class NetworkWorld(HostControl, GossipGroups):
             per_identity=self.n_hosts + 8,  # no client certificate: one name (None) for all
             total=self.n_hosts + 8,
             first_frame=self.settings.timeout,
+            failure=self._failure,
         )
         ended = False
         try:

@@ -84,6 +84,7 @@ from p2pdp.net.commitments import (
     member_list,
     statement,
 )
+from p2pdp.net.failures import Failure
 from p2pdp.net.gossip_views import VIEW, VIEW_REPLY, ViewExchange
 from p2pdp.net.wire import ProtocolError, integer
 from p2pdp.protocols.gossip import (
@@ -258,6 +259,9 @@ class HostFormation(ViewExchange):
         ``report(message)``: a control frame to the coordinator.
     key : Ed25519PrivateKey
         This host's signing key (its public half went out in its ``hello``).
+    failure : Failure, optional
+        Where a fault of its clock, an attempt's coroutine or a timer goes (the host's:
+        it ends the host's run, :mod:`p2pdp.net.failures`); by default one of its own.
     """
 
     def __init__(
@@ -270,7 +274,9 @@ class HostFormation(ViewExchange):
         send: Callable[[str, int, int, dict[str, Any]], None],
         report: Callable[[dict[str, Any]], None],
         key: Ed25519PrivateKey,
+        failure: Failure | None = None,
     ) -> None:
+        self.failure = Failure() if failure is None else failure
         self.peers, self.own = list(peers), set(peers)
         self.setup, self.params = setup, setup.params
         self.host, self.host_of = host, host_of
@@ -332,7 +338,7 @@ class HostFormation(ViewExchange):
         for peer in self.peers:
             if self.solvent[peer]:
                 self.machine.become_free(peer)
-        self._spawn(self._clock())
+        self._spawn("its formation clock", self._clock())
         self._flush()
 
     def halt(self) -> None:
@@ -364,8 +370,8 @@ class HostFormation(ViewExchange):
         for task in self._tasks:
             task.cancel()
 
-    def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.ensure_future(coroutine)
+    def _spawn(self, where: str, coroutine: Any) -> None:
+        task = self.failure.spawn(where, coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -382,7 +388,8 @@ class HostFormation(ViewExchange):
                 self._ask_view(peer)
             now = self.now()
             for peer, at in self.machine.due(now + tick):
-                loop.call_later(max(0.0, at - now), self._initiate, peer, at)
+                initiate = self.failure.call(f"peer {peer}'s initiation", self._initiate)
+                loop.call_later(max(0.0, at - now), initiate, peer, at)
             self._flush()
             k += 1
             await asyncio.sleep(tick)
@@ -391,7 +398,7 @@ class HostFormation(ViewExchange):
         attempt = self.machine.initiate(peer, at)
         if attempt is not None:
             self._remember(self.attempts, attempt.attempt_id, _Record(attempt))
-            self._spawn(self._drive(attempt))
+            self._spawn(f"peer {peer}'s attempt {attempt.attempt_id}", self._drive(attempt))
         self._flush()
 
     async def _drive(self, attempt: Attempt) -> None:

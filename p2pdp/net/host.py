@@ -55,8 +55,18 @@ import numpy as np
 
 from p2pdp.core.rng import os_generator
 from p2pdp.net.connections import PeerSockets
+from p2pdp.net.failures import Failure
 from p2pdp.net.gossip_host import PEER_KINDS, HostFormation
-from p2pdp.net.hosts import DONE, EXPIRED, KINDS, PRE_EMPTED, STATS, HostSettings, hosts_of
+from p2pdp.net.hosts import (
+    DONE,
+    EXPIRED,
+    KINDS,
+    PRE_EMPTED,
+    STATS,
+    HostError,
+    HostSettings,
+    hosts_of,
+)
 from p2pdp.net.tls import COORDINATOR, Credential, host_name
 from p2pdp.net.wire import (
     ProtocolError,
@@ -233,6 +243,7 @@ class PeerHost(PeerSockets):
         self._sending: asyncio.Future | None = None
         self._more = asyncio.Event()  # set when the outbox has something to write
         self.formation: HostFormation | None = None  # gossip group formation, if the run's
+        self.failure = Failure(HostError)  # the first fault of its callbacks: ends its run
 
     @property
     def last_group(self) -> dict[int, int]:

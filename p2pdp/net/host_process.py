@@ -19,7 +19,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from p2pdp.net.commitments import public_key
-from p2pdp.net.connections import connect_control, enroll
+from p2pdp.net.connections import connect_control, ended_or_failed, enroll
 from p2pdp.net.gossip_host import ENDED, HALT, GossipSetup, HostFormation
 from p2pdp.net.host import PeerHost
 from p2pdp.net.hosts import DIRECTORY, FINISH, HELLO, STATS, HostError, HostSettings, Ticket
@@ -112,6 +112,7 @@ async def serve(
             send=send_formation,
             report=report,
             key=key,
+            failure=host.failure,
         )
         host.frame_bytes = max(host.frame_bytes, gossip.frame_bytes)
     try:
@@ -134,40 +135,56 @@ async def serve(
                 **signing,
             }
         )
-        while True:
-            message = await read_frame(reader, timeout=settings.timeout, idle=settings.idle_timeout)
-            if message is None:  # the coordinator is gone: nothing more to do
-                return
-            if message["kind"] == DIRECTORY:
-                host.ports = [integer(port, "port", 0, 65536) for port in message["ports"]]
-                host.addresses = [str(a) for a in message["addresses"]]
-                if host.formation is not None:
-                    host.formation.start([public_key(k) for k in message["signing"]])
-            elif message["kind"] in (ENDED, HALT) and host.formation is not None:
-                if message["kind"] == ENDED:
-                    host.formation.group_ended(message)
-                else:
-                    host.formation.halt()
-            elif message["kind"] == FINISH:
-                host.released_pairs = {
-                    (integer(g, "group"), integer(c, "curator")) for g, c in message["released"]
-                }
-                if settings.full_publication:
-                    host.count_released(host.released_pairs)
-                await host.flush()
-                await _received(
-                    host, integer(message["publications"], "publications"), settings.timeout
-                )
-                await host.flush()
-                report(host.stats(host_index))
-                await asyncio.wait_for(control.drain(), settings.timeout)
-                return
+        await ended_or_failed(
+            host.failure, _serve_control(host, reader, control, report, settings, host_index),
+            control, host_index, settings.timeout,
+        )  # fmt: skip
     finally:
         if host.formation is not None:
             await host.formation.close()
         await host.close()
         if writer is not None:
             writer.close()
+
+
+async def _serve_control(
+    host: PeerHost,
+    reader: asyncio.StreamReader,
+    control: asyncio.StreamWriter,
+    report: Callable[[dict[str, Any]], None],
+    settings: HostSettings,
+    host_index: int,
+) -> None:
+    """The coordinator's frames to host ``host_index``, until its ``finish`` (answered with
+    the host's final report) or the end of its connection."""
+    while True:
+        message = await read_frame(reader, timeout=settings.timeout, idle=settings.idle_timeout)
+        if message is None:  # the coordinator is gone: nothing more to do
+            return
+        if message["kind"] == DIRECTORY:
+            host.ports = [integer(port, "port", 0, 65536) for port in message["ports"]]
+            host.addresses = [str(a) for a in message["addresses"]]
+            if host.formation is not None:
+                host.formation.start([public_key(k) for k in message["signing"]])
+        elif message["kind"] in (ENDED, HALT) and host.formation is not None:
+            if message["kind"] == ENDED:
+                host.formation.group_ended(message)
+            else:
+                host.formation.halt()
+        elif message["kind"] == FINISH:
+            host.released_pairs = {
+                (integer(g, "group"), integer(c, "curator")) for g, c in message["released"]
+            }
+            if settings.full_publication:
+                host.count_released(host.released_pairs)
+            await host.flush()
+            await _received(
+                host, integer(message["publications"], "publications"), settings.timeout
+            )
+            await host.flush()
+            report(host.stats(host_index))
+            await asyncio.wait_for(control.drain(), settings.timeout)
+            return
 
 
 async def _received(host: PeerHost, publications: int, timeout: float) -> None:

@@ -4,9 +4,9 @@ Which host process runs which peer (:func:`hosts_of`), what every host knows of 
 (:class:`HostSettings`), what a host needs to join it (:class:`Ticket`: no private key), the
 error of a host that cannot take part (:class:`HostError`), and the kinds of the frames
 between a host and the coordinator (``hello``, ``directory``, ``done``, ``finish``,
-``stats``; enrollment) and of a host's counts (``pre-empted``, ``expired``). Shared by the
-one-shot host (:mod:`p2pdp.net.host`, :mod:`p2pdp.net.host_process`), the iterative one
-(:mod:`p2pdp.net.iterative_host`), both coordinators and the launch
+``stats``, ``failed``; enrollment) and of a host's counts (``pre-empted``, ``expired``).
+Shared by the one-shot host (:mod:`p2pdp.net.host`, :mod:`p2pdp.net.host_process`), the
+iterative one (:mod:`p2pdp.net.iterative_host`), both coordinators and the launch
 (:mod:`p2pdp.experiments.network`).
 """
 
@@ -27,6 +27,8 @@ __all__ = [
     "ENROLL_BYTES",
     "EXPIRED",
     "EXPLAINED",
+    "FAILED",
+    "FAILED_CHARS",
     "FINISH",
     "HELLO",
     "KINDS",
@@ -40,6 +42,9 @@ __all__ = [
 
 # Control kinds between a host and the coordinator (peer-protocol kinds: p2pdp.protocols.groups)
 HELLO, DIRECTORY, DONE, FINISH, STATS = "hello", "directory", "done", "finish", "stats"
+#: A host's last control frame when its own code failed (``error``: where and what, at most
+#: FAILED_CHARS characters): the coordinator ends the run with it (:mod:`p2pdp.net.failures`).
+FAILED, FAILED_CHARS = "failed", 1000
 #: A host's enrollment (token and signing request) and the coordinator's answer (certificate).
 ENROLL, CERTIFICATE = "enroll", "certificate"
 #: Largest enrollment frame, either way (bytes): a P-256 request or certificate in PEM is
@@ -160,4 +165,5 @@ class Ticket:
 
 class HostError(Exception):
     """A host process cannot take part: the coordinator is unreachable, or its peers cannot
-    listen on its address (a hosts file's ``coordinator`` or ``address``, say)."""
+    listen on its address (a hosts file's ``coordinator`` or ``address``, say), or its own
+    code failed (:mod:`p2pdp.net.failures`)."""

@@ -59,7 +59,6 @@ not a release of the protocol (as the one-shot runtime's scoring).
 from __future__ import annotations
 
 import asyncio
-import functools
 import heapq
 import logging
 from collections import Counter
@@ -69,7 +68,14 @@ from typing import Any
 
 import numpy as np
 
-from p2pdp.net.connections import connect_control, enroll, fresh, serve_frames
+from p2pdp.net.connections import (
+    connect_control,
+    ended_or_failed,
+    enroll,
+    fresh,
+    serve_frames,
+)
+from p2pdp.net.failures import Failure
 from p2pdp.net.hosts import FINISH, HELLO, STATS, HostError, Ticket, hosts_of
 from p2pdp.net.pair_keys import KEYS, PairKeys
 from p2pdp.net.tls import Credential, host_name, identity, listen, resolve
@@ -276,17 +282,21 @@ class IterativeHost:
         self._order = 0
         self._arrival = asyncio.Event()
         self._over = False  # gossip learning: the run's last round ended
+        self.failure = Failure(HostError)  # the first fault of its callbacks: ends its run
 
     # -- sockets -----------------------------------------------------------------------------
     async def listen(self, address: str = "127.0.0.1") -> int:
-        """Open this host's listener and start its sender task; its port."""
-        self._sending = asyncio.ensure_future(self._sender())
+        """Open this host's listener and start its sender task; its port. A fault of either
+        (not a refusal) goes to :attr:`failure`, which ends the host's run
+        (:mod:`p2pdp.net.failures`)."""
+        self._sending = self.failure.spawn("its sender task", self._sender())
         hosts = self.settings.hosts
+        serve = self.failure.handler("a connection from another host", self._serve)
         if self._server_tls is None:  # tests of the protocol alone
-            self.server = await asyncio.start_server(self._serve, address, 0)
+            self.server = await asyncio.start_server(serve, address, 0)
         else:
             self.server = await listen(
-                self._serve,
+                serve,
                 address,
                 self._server_tls,
                 pending=hosts + 8,
@@ -295,6 +305,7 @@ class IterativeHost:
                 per_identity=2,  # one connection from each other host, and one to replace it
                 total=2 * hosts,
                 first_frame=self.settings.timeout,
+                failure=self.failure,
             )
         return int(self.server.sockets[0].getsockname()[1])
 
@@ -657,14 +668,6 @@ class IterativeHost:
         }
 
 
-def _failed(control: asyncio.StreamWriter, rounds: asyncio.Future) -> None:
-    """The rounds stopped: if by an error, say so and close the control connection (the
-    coordinator counts this host lost and goes on without it)."""
-    if not rounds.cancelled() and rounds.exception() is not None:
-        log.error("the rounds failed: %r", rounds.exception())
-        control.close()
-
-
 async def serve_iterative(
     machines: dict[int, Machine],
     edges: dict[tuple[int, int], int],
@@ -703,24 +706,9 @@ async def serve_iterative(
         machines, edges, settings, report=report, credential=credential, pair_keys=pair_keys
     )
     rounds: asyncio.Future | None = None
-    try:
-        try:
-            port = await host.listen(address)
-        except OSError as error:
-            raise HostError(f"cannot listen on {address}: {error}") from None
-        reader, control = await connect_control(
-            coordinator, ticket.port, credential, settings.timeout
-        )
-        writer = control
-        report(
-            {
-                "kind": HELLO,
-                "address": address,
-                "ports": [[peer, port] for peer in sorted(machines)],
-                "dim": settings.dim,
-                "bounds": False,
-            }
-        )
+
+    async def control_loop(reader: asyncio.StreamReader, control: asyncio.StreamWriter) -> None:
+        nonlocal rounds
         loop = asyncio.get_running_loop()
         while True:
             message = await read_frame(reader, timeout=settings.timeout, idle=settings.idle_timeout)
@@ -739,16 +727,38 @@ async def serve_iterative(
                 if type(delay) not in (int, float) or not 0 <= delay <= settings.timeout:
                     raise ProtocolError(f"start delay {delay!r:.40}")
                 began = loop.time() + delay
-                rounds = asyncio.ensure_future(
-                    host.run(began) if phases is None else host.run_gossip(began, phases, hold)
+                rounds = host.failure.spawn(
+                    "its rounds",
+                    host.run(began) if phases is None else host.run_gossip(began, phases, hold),
                 )
-                rounds.add_done_callback(functools.partial(_failed, control))
             elif kind == FINISH:
                 if rounds is not None and not rounds.done():
                     rounds.cancel()
                 report(host.stats(host_index))
                 await asyncio.wait_for(control.drain(), settings.timeout)
                 return
+
+    try:
+        try:
+            port = await host.listen(address)
+        except OSError as error:
+            raise HostError(f"cannot listen on {address}: {error}") from None
+        reader, control = await connect_control(
+            coordinator, ticket.port, credential, settings.timeout
+        )
+        writer = control
+        report(
+            {
+                "kind": HELLO,
+                "address": address,
+                "ports": [[peer, port] for peer in sorted(machines)],
+                "dim": settings.dim,
+                "bounds": False,
+            }
+        )
+        await ended_or_failed(
+            host.failure, control_loop(reader, control), control, host_index, settings.timeout
+        )
     finally:
         if rounds is not None:
             rounds.cancel()

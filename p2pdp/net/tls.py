@@ -57,6 +57,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from p2pdp.core.errors import ConfigError
+from p2pdp.net.failures import Failure
 from p2pdp.net.wire import ProtocolError
 
 __all__ = [
@@ -342,9 +343,11 @@ async def listen(
     per_identity: int,
     total: int,
     first_frame: float,
+    failure: Failure,
 ) -> asyncio.Server:
     """A TLS listener on ``address`` (a port the OS picks) that calls ``handler`` with each
-    authenticated connection.
+    authenticated connection; a fault of this listener's own code (not a refusal) is
+    reported to its party's ``failure`` (:mod:`p2pdp.net.failures`), which ends its run.
 
     A connection from an address outside ``allowed`` (when given: IP addresses, see
     :func:`resolve`) is closed at once and counted ``refused["address"]``. At most
@@ -502,7 +505,7 @@ async def listen(
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             assert isinstance(transport, asyncio.Transport)
             transport.pause_reading()
-            task = loop.create_task(upgrade(transport))
+            task = loop.create_task(failure.guard("a TLS listener", upgrade(transport)))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 

@@ -230,11 +230,13 @@ OUT_OF_DESCRIPTORS = """
 import asyncio, logging, os, resource, socket, sys
 from collections import Counter
 from p2pdp.net import tls
+from p2pdp.net.failures import Failure
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
 context = tls.Authority(1).credential.context(server=True)
 async def main():
     server = await tls.listen(lambda r, w: None, "127.0.0.1", context, pending=4,
-                              refused=Counter(), per_identity=2, total=4, first_frame=5.0)
+                              refused=Counter(), per_identity=2, total=4, first_frame=5.0,
+                              failure=Failure())
     port = server.sockets[0].getsockname()[1]
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))

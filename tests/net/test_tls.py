@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from p2pdp.core.errors import ConfigError
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.net import connections, host_process, hosts, tls
+from p2pdp.net.failures import Failure
 from p2pdp.net.hosts import HostError, HostSettings, Ticket
 from p2pdp.net.tls import (
     Authority,
@@ -155,6 +156,7 @@ def test_an_enrollment_is_refused_without_its_token_for_another_identity_or_twic
         server = world._enrollment = await tls.listen(
             world._enroll, "127.0.0.1", world._enrollment_tls, pending=4,
             refused=world.wire.refused, per_identity=4, total=4, first_frame=5.0,
+            failure=world._failure,
         )  # fmt: skip
         port = server.sockets[0].getsockname()[1]
 
@@ -248,7 +250,7 @@ def test_a_host_outside_the_allowlist_is_told_so(monkeypatch):
         server = await tls.listen(
             lambda reader, writer: None, "127.0.0.1", authority.credential.context(server=True,
             clients=False), pending=4, refused=refused, allowed={"10.0.0.9"}, per_identity=4,
-            total=4, first_frame=5.0,
+            total=4, first_frame=5.0, failure=Failure(),
         )  # fmt: skip
         ticket = Ticket(port=1, enrollment_port=server.sockets[0].getsockname()[1],
                         token=authority.token(0), authority=authority.certificate)  # fmt: skip
