@@ -38,10 +38,7 @@ import numpy as np
 from p2pdp.core.boundary import calling, check_numbers, check_type, problem
 from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.events import ADD_REMOVE, GaussianEvent, PrivacyEvent, SubsampledGaussianEvent
-
-#: Relative tolerance when comparing spent to total epsilon (and delta), so that float error
-#: in e.g. ``3 * 0.1 = 0.30000000000000004`` does not cost a peer an aggregation.
-BUDGET_TOLERANCE = 1e-9
+from p2pdp.privacy.tolerance import BUDGET_TOLERANCE
 
 #: Renyi orders ``alpha`` (all > 1) over which the RDP conversion is minimised.
 RDP_ORDERS: np.ndarray = 1.0 + np.geomspace(1e-3, 1e6, 2000)

@@ -22,7 +22,6 @@ from p2pdp.core.errors import BudgetExhaustedError, ConfigError
 from p2pdp.core.validation import require_count, require_positive, require_probability
 from p2pdp.privacy.accountants import (
     ACCOUNTANT_METHODS,
-    BUDGET_TOLERANCE,
     Accountant,
     BasicAccountant,
     GdpAccountant,
@@ -33,6 +32,7 @@ from p2pdp.privacy.accountants import (
 from p2pdp.privacy.calibration import analytic_gaussian_sigma
 from p2pdp.privacy.events import EpsilonDeltaEvent, GaussianEvent, PrivacyEvent
 from p2pdp.privacy.pld import PldAccountant
+from p2pdp.privacy.tolerance import BUDGET_TOLERANCE
 
 ACCOUNTANTS: tuple[str, ...] = ("basic", "rdp", "gdp", "pld")
 

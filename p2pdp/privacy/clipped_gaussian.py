@@ -51,6 +51,7 @@ from p2pdp.privacy.events import (
     PrivacyEvent,
     SubsampledGaussianEvent,
 )
+from p2pdp.privacy.tolerance import BUDGET_TOLERANCE
 
 #: How a peer picks the records of one step (see the module docstring).
 SAMPLINGS: tuple[str, ...] = ("full", "poisson", "fixed")
@@ -235,7 +236,7 @@ def calibrated_noise_multiplier(
     """
     from dataclasses import replace
 
-    from p2pdp.privacy.accountants import BUDGET_TOLERANCE, composed
+    from p2pdp.privacy.accountants import composed
     from p2pdp.privacy.accounting import make_accountant
 
     if accountant == "gdp" and mechanism.sampling != "poisson":

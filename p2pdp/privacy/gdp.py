@@ -40,6 +40,7 @@ import math
 import numpy as np
 
 from p2pdp.core.errors import ConfigError
+from p2pdp.privacy.tolerance import BUDGET_TOLERANCE
 
 __all__ = [
     "affordable_aggregations_gdp",
@@ -51,8 +52,6 @@ __all__ = [
     "noise_multiplier_for_gdp",
 ]
 
-#: Relative tolerance on the budget (as :data:`p2pdp.privacy.accountants.BUDGET_TOLERANCE`).
-BUDGET_TOLERANCE = 1e-9
 #: Largest ``mu`` whose epsilon is computed (about 5e11 at any delta): beyond it the log-space
 #: formula loses every digit (NaN at mu = 1e12), and no such guarantee protects anyone.
 MAX_MU = 1e6

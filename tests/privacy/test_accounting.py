@@ -14,7 +14,6 @@ from scipy import optimize, stats
 
 from p2pdp.core.errors import BudgetExhaustedError, ConfigError
 from p2pdp.privacy import accounting
-from p2pdp.privacy.accountants import BUDGET_TOLERANCE
 from p2pdp.privacy.accounting import (
     BudgetLedger,
     affordable_aggregations,
@@ -23,6 +22,7 @@ from p2pdp.privacy.accounting import (
     format_budget_table,
 )
 from p2pdp.privacy.calibration import analytic_gaussian_sigma
+from p2pdp.privacy.tolerance import BUDGET_TOLERANCE
 from p2pdp.sim.waves import DrawnCharges
 
 #: The privacy guide, whose accountant numbers the PLD tests below compute and check.
