@@ -65,14 +65,15 @@ class GroupBatches:
     <p2pdp.sim.gossip.sampler.GossipSampler.groups_finished>`: same state, same draws) at the
     instant they would be freed, after the batch's releases (an observer reading the
     formation's state, not the world's, during a batch's releases would see the difference).
-    The exact aggregates are summed ``_CHUNK`` releases at a time (:func:`_release_models`, same
-    order per group as :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`): call
-    :meth:`flush` after the run. Where every observer can be told of the releases after the
+    The exact aggregates are summed :data:`~p2pdp.sim.waves.RELEASE_CHUNK` releases at a time
+    (:func:`_release_models`, same order per group as
+    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`): call :meth:`flush` after
+    the run. Where every observer can be told of the releases after the
     fact (``world.told_after``, as in :func:`run_waves`), a batch's curators decide and charge
     its members at once (:meth:`Curator.wave <p2pdp.protocols.oneshot.Curator.wave>`: the
     batch's members are distinct, each in one group), and the rest of each release
     (sensitivity, noise, record, release log, ``released_many``) is made with its aggregate,
-    ``_CHUNK`` releases at a time, drawing the same noise in the same order
+    ``RELEASE_CHUNK`` releases at a time, drawing the same noise in the same order
     (:meth:`NoiseStream.draw_many <p2pdp.privacy.release.NoiseStream.draw_many>`: nothing
     else draws from that stream meanwhile). Group publication appends the members' receipts from one
     event per batch at ``C + D``; a full publication reaches every peer (all online), which
@@ -146,7 +147,7 @@ class GroupBatches:
             del world.groups[group.group_id]
             world.monitor.notify(published=True)
         self._finished(batch.groups)
-        if len(self._rows) >= waves._CHUNK:  # read at the call: one size for both drivers
+        if len(self._rows) >= waves.RELEASE_CHUNK:  # read at the call: one size, both drivers
             self.flush()
 
     def _collect_each(self, groups: list[Group], members_receipts: list[tuple[int, int]]) -> None:

@@ -36,7 +36,7 @@ wave by wave, without an event or a message object:
   ``group_started``, and each one overriding ``released`` overrides :meth:`released_many
   <p2pdp.sim.world.WorldObserver.released_many>`, as the release log does), the driver
   draws the groups and charges their members, and the rest (sensitivities, noise, records,
-  ``released_many``) is done ``_CHUNK`` releases at a time, with the same draws in the same
+  ``released_many``) is done ``RELEASE_CHUNK`` releases at a time, with the same draws in the same
   order; with two or more local workers, in one forked process beside the draws of the next
   groups (:func:`~p2pdp.core.parallel.forked_worker`; its copy of the noise stream draws
   what this one would, and this one is moved to where it stopped);
@@ -89,6 +89,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRIVERS",
+    "RELEASE_CHUNK",
     "BatchedWorld",
     "DrawnCharges",
     "batched_obstacle",
@@ -101,9 +102,11 @@ __all__ = [
 #: ``"batched"`` (refused where it does not apply).
 DRIVERS = ("auto", "reference", "batched")
 
-#: Releases published at a time: their exact aggregates are summed in one array operation
-#: (the (n, g, d) gather stays a few MB) and what the driver holds for them is freed.
-_CHUNK = 1024
+#: Releases published at a time, by both batched drivers (central waves here, gossip groups
+#: formed in rounds: :mod:`p2pdp.sim.group_batches`, which reads it here at each call, so one
+#: patch of it reaches both): their exact aggregates are summed in one array operation (the
+#: (n, g, d) gather stays a few MB) and what the driver holds for them is freed.
+RELEASE_CHUNK = 1024
 
 
 class _Monitor(Protocol):
@@ -256,7 +259,7 @@ def run_waves(world: BatchedWorld) -> None:
     Where an observer must see each event as it happens (not ``world.told_after``), each group and
     release is made for it in turn, the ledger written as it goes. Else the driver only draws
     the groups and charges their members (:class:`DrawnCharges`),
-    and each chunk of ``_CHUNK`` releases is made at once (:class:`_Releases`: sensitivities,
+    and each chunk of ``RELEASE_CHUNK`` releases is made at once (:class:`_Releases`: sensitivities,
     noise, aggregates, then records and the observers' ``released_many``), with local workers
     (:func:`~p2pdp.core.parallel.current_workers` > 1) in a forked process while the driver
     draws on (:func:`~p2pdp.core.parallel.forked_worker`).
@@ -275,7 +278,7 @@ def run_waves(world: BatchedWorld) -> None:
     charges = DrawnCharges(world.ledger)  # the pool holds distinct solvent ids
     spend, most = charges.spend, world.ledger.max_aggregations
     per_event = not world.told_after
-    capacity = _CHUNK - 1 + min(limit, len(pool) // g)  # releases published at once, at most
+    capacity = RELEASE_CHUNK - 1 + min(limit, len(pool) // g)  # releases published at once, at most
     releases = _Releases(world, deferred=not per_event, capacity=max(capacity, 1))
     _reserve(world, len(pool) * most // max(g, 1))
     with (
@@ -322,7 +325,7 @@ def run_waves(world: BatchedWorld) -> None:
             pending.times.append(float(now))
             monitor.aggregations += k
             machine.wave_finished(solvent)
-            if len(curators_) >= _CHUNK:
+            if len(curators_) >= RELEASE_CHUNK:
                 pending.publish(world)
 
         charges.write()
@@ -351,7 +354,9 @@ def _waves_in_turn(
     assign_delay, submit_delay = delays
     now = env.now  # 0: every peer is ready at the start
     while True:
-        flat, curators = pool.draw_in_turn(g, _CHUNK - len(pending.curators), charges.counts, most)
+        flat, curators = pool.draw_in_turn(
+            g, RELEASE_CHUNK - len(pending.curators), charges.counts, most
+        )
         k = len(curators)
         if k == 0:
             return now
@@ -366,7 +371,7 @@ def _waves_in_turn(
         pending.curators.extend(curators)
         world._next_group += k
         world.monitor.aggregations += k
-        if len(pending.curators) >= _CHUNK:
+        if len(pending.curators) >= RELEASE_CHUNK:
             pending.publish(world)
 
 

@@ -158,7 +158,7 @@ def _assert_same_outputs(reference, seen, batched, seen_batched) -> None:
 def test_batched_driver_gives_the_reference_outputs(
     seed, mode, n_peers, group_size, concurrent, epsilon_per_aggregation, monkeypatch
 ):
-    monkeypatch.setattr(waves, "_CHUNK", 2 + seed)  # publish in several chunks, one partial
+    monkeypatch.setattr(waves, "RELEASE_CHUNK", 2 + seed)  # publish in several chunks, one partial
     config = synthetic(
         n_peers=n_peers,
         epsilon=1.0,
@@ -195,7 +195,7 @@ def test_releases_told_after_the_fact_give_the_reference_outputs(
     batched driver makes its releases a chunk at a time, in a forked process with two local
     workers: the same outputs, the same rows of the release log, the same observed releases,
     the noise stream left at the same point."""
-    monkeypatch.setattr(waves, "_CHUNK", 3 + seed)  # several chunks, one partial
+    monkeypatch.setattr(waves, "RELEASE_CHUNK", 3 + seed)  # several chunks, one partial
     monkeypatch.setattr(waves, "_AHEAD", seed % 3)  # chunks published later (or at once)
     config = synthetic(
         n_peers=37,
@@ -370,7 +370,7 @@ class FormationState(WorldObserver):
 def test_gossip_groups_formed_in_rounds_are_batched_with_the_reference_outputs(
     mode, n_peers, group_size, latency, bandwidth, monkeypatch
 ):
-    monkeypatch.setattr(waves, "_CHUNK", 7)  # publish in several chunks, one partial
+    monkeypatch.setattr(waves, "RELEASE_CHUNK", 7)  # publish in several chunks, one partial
     config = _gossip(
         n_peers=n_peers, group_size=group_size, mode=mode, latency=latency, bandwidth=bandwidth
     )
@@ -412,7 +412,7 @@ def test_gossip_releases_told_after_the_fact_give_the_reference_outputs(
     """With only observers told after the fact, the gossip groups' batches are charged at once
     and their releases made a chunk at a time: the same outputs, release log, observed
     releases, formation state and noise stream as the per-message world."""
-    monkeypatch.setattr(waves, "_CHUNK", 7)  # several chunks, one partial
+    monkeypatch.setattr(waves, "RELEASE_CHUNK", 7)  # several chunks, one partial
     config = _gossip(
         n_peers=n_peers, group_size=group_size, mode=mode, latency=latency, bandwidth=1e5
     )
