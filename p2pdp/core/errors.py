@@ -6,9 +6,12 @@ Every error message names the offending field and value, e.g.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import inspect
 import pkgutil
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 
@@ -62,23 +65,52 @@ def moved_into_modules(package: str) -> Callable[[str], Any]:
 
     ``from package import name`` for a public ``name`` that one of its modules defines raises
     an ImportError naming that module (the package does not forward it: its old users are
-    told where it went, once, instead of "cannot import name"); any other name is the usual
-    AttributeError. Modules are imported only on this error path.
+    told where it went, once, instead of "cannot import name"), not one that only imports it
+    from there; any other name is the usual AttributeError. Modules are imported only on
+    this error path.
     """
 
     def __getattr__(name: str) -> Any:
         if not name.startswith("_"):
             parent = importlib.import_module(package)
-            for found in pkgutil.iter_modules(parent.__path__):
-                if found.name == "__main__":
-                    continue
-                module = importlib.import_module(f"{package}.{found.name}")
-                if name in vars(module):
-                    raise ImportError(
-                        f"{package} has no {name!r}: since p2pdp 0.3 it is "
-                        f"{package}.{found.name}.{name} (CHANGELOG.md lists the moves)",
-                        name=package,
-                    )
+            holders = [
+                importlib.import_module(f"{package}.{found.name}")
+                for found in pkgutil.iter_modules(parent.__path__)
+                if found.name != "__main__"
+            ]
+            holders = [module for module in holders if name in vars(module)]
+            if holders:
+                home = next((m for m in holders if _defines(m, name)), holders[0])
+                raise ImportError(
+                    f"{package} has no {name!r}: since p2pdp 0.3 it is "
+                    f"{home.__name__}.{name} (CHANGELOG.md lists the moves)",
+                    name=package,
+                )
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+def _defines(module: ModuleType, name: str) -> bool:
+    """Whether ``module`` defines ``name`` (a function or class made there, or a top-level
+    ``def``, ``class`` or assignment in its source), rather than importing it."""
+    value = vars(module)[name]
+    if inspect.isfunction(value) or inspect.isclass(value):
+        return value.__module__ == module.__name__
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):  # no source: take it as its home
+        return True
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound = [node.name]
+        elif isinstance(node, ast.Assign):  # a = ..., a, b = ...
+            targets = [e for t in node.targets for e in getattr(t, "elts", [t])]
+            bound = [t.id for t in targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            bound = [node.target.id]
+        else:
+            continue
+        if name in bound:
+            return True
+    return False

@@ -159,11 +159,17 @@ def test_an_installed_package_registers_a_component_through_the_entry_point_grou
         ("results", "ResultsStore", "results.store"),
         ("audit", "run_audit", "audit.table"),
         ("network", "run_hosts", "network.processes"),
+        # each also imported by a module found before the one that defines it
+        ("network", "RunHosts", "network.processes"),  # a class, imported by launch
+        ("results", "ColumnTable", "results.tables"),  # imported by store
+        ("audit", "one_run_result", "audit.iterative"),  # a function, imported by correlated
+        ("audit", "AUDIT_CANARIES", "audit.iterative"),  # a constant, likewise
     ],
 )
 def test_a_name_of_a_module_that_became_a_package_says_where_it_went(package, name, home):
     """0.3 made four modules of p2pdp.experiments packages of the same name: their old names
-    are not forwarded, but importing one names its new module instead of "cannot import"."""
+    are not forwarded, but importing one names the module that defines it (not one that only
+    imports it from there) instead of "cannot import"."""
     module = importlib.import_module(f"p2pdp.experiments.{package}")
     with pytest.raises(ImportError, match=rf"it is p2pdp\.experiments\.{home}\.{name} "):
         getattr(module, name)
