@@ -18,7 +18,7 @@ from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.network.processes import RunHosts
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.learning.settings import EvaluationConfig
-from p2pdp.net.commitments import elect
+from p2pdp.net.commitments import commitment, elect
 from p2pdp.net.gossip_host import (
     FORMATION,
     FORMED,
@@ -151,6 +151,35 @@ def test_an_initiator_cannot_choose_the_curator_or_forge_a_commitment(formed):
     signatures[at] = report["signatures"][0]  # the initiator host's signature, not its own
     with pytest.raises(ProtocolError, match=f"member {member}'s commitment is not signed"):
         elect(keys, HOST_OF, N_PEERS, GROUP, {**report, "signatures": signatures})
+
+
+def test_a_member_invited_again_after_its_lock_ran_out_reveals_the_nonce_it_committed_to():
+    """The race behind "does not open its commitment" under load: a member accepted, its
+    acceptance was slow (a loaded machine), its lock ran out, and the initiator's re-sent
+    invitation made it accept again: the machine draws it a new nonce, but it accepts with
+    the commitment it made (once per attempt), so its reveal did not open its commitment and
+    the initiator refused an honest member. Now it keeps the nonce it committed to."""
+    formation = _Pair(seed=9).hosts[1]
+    sent = []
+    formation._send = lambda kind, sender, receiver, message: sent.append(_wire(message))
+    formation.machine.become_free(3)
+
+    def invite(copy):
+        formation.handle(3, {"kind": FORMATION, "step": "invite", "sender": 0, "receiver": 3,
+                             "initiator": 0, "attempt": 0, "copy": copy})  # fmt: skip
+        return sent[-1]
+
+    first = invite(1)
+    formation.machine.lock_until[3] = 0.0  # its lock ran out before the initiator heard it
+    formation.machine.expire_locks()
+    drawn = formation.machine._uniform
+    formation.machine._uniform = lambda: (drawn() + 0.5) % 1.0  # surely another nonce
+    again = invite(2)
+    assert first["step"] == again["step"] == "accept"
+    assert again["commitment"] == first["commitment"]  # one commitment per attempt
+    record = formation.invites[(0, 0)]
+    nonce = record.attempt.nonces[3]  # what its reveal sends (the machine's REVEAL payload)
+    assert commitment(0, 0, 3, nonce, record.salts[3]) == first["commitment"]
 
 
 def test_a_second_copy_an_unknown_attempt_and_a_stranger_are_refused():
