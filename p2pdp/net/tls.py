@@ -496,7 +496,7 @@ async def listen(
             )
             secure.abort()
             return
-        loop.call_later(first_frame, silent, protocol)
+        loop.call_later(first_frame, failure.call("a TLS listener's idle check", silent), protocol)
         protocol.connection_made(secure)  # the stream and the handler's task start here
 
     class Plain(asyncio.Protocol):
