@@ -708,6 +708,7 @@ async def serve_iterative(
     rounds: asyncio.Future | None = None
 
     async def control_loop(reader: asyncio.StreamReader, control: asyncio.StreamWriter) -> None:
+        """The coordinator's frames, until its ``finish`` or the end of its connection."""
         nonlocal rounds
         loop = asyncio.get_running_loop()
         while True:
