@@ -8,7 +8,8 @@ listening socket, and runs the transport-free state machine of one aggregation
 (:mod:`~p2pdp.net.connections` their sockets, :mod:`~p2pdp.net.host_process` one host
 process, :mod:`~p2pdp.net.hosts` what hosts and coordinator share),
 :mod:`p2pdp.net.coordinator` the central sampler (:mod:`~p2pdp.net.control` the hosts'
-control frames, :mod:`~p2pdp.net.bookkeeping` the run's counts). Gossip formation:
+control frames, :mod:`~p2pdp.net.bookkeeping` the run's counts); :mod:`~p2pdp.net.failures`
+ends a party's run at a fault of its own code. Gossip formation:
 :mod:`~p2pdp.net.gossip_host` (a host's peers), :mod:`~p2pdp.net.gossip_views`,
 :mod:`~p2pdp.net.commitments`, :mod:`~p2pdp.net.gossip_coordinator`; the iterative protocols:
 :mod:`~p2pdp.net.iterative_host`, :mod:`~p2pdp.net.iterative_coordinator`.
