@@ -446,24 +446,25 @@ class _Steady:
     step) and ``Sigma_1 = Phi(Sigma_0) >= Q = Sigma_0``, so ``Sigma_{s+1} >= Sigma_s`` for
     every ``s`` (induction with ``Phi`` monotone).
 
-    **The larger view.** Once the views' variances stop moving (:data:`STEADY`) at step
-    ``s0``, ``Sigma* = Sigma_{s0}`` is kept (on the peers but ``v``; ``v`` knows its own
-    model). After every later step event, once the retiring noises are bounded, the view is
-    given one more reading, ``y = G^T Sigma^-1 x + w``, ``G G^T = Sigma - Sigma*`` (``>= 0``:
-    ``Sigma = Phi(Sigma*) = Sigma_{s0 + 1} >= Sigma*``) and ``w ~ N(0, I - G^T Sigma^-1 G)``
-    independent of everything (``>= 0`` as ``Sigma* >= 0``): its innovation is already
-    white, its gains are ``G``, its responses to the window's noises ``G^T Sigma^-1 E``, and
-    it leaves the covariance at ``Sigma*``. A view with more readings tells at least as much
-    (the real view is a function of it), so a bound on it is a bound; the retired noises'
-    remainders stay valid (the reading is a function of the models after the step and of
-    ``w``). In that view every round from ``s0`` on starts from ``Sigma*`` with the same
-    events, and the filter's values of a step (its window's information, its remainder)
-    depend only on the rounds from it on: every step from ``s0`` whose window the run does
-    not cut has the same values, and the last ``window`` steps those of the last steps of
-    any such run. So the filter runs ``s0 + window + 1`` rounds and the tail, and the step
-    ``s0``'s values stand for the steps up to ``T - window`` (:meth:`copies`). A reset whose
-    ``Sigma - Sigma*`` is not positive semidefinite (beyond rounding) raises
-    :class:`_NotSteady` and every round is filtered.
+    **The larger view.** Once the views' variances stop moving (:data:`STEADY`) at step ``s0``,
+    ``Sigma* = Sigma_{s0}`` is kept (on the peers but ``v``; ``v`` knows its own model). After
+    every later step event, once the retiring noises are bounded, the view is given one more
+    reading, ``y = G^T Sigma^-1 x + w``, ``G G^T = Sigma - Sigma*`` (``>= 0``: ``Sigma =
+    Phi(Sigma*) = Sigma_{s0 + 1} >= Sigma*``) and ``w ~ N(0, I - G^T Sigma^-1 G)`` independent
+    of everything (``>= 0`` as ``Sigma* >= 0``): its innovation is already white, its gains are
+    ``G``, its responses to the window's noises ``G^T Sigma^-1 E``, and it leaves the covariance
+    at ``Sigma*`` (directions of ``Sigma - Sigma*`` below :data:`_ROUNDING` are the covariances'
+    rounding and are not read). A view with more readings tells at least as much (the real view
+    is a function of it), so a bound on it is a bound; the retired noises' remainders stay valid
+    (the reading is a function of the models after the step and of ``w``). In that view every
+    round after ``s0`` starts from ``Sigma*``, has the same events and ends in the same reset,
+    and the filter's values of a step (its window's information, its remainder) depend only on
+    the rounds from its own on: every step after ``s0`` whose window the run does not cut has
+    the same values, and the last ``window`` steps those of the last steps of any such run. So
+    the filter runs ``s0 + window + 2`` rounds and the tail, and step ``s0 + 1``'s values stand
+    for the steps up to ``T - window`` (:meth:`copies`; not ``s0``'s, whose noise was not
+    followed by a reset). A reset whose ``Sigma - Sigma*`` is not positive semidefinite (beyond
+    rounding) raises :class:`_NotSteady` and every round is filtered.
     """
 
     round_events: list[Event]
@@ -480,7 +481,7 @@ class _Steady:
         """The run's events: its rounds until ``window`` rounds after the settled one, then
         the tail."""
         r = 0
-        while r < self.rounds and (self.start is None or r <= self.start + self.window):
+        while r < self.rounds and (self.start is None or r <= self.start + self.window + 1):
             yield from self.round_events
             r += 1
         self.ran = r
@@ -499,7 +500,7 @@ class _Steady:
         s, self.steps = self.steps, self.steps + 1
         if self.start is None:
             previous, self.previous = self.previous, variances
-            if previous is None or s + self.window + 1 >= self.rounds:
+            if previous is None or s + self.window + 2 >= self.rounds:
                 return None
             if np.abs(variances - previous).max() > STEADY * variances.max():
                 return None
@@ -519,10 +520,9 @@ class _Steady:
         """(T,): the filtered step whose values each of the run's ``T`` steps takes."""
         assert self.start is not None
         full, cut = np.arange(self.rounds), self.rounds - self.window
+        first = self.start + 1  # the first step injected before a reset
         return np.where(
-            full < self.start,
-            full,
-            np.where(full < cut, self.start, full - (self.rounds - self.ran)),
+            full <= first, full, np.where(full < cut, first, full - (self.rounds - self.ran))
         )
 
 

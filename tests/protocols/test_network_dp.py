@@ -617,7 +617,7 @@ def test_a_periodic_run_settled_from_its_first_round_is_never_below_the_exact_va
     assert (bound[off] >= exact[off] - 1e-12).all()
     assert (bound[off] <= steps + 1e-9).all()
     window = network_dp_filter.filter_window(trace)
-    assert [step for step, _ in resets] == list(range(2, window + 2))  # settled at step 1
+    assert [step for step, _ in resets] == list(range(2, window + 3))  # settled at step 1
 
 
 def test_a_periodic_runs_rounds_after_it_settles_are_copies_of_each_other(monkeypatch) -> None:
@@ -634,12 +634,33 @@ def test_a_periodic_runs_rounds_after_it_settles_are_copies_of_each_other(monkey
         trace, mixing, scales=scales, decay=0.97, steady=False
     )
     window = network_dp_filter.filter_window(trace)
-    assert len(resets) == window and resets[-1][0] < steps // 2
+    assert len(resets) == window + 1 and resets[-1][0] < steps // 2
     first = resets[0][1]
     for _, covariance in resets[1:]:
         np.testing.assert_allclose(covariance, first, rtol=0, atol=1e-9 * np.abs(first).max())
     off = ~np.eye(P, dtype=bool)
     np.testing.assert_allclose(bound[off], full[off], rtol=1e-4)
+
+
+def test_the_copied_rounds_are_the_larger_views_filtered_to_the_end(monkeypatch) -> None:
+    """The settled step's values stand for the rounds not filtered: the same as filtering
+    every round of the larger view (a reset each round to the end), to 1e-9."""
+    mixing = _mixing(BOUND_GRAPHS["3-regular-14"])
+    P = mixing.n_peers
+    trace, scales = _trace(mixing, 40, 2, after=2), np.linspace(0.5, 1.5, P)
+    copied = network_dp_filter.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
+
+    def every_round(self):
+        for _ in range(self.rounds):
+            yield from self.round_events
+        self.ran = self.rounds
+        yield from self.tail
+
+    monkeypatch.setattr(network_dp_filter._Steady, "events", every_round)
+    monkeypatch.setattr(network_dp_filter._Steady, "copies", lambda self: np.arange(self.rounds))
+    filtered = network_dp_filter.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
+    off = ~np.eye(P, dtype=bool)
+    np.testing.assert_allclose(copied[off], filtered[off], rtol=1e-9)
 
 
 def test_only_runs_whose_rounds_are_alike_are_periodic() -> None:
