@@ -228,13 +228,15 @@ def filtered_coefficients(
                             trace, mixing, scales=scales, decay=decay, window=window, steady=False
                         )
                     if reset is not None:  # the larger view's reading that makes it a copy
-                        covariance, gain = reset
-                        seen = _errors(prior, F, Z_kept, own, slice(None), others)
-                        Z = np.linalg.solve(covariance, gain).transpose(0, 2, 1) @ seen
-                        whole = np.zeros((B, n, gain.shape[2]))
-                        whole[rows_b[:, None], others] = gain
+                        covariance, gain = reset  # on the peers but v
+                        r = gain.shape[2]
+                        whole = np.zeros((2, B, n, r))  # G and Sigma^-1 G on every peer
+                        whole[:, rows_b[:, None], others] = gain, np.linalg.solve(covariance, gain)
+                        H = whole[1].transpose(0, 2, 1)  # y = H x + w: Z = H E
+                        moved = (H.reshape(B * r, n) @ prior).reshape(B, r, L * n)
+                        Z = _errors(moved, H @ F, Z_kept, own, slice(None), None)
                         F, Z_kept, variances = _absorb(
-                            M_act, step_of, F, Z_kept, variances, whole, Z
+                            M_act, step_of, F, Z_kept, variances, whole[0], Z
                         )
                 continue
             delivered, late = event
