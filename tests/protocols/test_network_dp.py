@@ -663,6 +663,30 @@ def test_the_copied_rounds_are_the_larger_views_filtered_to_the_end(monkeypatch)
     np.testing.assert_allclose(copied[off], filtered[off], rtol=1e-9)
 
 
+def test_a_runs_recorded_trace_takes_the_settled_bound(monkeypatch) -> None:
+    """Config -> run -> columns: a Muffliato run of 20 peers (degree 4), 16 rounds of 3
+    exchanges, a budget for every round, every message delivered, with the filtered bound
+    forced: its recorded trace
+    is periodic, the filter settles and copies (fewer rounds filtered than run), and the
+    columns are those of filtering every round within 1e-4."""
+    monkeypatch.setattr(network_dp, "MAX_VIEW_ENTRIES", 0)
+    monkeypatch.setattr(network_dp, "_FOUND", {})
+    resets = _settled(monkeypatch)
+    config = _config(
+        name="muffliato", gossip_steps=3, rounds=16, noise_multiplier=6.0,
+        privacy={"epsilon": 100.0},  # every peer steps every round
+    )  # fmt: skip
+    row = simulate(config).row()
+    assert row["network_dp_method"] == "bound" and len(resets) >= 1
+    assert max(step for step, _ in resets) < 15
+    monkeypatch.setattr(network_dp, "_FOUND", {})
+    monkeypatch.setattr(network_dp_filter, "_periodic", lambda trace, n: None)
+    full = simulate(config).row()
+    for column in ("mean", "max", "max_beyond_neighbours"):
+        key = f"network_dp_epsilon_{column}"
+        assert row[key] == pytest.approx(full[key], rel=1e-4)
+
+
 def test_only_runs_whose_rounds_are_alike_are_periodic() -> None:
     """``_periodic``: every peer steps, then the same exchanges with the same messages seen,
     in every round; a lost message, a peer that skips a step or a step without the round's
