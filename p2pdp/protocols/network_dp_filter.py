@@ -510,13 +510,8 @@ class _Steady:
             return None
         assert self.target is not None
         covariance = _inner(_covariance(base, F, R), others)
-        w, U = np.linalg.eigh(covariance - self.target)
         scale = np.diagonal(covariance, axis1=1, axis2=2).max(axis=1)
-        if (w[:, 0] < -1e-9 * scale).any():
-            raise _NotSteady
-        w = np.where(w > _ROUNDING * scale[:, None], w, 0.0)
-        rank = int(np.count_nonzero(w, axis=1).max(initial=0))  # eigh: ascending
-        return covariance, U[:, :, w.shape[1] - rank :] * np.sqrt(w[:, None, w.shape[1] - rank :])
+        return covariance, _factor(covariance - self.target, scale)
 
     def copies(self) -> np.ndarray:
         """(T,): the filtered step whose values each of the run's ``T`` steps takes."""
@@ -526,6 +521,32 @@ class _Steady:
         return np.where(
             full <= first, full, np.where(full < cut, first, full - (self.rounds - self.ran))
         )
+
+
+def _factor(delta: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``G`` (B, m, r) with ``G G^T = delta`` for a batch (B, m, m) of positive semidefinite
+    matrices, up to what :data:`_ROUNDING` of ``scale`` (B,) leaves: a Cholesky factorisation
+    with diagonal pivoting, stopped once no diagonal of the rest exceeds it (``m^2`` a column;
+    the settled resets have one to a few). Raises :class:`_NotSteady` where ``delta`` is not
+    ``>= -1e-9 scale I`` (its Cholesky factorisation with that added fails)."""
+    B, m, _ = delta.shape
+    try:
+        np.linalg.cholesky(delta + (1e-9 * scale)[:, None, None] * np.eye(m))
+    except np.linalg.LinAlgError:
+        raise _NotSteady from None
+    rest, rows, columns = delta.copy(), np.arange(B), []
+    for _ in range(m):
+        diagonal = np.diagonal(rest, axis1=1, axis2=2)
+        pivot = diagonal.argmax(axis=1)
+        top = diagonal[rows, pivot]
+        if not (top > _ROUNDING * scale).any():
+            break
+        column = (
+            rest[rows, :, pivot] / np.sqrt(np.where(top > _ROUNDING * scale, top, np.inf))[:, None]
+        )
+        rest -= column[:, :, None] * column[:, None, :]
+        columns.append(column)
+    return np.stack(columns, axis=2) if columns else np.zeros((B, m, 0))
 
 
 def _inner(covariance: np.ndarray, others: np.ndarray) -> np.ndarray:
