@@ -76,7 +76,7 @@ products of its gains. Cost (:func:`filter_work`): about ``P^3`` x (readings x (
 (every round alike, every message delivered) the filter stops once the views' covariances
 settle and bounds a larger view whose later rounds are copies of the settled one
 (:class:`~p2pdp.protocols.network_dp_filter._Steady`: the proof): 100 peers, 100 rounds, in
-1.3 s of CPU (Muffliato) and 3.9 s (D-PSGD) instead of 15 and 13 s.
+1.0 s of CPU (Muffliato) and 3.3 s (D-PSGD) instead of 15 and 13 s.
 
 **Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps; runs
 beyond both limits. ``network_dp_method`` says ``exact`` when the dense computation's
