@@ -393,10 +393,10 @@ def _remainder(errors: np.ndarray, floor: np.ndarray, left: np.ndarray) -> np.nd
 #: any view of the batch moved by more than this fraction of the largest in a round.
 STEADY = 1e-5
 
-#: Eigenvalues of ``Sigma - Sigma*`` (:class:`_Steady`) below this fraction of the largest
-#: variance are the rounding of the covariances (the real ones have one or a few directions
-#: above it, the rest at 1e-18 to 1e-14): not read, as the filter's whitening ignores
-#: readings below 1e-10 of it.
+#: Directions of ``Sigma - Sigma*`` (:class:`_Steady`, :func:`_factor`) below this fraction
+#: of the largest variance are the rounding of the covariances (the real ones have one to a
+#: few directions above it, the rest at 1e-18 to 1e-14 by an eigendecomposition): not read,
+#: as the filter's whitening ignores readings below 1e-10 of it.
 _ROUNDING = 1e-12
 
 
@@ -411,8 +411,8 @@ def _periodic(trace: ViewTrace, n: int) -> tuple[list[Event], int, list[Event]] 
     starts = [i for i, e in enumerate(events) if isinstance(e, np.ndarray)]
     if len(starts) < 2 or starts[0] != 0:
         return None
-    K = starts[1]
-    first = events[:K]
+    length = starts[1]  # a round's events: its step and its exchanges
+    first = events[:length]
 
     def same(a: Event, b: Event) -> bool:
         if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
@@ -423,9 +423,10 @@ def _periodic(trace: ViewTrace, n: int) -> tuple[list[Event], int, list[Event]] 
     if not np.array_equal(cast(np.ndarray, first[0]), np.arange(n)):
         return None
     for r in range(1, rounds):
-        if len(events) < (r + 1) * K or not all(map(same, first, events[r * K : (r + 1) * K])):
+        alike = events[r * length : (r + 1) * length]
+        if len(alike) < length or not all(map(same, first, alike)):
             return None
-    return first, rounds, events[rounds * K :]
+    return first, rounds, events[rounds * length :]
 
 
 class _NotSteady(Exception):
@@ -480,8 +481,8 @@ class _Steady:
     target: np.ndarray | None = None
 
     def events(self) -> Iterator[Event]:
-        """The run's events: its rounds until ``window`` rounds after the settled one, then
-        the tail."""
+        """The run's events: its rounds until ``window + 1`` rounds after the settled one,
+        then the tail (:attr:`ran`: the rounds given)."""
         r = 0
         while r < self.rounds and (self.start is None or r <= self.start + self.window + 1):
             yield from self.round_events
@@ -497,8 +498,8 @@ class _Steady:
         variances: np.ndarray,
         others: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """At the end of a step event: ``None``, or the reset's ``(Sigma, G)`` on the peers
-        but ``v`` ((B, P - 1, P - 1), (B, P - 1, P - 1))."""
+        """At the end of a step event (after the retirement and the new slot): ``None``, or
+        the reset's ``(Sigma, G)`` on the peers but ``v`` ((B, P - 1, P - 1), (B, P - 1, r))."""
         s, self.steps = self.steps, self.steps + 1
         if self.start is None:
             previous, self.previous = self.previous, variances
