@@ -72,7 +72,11 @@ exchanges a step); Minkowski's inequality then gives
 covariance is never formed: it is the prior covariance (shared by the views) minus the outer
 products of its gains. Cost (:func:`filter_work`): about ``P^3`` x (readings x (window + 1)
 + the gains moved at each step event, at most ``P``), limited by :data:`MAX_FILTER_WORK`
-(100 peers of degree 10, 100 rounds of 5 exchanges: yes; 1,000 peers: no).
+(100 peers of degree 10, 100 rounds of 5 exchanges: yes; 1,000 peers: no). On a periodic run
+(every round alike, every message delivered) the filter stops once the views' covariances
+settle and bounds a larger view whose later rounds are copies of the settled one
+(:class:`~p2pdp.protocols.network_dp_filter._Steady`: the proof): 100 peers, 100 rounds, in
+1.0 s of CPU (Muffliato) and 3.3 s (D-PSGD) instead of 15 and 13 s.
 
 **Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps; runs
 beyond both limits. ``network_dp_method`` says ``exact`` when the dense computation's
@@ -108,6 +112,7 @@ MAX_VIEW_ENTRIES = 10_000_000
 #: (about 3 s of CPU), with 100 rounds 5.5e10 (16 s); 200 peers with 20 rounds 1e11 (22 s),
 #: 500 peers 2.1e12 (288 s); 1,000 peers with 20 rounds are 2e13 (20 to 45 min by its first 3
 #: rounds, 100 s, and by the growth from 300 to 500 peers): left empty, with the reason.
+#: Those costs filter every round; a periodic run stops once its covariances settle.
 MAX_FILTER_WORK = 120_000_000_000
 
 

@@ -9,6 +9,8 @@ which the report compares with :data:`p2pdp.protocols.network_dp.MAX_FILTER_WORK
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -53,6 +55,7 @@ def filtered_coefficients(
     scales: np.ndarray,
     decay: float,
     window: int | None = None,
+    steady: bool = True,
 ) -> np.ndarray:
     """An upper bound on every ``kappa[u, v]`` from a Kalman filter over the models.
 
@@ -108,9 +111,15 @@ def filtered_coefficients(
     ``F Z_kept`` (an innovation before a noise does not respond to it), and ``M_act`` is a
     band (two steps of ``u`` in the window are under ``window`` apart).
 
+    **Periodic runs** (``steady``, the default): on a trace whose rounds are all alike, the
+    filter runs until the views' covariances stop moving, then a few rounds of a larger view
+    whose rounds are exact copies, and the copies' values stand for the rounds not run
+    (:class:`_Steady`, which gives the proof).
+
     Parameters: as :func:`view_coefficients`, plus ``window`` (default
-    :func:`filter_window`). Returns the (P, P) upper bounds (the diagonal NaN), each raised
-    by :func:`_margin` above the rounding of the arithmetic.
+    :func:`filter_window`) and ``steady`` (``False``: every round filtered). Returns the
+    (P, P) upper bounds (the diagonal NaN), each raised by :func:`_margin` above the rounding
+    of the arithmetic.
     """
     window = filter_window(trace) if window is None else window
     n, L = mixing.n_peers, window
@@ -123,6 +132,7 @@ def filtered_coefficients(
     pending: dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = {}
     shared = _shared_states(trace, mixing, scales=scales, decay=decay, window=L)
     innovations = _window_innovations(trace, mixing, L)
+    periodic = _periodic(trace, n) if steady else None
     per_view = n * (2 * n + innovations + T * (L + 1)) + innovations * L * n
     batch = max(1, min(n, _FILTER_FLOATS // max(1, per_view)))
     u_all = np.arange(n)
@@ -160,7 +170,8 @@ def filtered_coefficients(
         matrices: dict[bytes, sp.csr_array] = {}  # the last exchange's W_delta
         events = iter(shared)
         variances = np.zeros((B, n))
-        for event in trace.events:
+        schedule = None if periodic is None else _Steady(*periodic, window=L)
+        for event in trace.events if schedule is None else schedule.events():
             if isinstance(event, np.ndarray):
                 if carry is not None:
                     F, R = _left(carry, F), _left(carry, R)
@@ -209,6 +220,24 @@ def filtered_coefficients(
                 step_of[slot, peers] = taken[peers]
                 taken[peers] += 1
                 slot = (slot + 1) % L
+                if schedule is not None:
+                    try:
+                        reset = schedule.step(base, F, R, variances, others)
+                    except _NotSteady:  # not a copy of the round before: every round
+                        return filtered_coefficients(
+                            trace, mixing, scales=scales, decay=decay, window=window, steady=False
+                        )
+                    if reset is not None:  # the larger view's reading that makes it a copy
+                        covariance, gain = reset  # on the peers but v
+                        r = gain.shape[2]
+                        whole = np.zeros((2, B, n, r))  # G and Sigma^-1 G on every peer
+                        whole[:, rows_b[:, None], others] = gain, np.linalg.solve(covariance, gain)
+                        H = whole[1].transpose(0, 2, 1)  # y = H x + w: Z = H E
+                        moved = (H.reshape(B * r, n) @ prior).reshape(B, r, L * n)
+                        Z = _errors(moved, H @ F, Z_kept, own, slice(None), None)
+                        F, Z_kept, variances = _absorb(
+                            M_act, step_of, F, Z_kept, variances, whole[0], Z
+                        )
                 continue
             delivered, late = event
             seen_edges = delivered | late
@@ -240,21 +269,15 @@ def filtered_coefficients(
                 white = U * np.where(keep, 1.0 / np.sqrt(np.where(keep, w, 1.0)), 0.0)[:, None]
                 gain = HS.transpose(0, 2, 1) @ white  # (B, n, d): Cov(x(tau) error, z)
                 Z = white.transpose(0, 2, 1) @ HE  # (B, d, L n): z's response to each noise
-                Z4 = Z.reshape(B, d, L, n)
-                pairs = np.einsum("brlu,brmu->bulm", Z4, Z4)  # (B, n, L, L)
-                for a in range(L):
-                    for c in range(L):
-                        apart = step_of[c] - step_of[a]
-                        both = np.flatnonzero((step_of[a] >= 0) & (step_of[c] >= 0) & (apart >= 0))
-                        M_act[:, both, step_of[a, both], apart[both]] += pairs[:, both, a, c]
-                F = np.concatenate([F, gain], axis=2)
-                Z_kept = np.concatenate([Z_kept, Z], axis=1)
-                variances -= (gain**2).sum(axis=2)
+                F, Z_kept, variances = _absorb(M_act, step_of, F, Z_kept, variances, gain, Z)
             key = delivered.tobytes()
             if key not in matrices:  # few patterns: every message delivered, mostly
                 matrices = {key: mixing.matrix(delivered)}
             W = matrices[key]
             carry = W.toarray() if carry is None else W @ carry
+        if schedule is not None and schedule.start is not None:  # the copies' values
+            copies = schedule.copies()
+            M_act, remainder = M_act[:, :, copies], remainder[:, :, copies]
         for b, v in enumerate(views.tolist()):
             for T_u in np.unique(counts).tolist():
                 same = np.flatnonzero((counts == T_u) & (u_all != v))
@@ -277,6 +300,33 @@ def filtered_coefficients(
             kappa[us, v] = np.minimum(kappa[us, v], better)
             start += us.size
     return kappa
+
+
+def _absorb(
+    M_act: np.ndarray,
+    step_of: np.ndarray,
+    F: np.ndarray,
+    Z_kept: np.ndarray,
+    variances: np.ndarray,
+    gain: np.ndarray,
+    Z: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A reading's whitened innovations, gains ``gain`` (B, P, d) and responses ``Z`` (B, d,
+    window P), added to the window's information ``M_act`` (in place: the products of the
+    responses to two noises of a peer held in slots ``a`` and ``c``, ``step_of`` their steps)
+    and to the view's gains: the new ``F``, ``Z_kept`` and the models' variances."""
+    B, d = Z.shape[:2]
+    L, n = step_of.shape
+    Z4 = Z.reshape(B, d, L, n)
+    pairs = np.einsum("brlu,brmu->bulm", Z4, Z4)  # (B, n, L, L)
+    for a in range(L):
+        for c in range(L):
+            apart = step_of[c] - step_of[a]
+            both = np.flatnonzero((step_of[a] >= 0) & (step_of[c] >= 0) & (apart >= 0))
+            M_act[:, both, step_of[a, both], apart[both]] += pairs[:, both, a, c]
+    F = np.concatenate([F, gain], axis=2)
+    Z_kept = np.concatenate([Z_kept, Z], axis=1)
+    return F, Z_kept, variances - (gain**2).sum(axis=2)
 
 
 #: Above this fraction of nonzero entries the exchanges carried to a step event are applied
@@ -337,6 +387,174 @@ def _remainder(errors: np.ndarray, floor: np.ndarray, left: np.ndarray) -> np.nd
     outside = np.abs(errors * ~stepped[:, :, None]).max(axis=1, initial=0.0) > 0
     combined = q * left / np.maximum(q + left, 1e-300)
     return np.where(outside, left, combined)
+
+
+#: The views' covariances count as settled (:class:`_Steady`) once no model's variance given
+#: any view of the batch moved by more than this fraction of the largest in a round.
+STEADY = 1e-5
+
+#: Directions of ``Sigma - Sigma*`` (:class:`_Steady`, :func:`_factor`) below this fraction
+#: of the largest variance are the rounding of the covariances (the real ones have one to a
+#: few directions above it, the rest at 1e-18 to 1e-14 by an eigendecomposition): not read,
+#: as the filter's whitening ignores readings below 1e-10 of it.
+_ROUNDING = 1e-12
+
+
+Event = np.ndarray | tuple[np.ndarray, np.ndarray]
+
+
+def _periodic(trace: ViewTrace, n: int) -> tuple[list[Event], int, list[Event]] | None:
+    """``(round, rounds, tail)`` when ``trace`` is ``rounds`` copies of one round (every peer
+    steps, then the same exchanges with the same messages seen) followed by exchanges
+    without steps (``tail``); ``None`` otherwise."""
+    events = trace.events
+    starts = [i for i, e in enumerate(events) if isinstance(e, np.ndarray)]
+    if len(starts) < 2 or starts[0] != 0:
+        return None
+    length = starts[1]  # a round's events: its step and its exchanges
+    first = events[:length]
+
+    def same(a: Event, b: Event) -> bool:
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b)
+        return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+    rounds = len(starts)
+    if not np.array_equal(cast(np.ndarray, first[0]), np.arange(n)):
+        return None
+    for r in range(1, rounds):
+        alike = events[r * length : (r + 1) * length]
+        if len(alike) < length or not all(map(same, first, alike)):
+            return None
+    return first, rounds, events[rounds * length :]
+
+
+class _NotSteady(Exception):
+    """A view's covariance fell below the settled one: not a periodic run after all."""
+
+
+@dataclass
+class _Steady:
+    """The rounds of a periodic run that :func:`filtered_coefficients` filters, and the
+    readings of a larger view that make its rounds copies of each other.
+
+    **Why the covariance settles from below.** Let ``Sigma_s`` be the covariance of the models
+    right after the ``s``-th step event (its noise injected) given what view ``v`` read
+    before. One round maps it to the next through the same map ``Phi`` every round (the run is
+    periodic): the exchanges' exact readings (the posterior covariance ``Sigma - Sigma H^T
+    (H Sigma H^T)^+ H Sigma`` is the error of the best linear estimate, so ``Sigma <= Sigma'``
+    gives a smaller posterior: the best gain for ``Sigma'`` does at least as well on
+    ``Sigma``), the averaging (``W Sigma W^T``), the decay and the fresh noise ``Q`` are each
+    monotone in the Loewner order. ``Sigma_0 = Q`` (the models are known before the first
+    step) and ``Sigma_1 = Phi(Sigma_0) >= Q = Sigma_0``, so ``Sigma_{s+1} >= Sigma_s`` for
+    every ``s`` (induction with ``Phi`` monotone).
+
+    **The larger view.** Once the views' variances stop moving (:data:`STEADY`) at step ``s0``,
+    ``Sigma* = Sigma_{s0}`` is kept (on the peers but ``v``; ``v`` knows its own model). After
+    every later step event, once the retiring noises are bounded, the view is given one more
+    reading, ``y = G^T Sigma^-1 x + w``, ``G G^T = Sigma - Sigma*`` (``>= 0``: ``Sigma =
+    Phi(Sigma*) = Sigma_{s0 + 1} >= Sigma*``) and ``w ~ N(0, I - G^T Sigma^-1 G)`` independent
+    of everything (``>= 0`` as ``Sigma* >= 0``): its innovation is already white, its gains are
+    ``G``, its responses to the window's noises ``G^T Sigma^-1 E``, and it leaves the covariance
+    at ``Sigma*`` (directions of ``Sigma - Sigma*`` below :data:`_ROUNDING` are the covariances'
+    rounding and are not read). A view with more readings tells at least as much (the real view
+    is a function of it), so a bound on it is a bound; the retired noises' remainders stay valid
+    (the reading is a function of the models after the step and of ``w``). In that view every
+    round after ``s0`` starts from ``Sigma*``, has the same events and ends in the same reset,
+    and the filter's values of a step (its window's information, its remainder) depend only on
+    the rounds from its own on: every step after ``s0`` whose window the run does not cut has
+    the same values, and the last ``window`` steps those of the last steps of any such run. So
+    the filter runs ``s0 + window + 2`` rounds and the tail, and step ``s0 + 1``'s values stand
+    for the steps up to ``T - window`` (:meth:`copies`; not ``s0``'s, whose noise was not
+    followed by a reset). A reset whose ``Sigma - Sigma*`` is not positive semidefinite (beyond
+    rounding) raises :class:`_NotSteady` and every round is filtered.
+    """
+
+    round_events: list[Event]
+    rounds: int
+    tail: list[Event]
+    window: int
+    start: int | None = None
+    steps: int = 0
+    ran: int = 0
+    previous: np.ndarray | None = None
+    target: np.ndarray | None = None
+
+    def events(self) -> Iterator[Event]:
+        """The run's events: its rounds until ``window + 1`` rounds after the settled one,
+        then the tail (:attr:`ran`: the rounds given)."""
+        r = 0
+        while r < self.rounds and (self.start is None or r <= self.start + self.window + 1):
+            yield from self.round_events
+            r += 1
+        self.ran = r
+        yield from self.tail
+
+    def step(
+        self,
+        base: np.ndarray,
+        F: np.ndarray,
+        R: np.ndarray,
+        variances: np.ndarray,
+        others: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """At the end of a step event (after the retirement and the new slot): ``None``, or
+        the reset's ``(Sigma, G)`` on the peers but ``v`` ((B, P - 1, P - 1), (B, P - 1, r))."""
+        s, self.steps = self.steps, self.steps + 1
+        if self.start is None:
+            previous, self.previous = self.previous, variances
+            if previous is None or s + self.window + 2 >= self.rounds:
+                return None
+            if np.abs(variances - previous).max() > STEADY * variances.max():
+                return None
+            self.start, self.target = s, _inner(_covariance(base, F, R), others)
+            return None
+        assert self.target is not None
+        covariance = _inner(_covariance(base, F, R), others)
+        scale = np.diagonal(covariance, axis1=1, axis2=2).max(axis=1)
+        return covariance, _factor(covariance - self.target, scale)
+
+    def copies(self) -> np.ndarray:
+        """(T,): the filtered step whose values each of the run's ``T`` steps takes."""
+        assert self.start is not None
+        full, cut = np.arange(self.rounds), self.rounds - self.window
+        first = self.start + 1  # the first step injected before a reset
+        return np.where(
+            full <= first, full, np.where(full < cut, first, full - (self.rounds - self.ran))
+        )
+
+
+def _factor(delta: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``G`` (B, m, r) with ``G G^T = delta`` for a batch (B, m, m) of positive semidefinite
+    matrices, up to what :data:`_ROUNDING` of ``scale`` (B,) leaves: a Cholesky factorisation
+    with diagonal pivoting, stopped once no diagonal of the rest exceeds it (``m^2`` a column;
+    the settled resets have one to a few). Raises :class:`_NotSteady` where ``delta`` is not
+    ``>= -1e-9 scale I`` (its Cholesky factorisation with that added fails)."""
+    B, m, _ = delta.shape
+    try:
+        np.linalg.cholesky(delta + (1e-9 * scale)[:, None, None] * np.eye(m))
+    except np.linalg.LinAlgError:
+        raise _NotSteady from None
+    rest, rows, columns = delta.copy(), np.arange(B), []
+    for _ in range(m):
+        diagonal = np.diagonal(rest, axis1=1, axis2=2)
+        pivot = diagonal.argmax(axis=1)
+        top = diagonal[rows, pivot]
+        if not (top > _ROUNDING * scale).any():
+            break
+        column = (
+            rest[rows, :, pivot] / np.sqrt(np.where(top > _ROUNDING * scale, top, np.inf))[:, None]
+        )
+        rest -= column[:, :, None] * column[:, None, :]
+        columns.append(column)
+    return np.stack(columns, axis=2) if columns else np.zeros((B, m, 0))
+
+
+def _inner(covariance: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """The (B, P - 1, P - 1) blocks of a batch of (B, P, P) matrices on ``others``' rows and
+    columns."""
+    b = np.arange(others.shape[0])[:, None, None]
+    return covariance[b, others[:, :, None], others[:, None, :]]
 
 
 def _shared_states(
