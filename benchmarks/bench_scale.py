@@ -32,6 +32,7 @@ import argparse
 import csv
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,12 @@ def write_figure(rows: list[dict], path: Path) -> None:
                 color=colours[phase],
                 label=f"{name}: {phase[:-2]} (P^{exponent:.2f})",
             )
+        for r in runs:  # a busy machine's times say more about the load than the engine
+            if busy(r):
+                time_axis.annotate(
+                    f"load {r['load_mean']:.0f}", (r["peers"], r["wall_s"]), fontsize=7,
+                    textcoords="offset points", xytext=(-30, 6),
+                )  # fmt: skip
         for column, colour in MEMORY.items():
             memory = [r[column] / 1024 for r in runs]
             exponent = growth_exponent(peers, memory) if len(runs) > 1 else float("nan")
@@ -121,8 +128,10 @@ def write_figure(rows: list[dict], path: Path) -> None:
     memory_axis.set(xscale="log", yscale="log", xlabel="peers P", ylabel="peak memory (GiB)")
     for axis in (time_axis, memory_axis):
         axis.grid(alpha=0.3, which="both")
+    loaded = " (annotated: timed at a mean load above the cores)" if any(map(busy, rows)) else ""
     figure.suptitle(
-        "Synthetic workload, 20 rows per peer, g = 10, full publication (one fold)", fontsize=9
+        "Synthetic workload, 20 rows per peer, g = 10, full publication (one fold)" + loaded,
+        fontsize=9,
     )
     legend_below(figure, [time_axis, memory_axis], ncols=3)
     write_figure(figure, path)
@@ -146,6 +155,45 @@ def added_rows(path: Path) -> list[dict]:
     return rows
 
 
+class LoadSampler:
+    """The machine's mean 1-minute load average over a block (sampled every ``period``
+    seconds, the run's own processes included: about its worker count on an idle machine),
+    so a row says how busy the machine was when it was timed."""
+
+    def __init__(self, period: float = 5.0) -> None:
+        self.period = period
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.period):
+                return
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+
+    @property
+    def mean(self) -> float:
+        """The mean of the samples (at least the first and the last)."""
+        return float(np.mean(self.samples))
+
+
+def busy(row: dict) -> bool:
+    """Whether a row was timed on a busy machine: a mean load above the machine's cores plus
+    one (its times are then longer than the engine's own; rows without a load are taken as
+    timed on an idle machine)."""
+    return float(row.get("load_mean") or 0.0) > (os.cpu_count() or 1) + 1
+
+
 def scale_run(sampler: str, peers: int, workers: int, done: list[dict], limit: float) -> None:
     """Run P = ``peers`` in a fresh process and append its row to ``done`` (the runs of this
     sampler and worker count), unless its peak memory predicted from ``done`` exceeds
@@ -158,7 +206,9 @@ def scale_run(sampler: str, peers: int, workers: int, done: list[dict], limit: f
             flush=True,
         )
         return
-    row = run_isolated("synthetic", peers, 10, "full", sampler, workers)
+    with LoadSampler() as load:
+        row = run_isolated("synthetic", peers, 10, "full", sampler, workers)
+    row["load_mean"] = load.mean
     done.append(row)
     print(
         f"{sampler:>7} P={peers:>8} workers {workers}: training {row['training_s']:7.2f} s  "
@@ -166,7 +216,8 @@ def scale_run(sampler: str, peers: int, workers: int, done: list[dict], limit: f
         f"total {row['wall_s']:7.2f} s  peak {row['peak_mb'] / 1024:5.2f} GiB (by the end of "
         f"training {row['peak_mb_after_training'] / 1024:5.2f}, simulation "
         f"{row['peak_mb_after_simulation'] / 1024:5.2f}; largest worker "
-        f"{row['peak_worker_mb'] / 1024:5.2f})  aggregations {row['aggregations']}",
+        f"{row['peak_worker_mb'] / 1024:5.2f})  aggregations {row['aggregations']}  load "
+        f"{row['load_mean']:.1f}",
         flush=True,
     )
 
@@ -225,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out and rows:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.with_suffix(".csv").open("w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+            columns = list(dict.fromkeys(key for row in rows for key in row))  # every table's
+            writer = csv.DictWriter(file, fieldnames=columns)
             writer.writeheader()
             writer.writerows(rows)
         write_figure(rows, args.out.with_suffix(".png"))

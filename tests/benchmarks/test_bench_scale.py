@@ -25,6 +25,7 @@ def test_the_scale_benchmark_writes_its_table_and_figure_and_skips_what_would_no
     runs = [(int(row["peers"]), int(row["workers"])) for row in rows]
     assert runs == [(40, 1), (80, 1), (40, 2), (80, 2)]
     assert all(int(row["aggregations"]) > 0 and float(row["peak_mb"]) > 0 for row in rows)
+    assert all(float(row["load_mean"]) > 0 for row in rows)  # how busy the machine was
     for row in rows:  # each phase's memory budget: the peak by its end, which never falls
         budget = [
             float(row[f"peak_mb{phase}"]) for phase in ("_after_training", "_after_simulation", "")
@@ -58,6 +59,18 @@ def test_rows_of_an_earlier_table_join_the_new_table_and_figure(tmp_path):
     rows = list(csv.DictReader(out.with_suffix(".csv").open()))
     assert [int(row["peers"]) for row in rows] == [40, 80]
     assert rows[1] == next(csv.DictReader(earlier.with_suffix(".csv").open()))
+
+    busy = tmp_path / "busy.csv"  # a row timed on a busy machine, from an older table
+    (line,) = list(csv.DictReader(earlier.with_suffix(".csv").open()))
+    del line["load_mean"]
+    with busy.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(line))
+        writer.writeheader()
+        writer.writerow(line)
+    done = scale("--peers", "40", "--add", str(busy), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(out.with_suffix(".csv").open()))
+    assert rows[1]["load_mean"] == "" and float(rows[0]["load_mean"]) > 0
     assert out.with_suffix(".png").stat().st_size > 10_000
 
     other = tmp_path / "other.csv"
