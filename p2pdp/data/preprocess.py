@@ -375,7 +375,9 @@ class FittedPreprocessor:
         instead of ``X``: the ``log1p`` step (``sign(x) log1p(|x|)``, which is ``log1p(x)``
         bit for bit for ``x >= 0``) is not computed again. In this process (a block of rows),
         into ``out`` (n, n_features_out) float64 if given. Returns the rows :meth:`transform`
-        gives for ``X``. ConfigError without a ``log1p`` step, or for a non-finite entry."""
+        gives for ``X``, bit for bit; with the ``minmax`` step, in one compiled pass over the
+        rows (:func:`p2pdp.data.compiled.minmax_rows`: numba, which this method then
+        imports). ConfigError without a ``log1p`` step, or for a non-finite entry."""
         if "log1p" not in self.steps:
             raise ConfigError(f"transform_logged needs the 'log1p' step, got {self.steps}")
         Z = _as_matrix(logged, "logged")
@@ -388,7 +390,34 @@ class FittedPreprocessor:
         if out is not None and (out.shape != shape or out.dtype != np.float64):
             raise ConfigError(f"out must be a float64 array of shape {shape}, got {out.shape}")
         _check_finite(Z, "logged")
-        return self._transform_rows(Z, logged=True, out=out)
+        from p2pdp.data.compiled import (
+            MAX_WIDTH,
+            NORM_NONE,
+            NORM_SCALE,
+            NORM_UNIT_BALL,
+            minmax_rows,
+        )
+
+        if (
+            self.low is None
+            or self.high is None
+            or shape[1] > MAX_WIDTH
+            or (out is not None and not out.flags.c_contiguous)
+        ):
+            return self._transform_rows(Z, logged=True, out=out)
+        # minmax (never with standardize) and what follows it, compiled: the same bits
+
+        norm = NORM_UNIT_BALL if "project_unit_ball" in self.steps else NORM_NONE
+        norm = NORM_SCALE if "scale_sqrt_d" in self.steps else norm
+        bias = "bias" in self.steps
+        return minmax_rows(
+            Z,
+            self.low,
+            self.high,
+            bias=bias,
+            norm=norm,
+            out=np.empty(shape) if out is None else out,
+        )
 
     def _transform_rows(
         self,

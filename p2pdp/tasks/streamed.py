@@ -371,6 +371,10 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
         from p2pdp.learning.compiled import compile_fits
 
         compile_fits()
+    if fitted.low is not None:  # their transform compiled (transform_logged): once, here
+        from p2pdp.data.compiled import compile_transform
+
+        compile_transform()
     many = workers > 1 and len(training) > 1
     empty = shared_empty if many else np.empty
     weights, norms = empty((n_peers, d_out)), empty((n_peers,))
