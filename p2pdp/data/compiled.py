@@ -28,6 +28,8 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
+from p2pdp.core.errors import ConfigError
+
 __all__ = ["NORM_NONE", "NORM_SCALE", "NORM_UNIT_BALL", "compile_transform", "minmax_rows"]
 
 #: The norm step of :func:`minmax_rows`: none, ``project_unit_ball``, ``scale_sqrt_d``.
@@ -65,6 +67,7 @@ def _pairwise(a, start, n):  # pragma: no cover
 
 @numba.njit(cache=True, nogil=True)
 def _minmax_rows(logged, low, span, bias, norm, out):  # pragma: no cover
+    """The rows into ``out``; False (and ``out`` partly written) at a non-finite entry."""
     n, d = logged.shape
     width = out.shape[1]
     squares = np.empty(width)
@@ -72,6 +75,8 @@ def _minmax_rows(logged, low, span, bias, norm, out):  # pragma: no cover
     for i in range(n):
         row = out[i]
         for j in range(d):
+            if not math.isfinite(logged[i, j]):
+                return False
             if span[j] > 0:
                 value = (logged[i, j] - low[j]) / span[j]
             else:  # a constant feature maps to 0
@@ -90,6 +95,7 @@ def _minmax_rows(logged, low, span, bias, norm, out):  # pragma: no cover
         elif norm == 2:
             for j in range(width):
                 row[j] = row[j] / root
+    return True
 
 
 def minmax_rows(
@@ -107,11 +113,12 @@ def minmax_rows(
     (:data:`NORM_NONE`, :data:`NORM_UNIT_BALL` or :data:`NORM_SCALE`), into ``out``
     (n, d + bias) float64, C-contiguous rows; returns ``out``. The numbers of
     :meth:`~p2pdp.data.preprocess.FittedPreprocessor.transform`'s numpy steps (module
-    docstring). ``logged`` must be finite (unchecked here); ValueError for rows wider than
-    :data:`MAX_WIDTH`."""
+    docstring). ConfigError for a non-finite entry of ``logged``, ValueError for rows wider
+    than :data:`MAX_WIDTH`."""
     if out.shape[1] > MAX_WIDTH:
         raise ValueError(f"rows of at most {MAX_WIDTH} values, got {out.shape[1]}")
-    _minmax_rows(np.ascontiguousarray(logged), low, high - low, bias, norm, out)
+    if not _minmax_rows(np.ascontiguousarray(logged), low, high - low, bias, norm, out):
+        raise ConfigError("logged must contain only finite values, got a NaN or infinity")
     return out
 
 

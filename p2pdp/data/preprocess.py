@@ -389,7 +389,6 @@ class FittedPreprocessor:
         shape = (Z.shape[0], self.n_features_out)
         if out is not None and (out.shape != shape or out.dtype != np.float64):
             raise ConfigError(f"out must be a float64 array of shape {shape}, got {out.shape}")
-        _check_finite(Z, "logged")
         from p2pdp.data.compiled import (
             MAX_WIDTH,
             NORM_NONE,
@@ -404,8 +403,10 @@ class FittedPreprocessor:
             or shape[1] > MAX_WIDTH
             or (out is not None and not out.flags.c_contiguous)
         ):
+            _check_finite(Z, "logged")
             return self._transform_rows(Z, logged=True, out=out)
-        # minmax (never with standardize) and what follows it, compiled: the same bits
+        # minmax (never with standardize) and what follows it, compiled (the same bits),
+        # finiteness checked on the way
 
         norm = NORM_UNIT_BALL if "project_unit_ball" in self.steps else NORM_NONE
         norm = NORM_SCALE if "scale_sqrt_d" in self.steps else norm

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from p2pdp.core.errors import ConfigError
 from p2pdp.data import compiled
 from p2pdp.data.compiled import _pairwise
 from p2pdp.data.preprocess import Preprocessor
@@ -66,3 +67,14 @@ def test_the_sum_is_numpy_s_pairwise_sum(n) -> None:
     assert ours == pytest.approx(np.add.reduce(values[3:]), rel=1e-12, abs=1e-12)
     if n >= 32:
         assert abs(ours - sum(values[3:].tolist())) >= 1.0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_logged_entry_is_refused_on_either_path(bad) -> None:
+    X = rows(50, 57, seed=2)
+    logged = np.log1p(X)
+    logged[31, 40] = bad
+    fitted = Preprocessor().fit(X)
+    for out in (None, np.empty((50, 116))[:, ::2]):  # compiled, then numpy's steps
+        with pytest.raises(ConfigError, match="logged must contain only finite values"):
+            fitted.transform_logged(logged, out=out)
