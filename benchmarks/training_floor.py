@@ -19,11 +19,13 @@ Three measurements, in the same run:
 2. **the training at ``--peers``** (:func:`~p2pdp.tasks.streamed.train_in_blocks`, one
    process): each pass's CPU, measured, and the same passes predicted from (1);
 3. **at ``--at`` peers**, extrapolated from (1) (the per-block means times the blocks; the
-   reference's passes as counted in (2), or as measured with ``--train-at``, which runs the
-   training at ``--at`` with ``--workers`` workers and times each pass's CPU, children's
-   included): the floor's CPU and its wall on ``--workers`` cores, against 0.5x of the wall
-   of ``bench_simulation.py --peers AT --workers W`` at ``--base REV`` (run here, in a
-   temporary worktree, when ``--base`` is given: a ratio measured in this run).
+   reference's later passes as counted in (2)); with ``--train-at``, also measured: the
+   training at ``--at`` with ``--workers`` workers, each pass's CPU, children's included
+   (the reference's passes, in a background process from 2 workers on, waited for at the
+   end: :data:`~p2pdp.tasks.streamed.BACKGROUND_MAX_PEERS`); the floor's CPU and its wall
+   on ``--workers`` cores, against 0.5x of the wall of ``bench_simulation.py --peers AT
+   --workers W`` at ``--base REV`` (run here, in a temporary worktree, when ``--base`` is
+   given: a ratio measured in this run).
 
 Usage::
 
@@ -159,7 +161,7 @@ def passes_of_training(peers: int, workers: int) -> tuple[list[tuple[str, float,
     """:func:`~p2pdp.tasks.streamed.train_in_blocks` at ``peers`` peers on ``workers`` local
     workers: each pass's ``(phase, CPU s, wall s)``, CPU including the workers', and the
     total wall seconds."""
-    from p2pdp.core.parallel import local_workers
+    from p2pdp.core.parallel import Background, local_workers
     from p2pdp.tasks import streamed
 
     marks: list[tuple[str, float, float]] = []
@@ -173,7 +175,10 @@ def passes_of_training(peers: int, workers: int) -> tuple[list[tuple[str, float,
     try:
         with local_workers(workers):
             start = time.perf_counter()
-            streamed.train_in_blocks(scenario(peers), fold=0)
+            trained = streamed.train_in_blocks(scenario(peers), fold=0)
+            if isinstance(trained.centralized, Background):  # its passes, waited for here
+                phase("training: centralised reference, in the background")
+                trained.centralized.result()
             marks.append(("end", cpu(), time.perf_counter()))
     finally:
         streamed.set_phase = named
@@ -256,7 +261,6 @@ def main(argv: list[str] | None = None) -> int:
     at_passes = later
     if args.train_at:
         passes, at_wall = passes_of_training(args.at, args.workers)
-        at_passes = sum(n.startswith("training: centralised reference") for n, _, _ in passes)
         print(f"training at {args.at} peers, {args.workers} workers, {at_wall:.1f} s wall:")
         for name, cpu_s, wall_s in passes:
             print(f"  {name}: {cpu_s:.2f} s CPU, {wall_s:.2f} s wall")

@@ -57,7 +57,14 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.boundary import check_numbers
 from p2pdp.core.errors import ConfigError
-from p2pdp.core.parallel import current_workers, forked_map, forked_pool, shared_empty
+from p2pdp.core.parallel import (
+    Background,
+    current_workers,
+    forked_map,
+    forked_pool,
+    in_background,
+    shared_empty,
+)
 from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
 from p2pdp.data.partition import contiguous_starts
@@ -315,16 +322,64 @@ class _ReferencePasses:
         return self._known[key][1 if hessian else 0]
 
 
+#: Up to this many peers, a training in blocks on several local workers solves the
+#: centralised reference's later passes in a background process (:func:`in_background
+#: <p2pdp.core.parallel.in_background>`, one core, at idle priority until the evaluation
+#: reads the model), which the simulation (one process) leaves a core for, instead of on
+#: every worker before the simulation: at a million peers, about 28 s of CPU that no longer
+#: hold up the simulation. It holds the kept rows (:data:`KEPT_ROWS_BYTES`) until it ends;
+#: beyond this many peers the simulation's own peak (13.2 GiB at ten million) leaves no
+#: room for them, and the passes run on the workers, before the simulation, as they did.
+BACKGROUND_MAX_PEERS = 2_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Reference:
+    """What the centralised reference's later passes read: the rows' stream and transform,
+    the kept rows, the training blocks, the sums at ``w = 0`` from the fits' pass (loss and
+    gradient, Hessian: one per block), ``lam`` and the certifying bound
+    (:func:`logistic_remainder`)."""
+
+    stream: _Stream
+    fitted: FittedPreprocessor
+    kept: _Kept
+    blocks: list[int]
+    zero: tuple[list[BlockSums], list[np.ndarray]]
+    lam: float
+    remainder: Callable[[np.ndarray], tuple[float, float]]
+
+
+def _solve_reference(reference: _Reference) -> np.ndarray:
+    """The centralised model (d_out,): the streamed Newton from the sums at ``w = 0``, each
+    later pass over the kept blocks and the others drawn again, on the local workers (one in
+    a background process); the same model for any number of them (sums in block order)."""
+    stream, fitted, kept = reference.stream, reference.fitted, reference.kept
+    with forked_pool(_reference_block, (stream, fitted, kept), workers=current_workers()) as pieces:
+        passes = _ReferencePasses(pieces, reference.blocks, reference.zero)
+        centralized, _, _ = newton_from_block_sums(
+            passes,
+            stream[3],
+            fitted.n_features_out,
+            reference.lam,
+            LogisticModel.gradient_tolerance,
+            MAX_NEWTON_STEPS,
+            0,
+            remainder=reference.remainder,
+        )
+    return centralized
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockTraining:
     """What a training drawn in blocks (:func:`train_in_blocks`) gives: every peer's exact
-    local model, the centralised model (d_out,), the transformed test rows ``X_test``
+    local model, the centralised model (d_out,) (or the :class:`~p2pdp.core.parallel.Background`
+    computing it: :data:`BACKGROUND_MAX_PEERS`), the transformed test rows ``X_test``
     (n_test, d_out) and labels ``y_test`` (n_test,) int8 in {-1, +1}, and whether the
     transform's bounds came from the training rows (always: min-max bounds, ``data.bounds
     = "data"``)."""
 
     models: LocalModels
-    centralized: np.ndarray
+    centralized: np.ndarray | Background[np.ndarray]
     X_test: np.ndarray
     y_test: np.ndarray
     data_dependent_bounds: bool
@@ -403,18 +458,13 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
     # the rows' second moments X^T X / n: four times the Hessian sums at w = 0 over n
     remainder = logistic_remainder(4 * np.sum(zero[1], axis=0) / n, max(p[5] for p in parts))
     del parts
-    with forked_pool(_reference_block, (stream, fitted, kept), workers=workers) as pieces:
-        passes = _ReferencePasses(pieces, training, zero)
-        centralized, _, _ = newton_from_block_sums(
-            passes,
-            n,
-            d_out,
-            lam,
-            LogisticModel.gradient_tolerance,
-            MAX_NEWTON_STEPS,
-            0,
-            remainder=remainder,
-        )
+    reference = _Reference(stream, fitted, kept, training, zero, lam, remainder)
+    del kept  # held by the reference's passes (in its background process: until they end)
+    centralized: np.ndarray | Background[np.ndarray] = (
+        in_background(_solve_reference, reference, what="the centralised reference model")
+        if workers > 1 and n_peers <= BACKGROUND_MAX_PEERS
+        else _solve_reference(reference)
+    )
     return BlockTraining(
         models=models,
         centralized=centralized,
