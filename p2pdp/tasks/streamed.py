@@ -10,7 +10,8 @@ rows only block by block can draw each block when it needs it and drop it after:
    without the ``exp`` of each entry), reduced to the min-max bounds (exact in any order); the
    test rows (the last ``data.synthetic_test_rows`` of the stream) are kept, transformed.
 2. **local models**: each block drawn again and transformed (its ``log1p`` reused from the
-   labels' logits, :meth:`~p2pdp.data.preprocess.FittedPreprocessor.transform_logged`); the
+   labels' logits, :meth:`~p2pdp.data.preprocess.FittedPreprocessor.transform_logged`, in
+   compiled code: :func:`~p2pdp.data.compiled.minmax_rows`); the
    ``partition.scheme = "contiguous"`` shards are ranges of rows, so the block's task solves
    the exact models of the shards inside it (shards of fewer rows than features one by one
    in compiled code, :func:`~p2pdp.learning.compiled.fit_consecutive_shards`) and writes
@@ -21,12 +22,15 @@ rows only block by block can draw each block when it needs it and drop it after:
 3. **centralised reference**: the streamed Newton of :mod:`p2pdp.learning.models`
    (:func:`~p2pdp.learning.newton.newton_from_block_sums`), each further pass over the rows
    drawing and transforming every block again but the first ones, which the fits' pass kept
-   (up to :data:`KEPT_ROWS_BYTES`, freed with the training), its gradient and Hessian sums
+   (up to :data:`KEPT_ROWS_BYTES`, freed once these passes end), its gradient and Hessian sums
    computed together (a Newton step's second pass at the same point is then free). The
    last pass, which would only confirm that the last step reached the tolerance, is
    skipped when a bound on the loss's third derivative certifies it
    (:func:`logistic_remainder`): the same model, one pass fewer (a million peers: 3 passes
-   over the rows instead of 4).
+   over the rows instead of 4). With several local workers (and at most
+   :data:`BACKGROUND_MAX_PEERS` peers) these passes run in one background process while the
+   simulation runs (:func:`~p2pdp.core.parallel.in_background`): the evaluation reads the
+   model.
 
 Blocks are shared out to the local worker processes (:func:`p2pdp.core.parallel.local_workers`).
 Every number is the in-memory training's (:func:`p2pdp.tasks.pipeline.train_peers`): the same
@@ -202,8 +206,9 @@ _Fitted = tuple[
 #: Rows the reference's later passes may keep instead of drawing again: the first blocks'
 #: transformed rows, up to this many bytes (2 GiB: every row up to about 4.6 million rows,
 #: 230,000 peers of 20 rows, and a fifth of a million peers' rows), held only while the
-#: training runs (the simulation and the evaluation, which hold the local models, the
-#: releases and the published models, need more than that at a million peers).
+#: reference's passes run (beside the simulation up to :data:`BACKGROUND_MAX_PEERS` peers:
+#: at a million peers the simulation holds the local models and the releases, about 1.4
+#: GiB, so the whole stays under 4 GiB).
 KEPT_ROWS_BYTES = 2 * 2**30
 
 #: The kept rows (k B, d_out) and labels (k B,) float64 of the first k blocks.
