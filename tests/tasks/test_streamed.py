@@ -199,7 +199,7 @@ def test_the_reference_draws_again_only_the_blocks_not_kept(kept, monkeypatch) -
 
 
 @pytest.mark.parametrize("most", [PEERS, PEERS - 1])
-def test_the_reference_s_passes_run_beside_the_simulation_up_to_a_million_peers(
+def test_the_reference_s_passes_run_beside_the_simulation_up_to_a_peer_count(
     in_memory, most, monkeypatch
 ) -> None:
     """With 2 workers and at most BACKGROUND_MAX_PEERS peers, the training returns with the
