@@ -389,35 +389,23 @@ class FittedPreprocessor:
         shape = (Z.shape[0], self.n_features_out)
         if out is not None and (out.shape != shape or out.dtype != np.float64):
             raise ConfigError(f"out must be a float64 array of shape {shape}, got {out.shape}")
-        from p2pdp.data.compiled import (
-            MAX_WIDTH,
-            NORM_NONE,
-            NORM_SCALE,
-            NORM_UNIT_BALL,
-            minmax_rows,
-        )
+        from p2pdp.data import compiled  # numba: loaded by the training in blocks anyway
 
         if (
             self.low is None
             or self.high is None
-            or shape[1] > MAX_WIDTH
+            or shape[1] > compiled.MAX_WIDTH
             or (out is not None and not out.flags.c_contiguous)
         ):
             _check_finite(Z, "logged")
             return self._transform_rows(Z, logged=True, out=out)
-        # minmax (never with standardize) and what follows it, compiled (the same bits),
-        # finiteness checked on the way
-
-        norm = NORM_UNIT_BALL if "project_unit_ball" in self.steps else NORM_NONE
-        norm = NORM_SCALE if "scale_sqrt_d" in self.steps else norm
-        bias = "bias" in self.steps
-        return minmax_rows(
-            Z,
-            self.low,
-            self.high,
-            bias=bias,
-            norm=norm,
-            out=np.empty(shape) if out is None else out,
+        # minmax (never with standardize) and what follows it, compiled: the same bits, each
+        # value checked finite on the way
+        norm = compiled.NORM_SCALE if "scale_sqrt_d" in self.steps else compiled.NORM_NONE
+        norm = compiled.NORM_UNIT_BALL if "project_unit_ball" in self.steps else norm
+        out = np.empty(shape) if out is None else out
+        return compiled.minmax_rows(
+            Z, self.low, self.high, bias="bias" in self.steps, norm=norm, out=out
         )
 
     def _transform_rows(
