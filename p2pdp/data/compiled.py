@@ -30,7 +30,14 @@ from numpy.typing import NDArray
 
 from p2pdp.core.errors import ConfigError
 
-__all__ = ["NORM_NONE", "NORM_SCALE", "NORM_UNIT_BALL", "compile_transform", "minmax_rows"]
+__all__ = [
+    "MAX_WIDTH",
+    "NORM_NONE",
+    "NORM_SCALE",
+    "NORM_UNIT_BALL",
+    "compile_transform",
+    "minmax_rows",
+]
 
 #: The norm step of :func:`minmax_rows`: none, ``project_unit_ball``, ``scale_sqrt_d``.
 NORM_NONE, NORM_UNIT_BALL, NORM_SCALE = 0, 1, 2
