@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(training {base['training_s']:.1f}, simulation {base['simulation_s']:.1f}, "
               f"evaluation {base['evaluation_s']:.1f}); 0.5x = {half:.1f} s; the floor is "
               f"{floor_wall / half:.2f} of that, leaving {half - floor_wall:.1f} s for the "
-              "simulation and the evaluation")  # fmt: skip
+              "simulation and the evaluation (the floor is CPU over idle cores: a ratio for a "
+              "quiet machine)")  # fmt: skip
         row |= {"base": base, "floor_to_half_base": floor_wall / half}
     if args.json:
         print(json.dumps(row))
