@@ -375,7 +375,9 @@ class FittedPreprocessor:
         instead of ``X``: the ``log1p`` step (``sign(x) log1p(|x|)``, which is ``log1p(x)``
         bit for bit for ``x >= 0``) is not computed again. In this process (a block of rows),
         into ``out`` (n, n_features_out) float64 if given. Returns the rows :meth:`transform`
-        gives for ``X``. ConfigError without a ``log1p`` step, or for a non-finite entry."""
+        gives for ``X``, bit for bit; with the ``minmax`` step, in one compiled pass over the
+        rows (:func:`p2pdp.data.compiled.minmax_rows`: numba, which this method then
+        imports). ConfigError without a ``log1p`` step, or for a non-finite entry."""
         if "log1p" not in self.steps:
             raise ConfigError(f"transform_logged needs the 'log1p' step, got {self.steps}")
         Z = _as_matrix(logged, "logged")
@@ -387,8 +389,24 @@ class FittedPreprocessor:
         shape = (Z.shape[0], self.n_features_out)
         if out is not None and (out.shape != shape or out.dtype != np.float64):
             raise ConfigError(f"out must be a float64 array of shape {shape}, got {out.shape}")
-        _check_finite(Z, "logged")
-        return self._transform_rows(Z, logged=True, out=out)
+        from p2pdp.data import compiled  # numba: loaded by the training in blocks anyway
+
+        if (
+            self.low is None
+            or self.high is None
+            or shape[1] > compiled.MAX_WIDTH
+            or (out is not None and not out.flags.c_contiguous)
+        ):
+            _check_finite(Z, "logged")
+            return self._transform_rows(Z, logged=True, out=out)
+        # minmax (never with standardize) and what follows it, compiled: the same bits, each
+        # value checked finite on the way
+        norm = compiled.NORM_SCALE if "scale_sqrt_d" in self.steps else compiled.NORM_NONE
+        norm = compiled.NORM_UNIT_BALL if "project_unit_ball" in self.steps else norm
+        out = np.empty(shape) if out is None else out
+        return compiled.minmax_rows(
+            Z, self.low, self.high, bias="bias" in self.steps, norm=norm, out=out
+        )
 
     def _transform_rows(
         self,

@@ -10,7 +10,8 @@ rows only block by block can draw each block when it needs it and drop it after:
    without the ``exp`` of each entry), reduced to the min-max bounds (exact in any order); the
    test rows (the last ``data.synthetic_test_rows`` of the stream) are kept, transformed.
 2. **local models**: each block drawn again and transformed (its ``log1p`` reused from the
-   labels' logits, :meth:`~p2pdp.data.preprocess.FittedPreprocessor.transform_logged`); the
+   labels' logits, :meth:`~p2pdp.data.preprocess.FittedPreprocessor.transform_logged`, in
+   compiled code: :func:`~p2pdp.data.compiled.minmax_rows`); the
    ``partition.scheme = "contiguous"`` shards are ranges of rows, so the block's task solves
    the exact models of the shards inside it (shards of fewer rows than features one by one
    in compiled code, :func:`~p2pdp.learning.compiled.fit_consecutive_shards`) and writes
@@ -21,12 +22,15 @@ rows only block by block can draw each block when it needs it and drop it after:
 3. **centralised reference**: the streamed Newton of :mod:`p2pdp.learning.models`
    (:func:`~p2pdp.learning.newton.newton_from_block_sums`), each further pass over the rows
    drawing and transforming every block again but the first ones, which the fits' pass kept
-   (up to :data:`KEPT_ROWS_BYTES`, freed with the training), its gradient and Hessian sums
+   (up to :data:`KEPT_ROWS_BYTES`, freed once these passes end), its gradient and Hessian sums
    computed together (a Newton step's second pass at the same point is then free). The
    last pass, which would only confirm that the last step reached the tolerance, is
    skipped when a bound on the loss's third derivative certifies it
    (:func:`logistic_remainder`): the same model, one pass fewer (a million peers: 3 passes
-   over the rows instead of 4).
+   over the rows instead of 4). With several local workers (and at most
+   :data:`BACKGROUND_MAX_PEERS` peers) these passes run in one background process while the
+   simulation runs (:func:`~p2pdp.core.parallel.in_background`): the evaluation reads the
+   model.
 
 Blocks are shared out to the local worker processes (:func:`p2pdp.core.parallel.local_workers`).
 Every number is the in-memory training's (:func:`p2pdp.tasks.pipeline.train_peers`): the same
@@ -57,7 +61,14 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.boundary import check_numbers
 from p2pdp.core.errors import ConfigError
-from p2pdp.core.parallel import current_workers, forked_map, forked_pool, shared_empty
+from p2pdp.core.parallel import (
+    Background,
+    current_workers,
+    forked_map,
+    forked_pool,
+    in_background,
+    shared_empty,
+)
 from p2pdp.core.progress import set_phase
 from p2pdp.core.rng import generator
 from p2pdp.data.partition import contiguous_starts
@@ -195,8 +206,9 @@ _Fitted = tuple[
 #: Rows the reference's later passes may keep instead of drawing again: the first blocks'
 #: transformed rows, up to this many bytes (2 GiB: every row up to about 4.6 million rows,
 #: 230,000 peers of 20 rows, and a fifth of a million peers' rows), held only while the
-#: training runs (the simulation and the evaluation, which hold the local models, the
-#: releases and the published models, need more than that at a million peers).
+#: reference's passes run (beside the simulation up to :data:`BACKGROUND_MAX_PEERS` peers:
+#: at a million peers the simulation holds the local models and the releases, about 1.4
+#: GiB, so the whole stays under 4 GiB).
 KEPT_ROWS_BYTES = 2 * 2**30
 
 #: The kept rows (k B, d_out) and labels (k B,) float64 of the first k blocks.
@@ -315,16 +327,64 @@ class _ReferencePasses:
         return self._known[key][1 if hessian else 0]
 
 
+#: Up to this many peers, a training in blocks on several local workers solves the
+#: centralised reference's later passes in a background process (:func:`in_background
+#: <p2pdp.core.parallel.in_background>`, one core, at idle priority until the evaluation
+#: reads the model), which the simulation (one process) leaves a core for, instead of on
+#: every worker before the simulation: at a million peers, about 28 s of CPU that no longer
+#: hold up the simulation. It holds the kept rows (:data:`KEPT_ROWS_BYTES`) until it ends;
+#: beyond this many peers the simulation's own peak (13.2 GiB at ten million) leaves no
+#: room for them, and the passes run on the workers, before the simulation, as they did.
+BACKGROUND_MAX_PEERS = 2_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Reference:
+    """What the centralised reference's later passes read: the rows' stream and transform,
+    the kept rows, the training blocks, the sums at ``w = 0`` from the fits' pass (loss and
+    gradient, Hessian: one per block), ``lam`` and the certifying bound
+    (:func:`logistic_remainder`)."""
+
+    stream: _Stream
+    fitted: FittedPreprocessor
+    kept: _Kept
+    blocks: list[int]
+    zero: tuple[list[BlockSums], list[np.ndarray]]
+    lam: float
+    remainder: Callable[[np.ndarray], tuple[float, float]]
+
+
+def _solve_reference(reference: _Reference) -> np.ndarray:
+    """The centralised model (d_out,): the streamed Newton from the sums at ``w = 0``, each
+    later pass over the kept blocks and the others drawn again, on the local workers (one in
+    a background process); the same model for any number of them (sums in block order)."""
+    stream, fitted, kept = reference.stream, reference.fitted, reference.kept
+    with forked_pool(_reference_block, (stream, fitted, kept), workers=current_workers()) as pieces:
+        passes = _ReferencePasses(pieces, reference.blocks, reference.zero)
+        centralized, _, _ = newton_from_block_sums(
+            passes,
+            stream[3],
+            fitted.n_features_out,
+            reference.lam,
+            LogisticModel.gradient_tolerance,
+            MAX_NEWTON_STEPS,
+            0,
+            remainder=reference.remainder,
+        )
+    return centralized
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockTraining:
     """What a training drawn in blocks (:func:`train_in_blocks`) gives: every peer's exact
-    local model, the centralised model (d_out,), the transformed test rows ``X_test``
+    local model, the centralised model (d_out,) (or the :class:`~p2pdp.core.parallel.Background`
+    computing it: :data:`BACKGROUND_MAX_PEERS`), the transformed test rows ``X_test``
     (n_test, d_out) and labels ``y_test`` (n_test,) int8 in {-1, +1}, and whether the
     transform's bounds came from the training rows (always: min-max bounds, ``data.bounds
     = "data"``)."""
 
     models: LocalModels
-    centralized: np.ndarray
+    centralized: np.ndarray | Background[np.ndarray]
     X_test: np.ndarray
     y_test: np.ndarray
     data_dependent_bounds: bool
@@ -371,6 +431,10 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
         from p2pdp.learning.compiled import compile_fits
 
         compile_fits()
+    if fitted.low is not None:  # their transform compiled (transform_logged): once, here
+        from p2pdp.data.compiled import compile_transform
+
+        compile_transform()
     many = workers > 1 and len(training) > 1
     empty = shared_empty if many else np.empty
     weights, norms = empty((n_peers, d_out)), empty((n_peers,))
@@ -399,18 +463,13 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
     # the rows' second moments X^T X / n: four times the Hessian sums at w = 0 over n
     remainder = logistic_remainder(4 * np.sum(zero[1], axis=0) / n, max(p[5] for p in parts))
     del parts
-    with forked_pool(_reference_block, (stream, fitted, kept), workers=workers) as pieces:
-        passes = _ReferencePasses(pieces, training, zero)
-        centralized, _, _ = newton_from_block_sums(
-            passes,
-            n,
-            d_out,
-            lam,
-            LogisticModel.gradient_tolerance,
-            MAX_NEWTON_STEPS,
-            0,
-            remainder=remainder,
-        )
+    reference = _Reference(stream, fitted, kept, training, zero, lam, remainder)
+    del kept  # held by the reference's passes (in its background process: until they end)
+    centralized: np.ndarray | Background[np.ndarray] = (
+        in_background(_solve_reference, reference, what="the centralised reference model")
+        if workers > 1 and n_peers <= BACKGROUND_MAX_PEERS
+        else _solve_reference(reference)
+    )
     return BlockTraining(
         models=models,
         centralized=centralized,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from p2pdp.core.parallel import local_workers
+from p2pdp.core.parallel import Background, local_workers
 from p2pdp.data import synthetic
 from p2pdp.data.partition import contiguous_starts
 from p2pdp.data.preprocess import Preprocessor
@@ -196,6 +196,24 @@ def test_the_reference_draws_again_only_the_blocks_not_kept(kept, monkeypatch) -
         assert again == []
     else:
         assert len(again) >= 4 and again == [2, 3] * (len(again) // 2)
+
+
+@pytest.mark.parametrize("most", [PEERS, PEERS - 1])
+def test_the_reference_s_passes_run_beside_the_simulation_up_to_a_peer_count(
+    in_memory, most, monkeypatch
+) -> None:
+    """With 2 workers and at most BACKGROUND_MAX_PEERS peers, the training returns with the
+    reference's later passes still running in a background process (the simulation leaves
+    it a core); beyond that, solved before it returns; the same model either way."""
+    monkeypatch.setattr(streamed, "BACKGROUND_MAX_PEERS", most)
+    with local_workers(2):
+        trained = streamed.train_in_blocks(config(), fold=0)
+    background = isinstance(trained.centralized, Background)
+    assert background == (PEERS <= most)
+    centralized = trained.centralized.result() if background else trained.centralized
+    np.testing.assert_allclose(centralized, in_memory.centralized, rtol=0, atol=1e-12)
+    with local_workers(1):  # one worker: nothing runs beside
+        assert not isinstance(streamed.train_in_blocks(config(), fold=0).centralized, Background)
 
 
 def logistic_rows(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
