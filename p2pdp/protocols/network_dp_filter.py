@@ -9,11 +9,12 @@ which the report compares with :data:`p2pdp.protocols.network_dp.MAX_FILTER_WORK
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import NamedTuple, cast
 
 import numpy as np
 import scipy.sparse as sp
 
+from p2pdp.core.parallel import current_workers, forked_map, maps_here
 from p2pdp.protocols.mixing import Mixing
 from p2pdp.protocols.views import ViewTrace, _certificate, _margin, worst_case_shifts
 
@@ -38,6 +39,9 @@ def filter_window(trace: ViewTrace) -> int:
 
 _FILTER_FLOATS = 30_000_000
 
+#: Pieces of work a process of :func:`filtered_coefficients` gets, each of whole batches.
+_PIECES = 4
+
 
 #: A retired noise whose cheap remainder bound (:func:`_remainder`) exceeds this in a view
 #: has it recomputed from that view's covariance (a solve, ``P^3``): few exchanges a step
@@ -53,6 +57,8 @@ def filtered_coefficients(
     scales: np.ndarray,
     decay: float,
     window: int | None = None,
+    batch: int | None = None,
+    workers: int | None = None,
 ) -> np.ndarray:
     """An upper bound on every ``kappa[u, v]`` from a Kalman filter over the models.
 
@@ -108,9 +114,18 @@ def filtered_coefficients(
     ``F Z_kept`` (an innovation before a noise does not respond to it), and ``M_act`` is a
     band (two steps of ``u`` in the window are under ``window`` apart).
 
+    **Processes.** The views are independent given the shared states: their batches (of
+    ``batch`` views, by default as many as :data:`_FILTER_FLOATS` floats of state hold) go to
+    ``workers`` forked processes (default
+    :func:`~p2pdp.core.parallel.current_workers`: the run's local worker budget, 1 in a
+    runner's worker process, so cells run in parallel never start more), which inherit the
+    shared states; each holds one batch's state at a time. A batch's result depends on its
+    views only: the values are the same whatever the processes, and within ~1e-12 relative
+    whatever the batch size (the rounding of the batched products).
+
     Parameters: as :func:`view_coefficients`, plus ``window`` (default
-    :func:`filter_window`). Returns the (P, P) upper bounds (the diagonal NaN), each raised
-    by :func:`_margin` above the rounding of the arithmetic.
+    :func:`filter_window`), ``batch`` and ``workers``. Returns the (P, P) upper bounds (the
+    diagonal NaN), each raised by :func:`_margin` above the rounding of the arithmetic.
     """
     window = filter_window(trace) if window is None else window
     n, L = mixing.n_peers, window
@@ -118,16 +133,71 @@ def filtered_coefficients(
     steps = [e for e in trace.events if isinstance(e, np.ndarray)]
     counts = np.bincount(np.concatenate(steps), minlength=n) if steps else np.zeros(n, int)
     T = int(counts.max(initial=0))
-    senders, receivers = mixing.indices, mixing.receivers
     kappa = np.full((n, n), np.nan)
     pending: dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = {}
     shared = _shared_states(trace, mixing, scales=scales, decay=decay, window=L)
     innovations = _window_innovations(trace, mixing, L)
     per_view = n * (2 * n + innovations + T * (L + 1)) + innovations * L * n
-    batch = max(1, min(n, _FILTER_FLOATS // max(1, per_view)))
+    if batch is None:
+        batch = max(1, min(n, _FILTER_FLOATS // max(1, per_view)))
+    elif isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    # the batches are the same whatever the processes: each process runs whole batches
+    batches = [(lo, min(n, lo + batch)) for lo in range(0, n, batch)]
+    workers = current_workers() if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    if not maps_here(workers, len(batches)):  # inside remote workers: the shared states stay
+        workers = 1
+    context = _Context(trace, mixing, scales, decay, L, shared, counts)
+    # a piece: consecutive batches; several a process, for the faster one to take more
+    count = 1 if workers == 1 else min(len(batches), _PIECES * workers)
+    pieces = [[(int(lo), int(hi)) for lo, hi in part] for part in np.array_split(batches, count)]
+    for piece, (columns, found) in zip(
+        pieces, forked_map(_filter_batches, context, pieces, workers=len(pieces)), strict=True
+    ):
+        kappa[:, piece[0][0] : piece[-1][1]] = columns
+        for T_u, parts in found.items():  # in the order of the views, whatever the split
+            pending.setdefault(T_u, []).extend(parts)
+    for parts in pending.values():  # the semidefinite program where the caps are loose
+        value, _ = worst_case_shifts(np.concatenate([p[0] for p in parts]))
+        start = 0
+        for _, us, v, tail in parts:
+            better = _margin((np.sqrt(np.maximum(value[start : start + us.size], 0.0)) + tail) ** 2)
+            kappa[us, v] = np.minimum(kappa[us, v], better)
+            start += us.size
+    return kappa
+
+
+class _Context(NamedTuple):
+    """What :func:`_filter_batch` reads, the same for every batch of views (inherited by the
+    forked workers, never pickled)."""
+
+    trace: ViewTrace
+    mixing: Mixing
+    scales: np.ndarray
+    decay: float
+    window: int
+    shared: list[tuple[np.ndarray, np.ndarray]]
+    counts: np.ndarray
+
+
+def _filter_batches(
+    context: _Context, batches: list[tuple[int, int]]
+) -> tuple[np.ndarray, dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]]]:
+    """The filter of :func:`filtered_coefficients` for consecutive batches of views, each
+    ``(lo, hi)`` the views ``lo`` to ``hi - 1``: their columns of ``kappa`` (P, views) and,
+    by number of steps, the matrices whose semidefinite program may tighten them (solved by
+    the caller, for every batch at once). A batch's result depends on its views only, not on
+    the other batches nor on which process runs it."""
+    trace, mixing, scales, decay, L, shared, counts = context
+    n, T = mixing.n_peers, int(counts.max(initial=0))
+    senders, receivers = mixing.indices, mixing.receivers
+    kappa = np.full((n, n), np.nan)
+    pending: dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = {}
     u_all = np.arange(n)
-    for lo in range(0, n, batch):
-        views = np.arange(lo, min(n, lo + batch))
+    for lo, hi in batches:
+        views = np.arange(lo, hi)
         B, rows_b = views.size, np.arange(views.size)
         others = np.array([np.delete(u_all, v) for v in views.tolist()])  # (B, n - 1)
         # view-major. The covariance of the models x(tau) right after the last step event
@@ -150,6 +220,7 @@ def filtered_coefficients(
         Z_kept = np.zeros((B, 0, L * n))
         own = np.add.outer(np.arange(L) * n, views).T  # (B, L): v's own noises' columns
         carry: np.ndarray | None = None  # None: no exchange since tau (the identity)
+        exchanged: list[sp.csr_array] = []  # their matrices, carry's factors
         step_of = np.full((L, n), -1)  # which of i's steps slot l holds (-1: none)
         # M_act[b, u, s, k]: the entry (s, s + k) of u's M_act (two steps of u in the window
         # at once are at most L - 1 apart: a band)
@@ -163,8 +234,8 @@ def filtered_coefficients(
         for event in trace.events:
             if isinstance(event, np.ndarray):
                 if carry is not None:
-                    F, R = _left(carry, F), _left(carry, R)
-                    carry = None
+                    F, R = _left(carry, F, exchanged), _left(carry, R, exchanged)
+                    carry, exchanged = None, []
                 base, prior = next(events)  # moved, decayed, the step's noise in base
                 peers = event
                 F[:, peers, :] *= decay
@@ -179,21 +250,23 @@ def filtered_coefficients(
                     R = np.concatenate([R, known], axis=2)
                 old = np.flatnonzero(step_of[slot] >= 0)
                 if old.size:  # retire the oldest slot's noises: bound what they can still tell
-                    seen = _errors(prior, F, Z_kept, own, slot * n + old, others)
-                    floor = fresh[rows_b[:, None], others]  # Sigma >= diag(floor)
+                    seen = _errors(prior, F, Z_kept, own, slot * n + old, None)  # every row
+                    idle = fresh == 0  # Sigma >= diag(fresh) on the peers but v
+                    idle[rows_b, views] = False
                     left = np.maximum(1.0 - M_act[:, old, step_of[slot, old], 0], 0.0)
-                    bound = _remainder(seen, floor, left)
+                    bound = _remainder(seen, fresh, left, idle)
                     loose = np.flatnonzero(
-                        (bound.max(axis=1, initial=0.0) > RETIRE_SOLVE) & (floor > 0).all(axis=1)
+                        (bound.max(axis=1, initial=0.0) > RETIRE_SOLVE) & ~idle.any(axis=1)
                     )
                     if loose.size:  # Sigma on the peers but v, exactly (P^3 per view)
                         rows = others[loose]
+                        seen = np.take_along_axis(seen[loose], rows[:, :, None], axis=1)
                         cov = _covariance(base, F[loose], R[loose])
                         inner = cov[
                             np.arange(loose.size)[:, None, None], rows[:, :, None], rows[:, None, :]
                         ]
-                        solved = np.linalg.solve(inner, seen[loose])
-                        exact = np.einsum("bik,bik->bk", seen[loose], solved)
+                        solved = np.linalg.solve(inner, seen)
+                        exact = np.einsum("bik,bik->bk", seen, solved)
                         bound[loose] = np.minimum(bound[loose], np.minimum(exact, left[loose]))
                     remainder[:, old, step_of[slot, old]] = np.maximum(bound, 0.0)
                 prior = _new_slot(prior, peers, slot, scales)
@@ -255,6 +328,7 @@ def filtered_coefficients(
                 matrices = {key: mixing.matrix(delivered)}
             W = matrices[key]
             carry = W.toarray() if carry is None else W @ carry
+            exchanged.append(W)
         for b, v in enumerate(views.tolist()):
             for T_u in np.unique(counts).tolist():
                 same = np.flatnonzero((counts == T_u) & (u_all != v))
@@ -267,20 +341,14 @@ def filtered_coefficients(
                 active, hard = _certificate(M)
                 tail = np.sqrt(remainder[b, same, :T_u]).sum(axis=1)
                 kappa[same, v] = np.minimum(_margin((np.sqrt(active) + tail) ** 2), T_u)
-                if hard.size:  # solved below, all views' at once
+                if hard.size:  # solved by the caller, all views' at once
                     pending.setdefault(T_u, []).append((M[hard], same[hard], v, tail[hard]))
-    for parts in pending.values():  # the semidefinite program where the caps are loose
-        value, _ = worst_case_shifts(np.concatenate([p[0] for p in parts]))
-        start = 0
-        for _, us, v, tail in parts:
-            better = _margin((np.sqrt(np.maximum(value[start : start + us.size], 0.0)) + tail) ** 2)
-            kappa[us, v] = np.minimum(kappa[us, v], better)
-            start += us.size
-    return kappa
+    return kappa[:, batches[0][0] : batches[-1][1]], pending
 
 
 #: Above this fraction of nonzero entries the exchanges carried to a step event are applied
-#: as a dense matrix (BLAS), below it as a sparse one (one exchange of a sparse overlay).
+#: as a dense matrix (BLAS), below it as sparse ones (one exchange of a sparse overlay, or
+#: several of a large one: see :func:`_left`).
 _DENSE_CARRY = 0.1
 
 
@@ -293,21 +361,24 @@ def _errors(
     rows: np.ndarray | None,
 ) -> np.ndarray:
     """The filter error's response to the window's noises, ``prior - F Z_kept``, of a batch
-    of views: its ``rows`` (B, r) of each view (``None``: ``prior`` (B, r, L P) and ``F``
-    (B, r, m) are already those rows) and ``columns`` of the noises; a view's own noises
-    (``own`` (B, L), their columns) respond 0 (not unknown to it)."""
+    of views: its ``rows`` (B, r) of each view (``None``: ``prior`` (B, r, L P) or (P, L P)
+    and ``F`` (B, r, m) are already those rows) and ``columns`` of the noises; a view's own
+    noises (``own`` (B, L), their columns) respond 0 (not unknown to it)."""
     B = F.shape[0]
     picked = np.zeros((B, prior.shape[-1]), dtype=bool)
     picked[np.arange(B)[:, None], own] = True
     prior = prior[..., columns]
     if rows is not None:
         prior, F = prior[rows], np.take_along_axis(F, rows[:, :, None], axis=1)
-    errors = prior - F @ Z_kept[..., columns]
-    unknown = ~picked[:, columns]
-    return errors * unknown[:, None, :]
+    errors = F @ Z_kept[..., columns]
+    np.subtract(prior, errors, out=errors)  # prior - F Z_kept, in one (B, r, k) array
+    errors *= ~picked[:, None, columns]
+    return errors
 
 
-def _remainder(errors: np.ndarray, floor: np.ndarray, left: np.ndarray) -> np.ndarray:
+def _remainder(
+    errors: np.ndarray, floor: np.ndarray, left: np.ndarray, idle: np.ndarray
+) -> np.ndarray:
     """Upper values of what revealing the models would add about retired noises, for a
     batch, without factorising a view's covariance.
 
@@ -318,9 +389,12 @@ def _remainder(errors: np.ndarray, floor: np.ndarray, left: np.ndarray) -> np.nd
         ``Cov(x, n_j | view)``.
     floor : (B, r) array
         The variances the r peers have just injected (independent of the view and of the
-        retired noises): ``Sigma >= diag(floor) = D``.
+        retired noises): ``Sigma >= diag(floor) = D``. A peer with 0 is left out of ``q``.
     left : (B, k) array
         ``s_j = Var(n_j | view) = 1 - (what n_j has told so far)``.
+    idle : (B, r) bool array
+        The peers that did not step (0 in ``floor``) and whose error counts: every peer but
+        the view's own (which knows its model).
 
     Returns
     -------
@@ -333,8 +407,9 @@ def _remainder(errors: np.ndarray, floor: np.ndarray, left: np.ndarray) -> np.nd
     """
     stepped = floor > 0
     quotient = np.where(stepped, 1.0 / np.where(stepped, floor, 1.0), 0.0)
-    q = np.einsum("brk,br->bk", errors**2, quotient)
-    outside = np.abs(errors * ~stepped[:, :, None]).max(axis=1, initial=0.0) > 0
+    q = np.einsum("brk,brk,br->bk", errors, errors, quotient)  # no (B, r, k) temporary
+    rows = np.flatnonzero(idle.any(axis=0))
+    outside = np.abs(errors[:, rows] * idle[:, rows, None]).max(axis=1, initial=0.0) > 0
     combined = q * left / np.maximum(q + left, 1e-300)
     return np.where(outside, left, combined)
 
@@ -350,14 +425,16 @@ def _shared_states(
     n = mixing.n_peers
     base, prior = np.zeros((n, n)), np.zeros((n, window * n))
     carry: np.ndarray | None = None
+    exchanged: list[sp.csr_array] = []
     states: list[tuple[np.ndarray, np.ndarray]] = []
     matrices: dict[bytes, sp.csr_array] = {}
     slot = 0
     for event in trace.events:
         if isinstance(event, np.ndarray):
             if carry is not None:
-                base = _left(carry, _left(carry, base).T)  # carry base carry^T
-                prior, carry = _left(carry, prior), None
+                base = _left(carry, _left(carry, base, exchanged).T, exchanged)  # C base C^T
+                prior, carry = _left(carry, prior, exchanged), None
+                exchanged = []
             base[event, :] *= decay
             base[:, event] *= decay
             base[event, event] += scales[event] ** 2
@@ -370,6 +447,7 @@ def _shared_states(
         if key not in matrices:
             matrices = {key: mixing.matrix(event[0])}
         carry = matrices[key].toarray() if carry is None else matrices[key] @ carry
+        exchanged.append(matrices[key])
     return states
 
 
@@ -383,12 +461,25 @@ def _new_slot(prior: np.ndarray, peers: np.ndarray, slot: int, scales: np.ndarra
     return prior
 
 
-def _left(carry: np.ndarray, X: np.ndarray) -> np.ndarray:
+def _left(carry: np.ndarray, X: np.ndarray, exchanges: list[sp.csr_array]) -> np.ndarray:
     """``carry @ X`` for a (P, P) matrix and ``X`` (P, C) or a batch (B, P, C): the state moved
-    from the last step event to now through the exchanges since, as a dense matrix (BLAS) or
-    a sparse one by ``carry``'s density."""
-    if np.count_nonzero(carry) > _DENSE_CARRY * carry.size:
+    from the last step event to now through the exchanges since (``carry`` is the product of
+    their matrices ``exchanges``, in order), by whichever takes the fewest operations, a
+    sparse multiply-add counted as ``1 / _DENSE_CARRY`` dense ones (BLAS): ``carry`` as a
+    dense matrix (``P^2`` a column), as a sparse one, or the exchanges one by one (sparse, the
+    sum of their nonzeros a column: at degree 10 and 5 exchanges, from about 750 peers)."""
+    nonzero = int(np.count_nonzero(carry))
+    stepwise = sum(int(W.nnz) for W in exchanges)
+    if min(nonzero, stepwise) > _DENSE_CARRY * carry.size:
         return np.matmul(carry, X)
+    if stepwise < nonzero:
+        batch = X if X.ndim == 3 else X[None]
+        out = np.empty(batch.shape)
+        for b, view in enumerate(batch):
+            for W in exchanges:
+                view = W @ view
+            out[b] = view
+        return out if X.ndim == 3 else out[0]
     sparse = sp.csr_array(carry)
     if X.ndim == 2:
         return sparse @ X
