@@ -305,7 +305,7 @@ def _filter_batches(
                     HS = (H.reshape(B * d, n) @ base).reshape(B, d, n)
                     HS -= HF @ F.transpose(0, 2, 1) + HR @ R.transpose(0, 2, 1)
                     S = HS @ H.transpose(0, 2, 1)
-                    moved = (H.reshape(B * d, n) @ prior).reshape(B, d, L * n)
+                    moved = _moved(H, prior, (slot - 1) % L)
                     HE = _errors(moved, HF, Z_kept, own, slice(None), None)
                 w, U = np.linalg.eigh(S * mask[:, None, :] * mask[:, :, None])
                 scale = np.maximum(variances.max(axis=1), 1e-300)
@@ -374,6 +374,23 @@ def _errors(
     np.subtract(prior, errors, out=errors)  # prior - F Z_kept, in one (B, r, k) array
     errors *= ~picked[:, None, columns]
     return errors
+
+
+def _moved(H: np.ndarray, prior: np.ndarray, fresh: int) -> np.ndarray:
+    """``H @ prior`` (B, d, window P) for readings ``H`` (B, d, P): the slot ``fresh`` of
+    ``prior`` holds the last step event's noises, not yet moved by an exchange (a diagonal
+    block, :func:`_new_slot`): a scaling of ``H``, not a product (half the readings' cost
+    with a window of 2)."""
+    B, d, n = H.shape
+    moved = np.empty((B, d, prior.shape[1]))
+    for start in range(0, prior.shape[1], n):
+        if start == fresh * n:
+            moved[..., start : start + n] = H * np.diagonal(prior[:, start : start + n])
+        else:
+            moved[..., start : start + n] = (
+                H.reshape(B * d, n) @ prior[:, start : start + n]
+            ).reshape(B, d, n)
+    return moved
 
 
 def _remainder(
