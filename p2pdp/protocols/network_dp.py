@@ -95,7 +95,7 @@ from scipy.sparse.csgraph import shortest_path
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp_filter import filter_work, filtered_coefficients
+from p2pdp.protocols.network_dp_filter import filter_bytes, filter_work, filtered_coefficients
 from p2pdp.protocols.views import ViewTrace, _row_space, worst_case_shifts
 
 #: Largest computation: the sum over peers ``v`` of (rows of ``v``'s view) x (noises injected
@@ -108,7 +108,12 @@ MAX_VIEW_ENTRIES = 10_000_000
 #: (about 3 s of CPU), with 100 rounds 5.5e10 (16 s); 200 peers with 20 rounds 1e11 (22 s),
 #: 500 peers 2.1e12 (288 s); 1,000 peers with 20 rounds are 2e13 (20 to 45 min by its first 3
 #: rounds, 100 s, and by the growth from 300 to 500 peers): left empty, with the reason.
-MAX_FILTER_WORK = 120_000_000_000
+MAX_FILTER_WORK = 25_000_000_000_000
+
+#: Largest :func:`filter_bytes` of the filtered bound: the states its views share (held by
+#: every process computing it) and one batch's. 1,000 peers with 20 rounds of 5 exchanges hold
+#: 0.72 GB; 100 peers with 100 rounds 0.26 GB.
+MAX_FILTER_BYTES = 1_500_000_000
 
 
 def view_coefficients(
@@ -301,15 +306,21 @@ def report(
         reason = "not computed: privacy.mechanism = 'none' (no noise, no guarantee)"
         return {**empty, "network_dp_note": reason}, []
     entries, work = trace.view_entries(), filter_work(trace, mixing)
-    if entries <= MAX_VIEW_ENTRIES or work <= MAX_FILTER_WORK:
+    memory = filter_bytes(trace, mixing)
+    if entries <= MAX_VIEW_ENTRIES or (work <= MAX_FILTER_WORK and memory <= MAX_FILTER_BYTES):
         kappa, gap, exact = _coefficients(trace, mixing, scales=scales, decay=decay)
     else:
         reason = (
             f"not computed: the views have {entries:,} entries (received messages x noises "
             f"injected), more than the {MAX_VIEW_ENTRIES:,} of an exact computation, and "
-            f"the filtered bound's work is {work:,} (filter_work: about peers^3 x (readings x "
-            "(window + 1) + gains moved at step events)), "
-            f"more than its {MAX_FILTER_WORK:,}"
+            + (
+                f"the filtered bound's work is {work:,} (filter_work: about peers^3 x "
+                "(readings x (window + 1) + gains moved at step events)), "
+                f"more than its {MAX_FILTER_WORK:,}"
+                if work > MAX_FILTER_WORK
+                else f"the filtered bound's memory is {memory:,} bytes (filter_bytes: peers^2 "
+                f"x (window + 1) floats a step event), more than its {MAX_FILTER_BYTES:,}"
+            )
         )
         return {**empty, "network_dp_note": reason}, []
     epsilon = pairwise_epsilon(

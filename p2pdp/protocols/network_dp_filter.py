@@ -132,12 +132,10 @@ def filtered_coefficients(
     scales = np.asarray(scales, dtype=float)
     steps = [e for e in trace.events if isinstance(e, np.ndarray)]
     counts = np.bincount(np.concatenate(steps), minlength=n) if steps else np.zeros(n, int)
-    T = int(counts.max(initial=0))
     kappa = np.full((n, n), np.nan)
     pending: dict[int, list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = {}
     shared = _shared_states(trace, mixing, scales=scales, decay=decay, window=L)
-    innovations = _window_innovations(trace, mixing, L)
-    per_view = n * (2 * n + innovations + T * (L + 1)) + innovations * L * n
+    per_view = _view_floats(trace, mixing, L)
     if batch is None:
         batch = max(1, min(n, _FILTER_FLOATS // max(1, per_view)))
     elif isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -154,7 +152,7 @@ def filtered_coefficients(
     count = 1 if workers == 1 else min(len(batches), _PIECES * workers)
     pieces = [[(int(lo), int(hi)) for lo, hi in part] for part in np.array_split(batches, count)]
     for piece, (columns, found) in zip(
-        pieces, forked_map(_filter_batches, context, pieces, workers=len(pieces)), strict=True
+        pieces, forked_map(_filter_batches, context, pieces, workers=workers), strict=True
     ):
         kappa[:, piece[0][0] : piece[-1][1]] = columns
         for T_u, parts in found.items():  # in the order of the views, whatever the split
@@ -537,6 +535,29 @@ def _window_innovations(trace: ViewTrace, mixing: Mixing, window: int) -> int:
     exchanges = sum(isinstance(e, tuple) for e in trace.events)
     received = int(np.bincount(mixing.receivers, minlength=mixing.n_peers).max(initial=0))
     return (window + 1) * math.ceil(exchanges / max(steps, 1)) * received
+
+
+def _view_floats(trace: ViewTrace, mixing: Mixing, window: int) -> int:
+    """The floats of one view's state in :func:`filtered_coefficients` (gains, responses, the
+    band of ``M_act``)."""
+    n = mixing.n_peers
+    innovations = _window_innovations(trace, mixing, window)
+    steps = [e for e in trace.events if isinstance(e, np.ndarray)]
+    T = int(np.bincount(np.concatenate(steps), minlength=n).max()) if steps else 0
+    return n * (2 * n + innovations + T * (window + 1)) + innovations * window * n
+
+
+def filter_bytes(trace: ViewTrace, mixing: Mixing, window: int | None = None) -> int:
+    """The memory :data:`~p2pdp.protocols.network_dp.MAX_FILTER_BYTES` limits (bytes of
+    :func:`filtered_coefficients`, counted without running it): the states shared by the
+    views, ``(1 + window) P^2`` floats a step event, held for every batch (by each process,
+    copy-on-write), and one batch's state, :data:`_FILTER_FLOATS` floats (one view's if
+    more)."""
+    window = filter_window(trace) if window is None else window
+    n = mixing.n_peers
+    steps = sum(isinstance(e, np.ndarray) for e in trace.events)
+    batch = max(_FILTER_FLOATS, _view_floats(trace, mixing, window))
+    return 8 * (steps * (1 + window) * n * n + batch)
 
 
 def filter_work(trace: ViewTrace, mixing: Mixing, window: int | None = None) -> int:
