@@ -566,7 +566,9 @@ def filter_work(trace: ViewTrace, mixing: Mixing, window: int | None = None) -> 
     (the largest in-degree) against the shared covariance and window responses,
     ``d (window + 1) P^2``; each step event's moves of the gains (at most ``P`` columns of
     old ones, ``R``: a step event's new gains each step so far, and the window's, ``F``) and
-    the retirement's error responses, ``P^2 (R + 2 F)``."""
+    the retirement's error responses, ``P^2 (R + 2 F)``; with fewer than 5 exchanges a step
+    (a window over 2 step events), where a retired noise's floor is loose
+    (:data:`RETIRE_SOLVE`), each retirement's view covariance and solve, ``3 P^3``."""
     window = filter_window(trace) if window is None else window
     n = mixing.n_peers
     steps = sum(isinstance(e, np.ndarray) for e in trace.events)
@@ -575,4 +577,7 @@ def filter_work(trace: ViewTrace, mixing: Mixing, window: int | None = None) -> 
     innovations = _window_innovations(trace, mixing, window)
     per_step = math.ceil(exchanges / max(steps, 1)) * received + 1  # new gains a step event
     old = sum(min(n, s * per_step) for s in range(1, steps + 1))
-    return n**2 * (exchanges * received * (window + 1) * n + n * old + 2 * steps * innovations * n)
+    solves = 3 * n * max(0, steps - window) if window > 2 else 0
+    return n**2 * (
+        exchanges * received * (window + 1) * n + n * old + 2 * steps * innovations * n + solves * n
+    )

@@ -163,3 +163,26 @@ def test_a_filtered_bound_beyond_its_memory_or_work_is_refused_with_the_reason(
     monkeypatch.setattr(network_dp, "MAX_FILTER_WORK", 100)
     columns, _ = network_dp.report(trace, mixing, mechanism, **options)
     assert "work is" in columns["network_dp_note"] and "memory" not in columns["network_dp_note"]
+
+
+def test_1000_peers_of_muffliato_are_computed_and_beyond_refused() -> None:
+    """The limits admit issue 42's run, 1,000 peers of degree 10 with 20 rounds of Muffliato's
+    5 exchanges (about 16 min of one core, 8 on 2), and refuse what would take longer: 30
+    rounds, 1,500 peers, and D-PSGD's one exchange a step at 1,000 peers, whose retirements
+    solve each view's covariance (3 P^3 a view, counted by the work)."""
+    graph = nx.random_regular_graph(10, 1000, seed=0)
+    mixing = _mixing(graph)
+
+    def admitted(trace: views.ViewTrace, mixing: Mixing = mixing) -> bool:
+        work = network_dp_filter.filter_work(trace, mixing)
+        return work <= network_dp.MAX_FILTER_WORK and (
+            network_dp_filter.filter_bytes(trace, mixing) <= network_dp.MAX_FILTER_BYTES
+        )
+
+    assert admitted(views.full_delivery_trace(mixing, 20, 5))
+    assert not admitted(views.full_delivery_trace(mixing, 30, 5))
+    dpsgd = views.full_delivery_trace(mixing, 20, 1)
+    assert not admitted(dpsgd)
+    assert network_dp_filter.filter_work(dpsgd, mixing, window=2) <= network_dp.MAX_FILTER_WORK
+    larger = _mixing(nx.random_regular_graph(10, 1500, seed=0))
+    assert not admitted(views.full_delivery_trace(larger, 20, 5), larger)
