@@ -70,9 +70,13 @@ no factorisation per view; the view's own solve only where that floor is loose, 
 exchanges a step); Minkowski's inequality then gives
 ``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. A view's
 covariance is never formed: it is the prior covariance (shared by the views) minus the outer
-products of its gains. Cost (:func:`filter_work`): about ``P^3`` x (readings x (window + 1)
-+ the gains moved at each step event, at most ``P``), limited by :data:`MAX_FILTER_WORK`
-(100 peers of degree 10, 100 rounds of 5 exchanges: yes; 1,000 peers: no).
+products of its gains. The views are independent given what they share: their batches run
+in the run's local worker processes. Cost (:func:`filter_work`): about ``P^3`` x (readings x
+(window + 1) + the gains moved at each step event, at most ``P``; + each retirement's solve
+with fewer than 5 exchanges a step), limited by :data:`MAX_FILTER_WORK` (1,000 peers of
+degree 10 with 20 rounds of 5 exchanges: yes; with 30 rounds, or one exchange a step: no),
+and its memory (:func:`filter_bytes`, the states the views share) by
+:data:`MAX_FILTER_BYTES`.
 
 **Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps; runs
 beyond both limits. ``network_dp_method`` says ``exact`` when the dense computation's

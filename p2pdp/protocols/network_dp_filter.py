@@ -108,7 +108,8 @@ def filtered_coefficients(
     those of the innovations that respond to a noise of the window. A reading costs
     ``d P^2`` (``(H C) base``, one product for the batch) plus ``d P`` per gain, and the gains
     move to the present once, at the next step event (``C F``, ``C R``: ``P^2`` per gain,
-    not ``2 P^3`` for ``C Sigma C^T``); ``R``, whose ``R R^T`` has rank at most ``P``, is
+    not ``2 P^3`` for ``C Sigma C^T``; or exchange by exchange, sparse, where their nonzeros
+    are fewer: :func:`_left`); ``R``, whose ``R R^T`` has rank at most ``P``, is
     replaced by a ``P``-column factor (QR) once it has more columns. ``E`` is never formed:
     it is the window's noises' response before any reading (shared by the views) minus
     ``F Z_kept`` (an innovation before a noise does not respond to it), and ``M_act`` is a
