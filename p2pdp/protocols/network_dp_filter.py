@@ -169,7 +169,7 @@ def filtered_coefficients(
 
 
 class _Context(NamedTuple):
-    """What :func:`_filter_batch` reads, the same for every batch of views (inherited by the
+    """What :func:`_filter_batches` reads, the same for every batch of views (inherited by the
     forked workers, never pickled)."""
 
     trace: ViewTrace
