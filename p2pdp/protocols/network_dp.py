@@ -107,11 +107,13 @@ from p2pdp.protocols.views import ViewTrace, _row_space, worst_case_shifts
 MAX_VIEW_ENTRIES = 10_000_000
 
 #: Largest :func:`filter_work` of the filtered bound (views larger than
-#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 12-16, one BLAS
+#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 10-16, one BLAS
 #: thread), 10-regular overlays, 5 exchanges a round: 100 peers with 20 rounds are 1.1e10
 #: (about 3 s of CPU), with 100 rounds 5.5e10 (16 s); 200 peers with 20 rounds 1e11 (22 s),
-#: 500 peers 2.1e12 (288 s); 1,000 peers with 20 rounds are 2e13 (20 to 45 min by its first 3
-#: rounds, 100 s, and by the growth from 300 to 500 peers): left empty, with the reason.
+#: 500 peers 2.1e12 (about 210 s); 1,000 peers with 20 rounds 2e13 (about 370 s of CPU in
+#: each of 2 processes, 740 s in all: under 10 min on 2 cores). 30 rounds (3.4e13), 1,500
+#: peers (6.7e13) and one exchange a step at 1,000 peers (4.9e13, its solves counted) are
+#: left empty, with the reason.
 MAX_FILTER_WORK = 25_000_000_000_000
 
 #: Largest :func:`filter_bytes` of the filtered bound: the states its views share (held by

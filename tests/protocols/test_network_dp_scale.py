@@ -167,7 +167,7 @@ def test_a_filtered_bound_beyond_its_memory_or_work_is_refused_with_the_reason(
 
 def test_1000_peers_of_muffliato_are_computed_and_beyond_refused() -> None:
     """The limits admit issue 42's run, 1,000 peers of degree 10 with 20 rounds of Muffliato's
-    5 exchanges (about 16 min of one core, 8 on 2), and refuse what would take longer: 30
+    5 exchanges (about 370 s of CPU in each of 2 processes), and refuse what would take longer: 30
     rounds, 1,500 peers, and D-PSGD's one exchange a step at 1,000 peers, whose retirements
     solve each view's covariance (3 P^3 a view, counted by the work)."""
     graph = nx.random_regular_graph(10, 1000, seed=0)
