@@ -186,3 +186,17 @@ def test_1000_peers_of_muffliato_are_computed_and_beyond_refused() -> None:
     assert network_dp_filter.filter_work(dpsgd, mixing, window=2) <= network_dp.MAX_FILTER_WORK
     larger = _mixing(nx.random_regular_graph(10, 1500, seed=0))
     assert not admitted(views.full_delivery_trace(larger, 20, 5), larger)
+
+
+def test_the_step_s_fresh_slot_is_read_as_a_scaling_of_the_same_value(monkeypatch) -> None:
+    """A reading's response to the window's noises takes the slot the last step event filled
+    (a diagonal block, not yet moved) as a scaling: the bound is the plain product's."""
+    mixing = _overlay(24, 4)
+    trace = _lossy_trace(mixing, 5, 3)
+    off = ~np.eye(24, dtype=bool)
+    for window in (2, 3):
+        fast = _filtered(trace, mixing, window=window)
+        with monkeypatch.context() as patch:
+            patch.setattr(network_dp_filter, "_moved", lambda H, prior, fresh: H @ prior)
+            plain = _filtered(trace, mixing, window=window)
+        np.testing.assert_allclose(fast[off], plain[off], rtol=1e-12, atol=1e-14)
