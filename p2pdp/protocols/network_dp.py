@@ -70,9 +70,13 @@ no factorisation per view; the view's own solve only where that floor is loose, 
 exchanges a step); Minkowski's inequality then gives
 ``kappa <= (sqrt(kappa(M_window)) + sum_t sqrt(r_t))^2``, capped by ``T_u``. A view's
 covariance is never formed: it is the prior covariance (shared by the views) minus the outer
-products of its gains. Cost (:func:`filter_work`): about ``P^3`` x (readings x (window + 1)
-+ the gains moved at each step event, at most ``P``), limited by :data:`MAX_FILTER_WORK`
-(100 peers of degree 10, 100 rounds of 5 exchanges: yes; 1,000 peers: no). On a periodic run
+products of its gains. The views are independent given what they share: their batches run
+in the run's local worker processes. Cost (:func:`filter_work`): about ``P^3`` x (readings x
+(window + 1) + the gains moved at each step event, at most ``P``; + each retirement's solve
+with fewer than 5 exchanges a step), limited by :data:`MAX_FILTER_WORK` (1,000 peers of
+degree 10 with 20 rounds of 5 exchanges: yes; with 30 rounds, or one exchange a step: no),
+and its memory (:func:`filter_bytes`, the states the views share) by
+:data:`MAX_FILTER_BYTES`. On a periodic run
 (every round alike, every message delivered) the filter stops once the views' covariances
 settle and bounds a larger view whose later rounds are copies of the settled one
 (:class:`~p2pdp.protocols.network_dp_filter._Steady`: the proof): 100 peers, 100 rounds, in
@@ -96,10 +100,11 @@ import hashlib
 import numpy as np
 from scipy.sparse.csgraph import shortest_path
 
+from p2pdp.core.parallel import current_workers, forked_map, maps_here
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols.mixing import Mixing
-from p2pdp.protocols.network_dp_filter import filter_work, filtered_coefficients
+from p2pdp.protocols.network_dp_filter import filter_bytes, filter_work, filtered_coefficients
 from p2pdp.protocols.views import ViewTrace, _row_space, worst_case_shifts
 
 #: Largest computation: the sum over peers ``v`` of (rows of ``v``'s view) x (noises injected
@@ -107,13 +112,20 @@ from p2pdp.protocols.views import ViewTrace, _row_space, worst_case_shifts
 MAX_VIEW_ENTRIES = 10_000_000
 
 #: Largest :func:`filter_work` of the filtered bound (views larger than
-#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 12-16, one BLAS
+#: :data:`MAX_VIEW_ENTRIES` take it). On a shared 2-core machine (load 10-16, one BLAS
 #: thread), 10-regular overlays, 5 exchanges a round: 100 peers with 20 rounds are 1.1e10
 #: (about 3 s of CPU), with 100 rounds 5.5e10 (16 s); 200 peers with 20 rounds 1e11 (22 s),
-#: 500 peers 2.1e12 (288 s); 1,000 peers with 20 rounds are 2e13 (20 to 45 min by its first 3
-#: rounds, 100 s, and by the growth from 300 to 500 peers): left empty, with the reason.
-#: Those costs filter every round; a periodic run stops once its covariances settle.
-MAX_FILTER_WORK = 120_000_000_000
+#: 500 peers 2.1e12 (about 210 s); 1,000 peers with 20 rounds 2e13 (about 370 s of CPU in
+#: each of 2 processes, 740 s in all: under 10 min on 2 cores). 30 rounds (3.4e13), 1,500
+#: peers (6.7e13) and one exchange a step at 1,000 peers (4.9e13, its solves counted) are
+#: left empty, with the reason. Those costs filter every round; a periodic run stops once its
+#: covariances settle (the limits still count every round).
+MAX_FILTER_WORK = 25_000_000_000_000
+
+#: Largest :func:`filter_bytes` of the filtered bound: the states its views share (held by
+#: every process computing it) and one batch's. 1,000 peers with 20 rounds of 5 exchanges hold
+#: 0.72 GB; 100 peers with 100 rounds 0.26 GB.
+MAX_FILTER_BYTES = 1_500_000_000
 
 
 def view_coefficients(
@@ -221,14 +233,31 @@ def pairwise_epsilon(
 
     NaN (not computed) stays NaN; an infinite ``kappa`` (a view that determines the noise-free
     value) is an infinite epsilon, never NaN, so that ``np.nanmax`` cannot skip a total leak.
+    Each pair's conversion is its own root: from :data:`PARALLEL_PAIRS` pairs (1,000 peers
+    have 999,000, about 66 s of one core) they are shared out to the run's local worker
+    processes (:func:`~p2pdp.core.parallel.current_workers`), with the same values.
     """
     kappa = np.asarray(kappa, dtype=float)
     out = np.full(kappa.shape, np.nan)
     out[np.isinf(kappa)] = np.inf
     ok = np.isfinite(kappa)
     mu = sensitivity_over_sigma * np.sqrt(np.maximum(kappa[ok], 0.0))
-    out[ok] = gdp_epsilon(mu, delta)
+    workers = current_workers() if mu.size >= PARALLEL_PAIRS else 1
+    if workers > 1 and maps_here(workers, workers):
+        parts = np.array_split(mu, workers)
+        out[ok] = np.concatenate(forked_map(_epsilons, delta, parts, workers=workers))
+    else:
+        out[ok] = gdp_epsilon(mu, delta)
     return out
+
+
+#: Pairs from which :func:`pairwise_epsilon` uses the local worker processes.
+PARALLEL_PAIRS = 100_000
+
+
+def _epsilons(delta: float, mu: np.ndarray) -> np.ndarray:
+    """:func:`~p2pdp.privacy.gdp.gdp_epsilon` of a part of the pairs (a forked piece)."""
+    return gdp_epsilon(mu, delta)
 
 
 def by_distance(mixing: Mixing, epsilon: np.ndarray) -> list[dict[str, float]]:
@@ -306,15 +335,21 @@ def report(
         reason = "not computed: privacy.mechanism = 'none' (no noise, no guarantee)"
         return {**empty, "network_dp_note": reason}, []
     entries, work = trace.view_entries(), filter_work(trace, mixing)
-    if entries <= MAX_VIEW_ENTRIES or work <= MAX_FILTER_WORK:
+    memory = filter_bytes(trace, mixing)
+    if entries <= MAX_VIEW_ENTRIES or (work <= MAX_FILTER_WORK and memory <= MAX_FILTER_BYTES):
         kappa, gap, exact = _coefficients(trace, mixing, scales=scales, decay=decay)
     else:
         reason = (
             f"not computed: the views have {entries:,} entries (received messages x noises "
             f"injected), more than the {MAX_VIEW_ENTRIES:,} of an exact computation, and "
-            f"the filtered bound's work is {work:,} (filter_work: about peers^3 x (readings x "
-            "(window + 1) + gains moved at step events)), "
-            f"more than its {MAX_FILTER_WORK:,}"
+            + (
+                f"the filtered bound's work is {work:,} (filter_work: about peers^3 x "
+                "(readings x (window + 1) + gains moved at step events)), "
+                f"more than its {MAX_FILTER_WORK:,}"
+                if work > MAX_FILTER_WORK
+                else f"the filtered bound's memory is {memory:,} bytes (filter_bytes: peers^2 "
+                f"x (window + 1) floats a step event), more than its {MAX_FILTER_BYTES:,}"
+            )
         )
         return {**empty, "network_dp_note": reason}, []
     epsilon = pairwise_epsilon(

@@ -577,7 +577,7 @@ def test_a_short_window_needs_the_whole_remainder_of_its_retired_noises(solve, m
         return kappa[off]
 
     assert (bound() >= exact[off] - 1e-12).all()
-    monkeypatch.setattr(network_dp_filter, "_remainder", lambda e, f, s: 0.0 * s)
+    monkeypatch.setattr(network_dp_filter, "_remainder", lambda e, f, s, i: 0.0 * s)
     assert (bound() < exact[off] - 0.1).any()
 
 
