@@ -90,6 +90,7 @@ ROUNDS_FROM_PEERS = 10_000
 
 # Phases of an attempt under way, in the order it goes through them.
 _INVITING, _GROUP, _START, _ACKED = range(4)
+_OVER = -1  # an attempt that ended (its row is dropped later)
 
 
 def uses_rounds(config: ScenarioConfig) -> bool:
@@ -101,13 +102,18 @@ def uses_rounds(config: ScenarioConfig) -> bool:
 
 
 class _Attempts:
-    """The attempts under way, as arrays (one row per attempt).
+    """The attempts under way, as arrays (one row per attempt, in the order they began).
 
     ``accepted`` (A, g - 1): members in the order they accepted (-1: none yet); ``pool``
     (A, W): whom to invite, from ``position`` on; ``declined`` (A, W): who declined in this
     retry round; ``asked`` (A, W): every view member asked so far (W = the most a pool can
     hold: ``(max_retries + 1) c``). ``deadline``: the tick that ends the retry round;
     ``nonce_sum``: the revealed nonces' sum mod g.
+
+    Each field is a view of the first rows of a buffer with room to grow, so appending does
+    not copy the rows under way; an attempt that is over is marked ``_OVER`` in ``phase`` and
+    its row dropped once over rows are at least half of them (a row's index stays valid until
+    then; the rows under way keep their order either way).
     """
 
     FIELDS = (
@@ -133,24 +139,48 @@ class _Attempts:
 
     def __init__(self, group_size: int, width: int) -> None:
         self.width = width
-        for name in self.FIELDS:
-            setattr(self, name, np.zeros(0, dtype=np.int64))
-        self.accepted = np.zeros((0, group_size - 1), dtype=np.int64)
-        for name in ("pool", "declined", "asked"):
-            setattr(self, name, np.zeros((0, width), dtype=np.int64))
+        columns = {"accepted": group_size - 1, "pool": width, "declined": width, "asked": width}
+        self._buffers = {
+            name: np.zeros((0, *([columns[name]] if name in columns else [])), dtype=np.int64)
+            for name in self.FIELDS
+        }
+        self._rows = 0  # rows in use, over ones included
+        self._over = 0  # rows marked over, not yet dropped
+        self._expose()
 
     def __len__(self) -> int:
-        return int(self.id.size)
+        return self._rows
 
-    def keep(self, mask: np.ndarray) -> None:
-        """Drop the attempts where ``mask`` is False."""
-        for name in self.FIELDS:
-            setattr(self, name, getattr(self, name)[mask])
+    def _expose(self) -> None:
+        for name, buffer in self._buffers.items():
+            setattr(self, name, buffer[: self._rows])
+
+    def end(self, rows: np.ndarray) -> None:
+        """Attempts ``rows`` (distinct, under way) are over; drop the over rows if they are
+        at least half of them."""
+        self.phase[rows] = _OVER
+        self._over += int(rows.size)
+        if 2 * self._over >= self._rows:
+            live = self.phase != _OVER
+            n = int(np.count_nonzero(live))
+            for buffer in self._buffers.values():
+                buffer[:n] = buffer[: self._rows][live]
+            self._rows, self._over = n, 0
+            self._expose()
 
     def extend(self, other: dict[str, np.ndarray]) -> None:
         """Append attempts given as a full set of fields."""
-        for name in self.FIELDS:
-            setattr(self, name, np.concatenate([getattr(self, name), other[name]]))
+        n = int(other["id"].size)
+        rows = self._rows + n
+        if rows > self._buffers["id"].shape[0]:  # grow: twice what is needed
+            for name, buffer in self._buffers.items():
+                grown = np.empty((2 * rows, *buffer.shape[1:]), dtype=buffer.dtype)
+                grown[: self._rows] = buffer[: self._rows]
+                self._buffers[name] = grown
+        for name, buffer in self._buffers.items():
+            buffer[self._rows : rows] = other[name]
+        self._rows = rows
+        self._expose()
 
 
 class RoundFormation(FormationDriver):
@@ -278,9 +308,7 @@ class RoundFormation(FormationDriver):
         """Attempts ``rows`` are over: drop them, tell the observer once per attempt."""
         if not rows.size:
             return
-        keep = np.ones(len(self._attempts), dtype=bool)
-        keep[rows] = False
-        self._attempts.keep(keep)
+        self._attempts.end(rows)
         for _ in range(rows.size):
             self.attempts_in_flight -= 1
             self._on_attempt_over()
