@@ -28,6 +28,7 @@ from p2pdp.sim.gossip import Newscast, merge_views
 from p2pdp.sim.gossip import views as views_module
 from p2pdp.sim.gossip.formation import GroupFormation
 from p2pdp.sim.gossip.rounds import ROUNDS_FROM_PEERS, RoundFormation, uses_rounds
+from p2pdp.sim.gossip.sampler import GossipSampler
 from p2pdp.sim.overlay import build_overlay
 from tests.sim.test_gossip import check_invariants, recording, scenario
 
@@ -131,6 +132,32 @@ def test_groups_of_one_form_in_rounds():
     result = simulate(config)
     assert result.aggregations == 60 and result.stop_reason.startswith("fewer than 1 peers")
     np.testing.assert_array_equal(result.aggregations_per_peer, 3)
+
+
+@pytest.mark.parametrize("latency", ["exponential", "constant"])  # constant: GroupBatches
+@pytest.mark.parametrize("group_size", [1, 4])
+def test_groups_started_together_are_the_groups_started_one_by_one(latency, group_size):
+    """The groups of a tick go to the sampler in runs (between abandoned attempts), their
+    crash draws taken at once: the rows are those of handing them over one at a time."""
+    config = dataclasses.replace(
+        rounds(n_peers=60, group_size=group_size, ratio=3, max_retries=1),
+        network=NetworkConfig(latency=latency),
+    )
+    one_by_one = GossipSampler._group_formed
+
+    def each(self, groups, curators):
+        for members, curator in zip(groups, curators.tolist(), strict=True):
+            one_by_one(self, members, curator)
+
+    with recording() as log:
+        together = simulate(config)
+    assert group_size == 1 or log.world.sampler.attempts_failed > 0  # runs between abandons
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(GossipSampler, "_groups_formed", each)
+        alone = simulate(config)
+    np.testing.assert_array_equal(together.aggregations_per_peer, alone.aggregations_per_peer)
+    assert together.bytes_sent == alone.bytes_sent and together.messages_sent == alone.messages_sent
+    assert together.sim_time == pytest.approx(alone.sim_time, rel=1e-12)
 
 
 # -- what holds exactly ------------------------------------------------------------------------

@@ -53,6 +53,7 @@ releases as their ``SUBMIT`` and ``PUBLISH`` messages).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -187,10 +188,21 @@ class RoundFormation(FormationDriver):
     """The formation protocol advanced in rounds over arrays; same interface as
     :class:`~p2pdp.sim.gossip.formation.GroupFormation` (parameters:
     :class:`~p2pdp.sim.gossip.formation.FormationDriver`). Messages are counted in
-    ``world.transport``, not carried; ``rng`` also draws the pool orders and the nonces."""
+    ``world.transport``, not carried; ``rng`` also draws the pool orders and the nonces.
+    ``on_formed_many(groups, curators)``: the groups formed one after the other with nothing
+    in between ((k, g) members, initiators first, and (k,) curators), in one call that does
+    what ``on_formed`` of each would (``on_formed`` is not called)."""
 
-    def __init__(self, world: SamplerWorld, views: Newscast, **driver: Any) -> None:
+    def __init__(
+        self,
+        world: SamplerWorld,
+        views: Newscast,
+        *,
+        on_formed_many: Callable[[np.ndarray, np.ndarray], None],
+        **driver: Any,
+    ) -> None:
         super().__init__(world, views, **driver)
+        self._on_formed_many = on_formed_many
         self.newscast = views
         width = (self.params.max_retries + 1) * self.params.view_size
         self._attempts = _Attempts(self.group_size, width)
@@ -245,13 +257,17 @@ class RoundFormation(FormationDriver):
         self.state[groups] = IN_GROUP
         self.bound[groups] = -1
         self.lock_until[groups] = np.inf
-        formed = zip(groups, curators.tolist(), strict=True)
-        for row, starts in zip(rows.tolist(), ok.tolist(), strict=True):
-            if starts:  # in row order: the abandons' draws and the world's events keep theirs
-                members, curator = next(formed)
-                self._on_formed(members.copy(), curator)
-            else:
-                self._abandon_row(row)
+        # in row order: the abandons' draws and the world's events keep theirs; the groups
+        # between two abandons go to the sampler in one call
+        started = 0
+        for k, position in enumerate(np.flatnonzero(~ok).tolist()):
+            if position - k > started:  # position - k groups start before this abandon
+                end = position - k
+                self._on_formed_many(groups[started:end], curators[started:end])
+                started = end
+            self._abandon_row(int(rows[position]))
+        if started < groups.shape[0]:
+            self._on_formed_many(groups[started:], curators[started:])
         self._finish(rows)
 
     def _commit(self, rows: np.ndarray) -> None:
@@ -305,13 +321,14 @@ class RoundFormation(FormationDriver):
             self.become_free(initiator)
 
     def _finish(self, rows: np.ndarray) -> None:
-        """Attempts ``rows`` are over: drop them, tell the observer once per attempt."""
+        """Attempts ``rows`` are over: drop them, tell the observer once (what it reads of
+        attempts is how many are in flight, and only whether none is: the same as once per
+        attempt, the count falling one at a time)."""
         if not rows.size:
             return
         self._attempts.end(rows)
-        for _ in range(rows.size):
-            self.attempts_in_flight -= 1
-            self._on_attempt_over()
+        self.attempts_in_flight -= int(rows.size)
+        self._on_attempt_over()
 
     # -- the invitations ---------------------------------------------------------------------
     def _initiate_due(self, horizon: float) -> None:
