@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -226,7 +227,7 @@ def test_exchanges_merged_in_numpy_one_by_one_in_python_or_compiled_give_the_sam
 ):
     """Every exchange merged in batches (numpy), every one alone (Python) or all in order in
     compiled code: same views, over rounds where views fill, hubs form and some peers do not
-    advertise themselves."""
+    advertise themselves; and the same partners chosen in numpy and in compiled code."""
     rng = np.random.default_rng(seed)
     n, c = 400, 6
     overlay = build_overlay(GossipConfig(overlay="barabasi-albert", attachment=3), n, rng=rng)
@@ -245,7 +246,13 @@ def test_exchanges_merged_in_numpy_one_by_one_in_python_or_compiled_give_the_sam
         monkeypatch.setattr(owner, method, counting)
     for period in range(12):
         peers = rng.permutation(n)
-        partners = views["numpy"].partners(peers, rng=rng)
+        chosen = {}  # the partners drawn in numpy and in compiled code, from the same stream
+        for name, compiled_from in (("compiled", 1), ("numpy", n + 1)):
+            monkeypatch.setattr(views_module, "COMPILED_FROM", compiled_from)
+            draws = copy.deepcopy(rng) if name == "compiled" else rng
+            chosen[name] = views["numpy"].partners(peers, rng=draws)
+        np.testing.assert_array_equal(chosen["compiled"], chosen["numpy"])
+        partners = chosen["numpy"]
         keep = partners >= 0
         peers, partners = peers[keep], partners[keep]
         stamps = period + rng.random((2, peers.size))

@@ -35,7 +35,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["exchange_in_order"]
+__all__ = ["exchange_in_order", "partners_of"]
 
 #: The kernel asks for the views of the exchange this many places ahead while it
 #: merges the current one: a tick's exchanges touch random rows of (P, c) arrays far larger
@@ -142,6 +142,34 @@ def _merge_in_order(ids, stamps, a, b, stamp_a, stamp_b, both, seen):  # pragma:
                     kept += 1
             for m in range(kept, c):
                 ids[owner, m], stamps[owner, m] = -1, -np.inf
+
+
+@numba.njit(cache=True, nogil=True)
+def _partners(ids, peers, uniforms, partners):  # pragma: no cover
+    c = ids.shape[1]
+    flat_ids = ids.reshape(-1)
+    for k in range(peers.size):
+        if k + _AHEAD < peers.size:
+            base = peers[k + _AHEAD] * c
+            for offset in range(0, c, 16):
+                _prefetch(flat_ids, base + offset)
+            _prefetch(flat_ids, base + c - 1)
+        peer = peers[k]
+        count = 0
+        for j in range(c):
+            count += ids[peer, j] >= 0
+        slot = min(int(uniforms[k] * count), c - 1)
+        partners[k] = ids[peer, slot] if count > 0 else -1
+
+
+def partners_of(ids: np.ndarray, peers: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """:meth:`Newscast.partners <p2pdp.sim.gossip.views.Newscast.partners>` compiled: per
+    peer, the member of its view (``ids`` (P, c) int32, -1: empty) in slot
+    ``min(floor(uniforms[k] * count), c - 1)``, ``count`` its entries >= 0, or -1 for an
+    empty view; (n,) int64. The same arithmetic as numpy's (a float64 product, truncated)."""
+    partners = np.empty(peers.size, dtype=np.int64)
+    _partners(ids, peers.astype(np.int64, copy=False), uniforms, partners)
+    return partners
 
 
 def exchange_in_order(

@@ -183,9 +183,15 @@ class Newscast:
         self.ids[rows], self.stamps[rows] = ids, stamps
 
     def partners(self, peers: np.ndarray, *, rng: np.random.Generator) -> np.ndarray:
-        """A uniformly random view member per peer, (n,) int; -1 for an empty view."""
+        """A uniformly random view member per peer, (n,) int; -1 for an empty view. From
+        :data:`COMPILED_FROM` peers on, in compiled code (the same partners)."""
+        uniforms = rng.random(peers.size)
+        if peers.size >= COMPILED_FROM:
+            from p2pdp.sim.gossip.compiled import partners_of
+
+            return partners_of(self.ids, peers, uniforms)
         counts = np.count_nonzero(self.ids[peers] >= 0, axis=1)
-        slot = np.minimum((rng.random(peers.size) * counts).astype(np.int64), self.view_size - 1)
+        slot = np.minimum((uniforms * counts).astype(np.int64), self.view_size - 1)
         return np.where(counts > 0, self.ids[peers, slot], -1)
 
     def exchange(
