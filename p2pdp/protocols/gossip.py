@@ -250,6 +250,9 @@ class GossipFormation:
         nonces), shared with the faults.
     rng : numpy.random.Generator
         The protocol stream (the order of invitations).
+    take : callable, optional
+        ``take(n)``: the next ``n`` values of ``uniform()`` at once
+        (:meth:`Uniforms.take <p2pdp.core.rng.Uniforms.take>`); None: ``n`` calls.
 
     Attributes
     ----------
@@ -283,6 +286,7 @@ class GossipFormation:
         solvent: int,
         uniform: Callable[[], float],
         rng: np.random.Generator,
+        take: Callable[[int], list[float]] | None = None,
     ) -> None:
         self.group_size = group_size
         self.max_failed = max_failed
@@ -294,6 +298,7 @@ class GossipFormation:
         self.can_afford = can_afford
         self.rng = rng
         self._uniform = uniform
+        self._take = take or (lambda n: [uniform() for _ in range(n)])
         n_peers = online.size
         self.state = np.full(n_peers, TRAINING, dtype=np.int8)
         self.bound = np.full(n_peers, -1, dtype=np.int64)  # attempt a peer is tied to
@@ -357,10 +362,11 @@ class GossipFormation:
         if self.stopped:
             return
         trying = free[failures[free] < max_failed].tolist()
-        now, backoff, uniform = self.clock(), self.params.backoff, self._uniform
+        now, backoff = self.clock(), self.params.backoff
         doublings = np.minimum(failures[trying], BACKOFF_DOUBLINGS).tolist()
         self.initiate_at[trying] = [
-            now - backoff * 2.0**doubling * math.log1p(-uniform()) for doubling in doublings
+            now - backoff * 2.0**doubling * math.log1p(-u)
+            for doubling, u in zip(doublings, self._take(len(trying)), strict=True)
         ]
 
     def become_free(self, peer: int) -> None:

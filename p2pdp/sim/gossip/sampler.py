@@ -100,6 +100,7 @@ class GossipSampler:
         uniforms = Uniforms(rng)  # shared by the protocol and the faults
         driver = {
             "uniform": uniforms.draw,
+            "take": uniforms.take,
             "rng": rng,
             "on_formed": self._group_formed,
             "on_attempt_over": self._check_done,
