@@ -18,7 +18,13 @@ from p2pdp.protocols.groups import Group
 from p2pdp.protocols.oneshot import Charge
 from p2pdp.sim import waves
 from p2pdp.sim.transport import Environment
-from p2pdp.sim.waves import BatchedWorld, _formed_in_rounds, _release_models, _Sensitivities
+from p2pdp.sim.waves import (
+    BatchedWorld,
+    _formed_in_rounds,
+    _release_models,
+    _reserve,
+    _Sensitivities,
+)
 
 if TYPE_CHECKING:
     from p2pdp.sim.gossip.sampler import GossipSampler
@@ -102,6 +108,10 @@ class GroupBatches:
         self._where: list[tuple[float, int, int]] = []
         assert _formed_in_rounds(world)  # the one sampler batched here (batched_obstacle)
         self._finished = cast("GossipSampler", world.sampler).groups_finished
+        # each release charges g distinct peers one aggregation: the release arrays are
+        # written in place as they grow, as run_waves's are (not copied at each doubling)
+        ledger = world.ledger
+        _reserve(world, ledger.n_peers * ledger.max_aggregations // max(g, 1))
 
     def start(self, members: np.ndarray, curator: int) -> Group:
         """Start the group ``members`` (distinct ids, ``curator`` among them) agreed on."""
