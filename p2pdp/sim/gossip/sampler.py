@@ -121,8 +121,7 @@ class GossipSampler:
     # -- the sampler interface ---------------------------------------------------------------
     def start(self, ready: list[int], n_not_ready: int) -> None:
         """Begin with the peers ``ready`` at time 0 (the others are still training)."""
-        for peer in ready:
-            self.formation.become_free(peer)
+        self.formation.become_free_all(np.asarray(ready, dtype=np.int64))
         self.env.process(self._clock())
         self._check_done()
 
