@@ -193,20 +193,23 @@ class GroupBatches:
         """The batch's curators charge its members at once; the releases wait for
         :meth:`flush` (their noise is drawn there, in the same order)."""
         world = self.world
-        flat = [member for group in groups for member in group.members.tolist()]
-        charge = world.curator.wave(flat)  # every curator online, every member distinct
-        world.ledger.spend(charge.members)  # charged before any noise is drawn
+        members = np.stack([group.members for group in groups])  # (k, g), group after group
+        charge = world.curator.wave(members.ravel().tolist())  # every curator online, ...
+        world.ledger.spend(charge.members)  # ... every member distinct: charged before noise
+        curators = np.array([group.curator for group in groups], dtype=np.int64)
+        # each release's rows: its curator, then the other members in their order
+        firsts = np.argsort(members != curators[:, None], axis=1, kind="stable")
+        orders = np.take_along_axis(members, firsts, axis=1).tolist()
         now = float(self.env.now)
         index = len(world.releases) + len(self._rows)  # the batch's first release
+        self._rows.extend(orders)
+        self._members.extend(members)
+        self._where.extend((now, group.group_id, group.curator) for group in groups)
         for group in groups:
-            curator, members = group.curator, group.members.tolist()
-            order = [curator, *(m for m in members if m != curator)]
             group.ended = True
-            self._rows.append(order)
-            self._members.append(group.members)
-            self._where.append((now, group.group_id, curator))
-            self._receipts(curator, order, index, members_receipts)
-            index += 1
+        if not self.full:  # (full publication: no receipt)
+            for offset, (group, order) in enumerate(zip(groups, orders, strict=True)):
+                self._receipts(group.curator, order, index + offset, members_receipts)
 
     def _receipts(
         self, curator: int, order: list[int], index: int, members: list[tuple[int, int]]
