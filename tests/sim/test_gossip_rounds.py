@@ -281,9 +281,17 @@ def test_one_exchange_merges_as_merge_views_for_each_side(n_peers, view_size, se
 
 
 @settings(max_examples=30, deadline=None)
-@given(n_peers=st.integers(3, 30), view_size=st.integers(1, 8), seed=st.integers(0, 10_000))
-def test_forgetting_many_at_once_is_forgetting_one_after_the_other(n_peers, view_size, seed):
-    """The rounds' batch of forgets (peers repeated, some entries absent) equals the calls."""
+@given(
+    n_peers=st.integers(3, 30),
+    view_size=st.integers(1, 8),
+    seed=st.integers(0, 10_000),
+    compiled=st.booleans(),
+)
+def test_forgetting_many_at_once_is_forgetting_one_after_the_other(
+    n_peers, view_size, seed, compiled
+):
+    """The rounds' batch of forgets (peers repeated, some entries absent) equals the calls,
+    in numpy and in compiled code (what large runs use)."""
     rng = np.random.default_rng(seed)
     overlay = build_overlay(GossipConfig(overlay="erdos-renyi", edge_probability=1.0,
                                          allow_disconnected=True), n_peers, rng=rng)  # fmt: skip
@@ -296,7 +304,9 @@ def test_forgetting_many_at_once_is_forgetting_one_after_the_other(n_peers, view
     others = np.where(others < 0, rng.integers(n_peers, size=peers.size), others)
     for peer, other in zip(peers.tolist(), others.tolist(), strict=True):
         one_by_one.forget(peer, other)
-    batched.forget_all(peers, others)
+    with pytest.MonkeyPatch.context() as patch:  # compiled from 0 peers on, or never
+        patch.setattr(views_module, "COMPILED_FROM", 0 if compiled else 10**9)
+        batched.forget_all(peers, others)
     np.testing.assert_array_equal(batched.ids, one_by_one.ids)
     np.testing.assert_array_equal(batched.stamps, one_by_one.stamps)
     assert np.count_nonzero(batched.ids < 0) > n_empty  # entries were forgotten

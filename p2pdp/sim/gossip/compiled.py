@@ -35,7 +35,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["exchange_in_order", "partners_of"]
+__all__ = ["exchange_in_order", "forget_all", "partners_of"]
 
 #: The kernel asks for the views of the exchange this many places ahead while it
 #: merges the current one: a tick's exchanges touch random rows of (P, c) arrays far larger
@@ -160,6 +160,31 @@ def _partners(ids, peers, uniforms, partners):  # pragma: no cover
             count += ids[peer, j] >= 0
         slot = min(int(uniforms[k] * count), c - 1)
         partners[k] = ids[peer, slot] if count > 0 else -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _forget_all(ids, stamps, peers, others):  # pragma: no cover
+    c = ids.shape[1]
+    for k in range(peers.size):
+        peer, other = peers[k], others[k]
+        j = 0
+        while j < c and ids[peer, j] != other:
+            j += 1
+        if j == c:  # not in the view
+            continue
+        for m in range(j, c - 1):  # the entries after it move up one slot, in order
+            ids[peer, m], stamps[peer, m] = ids[peer, m + 1], stamps[peer, m + 1]
+        ids[peer, c - 1], stamps[peer, c - 1] = -1, -np.inf
+
+
+def forget_all(ids: np.ndarray, stamps: np.ndarray, peers: np.ndarray, others: np.ndarray) -> None:
+    """:meth:`Newscast.forget_all <p2pdp.sim.gossip.views.Newscast.forget_all>` compiled:
+    ``others[k]`` leaves ``peers[k]``'s view (``ids`` (P, c) int32 and ``stamps`` (P, c),
+    in place) for k = 0, 1, ... one after the other; a view holds an id at most once, so
+    the entries after it move up one slot and the last becomes (-1, -inf)."""
+    _forget_all(
+        ids, stamps, peers.astype(np.int64, copy=False), others.astype(np.int64, copy=False)
+    )
 
 
 def partners_of(ids: np.ndarray, peers: np.ndarray, uniforms: np.ndarray) -> np.ndarray:

@@ -173,8 +173,15 @@ class Newscast:
 
     def forget_all(self, peers: np.ndarray, others: np.ndarray) -> None:
         """:meth:`forget` ``others[k]`` from ``peers[k]``'s view for every k at once (pairs
-        may share a peer; the result is that of the calls one after the other)."""
+        may share a peer; the result is that of the calls one after the other). From
+        ``COMPILED_FROM * TICKS_PER_PERIOD`` peers on (where a tick's exchanges load the
+        compiled code anyway), one after the other in compiled code."""
         if not peers.size:
+            return
+        if self.ids.shape[0] >= COMPILED_FROM * TICKS_PER_PERIOD:
+            from p2pdp.sim.gossip import compiled
+
+            compiled.forget_all(self.ids, self.stamps, peers, others)
             return
         rows, inverse = np.unique(peers, return_inverse=True)
         hits = self.ids[peers] == others[:, None]  # (k, c): where each pair's entry sits
