@@ -35,7 +35,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["exchange_in_order", "forget_all", "partners_of"]
+__all__ = ["append_rows", "count_sent", "exchange_in_order", "forget_all", "partners_of"]
 
 #: The kernel asks for the views of the exchange this many places ahead while it
 #: merges the current one: a tick's exchanges touch random rows of (P, c) arrays far larger
@@ -184,6 +184,67 @@ def forget_all(ids: np.ndarray, stamps: np.ndarray, peers: np.ndarray, others: n
     the entries after it move up one slot and the last becomes (-1, -inf)."""
     _forget_all(
         ids, stamps, peers.astype(np.int64, copy=False), others.astype(np.int64, copy=False)
+    )
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_sent(messages, sent_bytes, senders, size):  # pragma: no cover
+    for k in range(senders.size):
+        messages[senders[k]] += 1
+        sent_bytes[senders[k]] += size
+
+
+def count_sent(
+    messages: np.ndarray, sent_bytes: np.ndarray, senders: np.ndarray, size: int
+) -> None:
+    """One message of ``size`` bytes from each entry of ``senders`` (ids may repeat), added
+    to the per-peer int64 counters ``messages`` and ``sent_bytes`` in place: what
+    ``np.add.at`` of both does."""
+    _count_sent(messages, sent_bytes, senders.astype(np.int64, copy=False), size)
+
+
+@numba.njit(cache=True, nogil=True)
+def _append_rows(table, counts, rows, values, order):  # pragma: no cover
+    n = rows.size
+    for k in range(1, n):
+        if rows[k] < rows[k - 1]:
+            return False  # not grouped by row
+    index = np.empty(n, np.int64)
+    start = 0
+    while start < n:
+        row, end = rows[start], start
+        while end < n and rows[end] == row:
+            end += 1
+        if counts[row] + end - start > table.shape[1]:
+            raise IndexError("a row of the table is full")
+        for m in range(start, end):  # the row's entries by order; equal orders stay in place
+            i = m
+            while i > start and order[index[i - 1]] > order[m]:
+                index[i] = index[i - 1]
+                i -= 1
+            index[i] = m
+        for m in range(start, end):
+            table[row, counts[row] + m - start] = values[index[m]]
+        counts[row] += end - start
+        start = end
+    return True
+
+
+def append_rows(
+    table: np.ndarray, counts: np.ndarray, rows: np.ndarray, values: np.ndarray, order: np.ndarray
+) -> bool:
+    """Append ``values`` to rows ``rows`` of ``table`` after their ``counts`` used slots, in
+    the order of ``order`` within a row (ties: as given), in place; False (and nothing
+    written) where ``rows`` is not non-decreasing. What
+    :meth:`RoundFormation._append <p2pdp.sim.gossip.rounds.RoundFormation._append>` does."""
+    return bool(
+        _append_rows(
+            table,
+            counts,
+            rows.astype(np.int64, copy=False),
+            values.astype(table.dtype, copy=False),
+            order.astype(np.float64, copy=False),
+        )
     )
 
 

@@ -75,6 +75,7 @@ from p2pdp.protocols.gossip import (
     REVEAL,
     START,
 )
+from p2pdp.sim.gossip import views as peer_sampling
 from p2pdp.sim.gossip.formation import FormationDriver
 
 if TYPE_CHECKING:
@@ -203,6 +204,9 @@ class RoundFormation(FormationDriver):
     ) -> None:
         super().__init__(world, views, **driver)
         self._on_formed_many = on_formed_many
+        # counts and appends in compiled code where the view exchanges load it anyway
+        compiled_from = peer_sampling.COMPILED_FROM * peer_sampling.TICKS_PER_PERIOD
+        self._compiled = world.online.size >= compiled_from
         self.newscast = views
         width = (self.params.max_retries + 1) * self.params.view_size
         self._attempts = _Attempts(self.group_size, width)
@@ -227,8 +231,15 @@ class RoundFormation(FormationDriver):
     def _count(self, kind: str, senders: np.ndarray) -> None:
         """Messages of ``kind`` sent by ``senders`` (one per entry; ids may repeat)."""
         transport = self.world.transport
-        np.add.at(transport.messages_sent, senders, 1)
-        np.add.at(transport.bytes_sent, senders, self._bytes[kind])
+        if self._compiled:
+            from p2pdp.sim.gossip import compiled
+
+            compiled.count_sent(
+                transport.messages_sent, transport.bytes_sent, senders, self._bytes[kind]
+            )
+        else:
+            np.add.at(transport.messages_sent, senders, 1)
+            np.add.at(transport.bytes_sent, senders, self._bytes[kind])
         self.formation_messages += int(senders.size)
 
     def _members_tied(self, rows: np.ndarray, *states: int) -> np.ndarray:
@@ -457,8 +468,8 @@ class RoundFormation(FormationDriver):
         busy = losers[~retired]
         self._append(attempts.declined, attempts.n_declined, rows[busy], candidates[busy], None)
 
-    @staticmethod
     def _append(
+        self,
         table: np.ndarray,
         counts: np.ndarray,
         rows: np.ndarray,
@@ -469,6 +480,12 @@ class RoundFormation(FormationDriver):
         in the order of ``order`` within a row (None: as given)."""
         if not rows.size:
             return
+        if self._compiled:  # rows come grouped (ascending): then one pass, compiled
+            from p2pdp.sim.gossip import compiled
+
+            ranks = np.zeros(rows.size) if order is None else order
+            if compiled.append_rows(table, counts, rows, values, ranks):
+                return
         sort = np.lexsort((order, rows)) if order is not None else np.argsort(rows, kind="stable")
         rows, values = rows[sort], values[sort]
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
