@@ -1,4 +1,6 @@
-"""The Newscast exchanges of one tick, one after the other, compiled (numba).
+"""The gossip sampler's per-element loops at large P, compiled (numba): the Newscast
+exchanges of one tick one after the other, the partners they pick, and the formation in
+rounds' forgets, message counts and table appends.
 
 :meth:`p2pdp.sim.gossip.views.Newscast.exchange` applies a tick's exchanges in order; in numpy
 it merges batches of exchanges that share no peer, at 2-4 us of CPU an exchange in numpy's
@@ -21,9 +23,15 @@ current one (LLVM's ``prefetch`` hint: it reads or writes nothing, so the views 
 whatever it does), and merges without branching on the data (a side that runs out ends in a
 sentinel that every entry beats).
 
-This module (hence numba) is imported, and the kernel compiled or loaded from numba's disk
+The other kernels do what their numpy forms do, element for element, in one pass:
+:func:`partners_of` (the same uniforms, the same float64 product truncated), and for the
+formation in rounds :func:`forget_all` (the forgets one after the other), :func:`count_sent`
+(``np.add.at`` of the counters) and :func:`append_rows` (the same stable order per row).
+
+This module (hence numba) is imported, and the kernels compiled or loaded from numba's disk
 cache, at the first tick of :data:`~p2pdp.sim.gossip.views.COMPILED_FROM` exchanges or more,
-so smaller runs pay nothing for it.
+and by the formation in rounds from ``COMPILED_FROM * TICKS_PER_PERIOD`` peers on (where
+the ticks' exchanges load it anyway), so smaller runs pay nothing for it.
 """
 
 from __future__ import annotations
