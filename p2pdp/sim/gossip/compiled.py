@@ -76,15 +76,18 @@ def _prefetch(typingctx, array, index):  # pragma: no cover
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _prefetch_span(flat, start, length, per_line):  # pragma: no cover
+    """Ask for ``flat[start : start + length]`` (``per_line`` elements a cache line)."""
+    for offset in range(0, length, per_line):
+        _prefetch(flat, start + offset)
+    _prefetch(flat, start + length - 1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _prefetch_row(flat_ids, flat_stamps, owner, c):  # pragma: no cover
     """Ask for row ``owner`` of the views (flat, rows of ``c``): each of its cache lines."""
-    base = owner * c
-    for offset in range(0, c, 16):  # int32: 16 a line
-        _prefetch(flat_ids, base + offset)
-    _prefetch(flat_ids, base + c - 1)
-    for offset in range(0, c, 8):  # float64: 8 a line
-        _prefetch(flat_stamps, base + offset)
-    _prefetch(flat_stamps, base + c - 1)
+    _prefetch_span(flat_ids, owner * c, c, 16)  # int32: 16 a line
+    _prefetch_span(flat_stamps, owner * c, c, 8)  # float64: 8 a line
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -158,10 +161,7 @@ def _partners(ids, peers, uniforms, partners):  # pragma: no cover
     flat_ids = ids.reshape(-1)
     for k in range(peers.size):
         if k + _AHEAD < peers.size:
-            base = peers[k + _AHEAD] * c
-            for offset in range(0, c, 16):
-                _prefetch(flat_ids, base + offset)
-            _prefetch(flat_ids, base + c - 1)
+            _prefetch_span(flat_ids, peers[k + _AHEAD] * c, c, 16)
         peer = peers[k]
         count = 0
         for j in range(c):
