@@ -250,6 +250,9 @@ class GossipFormation:
         nonces), shared with the faults.
     rng : numpy.random.Generator
         The protocol stream (the order of invitations).
+    take : callable, optional
+        ``take(n)``: the next ``n`` values of ``uniform()`` at once
+        (:meth:`Uniforms.take <p2pdp.core.rng.Uniforms.take>`); None: ``n`` calls.
 
     Attributes
     ----------
@@ -283,6 +286,7 @@ class GossipFormation:
         solvent: int,
         uniform: Callable[[], float],
         rng: np.random.Generator,
+        take: Callable[[int], list[float]] | None = None,
     ) -> None:
         self.group_size = group_size
         self.max_failed = max_failed
@@ -294,6 +298,7 @@ class GossipFormation:
         self.can_afford = can_afford
         self.rng = rng
         self._uniform = uniform
+        self._take = take or (lambda n: [uniform() for _ in range(n)])
         n_peers = online.size
         self.state = np.full(n_peers, TRAINING, dtype=np.int8)
         self.bound = np.full(n_peers, -1, dtype=np.int64)  # attempt a peer is tied to
@@ -350,18 +355,7 @@ class GossipFormation:
         self.bound[broke] = -1
         self.n_solvent -= int(broke.size)
         self.n_trying -= int(np.count_nonzero(failures[broke] < max_failed))
-        self.state[free] = FREE
-        self.bound[free] = -1
-        self.lock_until[free] = np.inf
-        self.initiate_at[free] = np.inf
-        if self.stopped:
-            return
-        trying = free[failures[free] < max_failed].tolist()
-        now, backoff, uniform = self.clock(), self.params.backoff, self._uniform
-        doublings = np.minimum(failures[trying], BACKOFF_DOUBLINGS).tolist()
-        self.initiate_at[trying] = [
-            now - backoff * 2.0**doubling * math.log1p(-uniform()) for doubling in doublings
-        ]
+        self.become_free_all(free)
 
     def become_free(self, peer: int) -> None:
         """``peer`` is idle and can afford an aggregation: it schedules an initiation."""
@@ -370,10 +364,28 @@ class GossipFormation:
         self.lock_until[peer] = np.inf
         self._schedule_initiation(peer)
 
+    def become_free_all(self, peers: np.ndarray) -> None:
+        """:meth:`become_free` of each of ``peers`` (distinct ids), in order, at once: the
+        same states and the same backoff draws."""
+        self.state[peers] = FREE
+        self.bound[peers] = -1
+        self.lock_until[peers] = np.inf
+        self.initiate_at[peers] = np.inf
+        if self.stopped:
+            return
+        failures = self.failures
+        trying = peers[failures[peers] < self.max_failed].tolist()
+        now, backoff = self.clock(), self.params.backoff
+        doublings = np.minimum(failures[trying], BACKOFF_DOUBLINGS).tolist()
+        # _schedule_initiation's arithmetic, in its order, per peer
+        self.initiate_at[trying] = [
+            now - backoff * 2.0**doubling * math.log1p(-u)
+            for doubling, u in zip(doublings, self._take(len(trying)), strict=True)
+        ]
+
     def expire_locks(self) -> None:
         """Free the peers whose lock ran out (its group never started)."""
-        for peer in np.flatnonzero(self.lock_until <= self.clock()).tolist():
-            self.become_free(peer)
+        self.become_free_all(np.flatnonzero(self.lock_until <= self.clock()))
 
     def due(self, horizon: float) -> list[tuple[int, float]]:
         """``(peer, at)`` of the initiations due before ``horizon`` (the driver calls

@@ -18,7 +18,13 @@ from p2pdp.protocols.groups import Group
 from p2pdp.protocols.oneshot import Charge
 from p2pdp.sim import waves
 from p2pdp.sim.transport import Environment
-from p2pdp.sim.waves import BatchedWorld, _formed_in_rounds, _release_models, _Sensitivities
+from p2pdp.sim.waves import (
+    BatchedWorld,
+    _formed_in_rounds,
+    _release_models,
+    _reserve,
+    _Sensitivities,
+)
 
 if TYPE_CHECKING:
     from p2pdp.sim.gossip.sampler import GossipSampler
@@ -103,6 +109,10 @@ class GroupBatches:
         self._where: list[tuple[float, int, int]] = []
         assert _formed_in_rounds(world)  # the one sampler batched here (batched_obstacle)
         self._finished = cast("GossipSampler", world.sampler).groups_finished
+        # each release charges g distinct peers one aggregation: the release arrays are
+        # written in place as they grow, as run_waves's are (not copied at each doubling)
+        ledger = world.ledger
+        _reserve(world, ledger.n_peers * ledger.max_aggregations // max(g, 1))
 
     def start(self, members: np.ndarray, curator: int) -> Group:
         """Start the group ``members`` (distinct ids, ``curator`` among them) agreed on."""
@@ -184,20 +194,23 @@ class GroupBatches:
         """The batch's curators charge its members at once; the releases wait for
         :meth:`flush` (their noise is drawn there, in the same order)."""
         world = self.world
-        flat = [member for group in groups for member in group.members.tolist()]
-        charge = world.curator.wave(flat)  # every curator online, every member distinct
-        world.ledger.spend(charge.members)  # charged before any noise is drawn
+        members = np.stack([group.members for group in groups])  # (k, g), group after group
+        charge = world.curator.wave(members.ravel().tolist())  # every curator online, ...
+        world.ledger.spend(charge.members)  # ... every member distinct: charged before noise
+        curators = np.array([group.curator for group in groups], dtype=np.int64)
+        # each release's rows: its curator, then the other members in their order
+        firsts = np.argsort(members != curators[:, None], axis=1, kind="stable")
+        orders = np.take_along_axis(members, firsts, axis=1).tolist()
         now = float(self.env.now)
         index = len(world.releases) + len(self._rows)  # the batch's first release
+        self._rows.extend(orders)
+        self._members.extend(members)
+        self._where.extend((now, group.group_id, group.curator) for group in groups)
         for group in groups:
-            curator, members = group.curator, group.members.tolist()
-            order = [curator, *(m for m in members if m != curator)]
             group.ended = True
-            self._rows.append(order)
-            self._members.append(group.members)
-            self._where.append((now, group.group_id, curator))
-            self._receipts(curator, order, index, members_receipts)
-            index += 1
+        if not self.full:  # (full publication: no receipt)
+            for offset, (group, order) in enumerate(zip(groups, orders, strict=True)):
+                self._receipts(group.curator, order, index + offset, members_receipts)
 
     def _receipts(
         self, curator: int, order: list[int], index: int, members: list[tuple[int, int]]

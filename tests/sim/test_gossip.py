@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -196,6 +197,22 @@ def test_bootstrap_views_are_random_overlay_neighbours():
     assert not np.array_equal(ids[hub], bootstrap_views(overlay, 8, rng=rng)[0][hub])
 
 
+@pytest.mark.parametrize("view_size", [4, 10, 12])
+@pytest.mark.parametrize("overlay", ["random-regular", "barabasi-albert"])
+def test_bootstrap_views_shuffle_each_peers_neighbours_by_its_draws(overlay, view_size):
+    """Each peer's first views are its neighbours ordered by one uniform each, drawn in
+    the overlay's order (a stable sort by peer, then draw): the same views whether the
+    overlay is regular (its rows sorted as one table) or not."""
+    config = GossipConfig(overlay=overlay, degree=10, attachment=3)
+    graph = build_overlay(config, 300, rng=np.random.default_rng(5))
+    ids, _ = bootstrap_views(graph, view_size, rng=np.random.default_rng(6))
+    draws = np.random.default_rng(6).random(graph.indices.size)
+    for peer in range(graph.n_peers):
+        span = slice(graph.indptr[peer], graph.indptr[peer + 1])
+        shuffled = graph.indices[span][np.argsort(draws[span], kind="stable")][:view_size]
+        np.testing.assert_array_equal(ids[peer][ids[peer] >= 0], shuffled)
+
+
 @settings(max_examples=30, deadline=None)
 @given(n_peers=st.integers(3, 12), n_pairs=st.integers(1, 12), seed=st.integers(0, 10_000))
 def test_batched_exchange_equals_the_sequential_exchanges(n_peers, n_pairs, seed):
@@ -226,7 +243,7 @@ def test_exchanges_merged_in_numpy_one_by_one_in_python_or_compiled_give_the_sam
 ):
     """Every exchange merged in batches (numpy), every one alone (Python) or all in order in
     compiled code: same views, over rounds where views fill, hubs form and some peers do not
-    advertise themselves."""
+    advertise themselves; and the same partners chosen in numpy and in compiled code."""
     rng = np.random.default_rng(seed)
     n, c = 400, 6
     overlay = build_overlay(GossipConfig(overlay="barabasi-albert", attachment=3), n, rng=rng)
@@ -245,7 +262,13 @@ def test_exchanges_merged_in_numpy_one_by_one_in_python_or_compiled_give_the_sam
         monkeypatch.setattr(owner, method, counting)
     for period in range(12):
         peers = rng.permutation(n)
-        partners = views["numpy"].partners(peers, rng=rng)
+        chosen = {}  # the partners drawn in numpy and in compiled code, from the same stream
+        for name, compiled_from in (("compiled", 1), ("numpy", n + 1)):
+            monkeypatch.setattr(views_module, "COMPILED_FROM", compiled_from)
+            draws = copy.deepcopy(rng) if name == "compiled" else rng
+            chosen[name] = views["numpy"].partners(peers, rng=draws)
+        np.testing.assert_array_equal(chosen["compiled"], chosen["numpy"])
+        partners = chosen["numpy"]
         keep = partners >= 0
         peers, partners = peers[keep], partners[keep]
         stamps = period + rng.random((2, peers.size))

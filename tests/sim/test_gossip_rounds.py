@@ -28,6 +28,7 @@ from p2pdp.sim.gossip import Newscast, merge_views
 from p2pdp.sim.gossip import views as views_module
 from p2pdp.sim.gossip.formation import GroupFormation
 from p2pdp.sim.gossip.rounds import ROUNDS_FROM_PEERS, RoundFormation, uses_rounds
+from p2pdp.sim.gossip.sampler import GossipSampler
 from p2pdp.sim.overlay import build_overlay
 from tests.sim.test_gossip import check_invariants, recording, scenario
 
@@ -131,6 +132,32 @@ def test_groups_of_one_form_in_rounds():
     result = simulate(config)
     assert result.aggregations == 60 and result.stop_reason.startswith("fewer than 1 peers")
     np.testing.assert_array_equal(result.aggregations_per_peer, 3)
+
+
+@pytest.mark.parametrize("latency", ["exponential", "constant"])  # constant: GroupBatches
+@pytest.mark.parametrize("group_size", [1, 4])
+def test_groups_started_together_are_the_groups_started_one_by_one(latency, group_size):
+    """The groups of a tick go to the sampler in runs (between abandoned attempts), their
+    crash draws taken at once: the rows are those of handing them over one at a time."""
+    config = dataclasses.replace(
+        rounds(n_peers=60, group_size=group_size, ratio=3, max_retries=1),
+        network=NetworkConfig(latency=latency),
+    )
+    one_by_one = GossipSampler._group_formed
+
+    def each(self, groups, curators):
+        for members, curator in zip(groups, curators.tolist(), strict=True):
+            one_by_one(self, members, curator)
+
+    with recording() as log:
+        together = simulate(config)
+    assert group_size == 1 or log.world.sampler.attempts_failed > 0  # runs between abandons
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(GossipSampler, "_groups_formed", each)
+        alone = simulate(config)
+    np.testing.assert_array_equal(together.aggregations_per_peer, alone.aggregations_per_peer)
+    assert together.bytes_sent == alone.bytes_sent and together.messages_sent == alone.messages_sent
+    assert together.sim_time == pytest.approx(alone.sim_time, rel=1e-12)
 
 
 # -- what holds exactly ------------------------------------------------------------------------
@@ -254,9 +281,17 @@ def test_one_exchange_merges_as_merge_views_for_each_side(n_peers, view_size, se
 
 
 @settings(max_examples=30, deadline=None)
-@given(n_peers=st.integers(3, 30), view_size=st.integers(1, 8), seed=st.integers(0, 10_000))
-def test_forgetting_many_at_once_is_forgetting_one_after_the_other(n_peers, view_size, seed):
-    """The rounds' batch of forgets (peers repeated, some entries absent) equals the calls."""
+@given(
+    n_peers=st.integers(3, 30),
+    view_size=st.integers(1, 8),
+    seed=st.integers(0, 10_000),
+    compiled=st.booleans(),
+)
+def test_forgetting_many_at_once_is_forgetting_one_after_the_other(
+    n_peers, view_size, seed, compiled
+):
+    """The rounds' batch of forgets (peers repeated, some entries absent) equals the calls,
+    in numpy and in compiled code (what large runs use)."""
     rng = np.random.default_rng(seed)
     overlay = build_overlay(GossipConfig(overlay="erdos-renyi", edge_probability=1.0,
                                          allow_disconnected=True), n_peers, rng=rng)  # fmt: skip
@@ -269,7 +304,9 @@ def test_forgetting_many_at_once_is_forgetting_one_after_the_other(n_peers, view
     others = np.where(others < 0, rng.integers(n_peers, size=peers.size), others)
     for peer, other in zip(peers.tolist(), others.tolist(), strict=True):
         one_by_one.forget(peer, other)
-    batched.forget_all(peers, others)
+    with pytest.MonkeyPatch.context() as patch:  # compiled from 0 peers on, or never
+        patch.setattr(views_module, "COMPILED_FROM", 0 if compiled else 10**9)
+        batched.forget_all(peers, others)
     np.testing.assert_array_equal(batched.ids, one_by_one.ids)
     np.testing.assert_array_equal(batched.stamps, one_by_one.stamps)
     assert np.count_nonzero(batched.ids < 0) > n_empty  # entries were forgotten

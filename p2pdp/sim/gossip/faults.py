@@ -56,6 +56,9 @@ class Faults:
         (:class:`~p2pdp.core.rng.Uniforms`), shared with the formation protocol.
     rng : numpy.random.Generator
         The protocol stream: first switches, session lengths, downtimes.
+    take : callable, optional
+        ``take(n)`` gives the next ``n`` uniforms of ``uniform``'s stream at once
+        (:meth:`Uniforms.take <p2pdp.core.rng.Uniforms.take>`), for :meth:`pass_crashes`.
 
     Attributes
     ----------
@@ -70,11 +73,13 @@ class Faults:
         *,
         uniform: Callable[[], float],
         rng: np.random.Generator,
+        take: Callable[[int], list[float]] | None = None,
     ) -> None:
         self.world = world
         self.params = params
         self.rng = rng
         self._uniform = uniform
+        self._take = take
         n_peers = world.online.size
         self.next_change = np.full(n_peers, np.inf)
         if params.churn:
@@ -110,6 +115,15 @@ class Faults:
         """``peer`` goes offline now, for one downtime."""
         self.world.set_online(np.array([peer]), False)
         self.next_change[peer] = self.world.env.now + self.downtimes(1)[0]
+
+    def pass_crashes(self, n_groups: int, group_size: int) -> None:
+        """:meth:`inject_crashes` of ``n_groups`` groups of ``group_size`` (distinct members)
+        one after the other where both crash probabilities are 0: no crash, only its draws
+        (the member's, if the group has another member, and the curator's), with ``take``."""
+        params = self.params
+        assert params.member_crash_probability == params.curator_crash_probability == 0
+        assert self._take is not None
+        self._take(n_groups * (2 if group_size > 1 else 1))
 
     def inject_crashes(self, members: np.ndarray, curator: int) -> None:
         """Crash a member (before it submits) and/or the curator, with the configured odds."""

@@ -94,11 +94,14 @@ class FormationDriver(GossipFormation):
         (:class:`~p2pdp.core.rng.Uniforms`; backoffs, nonces), shared with the faults.
     rng : numpy.random.Generator
         The protocol stream (the order of invitations).
+    take : callable, optional
+        ``take(n)``: the next ``n`` values of ``uniform()`` at once (None: ``n`` calls).
     on_formed : callable
         ``on_formed(members, curator)``: a group formed ((g,) int64 members, initiator first,
         and its curator); the caller starts its aggregation.
     on_attempt_over : callable
-        ``on_attempt_over()``: an attempt ended, formed or not (the observer may stop).
+        ``on_attempt_over()``: an attempt ended, formed or not (the observer may stop); in
+        rounds, once for the attempts that ended together.
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class FormationDriver(GossipFormation):
         *,
         uniform: Callable[[], float],
         rng: np.random.Generator,
+        take: Callable[[int], list[float]] | None = None,
         on_formed: Callable[[np.ndarray, int], None],
         on_attempt_over: Callable[[], None],
     ) -> None:
@@ -124,6 +128,7 @@ class FormationDriver(GossipFormation):
             solvent=int(np.count_nonzero(world.ledger.active_mask())),
             uniform=uniform,
             rng=rng,
+            take=take,
         )
         self.world = world
         self._on_formed = on_formed

@@ -53,6 +53,7 @@ releases as their ``SUBMIT`` and ``PUBLISH`` messages).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,6 +75,7 @@ from p2pdp.protocols.gossip import (
     REVEAL,
     START,
 )
+from p2pdp.sim.gossip import views as peer_sampling
 from p2pdp.sim.gossip.formation import FormationDriver
 
 if TYPE_CHECKING:
@@ -90,6 +92,7 @@ ROUNDS_FROM_PEERS = 10_000
 
 # Phases of an attempt under way, in the order it goes through them.
 _INVITING, _GROUP, _START, _ACKED = range(4)
+_OVER = -1  # an attempt that ended (its row is dropped later)
 
 
 def uses_rounds(config: ScenarioConfig) -> bool:
@@ -101,13 +104,18 @@ def uses_rounds(config: ScenarioConfig) -> bool:
 
 
 class _Attempts:
-    """The attempts under way, as arrays (one row per attempt).
+    """The attempts under way, as arrays (one row per attempt, in the order they began).
 
     ``accepted`` (A, g - 1): members in the order they accepted (-1: none yet); ``pool``
     (A, W): whom to invite, from ``position`` on; ``declined`` (A, W): who declined in this
     retry round; ``asked`` (A, W): every view member asked so far (W = the most a pool can
     hold: ``(max_retries + 1) c``). ``deadline``: the tick that ends the retry round;
     ``nonce_sum``: the revealed nonces' sum mod g.
+
+    Each field is a view of the first rows of a buffer with room to grow, so appending does
+    not copy the rows under way; an attempt that is over is marked ``_OVER`` in ``phase`` and
+    its row dropped once over rows are at least half of them (a row's index stays valid until
+    then; the rows under way keep their order either way).
     """
 
     FIELDS = (
@@ -133,34 +141,72 @@ class _Attempts:
 
     def __init__(self, group_size: int, width: int) -> None:
         self.width = width
-        for name in self.FIELDS:
-            setattr(self, name, np.zeros(0, dtype=np.int64))
-        self.accepted = np.zeros((0, group_size - 1), dtype=np.int64)
-        for name in ("pool", "declined", "asked"):
-            setattr(self, name, np.zeros((0, width), dtype=np.int64))
+        columns = {"accepted": group_size - 1, "pool": width, "declined": width, "asked": width}
+        self._buffers = {
+            name: np.zeros((0, *([columns[name]] if name in columns else [])), dtype=np.int64)
+            for name in self.FIELDS
+        }
+        self._rows = 0  # rows in use, over ones included
+        self._over = 0  # rows marked over, not yet dropped
+        self._expose()
 
     def __len__(self) -> int:
-        return int(self.id.size)
+        return self._rows
 
-    def keep(self, mask: np.ndarray) -> None:
-        """Drop the attempts where ``mask`` is False."""
-        for name in self.FIELDS:
-            setattr(self, name, getattr(self, name)[mask])
+    def _expose(self) -> None:
+        for name, buffer in self._buffers.items():
+            setattr(self, name, buffer[: self._rows])
+
+    def end(self, rows: np.ndarray) -> None:
+        """Attempts ``rows`` (distinct, under way) are over; drop the over rows if they are
+        at least half of them."""
+        self.phase[rows] = _OVER
+        self._over += int(rows.size)
+        if 2 * self._over >= self._rows:
+            live = self.phase != _OVER
+            n = int(np.count_nonzero(live))
+            for buffer in self._buffers.values():
+                buffer[:n] = buffer[: self._rows][live]
+            self._rows, self._over = n, 0
+            self._expose()
 
     def extend(self, other: dict[str, np.ndarray]) -> None:
         """Append attempts given as a full set of fields."""
-        for name in self.FIELDS:
-            setattr(self, name, np.concatenate([getattr(self, name), other[name]]))
+        n = int(other["id"].size)
+        rows = self._rows + n
+        if rows > self._buffers["id"].shape[0]:  # grow: twice what is needed
+            for name, buffer in self._buffers.items():
+                grown = np.empty((2 * rows, *buffer.shape[1:]), dtype=buffer.dtype)
+                grown[: self._rows] = buffer[: self._rows]
+                self._buffers[name] = grown
+        for name, buffer in self._buffers.items():
+            buffer[self._rows : rows] = other[name]
+        self._rows = rows
+        self._expose()
 
 
 class RoundFormation(FormationDriver):
     """The formation protocol advanced in rounds over arrays; same interface as
     :class:`~p2pdp.sim.gossip.formation.GroupFormation` (parameters:
     :class:`~p2pdp.sim.gossip.formation.FormationDriver`). Messages are counted in
-    ``world.transport``, not carried; ``rng`` also draws the pool orders and the nonces."""
+    ``world.transport``, not carried; ``rng`` also draws the pool orders and the nonces.
+    ``on_formed_many(groups, curators)``: the groups formed one after the other with nothing
+    in between ((k, g) members, initiators first, and (k,) curators), in one call that does
+    what ``on_formed`` of each would (``on_formed`` is not called)."""
 
-    def __init__(self, world: SamplerWorld, views: Newscast, **driver: Any) -> None:
+    def __init__(
+        self,
+        world: SamplerWorld,
+        views: Newscast,
+        *,
+        on_formed_many: Callable[[np.ndarray, np.ndarray], None],
+        **driver: Any,
+    ) -> None:
         super().__init__(world, views, **driver)
+        self._on_formed_many = on_formed_many
+        # counts and appends in compiled code where the view exchanges load it anyway
+        compiled_from = peer_sampling.COMPILED_FROM * peer_sampling.TICKS_PER_PERIOD
+        self._compiled = world.online.size >= compiled_from
         self.newscast = views
         width = (self.params.max_retries + 1) * self.params.view_size
         self._attempts = _Attempts(self.group_size, width)
@@ -185,8 +231,15 @@ class RoundFormation(FormationDriver):
     def _count(self, kind: str, senders: np.ndarray) -> None:
         """Messages of ``kind`` sent by ``senders`` (one per entry; ids may repeat)."""
         transport = self.world.transport
-        np.add.at(transport.messages_sent, senders, 1)
-        np.add.at(transport.bytes_sent, senders, self._bytes[kind])
+        if self._compiled:
+            from p2pdp.sim.gossip import compiled
+
+            compiled.count_sent(
+                transport.messages_sent, transport.bytes_sent, senders, self._bytes[kind]
+            )
+        else:
+            np.add.at(transport.messages_sent, senders, 1)
+            np.add.at(transport.bytes_sent, senders, self._bytes[kind])
         self.formation_messages += int(senders.size)
 
     def _members_tied(self, rows: np.ndarray, *states: int) -> np.ndarray:
@@ -215,13 +268,17 @@ class RoundFormation(FormationDriver):
         self.state[groups] = IN_GROUP
         self.bound[groups] = -1
         self.lock_until[groups] = np.inf
-        formed = zip(groups, curators.tolist(), strict=True)
-        for row, starts in zip(rows.tolist(), ok.tolist(), strict=True):
-            if starts:  # in row order: the abandons' draws and the world's events keep theirs
-                members, curator = next(formed)
-                self._on_formed(members.copy(), curator)
-            else:
-                self._abandon_row(row)
+        # in row order: the abandons' draws and the world's events keep theirs; the groups
+        # between two abandons go to the sampler in one call
+        started = 0
+        for k, position in enumerate(np.flatnonzero(~ok).tolist()):
+            if position - k > started:  # position - k groups start before this abandon
+                end = position - k
+                self._on_formed_many(groups[started:end], curators[started:end])
+                started = end
+            self._abandon_row(int(rows[position]))
+        if started < groups.shape[0]:
+            self._on_formed_many(groups[started:], curators[started:])
         self._finish(rows)
 
     def _commit(self, rows: np.ndarray) -> None:
@@ -275,15 +332,14 @@ class RoundFormation(FormationDriver):
             self.become_free(initiator)
 
     def _finish(self, rows: np.ndarray) -> None:
-        """Attempts ``rows`` are over: drop them, tell the observer once per attempt."""
+        """Attempts ``rows`` are over: drop them, tell the observer once (what it reads of
+        attempts is how many are in flight, and only whether none is: the same as once per
+        attempt, the count falling one at a time)."""
         if not rows.size:
             return
-        keep = np.ones(len(self._attempts), dtype=bool)
-        keep[rows] = False
-        self._attempts.keep(keep)
-        for _ in range(rows.size):
-            self.attempts_in_flight -= 1
-            self._on_attempt_over()
+        self._attempts.end(rows)
+        self.attempts_in_flight -= int(rows.size)
+        self._on_attempt_over()
 
     # -- the invitations ---------------------------------------------------------------------
     def _initiate_due(self, horizon: float) -> None:
@@ -412,8 +468,8 @@ class RoundFormation(FormationDriver):
         busy = losers[~retired]
         self._append(attempts.declined, attempts.n_declined, rows[busy], candidates[busy], None)
 
-    @staticmethod
     def _append(
+        self,
         table: np.ndarray,
         counts: np.ndarray,
         rows: np.ndarray,
@@ -424,6 +480,12 @@ class RoundFormation(FormationDriver):
         in the order of ``order`` within a row (None: as given)."""
         if not rows.size:
             return
+        if self._compiled:  # rows come grouped (ascending): then one pass, compiled
+            from p2pdp.sim.gossip import compiled
+
+            ranks = np.zeros(rows.size) if order is None else order
+            if compiled.append_rows(table, counts, rows, values, ranks):
+                return
         sort = np.lexsort((order, rows)) if order is not None else np.argsort(rows, kind="stable")
         rows, values = rows[sort], values[sort]
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])

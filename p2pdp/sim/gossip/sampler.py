@@ -97,17 +97,21 @@ class GossipSampler:
         # the order of construction is the order of the draws from rng: keep it
         self.overlay = build_overlay(self.params, world.ledger.n_peers, rng=rng)
         self.peer_sampling = PeerSampling(world, self.overlay, self.params, rng=rng)
-        uniform = Uniforms(rng).draw  # shared by the protocol and the faults
-        formation = RoundFormation if uses_rounds(world.config) else GroupFormation
-        self.formation: GroupFormation | RoundFormation = formation(
-            world,
-            self.peer_sampling.views,
-            uniform=uniform,
-            rng=rng,
-            on_formed=self._group_formed,
-            on_attempt_over=self._check_done,
+        uniforms = Uniforms(rng)  # shared by the protocol and the faults
+        driver = {
+            "uniform": uniforms.draw,
+            "take": uniforms.take,
+            "rng": rng,
+            "on_formed": self._group_formed,
+            "on_attempt_over": self._check_done,
+        }
+        views = self.peer_sampling.views
+        self.formation: GroupFormation | RoundFormation = (
+            RoundFormation(world, views, on_formed_many=self._groups_formed, **driver)
+            if uses_rounds(world.config)
+            else GroupFormation(world, views, **driver)
         )
-        self.faults = Faults(world, self.params, uniform=uniform, rng=rng)
+        self.faults = Faults(world, self.params, uniform=uniforms.draw, rng=rng, take=uniforms.take)
         self.in_flight = 0
         self.aborted_in_a_row = 0  # aborted aggregations since the last release; observer only
         self.groups_started = 0
@@ -117,8 +121,7 @@ class GossipSampler:
     # -- the sampler interface ---------------------------------------------------------------
     def start(self, ready: list[int], n_not_ready: int) -> None:
         """Begin with the peers ``ready`` at time 0 (the others are still training)."""
-        for peer in ready:
-            self.formation.become_free(peer)
+        self.formation.become_free_all(np.asarray(ready, dtype=np.int64))
         self.env.process(self._clock())
         self._check_done()
 
@@ -173,6 +176,19 @@ class GossipSampler:
         self.in_flight += 1
         self.faults.inject_crashes(members, curator)
         self.world.start_group(members, curator, announce=False)
+
+    def _groups_formed(self, groups: np.ndarray, curators: np.ndarray) -> None:
+        """:meth:`_group_formed` of each of ``groups`` ((k, g) members, (k,) curators), in
+        order, for the driver in rounds: it runs only where no crash can happen
+        (:func:`~p2pdp.sim.gossip.rounds.uses_rounds`), so the faults are only their draws,
+        made at once (nothing else draws from the protocol stream while the world starts
+        groups)."""
+        self.groups_started += len(groups)
+        self.in_flight += len(groups)
+        self.faults.pass_crashes(len(groups), self.group_size)
+        start = self.world.start_group
+        for members, curator in zip(groups, curators.tolist(), strict=True):
+            start(members, curator, announce=False)
 
     def _clock(self):
         """The one process behind the gossip, the timers and churn: one step per tick."""

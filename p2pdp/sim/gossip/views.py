@@ -125,7 +125,12 @@ def bootstrap_views(
     n_peers = overlay.n_peers
     degrees = overlay.degrees()
     rows = np.repeat(np.arange(n_peers), degrees)
-    order = np.lexsort((rng.random(rows.size), rows))  # rows kept in place, shuffled within
+    draws = rng.random(rows.size)
+    if rows.size and np.all(degrees == degrees[0]):  # a regular overlay: rows of one length
+        within = np.argsort(draws.reshape(n_peers, -1), axis=1, kind="stable")
+        order = (within + overlay.indptr[:-1, None]).ravel()  # lexsort's order, sooner
+    else:
+        order = np.lexsort((draws, rows))  # rows kept in place, shuffled within
     rank = np.arange(rows.size) - overlay.indptr[rows]
     keep = rank < view_size
     ids = np.full((n_peers, view_size), -1, dtype=np.int32)
@@ -168,8 +173,15 @@ class Newscast:
 
     def forget_all(self, peers: np.ndarray, others: np.ndarray) -> None:
         """:meth:`forget` ``others[k]`` from ``peers[k]``'s view for every k at once (pairs
-        may share a peer; the result is that of the calls one after the other)."""
+        may share a peer; the result is that of the calls one after the other). From
+        ``COMPILED_FROM * TICKS_PER_PERIOD`` peers on (where a tick's exchanges load the
+        compiled code anyway), one after the other in compiled code."""
         if not peers.size:
+            return
+        if self.ids.shape[0] >= COMPILED_FROM * TICKS_PER_PERIOD:
+            from p2pdp.sim.gossip import compiled
+
+            compiled.forget_all(self.ids, self.stamps, peers, others)
             return
         rows, inverse = np.unique(peers, return_inverse=True)
         hits = self.ids[peers] == others[:, None]  # (k, c): where each pair's entry sits
@@ -183,9 +195,15 @@ class Newscast:
         self.ids[rows], self.stamps[rows] = ids, stamps
 
     def partners(self, peers: np.ndarray, *, rng: np.random.Generator) -> np.ndarray:
-        """A uniformly random view member per peer, (n,) int; -1 for an empty view."""
+        """A uniformly random view member per peer, (n,) int; -1 for an empty view. From
+        :data:`COMPILED_FROM` peers on, in compiled code (the same partners)."""
+        uniforms = rng.random(peers.size)
+        if peers.size >= COMPILED_FROM:
+            from p2pdp.sim.gossip.compiled import partners_of
+
+            return partners_of(self.ids, peers, uniforms)
         counts = np.count_nonzero(self.ids[peers] >= 0, axis=1)
-        slot = np.minimum((rng.random(peers.size) * counts).astype(np.int64), self.view_size - 1)
+        slot = np.minimum((uniforms * counts).astype(np.int64), self.view_size - 1)
         return np.where(counts > 0, self.ids[peers, slot], -1)
 
     def exchange(
