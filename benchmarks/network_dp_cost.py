@@ -40,6 +40,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--exchanges", type=int, default=5, help="exchanges a round")
     parser.add_argument("--workers", type=int, default=1, help="processes of the filter")
+    parser.add_argument(
+        "--every-round", action="store_true",
+        help="filter every round of a periodic run (steady=False), for comparison",
+    )  # fmt: skip
     args = parser.parse_args()
     print(f"{'peers':>6s} {'work':>9s} {'wall s':>8s} {'cpu s':>8s} {'mean kappa':>11s}")
     for peers in args.peers:
@@ -48,8 +52,9 @@ def main() -> None:
         scales = np.linspace(0.5, 1.5, peers)
         start, wall = os.times(), time.perf_counter()
         kappa = network_dp_filter.filtered_coefficients(
-            trace, mixing, scales=scales, decay=0.97, workers=args.workers
-        )
+            trace, mixing, scales=scales, decay=0.97, workers=args.workers,
+            steady=not args.every_round,
+        )  # fmt: skip
         wall, end = time.perf_counter() - wall, os.times()
         cpu = sum(end[:4]) - sum(start[:4])  # this process's and its workers'
         work = network_dp_filter.filter_work(trace, mixing)

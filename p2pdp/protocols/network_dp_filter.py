@@ -118,9 +118,10 @@ def filtered_coefficients(
     ``F Z_kept`` (an innovation before a noise does not respond to it), and ``M_act`` is a
     band (two steps of ``u`` in the window are under ``window`` apart).
 
-    **Periodic runs** (``steady``, the default): on a trace whose rounds are all alike, the
-    filter runs until the views' covariances stop moving, then a few rounds of a larger view
-    whose rounds are exact copies, and the copies' values stand for the rounds not run
+    **Periodic runs** (``steady``, the default; up to :data:`STEADY_MAX_PEERS` peers): on a
+    trace whose rounds are all alike, the filter runs until the views' covariances stop
+    moving, then a few rounds of a larger view whose rounds are exact copies, and the copies'
+    values stand for the rounds not run
     (:class:`_Steady`, which gives the proof; a batch of views whose covariance does not
     settle from below is filtered over every round).
 
@@ -158,7 +159,7 @@ def filtered_coefficients(
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     if not maps_here(workers, len(batches)):  # inside remote workers: the shared states stay
         workers = 1
-    periodic = _periodic(trace, n) if steady else None
+    periodic = _periodic(trace, n) if steady and n <= STEADY_MAX_PEERS else None
     context = _Context(trace, mixing, scales, decay, L, shared, counts, periodic)
     # a piece: consecutive batches; several a process, for the faster one to take more
     count = 1 if workers == 1 else min(len(batches), _PIECES * workers)
@@ -496,6 +497,14 @@ def _remainder(
 #: The views' covariances count as settled (:class:`_Steady`) once no model's variance given
 #: any view of the batch moved by more than this fraction of the largest in a round.
 STEADY = 1e-5
+
+#: The most peers whose periodic runs take the settled path (:class:`_Steady`): each reset
+#: factorises a view's covariance (about ``3 P^3`` a view), which outgrows the rounds it saves.
+#: CPU of 20 rounds of 5 exchanges on a 10-regular overlay, 2 processes, settled against every
+#: round (``benchmarks/network_dp_cost.py --every-round``, load about 2): 300 peers 18 s
+#: against 42 s, 500 peers 115 s against 167 s; 1,000 peers settled took more than every round
+#: (stopped after 10 min of 2 cores, against about 6 min).
+STEADY_MAX_PEERS = 500
 
 #: Directions of ``Sigma - Sigma*`` (:class:`_Steady`, :func:`_factor`) below this fraction
 #: of the largest variance are the rounding of the covariances (the real ones have one to a

@@ -687,6 +687,30 @@ def test_a_runs_recorded_trace_takes_the_settled_bound(monkeypatch) -> None:
         assert row[key] == pytest.approx(full[key], rel=1e-4)
 
 
+def test_runs_of_more_peers_than_the_limit_filter_every_round(monkeypatch) -> None:
+    """Above :data:`STEADY_MAX_PEERS` a periodic run takes no reset (each would factorise a
+    view's covariance, which costs more than the rounds it saves) and gives the values of
+    filtering every round; at the limit it settles."""
+    monkeypatch.setattr(network_dp_filter, "STEADY", math.inf)  # settled after a round
+    mixing = _mixing(BOUND_GRAPHS["3-regular-14"])
+    P = mixing.n_peers
+    trace, scales = _trace(mixing, 12, 2), np.linspace(0.5, 1.5, P)
+
+    def bound(limit: int) -> tuple[np.ndarray, int]:
+        resets = _settled(monkeypatch)
+        monkeypatch.setattr(network_dp_filter, "STEADY_MAX_PEERS", limit)
+        kappa = network_dp_filter.filtered_coefficients(trace, mixing, scales=scales, decay=0.97)
+        return kappa, len(resets)
+
+    (above, resets_above), (_, resets_at) = bound(P - 1), bound(P)
+    every = network_dp_filter.filtered_coefficients(
+        trace, mixing, scales=scales, decay=0.97, steady=False
+    )
+    assert resets_above == 0 and resets_at >= 1
+    off = ~np.eye(P, dtype=bool)
+    np.testing.assert_allclose(above[off], every[off], rtol=1e-12)
+
+
 def test_only_runs_whose_rounds_are_alike_are_periodic() -> None:
     """``_periodic``: every peer steps, then the same exchanges with the same messages seen,
     in every round; a lost message, a peer that skips a step or a step without the round's
