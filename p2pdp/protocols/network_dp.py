@@ -79,7 +79,7 @@ and its memory (:func:`filter_bytes`, the states the views share) by
 :data:`MAX_FILTER_BYTES`. On a periodic run
 (every round alike, every message delivered) the filter stops once the views' covariances
 settle and bounds a larger view whose later rounds are copies of the settled one
-(:class:`~p2pdp.protocols.network_dp_filter._Steady`: the proof): 100 peers, 100 rounds, in
+(:class:`~p2pdp.protocols.network_dp_steady._Steady`: the proof): 100 peers, 100 rounds, in
 1.0 s of CPU (Muffliato) and 3.3 s (D-PSGD) instead of 15 and 13 s.
 
 **Where it says nothing** (NaN, with the reason in ``network_dp_note``): noiseless steps; runs

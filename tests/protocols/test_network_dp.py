@@ -23,7 +23,7 @@ from p2pdp.core.rng import generator
 from p2pdp.experiments.run.simulation import simulate
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.privacy.settings import PrivacyConfig
-from p2pdp.protocols import correlated_dp, network_dp, network_dp_filter, views
+from p2pdp.protocols import correlated_dp, network_dp, network_dp_filter, network_dp_steady, views
 from p2pdp.protocols.mixing import Mixing
 from tests.conftest import tiny_config
 
@@ -606,7 +606,7 @@ def test_a_periodic_run_settled_from_its_first_round_is_never_below_the_exact_va
     """The periodic runs' larger view at its loosest (settled after the first round, so
     every later round is reset to the second step's covariance and copied): never below the
     exact value, for any pair, and the filter ran only the rounds it needs."""
-    monkeypatch.setattr(network_dp_filter, "STEADY", math.inf)
+    monkeypatch.setattr(network_dp_steady, "STEADY", math.inf)
     resets = _settled(monkeypatch)
     mixing = _mixing(BOUND_GRAPHS[name])
     P = mixing.n_peers
@@ -691,7 +691,7 @@ def test_runs_of_more_peers_than_the_limit_filter_every_round(monkeypatch) -> No
     """Above :data:`STEADY_MAX_PEERS` a periodic run takes no reset (each would factorise a
     view's covariance, which costs more than the rounds it saves) and gives the values of
     filtering every round; at the limit it settles."""
-    monkeypatch.setattr(network_dp_filter, "STEADY", math.inf)  # settled after a round
+    monkeypatch.setattr(network_dp_steady, "STEADY", math.inf)  # settled after a round
     mixing = _mixing(BOUND_GRAPHS["3-regular-14"])
     P = mixing.n_peers
     trace, scales = _trace(mixing, 12, 2), np.linspace(0.5, 1.5, P)
