@@ -5,7 +5,10 @@ Hastings weights) and a full-delivery trace of ``--rounds`` rounds of ``--exchan
 exchanges (Muffliato's shape; ``--exchanges 1`` is D-PSGD's), unequal step scales, decay 0.97:
 prints ``filter_work`` (the size ``MAX_FILTER_WORK`` limits), the wall and CPU seconds (its
 ``--workers`` processes' included) of
-:func:`p2pdp.protocols.network_dp_filter.filtered_coefficients` and the mean coefficient. Run it
+:func:`p2pdp.protocols.network_dp_filter.filtered_coefficients`, the mean coefficient and the
+wall seconds of converting every pair's coefficient to its epsilon
+(:func:`p2pdp.protocols.network_dp.pairwise_epsilon`, delta 1e-5, one process); ``--json``
+prints one JSON line per ``P`` instead (for ``benchmarks/compare_revisions.py``). Run it
 with one BLAS thread, as the runner does (``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``): threads
 spinning on a loaded machine multiply the CPU time. The guide's cost paragraph
 (docs/guide/privacy.md) quotes it. Usage:
@@ -15,6 +18,7 @@ spinning on a loaded machine multiply the CPU time. The guide's cost paragraph
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -22,7 +26,7 @@ import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 
-from p2pdp.protocols import network_dp_filter, views
+from p2pdp.protocols import network_dp, network_dp_filter, views
 from p2pdp.protocols.mixing import Mixing
 
 
@@ -44,8 +48,10 @@ def main() -> None:
         "--every-round", action="store_true",
         help="filter every round of a periodic run (steady=False), for comparison",
     )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="one JSON line per number of peers")
     args = parser.parse_args()
-    print(f"{'peers':>6s} {'work':>9s} {'wall s':>8s} {'cpu s':>8s} {'mean kappa':>11s}")
+    if not args.json:
+        print(f"{'peers':>6s} {'work':>9s} {'wall s':>8s} {'cpu s':>8s} {'mean kappa':>11s} eps s")
     for peers in args.peers:
         mixing = overlay(peers)
         trace = views.full_delivery_trace(mixing, args.rounds, args.exchanges)
@@ -58,7 +64,25 @@ def main() -> None:
         wall, end = time.perf_counter() - wall, os.times()
         cpu = sum(end[:4]) - sum(start[:4])  # this process's and its workers'
         work = network_dp_filter.filter_work(trace, mixing)
-        print(f"{peers:6d} {work:9.2e} {wall:8.1f} {cpu:8.1f} {np.nanmean(kappa):11.4f}")
+        convert = time.perf_counter()
+        epsilon = network_dp.pairwise_epsilon(kappa, sensitivity_over_sigma=0.5, delta=1e-5)
+        convert = time.perf_counter() - convert
+        row = {
+            "peers": peers,
+            "filter_work": work,
+            "filter_wall_s": wall,
+            "filter_cpu_s": cpu,
+            "mean_kappa": float(np.nanmean(kappa)),
+            "epsilon_wall_s": convert,
+            "max_epsilon": float(np.nanmax(epsilon)),
+        }
+        if args.json:
+            print(json.dumps(row))
+        else:
+            print(
+                f"{peers:6d} {work:9.2e} {wall:8.1f} {cpu:8.1f} {row['mean_kappa']:11.4f} "
+                f"{convert:5.1f}"
+            )
 
 
 if __name__ == "__main__":
