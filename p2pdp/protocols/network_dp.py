@@ -100,7 +100,6 @@ import hashlib
 import numpy as np
 from scipy.sparse.csgraph import shortest_path
 
-from p2pdp.core.parallel import current_workers, forked_map, maps_here
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
 from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols.mixing import Mixing
@@ -233,31 +232,15 @@ def pairwise_epsilon(
 
     NaN (not computed) stays NaN; an infinite ``kappa`` (a view that determines the noise-free
     value) is an infinite epsilon, never NaN, so that ``np.nanmax`` cannot skip a total leak.
-    Each pair's conversion is its own root: from :data:`PARALLEL_PAIRS` pairs (1,000 peers
-    have 999,000, about 66 s of one core) they are shared out to the run's local worker
-    processes (:func:`~p2pdp.core.parallel.current_workers`), with the same values.
+    The pairs are converted together (:func:`~p2pdp.privacy.gdp.gdp_epsilon`, one vectorised
+    root-finding, each epsilon an upper bound on its pair's exact one).
     """
     kappa = np.asarray(kappa, dtype=float)
     out = np.full(kappa.shape, np.nan)
     out[np.isinf(kappa)] = np.inf
     ok = np.isfinite(kappa)
-    mu = sensitivity_over_sigma * np.sqrt(np.maximum(kappa[ok], 0.0))
-    workers = current_workers() if mu.size >= PARALLEL_PAIRS else 1
-    if workers > 1 and maps_here(workers, workers):
-        parts = np.array_split(mu, workers)
-        out[ok] = np.concatenate(forked_map(_epsilons, delta, parts, workers=workers))
-    else:
-        out[ok] = gdp_epsilon(mu, delta)
+    out[ok] = gdp_epsilon(sensitivity_over_sigma * np.sqrt(np.maximum(kappa[ok], 0.0)), delta)
     return out
-
-
-#: Pairs from which :func:`pairwise_epsilon` uses the local worker processes.
-PARALLEL_PAIRS = 100_000
-
-
-def _epsilons(delta: float, mu: np.ndarray) -> np.ndarray:
-    """:func:`~p2pdp.privacy.gdp.gdp_epsilon` of a part of the pairs (a forked piece)."""
-    return gdp_epsilon(mu, delta)
 
 
 def by_distance(mixing: Mixing, epsilon: np.ndarray) -> list[dict[str, float]]:

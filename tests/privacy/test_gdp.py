@@ -7,12 +7,16 @@ import math
 import numpy as np
 import pytest
 from scipy import integrate
+from scipy.optimize import brentq
+from scipy.special import ndtri
 from scipy.stats import norm
 
 from p2pdp.core.errors import ConfigError
 from p2pdp.privacy.accounting import BUDGET_TABLE_SETTINGS, affordable_aggregations
 from p2pdp.privacy.calibration import analytic_gaussian_sigma
 from p2pdp.privacy.gdp import (
+    MAX_MU,
+    _log_delta,
     affordable_aggregations_gdp,
     composed_epsilon_gdp,
     gaussian_mu,
@@ -171,3 +175,99 @@ def test_agrees_with_dp_accounting_pld() -> None:
         # the PLD accountant discretises pessimistically: it may only be slightly above the exact
         assert ours <= pld_epsilon + 1e-6
         assert pld_epsilon == pytest.approx(ours, abs=1e-4)
+
+
+def brentq_epsilon(mu: float, delta: float) -> float:
+    """The conversion before the vectorised solve: one ``brentq`` on ``log delta`` for one
+    ``mu``, stepped up until the log-space constraint holds (the reference it must match)."""
+    log_delta = math.log(delta)
+    if mu == 0 or _log_delta(np.float64(0.0), np.float64(mu)) <= log_delta:
+        return 0.0
+
+    def excess(epsilon: float) -> float:
+        return float(_log_delta(np.float64(epsilon), np.float64(mu))) - log_delta
+
+    high = max(mu * mu / 2.0 - mu * float(ndtri(delta)), 1e-12)
+    while excess(high) > 0:
+        high *= 2.0
+    root = brentq(excess, 0.0, high, xtol=1e-15, rtol=4 * np.finfo(float).eps)
+    while excess(root) > 0:
+        root += 1e-14 * max(1.0, root)
+    return root
+
+
+#: Deltas of the grids below, from nearly no guarantee to far beyond any used.
+GRID_DELTAS = (0.9, 0.5, 1e-2, 1e-5, 1e-10, 1e-30, 1e-100)
+
+
+@pytest.mark.parametrize("delta", GRID_DELTAS)
+def test_vectorised_epsilon_agrees_with_brentq_on_a_random_grid(delta: float) -> None:
+    """1e-9 relative from mu = 1e-3 (network DP's pairs), 1e-5 from 1e-7 (where the log-space
+    delta's rounding dominates and the rounding margin puts the value above brentq's, itself
+    below the exact root there: the mpmath test); never below brentq's beyond its own absolute
+    step (1e-14); extremes: 0 stays 0, tiny and the largest mu stay finite upper bounds."""
+    rng = np.random.default_rng(7)
+    mu = np.concatenate([np.exp(rng.uniform(math.log(1e-7), math.log(1e6), 1500)), [MAX_MU]])
+    ours = gdp_epsilon(mu, delta)
+    reference = np.array([brentq_epsilon(float(m), delta) for m in mu])
+    np.testing.assert_array_equal(ours == 0, reference == 0)
+    assert np.all(ours >= reference * (1 - 1e-12) - 2e-14)
+    moderate = mu >= 1e-3
+    np.testing.assert_allclose(ours[moderate], reference[moderate], rtol=1e-9, atol=2e-14)
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=2e-14)
+    assert np.all(gdp_delta(ours, mu) <= delta)  # the constraint at every value returned
+    extremes = np.array([0.0, 5e-324, 1e-300, 1e-12])
+    tiny = gdp_epsilon(extremes, delta)
+    assert tiny[0] == 0.0 and np.all(np.isfinite(tiny)) and np.all(tiny < 1e-8)
+    assert np.all(gdp_delta(np.maximum(tiny, 1e-300), np.maximum(extremes, 1e-300)) <= delta)
+
+
+def mp_delta(epsilon: float, mu: float, mp) -> object:
+    """delta(epsilon) of mu-GDP in 60-digit arithmetic (the closed form, no cancellation)."""
+    epsilon, mu = mp.mpf(epsilon), mp.mpf(mu)
+    a = -epsilon / mu + mu / 2
+    return mp.ncdf(a) - mp.exp(epsilon) * mp.ncdf(a - mu)
+
+
+@pytest.mark.parametrize(
+    ("mu", "delta", "tightness"),
+    [
+        (1e-7, 1e-50, 1e-5),  # log-space rounding: brentq's value is 2e-9 below the root here
+        (1e-7, 1e-20, 1e-5),
+        (3.16e-5, 1e-5, 1e-7),  # just above the total-variation threshold
+        (2.58e-5, 1e-5, 1e-7),
+        (0.0056, 1e-3, 1e-9),
+        (0.05, 1e-5, 1e-9),
+        (0.7, 1e-5, 1e-9),
+        (1.0, 1e-10, 1e-9),
+        (30.0, 1e-5, 1e-9),
+        (1e3, 1e-8, 1e-9),
+        (1e5, 1e-5, 1e-9),
+    ],
+)
+def test_epsilon_is_an_upper_bound_on_the_exact_root(mu: float, delta: float, tightness) -> None:
+    """Independent check in high precision (mpmath): delta(epsilon) <= delta at the value
+    returned (it is not below the exact root), and delta(epsilon (1 - tightness)) > delta."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(60):
+        epsilon = float(gdp_epsilon(mu, delta))
+        assert mp_delta(epsilon, mu, mpmath) <= delta
+        assert mp_delta(epsilon * (1 - tightness), mu, mpmath) > delta
+
+
+def test_epsilon_agrees_with_dp_accounting_gaussian_privacy_loss() -> None:
+    """Google's dp-accounting (optional extra ``dp``) evaluates the Gaussian's delta(epsilon)
+    its own way (N(0, 1/mu^2) against N(1, 1/mu^2)): our epsilon satisfies it, and 1e-6 less
+    does not."""
+    pytest.importorskip(
+        "dp_accounting",
+        reason="optional cross-check: install the 'dp' extra (pip install -e .[dp])",
+    )
+    from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
+
+    for delta in (1e-3, 1e-5, 1e-8):
+        for mu in (0.01, 0.1, 0.5, 1.0, 3.0, 20.0):
+            loss = GaussianPrivacyLoss(standard_deviation=1 / mu, sensitivity=1.0)
+            epsilon = float(gdp_epsilon(mu, delta))
+            assert loss.get_delta_for_epsilon(epsilon) <= delta * (1 + 1e-9), (mu, delta)
+            assert loss.get_delta_for_epsilon(epsilon * (1 - 1e-6)) > delta, (mu, delta)

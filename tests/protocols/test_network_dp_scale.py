@@ -10,6 +10,7 @@ import scipy.sparse as sp
 
 from p2pdp.core.parallel import local_workers
 from p2pdp.privacy.clipped_gaussian import ClippedGaussianSum
+from p2pdp.privacy.gdp import gdp_epsilon
 from p2pdp.protocols import network_dp, network_dp_filter, views
 from p2pdp.protocols.mixing import Mixing
 
@@ -202,27 +203,15 @@ def test_the_step_s_fresh_slot_is_read_as_a_scaling_of_the_same_value(monkeypatc
         np.testing.assert_allclose(fast[off], plain[off], rtol=1e-12, atol=1e-14)
 
 
-def test_many_pairs_convert_to_epsilon_in_the_worker_processes(monkeypatch) -> None:
-    """From PARALLEL_PAIRS pairs the GDP conversions are shared out to the local workers (a
-    forked piece each): the same epsilons, NaN and infinite kappa kept as they were."""
+def test_many_pairs_convert_to_epsilon_at_once_like_each_alone() -> None:
+    """The pairs' GDP conversions are one vectorised solve: each epsilon is its own pair's
+    (the same as converting that pair alone), NaN and infinite kappa kept as they were."""
     rng = np.random.default_rng(1)
     kappa = rng.uniform(0.0, 3.0, (40, 40))
-    kappa[0, 1], kappa[2, 3] = np.nan, np.inf
-    options = {"sensitivity_over_sigma": 0.7, "delta": 1e-5}
-    alone = network_dp.pairwise_epsilon(kappa, **options)
-    forked: list[tuple[int, int]] = []
-    real = network_dp.forked_map
-
-    def spy(function, shared, items, *, workers):
-        forked.append((workers, sum(len(item) for item in items)))
-        return real(function, shared, items, workers=workers)
-
-    monkeypatch.setattr(network_dp, "forked_map", spy)
-    monkeypatch.setattr(network_dp, "PARALLEL_PAIRS", 1000)
-    with local_workers(2):
-        split = network_dp.pairwise_epsilon(kappa, **options)
-    assert forked == [(2, 40 * 40 - 2)]  # every finite kappa, in 2 pieces
-    assert np.isnan(split[0, 1]) and split[2, 3] == np.inf
-    finite = np.isfinite(alone)
-    np.testing.assert_allclose(split[finite], alone[finite], rtol=1e-15, atol=0)
-    assert (np.isfinite(split) == finite).all()
+    kappa[0, 1], kappa[2, 3], kappa[4, 5] = np.nan, np.inf, 0.0
+    together = network_dp.pairwise_epsilon(kappa, sensitivity_over_sigma=0.7, delta=1e-5)
+    assert np.isnan(together[0, 1]) and together[2, 3] == np.inf and together[4, 5] == 0.0
+    for u, v in [(0, 0), (7, 3), (39, 38), (12, 30)]:
+        alone = gdp_epsilon(0.7 * np.sqrt(kappa[u, v]), 1e-5)
+        assert together[u, v] == pytest.approx(float(alone), rel=1e-12)
+    assert np.isfinite(together).sum() == 40 * 40 - 2
