@@ -663,6 +663,36 @@ def test_the_copied_rounds_are_the_larger_views_filtered_to_the_end(monkeypatch)
     np.testing.assert_allclose(copied[off], filtered[off], rtol=1e-9)
 
 
+def test_the_settled_path_computes_only_the_shared_states_it_reads(monkeypatch) -> None:
+    """The shared states of the step events are computed as the batches read them: settled
+    after the first round, 40 rounds filter ``window + 3`` (and compute only those), every
+    round filtered computes all 40; the same values in batches of 3 views (the first reads
+    them, the others find them) as in one."""
+    monkeypatch.setattr(network_dp_steady, "STEADY", math.inf)
+    mixing = _mixing(BOUND_GRAPHS["3-regular-14"])
+    P, steps = mixing.n_peers, 40
+    trace, scales = _trace(mixing, steps, 2, after=2), np.linspace(0.5, 1.5, P)
+    real = network_dp_filter._shared_states
+    computed: list[int] = []
+
+    def counted(*args, **kwargs):
+        computed.append(0)
+        for state in real(*args, **kwargs):
+            computed[-1] += 1
+            yield state
+
+    monkeypatch.setattr(network_dp_filter, "_shared_states", counted)
+    options = {"scales": scales, "decay": 0.97, "workers": 1}
+    settled = network_dp_filter.filtered_coefficients(trace, mixing, batch=3, **options)
+    once = network_dp_filter.filtered_coefficients(trace, mixing, **options)
+    every = network_dp_filter.filtered_coefficients(trace, mixing, steady=False, **options)
+    window = network_dp_filter.filter_window(trace)
+    assert computed == [window + 3, window + 3, steps]
+    off = ~np.eye(P, dtype=bool)
+    np.testing.assert_allclose(settled[off], once[off], rtol=1e-12)
+    assert np.isfinite(every[off]).all()
+
+
 def test_a_runs_recorded_trace_takes_the_settled_bound(monkeypatch) -> None:
     """Config -> run -> columns: a Muffliato run of 20 peers (degree 4), 16 rounds of 3
     exchanges, a budget for every round, every message delivered, with the filtered bound
