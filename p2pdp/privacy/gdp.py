@@ -188,10 +188,10 @@ def _epsilon_many(mu: np.ndarray, log_delta: float) -> np.ndarray:
     ``high``), or the bisection of ``[low, high]`` where Newton's leaves the bracket. A value is
     done when its Newton step or its bracket is below 2 ulps of ``high``, and ``high`` is
     returned: every epsilon returned is one at which ``delta(epsilon) <= delta`` was checked
-    with the rounding margin, an upper bound on the exact root (within 1e-9 relative of it:
-    tests/privacy/test_gdp.py, against ``mpmath``). A value whose bracket cannot close in
-    :data:`_MAX_STEPS` steps keeps its ``high``; one for which no ``high`` is proved (the
-    rounding margin does not fit, ``mu`` around 1e-12 and ``delta`` below 1e-100) gets the tail
+    with the rounding margin, an upper bound on the exact root (see :func:`gdp_epsilon` for how
+    close). A value whose bracket cannot close in :data:`_MAX_STEPS` steps keeps its ``high``;
+    one for which no ``high`` is proved (the rounding margin does not fit: ``mu`` around 1e-12
+    with ``delta`` 1e-50 or less) gets the tail
     bound ``mu^2/2 - mu Phi^-1(delta)`` (``delta(epsilon) <= Phi(-epsilon/mu + mu/2)``), rounded
     up by 1e-12 relative.
     """

@@ -160,6 +160,8 @@ def filtered_coefficients(
     if not maps_here(workers, len(batches)):  # inside remote workers: the shared states stay
         workers = 1
     periodic = _periodic(trace, n) if steady and n <= STEADY_MAX_PEERS else None
+    if periodic is None:  # every round is read: computed once, the forked workers share them
+        shared.compute_all()
     context = _Context(trace, mixing, scales, decay, L, shared, counts, periodic)
     # a piece: consecutive batches; several a process, for the faster one to take more
     count = 1 if workers == 1 else min(len(batches), _PIECES * workers)
@@ -508,7 +510,8 @@ class _SharedStates:
     kept for the process's other batches: the settled path (:class:`_Steady`) reads only its
     ``s0 + window + 2`` rounds' (a batch that does not settle, every round's). Each forked
     worker extends its own copy (their cost is small beside the views': about 1% of the
-    filter's CPU at 200 peers, 20 rounds of 5 exchanges)."""
+    filter's CPU at 200 peers, 20 rounds of 5 exchanges); where every round is read they are
+    computed before the workers fork (:meth:`compute_all`), whose memory they share."""
 
     def __init__(self, states: Iterator[tuple[np.ndarray, np.ndarray]]) -> None:
         self._source = states
@@ -524,6 +527,11 @@ class _SharedStates:
                 self._kept.append(state)
             yield self._kept[index]
             index += 1
+
+    def compute_all(self) -> None:
+        """Compute every state now."""
+        for _ in self:
+            pass
 
 
 def _shared_states(
