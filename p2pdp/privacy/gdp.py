@@ -279,7 +279,9 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     """Largest ``mu`` such that ``mu``-GDP implies ``(epsilon, delta)``-DP.
 
     ``delta(epsilon; mu)`` increases with ``mu``; solved by ``brentq`` on ``log mu``, then
-    stepped down until the condition holds, so the result never overstates the budget.
+    stepped down until :func:`gdp_epsilon` (an upper bound on the exact root) at ``mu`` is at
+    most ``epsilon``: the result never overstates the budget, and a run calibrated with it
+    reports at most its budget.
 
     Parameters
     ----------
@@ -306,7 +308,10 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     while excess(high) <= 0:
         high += 2.0
     root = brentq(excess, low, high, xtol=1e-15, rtol=4 * np.finfo(float).eps)
-    while excess(root) > 0:
+    # stepped down until gdp_epsilon (an upper bound, checked with its rounding margin) at
+    # this mu is within the budget: then the noise is private at epsilon, and a run reports
+    # at most its budget
+    while float(_epsilon_many(np.array([math.exp(root)]), log_delta)[0]) > epsilon:
         root -= 1e-14 * max(1.0, abs(root))
     return math.exp(root)
 

@@ -65,6 +65,16 @@ def test_one_release_is_the_analytic_gaussian_calibration() -> None:
         assert gdp_mu(epsilon, delta) == pytest.approx(1 / z, rel=1e-8)
 
 
+def test_the_calibrated_mu_reports_at_most_its_budget() -> None:
+    """gdp_mu steps down until gdp_epsilon's own check (with its rounding margin) holds, so
+    the epsilon a run reports for the calibrated noise never reads above the budget."""
+    for epsilon in np.geomspace(0.01, 50.0, 17):
+        for delta in (1e-3, 1e-5, 1e-9):
+            mu = gdp_mu(float(epsilon), delta)
+            assert float(gdp_epsilon(mu, delta)) <= epsilon
+            assert float(gdp_epsilon(mu * (1 + 1e-9), delta)) > epsilon  # and it is tight
+
+
 def test_k_releases_compose_like_one_release_with_sqrt_k_less_noise() -> None:
     z, delta = 7.0, 1e-5
     counts = np.array([1, 4, 25, 100])
