@@ -189,8 +189,8 @@ def test_a_member_invited_again_after_its_lock_ran_out_reveals_the_nonce_it_comm
 def test_acceptances_slower_than_a_lock_never_make_an_honest_reveal_refused(seed):
     """End to end, the same race: every acceptance takes 0.65-0.75 s (longer than the
     0.5-s lock: re-invitations to the same attempt happen), all parties honest, so no
-    reveal may fail to open its commitment (4 seeds in 6 did when the machine drew a
-    re-invited member a new nonce)."""
+    reveal may fail to open its commitment (when the machine drew a re-invited member a new
+    nonce, one did within 8 s for 6 seeds in 6 in one run and 2 in 3 in another, load 10-12)."""
     rng = np.random.default_rng(seed)
 
     def delay(frame):
