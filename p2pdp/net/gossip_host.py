@@ -214,15 +214,14 @@ class _Machine(GossipFormation):
 class _Record:
     """What this host knows of one attempt: the machine's :class:`Attempt` (a copy for an
     attempt another host's peer initiated), whom it invited (initiator) or which own peers
-    it invited (member), the group's commitments, signatures and salts, the nonce each own
-    peer committed to, the frames seen (``(step, sender, receiver, copy)``: at most 8 steps
-    x g members x the copy bound) and sent per ``(step, sender, receiver)``."""
+    it invited (member), the group's commitments, signatures and salts, the frames seen
+    (``(step, sender, receiver, copy)``: at most 8 steps x g members x the copy bound) and
+    sent per ``(step, sender, receiver)``."""
 
     attempt: Attempt
     invited: set[int] = field(default_factory=set)
     members: list[int] = field(default_factory=list)
     committed: dict[int, bytes] = field(default_factory=dict)
-    nonces: dict[int, int] = field(default_factory=dict)
     signatures: dict[int, bytes] = field(default_factory=dict)
     salts: dict[int, bytes] = field(default_factory=dict)
     seen: set[tuple[str, int, int, int]] = field(default_factory=set)
@@ -482,7 +481,7 @@ class HostFormation(ViewExchange):
                 "signatures": [record.signatures[m] for m in record.members],
             }
         elif step == REVEAL:
-            fields = {"nonce": attempt.nonces[sender], "salt": record.salts[sender]}
+            fields = {"nonce": envelope.payload, "salt": record.salts[sender]}
         elif step == START:
             fields = self._openings(record)
         key = (step, sender, receiver)
@@ -496,21 +495,17 @@ class HostFormation(ViewExchange):
         )  # fmt: skip
 
     def _commit(self, record: _Record, member: int) -> dict[str, Any]:
-        """``member``'s signed commitment to its nonce (made once per attempt).
-
-        A member whose lock ran out before its acceptance reached the initiator may be
-        invited to the same attempt again, and the machine then draws it a new nonce: it
-        accepts again with the commitment it made, so its nonce stays the one committed to
-        (else its reveal would not open its commitment and an honest member be refused)."""
+        """``member``'s signed commitment to its nonce, made once per attempt: a member
+        invited to the same attempt again (its lock ran out before its acceptance arrived)
+        keeps the nonce it drew first (the machine's rule), so it accepts again with the
+        same commitment."""
         attempt = record.attempt
         if member not in record.salts:
             salt = os.urandom(SALT_BYTES)
             ids = (attempt.initiator, attempt.attempt_id)
-            nonce = record.nonces[member] = attempt.nonces[member]
-            committed = commitment(*ids, member, nonce, salt)
+            committed = commitment(*ids, member, attempt.nonces[member], salt)
             record.salts[member], record.committed[member] = salt, committed
             record.signatures[member] = self._key.sign(statement(*ids, member, committed))
-        attempt.nonces[member] = record.nonces[member]  # bound by its commitment
         return {"commitment": record.committed[member], "signature": record.signatures[member]}
 
     def _openings(self, record: _Record) -> dict[str, Any]:

@@ -105,7 +105,7 @@ class IterativeTransport:
     """The message counters of a network run, named as the simulator's Transport names
     them: models sent (per peer) and their simulated bytes (``64 + 8 d`` each), lost
     (undelivered and not late: a receiver gone, or never arrived) and late (arrived past
-    their exchange's deadline)."""
+    their exchange's deadline, not averaged; gossip learning merges a late model, so none)."""
 
     messages_sent: np.ndarray
     bytes_sent: np.ndarray
@@ -387,16 +387,21 @@ class IterativeNetworkWorld(NetworkWorld):
         """Tell every host the run is over; gather what each sent and refused."""
         finish = encode({"kind": FINISH, "publications": 0, "released": []})
         await self._gather_final_reports(lambda host: finish)
-        counts = self.transport_counts
         for round_ in sorted(self._pending):  # a lost host's last reports, if unrecorded
             self._apply(round_)
+        self._count_messages()
+
+    def _count_messages(self) -> None:
+        """The run's message counters (:class:`IterativeTransport`) from the hosts' reports."""
+        counts = self.transport_counts
         counts.messages_sent = self.sent(self.iterative.rounds)
         counts.bytes_sent = counts.messages_sent * model_bytes(self.iterative.dim)
         counts.messages_late = self.records.late
         counts.messages_lost = int(counts.messages_sent.sum()) - self.records.averaged
         counts.messages_lost -= self.records.late
-        if self.gossip:  # merged on arrival: lost only if undeliverable
-            counts.messages_lost = self.wire.refused[UNREACHABLE]
+        if self.gossip:  # merged on arrival, a late model too (the wire table's "late"):
+            # lost only if undeliverable, and none left unmerged for being late
+            counts.messages_lost, counts.messages_late = self.wire.refused[UNREACHABLE], 0
         counts.messages_refused = sum(
             count for reason, count in self.wire.refused.items() if reason in REFUSALS
         )

@@ -167,8 +167,9 @@ def stop_reason(
 class Attempt:
     """One group being formed, as its initiator tracks it.
 
-    ``nonces`` holds each member's secret nonce (drawn when it accepts; the initiator's when
-    it sends ``GROUP``): simulation bookkeeping, read only through ``REVEAL`` messages.
+    ``nonces`` holds each member's secret nonce (drawn when it first accepts, kept if it is
+    invited to the attempt again; the initiator's when it sends ``GROUP``): simulation
+    bookkeeping, read only through ``REVEAL`` messages.
     """
 
     attempt_id: int
@@ -458,7 +459,11 @@ class GossipFormation:
             self.state[peer] = LOCKED
             self.bound[peer] = attempt.attempt_id
             self.lock_until[peer] = self.clock() + self.params.lock_timeout
-            attempt.nonces[peer] = int(self._uniform() * 2**53)
+            # invited again to this attempt after its lock ran out, it keeps the nonce it
+            # drew first (on the network, committed to): the draw is still taken and dropped
+            # so every later draw of the stream stays in place
+            nonce = int(self._uniform() * 2**53)
+            attempt.nonces.setdefault(peer, nonce)
             self._send(ACCEPT, peer, message.sender, attempt)
         else:  # busy, or retired: then the payload says so and the initiator forgets it
             self._send(DECLINE, peer, message.sender, attempt, int(self.state[peer] == RETIRED))

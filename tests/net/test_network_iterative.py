@@ -484,9 +484,15 @@ def test_a_host_killed_mid_run_is_churn_and_the_others_keep_learning(
 @pytest.mark.slow
 def test_gossip_learning_on_three_hosts_is_the_simulator(monkeypatch, real_data_home):
     """Gossip learning merges a model when it arrives: the hosts hold each model until the
-    simulator would deliver it (its sender's wake-up + 0.05 s), so while the network is
-    faster than that, the merges come in the simulator's order: its rows and rounds table,
-    up to timing (seeded noise)."""
+    simulator would deliver it (its sender's wake-up + 0.05 s). Whatever the timing, the
+    peers send on the simulator's schedule and an honest network loses nothing (a late model
+    is merged, not lost). While every model arrives within its hold (nothing ``late``), the
+    merges come in the simulator's order: its rows and rounds table, up to timing (seeded
+    noise). The network cannot promise that order: at load 11-12 on 2 cores a host's event
+    loop lagged its schedule by up to 0.2 s and 8 runs in 21 had a late model (of 3 compared
+    column by column, one had other models: merged on arrival after its receiver's next
+    wake-up); so the rows are the simulator's only when nothing was late, as the network
+    guide says, and that is when they are compared."""
     monkeypatch.setenv("P2PDP_NETWORK_HOSTS", "3")
     config = _spambase("gossip-learning")
     config = dataclasses.replace(
@@ -494,12 +500,16 @@ def test_gossip_learning_on_three_hosts_is_the_simulator(monkeypatch, real_data_
     )
     network = simulate(config, runtime="network")
     simulated = simulate(_unseeded(config))
-    _same(simulated.row(), network.row(), "row")
+    row, expected = network.row(), simulated.row()
+    assert row["messages_sent"] == expected["messages_sent"]
+    assert row["messages_lost"] == expected["messages_lost"] == 0
+    assert 0 < row["aggregations"] <= expected["aggregations"]  # none after the end
     assert len(simulated.round_rows()) == len(network.round_rows()) == 7
-    for x, y in zip(simulated.round_rows(), network.round_rows(), strict=True):
-        _same(x, y, "rounds")
-    late = {row["kind"]: row["frames"] for row in network.wire}["late"]
-    assert late == 0 and network.row()["aggregations"] > 0
+    late = {r["kind"]: r["frames"] for r in network.wire}["late"]
+    if late == 0:
+        _same(expected, row, "row")
+        for x, y in zip(simulated.round_rows(), network.round_rows(), strict=True):
+            _same(x, y, "rounds")
 
 
 def test_an_iterative_run_needs_a_coordinator_that_scores(tmp_path, monkeypatch):
@@ -792,3 +802,37 @@ def test_the_coordinator_starts_the_rounds_only_once_every_host_is_keyed():
     assert not run._all_keyed.is_set()
     run._on_control(keyed, "host-1", None, 1)
     assert run._all_keyed.is_set()
+
+
+@pytest.mark.parametrize(("name", "lost"), [("gossip-learning", 0), ("dpsgd", 1)])
+def test_a_late_model_is_lost_only_where_it_is_not_averaged(name, lost):
+    """A model past its time, reported late by its receiver's host: D-PSGD does not average
+    it (the row's ``messages_lost`` counts it, as the simulator's); gossip learning merges it
+    on arrival (in the ``delivered`` edges too), so it is not lost, only counted in the wire
+    table's ``late`` (the row used to count it lost: ``messages_lost`` 1 against the
+    simulator's 0 whenever a loaded host sent a model later than the 0.05-s hold)."""
+    from p2pdp.net.hosts import HostSettings
+    from p2pdp.net.tls import Authority
+
+    config = _small(name)
+    settings = IterativeSettings(n_peers=6, hosts=2, rounds=1, exchanges=1, period=0.2, dim=4)
+    run = IterativeNetworkWorld(
+        config, mixing=_ring(6), iterative=settings,
+        record=lambda *args: {}, launch=lambda *args: None, hosts=2,
+        settings=HostSettings(n_peers=6, hosts=2, full_publication=False),
+        authority=Authority(2),
+    )  # fmt: skip
+    (edge, *_), merged = run._into[0].tolist(), name == "gossip-learning"
+    for host in range(2):
+        own = run._own[host]
+        run._round_report(host, {
+            "round": 1, "stepped": [int(own[0])] if merged and host == 0 else [],
+            "delivered": [[edge] if merged and host == 0 else []],
+            "sent": [int(host == 1), 0, 0], "late": [[0, edge]] if host == 0 else [],
+            "lost": 0, "models": pack_vector(np.zeros((own.size, 4))),
+        })  # fmt: skip
+    run._apply(1)
+    run._count_messages()
+    assert run.wire.frames["late"] == 1 and int(run.transport_counts.messages_sent.sum()) == 1
+    counts = run.transport_counts  # the row's messages_lost: lost + late (NetworkIterativeRun)
+    assert counts.messages_lost + counts.messages_late == lost
