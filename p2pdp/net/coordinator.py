@@ -435,9 +435,8 @@ class NetworkWorld(HostControl, GossipGroups):
                     "signing": [self._signing.get(h, b"") for h in range(self.n_hosts)],
                 }
             )
-            for writer in self._hosts.values():
-                writer.write(directory)
-                self.wire.add(DIRECTORY, len(directory))
+            for host in list(self._hosts):
+                self._tell(host, directory, DIRECTORY)
             self.env = Clock()
             gossip = self.config.groups.sampler == "gossip"
             await (self._gossip() if gossip else self._groups())
@@ -502,6 +501,17 @@ class NetworkWorld(HostControl, GossipGroups):
                     log.warning("host process %s did not exit: killed", process)
                 process.kill()
                 process.join()
+
+    def _tell(self, host: int, frame: bytes, kind: str) -> bool:
+        """Write the control ``frame`` (of ``kind``) to ``host``, unless the host is lost or its
+        control connection is already closing (a host that died: its reader marks it lost,
+        and a write to a closed TLS transport raises); whether it was written."""
+        writer = self._hosts.get(host)
+        if writer is None or host in self.lost_hosts or writer.is_closing():
+            return False
+        writer.write(frame)
+        self.wire.add(kind, len(frame))
+        return True
 
     # -- assignments (the coordinator's frames to peers) --------------------------------------
     async def _send(self, peer: int, message: dict[str, Any]) -> None:
@@ -656,12 +666,8 @@ class NetworkWorld(HostControl, GossipGroups):
         killed), as one whose connection closed. The subclasses' ``_finish`` then fold in what
         their own protocol counts from :attr:`_stats`.
         """
-        for host, writer in self._hosts.items():
-            if host in self.lost_hosts:
-                continue
-            frame = finish_frame(host)
-            writer.write(frame)
-            self.wire.add(FINISH, len(frame))
+        for host in list(self._hosts):
+            self._tell(host, finish_frame(host), FINISH)
         self._check_all_stats()
         try:
             await asyncio.wait_for(self._all_stats.wait(), self.settings.timeout * 3)

@@ -59,6 +59,7 @@ class GossipGroups:
     _solvent: Callable[[np.ndarray], np.ndarray]
     _aggregate: Callable[[Group], Coroutine[Any, Any, tuple[Group, dict[str, Any] | None, str]]]
     _conclude: Callable[[Group, dict[str, Any] | None, str], np.ndarray]
+    _tell: Callable[[int, bytes, str], bool]  # a control frame to a host still connected
 
     def _on_formed(self, message: dict[str, Any], who: str | None) -> None:
         """A host reports a group its initiator formed: from the initiator's host, once per
@@ -81,8 +82,6 @@ class GossipGroups:
         """Tell each (remaining) host of ``members`` that their group ended, and which of
         them can afford another aggregation."""
         for host in np.unique(self.host_of[members]).tolist():
-            if host in self.lost_hosts or host not in self._hosts:
-                continue
             own = self.host_of[members] == host
             frame = encode(
                 {
@@ -92,9 +91,8 @@ class GossipGroups:
                     "solvent": solvent[own].tolist(),
                 }
             )
-            self._hosts[host].write(frame)
-            self.wire.add(ENDED, len(frame))
-            self._ended_sent[host] += 1
+            if self._tell(host, frame, ENDED):
+                self._ended_sent[host] += 1
 
     def _gossip_stop(self, aborted_in_a_row: int, in_flight: int) -> str:
         """The simulator's observer's rule (:func:`p2pdp.protocols.gossip.stop_reason`), fed
@@ -153,10 +151,8 @@ class GossipGroups:
                     reason = self._gossip_stop(aborted_in_a_row, len(running))
                     if reason:  # no peer initiates any more; the groups in flight end
                         halt = encode({"kind": HALT})
-                        for host, writer in self._hosts.items():
-                            if host not in self.lost_hosts:
-                                writer.write(halt)
-                                self.wire.add(HALT, len(halt))
+                        for host in list(self._hosts):
+                            self._tell(host, halt, HALT)
                 if reason and not running:
                     self.monitor.stop_reason = reason
                     return

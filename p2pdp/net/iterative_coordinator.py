@@ -356,9 +356,8 @@ class IterativeNetworkWorld(NetworkWorld):
         if settings.pair_keys:  # every pair's secret agreed before any step
             await self._wait(self._all_keyed, 3 * self.settings.timeout, "every host's pair keys")
         start = encode({"kind": START, "delay": START_DELAY})
-        for writer in self._hosts.values():
-            writer.write(start)
-            self.wire.add(START, len(start))
+        for host in list(self._hosts):
+            self._tell(host, start, START)
         began = loop.time() + START_DELAY
         self._record(0, 0.0)
         for round_ in range(1, settings.rounds + 1):
