@@ -76,7 +76,7 @@ from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.group_batches import GroupBatches
 from p2pdp.sim.sampler import GroupSampler
 from p2pdp.sim.transport import Environment, Transport
-from p2pdp.sim.waves import DRIVERS, batched_obstacle, frozen_heap, run_waves
+from p2pdp.sim.waves import DRIVERS, batched_obstacle, run_waves
 
 __all__ = ["CompletionMonitor", "Message", "Peer", "World", "WorldObserver", "budget_ledger"]
 
@@ -539,9 +539,8 @@ class World:
     def run(self) -> None:
         """Run until no group can form and every message in flight has been delivered."""
         if self._batches is not None:
-            with frozen_heap():  # as run_waves: no collection traverses the world's objects
+            with self._batches.running():  # its releases made by chunks, beside the clock
                 self.env.run()
-            self._batches.flush()
         elif self.batched:
             run_waves(self)
         else:
