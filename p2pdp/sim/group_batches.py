@@ -148,6 +148,29 @@ class GroupBatches:
         world.groups[group.group_id] = group
         for observer in world.observers:
             observer.group_started(world, group)
+        self._batch().groups.append(group)
+        return group
+
+    def start_many(self, groups: np.ndarray, curators: np.ndarray) -> None:
+        """:meth:`start` of each of ``groups`` ((k, g) members) led by ``curators`` ((k,)), in
+        order, where no observer is told of a start (``world.told_after``): the groups of one
+        instant, started one after another with nothing scheduled in between, join one
+        batch."""
+        world, now = self.world, self.env.now
+        first = world._next_group
+        made = [
+            Group(first + i, members, curator, started=now)
+            for i, (members, curator) in enumerate(zip(groups, curators.tolist(), strict=True))
+        ]
+        world._next_group += len(made)
+        world.groups.update((group.group_id, group) for group in made)
+        if made:
+            self._batch().groups.extend(made)
+
+    def _batch(self) -> _Batch:
+        """The batch a group started now joins: the open one if it collects at the same
+        instant and nothing was scheduled since, else a new one with its event."""
+        env = self.env
         at = env.now + self._collect_after  # when SimPy would schedule its first event
         batch = self._open
         if batch is None or batch.at != at or batch.mark != env.scheduled:
@@ -155,8 +178,7 @@ class GroupBatches:
             env.timeout(self._collect_after).callbacks.append(lambda _: self._arrived(batch))
             batch.mark = env.scheduled
             self._open = batch
-        batch.groups.append(group)
-        return group
+        return batch
 
     def _arrived(self, batch: _Batch) -> None:
         """The batch's ``SUBMIT`` s are in (a group of one: its statistic is): collect now if
