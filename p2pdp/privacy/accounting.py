@@ -317,8 +317,6 @@ def format_budget_table(rows: Sequence[dict[str, float | int]]) -> str:
 _SMALL = 256
 
 
-
-
 class BudgetLedger:
     """Vectorised per-peer budget ledger for ``n_peers`` peers (tested up to 100,000).
 
