@@ -3,8 +3,9 @@
 Where every observer of a gossip run is told of releases after the fact (``world.told_after``),
 a batch of groups formed in rounds skips the one-shot messages: its members are charged at once
 (:meth:`p2pdp.protocols.oneshot.Curator.wave`, the decision of the protocol) and its releases
-are made a chunk at a time, as the central sampler's :func:`p2pdp.sim.waves.run_waves` does,
-with the same noise in the same order as the per-message world.
+are made a chunk at a time by the central sampler's machinery (:func:`p2pdp.sim.waves.run_waves`'
+chunks: with two or more local workers, in one forked process beside the clock), with the same
+noise in the same order as the per-message world.
 """
 
 from __future__ import annotations
@@ -76,9 +77,10 @@ class GroupBatches:
     instant they would be freed, after the batch's releases (an observer reading the
     formation's state, not the world's, during a batch's releases would see the difference).
     The exact aggregates are summed :data:`~p2pdp.sim.waves.RELEASE_CHUNK` releases at a time
-    (:func:`_release_models`, same order per group as
-    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`): call :meth:`flush` after
-    the run. Where every observer can be told of the releases after the
+    (:func:`~p2pdp.sim.waves._released`, same order per group as
+    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`), with two or more local
+    workers in one forked process while the clock runs on: run the world's clock inside
+    :meth:`running`. Where every observer can be told of the releases after the
     fact (``world.told_after``, as in :func:`run_waves`), a batch's curators decide and charge
     its members at once (:meth:`Curator.wave <p2pdp.protocols.oneshot.Curator.wave>`: the
     batch's members are distinct, each in one group), and the rest of each release

@@ -53,7 +53,9 @@ The gossip sampler forming its groups in rounds (:mod:`p2pdp.sim.gossip.rounds`:
 churn, no crash) decides itself when groups start, so it keeps the SimPy clock; on the same
 fault-free worlds its groups skip their messages instead
 (:class:`~p2pdp.sim.group_batches.GroupBatches`: one event per batch of groups started at one
-instant, the collections in the SimPy world's order).
+instant, the collections in the SimPy world's order), and makes their releases through the
+same chunks (:class:`_Pending`, :func:`_released`: with two or more local workers, in one
+forked process beside the clock).
 
 Every other configuration (message loss, random latencies, churn, gossip formation per
 message, a sampler of your own, simulated training time, secure aggregation, a mechanism
@@ -566,9 +568,15 @@ class _Pending:
             curator_first = np.concatenate([np.zeros(n, np.int8), np.ones(others.size, np.int8)])
             order = np.lexsort((curator_first, wave[releases_]))  # stable: keeps the draw order
             world.receipts.extend(np.stack([peers[order], releases_[order] + first], axis=1))
-        for values in (self.members, self.curators, self.group_ids, self.noises, self.waves):
+        for values in (
+            self.members,
+            self.curators,
+            self.group_ids,
+            self.noises,
+            self.waves,
+            self.times,
+        ):
             values.clear()
-        self.times.clear()
         self.flush(world, _AHEAD)
 
     def flush(self, world: BatchedWorld, ahead: int = 0) -> None:
