@@ -67,6 +67,7 @@ it try again). When the whole run ends is decided by an observer, not by the pro
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -375,14 +376,14 @@ class GossipFormation:
         if self.stopped:
             return
         failures = self.failures
-        trying = peers[failures[peers] < self.max_failed].tolist()
-        now, backoff = self.clock(), self.params.backoff
-        doublings = np.minimum(failures[trying], BACKOFF_DOUBLINGS).tolist()
-        # _schedule_initiation's arithmetic, in its order, per peer
-        self.initiate_at[trying] = [
-            now - backoff * 2.0**doubling * math.log1p(-u)
-            for doubling, u in zip(doublings, self._take(len(trying)), strict=True)
-        ]
+        trying = peers[failures[peers] < self.max_failed]
+        # _schedule_initiation's arithmetic, in its order: now - (backoff 2^doublings) log1p(-u),
+        # log1p by the math module as there, the rest correctly rounded operations (ldexp
+        # scales by a power of two exactly): the same floats, without a Python loop
+        means = np.ldexp(self.params.backoff, np.minimum(failures[trying], BACKOFF_DOUBLINGS))
+        uniforms = self._take(trying.size)
+        logs = np.fromiter(map(math.log1p, map(operator.neg, uniforms)), float, trying.size)
+        self.initiate_at[trying] = self.clock() - means * logs
 
     def expire_locks(self) -> None:
         """Free the peers whose lock ran out (its group never started)."""

@@ -3,17 +3,20 @@
 Where every observer of a gossip run is told of releases after the fact (``world.told_after``),
 a batch of groups formed in rounds skips the one-shot messages: its members are charged at once
 (:meth:`p2pdp.protocols.oneshot.Curator.wave`, the decision of the protocol) and its releases
-are made a chunk at a time, as the central sampler's :func:`p2pdp.sim.waves.run_waves` does,
-with the same noise in the same order as the per-message world.
+are made a chunk at a time by the central sampler's machinery (:func:`p2pdp.sim.waves.run_waves`'
+chunks: with two or more local workers, in one forked process beside the clock), with the same
+noise in the same order as the per-message world.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from p2pdp.core.parallel import current_workers, forked_worker
 from p2pdp.protocols.groups import Group
 from p2pdp.protocols.oneshot import Charge
 from p2pdp.sim import waves
@@ -21,9 +24,11 @@ from p2pdp.sim.transport import Environment
 from p2pdp.sim.waves import (
     BatchedWorld,
     _formed_in_rounds,
-    _release_models,
+    _Pending,
+    _released,
+    _Releases,
     _reserve,
-    _Sensitivities,
+    frozen_heap,
 )
 
 if TYPE_CHECKING:
@@ -72,9 +77,10 @@ class GroupBatches:
     instant they would be freed, after the batch's releases (an observer reading the
     formation's state, not the world's, during a batch's releases would see the difference).
     The exact aggregates are summed :data:`~p2pdp.sim.waves.RELEASE_CHUNK` releases at a time
-    (:func:`_release_models`, same order per group as
-    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`): call :meth:`flush` after
-    the run. Where every observer can be told of the releases after the
+    (:func:`~p2pdp.sim.waves._released`, same order per group as
+    :meth:`Releaser.exact <p2pdp.privacy.release.Releaser.exact>`), with two or more local
+    workers in one forked process while the clock runs on: run the world's clock inside
+    :meth:`running`. Where every observer can be told of the releases after the
     fact (``world.told_after``, as in :func:`run_waves`), a batch's curators decide and charge
     its members at once (:meth:`Curator.wave <p2pdp.protocols.oneshot.Curator.wave>`: the
     batch's members are distinct, each in one group), and the rest of each release
@@ -99,20 +105,42 @@ class GroupBatches:
         self.delay = float(network.latency_mean) + world.model_bytes / network.bandwidth
         self._collect_after = self.delay if g > 1 else 0.0  # a group of one is ready at once
         self._open: _Batch | None = None
-        self._scale = _Sensitivities(world.sensitivity)
-        self._rows: list[list[int]] = []  # each pending release's rows: curator, then members
-        self._noises: list[np.ndarray] = []
-        self._sizes = world.shard_sizes.tolist()
-        # told after the fact: each pending release's members, collection instant, group id
+        # told after the fact: a batch's members charged at once, its releases made by chunks
         self._deferred = world.told_after
-        self._members: list[np.ndarray] = []
-        self._where: list[tuple[float, int, int]] = []
+        self._pending: _Pending | None = None  # while running()
+        self._chunk = waves.RELEASE_CHUNK
         assert _formed_in_rounds(world)  # the one sampler batched here (batched_obstacle)
         self._finished = cast("GossipSampler", world.sampler).groups_finished
         # each release charges g distinct peers one aggregation: the release arrays are
         # written in place as they grow, as run_waves's are (not copied at each doubling)
         ledger = world.ledger
         _reserve(world, ledger.n_peers * ledger.max_aggregations // max(g, 1))
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Run the world's clock inside this block (``world.env.run()``): on entry, the
+        releases' maker (:class:`~p2pdp.sim.waves._Releases`, ``RELEASE_CHUNK`` releases a
+        chunk, read now) and, with local workers
+        (:func:`~p2pdp.core.parallel.current_workers` > 1), the forked process that makes
+        them while the clock runs on (:func:`~p2pdp.core.parallel.forked_worker`, as
+        :func:`~p2pdp.sim.waves.run_waves`); on a normal exit, the last releases are
+        published and the run's noise stream moved to where the worker's copy stopped."""
+        world = self.world
+        self._chunk = chunk = waves.RELEASE_CHUNK  # read at the call: one size, both drivers
+        releases = _Releases(world, deferred=self._deferred, capacity=chunk)
+        with (
+            frozen_heap(),  # as run_waves: no collection traverses the world's objects
+            forked_worker(_released, releases, workers=current_workers()) as submit,
+        ):
+            pending = _Pending(submit, releases, len(world.releases), announced=False)
+            self._pending = pending
+            yield
+            if pending.curators:
+                pending.publish(world)
+            pending.flush(world)
+            if self._deferred:  # the noise was drawn from the worker's copy of the stream
+                world.releaser.noise.restore(submit(None)())
+        self._pending = None
 
     def start(self, members: np.ndarray, curator: int) -> Group:
         """Start the group ``members`` (distinct ids, ``curator`` among them) agreed on."""
@@ -122,6 +150,29 @@ class GroupBatches:
         world.groups[group.group_id] = group
         for observer in world.observers:
             observer.group_started(world, group)
+        self._batch().groups.append(group)
+        return group
+
+    def start_many(self, groups: np.ndarray, curators: np.ndarray) -> None:
+        """:meth:`start` of each of ``groups`` ((k, g) members) led by ``curators`` ((k,)), in
+        order, where no observer is told of a start (``world.told_after``): the groups of one
+        instant, started one after another with nothing scheduled in between, join one
+        batch."""
+        world, now = self.world, self.env.now
+        first = world._next_group
+        made = [
+            Group(first + i, members, curator, started=now)
+            for i, (members, curator) in enumerate(zip(groups, curators.tolist(), strict=True))
+        ]
+        world._next_group += len(made)
+        world.groups.update((group.group_id, group) for group in made)
+        if made:
+            self._batch().groups.extend(made)
+
+    def _batch(self) -> _Batch:
+        """The batch a group started now joins: the open one if it collects at the same
+        instant and nothing was scheduled since, else a new one with its event."""
+        env = self.env
         at = env.now + self._collect_after  # when SimPy would schedule its first event
         batch = self._open
         if batch is None or batch.at != at or batch.mark != env.scheduled:
@@ -129,8 +180,7 @@ class GroupBatches:
             env.timeout(self._collect_after).callbacks.append(lambda _: self._arrived(batch))
             batch.mark = env.scheduled
             self._open = batch
-        batch.groups.append(group)
-        return group
+        return batch
 
     def _arrived(self, batch: _Batch) -> None:
         """The batch's ``SUBMIT`` s are in (a group of one: its statistic is): collect now if
@@ -145,10 +195,10 @@ class GroupBatches:
 
     def _collect(self, batch: _Batch) -> None:
         """Every curator of ``batch`` collects, in order (:meth:`World.collected`)."""
-        world, full = self.world, self.full
+        world = self.world
         receipts = world.receipts
         members_receipts: list[tuple[int, int]] = []
-        if self.group_size > 1 and not full:  # where the first PUBLISH's event would be
+        if self.group_size > 1 and not self.full:  # where the first PUBLISH's event would be
             later = self.env.timeout(self.delay)
             later.callbacks.append(lambda _: receipts.extend(members_receipts))
         collect = self._collect_deferred if self._deferred else self._collect_each
@@ -157,60 +207,67 @@ class GroupBatches:
             del world.groups[group.group_id]
             world.monitor.notify(published=True)
         self._finished(batch.groups)
-        if len(self._rows) >= waves.RELEASE_CHUNK:  # read at the call: one size, both drivers
-            self.flush()
 
     def _collect_each(self, groups: list[Group], members_receipts: list[tuple[int, int]]) -> None:
-        """Each group's release made now, in order: charge, noise, record, observers."""
-        world, full = self.world, self.full
-        ledger, releaser, collect = world.ledger, world.releaser, world.curator.collect
-        sizes, scale_of, observers = self._sizes, self._scale, world.observers
-        draw, record = releaser.noise.draw, releaser.record
-        g = self.group_size
+        """Each group's release made now, in order: charge, then noise, record, observers
+        (:meth:`_Releases.release <p2pdp.sim.waves._Releases.release>`); its aggregate is
+        made with its chunk's."""
+        world, pending = self.world, self._pending
+        assert pending is not None  # inside running()
+        spend, collect = world.ledger.spend, world.curator.collect
+        release = pending.releases.release
+        now = float(self.env.now)
         for group in groups:
-            curator, members = group.curator, group.members.tolist()
-            order = [curator, *(m for m in members if m != curator)]
-            group.submitted, group.sizes = order, [sizes[m] for m in order]
             # the curator's decision (every member online here: charge, release, publish)
             charge = collect(group)[0]
             assert isinstance(charge, Charge)
-            ledger.spend(charge.members)  # charged before the noise is drawn
-            scale = scale_of(group.sizes)
-            noise = draw(scale)
-            release = record(g, group.sizes, scale, math.sqrt(float(noise @ noise)))
-            index = len(world.releases)
-            world.releases.append(release)
-            world.release_members.append(group.members)
-            self._rows.append(order)
-            self._noises.append(noise)
-            for observer in observers:
-                observer.released(world, group, release)
-            world.shared.append(full)
-            self._receipts(curator, order, index, members_receipts)
+            spend(charge.members)  # charged before the noise is drawn
+            index = pending.first + len(pending.curators)  # its release
+            members = group.members.tolist()
+            pending.noises.append(release(group, members))  # group.submitted: curator first
+            self._receipts(group.curator, group.submitted, index, members_receipts)
+            self._pend(members, [group.curator], [group.group_id], now)
 
     def _collect_deferred(
         self, groups: list[Group], members_receipts: list[tuple[int, int]]
     ) -> None:
-        """The batch's curators charge its members at once; the releases wait for
-        :meth:`flush` (their noise is drawn there, in the same order)."""
-        world = self.world
+        """The batch's curators charge its members at once; the rest of their releases is
+        made with their chunk (their noise is drawn then, in the same order)."""
+        world, pending = self.world, self._pending
+        assert pending is not None  # inside running()
         members = np.stack([group.members for group in groups])  # (k, g), group after group
-        charge = world.curator.wave(members.ravel().tolist())  # every curator online, ...
+        flat = members.ravel().tolist()
+        charge = world.curator.wave(flat)  # every curator online, ...
         world.ledger.spend(charge.members)  # ... every member distinct: charged before noise
-        curators = np.array([group.curator for group in groups], dtype=np.int64)
-        # each release's rows: its curator, then the other members in their order
-        firsts = np.argsort(members != curators[:, None], axis=1, kind="stable")
-        orders = np.take_along_axis(members, firsts, axis=1).tolist()
-        now = float(self.env.now)
-        index = len(world.releases) + len(self._rows)  # the batch's first release
-        self._rows.extend(orders)
-        self._members.extend(members)
-        self._where.extend((now, group.group_id, group.curator) for group in groups)
+        curators = [group.curator for group in groups]
         for group in groups:
             group.ended = True
         if not self.full:  # (full publication: no receipt)
-            for offset, (group, order) in enumerate(zip(groups, orders, strict=True)):
-                self._receipts(group.curator, order, index + offset, members_receipts)
+            # each release's rows: its curator, then the other members in their order
+            firsts = np.argsort(members != np.array(curators)[:, None], axis=1, kind="stable")
+            orders = np.take_along_axis(members, firsts, axis=1).tolist()
+            index = pending.first + len(pending.curators)  # the batch's first release
+            for offset, (curator, order) in enumerate(zip(curators, orders, strict=True)):
+                self._receipts(curator, order, index + offset, members_receipts)
+        self._pend(flat, curators, [group.group_id for group in groups], float(self.env.now))
+
+    def _pend(self, flat: list[int], curators: list[int], group_ids: list[int], now: float) -> None:
+        """Add releases collected at ``now`` (their members ``flat``, group after group) to
+        the pending ones, publishing a chunk (:meth:`_Pending.publish
+        <p2pdp.sim.waves._Pending.publish>`) each time ``RELEASE_CHUNK`` are pending."""
+        pending, chunk, g = self._pending, self._chunk, self.group_size
+        assert pending is not None  # inside running()
+        done, k = 0, len(curators)
+        while done < k:
+            take = min(k - done, chunk - len(pending.curators))
+            pending.members.extend(flat[done * g : (done + take) * g])
+            pending.curators.extend(curators[done : done + take])
+            pending.group_ids.extend(group_ids[done : done + take])
+            pending.waves.append(take)
+            pending.times.append(now)
+            done += take
+            if len(pending.curators) >= chunk:
+                pending.publish(self.world)
 
     def _receipts(
         self, curator: int, order: list[int], index: int, members: list[tuple[int, int]]
@@ -220,31 +277,3 @@ class GroupBatches:
         if not self.full:
             self.world.receipts.append((curator, index))
             members.extend((member, index) for member in order[1:])
-
-    def flush(self) -> None:
-        """Publish the releases collected so far (their exact aggregates plus their noise);
-        made first where they were deferred."""
-        if not self._rows:
-            return
-        if self._deferred:
-            self._make_deferred()
-        _release_models(self.world, self._rows, self._noises, full=self.full)
-
-    def _make_deferred(self) -> None:
-        """The pending releases' sensitivities, noise (in release order), records, release
-        log and observers' ``released_many``, as :func:`run_waves` makes a chunk."""
-        world, releaser, g = self.world, self.world.releaser, self.group_size
-        sizes = world.shard_sizes[np.array(self._rows, dtype=np.int64)]  # (n, g), row order
-        scales = [self._scale(row) for row in sizes.tolist()]
-        noise = releaser.noise.draw_many(scales)
-        norms = [math.sqrt(float(row @ row)) for row in noise]
-        records = releaser.records(g, sizes.min(axis=1).tolist(), scales, norms)
-        world.releases.extend(records)
-        world.release_members.extend(np.stack(self._members))
-        world.shared.extend([self.full] * len(records))
-        times, group_ids, curators = (list(column) for column in zip(*self._where, strict=True))
-        for observer in world.observers:
-            observer.released_many(world, times, group_ids, curators, records)
-        self._noises.extend(noise)
-        self._members.clear()
-        self._where.clear()

@@ -47,6 +47,11 @@ class SamplerWorld(Protocol):
         """Hand the group ``members`` led by ``curator`` to the world, which aggregates it."""
         ...
 
+    def start_groups(self, groups: np.ndarray, curators: np.ndarray) -> None:
+        """:meth:`start_group` with ``announce=False`` of each of ``groups`` ((k, g) members,
+        agreed on) led by ``curators`` ((k,)), in order."""
+        ...
+
     def set_online(self, peers: np.ndarray, online: bool) -> None:
         """Mark ``peers`` online or offline (churn, crashes) and tell the observers."""
         ...

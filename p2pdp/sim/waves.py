@@ -53,7 +53,9 @@ The gossip sampler forming its groups in rounds (:mod:`p2pdp.sim.gossip.rounds`:
 churn, no crash) decides itself when groups start, so it keeps the SimPy clock; on the same
 fault-free worlds its groups skip their messages instead
 (:class:`~p2pdp.sim.group_batches.GroupBatches`: one event per batch of groups started at one
-instant, the collections in the SimPy world's order).
+instant, the collections in the SimPy world's order), and makes their releases through the
+same chunks (:class:`_Pending`, :func:`_released`: with two or more local workers, in one
+forked process beside the clock).
 
 Every other configuration (message loss, random latencies, churn, gossip formation per
 message, a sampler of your own, simulated training time, secure aggregation, a mechanism
@@ -300,6 +302,7 @@ def run_waves(world: BatchedWorld) -> None:
             drawn, curators = pool.draw_many(g, k)
             first = world._next_group
             world._next_group += k
+            pending.group_ids.extend(range(first, first + k))
             if per_event:
                 wave = [
                     Group(first + i, np.array(members, dtype=np.int64), curator, started=now)
@@ -369,6 +372,7 @@ def _waves_in_turn(
         pending.waves.extend([1] * k)
         pending.members.extend(flat)
         pending.curators.extend(curators)
+        pending.group_ids.extend(range(world._next_group, world._next_group + k))
         world._next_group += k
         world.monitor.aggregations += k
         if len(pending.curators) >= RELEASE_CHUNK:
@@ -498,16 +502,23 @@ def _released(releases: _Releases, chunk: tuple[int, int] | None) -> Any:
 @dataclass(slots=True)
 class _Pending:
     """Releases made and not yet published, in release order (from the ``first``): their
-    members (in member order, flat), curators and, made one by one, noise; each wave's number
-    of groups and collection instant; and the chunks ``submit`` (:func:`forked_worker
-    <p2pdp.core.parallel.forked_worker>` of :func:`_released` on ``releases``) is making,
-    with their slot and what their observers need."""
+    members (in member order, flat), curators, group ids and, made one by one, noise; each
+    wave's (or batch's) number of groups and collection instant; and the chunks ``submit``
+    (:func:`forked_worker <p2pdp.core.parallel.forked_worker>` of :func:`_released` on
+    ``releases``) is making, with their slot and what their observers need.
+
+    ``announced``: the central sampler's groups, whose ``ASSIGN`` s and receipts are counted
+    and recorded at :meth:`publish`; a decentralised sampler's driver
+    (:class:`~p2pdp.sim.group_batches.GroupBatches`) sends no ``ASSIGN`` and records its
+    receipts at their instants."""
 
     submit: Callable[[Any], Callable[[], Any]]
     releases: _Releases
     first: int
+    announced: bool = True
     members: list[int] = field(default_factory=list)
     curators: list[int] = field(default_factory=list)
+    group_ids: list[int] = field(default_factory=list)
     noises: list[np.ndarray] = field(default_factory=list)
     waves: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
@@ -543,14 +554,13 @@ class _Pending:
             releases.published[slot, :n] = self.noises
         times = np.repeat(self.times, self.waves).tolist()
         made = self.submit((slot, n))
-        group_ids = list(range(world._next_group - n, world._next_group))  # the last n groups
-        self.making.append((made, slot, n, times, group_ids, list(self.curators)))
+        self.making.append((made, slot, n, times, list(self.group_ids), list(self.curators)))
         first = self.first
         self.first += n
-        _count_messages(world, index, full=full, assigned=True)
+        _count_messages(world, index, full=full, assigned=self.announced)
         world.shared.extend([full] * n)
         world.release_members.extend(members)
-        if not full:
+        if self.announced and not full:
             wave = np.repeat(np.arange(len(self.waves)), self.waves)  # (n,)
             others = index[:, 1:].ravel()  # group by group, in member order
             peers = np.concatenate([index[:, 0], others])
@@ -558,7 +568,14 @@ class _Pending:
             curator_first = np.concatenate([np.zeros(n, np.int8), np.ones(others.size, np.int8)])
             order = np.lexsort((curator_first, wave[releases_]))  # stable: keeps the draw order
             world.receipts.extend(np.stack([peers[order], releases_[order] + first], axis=1))
-        for values in (self.members, self.curators, self.noises, self.waves, self.times):
+        for values in (
+            self.members,
+            self.curators,
+            self.group_ids,
+            self.noises,
+            self.waves,
+            self.times,
+        ):
             values.clear()
         self.flush(world, _AHEAD)
 
@@ -611,20 +628,6 @@ def _exact(shared: tuple[np.ndarray, bool], index: np.ndarray) -> np.ndarray:
     statistics, mean = shared
     total = statistics[index].sum(axis=1)  # (n, g, d) -> (n, d), each group in order
     return total / index.shape[1] if mean else total
-
-
-def _release_models(
-    world: BatchedWorld, rows: list[list[int]], noises: list[np.ndarray], *, full: bool
-) -> None:
-    """Publish the releases whose statistics rows (curator first) are ``rows`` and whose
-    noise is ``noises`` (then empty both), and count their messages (:func:`_count_messages`,
-    no ``ASSIGN``)."""
-    index = np.array(rows, dtype=np.int64)  # (n, g)
-    statistics = world.statistics, world.releaser.aggregate == "mean"
-    world.published.extend(_exact(statistics, index) + np.stack(noises))
-    rows.clear()
-    noises.clear()
-    _count_messages(world, index, full=full, assigned=False)
 
 
 def _count_messages(world: BatchedWorld, index: np.ndarray, *, full: bool, assigned: bool) -> None:

@@ -76,7 +76,7 @@ from p2pdp.sim.central import CentralSampler
 from p2pdp.sim.group_batches import GroupBatches
 from p2pdp.sim.sampler import GroupSampler
 from p2pdp.sim.transport import Environment, Transport
-from p2pdp.sim.waves import DRIVERS, batched_obstacle, frozen_heap, run_waves
+from p2pdp.sim.waves import DRIVERS, batched_obstacle, run_waves
 
 __all__ = ["CompletionMonitor", "Message", "Peer", "World", "WorldObserver", "budget_ledger"]
 
@@ -351,6 +351,17 @@ class World:
                 (observer.peer_online if online else observer.peer_offline)(self, peer)
 
     # -- group lifecycle --------------------------------------------------------------------
+    def start_groups(self, groups: np.ndarray, curators: np.ndarray) -> None:
+        """:meth:`start_group` with ``announce=False`` of each of ``groups`` ((k, g) members,
+        agreed on) led by ``curators`` ((k,)), in order; batched at once where no observer
+        must see each start (:meth:`GroupBatches.start_many
+        <p2pdp.sim.group_batches.GroupBatches.start_many>`)."""
+        if self._batches is not None and not self._check_groups and self.told_after:
+            self._batches.start_many(groups, curators)
+            return
+        for members, curator in zip(groups, curators.tolist(), strict=True):
+            self.start_group(members, curator, announce=False)
+
     def start_group(self, members: np.ndarray, curator: int, *, announce: bool = True) -> Group:
         """Start an aggregation of ``members`` led by ``curator``.
 
@@ -539,9 +550,8 @@ class World:
     def run(self) -> None:
         """Run until no group can form and every message in flight has been delivered."""
         if self._batches is not None:
-            with frozen_heap():  # as run_waves: no collection traverses the world's objects
+            with self._batches.running():  # its releases made by chunks, beside the clock
                 self.env.run()
-            self._batches.flush()
         elif self.batched:
             run_waves(self)
         else:

@@ -311,6 +311,29 @@ def test_bad_peer_ids_are_rejected(peers, message):
     np.testing.assert_array_equal(ledger.aggregations(), [0, 0, 0, 0])
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_long_charge_with_a_repeated_peer_is_refused_and_changes_nothing(seed):
+    """Past a few hundred ids the distinctness check is a scratch array's: a repeat anywhere
+    (adjacent or far apart, once or many times) is refused, all or nothing; distinct ids
+    (again, through the same scratch) are charged."""
+    rng = np.random.default_rng(seed)
+    ledger = BudgetLedger(5000, epsilon_total=1.0, epsilon_per_aggregation=0.5)
+    ids = rng.permutation(5000)[:3000]
+    ledger.spend(ids)  # distinct: charged
+    for i, j in [(0, 2999), (1500, 1501), (7, 8)]:
+        repeated = ids.copy()
+        repeated[j] = repeated[i]
+        with pytest.raises(ConfigError, match="distinct ids"):
+            ledger.spend(repeated)
+    with pytest.raises(ConfigError, match="distinct ids"):
+        ledger.spend(np.concatenate([ids[:300], ids[:300]]))
+    counts = np.zeros(5000, dtype=np.int64)
+    counts[ids] = 1
+    np.testing.assert_array_equal(ledger.aggregations(), counts)
+    ledger.spend(ids[::-1])
+    np.testing.assert_array_equal(ledger.aggregations(), 2 * counts)
+
+
 def test_bad_composed_epsilon_counts_are_rejected():
     with pytest.raises(ConfigError, match=r"n_aggregations must be integers >= 0, got \[-1\]"):
         composed_epsilon([-1], epsilon_per_aggregation=0.1)

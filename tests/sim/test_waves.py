@@ -397,22 +397,25 @@ def test_gossip_groups_formed_in_rounds_are_batched_with_the_reference_outputs(
     assert formation_batched.n_trying == formation.n_trying
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize(
-    ("mode", "n_peers", "group_size", "latency", "gaussian"),
+    ("mode", "n_peers", "group_size", "latency", "gaussian", "ahead"),
     [
-        ("group", 300, 5, 0.05, False),
-        ("full", 400, 2, 0.1, False),  # collections tie with the clock's next tick
-        ("group", 250, 1, 0.02, False),  # groups of one
-        ("full", 300, 5, 0.05, True),  # a scale family other than Laplace
+        ("group", 300, 5, 0.05, False, 3),
+        ("full", 400, 2, 0.1, False, 1),  # collections tie with the clock's next tick
+        ("group", 250, 1, 0.02, False, 0),  # groups of one
+        ("full", 300, 5, 0.05, True, 2),  # a scale family other than Laplace
     ],
 )
 def test_gossip_releases_told_after_the_fact_give_the_reference_outputs(
-    mode, n_peers, group_size, latency, gaussian, monkeypatch
+    mode, n_peers, group_size, latency, gaussian, ahead, workers, monkeypatch
 ):
     """With only observers told after the fact, the gossip groups' batches are charged at once
-    and their releases made a chunk at a time: the same outputs, release log, observed
-    releases, formation state and noise stream as the per-message world."""
+    and their releases made a chunk at a time, in a forked process with two local workers:
+    the same outputs, release log, observed releases, formation state and noise stream as the
+    per-message world."""
     monkeypatch.setattr(waves, "RELEASE_CHUNK", 7)  # several chunks, one partial
+    monkeypatch.setattr(waves, "_AHEAD", ahead)  # chunks published later (or at once)
     config = _gossip(
         n_peers=n_peers, group_size=group_size, mode=mode, latency=latency, bandwidth=1e5
     )
@@ -422,7 +425,8 @@ def test_gossip_releases_told_after_the_fact_give_the_reference_outputs(
     runs = []
     for driver in ("reference", "batched"):
         told = Told()
-        runs.append((simulate(config, trained=trained, observers=(told,), driver=driver), told))
+        with local_workers(workers):
+            runs.append((simulate(config, trained=trained, observers=(told,), driver=driver), told))
     (reference, seen), (batched, seen_batched) = runs
     assert seen_batched.world.batched and seen_batched.told_after > 2 and not seen.told_after
     _assert_same_outputs(reference, seen, batched, seen_batched)
@@ -433,6 +437,20 @@ def test_gossip_releases_told_after_the_fact_give_the_reference_outputs(
     )
     for name in ("state", "initiate_at", "failures", "lock_until"):
         np.testing.assert_array_equal(getattr(formation_batched, name), getattr(formation, name))
+
+
+def _broken_exact(*_args):
+    raise ConfigError("statistics = broken on purpose")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failure_making_the_gossip_releases_is_raised_not_hung(workers, monkeypatch):
+    """The gossip groups' releases made in the forked worker (or here, one worker): its error
+    reaches the run, which ends."""
+    monkeypatch.setattr(waves, "_exact", _broken_exact)  # before the worker forks
+    config = _gossip(n_peers=300, group_size=5, mode="full", latency=0.05, bandwidth=1e5)
+    with local_workers(workers), pytest.raises(ConfigError, match="broken on purpose"):
+        simulate(config, driver="batched")
 
 
 class HeapFrozen(WorldObserver):

@@ -186,9 +186,7 @@ class GossipSampler:
         self.groups_started += len(groups)
         self.in_flight += len(groups)
         self.faults.pass_crashes(len(groups), self.group_size)
-        start = self.world.start_group
-        for members, curator in zip(groups, curators.tolist(), strict=True):
-            start(members, curator, announce=False)
+        self.world.start_groups(groups, curators)
 
     def _clock(self):
         """The one process behind the gossip, the timers and churn: one step per tick."""

@@ -416,10 +416,18 @@ class PeerSampling:
         delivered = world.online[partners] & (rng.random(initiators.size) >= loss)
         a, b = initiators[delivered], partners[delivered]
         reply_delivered = rng.random(a.size) >= loss
-        transport.messages_sent[initiators] += 1  # initiators are distinct
-        transport.bytes_sent[initiators] += self.message_bytes
-        np.add.at(transport.messages_sent, b, 1)
-        np.add.at(transport.bytes_sent, b, self.message_bytes)
+        if initiators.size >= COMPILED_FROM:  # where the exchanges are compiled: one pass
+            from p2pdp.sim.gossip.compiled import count_sent
+
+            for senders in (initiators, b):
+                count_sent(
+                    transport.messages_sent, transport.bytes_sent, senders, self.message_bytes
+                )
+        else:
+            transport.messages_sent[initiators] += 1  # initiators are distinct
+            transport.bytes_sent[initiators] += self.message_bytes
+            np.add.at(transport.messages_sent, b, 1)
+            np.add.at(transport.bytes_sent, b, self.message_bytes)
         transport.lose(np.concatenate([initiators[~delivered], b[~reply_delivered]]))
         self.gossip_messages += initiators.size + a.size
         stamps = now + rng.random((2, a.size)) * tick  # jitter within the tick
