@@ -18,19 +18,22 @@ rows only block by block can draw each block when it needs it and drop it after:
    them into shared memory
    (:func:`~p2pdp.core.parallel.shared_empty`), and gives back the rows of the shard that
    straddles each of its ends (fewer than a shard), which are solved here at the end. The
-   same pass gives the centralised reference's first Newton pass (at ``w = 0``).
+   same pass gives the centralised reference's first Newton pass (at ``w = 0``), and keeps
+   every label (one byte a row) and the first blocks' rows.
 3. **centralised reference**: the streamed Newton of :mod:`p2pdp.learning.models`
    (:func:`~p2pdp.learning.newton.newton_from_block_sums`), each further pass over the rows
-   drawing and transforming every block again but the first ones, which the fits' pass kept
-   (up to :data:`KEPT_ROWS_BYTES`, freed once these passes end), its gradient and Hessian sums
+   drawing and transforming the features of every block again (not its labels: kept,
+   :func:`~p2pdp.data.synthetic.synthetic_block_features`) but the first ones, which the
+   fits' pass kept (up to :data:`KEPT_ROWS_BYTES`, freed once these passes end), its
+   gradient and Hessian sums
    computed together (a Newton step's second pass at the same point is then free). The
    last pass, which would only confirm that the last step reached the tolerance, is
    skipped when a bound on the loss's third derivative certifies it
    (:func:`logistic_remainder`): the same model, one pass fewer (a million peers: 3 passes
    over the rows instead of 4). With several local workers (and at most
-   :data:`BACKGROUND_MAX_PEERS` peers) these passes run in one background process while the
-   simulation runs (:func:`~p2pdp.core.parallel.in_background`): the evaluation reads the
-   model.
+   :data:`BACKGROUND_MAX_PEERS` peers) the first of these passes runs in a background process
+   while the simulation runs (:func:`~p2pdp.core.parallel.in_background`), and in this
+   process too once the evaluation reads the model (:class:`_ReferenceBeside`).
 
 Blocks are shared out to the local worker processes (:func:`p2pdp.core.parallel.local_workers`).
 Every number is the in-memory training's (:func:`p2pdp.tasks.pipeline.train_peers`): the same
@@ -43,9 +46,9 @@ holds no training rows and no shard arrays; what reads them (a vote on the peers
 rows, posterior sampling, the best-lambda reference, an iterative protocol) loads them
 again (:meth:`TrainedPeers.training_rows <p2pdp.tasks.pipeline.TrainedPeers.training_rows>`).
 
-Memory: the local models (P, d), the kept rows (at most :data:`KEPT_ROWS_BYTES`) and, per
-worker, a block and its temporaries (about 0.2 GB), instead of every row (20 rows of 58
-features a peer: 9.3 GB at a million peers).
+Memory: the local models (P, d), the kept rows and labels (at most
+:data:`KEPT_ROWS_BYTES`) and, per worker, a block and its temporaries (about 0.2 GB),
+instead of every row (20 rows of 58 features a peer: 9.3 GB at a million peers).
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
 from p2pdp.data.synthetic import (
     SYNTHETIC_BLOCK_ROWS,
     synthetic_block_bounds,
+    synthetic_block_features,
     synthetic_block_logged,
 )
 from p2pdp.learning.models import MAX_NEWTON_STEPS, LocalModels, LogisticModel
@@ -181,16 +185,18 @@ def _bounds_and_tests(
 def _training_block(
     stream: _Stream, fitted: FittedPreprocessor, block: int, kept: _Kept | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Block ``block``'s transformed training rows (m, d_out) and their labels (m,) float64,
-    written into the kept rows (:data:`_Kept`) if they have room for the block."""
+    """Block ``block``'s transformed training rows (m, d_out) and their labels (m,) float64;
+    with ``kept`` (:data:`_Kept`), the labels written into its labels and the rows into its
+    rows if they have room for the block."""
     seed_seq, n_total, d, n_rows = stream
     _, logged, y = synthetic_block_logged(seed_seq, block, n_total=n_total, n_features=d)
     cut = min(len(y), n_rows - block * SYNTHETIC_BLOCK_ROWS)
     rows = slice(block * SYNTHETIC_BLOCK_ROWS, block * SYNTHETIC_BLOCK_ROWS + cut)
-    if kept is None or rows.stop > len(kept[1]):
-        return fitted.transform_logged(logged[:cut]), y[:cut].astype(np.float64)
-    kept[1][rows] = y[:cut]
-    return fitted.transform_logged(logged[:cut], out=kept[0][rows]), kept[1][rows]
+    out = None
+    if kept is not None:
+        kept[1][rows] = y[:cut]
+        out = kept[0][rows] if rows.stop <= len(kept[0]) else None
+    return fitted.transform_logged(logged[:cut], out=out), y[:cut].astype(np.float64)
 
 
 #: A block's share of the fits: (Newton steps, head rows (X, y) of the shard it continues,
@@ -206,15 +212,17 @@ _Fitted = tuple[
 ]
 
 
-#: Rows the reference's later passes may keep instead of drawing again: the first blocks'
-#: transformed rows, up to this many bytes (2 GiB: every row up to about 4.6 million rows,
-#: 230,000 peers of 20 rows, and a fifth of a million peers' rows), held only while the
-#: reference's passes run (beside the simulation up to :data:`BACKGROUND_MAX_PEERS` peers:
-#: at a million peers the simulation holds the local models and the releases, about 1.4
-#: GiB, so the whole stays under 4 GiB).
+#: Rows the reference's later passes may keep instead of drawing again: every training
+#: row's label and the first blocks' transformed rows, up to this many bytes in all (2 GiB:
+#: every row up to about 4.6 million rows, 230,000 peers of 20 rows, and a fifth of a
+#: million peers' rows), held only while the reference's passes run (beside the simulation
+#: up to :data:`BACKGROUND_MAX_PEERS` peers: at a million peers the simulation holds the
+#: local models and the releases, about 1.4 GiB, so the whole stays under 4 GiB).
 KEPT_ROWS_BYTES = 2 * 2**30
 
-#: The kept rows (k B, d_out) and labels (k B,) float64 of the first k blocks.
+#: The kept rows (k B, d_out) float64 of the first k blocks, and the labels (n,) int8 of
+#: every training row (written by the fits' pass: a block drawn again for the reference then
+#: draws only its features, :func:`~p2pdp.data.synthetic.synthetic_block_features`).
 _Kept = tuple[np.ndarray, np.ndarray]
 
 
@@ -267,11 +275,14 @@ def _reference_block(
     and its Hessian sum at the model ``item[1]`` (d_out,)."""
     stream, fitted, kept = shared
     block, w = item
-    rows = slice(block * SYNTHETIC_BLOCK_ROWS, (block + 1) * SYNTHETIC_BLOCK_ROWS)
-    if rows.start < len(kept[1]):
-        X, y = kept[0][rows], kept[1][rows]
+    seed_seq, n_total, d, n_rows = stream
+    rows = slice(block * SYNTHETIC_BLOCK_ROWS, min((block + 1) * SYNTHETIC_BLOCK_ROWS, n_rows))
+    y = kept[1][rows].astype(np.float64)
+    if rows.stop <= len(kept[0]):
+        X = kept[0][rows]
     else:
-        X, y = _training_block(stream, fitted, block)
+        _, logged = synthetic_block_features(seed_seq, block, n_total=n_total, n_features=d)
+        X = fitted.transform_logged(logged[: len(y)])
     return block_sums(X, y, w), block_hessian(X, w)
 
 
@@ -560,9 +571,9 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
     empty = shared_empty if many else np.empty
     weights, norms = empty((n_peers, d_out)), empty((n_peers,))
     lam = config.training.lam
-    kept_blocks = KEPT_ROWS_BYTES // (8 * (d_out + 1) * SYNTHETIC_BLOCK_ROWS)
-    kept_rows = min(n, kept_blocks * SYNTHETIC_BLOCK_ROWS)  # whole blocks
-    kept = (empty((kept_rows, d_out)), empty((kept_rows,)))
+    kept_blocks = (KEPT_ROWS_BYTES - n) // (8 * d_out * SYNTHETIC_BLOCK_ROWS)  # n labels
+    kept_rows = min(n, max(kept_blocks, 0) * SYNTHETIC_BLOCK_ROWS)  # whole blocks
+    kept = (empty((kept_rows, d_out)), empty((n,), np.int8))
     with one_blas_thread():
         parts = forked_map(
             _fit_block,

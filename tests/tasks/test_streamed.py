@@ -14,6 +14,7 @@ from p2pdp.data.synthetic import (
     SYNTHETIC_BLOCK_ROWS,
     synthetic_block,
     synthetic_block_bounds,
+    synthetic_block_features,
     synthetic_block_logged,
 )
 from p2pdp.experiments.run.simulation import simulate
@@ -177,25 +178,40 @@ def test_the_reference_draws_again_only_the_blocks_not_kept(kept, monkeypatch) -
     """The bounds' pass draws the block with test rows whole and the fits' pass the 4
     training blocks; the reference's later passes (one at each Newton step's point but the
     last, whose gradient a bound certifies: 2 here) draw no block when every one is kept,
-    and only the 2 not kept otherwise."""
-    calls = []
+    and only the features of the 2 not kept otherwise (their labels kept by the fits' pass)."""
+    calls, features = [], []
 
     def counted(*args, **kwargs):
         calls.append(args[1])
         return synthetic_block_logged(*args, **kwargs)
 
+    def counted_features(*args, **kwargs):
+        features.append(args[1])
+        return synthetic_block_features(*args, **kwargs)
+
     monkeypatch.setattr(streamed, "synthetic_block_logged", counted)
+    monkeypatch.setattr(streamed, "synthetic_block_features", counted_features)
     if kept is not None:
         monkeypatch.setattr(
             streamed, "KEPT_ROWS_BYTES", kept * 8 * (FEATURES + 2) * SYNTHETIC_BLOCK_ROWS
         )
     pipeline.prepare_peers(config(), fold=0)
-    assert calls[:5] == [3, 0, 1, 2, 3]
-    again = calls[5:]
+    assert calls == [3, 0, 1, 2, 3]
     if kept is None:
-        assert again == []
+        assert features == []
     else:
-        assert len(again) >= 4 and again == [2, 3] * (len(again) // 2)
+        assert len(features) >= 4 and features == [2, 3] * (len(features) // 2)
+
+
+def test_a_block_s_features_are_those_of_its_rows() -> None:
+    """The features drawn without the labels are the block's (the same stream, the labels
+    drawn after them)."""
+    seed_seq = np.random.SeedSequence(11)
+    for block in (0, 2):
+        X, logged, _ = synthetic_block_logged(seed_seq, block, n_total=150_000, n_features=4)
+        X2, logged2 = synthetic_block_features(seed_seq, block, n_total=150_000, n_features=4)
+        np.testing.assert_array_equal(X2, X)  # the same draws: exact
+        np.testing.assert_allclose(logged2, logged, rtol=1e-15, atol=0)
 
 
 @pytest.mark.parametrize("most", [PEERS, PEERS - 1])
