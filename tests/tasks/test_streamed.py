@@ -232,6 +232,30 @@ def test_the_reference_s_passes_run_beside_the_simulation_up_to_a_peer_count(
         assert isinstance(streamed.train_in_blocks(config(), fold=0).centralized, np.ndarray)
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_the_pass_beside_holds_every_block_s_sums(background, monkeypatch) -> None:
+    """The reference's pass beside the simulation, its blocks taken one at a time by the
+    background process and by this one when it reads the model (here: all of them when the
+    background takes none), holds every block's sums at its point, those of the pool's
+    pieces (to 1e-12: the Newton after it converges to the same model even from a wrong
+    Hessian, so the model alone would not tell)."""
+    if not background:  # a background process that takes no block: this one takes them all
+        monkeypatch.setattr(streamed, "in_background", lambda function, shared, *, what: 0)
+    with local_workers(2):
+        beside = streamed.train_in_blocks(config(), fold=0).centralized
+    assert isinstance(beside, streamed._ReferenceBeside)
+    reference, one_pass = beside._reference, beside._pass
+    assert reference is not None
+    beside.result()
+    assert one_pass.taken.value >= len(reference.blocks)
+    rows = (reference.stream, reference.fitted, reference.kept)
+    for index, block in enumerate(reference.blocks):
+        (loss, gradient), hessian = streamed._reference_block(rows, (block, one_pass.w))
+        assert one_pass.losses[index] == pytest.approx(loss, rel=1e-12)
+        np.testing.assert_allclose(one_pass.gradients[index], gradient, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(one_pass.hessians[index], hessian, rtol=1e-12, atol=1e-12)
+
+
 def logistic_rows(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``n`` rows (n, d) in the unit ball (some on its sphere) and labels (n,) float64 in
     {-1, +1} drawn from a logistic model."""
