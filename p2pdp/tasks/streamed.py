@@ -26,8 +26,8 @@ rows only block by block can draw each block when it needs it and drop it after:
    :func:`~p2pdp.data.synthetic.synthetic_block_features`) but the first ones, which the
    fits' pass kept (up to :data:`KEPT_ROWS_BYTES`, freed once these passes end), its
    gradient and Hessian sums computed together (a Newton step's second pass at the same
-   point is then free). The last pass, which would only confirm that the last step reached the tolerance, is
-   skipped when a bound on the loss's third derivative certifies it
+   point is then free). The last pass, which would only confirm that the last step reached
+   the tolerance, is skipped when a bound on the loss's third derivative certifies it
    (:func:`logistic_remainder`): the same model, one pass fewer (a million peers: 3 passes
    over the rows instead of 4). With several local workers (and at most
    :data:`BACKGROUND_MAX_PEERS` peers) the first of these passes runs in a background process
