@@ -438,25 +438,23 @@ class _SharedPass:
         return [(float(loss), gradient) for loss, gradient in pairs], list(self.hessians)
 
 
-def _take_blocks(shared: tuple[_Reference, _SharedPass]) -> int:
+def _take_blocks(shared: tuple[_Reference, _SharedPass]) -> None:
     """Compute blocks of the pass ``shared[1]``, the next one not taken each time, until
-    every block is taken; how many this process computed. One BLAS thread: the sums are
-    those of the pool's workers (:func:`_reference_block`)."""
+    every block is taken. One BLAS thread: the sums are those of the pool's workers
+    (:func:`_reference_block`)."""
     reference, one_pass = shared
     rows = (reference.stream, reference.fitted, reference.kept)
-    done = 0
     with one_blas_thread():
         while True:
             with one_pass.taken.get_lock():
                 index = one_pass.taken.value
                 one_pass.taken.value = index + 1
             if index >= len(reference.blocks):
-                return done
+                return
             block = reference.blocks[index]
             (loss, gradient), hessian = _reference_block(rows, (block, one_pass.w))
             one_pass.losses[index], one_pass.gradients[index] = loss, gradient
             one_pass.hessians[index] = hessian
-            done += 1
 
 
 class _ReferenceBeside:
@@ -498,11 +496,7 @@ class _ReferenceBeside:
         return self._done
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_value, (self.result(),))
-
-
-def _value(value: np.ndarray) -> np.ndarray:
-    return value
+        return (np.asarray, (self.result(),))  # the model itself
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,6 +3,8 @@ in-memory training's models, centralised model and test rows, without its rows."
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -246,7 +248,8 @@ def test_the_pass_beside_holds_every_block_s_sums(background, monkeypatch) -> No
     assert isinstance(beside, streamed._ReferenceBeside)
     reference, one_pass = beside._reference, beside._pass
     assert reference is not None
-    beside.result()
+    model = beside.result()
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(beside)), model)  # the model itself
     assert one_pass.taken.value >= len(reference.blocks)
     rows = (reference.stream, reference.fitted, reference.kept)
     for index, block in enumerate(reference.blocks):
