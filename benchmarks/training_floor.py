@@ -53,8 +53,19 @@ import numpy as np
 ROWS_PER_PEER, TEST_ROWS, FEATURES, SEED = 20, 2000, 57, 2026
 
 #: Per-block steps, in the order they run; ``lognormal`` and ``normals`` are parts of
-#: ``draw`` (the normals of the lognormal), timed on their own.
-STEPS = ("bounds", "draw", "lognormal", "normals", "transform", "fits", "sums_zero", "sums")
+#: ``draw`` (the normals of the lognormal), timed on their own; ``features`` is the draw
+#: without the labels (the reference's later passes, which keep them).
+STEPS = (
+    "bounds",
+    "draw",
+    "lognormal",
+    "normals",
+    "features",
+    "transform",
+    "fits",
+    "sums_zero",
+    "sums",
+)
 
 
 def scenario(peers: int) -> Any:
@@ -92,6 +103,7 @@ def per_block(peers: int, sample: int) -> dict[str, float]:
     from p2pdp.data.synthetic import (
         SYNTHETIC_BLOCK_ROWS,
         synthetic_block_bounds,
+        synthetic_block_features,
         synthetic_block_logged,
         synthetic_seed,
     )
@@ -132,6 +144,8 @@ def per_block(peers: int, sample: int) -> dict[str, float]:
                 np.random.default_rng(seed).standard_normal(size=shape)
             with timed("lognormal"):
                 np.random.default_rng(seed).lognormal(mean=0.0, sigma=1.0, size=shape)
+            with timed("features"):
+                synthetic_block_features(seed_seq, block, n_total=n_total, n_features=d)
             with timed("draw"):
                 _, logged, labels = synthetic_block_logged(
                     seed_seq, block, n_total=n_total, n_features=d
@@ -161,7 +175,7 @@ def passes_of_training(peers: int, workers: int) -> tuple[list[tuple[str, float,
     """:func:`~p2pdp.tasks.streamed.train_in_blocks` at ``peers`` peers on ``workers`` local
     workers: each pass's ``(phase, CPU s, wall s)``, CPU including the workers', and the
     total wall seconds."""
-    from p2pdp.core.parallel import Background, local_workers
+    from p2pdp.core.parallel import local_workers
     from p2pdp.tasks import streamed
 
     marks: list[tuple[str, float, float]] = []
@@ -176,7 +190,7 @@ def passes_of_training(peers: int, workers: int) -> tuple[list[tuple[str, float,
         with local_workers(workers):
             start = time.perf_counter()
             trained = streamed.train_in_blocks(scenario(peers), fold=0)
-            if isinstance(trained.centralized, Background):  # its passes, waited for here
+            if not isinstance(trained.centralized, np.ndarray):  # its passes, waited for here
                 phase("training: centralised reference, in the background")
                 trained.centralized.result()
             marks.append(("end", cpu(), time.perf_counter()))
@@ -193,22 +207,24 @@ def predicted(steps: dict[str, float], peers: int, reference_passes: int) -> dic
     """CPU seconds of each pass of the training at ``peers`` peers predicted from the
     per-block ``steps``: the bounds' pass, the fits' pass (its draw, transform, fits and the
     reference's sums at ``w = 0``), ``reference_passes`` later passes (sums over every block,
-    a draw and a transform for each block not kept), and the floor (draw, transform, fits
-    once)."""
+    a draw of its features and a transform for each block not kept), and the floor (draw,
+    transform, fits once)."""
     from p2pdp.data.synthetic import SYNTHETIC_BLOCK_ROWS
     from p2pdp.tasks.streamed import KEPT_ROWS_BYTES
 
     rows = ROWS_PER_PEER * peers
     blocks = math.ceil(rows / SYNTHETIC_BLOCK_ROWS)
-    kept = min(blocks, KEPT_ROWS_BYTES // (8 * (FEATURES + 2) * SYNTHETIC_BLOCK_ROWS))
+    kept_bytes = KEPT_ROWS_BYTES - rows  # every label, a byte each (streamed._Kept)
+    kept = min(blocks, max(kept_bytes, 0) // (8 * (FEATURES + 1) * SYNTHETIC_BLOCK_ROWS))
     once = steps["draw"] + steps["transform"]
+    again = steps["features"] + steps["transform"]
     return {
         "blocks": blocks,
         "kept_blocks": kept,
         "bounds": blocks * steps["bounds"],
         "fits_pass": blocks * (once + steps["fits"] + steps["sums_zero"]),
-        "reference": reference_passes * (blocks * steps["sums"] + (blocks - kept) * once),
-        "redraws": reference_passes * (blocks - kept) * once,
+        "reference": reference_passes * (blocks * steps["sums"] + (blocks - kept) * again),
+        "redraws": reference_passes * (blocks - kept) * again,
         "floor": blocks * (once + steps["fits"]),
     }
 

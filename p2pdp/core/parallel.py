@@ -31,7 +31,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -44,6 +44,7 @@ _WORKERS: contextvars.ContextVar[int] = contextvars.ContextVar("local_workers", 
 _S = TypeVar("_S")
 _I = TypeVar("_I")
 _R = TypeVar("_R")
+_R_co = TypeVar("_R_co", covariant=True)
 
 #: ``(function, shared)`` of the running :func:`forked_map`, read by its forked workers.
 _TASK: tuple[Callable[[Any, Any], Any], Any] | None = None
@@ -392,6 +393,17 @@ class Background(Generic[_R]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_value, (self.result(),))
+
+
+class Pending(Protocol[_R_co]):
+    """A value still being computed in other processes: a :class:`Background`, or an object
+    driving one (the large run's centralised reference, :mod:`p2pdp.tasks.streamed`).
+    :meth:`hurry` says it is read soon; :meth:`result` waits for it (and may compute part of
+    it in this process)."""
+
+    def hurry(self) -> None: ...
+
+    def result(self) -> _R_co: ...
 
 
 def _value(value: _R) -> _R:

@@ -22,7 +22,7 @@ import numpy as np
 from p2pdp.config import ScenarioConfig
 from p2pdp.core.boundary import calling, check_numbers, check_type
 from p2pdp.core.errors import ConfigError
-from p2pdp.core.parallel import Background, current_workers, in_background
+from p2pdp.core.parallel import Pending, current_workers, in_background
 from p2pdp.core.rng import generator
 from p2pdp.data.loaders import RawData, load_data
 from p2pdp.data.partition import (
@@ -66,7 +66,8 @@ class TrainedPeers:
 
     ``reference`` is the non-private model fitted on all of the fold's training rows, the
     upper reference line of every accuracy result (d,), or the
-    :class:`~p2pdp.core.parallel.Background` solving it (:func:`train_peers`); read it as
+    :class:`~p2pdp.core.parallel.Pending` value being solved (:func:`train_peers`,
+    :func:`~p2pdp.tasks.streamed.train_in_blocks`); read it as
     :attr:`centralized`. ``key`` is the :func:`training_key` it was prepared for (``None`` if
     built by hand): a simulation refuses models of another key. ``cache`` holds what a task
     computes lazily from this training and reuses across cells.
@@ -75,7 +76,7 @@ class TrainedPeers:
     fold: FoldData
     shards: tuple[np.ndarray, ...]
     models: LocalModels
-    reference: np.ndarray | Background[np.ndarray] = field(compare=False)
+    reference: np.ndarray | Pending[np.ndarray] = field(compare=False)
     key: tuple | None = None
     #: Lazily computed, per-training-key extras a task shares between the runs of this fold
     #: (e.g. the logistic task's k-fold refits of the own models); not part of equality.
@@ -100,15 +101,15 @@ class TrainedPeers:
     def centralized_soon(self) -> None:
         """The centralised model is read soon (:attr:`centralized`): if it is still being
         solved at idle priority, it now shares the cores with what comes first
-        (:meth:`Background.hurry <p2pdp.core.parallel.Background.hurry>`)."""
-        if isinstance(self.reference, Background):
+        (:meth:`Pending.hurry <p2pdp.core.parallel.Pending.hurry>`)."""
+        if not isinstance(self.reference, np.ndarray):
             self.reference.hurry()
 
     @property
     def centralized(self) -> np.ndarray:
         """The centralised model (d,), waiting for it if it is still being solved."""
         reference = self.reference
-        return reference.result() if isinstance(reference, Background) else reference
+        return reference if isinstance(reference, np.ndarray) else reference.result()
 
 
 def load_fold(
@@ -310,7 +311,7 @@ def train_peers(
         and len(fold.y_train) >= BACKGROUND_MIN_ROWS
         and type(model) is LogisticModel
     )
-    reference: np.ndarray | Background[np.ndarray] | None = (
+    reference: np.ndarray | Pending[np.ndarray] | None = (
         in_background(_centralised, everyone, what="the centralised reference model")
         if background
         else None

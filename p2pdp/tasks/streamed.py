@@ -18,19 +18,21 @@ rows only block by block can draw each block when it needs it and drop it after:
    them into shared memory
    (:func:`~p2pdp.core.parallel.shared_empty`), and gives back the rows of the shard that
    straddles each of its ends (fewer than a shard), which are solved here at the end. The
-   same pass gives the centralised reference's first Newton pass (at ``w = 0``).
+   same pass gives the centralised reference's first Newton pass (at ``w = 0``), and keeps
+   every label (one byte a row) and the first blocks' rows.
 3. **centralised reference**: the streamed Newton of :mod:`p2pdp.learning.models`
    (:func:`~p2pdp.learning.newton.newton_from_block_sums`), each further pass over the rows
-   drawing and transforming every block again but the first ones, which the fits' pass kept
-   (up to :data:`KEPT_ROWS_BYTES`, freed once these passes end), its gradient and Hessian sums
-   computed together (a Newton step's second pass at the same point is then free). The
-   last pass, which would only confirm that the last step reached the tolerance, is
-   skipped when a bound on the loss's third derivative certifies it
+   drawing and transforming the features of every block again (not its labels: kept,
+   :func:`~p2pdp.data.synthetic.synthetic_block_features`) but the first ones, which the
+   fits' pass kept (up to :data:`KEPT_ROWS_BYTES`, freed once these passes end), its
+   gradient and Hessian sums computed together (a Newton step's second pass at the same
+   point is then free). The last pass, which would only confirm that the last step reached
+   the tolerance, is skipped when a bound on the loss's third derivative certifies it
    (:func:`logistic_remainder`): the same model, one pass fewer (a million peers: 3 passes
    over the rows instead of 4). With several local workers (and at most
-   :data:`BACKGROUND_MAX_PEERS` peers) these passes run in one background process while the
-   simulation runs (:func:`~p2pdp.core.parallel.in_background`): the evaluation reads the
-   model.
+   :data:`BACKGROUND_MAX_PEERS` peers) the first of these passes runs in a background process
+   while the simulation runs (:func:`~p2pdp.core.parallel.in_background`), and in this
+   process too once the evaluation reads the model (:class:`_ReferenceBeside`).
 
 Blocks are shared out to the local worker processes (:func:`p2pdp.core.parallel.local_workers`).
 Every number is the in-memory training's (:func:`p2pdp.tasks.pipeline.train_peers`): the same
@@ -43,15 +45,16 @@ holds no training rows and no shard arrays; what reads them (a vote on the peers
 rows, posterior sampling, the best-lambda reference, an iterative protocol) loads them
 again (:meth:`TrainedPeers.training_rows <p2pdp.tasks.pipeline.TrainedPeers.training_rows>`).
 
-Memory: the local models (P, d), the kept rows (at most :data:`KEPT_ROWS_BYTES`) and, per
-worker, a block and its temporaries (about 0.2 GB), instead of every row (20 rows of 58
-features a peer: 9.3 GB at a million peers).
+Memory: the local models (P, d), the kept rows and labels (at most
+:data:`KEPT_ROWS_BYTES`) and, per worker, a block and its temporaries (about 0.2 GB),
+instead of every row (20 rows of 58 features a peer: 9.3 GB at a million peers).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,10 +66,12 @@ from p2pdp.core.boundary import check_numbers
 from p2pdp.core.errors import ConfigError
 from p2pdp.core.parallel import (
     Background,
+    Pending,
     current_workers,
     forked_map,
     forked_pool,
     in_background,
+    one_blas_thread,
     shared_empty,
 )
 from p2pdp.core.progress import set_phase
@@ -76,9 +81,10 @@ from p2pdp.data.preprocess import FittedPreprocessor, Preprocessor
 from p2pdp.data.synthetic import (
     SYNTHETIC_BLOCK_ROWS,
     synthetic_block_bounds,
+    synthetic_block_features,
     synthetic_block_logged,
 )
-from p2pdp.learning.models import MAX_NEWTON_STEPS, LocalModels, LogisticModel, one_blas_thread
+from p2pdp.learning.models import MAX_NEWTON_STEPS, LocalModels, LogisticModel
 from p2pdp.learning.newton import (
     STREAM_MIN_ROWS,
     BlockSums,
@@ -178,16 +184,18 @@ def _bounds_and_tests(
 def _training_block(
     stream: _Stream, fitted: FittedPreprocessor, block: int, kept: _Kept | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Block ``block``'s transformed training rows (m, d_out) and their labels (m,) float64,
-    written into the kept rows (:data:`_Kept`) if they have room for the block."""
+    """Block ``block``'s transformed training rows (m, d_out) and their labels (m,) float64;
+    with ``kept`` (:data:`_Kept`), the labels written into its labels and the rows into its
+    rows if they have room for the block."""
     seed_seq, n_total, d, n_rows = stream
     _, logged, y = synthetic_block_logged(seed_seq, block, n_total=n_total, n_features=d)
     cut = min(len(y), n_rows - block * SYNTHETIC_BLOCK_ROWS)
     rows = slice(block * SYNTHETIC_BLOCK_ROWS, block * SYNTHETIC_BLOCK_ROWS + cut)
-    if kept is None or rows.stop > len(kept[1]):
-        return fitted.transform_logged(logged[:cut]), y[:cut].astype(np.float64)
-    kept[1][rows] = y[:cut]
-    return fitted.transform_logged(logged[:cut], out=kept[0][rows]), kept[1][rows]
+    out = None
+    if kept is not None:
+        kept[1][rows] = y[:cut]
+        out = kept[0][rows] if rows.stop <= len(kept[0]) else None
+    return fitted.transform_logged(logged[:cut], out=out), y[:cut].astype(np.float64)
 
 
 #: A block's share of the fits: (Newton steps, head rows (X, y) of the shard it continues,
@@ -203,15 +211,17 @@ _Fitted = tuple[
 ]
 
 
-#: Rows the reference's later passes may keep instead of drawing again: the first blocks'
-#: transformed rows, up to this many bytes (2 GiB: every row up to about 4.6 million rows,
-#: 230,000 peers of 20 rows, and a fifth of a million peers' rows), held only while the
-#: reference's passes run (beside the simulation up to :data:`BACKGROUND_MAX_PEERS` peers:
-#: at a million peers the simulation holds the local models and the releases, about 1.4
-#: GiB, so the whole stays under 4 GiB).
+#: Rows the reference's later passes may keep instead of drawing again: every training
+#: row's label and the first blocks' transformed rows, up to this many bytes in all (2 GiB:
+#: every row up to about 4.6 million rows, 230,000 peers of 20 rows, and a fifth of a
+#: million peers' rows), held only while the reference's passes run (beside the simulation
+#: up to :data:`BACKGROUND_MAX_PEERS` peers: at a million peers the simulation holds the
+#: local models and the releases, about 1.4 GiB, so the whole stays under 4 GiB).
 KEPT_ROWS_BYTES = 2 * 2**30
 
-#: The kept rows (k B, d_out) and labels (k B,) float64 of the first k blocks.
+#: The kept rows (k B, d_out) float64 of the first k blocks, and the labels (n,) int8 of
+#: every training row (written by the fits' pass: a block drawn again for the reference then
+#: draws only its features, :func:`~p2pdp.data.synthetic.synthetic_block_features`).
 _Kept = tuple[np.ndarray, np.ndarray]
 
 
@@ -264,11 +274,14 @@ def _reference_block(
     and its Hessian sum at the model ``item[1]`` (d_out,)."""
     stream, fitted, kept = shared
     block, w = item
-    rows = slice(block * SYNTHETIC_BLOCK_ROWS, (block + 1) * SYNTHETIC_BLOCK_ROWS)
-    if rows.start < len(kept[1]):
-        X, y = kept[0][rows], kept[1][rows]
+    seed_seq, n_total, d, n_rows = stream
+    rows = slice(block * SYNTHETIC_BLOCK_ROWS, min((block + 1) * SYNTHETIC_BLOCK_ROWS, n_rows))
+    y = kept[1][rows].astype(np.float64)
+    if rows.stop <= len(kept[0]):
+        X = kept[0][rows]
     else:
-        X, y = _training_block(stream, fitted, block)
+        _, logged = synthetic_block_features(seed_seq, block, n_total=n_total, n_features=d)
+        X = fitted.transform_logged(logged[: len(y)])
     return block_sums(X, y, w), block_hessian(X, w)
 
 
@@ -301,25 +314,37 @@ def logistic_remainder(
     return bounds
 
 
+class _Unknown(Exception):
+    """A pass at a point ``w`` (d_out,) whose sums are not known (:class:`_ReferencePasses`
+    without pieces)."""
+
+    def __init__(self, w: np.ndarray) -> None:
+        super().__init__("a pass over the rows at a point not known yet")
+        self.w = w
+
+
 class _ReferencePasses:
     """``block_sums(w, hessian)`` of :func:`~p2pdp.learning.newton.newton_from_block_sums`
     over blocks drawn again: one pass gives a point's loss, gradient and Hessian sums, kept
-    for the Newton step's next call at the same point (at ``w = 0`` from the fits' pass)."""
+    for the Newton step's next call at the same point (``known``: at ``w = 0`` from the fits'
+    pass, and any pass computed before). With ``pieces`` None, a point not known raises
+    :class:`_Unknown`."""
 
     def __init__(
         self,
         pieces: Any,
         blocks: Sequence[int],
-        zero: tuple[list[BlockSums], list[np.ndarray]],
+        known: dict[bytes, tuple[list[BlockSums], list[np.ndarray]]],
     ) -> None:
         self._pieces, self._blocks = pieces, blocks
-        self._known: dict[bytes, tuple[list[BlockSums], list[np.ndarray]]] = {}
-        self._known[np.zeros(len(zero[1][0])).tobytes()] = zero
+        self._known = dict(known)
         self.passes = 0
 
     def __call__(self, w: np.ndarray, hessian: bool) -> Sequence[BlockSums]:
         key = np.asarray(w, dtype=np.float64).tobytes()
         if key not in self._known:
+            if self._pieces is None:
+                raise _Unknown(np.array(w, dtype=np.float64))
             self.passes += 1
             set_phase(f"training: centralised reference, pass {self.passes + 2} over the rows")
             sums = self._pieces([(block, w) for block in self._blocks])
@@ -328,11 +353,11 @@ class _ReferencePasses:
 
 
 #: Up to this many peers, a training in blocks on several local workers solves the
-#: centralised reference's later passes in a background process (:func:`in_background
-#: <p2pdp.core.parallel.in_background>`, one core, at idle priority until the evaluation
-#: reads the model), which the simulation (one process) leaves a core for, instead of on
-#: every worker before the simulation: at a million peers, about 28 s of CPU that no longer
-#: hold up the simulation. It holds the kept rows (:data:`KEPT_ROWS_BYTES`) until it ends;
+#: centralised reference's later passes beside the simulation (:class:`_ReferenceBeside`:
+#: a background process at idle priority until the evaluation says it reads the model, and
+#: then this process too, once its evaluation is done), instead of on every worker before
+#: the simulation: at a million peers, about 28 s of CPU that no longer hold up the
+#: simulation. The kept rows (:data:`KEPT_ROWS_BYTES`) are held until the passes end;
 #: beyond this many peers the simulation's own peak (13.2 GiB at ten million) leaves no
 #: room for them, and the passes run on the workers, before the simulation, as they did.
 BACKGROUND_MAX_PEERS = 2_000_000
@@ -353,38 +378,138 @@ class _Reference:
     lam: float
     remainder: Callable[[np.ndarray], tuple[float, float]]
 
+    def known(self) -> dict[bytes, tuple[list[BlockSums], list[np.ndarray]]]:
+        """The passes known from the fits' pass: the one at ``w = 0``."""
+        return {np.zeros(len(self.zero[1][0])).tobytes(): self.zero}
 
-def _solve_reference(reference: _Reference) -> np.ndarray:
-    """The centralised model (d_out,): the streamed Newton from the sums at ``w = 0``, each
-    later pass over the kept blocks and the others drawn again, on the local workers (one in
-    a background process); the same model for any number of them (sums in block order)."""
-    stream, fitted, kept = reference.stream, reference.fitted, reference.kept
-    with forked_pool(_reference_block, (stream, fitted, kept), workers=current_workers()) as pieces:
-        passes = _ReferencePasses(pieces, reference.blocks, reference.zero)
-        centralized, _, _ = newton_from_block_sums(
-            passes,
-            stream[3],
-            fitted.n_features_out,
-            reference.lam,
-            LogisticModel.gradient_tolerance,
-            MAX_NEWTON_STEPS,
-            0,
-            remainder=reference.remainder,
-        )
+
+def _newton(reference: _Reference, passes: _ReferencePasses) -> np.ndarray:
+    """The centralised model (d_out,): the streamed Newton over ``passes``."""
+    stream, fitted = reference.stream, reference.fitted
+    centralized, _, _ = newton_from_block_sums(
+        passes,
+        stream[3],
+        fitted.n_features_out,
+        reference.lam,
+        LogisticModel.gradient_tolerance,
+        MAX_NEWTON_STEPS,
+        0,
+        remainder=reference.remainder,
+    )
     return centralized
+
+
+def _solve_reference(
+    reference: _Reference,
+    known: dict[bytes, tuple[list[BlockSums], list[np.ndarray]]] | None = None,
+) -> np.ndarray:
+    """The centralised model (d_out,): the streamed Newton from the sums at ``w = 0`` (and
+    the passes ``known``), each later pass over the kept blocks and the others drawn again,
+    on the local workers; the same model for any number of them (sums in block order)."""
+    stream, fitted, kept = reference.stream, reference.fitted, reference.kept
+    known = {**reference.known(), **(known or {})}
+    with forked_pool(_reference_block, (stream, fitted, kept), workers=current_workers()) as pieces:
+        return _newton(reference, _ReferencePasses(pieces, reference.blocks, known))
+
+
+@dataclass(frozen=True, slots=True)
+class _SharedPass:
+    """One pass of the reference at the point ``w`` (d_out,), its blocks shared out to the
+    processes that compute it: each takes the next block not taken (``taken``, a counter in
+    shared memory with its lock) and writes the block's loss ``(B,)``, gradient ``(B,
+    d_out)`` and Hessian ``(B, d_out, d_out)`` sums into shared memory, B training blocks."""
+
+    w: np.ndarray
+    taken: Any  # multiprocessing.Value("q")
+    losses: np.ndarray
+    gradients: np.ndarray
+    hessians: np.ndarray
+
+    @classmethod
+    def at(cls, w: np.ndarray, blocks: int) -> _SharedPass:
+        taken = multiprocessing.get_context("fork").Value("q", 0)
+        d = len(w)
+        sums = shared_empty((blocks,)), shared_empty((blocks, d)), shared_empty((blocks, d, d))
+        return cls(w, taken, *sums)
+
+    def sums(self) -> tuple[list[BlockSums], list[np.ndarray]]:
+        """The pass's sums (:class:`_ReferencePasses`), once every block is done."""
+        pairs = zip(self.losses, self.gradients, strict=True)
+        return [(float(loss), gradient) for loss, gradient in pairs], list(self.hessians)
+
+
+def _take_blocks(shared: tuple[_Reference, _SharedPass]) -> None:
+    """Compute blocks of the pass ``shared[1]``, the next one not taken each time, until
+    every block is taken. One BLAS thread: the sums are those of the pool's workers
+    (:func:`_reference_block`)."""
+    reference, one_pass = shared
+    rows = (reference.stream, reference.fitted, reference.kept)
+    with one_blas_thread():
+        while True:
+            with one_pass.taken.get_lock():
+                index = one_pass.taken.value
+                one_pass.taken.value = index + 1
+            if index >= len(reference.blocks):
+                return
+            block = reference.blocks[index]
+            (loss, gradient), hessian = _reference_block(rows, (block, one_pass.w))
+            one_pass.losses[index], one_pass.gradients[index] = loss, gradient
+            one_pass.hessians[index] = hessian
+
+
+class _ReferenceBeside:
+    """The centralised model (d_out,), its first later pass computed beside the simulation
+    (a :class:`~p2pdp.core.parallel.Pending` value, :data:`BACKGROUND_MAX_PEERS`).
+
+    The pass's point ``w`` (d_out,) is known as the fits' pass ends (the Newton from the sums
+    at ``w = 0`` up to its first pass at another point: :class:`_Unknown`); its blocks are
+    taken one at a time (:class:`_SharedPass`) by a background process (:func:`in_background
+    <p2pdp.core.parallel.in_background>`: at idle priority, the simulation keeps the cores
+    busy, until :meth:`hurry`) and, from :meth:`result` on, by this process too, whose
+    evaluation is then done and leaves its core to the pass. Any later pass (none at a
+    million peers: the step after it is certified) runs on the local workers there
+    (:func:`_solve_reference`). The same sums in block order: the same model."""
+
+    def __init__(self, reference: _Reference, w: np.ndarray) -> None:
+        self._reference: _Reference | None = reference
+        self._pass = _SharedPass.at(w, len(reference.blocks))
+        with one_blas_thread():  # the background process inherits it (one_blas_thread)
+            self._background = in_background(
+                _take_blocks, (reference, self._pass), what="the centralised reference's pass"
+            )
+        self._done: np.ndarray | None = None
+
+    def hurry(self) -> None:
+        if isinstance(self._background, Background):
+            self._background.hurry()
+
+    def result(self) -> np.ndarray:
+        if self._done is None:
+            assert self._reference is not None
+            self.hurry()
+            _take_blocks((self._reference, self._pass))  # the blocks still untaken
+            if isinstance(self._background, Background):
+                self._background.result()  # and those it took, done
+            known = {self._pass.w.tobytes(): self._pass.sums()}
+            self._done = _solve_reference(self._reference, known)
+            self._reference = None  # the kept rows, freed
+        return self._done
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (np.asarray, (self.result(),))  # the model itself
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockTraining:
     """What a training drawn in blocks (:func:`train_in_blocks`) gives: every peer's exact
-    local model, the centralised model (d_out,) (or the :class:`~p2pdp.core.parallel.Background`
-    computing it: :data:`BACKGROUND_MAX_PEERS`), the transformed test rows ``X_test``
+    local model, the centralised model (d_out,) (or the :class:`~p2pdp.core.parallel.Pending`
+    value computing it: :data:`BACKGROUND_MAX_PEERS`), the transformed test rows ``X_test``
     (n_test, d_out) and labels ``y_test`` (n_test,) int8 in {-1, +1}, and whether the
     transform's bounds came from the training rows (always: min-max bounds, ``data.bounds
     = "data"``)."""
 
     models: LocalModels
-    centralized: np.ndarray | Background[np.ndarray]
+    centralized: np.ndarray | Pending[np.ndarray]
     X_test: np.ndarray
     y_test: np.ndarray
     data_dependent_bounds: bool
@@ -439,9 +564,9 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
     empty = shared_empty if many else np.empty
     weights, norms = empty((n_peers, d_out)), empty((n_peers,))
     lam = config.training.lam
-    kept_blocks = KEPT_ROWS_BYTES // (8 * (d_out + 1) * SYNTHETIC_BLOCK_ROWS)
-    kept_rows = min(n, kept_blocks * SYNTHETIC_BLOCK_ROWS)  # whole blocks
-    kept = (empty((kept_rows, d_out)), empty((kept_rows,)))
+    kept_blocks = (KEPT_ROWS_BYTES - n) // (8 * d_out * SYNTHETIC_BLOCK_ROWS)  # n labels
+    kept_rows = min(n, max(kept_blocks, 0) * SYNTHETIC_BLOCK_ROWS)  # whole blocks
+    kept = (empty((kept_rows, d_out)), empty((n,), np.int8))
     with one_blas_thread():
         parts = forked_map(
             _fit_block,
@@ -464,12 +589,15 @@ def train_in_blocks(config: ScenarioConfig, *, fold: int) -> BlockTraining:
     remainder = logistic_remainder(4 * np.sum(zero[1], axis=0) / n, max(p[5] for p in parts))
     del parts
     reference = _Reference(stream, fitted, kept, training, zero, lam, remainder)
-    del kept  # held by the reference's passes (in its background process: until they end)
-    centralized: np.ndarray | Background[np.ndarray] = (
-        in_background(_solve_reference, reference, what="the centralised reference model")
-        if workers > 1 and n_peers <= BACKGROUND_MAX_PEERS
-        else _solve_reference(reference)
-    )
+    del kept  # held by the reference's passes (until they end)
+    centralized: np.ndarray | Pending[np.ndarray]
+    if workers > 1 and n_peers <= BACKGROUND_MAX_PEERS:
+        try:  # the Newton from the sums at w = 0, up to its first pass at another point
+            centralized = _newton(reference, _ReferencePasses(None, training, reference.known()))
+        except _Unknown as unknown:
+            centralized = _ReferenceBeside(reference, unknown.w)
+    else:
+        centralized = _solve_reference(reference)
     return BlockTraining(
         models=models,
         centralized=centralized,

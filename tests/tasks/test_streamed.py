@@ -3,10 +3,12 @@ in-memory training's models, centralised model and test rows, without its rows."
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
-from p2pdp.core.parallel import Background, local_workers
+from p2pdp.core.parallel import local_workers
 from p2pdp.data import synthetic
 from p2pdp.data.partition import contiguous_starts
 from p2pdp.data.preprocess import Preprocessor
@@ -14,6 +16,7 @@ from p2pdp.data.synthetic import (
     SYNTHETIC_BLOCK_ROWS,
     synthetic_block,
     synthetic_block_bounds,
+    synthetic_block_features,
     synthetic_block_logged,
 )
 from p2pdp.experiments.run.simulation import simulate
@@ -177,25 +180,40 @@ def test_the_reference_draws_again_only_the_blocks_not_kept(kept, monkeypatch) -
     """The bounds' pass draws the block with test rows whole and the fits' pass the 4
     training blocks; the reference's later passes (one at each Newton step's point but the
     last, whose gradient a bound certifies: 2 here) draw no block when every one is kept,
-    and only the 2 not kept otherwise."""
-    calls = []
+    and only the features of the 2 not kept otherwise (their labels kept by the fits' pass)."""
+    calls, features = [], []
 
     def counted(*args, **kwargs):
         calls.append(args[1])
         return synthetic_block_logged(*args, **kwargs)
 
+    def counted_features(*args, **kwargs):
+        features.append(args[1])
+        return synthetic_block_features(*args, **kwargs)
+
     monkeypatch.setattr(streamed, "synthetic_block_logged", counted)
+    monkeypatch.setattr(streamed, "synthetic_block_features", counted_features)
     if kept is not None:
         monkeypatch.setattr(
             streamed, "KEPT_ROWS_BYTES", kept * 8 * (FEATURES + 2) * SYNTHETIC_BLOCK_ROWS
         )
     pipeline.prepare_peers(config(), fold=0)
-    assert calls[:5] == [3, 0, 1, 2, 3]
-    again = calls[5:]
+    assert calls == [3, 0, 1, 2, 3]
     if kept is None:
-        assert again == []
+        assert features == []
     else:
-        assert len(again) >= 4 and again == [2, 3] * (len(again) // 2)
+        assert len(features) >= 4 and features == [2, 3] * (len(features) // 2)
+
+
+def test_a_block_s_features_are_those_of_its_rows() -> None:
+    """The features drawn without the labels are the block's (the same stream, the labels
+    drawn after them)."""
+    seed_seq = np.random.SeedSequence(11)
+    for block in (0, 2):
+        X, logged, _ = synthetic_block_logged(seed_seq, block, n_total=150_000, n_features=4)
+        X2, logged2 = synthetic_block_features(seed_seq, block, n_total=150_000, n_features=4)
+        np.testing.assert_array_equal(X2, X)  # the same draws: exact
+        np.testing.assert_allclose(logged2, logged, rtol=1e-15, atol=0)
 
 
 @pytest.mark.parametrize("most", [PEERS, PEERS - 1])
@@ -208,12 +226,37 @@ def test_the_reference_s_passes_run_beside_the_simulation_up_to_a_peer_count(
     monkeypatch.setattr(streamed, "BACKGROUND_MAX_PEERS", most)
     with local_workers(2):
         trained = streamed.train_in_blocks(config(), fold=0)
-    background = isinstance(trained.centralized, Background)
+    background = not isinstance(trained.centralized, np.ndarray)
     assert background == (PEERS <= most)
     centralized = trained.centralized.result() if background else trained.centralized
     np.testing.assert_allclose(centralized, in_memory.centralized, rtol=0, atol=1e-12)
     with local_workers(1):  # one worker: nothing runs beside
-        assert not isinstance(streamed.train_in_blocks(config(), fold=0).centralized, Background)
+        assert isinstance(streamed.train_in_blocks(config(), fold=0).centralized, np.ndarray)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_the_pass_beside_holds_every_block_s_sums(background, monkeypatch) -> None:
+    """The reference's pass beside the simulation, its blocks taken one at a time by the
+    background process and by this one when it reads the model (here: all of them when the
+    background takes none), holds every block's sums at its point, those of the pool's
+    pieces (to 1e-12: the Newton after it converges to the same model even from a wrong
+    Hessian, so the model alone would not tell)."""
+    if not background:  # a background process that takes no block: this one takes them all
+        monkeypatch.setattr(streamed, "in_background", lambda function, shared, *, what: 0)
+    with local_workers(2):
+        beside = streamed.train_in_blocks(config(), fold=0).centralized
+    assert isinstance(beside, streamed._ReferenceBeside)
+    reference, one_pass = beside._reference, beside._pass
+    assert reference is not None
+    model = beside.result()
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(beside)), model)  # the model itself
+    assert one_pass.taken.value >= len(reference.blocks)
+    rows = (reference.stream, reference.fitted, reference.kept)
+    for index, block in enumerate(reference.blocks):
+        (loss, gradient), hessian = streamed._reference_block(rows, (block, one_pass.w))
+        assert one_pass.losses[index] == pytest.approx(loss, rel=1e-12)
+        np.testing.assert_allclose(one_pass.gradients[index], gradient, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(one_pass.hessians[index], hessian, rtol=1e-12, atol=1e-12)
 
 
 def logistic_rows(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
