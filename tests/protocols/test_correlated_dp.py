@@ -773,11 +773,12 @@ def test_the_rows_scaled_unit_views_equal_the_views_computed_at_the_runs_noise()
 def test_a_threat_model_run_computes_its_views_once(monkeypatch) -> None:
     """The row's columns find the calibration's views at z = 1 again (one computation per
     cell): keyed by the configured ratio, not by z_p / z recomputed from the
-    drawn z_p, which here differs from 3.0 in its last bit."""
+    drawn z_p, which here differs from 3.0 in its last bit (at epsilon = 4: the calibration's
+    rounding decides which budgets do; the first assert checks the premise)."""
     base = _config(
         noise_multiplier=None, pairwise_noise_multiplier=3.0, threat_model="eavesdropper"
     )
-    config = dataclasses.replace(base, privacy=dataclasses.replace(base.privacy, epsilon=3.0))
+    config = dataclasses.replace(base, privacy=dataclasses.replace(base.privacy, epsilon=4.0))
     monkeypatch.setattr(correlated_dp, "_UNIT_KAPPAS", {})
     built = []
     compute = correlated_dp.filtered_worst_kappas
