@@ -230,7 +230,10 @@ def scale_run(sampler: str, peers: int, workers: int, done: list[dict], limit: f
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--peers", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument(
+        "--peers", type=int, nargs="*", default=[1000, 10_000, 100_000],
+        help="peer counts to run (none: only join the --add tables into --out)",
+    )  # fmt: skip
     parser.add_argument(
         "--samplers", nargs="+", choices=("central", "gossip"), default=["central", "gossip"]
     )

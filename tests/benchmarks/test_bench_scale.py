@@ -72,6 +72,12 @@ def test_rows_of_an_earlier_table_join_the_new_table_and_figure(tmp_path):
     rows = list(csv.DictReader(out.with_suffix(".csv").open()))
     assert rows[1]["load_mean"] == "" and float(rows[0]["load_mean"]) > 0
     assert out.with_suffix(".png").stat().st_size > 10_000
+    joined = tmp_path / "joined"  # no peers to run: the tables joined, nothing measured
+    done = scale("--peers", "--add", str(earlier.with_suffix(".csv")), str(out.with_suffix(".csv")),
+                 "--out", str(joined))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [row["peers"] for row in csv.DictReader(joined.with_suffix(".csv").open())] == [
+        "80", "40", "80"]  # fmt: skip
 
     other = tmp_path / "other.csv"
     other.write_text("peers,wall_s\n100,1.5\n")

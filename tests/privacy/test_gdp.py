@@ -258,7 +258,8 @@ def mp_delta(epsilon: float, mu: float, mp) -> object:
 def test_epsilon_is_an_upper_bound_on_the_exact_root(mu: float, delta: float, tightness) -> None:
     """Independent check in high precision (mpmath): delta(epsilon) <= delta at the value
     returned (it is not below the exact root), and delta(epsilon (1 - tightness)) > delta."""
-    mpmath = pytest.importorskip("mpmath")
+    import mpmath  # installed with dp-accounting, a dependency: never skipped
+
     with mpmath.workdps(60):
         epsilon = float(gdp_epsilon(mu, delta))
         assert mp_delta(epsilon, mu, mpmath) <= delta
