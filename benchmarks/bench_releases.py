@@ -37,32 +37,16 @@ def _memory() -> tuple[float, float]:
 
 
 def run(peers: int, workers: int) -> dict:
-    from p2pdp.config import ScenarioConfig
+    from bench_simulation import config_of
+
     from p2pdp.core.parallel import local_workers
-    from p2pdp.data.settings import DataConfig, PartitionConfig
     from p2pdp.experiments.results.tables import ColumnTable
     from p2pdp.experiments.run.oneshot import _outcome
     from p2pdp.experiments.run.result import ReleaseLog
-    from p2pdp.learning.settings import EvaluationConfig
-    from p2pdp.privacy.settings import PrivacyConfig
-    from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
     from p2pdp.sim.world import World
     from p2pdp.tasks import make_task, release_path, sensitivity_of
 
-    config = ScenarioConfig(
-        seed=2026,
-        data=DataConfig(
-            dataset="synthetic",
-            synthetic_rows=20 * peers,
-            synthetic_test_rows=2000,
-            synthetic_features=57,
-        ),
-        partition=PartitionConfig(n_peers=peers, scheme="contiguous"),
-        privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=0.1),
-        groups=GroupsConfig(group_size=10),
-        publication=PublicationConfig(mode="full"),
-        evaluation=EvaluationConfig(split="fixed"),
-    )
+    config = config_of("synthetic", peers)  # bench_simulation's synthetic workload
     row: dict = {"peers": peers, "workers": workers}
 
     def phase(name: str, start: float) -> None:

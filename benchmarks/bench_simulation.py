@@ -46,26 +46,21 @@ def _peak_mb(who: int = resource.RUSAGE_SELF) -> float:
     return resource.getrusage(who).ru_maxrss / 1024  # Linux: KiB
 
 
-def run_one(
+def config_of(
     dataset: str,
     peers: int,
-    group_size: int,
-    publication: str,
+    group_size: int = 10,
+    publication: str = "full",
     sampler: str = "central",
-    workers: int = 1,
     protocol: str = "one-shot",
-) -> dict:
-    """One configuration, in the current process."""
+) -> Any:
+    """The benchmark's configuration (a ``ScenarioConfig``): epsilon = 1, epsilon_A = 0.1, on
+    ``dataset`` (``synthetic``: ``ROWS_PER_PEER`` rows per peer, d = 58 with the bias)."""
     from p2pdp.config import ScenarioConfig
-    from p2pdp.core.parallel import local_workers
     from p2pdp.data.settings import DataConfig, PartitionConfig
-    from p2pdp.experiments.run import iterative as iterative_run
-    from p2pdp.experiments.run import oneshot, phases
-    from p2pdp.experiments.run.simulation import simulate
     from p2pdp.learning.settings import EvaluationConfig
     from p2pdp.privacy.settings import PrivacyConfig
     from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
-    from p2pdp.tasks.pipeline import prepare_peers
 
     if dataset == "synthetic":
         data = DataConfig(
@@ -79,7 +74,7 @@ def run_one(
         data = DataConfig(dataset=dataset)
         evaluation = EvaluationConfig(split="fixed" if dataset == "adult" else "cv")
     iterative = protocol != "one-shot"
-    config = ScenarioConfig(
+    return ScenarioConfig(
         seed=2026,
         data=data,
         # synthetic rows are iid draws: shards of consecutive rows are iid too, and let the
@@ -97,6 +92,25 @@ def run_one(
         evaluation=evaluation,
         protocol={"name": protocol, **({"rounds": 50, "eval_every": 10} if iterative else {})},
     )
+
+
+def run_one(
+    dataset: str,
+    peers: int,
+    group_size: int,
+    publication: str,
+    sampler: str = "central",
+    workers: int = 1,
+    protocol: str = "one-shot",
+) -> dict:
+    """One configuration (:func:`config_of`), in the current process."""
+    from p2pdp.core.parallel import local_workers
+    from p2pdp.experiments.run import iterative as iterative_run
+    from p2pdp.experiments.run import oneshot, phases
+    from p2pdp.experiments.run.simulation import simulate
+    from p2pdp.tasks.pipeline import prepare_peers
+
+    config = config_of(dataset, peers, group_size, publication, sampler, protocol)
     peaks = {}  # peak memory (MiB) by the start of each phase simulate() names
     named = phases.set_phase
 

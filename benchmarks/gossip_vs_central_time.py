@@ -28,36 +28,21 @@ import time
 from queue import Empty
 from typing import Any
 
-from p2pdp.config import ScenarioConfig
+import bench_simulation
+
 from p2pdp.core.parallel import local_workers
-from p2pdp.data.settings import DataConfig, PartitionConfig
 from p2pdp.experiments.run import phases
 from p2pdp.experiments.run.simulation import simulate
-from p2pdp.learning.settings import EvaluationConfig
-from p2pdp.privacy.settings import PrivacyConfig
-from p2pdp.protocols.settings import GroupsConfig, PublicationConfig
 from p2pdp.tasks.pipeline import prepare_peers
 
 
-def config_of(peers: int, sampler: str) -> ScenarioConfig:
-    """``bench_scale.py``'s configuration at ``peers`` peers with ``sampler``."""
-    return ScenarioConfig(
-        seed=2026,
-        data=DataConfig(
-            dataset="synthetic",
-            synthetic_rows=20 * peers,
-            synthetic_test_rows=2000,
-            synthetic_features=57,
-        ),
-        partition=PartitionConfig(n_peers=peers, scheme="contiguous"),
-        privacy=PrivacyConfig(epsilon=1.0, epsilon_per_aggregation=0.1),
-        groups=GroupsConfig(group_size=10, sampler=sampler),
-        publication=PublicationConfig(mode="full"),
-        evaluation=EvaluationConfig(split="fixed"),
-    )
+def config_of(peers: int, sampler: str) -> Any:
+    """``bench_scale.py``'s configuration (``bench_simulation.py``'s synthetic workload) at
+    ``peers`` peers with ``sampler``."""
+    return bench_simulation.config_of("synthetic", peers, sampler=sampler)
 
 
-def _simulated(config: ScenarioConfig, trained: Any, queue: Any) -> None:
+def _simulated(config: Any, trained: Any, queue: Any) -> None:
     """Simulate ``config`` (one fold, ``trained``); put its simulation phase's wall and CPU
     seconds and its row on ``queue``."""
     cpu: dict[str, float] = {}
