@@ -224,3 +224,31 @@ def test_a_release_reported_after_its_groups_collect_timeout_is_charged(monkeypa
     assert late in fault.releases and fault.releases.index(late) > 1  # released after group 2
     _charged_only_for_releases(result, fault.releases)
     assert {row["kind"]: row["frames"] for row in result.wire}["refused"] == 1  # "late release"
+
+
+def test_a_control_frame_goes_only_to_a_host_still_connected() -> None:
+    """Every control frame to a host (DIRECTORY, START, ENDED, HALT, FINISH) goes through
+    ``NetworkWorld._tell``: a lost host, or one whose connection is closing (a killed
+    host's TLS transport raises on write), is skipped and nothing is counted sent."""
+    from types import SimpleNamespace
+
+    from p2pdp.net.bookkeeping import WireStats
+
+    class Writer:
+        def __init__(self, closing: bool) -> None:
+            self.closing, self.frames = closing, []
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+        def write(self, frame: bytes) -> None:
+            if self.closing:
+                raise AttributeError("'NoneType' object has no attribute '_write_appdata'")
+            self.frames.append(frame)
+
+    writers = {0: Writer(False), 1: Writer(True), 2: Writer(False)}
+    world = SimpleNamespace(_hosts=writers, lost_hosts={2}, wire=WireStats())
+    told = [NetworkWorld._tell(world, host, b"halt", "halt") for host in (0, 1, 2, 3)]
+    assert told == [True, False, False, False]
+    assert [len(writer.frames) for writer in writers.values()] == [1, 0, 0]
+    assert world.wire.frames["halt"] == 1
