@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.workers) < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
+    if not args.peers and not (args.add and args.out):
+        parser.error("--peers with no value runs nothing: it needs --add and --out (tables joined)")
 
     rows: list[dict] = []
     for sampler in args.samplers:

@@ -78,6 +78,8 @@ def test_rows_of_an_earlier_table_join_the_new_table_and_figure(tmp_path):
     assert done.returncode == 0, done.stderr
     assert [row["peers"] for row in csv.DictReader(joined.with_suffix(".csv").open())] == [
         "80", "40", "80"]  # fmt: skip
+    nothing = scale("--peers", "--out", str(joined))  # no peers and no table: refused
+    assert nothing.returncode == 2 and "--peers with no value runs nothing" in nothing.stderr
 
     other = tmp_path / "other.csv"
     other.write_text("peers,wall_s\n100,1.5\n")
